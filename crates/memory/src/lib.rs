@@ -1,0 +1,219 @@
+//! Guest physical RAM: one contiguous region at a fixed guest-physical base,
+//! plus a dirty-page bitmap that records every page written since the last
+//! [`GuestRam::take_dirty`], whether by a CPU store or by device DMA.
+//!
+//! We keep our own type instead of vm-memory's `GuestMemoryMmap` because the
+//! CPU's hot path wants a raw host pointer into a single region and a dirty
+//! bitmap that is updated with plain (non-atomic) stores: everything that
+//! touches guest memory runs on the machine's one thread, so no atomics are
+//! needed and the bitmap stays exact at instruction boundaries.
+
+use std::fmt;
+
+pub const PAGE_SHIFT: u32 = 12;
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+
+/// An access that falls outside guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfRange {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "guest physical range {:#x}+{:#x} is outside RAM", self.addr, self.len)
+    }
+}
+
+impl std::error::Error for OutOfRange {}
+
+pub struct GuestRam {
+    base: u64,
+    bytes: Vec<u8>,
+    /// One bit per page; set when the page is written.
+    dirty: Vec<u64>,
+    /// Whether stores mark pages dirty. Off costs nothing on the CPU's
+    /// store path beyond one predictable branch.
+    tracking: bool,
+}
+
+impl GuestRam {
+    /// `size` is rounded up to whole pages. Large zeroed allocations are
+    /// backed lazily by the host kernel, so an idle guest costs little.
+    pub fn new(base: u64, size: u64) -> Self {
+        let size = (size + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let pages = (size >> PAGE_SHIFT) as usize;
+        GuestRam {
+            base,
+            bytes: vec![0u8; size as usize],
+            dirty: vec![0u64; pages.div_ceil(64)],
+            tracking: true,
+        }
+    }
+
+    #[inline]
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.base + self.size()
+    }
+
+    /// Offset of `[addr, addr+len)` into RAM, if it lies entirely inside.
+    #[inline]
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.wrapping_sub(self.base);
+        if off < self.size() && len <= self.size() - off {
+            Some(off as usize)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Raw access for the CPU's fast path. Writers through this slice must
+    /// call [`GuestRam::mark_dirty_offset`] themselves.
+    pub fn as_mut_slice_untracked(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    #[inline]
+    pub fn tracking(&self) -> bool {
+        self.tracking
+    }
+
+    pub fn set_tracking(&mut self, on: bool) {
+        self.tracking = on;
+    }
+
+    #[inline]
+    pub fn mark_dirty_offset(&mut self, off: usize, len: usize) {
+        if !self.tracking || len == 0 {
+            return;
+        }
+        let first = off >> PAGE_SHIFT;
+        let last = (off + len - 1) >> PAGE_SHIFT;
+        for p in first..=last {
+            self.dirty[p >> 6] |= 1u64 << (p & 63);
+        }
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
+        let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
+        buf.copy_from_slice(&self.bytes[off..off + buf.len()]);
+        Ok(())
+    }
+
+    pub fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), OutOfRange> {
+        let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
+        self.bytes[off..off + buf.len()].copy_from_slice(buf);
+        self.mark_dirty_offset(off, buf.len());
+        Ok(())
+    }
+
+    /// Borrow a guest range for reading without copying (device DMA out).
+    pub fn slice(&self, addr: u64, len: u64) -> Result<&[u8], OutOfRange> {
+        let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
+        Ok(&self.bytes[off..off + len as usize])
+    }
+
+    /// Borrow a guest range for writing (device DMA in); marks it dirty.
+    pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], OutOfRange> {
+        let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
+        self.mark_dirty_offset(off, len as usize);
+        Ok(&mut self.bytes[off..off + len as usize])
+    }
+
+    pub fn read_u16(&self, addr: u64) -> Result<u16, OutOfRange> {
+        let mut b = [0u8; 2];
+        self.read(addr, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    pub fn read_u32(&self, addr: u64) -> Result<u32, OutOfRange> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    pub fn read_u64(&self, addr: u64) -> Result<u64, OutOfRange> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    pub fn write_u16(&mut self, addr: u64, v: u16) -> Result<(), OutOfRange> {
+        self.write(addr, &v.to_le_bytes())
+    }
+
+    pub fn write_u32(&mut self, addr: u64, v: u32) -> Result<(), OutOfRange> {
+        self.write(addr, &v.to_le_bytes())
+    }
+
+    pub fn write_u64(&mut self, addr: u64, v: u64) -> Result<(), OutOfRange> {
+        self.write(addr, &v.to_le_bytes())
+    }
+
+    /// Guest-physical page numbers (address >> 12) written since the last
+    /// call, in ascending order; resets the set.
+    pub fn take_dirty(&mut self) -> Vec<u64> {
+        let base_pfn = self.base >> PAGE_SHIFT;
+        let mut out = Vec::new();
+        for (i, word) in self.dirty.iter_mut().enumerate() {
+            let mut w = std::mem::take(word);
+            while w != 0 {
+                let bit = w.trailing_zeros() as u64;
+                out.push(base_pfn + (i as u64) * 64 + bit);
+                w &= w - 1;
+            }
+        }
+        out
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_pages_are_exact_and_reset() {
+        let mut ram = GuestRam::new(0x8000_0000, 64 * PAGE_SIZE);
+        ram.write_u32(0x8000_0000 + 5 * PAGE_SIZE + 12, 7).unwrap();
+        // Straddles pages 9 and 10.
+        ram.write(0x8000_0000 + 10 * PAGE_SIZE - 2, &[1, 2, 3, 4]).unwrap();
+        assert_eq!(ram.dirty_count(), 3);
+        let base = 0x8000_0000 >> PAGE_SHIFT;
+        assert_eq!(ram.take_dirty(), vec![base + 5, base + 9, base + 10]);
+        assert!(ram.take_dirty().is_empty());
+    }
+
+    #[test]
+    fn out_of_range_is_an_error_not_a_panic() {
+        let mut ram = GuestRam::new(0x1000, PAGE_SIZE);
+        assert!(ram.read_u64(0x1000 + PAGE_SIZE - 4).is_err());
+        assert!(ram.write_u8_range_check());
+        assert!(ram.slice(u64::MAX - 2, 8).is_err());
+        assert!(ram.read_u32(0).is_err());
+    }
+
+    impl GuestRam {
+        fn write_u8_range_check(&mut self) -> bool {
+            self.write(self.end(), &[0]).is_err()
+        }
+    }
+}
