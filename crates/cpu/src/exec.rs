@@ -1,0 +1,812 @@
+//! The interpreter: fetch, decode and execute, one instruction at a time,
+//! with TLB fast paths for fetch, load and store. Interrupts are checked
+//! only at slice entry and after instructions that can change them, never
+//! per instruction.
+
+use crate::compressed;
+use crate::csr;
+use crate::fpu::{self, Rm};
+use crate::hart::{Exit, Hart, PrivilegeMode};
+use crate::mmu::{index, read_le, tag, write_le};
+use crate::trap::{self, Access, Trap};
+use crate::Bus;
+use ftvm_memory::GuestRam;
+
+/// What the run loop does after an instruction.
+enum Flow {
+    Next,
+    /// Interrupt enables or pending bits may have changed.
+    Reeval,
+    /// The instruction touched a device.
+    Device,
+    /// WFI with nothing pending.
+    Idle,
+}
+
+const BOX32: u64 = 0xffff_ffff_0000_0000;
+
+#[inline(always)]
+fn rd(i: u32) -> usize {
+    ((i >> 7) & 31) as usize
+}
+#[inline(always)]
+fn rs1(i: u32) -> usize {
+    ((i >> 15) & 31) as usize
+}
+#[inline(always)]
+fn rs2(i: u32) -> usize {
+    ((i >> 20) & 31) as usize
+}
+#[inline(always)]
+fn rs3(i: u32) -> usize {
+    (i >> 27) as usize
+}
+#[inline(always)]
+fn funct3(i: u32) -> u32 {
+    (i >> 12) & 7
+}
+#[inline(always)]
+fn imm_i(i: u32) -> u64 {
+    ((i as i32) >> 20) as i64 as u64
+}
+#[inline(always)]
+fn imm_s(i: u32) -> u64 {
+    ((((i as i32) >> 25) << 5) | ((i >> 7) & 31) as i32) as i64 as u64
+}
+#[inline(always)]
+fn imm_b(i: u32) -> u64 {
+    let v = (((i as i32) >> 31) << 12) as u32 | ((i >> 7) & 1) << 11 | ((i >> 25) & 0x3f) << 5 | ((i >> 8) & 0xf) << 1;
+    v as i32 as i64 as u64
+}
+#[inline(always)]
+fn imm_j(i: u32) -> u64 {
+    let v = (((i as i32) >> 31) << 20) as u32 | (i & 0xff000) | ((i >> 20) & 1) << 11 | ((i >> 21) & 0x3ff) << 1;
+    v as i32 as i64 as u64
+}
+#[inline(always)]
+fn sext32(v: u64) -> u64 {
+    v as i32 as i64 as u64
+}
+
+#[inline(always)]
+fn unbox32(v: u64) -> u32 {
+    if v & BOX32 == BOX32 {
+        v as u32
+    } else {
+        fpu::F32_CANONICAL_NAN
+    }
+}
+
+impl Hart {
+    #[inline(always)]
+    fn set_x(&mut self, r: usize, v: u64) {
+        self.s.x[r] = v;
+        self.s.x[0] = 0;
+    }
+
+    #[inline(always)]
+    fn load(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, dev: &mut bool) -> Result<u64, Trap> {
+        let e = self.tlb.load[index(vaddr)];
+        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
+            let off = e.off + (vaddr & 0xfff) as usize;
+            return Ok(read_le(&ram.as_slice()[off..], size));
+        }
+        self.load_slow(ram, bus, vaddr, size, dev)
+    }
+
+    #[inline(always)]
+    fn store(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, value: u64, dev: &mut bool) -> Result<(), Trap> {
+        let e = self.tlb.store[index(vaddr)];
+        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
+            let off = e.off + (vaddr & 0xfff) as usize;
+            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+            return Ok(());
+        }
+        self.store_slow(ram, bus, vaddr, size, value, dev)
+    }
+
+    /// Fetch the instruction at pc; returns it (compressed ones expanded)
+    /// and its length in bytes.
+    #[inline(always)]
+    fn fetch(&mut self, ram: &mut GuestRam) -> Result<(u32, u64, u32), Trap> {
+        let pc = self.s.pc;
+        let t = tag(pc, self.s.prv);
+        if t != self.fetch_tag {
+            let e = self.tlb.fetch[index(pc)];
+            if e.tag == t {
+                self.fetch_tag = t;
+                self.fetch_off = e.off;
+            } else {
+                return self.fetch_slow(ram);
+            }
+        }
+        let po = (pc & 0xfff) as usize;
+        let mem = ram.as_slice();
+        let off = self.fetch_off + po;
+        let lo = u16::from_le_bytes([mem[off], mem[off + 1]]) as u32;
+        if lo & 3 != 3 {
+            return match compressed::expand(lo) {
+                Some(i) => Ok((i, 2, lo)),
+                None => Err(Trap::illegal(lo)),
+            };
+        }
+        if po <= 0xffc {
+            let hi = u16::from_le_bytes([mem[off + 2], mem[off + 3]]) as u32;
+            let i = lo | (hi << 16);
+            return Ok((i, 4, i));
+        }
+        self.fetch_slow(ram)
+    }
+
+    #[inline(never)]
+    fn fetch_slow(&mut self, ram: &mut GuestRam) -> Result<(u32, u64, u32), Trap> {
+        let pc = self.s.pc;
+        let half = |h: &mut Hart, ram: &mut GuestRam, va: u64| -> Result<u32, Trap> {
+            let pa = h.translate_fill(ram, va, Access::Fetch)?;
+            ram.read_u16(pa).map(|v| v as u32).map_err(|_| Access::Fetch.access_fault(va))
+        };
+        let lo = half(self, ram, pc)?;
+        // Refill the fetch cache for this page if it is RAM.
+        let e = self.tlb.fetch[index(pc)];
+        if e.tag == tag(pc, self.s.prv) {
+            self.fetch_tag = e.tag;
+            self.fetch_off = e.off;
+        }
+        if lo & 3 != 3 {
+            return match compressed::expand(lo) {
+                Some(i) => Ok((i, 2, lo)),
+                None => Err(Trap::illegal(lo)),
+            };
+        }
+        let hi = half(self, ram, pc.wrapping_add(2))?;
+        let i = lo | (hi << 16);
+        Ok((i, 4, i))
+    }
+
+    /// Run instructions until the budget is used or something needs the
+    /// outer loop. `None` means "check interrupts and come back".
+    pub(crate) fn execute_block(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Option<Exit> {
+        loop {
+            if *steps >= budget {
+                return Some(Exit::Budget);
+            }
+            *steps += 1;
+            self.progress = *steps;
+            let (insn, len, raw) = match self.fetch(ram) {
+                Ok(v) => v,
+                Err(t) => {
+                    self.take_trap(t.cause, t.tval);
+                    continue;
+                }
+            };
+            match self.execute(ram, bus, insn, len, raw) {
+                Ok(Flow::Next) => self.s.instret = self.s.instret.wrapping_add(1),
+                Ok(Flow::Reeval) => {
+                    self.s.instret = self.s.instret.wrapping_add(1);
+                    return None;
+                }
+                Ok(Flow::Device) => {
+                    self.s.instret = self.s.instret.wrapping_add(1);
+                    return Some(Exit::Device);
+                }
+                Ok(Flow::Idle) => {
+                    self.s.instret = self.s.instret.wrapping_add(1);
+                    self.s.wfi = true;
+                    return None;
+                }
+                Err(t) => self.take_trap(t.cause, t.tval),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn execute(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
+        let pc = self.s.pc;
+        let next = pc.wrapping_add(len);
+        let x1 = self.s.x[rs1(i)];
+        let x2 = self.s.x[rs2(i)];
+        match i & 0x7f {
+            0x37 => self.set_x(rd(i), (i & 0xffff_f000) as i32 as i64 as u64),
+            0x17 => self.set_x(rd(i), pc.wrapping_add((i & 0xffff_f000) as i32 as i64 as u64)),
+            0x6f => {
+                self.set_x(rd(i), next);
+                self.s.pc = pc.wrapping_add(imm_j(i));
+                return Ok(Flow::Next);
+            }
+            0x67 => {
+                if funct3(i) != 0 {
+                    return Err(Trap::illegal(raw));
+                }
+                let target = x1.wrapping_add(imm_i(i)) & !1;
+                self.set_x(rd(i), next);
+                self.s.pc = target;
+                return Ok(Flow::Next);
+            }
+            0x63 => {
+                let taken = match funct3(i) {
+                    0 => x1 == x2,
+                    1 => x1 != x2,
+                    4 => (x1 as i64) < (x2 as i64),
+                    5 => (x1 as i64) >= (x2 as i64),
+                    6 => x1 < x2,
+                    7 => x1 >= x2,
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.s.pc = if taken { pc.wrapping_add(imm_b(i)) } else { next };
+                return Ok(Flow::Next);
+            }
+            0x03 => {
+                let addr = x1.wrapping_add(imm_i(i));
+                let mut dev = false;
+                let v = match funct3(i) {
+                    0 => self.load(ram, bus, addr, 1, &mut dev)? as i8 as i64 as u64,
+                    1 => self.load(ram, bus, addr, 2, &mut dev)? as i16 as i64 as u64,
+                    2 => self.load(ram, bus, addr, 4, &mut dev)? as i32 as i64 as u64,
+                    3 => self.load(ram, bus, addr, 8, &mut dev)?,
+                    4 => self.load(ram, bus, addr, 1, &mut dev)?,
+                    5 => self.load(ram, bus, addr, 2, &mut dev)?,
+                    6 => self.load(ram, bus, addr, 4, &mut dev)?,
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(rd(i), v);
+                self.s.pc = next;
+                return Ok(if dev { Flow::Device } else { Flow::Next });
+            }
+            0x23 => {
+                let addr = x1.wrapping_add(imm_s(i));
+                let size = match funct3(i) {
+                    0 => 1,
+                    1 => 2,
+                    2 => 4,
+                    3 => 8,
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                let mut dev = false;
+                self.store(ram, bus, addr, size, x2, &mut dev)?;
+                self.s.pc = next;
+                return Ok(if dev { Flow::Device } else { Flow::Next });
+            }
+            0x13 => {
+                let imm = imm_i(i);
+                let shamt = (i >> 20) & 0x3f;
+                let v = match funct3(i) {
+                    0 => x1.wrapping_add(imm),
+                    1 => {
+                        if i >> 26 != 0 {
+                            return Err(Trap::illegal(raw));
+                        }
+                        x1 << shamt
+                    }
+                    2 => ((x1 as i64) < (imm as i64)) as u64,
+                    3 => (x1 < imm) as u64,
+                    4 => x1 ^ imm,
+                    5 => match i >> 26 {
+                        0 => x1 >> shamt,
+                        0x10 => ((x1 as i64) >> shamt) as u64,
+                        _ => return Err(Trap::illegal(raw)),
+                    },
+                    6 => x1 | imm,
+                    _ => x1 & imm,
+                };
+                self.set_x(rd(i), v);
+            }
+            0x1b => {
+                let shamt = (i >> 20) & 0x1f;
+                let v = match (funct3(i), i >> 25) {
+                    (0, _) => sext32(x1.wrapping_add(imm_i(i))),
+                    (1, 0) => sext32(((x1 as u32) << shamt) as u64),
+                    (5, 0) => sext32(((x1 as u32) >> shamt) as u64),
+                    (5, 0x20) => ((x1 as i32) >> shamt) as i64 as u64,
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(rd(i), v);
+            }
+            0x33 => {
+                let v = match (i >> 25, funct3(i)) {
+                    (0, 0) => x1.wrapping_add(x2),
+                    (0x20, 0) => x1.wrapping_sub(x2),
+                    (0, 1) => x1 << (x2 & 63),
+                    (0, 2) => ((x1 as i64) < (x2 as i64)) as u64,
+                    (0, 3) => (x1 < x2) as u64,
+                    (0, 4) => x1 ^ x2,
+                    (0, 5) => x1 >> (x2 & 63),
+                    (0x20, 5) => ((x1 as i64) >> (x2 & 63)) as u64,
+                    (0, 6) => x1 | x2,
+                    (0, 7) => x1 & x2,
+                    (1, 0) => x1.wrapping_mul(x2),
+                    (1, 1) => (((x1 as i64 as i128) * (x2 as i64 as i128)) >> 64) as u64,
+                    (1, 2) => (((x1 as i64 as i128) * (x2 as i128)) >> 64) as u64,
+                    (1, 3) => (((x1 as u128) * (x2 as u128)) >> 64) as u64,
+                    (1, 4) => {
+                        let (a, b) = (x1 as i64, x2 as i64);
+                        if b == 0 {
+                            u64::MAX
+                        } else {
+                            a.wrapping_div(b) as u64
+                        }
+                    }
+                    (1, 5) => x1.checked_div(x2).unwrap_or(u64::MAX),
+                    (1, 6) => {
+                        let (a, b) = (x1 as i64, x2 as i64);
+                        if b == 0 {
+                            x1
+                        } else {
+                            a.wrapping_rem(b) as u64
+                        }
+                    }
+                    (1, 7) => {
+                        if x2 == 0 {
+                            x1
+                        } else {
+                            x1 % x2
+                        }
+                    }
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(rd(i), v);
+            }
+            0x3b => {
+                let (a, b) = (x1 as u32, x2 as u32);
+                let v = match (i >> 25, funct3(i)) {
+                    (0, 0) => sext32(a.wrapping_add(b) as u64),
+                    (0x20, 0) => sext32(a.wrapping_sub(b) as u64),
+                    (0, 1) => sext32((a << (b & 31)) as u64),
+                    (0, 5) => sext32((a >> (b & 31)) as u64),
+                    (0x20, 5) => ((a as i32) >> (b & 31)) as i64 as u64,
+                    (1, 0) => sext32(a.wrapping_mul(b) as u64),
+                    (1, 4) => {
+                        let (a, b) = (a as i32, b as i32);
+                        if b == 0 {
+                            u64::MAX
+                        } else {
+                            a.wrapping_div(b) as i64 as u64
+                        }
+                    }
+                    (1, 5) => sext32(a.checked_div(b).unwrap_or(u32::MAX) as u64),
+                    (1, 6) => {
+                        let (a, b) = (a as i32, b as i32);
+                        if b == 0 {
+                            a as i64 as u64
+                        } else {
+                            a.wrapping_rem(b) as i64 as u64
+                        }
+                    }
+                    (1, 7) => sext32(if b == 0 { a } else { a % b } as u64),
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(rd(i), v);
+            }
+            0x0f => match funct3(i) {
+                // FENCE: one thread executes all harts, so memory is always
+                // coherent. FENCE.I: there is no decoded-instruction cache
+                // to invalidate.
+                0 | 1 => {}
+                _ => return Err(Trap::illegal(raw)),
+            },
+            0x73 => return self.system(bus, i, raw, next),
+            0x2f => return self.atomic(ram, i, raw, next),
+            0x07 | 0x27 | 0x43 | 0x47 | 0x4b | 0x4f | 0x53 => return self.float(ram, bus, i, raw, next),
+            _ => return Err(Trap::illegal(raw)),
+        }
+        self.s.pc = next;
+        Ok(Flow::Next)
+    }
+
+    fn system(&mut self, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+        use crate::csr::*;
+        let f3 = funct3(i);
+        if f3 == 0 {
+            match i {
+                0x0000_0073 => {
+                    let cause = match self.s.prv {
+                        PrivilegeMode::User => trap::ECALL_FROM_U,
+                        PrivilegeMode::Supervisor => trap::ECALL_FROM_S,
+                        PrivilegeMode::Machine => trap::ECALL_FROM_M,
+                    };
+                    return Err(Trap::new(cause, 0));
+                }
+                0x0010_0073 => return Err(Trap::new(trap::BREAKPOINT, self.s.pc)),
+                0x3020_0073 => {
+                    if self.s.prv != PrivilegeMode::Machine {
+                        return Err(Trap::illegal(raw));
+                    }
+                    let st = self.s.mstatus;
+                    let mpp = PrivilegeMode::from_bits((st & MSTATUS_MPP) >> MSTATUS_MPP_SHIFT);
+                    let mut nst = st & !(MSTATUS_MIE | MSTATUS_MPP);
+                    if st & MSTATUS_MPIE != 0 {
+                        nst |= MSTATUS_MIE;
+                    }
+                    nst |= MSTATUS_MPIE;
+                    if mpp != PrivilegeMode::Machine {
+                        nst &= !MSTATUS_MPRV;
+                    }
+                    self.s.mstatus = nst;
+                    self.s.prv = mpp;
+                    self.s.pc = self.s.mepc;
+                    self.s.reservation = None;
+                    self.mode_changed();
+                    return Ok(Flow::Reeval);
+                }
+                0x1020_0073 => {
+                    if self.s.prv == PrivilegeMode::User
+                        || (self.s.prv == PrivilegeMode::Supervisor && self.s.mstatus & MSTATUS_TSR != 0)
+                    {
+                        return Err(Trap::illegal(raw));
+                    }
+                    let st = self.s.mstatus;
+                    let spp = if st & MSTATUS_SPP != 0 { PrivilegeMode::Supervisor } else { PrivilegeMode::User };
+                    let mut nst = st & !(MSTATUS_SIE | MSTATUS_SPP | MSTATUS_MPRV);
+                    if st & MSTATUS_SPIE != 0 {
+                        nst |= MSTATUS_SIE;
+                    }
+                    nst |= MSTATUS_SPIE;
+                    self.s.mstatus = nst;
+                    self.s.prv = spp;
+                    self.s.pc = self.s.sepc;
+                    self.s.reservation = None;
+                    self.mode_changed();
+                    return Ok(Flow::Reeval);
+                }
+                0x1050_0073 => {
+                    if self.s.prv == PrivilegeMode::User
+                        || (self.s.prv == PrivilegeMode::Supervisor && self.s.mstatus & MSTATUS_TW != 0)
+                    {
+                        return Err(Trap::illegal(raw));
+                    }
+                    self.s.pc = next;
+                    return Ok(if self.wake_pending() { Flow::Next } else { Flow::Idle });
+                }
+                _ if i >> 25 == 0x09 && rd(i) == 0 => {
+                    if self.s.prv == PrivilegeMode::User
+                        || (self.s.prv == PrivilegeMode::Supervisor && self.s.mstatus & MSTATUS_TVM != 0)
+                    {
+                        return Err(Trap::illegal(raw));
+                    }
+                    self.flush_tlb();
+                    self.s.pc = next;
+                    return Ok(Flow::Next);
+                }
+                _ => return Err(Trap::illegal(raw)),
+            }
+        }
+        let csr = (i >> 20) as u16;
+        let src = if f3 >= 5 { rs1(i) as u64 } else { self.s.x[rs1(i)] };
+        // csrrs/csrrc with x0 (or a zero immediate) as the source do not write.
+        let write = f3 & 3 == 1 || rs1(i) != 0;
+        if f3 == 4 {
+            return Err(Trap::illegal(raw));
+        }
+        // Our CSR reads have no side effects, so reading even when rd is x0
+        // is harmless and performs the access checks a write also needs.
+        let old = self.csr_read(csr, raw, bus)?;
+        let mut effect = WriteEffect::None;
+        if write {
+            let v = match f3 & 3 {
+                1 => src,
+                2 => old | src,
+                _ => old & !src,
+            };
+            effect = self.csr_write(csr, v, raw)?;
+        }
+        self.set_x(rd(i), old);
+        self.s.pc = next;
+        match effect {
+            WriteEffect::None => Ok(Flow::Next),
+            WriteEffect::Interrupts => Ok(Flow::Reeval),
+            WriteEffect::Translation => {
+                self.flush_tlb();
+                Ok(Flow::Reeval)
+            }
+        }
+    }
+
+    fn atomic(&mut self, ram: &mut GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+        let size: u8 = match funct3(i) {
+            2 => 4,
+            3 => 8,
+            _ => return Err(Trap::illegal(raw)),
+        };
+        let addr = self.s.x[rs1(i)];
+        let src = self.s.x[rs2(i)];
+        let funct5 = i >> 27;
+        let sext = |v: u64| if size == 4 { sext32(v) } else { v };
+        match funct5 {
+            0b00010 => {
+                if rs2(i) != 0 {
+                    return Err(Trap::illegal(raw));
+                }
+                if addr & (size as u64 - 1) != 0 {
+                    return Err(Access::Load.misaligned(addr));
+                }
+                let pa = self.translate_fill(ram, addr, Access::Load)?;
+                let off = ram.offset_of(pa, size as u64).ok_or(Access::Load.access_fault(addr))?;
+                let v = read_le(&ram.as_slice()[off..], size);
+                self.s.reservation = Some(off as u64);
+                self.set_x(rd(i), sext(v));
+            }
+            0b00011 => {
+                let off = self.amo_offset(ram, addr, size)?;
+                let ok = self.s.reservation == Some(off as u64);
+                self.s.reservation = None;
+                if ok {
+                    write_le(&mut ram.as_mut_slice_untracked()[off..], size, src);
+                }
+                self.set_x(rd(i), (!ok) as u64);
+            }
+            _ => {
+                let off = self.amo_offset(ram, addr, size)?;
+                let old = sext(read_le(&ram.as_slice()[off..], size));
+                let (o, s) = if size == 4 { (old as i32 as i64, src as i32 as i64) } else { (old as i64, src as i64) };
+                let (ou, su) = if size == 4 { (old as u32 as u64, src as u32 as u64) } else { (old, src) };
+                let new = match funct5 {
+                    0b00001 => src,
+                    0b00000 => old.wrapping_add(src),
+                    0b00100 => old ^ src,
+                    0b01100 => old & src,
+                    0b01000 => old | src,
+                    0b10000 => o.min(s) as u64,
+                    0b10100 => o.max(s) as u64,
+                    0b11000 => ou.min(su),
+                    0b11100 => ou.max(su),
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                write_le(&mut ram.as_mut_slice_untracked()[off..], size, new);
+                self.set_x(rd(i), old);
+            }
+        }
+        self.s.pc = next;
+        Ok(Flow::Next)
+    }
+
+    fn rounding(&self, i: u32, raw: u32) -> Result<Rm, Trap> {
+        let f = funct3(i);
+        let f = if f == 7 { self.s.frm as u32 } else { f };
+        Rm::from_bits(f).ok_or(Trap::illegal(raw))
+    }
+
+    #[inline]
+    fn set_f32(&mut self, r: usize, v: u32) {
+        self.s.f[r] = BOX32 | v as u64;
+    }
+
+    fn float(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+        if self.s.mstatus & csr::MSTATUS_FS == 0 {
+            return Err(Trap::illegal(raw));
+        }
+        let op = i & 0x7f;
+        let mut dev = false;
+        match op {
+            0x07 => {
+                let addr = self.s.x[rs1(i)].wrapping_add(imm_i(i));
+                match funct3(i) {
+                    2 => {
+                        let v = self.load(ram, bus, addr, 4, &mut dev)?;
+                        self.set_f32(rd(i), v as u32);
+                    }
+                    3 => self.s.f[rd(i)] = self.load(ram, bus, addr, 8, &mut dev)?,
+                    _ => return Err(Trap::illegal(raw)),
+                }
+                self.mark_fs_dirty();
+            }
+            0x27 => {
+                let addr = self.s.x[rs1(i)].wrapping_add(imm_s(i));
+                let v = self.s.f[rs2(i)];
+                match funct3(i) {
+                    2 => self.store(ram, bus, addr, 4, v & 0xffff_ffff, &mut dev)?,
+                    3 => self.store(ram, bus, addr, 8, v, &mut dev)?,
+                    _ => return Err(Trap::illegal(raw)),
+                }
+            }
+            0x43 | 0x47 | 0x4b | 0x4f => {
+                let rm = self.rounding(i, raw)?;
+                let mut fl = 0u8;
+                // fmsub negates the addend, fnmsub the product, fnmadd both;
+                // flipping sign bits is exact, so one fused operation serves.
+                let (neg_prod, neg_add) = match op {
+                    0x43 => (false, false),
+                    0x47 => (false, true),
+                    0x4b => (true, false),
+                    _ => (true, true),
+                };
+                match (i >> 25) & 3 {
+                    0 => {
+                        let mut a = unbox32(self.s.f[rs1(i)]);
+                        let b = unbox32(self.s.f[rs2(i)]);
+                        let mut c = unbox32(self.s.f[rs3(i)]);
+                        if neg_prod {
+                            a ^= 1 << 31;
+                        }
+                        if neg_add {
+                            c ^= 1 << 31;
+                        }
+                        let r = fpu::f32_fma(a, b, c, rm, &mut fl);
+                        self.set_f32(rd(i), r);
+                    }
+                    1 => {
+                        let mut a = self.s.f[rs1(i)];
+                        let b = self.s.f[rs2(i)];
+                        let mut c = self.s.f[rs3(i)];
+                        if neg_prod {
+                            a ^= 1 << 63;
+                        }
+                        if neg_add {
+                            c ^= 1 << 63;
+                        }
+                        self.s.f[rd(i)] = fpu::f64_fma(a, b, c, rm, &mut fl);
+                    }
+                    _ => return Err(Trap::illegal(raw)),
+                }
+                self.s.fflags |= fl;
+                self.mark_fs_dirty();
+            }
+            _ => self.op_fp(i, raw)?,
+        }
+        self.s.pc = next;
+        Ok(if dev { Flow::Device } else { Flow::Next })
+    }
+
+    fn op_fp(&mut self, i: u32, raw: u32) -> Result<(), Trap> {
+        let funct7 = i >> 25;
+        let fmt = funct7 & 3;
+        if fmt > 1 {
+            return Err(Trap::illegal(raw));
+        }
+        let double = fmt == 1;
+        let (r1, r2, d) = (rs1(i), rs2(i), rd(i));
+        let f3 = funct3(i);
+        let mut fl = 0u8;
+        let fa = self.s.f[r1];
+        let fb = self.s.f[r2];
+        let (a32, b32) = (unbox32(fa), unbox32(fb));
+        match funct7 >> 2 {
+            0x00..=0x03 => {
+                let rm = self.rounding(i, raw)?;
+                if double {
+                    let f = [fpu::f64_add, fpu::f64_sub, fpu::f64_mul, fpu::f64_div][(funct7 >> 2) as usize];
+                    self.s.f[d] = f(fa, fb, rm, &mut fl);
+                } else {
+                    let f = [fpu::f32_add, fpu::f32_sub, fpu::f32_mul, fpu::f32_div][(funct7 >> 2) as usize];
+                    let r = f(a32, b32, rm, &mut fl);
+                    self.set_f32(d, r);
+                }
+            }
+            0x0b => {
+                if r2 != 0 {
+                    return Err(Trap::illegal(raw));
+                }
+                let rm = self.rounding(i, raw)?;
+                if double {
+                    self.s.f[d] = fpu::f64_sqrt(fa, rm, &mut fl);
+                } else {
+                    let r = fpu::f32_sqrt(a32, rm, &mut fl);
+                    self.set_f32(d, r);
+                }
+            }
+            0x04 => {
+                if double {
+                    let sign = match f3 {
+                        0 => fb,
+                        1 => !fb,
+                        2 => fa ^ fb,
+                        _ => return Err(Trap::illegal(raw)),
+                    } & (1 << 63);
+                    self.s.f[d] = (fa & !(1 << 63)) | sign;
+                } else {
+                    let sign = match f3 {
+                        0 => b32,
+                        1 => !b32,
+                        2 => a32 ^ b32,
+                        _ => return Err(Trap::illegal(raw)),
+                    } & (1 << 31);
+                    self.set_f32(d, (a32 & !(1 << 31)) | sign);
+                }
+            }
+            0x05 => {
+                if f3 > 1 {
+                    return Err(Trap::illegal(raw));
+                }
+                if double {
+                    self.s.f[d] = if f3 == 0 { fpu::f64_min(fa, fb, &mut fl) } else { fpu::f64_max(fa, fb, &mut fl) };
+                } else {
+                    let r = if f3 == 0 { fpu::f32_min(a32, b32, &mut fl) } else { fpu::f32_max(a32, b32, &mut fl) };
+                    self.set_f32(d, r);
+                }
+            }
+            0x08 => {
+                let rm = self.rounding(i, raw)?;
+                match (fmt, r2) {
+                    (0, 1) => {
+                        let r = fpu::f64_to_f32(fa, rm, &mut fl);
+                        self.set_f32(d, r);
+                    }
+                    (1, 0) => self.s.f[d] = fpu::f32_to_f64(a32, &mut fl),
+                    _ => return Err(Trap::illegal(raw)),
+                }
+            }
+            0x14 => {
+                let v = match (double, f3) {
+                    (true, 2) => fpu::f64_eq(fa, fb, &mut fl),
+                    (true, 1) => fpu::f64_lt(fa, fb, &mut fl),
+                    (true, 0) => fpu::f64_le(fa, fb, &mut fl),
+                    (false, 2) => fpu::f32_eq(a32, b32, &mut fl),
+                    (false, 1) => fpu::f32_lt(a32, b32, &mut fl),
+                    (false, 0) => fpu::f32_le(a32, b32, &mut fl),
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(d, v as u64);
+            }
+            0x18 => {
+                let rm = self.rounding(i, raw)?;
+                let v = match (double, r2) {
+                    (false, 0) => fpu::f32_to_i32(a32, rm, &mut fl) as i64 as u64,
+                    (false, 1) => fpu::f32_to_u32(a32, rm, &mut fl) as i32 as i64 as u64,
+                    (false, 2) => fpu::f32_to_i64(a32, rm, &mut fl) as u64,
+                    (false, 3) => fpu::f32_to_u64(a32, rm, &mut fl),
+                    (true, 0) => fpu::f64_to_i32(fa, rm, &mut fl) as i64 as u64,
+                    (true, 1) => fpu::f64_to_u32(fa, rm, &mut fl) as i32 as i64 as u64,
+                    (true, 2) => fpu::f64_to_i64(fa, rm, &mut fl) as u64,
+                    (true, 3) => fpu::f64_to_u64(fa, rm, &mut fl),
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(d, v);
+            }
+            0x1a => {
+                let rm = self.rounding(i, raw)?;
+                let x = self.s.x[r1];
+                match (double, r2) {
+                    (false, 0) => {
+                        let r = fpu::i32_to_f32(x as i32, rm, &mut fl);
+                        self.set_f32(d, r)
+                    }
+                    (false, 1) => {
+                        let r = fpu::u32_to_f32(x as u32, rm, &mut fl);
+                        self.set_f32(d, r)
+                    }
+                    (false, 2) => {
+                        let r = fpu::i64_to_f32(x as i64, rm, &mut fl);
+                        self.set_f32(d, r)
+                    }
+                    (false, 3) => {
+                        let r = fpu::u64_to_f32(x, rm, &mut fl);
+                        self.set_f32(d, r)
+                    }
+                    (true, 0) => self.s.f[d] = fpu::i32_to_f64(x as i32, rm, &mut fl),
+                    (true, 1) => self.s.f[d] = fpu::u32_to_f64(x as u32, rm, &mut fl),
+                    (true, 2) => self.s.f[d] = fpu::i64_to_f64(x as i64, rm, &mut fl),
+                    (true, 3) => self.s.f[d] = fpu::u64_to_f64(x, rm, &mut fl),
+                    _ => return Err(Trap::illegal(raw)),
+                }
+            }
+            0x1c => {
+                if r2 != 0 {
+                    return Err(Trap::illegal(raw));
+                }
+                let v = match (double, f3) {
+                    (false, 0) => fa as u32 as i32 as i64 as u64,
+                    (true, 0) => fa,
+                    (false, 1) => fpu::f32_classify(a32),
+                    (true, 1) => fpu::f64_classify(fa),
+                    _ => return Err(Trap::illegal(raw)),
+                };
+                self.set_x(d, v);
+                // Moves and classification write no FP state.
+                return Ok(());
+            }
+            0x1e => {
+                if r2 != 0 || f3 != 0 {
+                    return Err(Trap::illegal(raw));
+                }
+                let x = self.s.x[r1];
+                if double {
+                    self.s.f[d] = x;
+                } else {
+                    self.set_f32(d, x as u32);
+                }
+            }
+            _ => return Err(Trap::illegal(raw)),
+        }
+        self.s.fflags |= fl;
+        self.mark_fs_dirty();
+        Ok(())
+    }
+}

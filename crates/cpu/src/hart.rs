@@ -1,0 +1,306 @@
+//! One hart: architectural state, the translation caches, and the run loop
+//! that executes a bounded slice of instructions.
+
+use crate::mmu::Tlb;
+use crate::trap;
+use crate::Bus;
+use ftvm_memory::GuestRam;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum PrivilegeMode {
+    User = 0,
+    Supervisor = 1,
+    Machine = 3,
+}
+
+impl PrivilegeMode {
+    pub fn from_bits(b: u64) -> PrivilegeMode {
+        match b & 3 {
+            0 => PrivilegeMode::User,
+            1 => PrivilegeMode::Supervisor,
+            _ => PrivilegeMode::Machine,
+        }
+    }
+}
+
+/// Why a slice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The step budget ran out.
+    Budget,
+    /// The hart executed WFI with nothing pending and is now idle.
+    Idle,
+    /// The last instruction touched a device (or changed interrupt masks):
+    /// the board should re-evaluate interrupt lines before continuing.
+    Device,
+}
+
+/// Architectural state of a hart, everything a snapshot must carry.
+/// Caches (TLB, fetch page) are derived and rebuilt after a restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HartState {
+    pub id: u64,
+    pub x: [u64; 32],
+    pub f: [u64; 32],
+    pub pc: u64,
+    pub prv: PrivilegeMode,
+    pub instret: u64,
+    pub wfi: bool,
+    pub reservation: Option<u64>,
+    pub mstatus: u64,
+    pub medeleg: u64,
+    pub mideleg: u64,
+    pub mie: u64,
+    /// Software-writable pending bits (SSIP, STIP, SEIP).
+    pub mip: u64,
+    /// Pending bits driven by the platform (MSIP, MTIP, MEIP, SEIP).
+    pub irq_lines: u64,
+    pub mtvec: u64,
+    pub mcounteren: u64,
+    pub mcountinhibit: u64,
+    pub mscratch: u64,
+    pub mepc: u64,
+    pub mcause: u64,
+    pub mtval: u64,
+    pub menvcfg: u64,
+    pub stvec: u64,
+    pub scounteren: u64,
+    pub sscratch: u64,
+    pub sepc: u64,
+    pub scause: u64,
+    pub stval: u64,
+    pub satp: u64,
+    pub senvcfg: u64,
+    pub fflags: u8,
+    pub frm: u8,
+    pub pmpcfg: [u64; 2],
+    pub pmpaddr: [u64; 16],
+    pub tselect: u64,
+}
+
+pub struct Hart {
+    pub s: HartState,
+    pub(crate) tlb: Box<Tlb>,
+    /// Tag of the page the fetch cache holds (see `mmu::tag`), or an
+    /// impossible tag when empty.
+    pub(crate) fetch_tag: u64,
+    /// RAM offset of that page.
+    pub(crate) fetch_off: usize,
+    /// Steps executed so far in the current slice (see `Bus`).
+    pub(crate) progress: u64,
+}
+
+impl Hart {
+    pub fn new(id: u64) -> Hart {
+        let s = HartState {
+            id,
+            x: [0; 32],
+            f: [0; 32],
+            pc: 0x1000,
+            prv: PrivilegeMode::Machine,
+            instret: 0,
+            wfi: false,
+            reservation: None,
+            mstatus: crate::csr::MSTATUS_UXL_SXL,
+            medeleg: 0,
+            mideleg: 0,
+            mie: 0,
+            mip: 0,
+            irq_lines: 0,
+            mtvec: 0,
+            mcounteren: 0,
+            mcountinhibit: 0,
+            mscratch: 0,
+            mepc: 0,
+            mcause: 0,
+            mtval: 0,
+            menvcfg: 0,
+            stvec: 0,
+            scounteren: 0,
+            sscratch: 0,
+            sepc: 0,
+            scause: 0,
+            stval: 0,
+            satp: 0,
+            senvcfg: 0,
+            fflags: 0,
+            frm: 0,
+            pmpcfg: [0; 2],
+            pmpaddr: [0; 16],
+            tselect: 0,
+        };
+        Hart { s, tlb: Box::new(Tlb::new()), fetch_tag: crate::mmu::NO_TAG, fetch_off: 0, progress: 0 }
+    }
+
+    pub fn from_state(s: HartState) -> Hart {
+        let mut h = Hart::new(s.id);
+        h.s = s;
+        h
+    }
+
+    /// Drop every cached translation (after restore, satp change, sfence).
+    pub fn flush_tlb(&mut self) {
+        self.tlb.flush();
+        self.fetch_tag = crate::mmu::NO_TAG;
+    }
+
+    /// Drop cached store translations. The store TLB marks a page dirty when
+    /// it caches it, so after the board resets the dirty map it must call
+    /// this, or later stores through old entries would go unrecorded.
+    pub fn flush_store_tlb(&mut self) {
+        self.tlb.flush_stores();
+    }
+
+    /// Set the interrupt-pending bits the platform drives (MSIP, MTIP,
+    /// MEIP, and the external part of SEIP). Wakes the hart from WFI when
+    /// an enabled interrupt becomes pending.
+    pub fn set_irq_lines(&mut self, lines: u64) {
+        self.s.irq_lines = lines;
+    }
+
+    pub fn clear_reservation(&mut self) {
+        self.s.reservation = None;
+    }
+
+    #[inline]
+    pub(crate) fn mip(&self) -> u64 {
+        self.s.mip | self.s.irq_lines
+    }
+
+    /// True when an interrupt is pending and enabled in mie: what wakes WFI,
+    /// whatever the global enables say.
+    pub fn wake_pending(&self) -> bool {
+        self.mip() & self.s.mie != 0
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.s.wfi
+    }
+
+    /// The interrupt to take now, if any, honouring delegation, the global
+    /// enables and the fixed priority order MEI, MSI, MTI, SEI, SSI, STI.
+    pub(crate) fn pending_interrupt(&self) -> Option<u64> {
+        let pending = self.mip() & self.s.mie;
+        if pending == 0 {
+            return None;
+        }
+        let m_enabled = self.s.prv < PrivilegeMode::Machine || self.s.mstatus & crate::csr::MSTATUS_MIE != 0;
+        let s_enabled = self.s.prv < PrivilegeMode::Supervisor
+            || (self.s.prv == PrivilegeMode::Supervisor && self.s.mstatus & crate::csr::MSTATUS_SIE != 0);
+        let m_pending = pending & !self.s.mideleg;
+        let s_pending = pending & self.s.mideleg;
+        let candidates = if m_enabled && m_pending != 0 {
+            m_pending
+        } else if s_enabled && s_pending != 0 {
+            s_pending
+        } else {
+            return None;
+        };
+        for irq in [
+            trap::IRQ_M_EXT,
+            trap::IRQ_M_SOFT,
+            trap::IRQ_M_TIMER,
+            trap::IRQ_S_EXT,
+            trap::IRQ_S_SOFT,
+            trap::IRQ_S_TIMER,
+        ] {
+            if candidates & (1 << irq) != 0 {
+                return Some(irq);
+            }
+        }
+        None
+    }
+
+    /// Enter the trap handler for `cause` (with the interrupt bit for
+    /// interrupts), delegating to S-mode where medeleg/mideleg say so.
+    pub(crate) fn take_trap(&mut self, cause: u64, tval: u64) {
+        use crate::csr::*;
+        let is_irq = cause & trap::INTERRUPT_BIT != 0;
+        let code = cause & !trap::INTERRUPT_BIT;
+        let deleg = if is_irq { self.s.mideleg } else { self.s.medeleg };
+        let prv = self.s.prv;
+        self.s.reservation = None;
+        if prv <= PrivilegeMode::Supervisor && (deleg >> code) & 1 != 0 {
+            self.s.sepc = self.s.pc;
+            self.s.scause = cause;
+            self.s.stval = tval;
+            let mut st = self.s.mstatus;
+            st = set_bit(st, MSTATUS_SPIE, st & MSTATUS_SIE != 0);
+            st = set_bit(st, MSTATUS_SPP, prv == PrivilegeMode::Supervisor);
+            st &= !MSTATUS_SIE;
+            self.s.mstatus = st;
+            self.s.prv = PrivilegeMode::Supervisor;
+            self.s.pc = trap_vector(self.s.stvec, is_irq, code);
+        } else {
+            self.s.mepc = self.s.pc;
+            self.s.mcause = cause;
+            self.s.mtval = tval;
+            let mut st = self.s.mstatus;
+            st = set_bit(st, MSTATUS_MPIE, st & MSTATUS_MIE != 0);
+            st = (st & !MSTATUS_MPP) | ((prv as u64) << MSTATUS_MPP_SHIFT);
+            st &= !MSTATUS_MIE;
+            self.s.mstatus = st;
+            self.s.prv = PrivilegeMode::Machine;
+            self.s.pc = trap_vector(self.s.mtvec, is_irq, code);
+        }
+        self.mode_changed();
+    }
+
+    /// Recompute what the translation caches key on after a change of
+    /// privilege level, satp, or the MPRV/SUM/MXR bits.
+    pub(crate) fn mode_changed(&mut self) {
+        // Tags include the effective privilege level, so a mode switch does
+        // not need a flush; SUM/MXR/satp changes do and are handled where
+        // they happen.
+        self.fetch_tag = crate::mmu::NO_TAG;
+    }
+
+    /// Execute up to `budget` steps (instructions retired plus traps taken).
+    /// Returns the number of steps and why it stopped. A slice always stops
+    /// at an instruction boundary.
+    pub fn run(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
+        let mut steps = 0u64;
+        loop {
+            if let Some(irq) = self.pending_interrupt() {
+                self.s.wfi = false;
+                if steps >= budget {
+                    return (steps, Exit::Budget);
+                }
+                self.take_trap(trap::INTERRUPT_BIT | irq, 0);
+                steps += 1;
+            }
+            if self.s.wfi {
+                if self.wake_pending() {
+                    self.s.wfi = false;
+                } else {
+                    return (steps, Exit::Idle);
+                }
+            }
+            match self.execute_block(ram, bus, budget, &mut steps) {
+                Some(exit) => return (steps, exit),
+                None => continue,
+            }
+        }
+    }
+}
+
+#[inline]
+fn set_bit(v: u64, bit: u64, on: bool) -> u64 {
+    if on {
+        v | bit
+    } else {
+        v & !bit
+    }
+}
+
+#[inline]
+fn trap_vector(tvec: u64, is_irq: bool, code: u64) -> u64 {
+    let base = tvec & !3;
+    if is_irq && tvec & 3 == 1 {
+        base + 4 * code
+    } else {
+        base
+    }
+}
+

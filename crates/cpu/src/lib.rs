@@ -1,0 +1,34 @@
+//! A deterministic RV64GC hart (IMAFDC, Zicsr, Zifencei, Zicntr) with M/S/U
+//! privilege levels and Sv39/Sv48 paging.
+//!
+//! The CPU knows nothing of devices. It reads and writes guest RAM directly
+//! (the fast path) and sends every other physical access to a [`Bus`]; the
+//! board decides what lives there. Interrupt lines reach it as bits the
+//! board sets in `mip` between slices. Execution is a pure function of the
+//! hart state, RAM, and what the bus returns: no host time, no host floating
+//! point environment, no randomness.
+
+pub mod csr;
+pub mod fpu;
+mod compressed;
+mod exec;
+mod hart;
+mod mmu;
+mod trap;
+
+pub use hart::{Exit, Hart, HartState, PrivilegeMode};
+pub use trap::Trap;
+use ftvm_memory::GuestRam;
+
+/// Everything outside RAM, as seen from one hart. RAM is passed along so a
+/// device can perform DMA while handling the access.
+pub trait Bus {
+    /// A load from a physical address outside RAM. `None` raises an access
+    /// fault. `progress` is the number of steps this hart has executed so
+    /// far in the current slice, which places the access exactly in time.
+    fn read(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64>;
+    /// A store to a physical address outside RAM. `false` raises an access fault.
+    fn write(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool;
+    /// The platform timer (`mtime`) at step `progress` of the current slice.
+    fn time(&mut self, progress: u64) -> u64;
+}

@@ -1,0 +1,284 @@
+//! Address translation (Sv39, Sv48, hardware-managed A/D bits) and the
+//! software TLB that gives loads, stores and fetches to RAM a fast path.
+//!
+//! TLB entries are tagged with the virtual page *and* the effective
+//! privilege level, so switching between U and S (every system call) needs
+//! no flush. Only RAM pages are cached; device pages always take the slow
+//! path to the bus. A page enters the store TLB only after its PTE's D bit
+//! is set, and is marked dirty in guest RAM when it enters: stores that hit
+//! the TLB then need no dirty bookkeeping of their own.
+
+use crate::csr::{MSTATUS_MPP, MSTATUS_MPP_SHIFT, MSTATUS_MPRV, MSTATUS_MXR, MSTATUS_SUM};
+use crate::hart::{Hart, PrivilegeMode};
+use crate::trap::{Access, Trap};
+use crate::Bus;
+use ftvm_memory::GuestRam;
+
+pub(crate) const TLB_SIZE: usize = 256;
+/// A tag no lookup can produce (page addresses have zero low bits and the
+/// privilege level is 0, 1 or 3).
+pub(crate) const NO_TAG: u64 = 4;
+
+#[derive(Clone, Copy)]
+pub(crate) struct TlbEntry {
+    pub tag: u64,
+    /// Offset of the page in guest RAM.
+    pub off: usize,
+}
+
+pub(crate) struct Tlb {
+    pub load: [TlbEntry; TLB_SIZE],
+    pub store: [TlbEntry; TLB_SIZE],
+    pub fetch: [TlbEntry; TLB_SIZE],
+}
+
+const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, off: 0 };
+
+impl Tlb {
+    pub fn new() -> Tlb {
+        Tlb { load: [EMPTY; TLB_SIZE], store: [EMPTY; TLB_SIZE], fetch: [EMPTY; TLB_SIZE] }
+    }
+
+    pub fn flush(&mut self) {
+        self.load = [EMPTY; TLB_SIZE];
+        self.store = [EMPTY; TLB_SIZE];
+        self.fetch = [EMPTY; TLB_SIZE];
+    }
+
+    pub fn flush_stores(&mut self) {
+        self.store = [EMPTY; TLB_SIZE];
+    }
+}
+
+#[inline(always)]
+pub(crate) fn tag(vaddr: u64, prv: PrivilegeMode) -> u64 {
+    (vaddr & !0xfff) | prv as u64
+}
+
+#[inline(always)]
+pub(crate) fn index(vaddr: u64) -> usize {
+    ((vaddr >> 12) as usize) & (TLB_SIZE - 1)
+}
+
+const PTE_V: u64 = 1 << 0;
+const PTE_R: u64 = 1 << 1;
+const PTE_W: u64 = 1 << 2;
+const PTE_X: u64 = 1 << 3;
+const PTE_U: u64 = 1 << 4;
+const PTE_A: u64 = 1 << 6;
+const PTE_D: u64 = 1 << 7;
+/// Bits 54..63: reserved, PBMT and N. We implement neither Svpbmt nor
+/// Svnapot, so any of them set makes the PTE invalid.
+const PTE_RESERVED: u64 = 0x3ff << 54;
+
+impl Hart {
+    /// The privilege level loads and stores are checked against (MPRV).
+    #[inline(always)]
+    pub(crate) fn data_prv(&self) -> PrivilegeMode {
+        if self.s.mstatus & MSTATUS_MPRV != 0 && self.s.prv == PrivilegeMode::Machine {
+            PrivilegeMode::from_bits((self.s.mstatus & MSTATUS_MPP) >> MSTATUS_MPP_SHIFT)
+        } else {
+            self.s.prv
+        }
+    }
+
+    /// Translate a virtual address for an access at privilege `prv`.
+    pub(crate) fn translate(&mut self, ram: &mut GuestRam, vaddr: u64, access: Access, prv: PrivilegeMode) -> Result<u64, Trap> {
+        let mode = self.s.satp >> 60;
+        if prv == PrivilegeMode::Machine || mode == 0 {
+            return Ok(vaddr);
+        }
+        let levels = if mode == 9 { 4 } else { 3 };
+        let va_bits = 12 + 9 * levels;
+        // The address must be sign-extended from its top valid bit.
+        let sext = ((vaddr << (64 - va_bits)) as i64 >> (64 - va_bits)) as u64;
+        if sext != vaddr {
+            return Err(access.page_fault(vaddr));
+        }
+        let mut table = (self.s.satp & ((1u64 << 44) - 1)) << 12;
+        let mut level = levels - 1;
+        loop {
+            let vpn = (vaddr >> (12 + 9 * level)) & 0x1ff;
+            let pte_addr = table + vpn * 8;
+            let pte = ram.read_u64(pte_addr).map_err(|_| access.access_fault(vaddr))?;
+            if pte & PTE_V == 0 || (pte & PTE_R == 0 && pte & PTE_W != 0) || pte & PTE_RESERVED != 0 {
+                return Err(access.page_fault(vaddr));
+            }
+            let ppn = (pte >> 10) & ((1u64 << 44) - 1);
+            if pte & (PTE_R | PTE_X) == 0 {
+                // Pointer to the next level.
+                if level == 0 || pte & (PTE_A | PTE_D | PTE_U) != 0 {
+                    return Err(access.page_fault(vaddr));
+                }
+                table = ppn << 12;
+                level -= 1;
+                continue;
+            }
+            self.check_leaf(pte, access, prv).map_err(|_| access.page_fault(vaddr))?;
+            // A superpage's low PPN fields must be zero.
+            let low_mask = (1u64 << (9 * level)) - 1;
+            if ppn & low_mask != 0 {
+                return Err(access.page_fault(vaddr));
+            }
+            let mut new_pte = pte | PTE_A;
+            if access == Access::Store {
+                new_pte |= PTE_D;
+            }
+            if new_pte != pte {
+                ram.write_u64(pte_addr, new_pte).map_err(|_| access.access_fault(vaddr))?;
+            }
+            let page_off_mask = (1u64 << (12 + 9 * level)) - 1;
+            return Ok((ppn << 12) & !page_off_mask | (vaddr & page_off_mask));
+        }
+    }
+
+    fn check_leaf(&self, pte: u64, access: Access, prv: PrivilegeMode) -> Result<(), ()> {
+        let user_page = pte & PTE_U != 0;
+        match prv {
+            PrivilegeMode::User if !user_page => return Err(()),
+            PrivilegeMode::Supervisor if user_page => {
+                if access == Access::Fetch || self.s.mstatus & MSTATUS_SUM == 0 {
+                    return Err(());
+                }
+            }
+            _ => {}
+        }
+        let ok = match access {
+            Access::Fetch => pte & PTE_X != 0,
+            Access::Load => pte & PTE_R != 0 || (self.s.mstatus & MSTATUS_MXR != 0 && pte & PTE_X != 0),
+            Access::Store => pte & PTE_W != 0,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    /// Translate and, for RAM pages, fill the TLB. Returns the physical
+    /// address.
+    #[inline(never)]
+    pub(crate) fn translate_fill(&mut self, ram: &mut GuestRam, vaddr: u64, access: Access) -> Result<u64, Trap> {
+        let prv = if access == Access::Fetch { self.s.prv } else { self.data_prv() };
+        let paddr = self.translate(ram, vaddr, access, prv)?;
+        let page = paddr & !0xfff;
+        if let Some(off) = ram.offset_of(page, 0x1000) {
+            let e = crate::mmu::TlbEntry { tag: tag(vaddr, prv), off };
+            let i = index(vaddr);
+            match access {
+                Access::Load => self.tlb.load[i] = e,
+                Access::Fetch => self.tlb.fetch[i] = e,
+                Access::Store => {
+                    ram.mark_dirty_offset(off, 0x1000);
+                    self.tlb.store[i] = e;
+                }
+            }
+        }
+        Ok(paddr)
+    }
+
+    /// A load that missed the TLB, crosses a page, or goes to a device.
+    #[inline(never)]
+    pub(crate) fn load_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, touched_device: &mut bool) -> Result<u64, Trap> {
+        let size64 = size as u64;
+        if (vaddr & 0xfff) + size64 > 0x1000 {
+            // Page-crossing misaligned access: byte by byte, RAM only.
+            let mut v = 0u64;
+            for i in 0..size64 {
+                let a = vaddr.wrapping_add(i);
+                let p = self.translate_fill(ram, a, Access::Load)?;
+                let mut b = [0u8];
+                ram.read(p, &mut b).map_err(|_| Access::Load.access_fault(a))?;
+                v |= (b[0] as u64) << (8 * i);
+            }
+            return Ok(v);
+        }
+        let paddr = self.translate_fill(ram, vaddr, Access::Load)?;
+        if let Some(off) = ram.offset_of(paddr, size64) {
+            return Ok(read_le(&ram.as_slice()[off..], size));
+        }
+        if vaddr & (size64 - 1) != 0 {
+            return Err(Access::Load.misaligned(vaddr));
+        }
+        *touched_device = true;
+        bus.read(ram, paddr, size, self.progress).ok_or(Access::Load.access_fault(vaddr))
+    }
+
+    #[inline(never)]
+    pub(crate) fn store_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, value: u64, touched_device: &mut bool) -> Result<(), Trap> {
+        let size64 = size as u64;
+        if (vaddr & 0xfff) + size64 > 0x1000 {
+            // Translate every byte first so a fault leaves memory untouched.
+            let mut paddrs = [0u64; 8];
+            for i in 0..size64 {
+                let a = vaddr.wrapping_add(i);
+                let p = self.translate_fill(ram, a, Access::Store)?;
+                if ram.offset_of(p, 1).is_none() {
+                    return Err(Access::Store.access_fault(a));
+                }
+                paddrs[i as usize] = p;
+            }
+            for i in 0..size64 as usize {
+                let _ = ram.write(paddrs[i], &[(value >> (8 * i)) as u8]);
+            }
+            return Ok(());
+        }
+        let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
+        if let Some(off) = ram.offset_of(paddr, size64) {
+            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+            ram.mark_dirty_offset(off, size as usize);
+            return Ok(());
+        }
+        if vaddr & (size64 - 1) != 0 {
+            return Err(Access::Store.misaligned(vaddr));
+        }
+        *touched_device = true;
+        if bus.write(ram, paddr, size, value, self.progress) {
+            Ok(())
+        } else {
+            Err(Access::Store.access_fault(vaddr))
+        }
+    }
+
+    /// Translate `vaddr` for an atomic memory operation; AMOs must be
+    /// naturally aligned and target RAM. Returns the RAM offset.
+    pub(crate) fn amo_offset(&mut self, ram: &mut GuestRam, vaddr: u64, size: u8) -> Result<usize, Trap> {
+        if vaddr & (size as u64 - 1) != 0 {
+            return Err(Access::Store.misaligned(vaddr));
+        }
+        let prv = self.data_prv();
+        let i = index(vaddr);
+        let e = self.tlb.store[i];
+        if e.tag == tag(vaddr, prv) {
+            return Ok(e.off + (vaddr & 0xfff) as usize);
+        }
+        let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
+        match ram.offset_of(paddr, size as u64) {
+            Some(off) => {
+                ram.mark_dirty_offset(off, size as usize);
+                Ok(off)
+            }
+            None => Err(Access::Store.access_fault(vaddr)),
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn read_le(b: &[u8], size: u8) -> u64 {
+    match size {
+        1 => b[0] as u64,
+        2 => u16::from_le_bytes([b[0], b[1]]) as u64,
+        4 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
+        _ => u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+    }
+}
+
+#[inline(always)]
+pub(crate) fn write_le(b: &mut [u8], size: u8, v: u64) {
+    match size {
+        1 => b[0] = v as u8,
+        2 => b[..2].copy_from_slice(&(v as u16).to_le_bytes()),
+        4 => b[..4].copy_from_slice(&(v as u32).to_le_bytes()),
+        _ => b[..8].copy_from_slice(&v.to_le_bytes()),
+    }
+}
