@@ -1,0 +1,75 @@
+//! Virtio devices: the virtio-mmio transport (version 2 only), split
+//! virtqueues, and the device models behind the [`VirtioDevice`] trait.
+//!
+//! The transport owns everything the spec puts in the transport (feature
+//! negotiation, status, queue configuration, interrupt status); a device
+//! owns its config space and what its queues carry. Work a device does on
+//! its queues — in a notify handler, or later when the machine injects an
+//! I/O completion through [`VirtioMmio::with_device`] — is followed by the
+//! transport deciding which interrupts that raised.
+
+pub mod blk;
+pub mod mmio;
+pub mod queue;
+
+use std::any::Any;
+
+use ftvm_memory::GuestRam;
+
+use crate::snapshot::SnapResult;
+
+pub use mmio::VirtioMmio;
+pub use queue::{ChainError, Desc, DescChain, Queue};
+
+/// Feature bits the transport itself implements and always offers.
+pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
+pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << 29;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const TRANSPORT_FEATURES: u64 =
+    VIRTIO_F_VERSION_1 | VIRTIO_F_RING_INDIRECT_DESC | VIRTIO_F_RING_EVENT_IDX;
+
+pub const VIRTIO_ID_NET: u32 = 1;
+pub const VIRTIO_ID_BLOCK: u32 = 2;
+pub const VIRTIO_ID_CONSOLE: u32 = 3;
+pub const VIRTIO_ID_RNG: u32 = 4;
+
+/// A virtio device model, independent of the transport.
+pub trait VirtioDevice {
+    /// Virtio device type (2 = block, ...).
+    fn device_type(&self) -> u32;
+    /// Device-specific feature bits (0..=23 and any others the device
+    /// implements); the transport adds [`TRANSPORT_FEATURES`].
+    fn features(&self) -> u64;
+    fn num_queues(&self) -> usize;
+    fn queue_max_size(&self, queue: usize) -> u16;
+    /// Reads device config space; bytes past its end stay as given (zero).
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// The driver set DRIVER_OK with these negotiated features.
+    fn activate(&mut self, features: u64);
+    /// The driver kicked `queue` (which is ready). The device takes chains
+    /// from it and returns them; the transport raises the interrupt.
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam);
+    /// Device reset by the driver (status 0): forget negotiated state and
+    /// anything in flight.
+    fn reset(&mut self);
+    /// Device-specific state (not the transport's, not backing storage).
+    fn snapshot(&self) -> Vec<u8>;
+    fn restore(&mut self, blob: &[u8]) -> SnapResult<()>;
+    /// For the machine to reach device-specific methods (e.g. injecting an
+    /// I/O completion) through the transport's trait object.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Copies `src` (a device config structure) into a config read at `offset`.
+pub fn config_read_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
+    if offset >= src.len() as u64 {
+        return;
+    }
+    let start = offset as usize;
+    let n = data.len().min(src.len() - start);
+    data[..n].copy_from_slice(&src[start..start + n]);
+}
+
+#[cfg(test)]
+pub(crate) mod testdriver;
