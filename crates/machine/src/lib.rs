@@ -1,0 +1,16 @@
+//! The ftvm board: a QEMU-`virt`-shaped RISC-V machine assembled from the
+//! CPU and the device models, with virtual time and a loader.
+//!
+//! [`Machine`] is the only way in: replication protocols and the command
+//! line drive it by running to an instruction count, injecting events at
+//! instruction boundaries, and taking snapshots and dirty pages.
+
+mod board;
+pub mod clock;
+pub mod fdt;
+pub mod layout;
+pub mod loader;
+mod machine;
+pub mod snapshot;
+
+pub use machine::{DiskConfig, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};

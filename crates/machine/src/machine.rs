@@ -1,0 +1,258 @@
+//! The machine: harts, RAM, board and virtual clock, driven through one
+//! narrow interface (run to instruction N, inject an event, snapshot,
+//! restore, dirty pages). Its execution is a pure function of its start
+//! state and the events injected into it, at the instruction counts where
+//! they were injected.
+//!
+//! Several harts share one host thread in a fixed round-robin of quanta.
+//! The schedule depends only on machine state, never on where a caller
+//! asked `run_until` to stop: a hart's unfinished quantum carries over.
+
+use crate::board::{Board, HartBus, PowerRequest};
+use crate::clock::VirtualClock;
+use crate::layout::{RAM_BASE, TIMEBASE_HZ};
+use crate::loader;
+use ftvm_cpu::{Exit, Hart};
+use ftvm_memory::GuestRam;
+
+/// Steps a hart runs before the next one gets its turn.
+pub const QUANTUM: u64 = 10_000;
+
+/// Nominal guest speed the clock starts from (instructions per second of
+/// guest time). A live host corrects it with `Event::ClockRate`.
+pub const DEFAULT_GUEST_IPS: u64 = 200_000_000;
+
+#[derive(Debug, Clone)]
+pub struct DiskConfig {
+    pub path: std::path::PathBuf,
+    pub readonly: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct MachineConfig {
+    pub harts: usize,
+    pub ram_size: u64,
+    pub firmware: Option<Vec<u8>>,
+    pub kernel: Vec<u8>,
+    pub initrd: Option<Vec<u8>>,
+    pub cmdline: String,
+    pub disks: Vec<DiskConfig>,
+    pub guest_ips: u64,
+}
+
+/// An input from outside, applied at the current instruction boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Bytes typed on the console.
+    ConsoleInput(Vec<u8>),
+    /// New clock rate (timer ticks per instruction, scaled by 2^32).
+    ClockRate(u64),
+    /// While idle: move the timer forward to this many ticks.
+    ClockAdvance(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunExit {
+    /// The instruction count reached the target.
+    Reached,
+    /// Every hart waits for an interrupt. `wake_at` is the timer value at
+    /// which a timer interrupt will wake one, if any is armed.
+    Idle { wake_at: Option<u64> },
+    /// The guest asked to power off with this exit status.
+    PowerOff(u32),
+    /// The guest asked to reboot.
+    Reset,
+}
+
+#[derive(Debug)]
+pub struct MachineError(pub String);
+
+impl std::fmt::Display for MachineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MachineError {}
+
+pub struct Machine {
+    harts: Vec<Hart>,
+    ram: GuestRam,
+    board: Board,
+    clock: VirtualClock,
+    icount: u64,
+    current: usize,
+    quantum_left: u64,
+}
+
+impl Machine {
+    pub fn new(cfg: &MachineConfig) -> Result<Machine, MachineError> {
+        if cfg.harts == 0 || cfg.harts > 8 {
+            return Err(MachineError(format!("--cpus must be between 1 and 8, not {}", cfg.harts)));
+        }
+        if cfg.ram_size < 16 << 20 || cfg.ram_size > 64 << 30 {
+            return Err(MachineError(format!("memory size {} MiB is outside 16 MiB..64 GiB", cfg.ram_size >> 20)));
+        }
+        let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size);
+        let board = Board::new(cfg.harts, &cfg.disks).map_err(MachineError)?;
+        let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())
+            .map_err(|e| MachineError(e.0))?;
+        let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {
+            harts: cfg.harts,
+            ram_base: RAM_BASE,
+            ram_size: ram.size(),
+            cmdline: cfg.cmdline.clone(),
+            initrd: plan.initrd,
+            timebase_freq: TIMEBASE_HZ,
+            virtio: board.virtio_windows(),
+        })
+        .map_err(|e| MachineError(format!("device tree: {e}")))?;
+        loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)
+            .map_err(|e| MachineError(e.0))?;
+        let mut harts = Vec::with_capacity(cfg.harts);
+        for id in 0..cfg.harts {
+            let mut h = Hart::new(id as u64);
+            h.s.pc = plan.entry;
+            h.s.x[10] = id as u64;
+            h.s.x[11] = plan.fdt_addr;
+            h.s.x[12] = plan.fw_dynamic_info.unwrap_or(0);
+            harts.push(h);
+        }
+        // Loading the images is not guest activity.
+        ram.take_dirty();
+        Ok(Machine {
+            harts,
+            ram,
+            board,
+            clock: VirtualClock::new(VirtualClock::rate_for(cfg.guest_ips, TIMEBASE_HZ)),
+            icount: 0,
+            current: 0,
+            quantum_left: QUANTUM,
+        })
+    }
+
+    /// Steps executed since power-on (instructions retired plus traps
+    /// taken, over all harts).
+    pub fn icount(&self) -> u64 {
+        self.icount
+    }
+
+    /// The platform timer now.
+    pub fn time(&self) -> u64 {
+        self.clock.ticks_at(self.icount)
+    }
+
+    pub fn clock(&self) -> &VirtualClock {
+        &self.clock
+    }
+
+    pub fn harts(&self) -> &[Hart] {
+        &self.harts
+    }
+
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    /// Apply an input at the current instruction boundary.
+    pub fn inject(&mut self, ev: Event) {
+        match ev {
+            Event::ConsoleInput(bytes) => self.board.console_input(&mut self.ram, &bytes),
+            Event::ClockRate(rate) => self.clock.set_rate(self.icount, rate),
+            Event::ClockAdvance(ticks) => self.clock.advance_to(self.icount, ticks),
+        }
+    }
+
+    /// Console bytes the guest wrote since the last call.
+    pub fn take_console_output(&mut self) -> Vec<u8> {
+        self.board.take_console_output()
+    }
+
+    /// Pages (guest-physical page numbers) written since the last call,
+    /// by CPU stores and device DMA.
+    pub fn take_dirty_pages(&mut self) -> Vec<u64> {
+        let pages = self.ram.take_dirty();
+        for h in &mut self.harts {
+            h.flush_store_tlb();
+        }
+        pages
+    }
+
+    pub fn set_dirty_tracking(&mut self, on: bool) {
+        self.ram.set_tracking(on);
+        for h in &mut self.harts {
+            h.flush_store_tlb();
+        }
+    }
+
+    fn update_interrupts(&mut self) {
+        let mtime = self.clock.ticks_at(self.icount);
+        for (i, h) in self.harts.iter_mut().enumerate() {
+            h.set_irq_lines(self.board.irq_bits(i, mtime));
+        }
+    }
+
+    /// Run until the instruction count reaches `target` or the machine
+    /// stops, idles or powers off.
+    pub fn run_until(&mut self, target: u64) -> RunExit {
+        let n = self.harts.len();
+        loop {
+            if let Some(req) = self.board.power_request() {
+                return match req {
+                    PowerRequest::Off(code) => RunExit::PowerOff(code),
+                    PowerRequest::Reset => RunExit::Reset,
+                };
+            }
+            if self.icount >= target {
+                return RunExit::Reached;
+            }
+            self.update_interrupts();
+            let runnable = |h: &Hart| !h.is_idle() || h.wake_pending();
+            if !self.harts.iter().any(runnable) {
+                return RunExit::Idle { wake_at: self.board.next_timer_deadline() };
+            }
+            if self.quantum_left == 0 || !runnable(&self.harts[self.current]) {
+                self.current = (self.current + 1) % n;
+                self.quantum_left = QUANTUM;
+                if n > 1 {
+                    // Another hart may have written the reserved address.
+                    self.harts[self.current].clear_reservation();
+                }
+                continue;
+            }
+            let mut budget = self.quantum_left.min(target - self.icount);
+            let now = self.clock.ticks_at(self.icount);
+            if let Some(deadline) = self.board.next_timer_deadline().filter(|&d| d > now) {
+                if let Some(at) = self.clock.icount_reaching(deadline) {
+                    budget = budget.min(at.saturating_sub(self.icount).max(1));
+                }
+            }
+            let h = &mut self.harts[self.current];
+            let mut bus = HartBus::new(&mut self.board, &self.clock, self.icount);
+            let (steps, exit) = h.run(&mut self.ram, &mut bus, budget);
+            self.icount += steps;
+            self.quantum_left -= steps.min(self.quantum_left);
+            if exit == Exit::Idle && n > 1 {
+                self.quantum_left = 0;
+            }
+        }
+    }
+
+    /// A hash of the whole machine state: harts, RAM, devices, clock and
+    /// instruction count. Equal hashes at equal instruction counts are how
+    /// determinism is checked.
+    pub fn state_hash(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.icount.to_le_bytes());
+        let (a, b, c) = self.clock.to_parts();
+        for v in [a, b, c, self.current as u64, self.quantum_left] {
+            h.update(&v.to_le_bytes());
+        }
+        for hart in &self.harts {
+            h.update(&crate::snapshot::hart_bytes(&hart.s));
+        }
+        h.update(&self.board.snapshot_bytes());
+        h.update(self.ram.as_slice());
+        *h.finalize().as_bytes()
+    }
+}
