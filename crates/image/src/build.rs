@@ -1,0 +1,724 @@
+//! The image build pipeline (host side). Needs root (mmdebstrap extracts
+//! packages with their real ownership, which `mke2fs -d` copies).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::artifacts::{self, KernelFormat};
+use crate::cpio::CpioWriter;
+use crate::modules::ModuleDb;
+use crate::{BuildOptions, GuestImage, ImageError, Stamp};
+
+/// Host tools and the Debian package providing each.
+const TOOLS: &[(&str, &str)] = &[
+    ("mmdebstrap", "mmdebstrap"),
+    ("mke2fs", "e2fsprogs"),
+    ("depmod", "kmod"),
+    ("xz", "xz-utils"),
+    ("zstd", "zstd"),
+    ("gzip", "gzip"),
+];
+
+struct Ctx {
+    start: Instant,
+    progress: bool,
+}
+
+impl Ctx {
+    fn say(&self, msg: &str) {
+        if self.progress {
+            eprintln!(
+                "ftvm image: [{:6.1}s] {msg}",
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+fn err(step: &str, cause: impl std::fmt::Display) -> ImageError {
+    ImageError::new(step, cause.to_string())
+}
+
+/// Find a tool in `$PATH` plus the sbin directories (often missing from a
+/// user's PATH).
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(
+            ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+                .iter()
+                .map(PathBuf::from),
+        )
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// `$PATH` plus the standard directories, for the tools we run (mmdebstrap
+/// needs apt-config, dpkg, ... from them).
+fn child_path() -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    for d in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+        if !dirs.iter().any(|x| x == Path::new(d)) {
+            dirs.push(PathBuf::from(d));
+        }
+    }
+    std::env::join_paths(dirs).unwrap_or(path)
+}
+
+fn tool(name: &str) -> Result<PathBuf, ImageError> {
+    let pkg = TOOLS
+        .iter()
+        .find(|(t, _)| *t == name)
+        .map(|(_, p)| *p)
+        .unwrap_or(name);
+    which(name).ok_or_else(|| {
+        err("checking host tools", format!("`{name}` not found; install the Debian package `{pkg}` (or run scripts/install-deps.sh)"))
+    })
+}
+
+fn effective_uid() -> Option<u32> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Run a command; on failure the error names the step and shows the tail of
+/// its output (also saved to `log` when given).
+fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageError> {
+    let out = cmd
+        .env("PATH", child_path())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| err(step, format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    if let Some(log) = log {
+        let _ = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+    }
+    if out.status.success() {
+        return Ok(());
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    // apt/mmdebstrap: the first "E:" line is the actual cause
+    let tail = match lines.iter().find(|l| l.starts_with("E: ")) {
+        Some(e) => e.to_string(),
+        None => lines[lines.len().saturating_sub(3)..].join(" | "),
+    };
+    Err(err(
+        step,
+        format!(
+            "{} failed ({}): {}",
+            cmd.get_program().to_string_lossy(),
+            out.status,
+            if tail.is_empty() { "no output" } else { &tail }
+        ),
+    ))
+}
+
+/// Pipe `input` through `prog args...` into `out`.
+fn filter(
+    step: &str,
+    prog: &Path,
+    args: &[&str],
+    input: &[u8],
+    out: &Path,
+) -> Result<(), ImageError> {
+    let file = fs::File::create(out).map_err(|e| err(step, format!("{}: {e}", out.display())))?;
+    let mut child = Command::new(prog)
+        .env("PATH", child_path())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(step, format!("cannot start {}: {e}", prog.display())))?;
+    let mut stdin = child.stdin.take().unwrap();
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .ok();
+    let status = child.wait().map_err(|e| err(step, e))?;
+    let wrote = writer.join().unwrap_or(Ok(()));
+    if !status.success() {
+        return Err(err(
+            step,
+            format!("{} failed ({status}): {}", prog.display(), stderr.trim()),
+        ));
+    }
+    wrote.map_err(|e| err(step, format!("writing to {}: {e}", prog.display())))
+}
+
+/// Decompress a file with `prog -dc`.
+fn decompress(step: &str, prog: &Path, file: &Path) -> Result<Vec<u8>, ImageError> {
+    let out = Command::new(prog)
+        .env("PATH", child_path())
+        .arg("-dc")
+        .arg(file)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| err(step, format!("cannot start {}: {e}", prog.display())))?;
+    if !out.status.success() {
+        return Err(err(
+            step,
+            format!(
+                "{} -dc {} failed: {}",
+                prog.display(),
+                file.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok(out.stdout)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn pid_alive(pid: &str) -> bool {
+    Path::new("/proc").join(pid).exists()
+}
+
+pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage, ImageError> {
+    let ctx = Ctx {
+        start: Instant::now(),
+        progress: opts.progress,
+    };
+    if !opts.force {
+        if let Ok((img, _)) = crate::locate_in(final_dir) {
+            ctx.say(&format!("image is up to date in {}", final_dir.display()));
+            return Ok(img);
+        }
+    }
+
+    // ---- preflight
+    for (t, _) in TOOLS {
+        tool(t)?;
+    }
+    if effective_uid() != Some(0) {
+        return Err(err(
+            "checking privileges",
+            "building the image needs root (mmdebstrap extracts packages with their real owners, which mke2fs copies into the root filesystem); run it as root, e.g. `sudo ftvm image build`",
+        ));
+    }
+    let env_mirror = std::env::var("FTVM_DEBIAN_MIRROR").ok();
+    let mirror = crate::mirror::resolve(
+        opts.mirror.as_deref(),
+        env_mirror.as_deref(),
+        Path::new("/"),
+    )?;
+
+    let images = final_dir.parent().unwrap_or(Path::new("/")).to_path_buf();
+    fs::create_dir_all(&images).map_err(|e| {
+        err(
+            "creating the cache directory",
+            format!("{}: {e}", images.display()),
+        )
+    })?;
+    // leftovers of interrupted builds
+    if let Ok(rd) = fs::read_dir(&images) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name
+                .strip_prefix(".build-")
+                .or_else(|| name.strip_prefix(".old-"))
+            {
+                if !pid_alive(pid) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    let work = images.join(format!(".build-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(|e| {
+        err(
+            "creating the build directory",
+            format!("{}: {e}", work.display()),
+        )
+    })?;
+    let result = build_in(&ctx, &work, &mirror);
+    let result = result.and_then(|stamp| install(&ctx, &work, final_dir, stamp));
+    let saved_log = images.join("last-build.log");
+    let _ = fs::rename(work.join("build.log"), &saved_log);
+    let result = result.map_err(|mut e| {
+        if saved_log.exists() {
+            e.cause.push_str(&format!(" (log: {})", saved_log.display()));
+        }
+        e
+    });
+    let _ = fs::remove_dir_all(&work);
+    result
+}
+
+fn install(
+    ctx: &Ctx,
+    work: &Path,
+    final_dir: &Path,
+    mut stamp: Stamp,
+) -> Result<GuestImage, ImageError> {
+    let step = "installing the image";
+    let out = work.join("image");
+    stamp.build_seconds = ctx.start.elapsed().as_secs_f64();
+    fs::write(out.join(crate::STAMP_FILE), stamp.render()).map_err(|e| err(step, e))?;
+    let old = final_dir.with_file_name(format!(".old-{}", std::process::id()));
+    if final_dir.exists() {
+        fs::rename(final_dir, &old)
+            .map_err(|e| err(step, format!("moving the old image aside: {e}")))?;
+    }
+    fs::rename(&out, final_dir).map_err(|e| {
+        err(
+            step,
+            format!("{} -> {}: {e}", out.display(), final_dir.display()),
+        )
+    })?;
+    let _ = fs::remove_dir_all(&old);
+    let (img, _) = crate::locate_in(final_dir)?;
+    ctx.say(&format!(
+        "done: {} (kernel {})",
+        final_dir.display(),
+        img.kernel_version
+    ));
+    Ok(img)
+}
+
+fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
+    let stage = work.join("stage");
+    let out = work.join("image");
+    fs::create_dir_all(&out).map_err(|e| err("creating the build directory", e))?;
+    let log = work.join("build.log");
+
+    // ---- 1. packages
+    ctx.say(&format!(
+        "fetching {} {} packages with mmdebstrap from {mirror}",
+        crate::SUITE,
+        crate::ARCH
+    ));
+    let step = "extracting Debian packages (mmdebstrap)";
+    // .debs of the previous build: apt skips downloading files it finds in
+    // the target's archive directory with the right hash
+    let deb_cache = crate::cache_dir().join("debs").join(crate::IMAGE_NAME);
+    let mut hooks = Vec::new();
+    if fs::read_dir(&deb_cache)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+    {
+        let q = shell_quote(&deb_cache.to_string_lossy());
+        hooks.push(format!(
+            "--setup-hook=mkdir -p \"$1/var/cache/apt/archives\" && for f in {q}/*.deb; do ln -f \"$f\" \"$1/var/cache/apt/archives/\" 2>/dev/null || cp \"$f\" \"$1/var/cache/apt/archives/\"; done; true"
+        ));
+    }
+    run(
+        step,
+        Command::new(tool("mmdebstrap")?)
+            .args(&hooks)
+            .arg("--mode=root")
+            .arg("--variant=extract")
+            .arg(format!("--architectures={}", crate::ARCH))
+            .arg("--components=main")
+            .arg(format!("--include={}", crate::PACKAGES.join(",")))
+            .arg("--aptopt=Acquire::Languages \"none\"")
+            .arg("--aptopt=Acquire::Retries \"3\"")
+            .arg("--skip=cleanup/apt/cache")
+            .arg(crate::SUITE)
+            .arg(&stage)
+            .arg(mirror),
+        Some(&log),
+    )?;
+    let archives = stage.join("var/cache/apt/archives");
+    let mut packages: Vec<(String, String)> = fs::read_dir(&archives)
+        .map_err(|e| err(step, format!("{}: {e}", archives.display())))?
+        .flatten()
+        .filter_map(|e| artifacts::deb_name_version(&e.file_name().to_string_lossy()))
+        .collect();
+    packages.sort();
+    if packages.is_empty() {
+        return Err(err(step, "no packages were downloaded"));
+    }
+    // keep exactly this build's .debs for the next one
+    let _ = fs::remove_dir_all(&deb_cache);
+    let _ = fs::create_dir_all(&deb_cache);
+    for e in fs::read_dir(&archives).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "deb")
+            && fs::rename(e.path(), deb_cache.join(e.file_name())).is_err()
+        {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    ctx.say(&format!("extracted {} packages", packages.len()));
+
+    // merged /usr (trixie packages ship under /usr only)
+    for (link, target) in [("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib")] {
+        let p = stage.join(link);
+        if fs::symlink_metadata(&p).is_err() && stage.join(target).is_dir() {
+            symlink(target, &p).map_err(|e| err("merging /usr", e))?;
+        }
+    }
+
+    // ---- 2. kernel
+    let step = "finding the kernel";
+    let boot = stage.join("boot");
+    let mut kernels: Vec<PathBuf> = fs::read_dir(&boot)
+        .map_err(|e| err(step, format!("{}: {e}", boot.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("vmlinux-") || n.starts_with("vmlinuz-")
+        })
+        .collect();
+    kernels.sort();
+    let kfile = kernels.pop().ok_or_else(|| {
+        err(
+            step,
+            format!("no vmlinux-*/vmlinuz-* in {}", boot.display()),
+        )
+    })?;
+    let kname = kfile.file_name().unwrap().to_string_lossy().into_owned();
+    let version = kname[8..].to_string();
+    let kernel_pkg = packages
+        .iter()
+        .find(|(p, _)| *p == format!("linux-image-{version}"));
+    ctx.say(&format!(
+        "kernel {version} from {}",
+        kernel_pkg
+            .map(|(p, v)| format!("{p} {v}"))
+            .unwrap_or_else(|| "an unknown package".into())
+    ));
+    let data = fs::read(&kfile).map_err(|e| err(step, format!("{}: {e}", kfile.display())))?;
+    let step = "preparing the kernel Image";
+    let image = match artifacts::kernel_format(&data) {
+        KernelFormat::Raw => {
+            ctx.say(&format!(
+                "/boot/{kname} is a raw (uncompressed) RISC-V Image, {} bytes: used as is",
+                data.len()
+            ));
+            data
+        }
+        KernelFormat::Compressed(method) => {
+            ctx.say(&format!(
+                "/boot/{kname} is {method}-compressed: decompressing to a raw Image"
+            ));
+            let prog = tool(if method == "gzip" {
+                "gzip"
+            } else if method == "zstd" {
+                "zstd"
+            } else {
+                "xz"
+            })?;
+            decompress(step, &prog, &kfile)?
+        }
+        KernelFormat::ZBoot {
+            offset,
+            size,
+            method,
+        } => {
+            ctx.say(&format!(
+                "/boot/{kname} is an EFI zboot image ({method}): extracting the raw Image"
+            ));
+            let prog = match method.as_str() {
+                "gzip" => tool("gzip")?,
+                "zstd" | "zstd22" => tool("zstd")?,
+                "xz" | "lzma" => tool("xz")?,
+                m => return Err(err(step, format!("unsupported zboot compression {m}"))),
+            };
+            let payload = data
+                .get(offset..offset + size)
+                .ok_or_else(|| err(step, "zboot payload out of range"))?;
+            let tmp = work.join("kernel.payload");
+            fs::write(&tmp, payload).map_err(|e| err(step, e))?;
+            decompress(step, &prog, &tmp)?
+        }
+        KernelFormat::Unknown => {
+            return Err(err(step, format!("/boot/{kname} is in an unknown format")))
+        }
+    };
+    if !artifacts::is_riscv_image(&image) {
+        return Err(err(step, "the kernel has no RISC-V Image header"));
+    }
+    fs::write(out.join("Image"), &image).map_err(|e| err(step, e))?;
+    let config = fs::read_to_string(boot.join(format!("config-{version}"))).unwrap_or_default();
+    if config.is_empty() {
+        return Err(err(step, format!("/boot/config-{version} is missing")));
+    }
+    fs::write(out.join("config"), &config).map_err(|e| err(step, e))?;
+
+    // ---- 3. firmware
+    let step = "copying OpenSBI fw_dynamic.bin";
+    let fw = stage.join("usr/lib/riscv64-linux-gnu/opensbi/generic/fw_dynamic.bin");
+    fs::copy(&fw, out.join("fw_dynamic.bin"))
+        .map_err(|e| err(step, format!("{}: {e}", fw.display())))?;
+
+    // ---- 4. modules
+    let step = "resolving kernel modules";
+    let moddir = stage.join("usr/lib/modules").join(&version);
+    let moddir = if moddir.is_dir() {
+        moddir
+    } else {
+        stage.join("lib/modules").join(&version)
+    };
+    if !moddir.is_dir() {
+        return Err(err(step, format!("no module directory for {version}")));
+    }
+    for m in crate::ROOT_MODULES {
+        let key = match *m {
+            "virtio_mmio" => "VIRTIO_MMIO",
+            "virtio_blk" => "VIRTIO_BLK",
+            "virtio_net" => "VIRTIO_NET",
+            "ext4" => "EXT4_FS",
+            _ => continue,
+        };
+        ctx.say(&format!(
+            "CONFIG_{key}={}",
+            artifacts::kconfig(&config, key).unwrap_or("(unset)")
+        ));
+    }
+    if !moddir.join("modules.dep").is_file() {
+        ctx.say("running depmod (Debian ships no modules.dep)");
+        run(
+            "running depmod",
+            Command::new(tool("depmod")?)
+                .arg("-b")
+                .arg(&stage)
+                .arg(&version),
+            Some(&log),
+        )?;
+    }
+    let read = |n: &str| fs::read_to_string(moddir.join(n)).unwrap_or_default();
+    let db = ModuleDb::parse(
+        &read("modules.dep"),
+        &read("modules.softdep"),
+        &read("modules.alias"),
+        &read("modules.builtin"),
+    );
+    if db.modules.is_empty() {
+        return Err(err(
+            step,
+            format!("{}/modules.dep is empty", moddir.display()),
+        ));
+    }
+    let order = db.resolve(crate::ROOT_MODULES).map_err(|e| err(step, e))?;
+    let names: Vec<String> = order.iter().map(|(n, _)| n.clone()).collect();
+    ctx.say(&format!(
+        "initramfs modules (load order): {}",
+        names.join(" ")
+    ));
+
+    // ---- 5. initramfs
+    let step = "building the initramfs";
+    let busybox = stage.join("usr/bin/busybox");
+    let bb = fs::read(&busybox).map_err(|e| err(step, format!("{}: {e}", busybox.display())))?;
+    let applets = artifacts::busybox_applets(&bb).map_err(|e| err(step, e))?;
+    for needed in [
+        "sh",
+        "mount",
+        "insmod",
+        "switch_root",
+        "devmem",
+        "base64",
+        "ip",
+        "setsid",
+        "cttyhack",
+        "usleep",
+    ] {
+        if !applets.iter().any(|a| a == needed) {
+            return Err(err(
+                step,
+                format!("busybox-static lacks the `{needed}` applet"),
+            ));
+        }
+    }
+    let xz = tool("xz")?;
+    let mut cpio = CpioWriter::new(Vec::with_capacity(16 << 20));
+    let c = |r: std::io::Result<()>| r.map_err(|e| err(step, e));
+    for d in [
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib/modules",
+        "newroot",
+        "proc",
+        "run",
+        "sys",
+        "tmp",
+    ] {
+        c(cpio.dir(d, 0o755))?;
+    }
+    c(cpio.char_dev("dev/console", 0o600, 5, 1))?;
+    c(cpio.char_dev("dev/null", 0o666, 1, 3))?;
+    c(cpio.file("init", 0o755, crate::GUEST_INIT.as_bytes()))?;
+    c(cpio.file("bin/busybox", 0o755, &bb))?;
+    for a in applets.iter().filter(|a| a.as_str() != "busybox") {
+        c(cpio.symlink(&format!("bin/{a}"), "busybox"))?;
+    }
+    let mut list = String::new();
+    for (name, rel) in &order {
+        let path = moddir.join(rel);
+        let ko = match path.extension().and_then(|e| e.to_str()) {
+            Some("xz") => decompress(step, &xz, &path)?,
+            Some("zst") => decompress(step, &tool("zstd")?, &path)?,
+            Some("gz") => decompress(step, &tool("gzip")?, &path)?,
+            _ => fs::read(&path).map_err(|e| err(step, format!("{}: {e}", path.display())))?,
+        };
+        c(cpio.file(&format!("lib/modules/{name}.ko"), 0o644, &ko))?;
+        list.push_str(name);
+        list.push('\n');
+    }
+    c(cpio.file("etc/ftvm-modules", 0o644, list.as_bytes()))?;
+    let cpio = cpio.finish().map_err(|e| err(step, e))?;
+    let compression = if artifacts::kconfig(&config, "RD_ZSTD") == Some("y") {
+        "zstd"
+    } else if artifacts::kconfig(&config, "RD_GZIP") == Some("y") {
+        "gzip"
+    } else {
+        "none"
+    };
+    let initrd = out.join("initrd.img");
+    match compression {
+        "zstd" => filter(step, &tool("zstd")?, &["-q", "-9", "-c"], &cpio, &initrd)?,
+        "gzip" => filter(step, &tool("gzip")?, &["-9", "-n", "-c"], &cpio, &initrd)?,
+        _ => fs::write(&initrd, &cpio).map_err(|e| err(step, e))?,
+    }
+    ctx.say(&format!(
+        "initramfs: {} KiB cpio, {} KiB {compression}",
+        cpio.len() / 1024,
+        fs::metadata(&initrd).map(|m| m.len() / 1024).unwrap_or(0)
+    ));
+
+    // ---- 6. root filesystem
+    let step = "preparing the root filesystem";
+    ctx.say("preparing the root filesystem tree");
+    prepare_root(&stage, &applets).map_err(|e| err(step, e))?;
+    let step = "creating the ext4 root image (mke2fs)";
+    ctx.say("creating rootfs.ext4 with mke2fs -d");
+    let rootfs = out.join("rootfs.ext4");
+    run(
+        step,
+        Command::new(tool("mke2fs")?)
+            .args(["-q", "-F", "-t", "ext4", "-L", "ftvm-root", "-m", "0"])
+            .args([
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=1,root_owner=0:0",
+            ])
+            .arg("-d")
+            .arg(&stage)
+            .arg(&rootfs)
+            .arg(format!("{}k", crate::ROOTFS_SIZE / 1024)),
+        Some(&log),
+    )?;
+
+    Ok(Stamp {
+        recipe: crate::recipe_fingerprint(),
+        kernel_version: version,
+        mirror: mirror.to_string(),
+        initrd_compression: compression.to_string(),
+        build_seconds: 0.0,
+        packages,
+        initrd_modules: names,
+    })
+}
+
+/// Turn the extracted package tree into the guest's root filesystem.
+fn prepare_root(root: &Path, applets: &[String]) -> std::io::Result<()> {
+    let rm = |p: &str| {
+        let p = root.join(p);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&p),
+            Ok(_) => fs::remove_file(&p),
+            Err(_) => Ok(()),
+        }
+    };
+    // the kernel is passed separately; apt state and the host's apt sources
+    // are of no use in the guest
+    rm("boot")?;
+    rm("etc/apt/sources.list")?;
+    rm("etc/apt/sources.list.d")?;
+    rm("var/lib/apt/lists")?;
+    rm("var/cache/apt")?;
+    for (dir, mode) in [
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("run", 0o755),
+        ("tmp", 0o1777),
+        ("var/tmp", 0o1777),
+        ("root", 0o700),
+        ("mnt", 0o755),
+        ("home", 0o755),
+        ("etc/redis", 0o755),
+        ("var/lib/redis", 0o750),
+        ("var/log/redis", 0o750),
+        ("usr/local/bin", 0o755),
+        ("etc/profile.d", 0o755),
+    ] {
+        let p = root.join(dir);
+        fs::create_dir_all(&p)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
+    }
+    for dir in ["var/lib/redis", "var/log/redis"] {
+        std::os::unix::fs::chown(root.join(dir), Some(100), Some(101))?;
+    }
+    for (link, target) in [("var/run", "/run"), ("var/lock", "/run/lock")] {
+        let p = root.join(link);
+        if fs::symlink_metadata(&p).is_err() {
+            symlink(target, p)?;
+        }
+    }
+    // busybox applets for everything the packages do not provide
+    for a in applets.iter().filter(|a| a.as_str() != "busybox") {
+        if ["usr/bin", "usr/sbin", "bin", "sbin"]
+            .iter()
+            .any(|d| fs::symlink_metadata(root.join(d).join(a)).is_ok())
+        {
+            continue;
+        }
+        symlink("busybox", root.join("usr/bin").join(a))?;
+    }
+    for (path, mode, text) in crate::GUEST_ROOT_FILES {
+        let p = root.join(path);
+        let _ = fs::remove_file(&p);
+        fs::write(&p, text)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(*mode))?;
+    }
+    let init = root.join("usr/sbin/ftvm-init");
+    fs::write(&init, crate::GUEST_ROOT_INIT)?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tool_names_the_package() {
+        let e = tool("mke2fs-surely-not-installed").unwrap_err();
+        assert_eq!(e.step, "checking host tools");
+        assert!(e.cause.contains("install the Debian package"), "{e}");
+        assert!(!e.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn quoting_and_failing_commands() {
+        assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
+        let e = run("probing", Command::new("sh").args(["-c", "echo one; echo two >&2; exit 3"]), None).unwrap_err();
+        assert_eq!(e.step, "probing");
+        assert!(e.cause.contains("one | two"), "{e}");
+        assert!(!e.to_string().contains('\n'));
+    }
+}

@@ -1,0 +1,416 @@
+//! `ftvm-image`: the default guest for ftvm — Debian trixie riscv64 booted
+//! like QEMU's `virt` board.
+//!
+//! [`build`] assembles, from Debian packages fetched with `mmdebstrap`
+//! (`--variant=extract`, riscv64, the mirror from apt's configuration):
+//!
+//! * `Image` — the kernel of the current `linux-image-riscv64` dependency.
+//!   Debian ships it for riscv64 as `/boot/vmlinux-<version>`: an
+//!   *uncompressed* RISC-V Image with an EFI-stub PE header, which both
+//!   QEMU's and ftvm's loaders take as-is. (Compressed or EFI-zboot kernels
+//!   are decompressed to a raw Image.)
+//! * `fw_dynamic.bin` — OpenSBI's generic-platform `fw_dynamic` firmware from
+//!   Debian's `opensbi` package, loaded in M-mode as the `-bios`.
+//! * `initrd.img` — a zstd (or gzip, per the kernel config) newc cpio with
+//!   busybox (`busybox-static`), the modules the root needs (virtio_mmio,
+//!   virtio_blk, virtio_net, ext4 and their hard/soft dependencies, from
+//!   `depmod`'s modules.dep), and `/init` (`guest/init`).
+//! * `rootfs.ext4` — a 1 GiB sparse ext4 root with busybox applets, redis
+//!   (server + tools), iperf3, their libraries, all kernel modules, and
+//!   `/sbin/ftvm-init` (`guest/ftvm-init`) as init.
+//!
+//! The guest protocol (command line, markers, exit status) is in [`protocol`]
+//! and `guest/README.md`.
+//!
+//! Images live in `<cache_dir()>/images/trixie-riscv64/` with a stamp file
+//! listing the resolved package versions; a build goes to a temporary
+//! directory renamed into place at the end, so [`locate`] never sees a
+//! half-built image.
+
+pub mod artifacts;
+pub mod base64;
+mod build;
+pub mod cpio;
+pub mod mirror;
+pub mod modules;
+pub mod protocol;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use protocol::{kernel_cmdline, EXEC_BEGIN_MARKER, EXEC_STATUS_PREFIX};
+
+/// Debian suite the default image is built from.
+pub const SUITE: &str = "trixie";
+/// Guest architecture (Debian name).
+pub const ARCH: &str = "riscv64";
+/// Directory name of the default image under `<cache>/images/`.
+pub const IMAGE_NAME: &str = "trixie-riscv64";
+/// Stamp file written last into a finished image directory.
+pub const STAMP_FILE: &str = "ftvm-image.stamp";
+/// Bump when the build recipe changes in a way the guest files don't show.
+pub const RECIPE_VERSION: u32 = 1;
+/// Debian packages extracted for the image (dependencies resolved by apt).
+pub const PACKAGES: &[&str] = &[
+    "linux-image-riscv64",
+    "opensbi",
+    "busybox-static",
+    "redis-server",
+    "redis-tools",
+    "iperf3",
+];
+/// Modules the initramfs loads (plus their dependencies) when not built in.
+pub const ROOT_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_net", "ext4"];
+/// Size of the sparse ext4 root image.
+pub const ROOTFS_SIZE: u64 = 1 << 30;
+
+pub(crate) const GUEST_INIT: &str = include_str!("../../../guest/init");
+pub(crate) const GUEST_ROOT_INIT: &str = include_str!("../../../guest/ftvm-init");
+/// Files copied over the extracted root: (path, mode, contents).
+pub(crate) const GUEST_ROOT_FILES: &[(&str, u32, &str)] = &[
+    (
+        "etc/passwd",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/passwd"),
+    ),
+    (
+        "etc/group",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/group"),
+    ),
+    (
+        "etc/shadow",
+        0o640,
+        include_str!("../../../guest/rootfs/etc/shadow"),
+    ),
+    (
+        "etc/hostname",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/hostname"),
+    ),
+    (
+        "etc/hosts",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/hosts"),
+    ),
+    (
+        "etc/nsswitch.conf",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/nsswitch.conf"),
+    ),
+    (
+        "etc/profile",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/profile"),
+    ),
+    (
+        "etc/fstab",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/fstab"),
+    ),
+    (
+        "etc/resolv.conf",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/resolv.conf"),
+    ),
+    (
+        "etc/redis/redis.conf",
+        0o644,
+        include_str!("../../../guest/rootfs/etc/redis/redis.conf"),
+    ),
+];
+
+/// A built guest image: everything `ftvm run` (or QEMU) needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestImage {
+    /// Raw RISC-V kernel `Image`.
+    pub kernel: PathBuf,
+    /// Compressed newc initramfs.
+    pub initrd: PathBuf,
+    /// ext4 root disk image (attach as virtio-blk, it becomes `/dev/vda`).
+    pub rootfs: PathBuf,
+    /// OpenSBI `fw_dynamic.bin` (generic platform).
+    pub firmware: PathBuf,
+    /// Kernel release, e.g. `6.12.107+deb13-riscv64`.
+    pub kernel_version: String,
+}
+
+/// Options for [`build`].
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Rebuild even if a complete, current image exists.
+    pub force: bool,
+    /// Debian mirror URL; default `$FTVM_DEBIAN_MIRROR`, then apt's sources.
+    pub mirror: Option<String>,
+    /// Print progress lines (step and elapsed time) on stderr.
+    pub progress: bool,
+}
+
+/// A failed step: displays as one line `"<step>: <cause>"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageError {
+    pub step: String,
+    pub cause: String,
+}
+
+impl ImageError {
+    pub fn new(step: impl Into<String>, cause: impl Into<String>) -> Self {
+        ImageError {
+            step: step.into(),
+            cause: cause.into(),
+        }
+    }
+}
+
+impl fmt::Display for ImageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.step, self.cause)
+    }
+}
+
+impl std::error::Error for ImageError {}
+
+/// ftvm's cache directory: `$FTVM_CACHE_DIR`, else `$XDG_CACHE_HOME/ftvm`,
+/// else `$HOME/.cache/ftvm`.
+pub fn cache_dir() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("FTVM_CACHE_DIR") {
+        return d;
+    }
+    if let Some(d) = var("XDG_CACHE_HOME").filter(|d| d.is_absolute()) {
+        return d.join("ftvm");
+    }
+    match var("HOME") {
+        Some(h) => h.join(".cache/ftvm"),
+        None => std::env::temp_dir().join("ftvm-cache"),
+    }
+}
+
+/// Directory of the default image: `<cache_dir()>/images/trixie-riscv64`.
+pub fn image_dir() -> PathBuf {
+    cache_dir().join("images").join(IMAGE_NAME)
+}
+
+/// The contents of an image's stamp file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stamp {
+    pub recipe: String,
+    pub kernel_version: String,
+    pub mirror: String,
+    pub initrd_compression: String,
+    pub build_seconds: f64,
+    /// Every extracted package with its version, sorted by name.
+    pub packages: Vec<(String, String)>,
+    /// Modules in the initramfs, in load order.
+    pub initrd_modules: Vec<String>,
+}
+
+impl Stamp {
+    pub(crate) fn render(&self) -> String {
+        let mut s = format!(
+            "format=1\nsuite={SUITE}\narch={ARCH}\nrecipe={}\nkernel_version={}\nmirror={}\ninitrd_compression={}\nbuild_seconds={:.1}\ninitrd_modules={}\n",
+            self.recipe,
+            self.kernel_version,
+            self.mirror,
+            self.initrd_compression,
+            self.build_seconds,
+            self.initrd_modules.join(",")
+        );
+        for (p, v) in &self.packages {
+            s.push_str(&format!("package {p} {v}\n"));
+        }
+        s
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Stamp> {
+        let mut st = Stamp::default();
+        let mut format_ok = false;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("package ") {
+                let (p, v) = rest.split_once(' ')?;
+                st.packages.push((p.into(), v.into()));
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            match k {
+                "format" => format_ok = v == "1",
+                "recipe" => st.recipe = v.into(),
+                "kernel_version" => st.kernel_version = v.into(),
+                "mirror" => st.mirror = v.into(),
+                "initrd_compression" => st.initrd_compression = v.into(),
+                "build_seconds" => st.build_seconds = v.parse().unwrap_or(0.0),
+                "initrd_modules" => {
+                    st.initrd_modules = v
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                }
+                _ => {}
+            }
+        }
+        (format_ok && !st.kernel_version.is_empty() && !st.recipe.is_empty()).then_some(st)
+    }
+}
+
+/// Fingerprint of the recipe: the version, the package and module lists and
+/// every guest file. An image with another fingerprint is outdated.
+pub fn recipe_fingerprint() -> String {
+    use artifacts::{fnv1a, FNV_OFFSET};
+    let mut h = fnv1a(&RECIPE_VERSION.to_le_bytes(), FNV_OFFSET);
+    for p in PACKAGES.iter().chain(ROOT_MODULES) {
+        h = fnv1a(p.as_bytes(), h);
+        h = fnv1a(b"\0", h);
+    }
+    h = fnv1a(GUEST_INIT.as_bytes(), h);
+    h = fnv1a(GUEST_ROOT_INIT.as_bytes(), h);
+    for (p, m, c) in GUEST_ROOT_FILES {
+        h = fnv1a(p.as_bytes(), h);
+        h = fnv1a(&m.to_le_bytes(), h);
+        h = fnv1a(c.as_bytes(), h);
+    }
+    format!("{RECIPE_VERSION}-{h:016x}")
+}
+
+const ARTIFACTS: [&str; 4] = ["Image", "initrd.img", "rootfs.ext4", "fw_dynamic.bin"];
+
+/// Check `dir` holds a complete image of the current recipe.
+pub(crate) fn locate_in(dir: &Path) -> Result<(GuestImage, Stamp), ImageError> {
+    let step = "locating the guest image";
+    let hint = "run `ftvm image build`";
+    let stamp_path = dir.join(STAMP_FILE);
+    let text = std::fs::read_to_string(&stamp_path).map_err(|_| {
+        ImageError::new(
+            step,
+            format!("no built image in {} ({hint})", dir.display()),
+        )
+    })?;
+    let stamp = Stamp::parse(&text).ok_or_else(|| {
+        ImageError::new(
+            step,
+            format!("{} is unreadable ({hint} --force)", stamp_path.display()),
+        )
+    })?;
+    if stamp.recipe != recipe_fingerprint() {
+        return Err(ImageError::new(
+            step,
+            format!(
+                "the image in {} was built by another recipe version ({hint} to rebuild)",
+                dir.display()
+            ),
+        ));
+    }
+    for a in ARTIFACTS {
+        let p = dir.join(a);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.len() > 0 => {}
+            _ => {
+                return Err(ImageError::new(
+                    step,
+                    format!("{} is missing or empty ({hint} --force)", p.display()),
+                ))
+            }
+        }
+    }
+    let img = GuestImage {
+        kernel: dir.join("Image"),
+        initrd: dir.join("initrd.img"),
+        rootfs: dir.join("rootfs.ext4"),
+        firmware: dir.join("fw_dynamic.bin"),
+        kernel_version: stamp.kernel_version.clone(),
+    };
+    Ok((img, stamp))
+}
+
+/// The built default image, or an error telling to run `ftvm image build`.
+pub fn locate() -> Result<GuestImage, ImageError> {
+    locate_in(&image_dir()).map(|(img, _)| img)
+}
+
+/// The stamp (resolved package versions etc.) of the built default image.
+pub fn stamp() -> Result<Stamp, ImageError> {
+    locate_in(&image_dir()).map(|(_, st)| st)
+}
+
+/// Build the default image (or return the cached one unless `opts.force`).
+pub fn build(opts: &BuildOptions) -> Result<GuestImage, ImageError> {
+    build::build(opts, &image_dir())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamp_roundtrip() {
+        let st = Stamp {
+            recipe: recipe_fingerprint(),
+            kernel_version: "6.12.1+deb13-riscv64".into(),
+            mirror: "http://m.example/debian".into(),
+            initrd_compression: "zstd".into(),
+            build_seconds: 12.5,
+            packages: vec![
+                ("busybox-static".into(), "1:1.37.0-6".into()),
+                ("redis-server".into(), "5:8.0.2-3".into()),
+            ],
+            initrd_modules: vec!["crc16".into(), "ext4".into()],
+        };
+        assert_eq!(Stamp::parse(&st.render()), Some(st));
+        assert_eq!(Stamp::parse("format=2\nrecipe=x\nkernel_version=y\n"), None);
+    }
+
+    #[test]
+    fn locate_checks_stamp_and_files() {
+        let dir = std::env::temp_dir().join(format!("ftvm-locate-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = locate_in(&dir).unwrap_err().to_string();
+        assert!(err.contains("ftvm image build"), "{err}");
+        let st = Stamp {
+            recipe: recipe_fingerprint(),
+            kernel_version: "6.12.1".into(),
+            ..Default::default()
+        };
+        std::fs::write(dir.join(STAMP_FILE), st.render()).unwrap();
+        for a in ARTIFACTS {
+            std::fs::write(dir.join(a), b"x").unwrap();
+        }
+        let (img, _) = locate_in(&dir).unwrap();
+        assert_eq!(img.kernel_version, "6.12.1");
+        assert_eq!(img.rootfs, dir.join("rootfs.ext4"));
+        std::fs::write(dir.join("Image"), b"").unwrap();
+        assert!(locate_in(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("Image is missing or empty"));
+        let old = Stamp {
+            recipe: "0-0".into(),
+            ..st
+        };
+        std::fs::write(dir.join(STAMP_FILE), old.render()).unwrap();
+        assert!(locate_in(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("another recipe"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cache_dir_env() {
+        // only checks the FTVM_CACHE_DIR branch without touching the others
+        if std::env::var_os("FTVM_CACHE_DIR").is_none() {
+            let d = cache_dir();
+            assert!(
+                d.ends_with("ftvm") || d.ends_with("ftvm-cache"),
+                "{}",
+                d.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,85 @@
+#!/bin/bash
+# Install what building, testing and benchmarking ftvm need on Debian
+# (bookworm or later). Idempotent: quiet when everything is present, and runs
+# `apt-get update` only when something is missing. Run as root (or with sudo
+# available).
+#
+#   scripts/install-deps.sh          install what is missing
+#   scripts/install-deps.sh --check  only list what is missing (exit 1 if any)
+set -euo pipefail
+
+PACKAGES=(
+    # building the guest image (crates/image)
+    mmdebstrap            # extracts Debian riscv64 packages
+    debian-archive-keyring  # trixie signing keys
+    ca-certificates
+    e2fsprogs             # mke2fs -d: the ext4 root
+    kmod                  # depmod: modules.dep for the guest kernel
+    xz-utils              # the kernel's modules are .ko.xz
+    zstd                  # initramfs compression
+    gzip
+    cpio
+    device-tree-compiler  # dtc: inspecting/writing device trees
+    gcc-riscv64-linux-gnu # riscv64 test programs
+    # building ftvm
+    build-essential       # cc as Rust's linker
+    pkg-config
+    # testing and benchmarking
+    qemu-system-misc      # qemu-system-riscv64: the reference machine
+    redis-tools
+    iperf3
+    iproute2
+    python3
+)
+
+CHECK_ONLY=
+[ "${1:-}" = "--check" ] && CHECK_ONLY=1
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+
+have_cargo() {
+    command -v cargo >/dev/null 2>&1 || [ -x "${HOME:-/root}/.cargo/bin/cargo" ] || [ -x /root/.cargo/bin/cargo ]
+}
+if ! have_cargo; then
+    # rustup's toolchain is what our machines use; Debian's is only a fallback
+    missing+=(cargo rustc)
+    CARGO_FALLBACK=1
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ -n "$CHECK_ONLY" ]; then
+    echo "install-deps: missing: ${missing[*]}"
+    exit 1
+fi
+
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=sudo
+    else
+        echo "install-deps: missing ${missing[*]}; run this script as root" >&2
+        exit 1
+    fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [ -n "${CARGO_FALLBACK:-}" ]; then
+    echo "install-deps: note: no cargo found (rustup not installed); falling back to Debian's cargo and rustc, which may be too old for the workspace"
+fi
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-deps: apt-get failed" >&2
+    exit 1
+fi
+echo "install-deps: done"
