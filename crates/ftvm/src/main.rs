@@ -1,0 +1,241 @@
+//! `ftvm`: run, and (in later modes) protect, a RISC-V virtual machine.
+//!
+//! This module owns argument parsing and turning options into a machine
+//! configuration; `live` owns the host loop of a running VM, `console` the
+//! terminal.
+
+mod console;
+mod exec;
+mod live;
+
+use clap::{Args, Parser, Subcommand};
+use ftvm_machine::{DiskConfig, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "ftvm", version, about = "Fault-tolerant virtual machines")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot a virtual machine (the default Debian guest unless told otherwise).
+    Run(RunArgs),
+    /// Build or locate the default guest image.
+    #[command(subcommand)]
+    Image(ImageCommand),
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Build the default guest from Debian trixie riscv64 packages (cached).
+    Build {
+        /// Rebuild even if a cached image exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the directory holding the built image.
+    Path,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// M-mode firmware (OpenSBI fw_dynamic.bin), or `none` to start the kernel itself in M-mode.
+    #[arg(long)]
+    bios: Option<String>,
+    /// Kernel Image (or a bare-metal ELF program with --bios none).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Initial ramdisk.
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    /// Kernel command line.
+    #[arg(long)]
+    append: Option<String>,
+    /// Guest memory, e.g. 512M or 2G (a plain number is MiB).
+    #[arg(long, default_value = "1G")]
+    mem: String,
+    /// Number of harts.
+    #[arg(long, default_value_t = 1)]
+    cpus: usize,
+    /// A raw disk image: PATH[,readonly]. May be repeated; the first is /dev/vda.
+    #[arg(long = "disk")]
+    disks: Vec<String>,
+    /// Boot, run CMD in the guest with /bin/sh -c, power off, exit with its status.
+    #[arg(long)]
+    exec: Option<String>,
+    /// With --exec, also show the boot messages before the command starts.
+    #[arg(long)]
+    verbose: bool,
+    /// Let guest time run as fast as the host can go instead of following
+    /// the wall clock (idle periods are skipped at once).
+    #[arg(long)]
+    fast_time: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                print!("{e}");
+                return ExitCode::SUCCESS;
+            }
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid arguments");
+            eprintln!("ftvm: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Image(ImageCommand::Build { force }) => image_build(force),
+        Command::Image(ImageCommand::Path) => ftvm_image::locate()
+            .map(|img| {
+                println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
+                0
+            })
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.min(255) as u8),
+        Err(msg) => {
+            eprintln!("ftvm: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn image_build(force: bool) -> Result<u32, String> {
+    let opts = ftvm_image::BuildOptions { force, ..Default::default() };
+    let img = ftvm_image::build(&opts).map_err(|e| e.to_string())?;
+    println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
+    Ok(0)
+}
+
+/// Parse a memory size: `512M`, `2G`, `1048576K`, or a plain number of MiB.
+fn parse_mem(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("invalid memory size '{s}': use a number with K, M or G")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1 << 20),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("invalid memory size '{s}': use a number with K, M or G"))?;
+    n.checked_mul(mult).ok_or(format!("memory size '{s}' is too large"))
+}
+
+fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+    let mut parts = s.split(',');
+    let path = PathBuf::from(parts.next().unwrap_or_default());
+    if path.as_os_str().is_empty() {
+        return Err("--disk needs a path".into());
+    }
+    let mut readonly = false;
+    for opt in parts {
+        match opt {
+            "readonly" | "ro" => readonly = true,
+            other => return Err(format!("unknown disk option '{other}' in --disk {s}")),
+        }
+    }
+    Ok(DiskConfig { path, readonly })
+}
+
+fn read_file(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
+
+/// Turn run options into a machine configuration, filling in the default
+/// guest image for whatever was not given.
+fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
+    // The default image supplies the firmware unless --bios is given, and
+    // kernel, initrd and root disk unless --kernel is.
+    let image = if args.bios.is_none() || args.kernel.is_none() {
+        Some(ftvm_image::locate().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let firmware = match args.bios.as_deref() {
+        Some("none") => None,
+        Some(p) => Some(read_file("firmware", p.as_ref())?),
+        None => Some(read_file("firmware", &image.as_ref().unwrap().firmware)?),
+    };
+    let default_kernel = args.kernel.is_none();
+    let kernel = match &args.kernel {
+        Some(p) => read_file("kernel", p)?,
+        None => read_file("kernel", &image.as_ref().unwrap().kernel)?,
+    };
+    let initrd = match (&args.initrd, default_kernel) {
+        (Some(p), _) => Some(read_file("initrd", p)?),
+        (None, true) => Some(read_file("initrd", &image.as_ref().unwrap().initrd)?),
+        (None, false) => None,
+    };
+    let mut disks = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
+    if disks.is_empty() && default_kernel {
+        disks.push(DiskConfig { path: image.as_ref().unwrap().rootfs.clone(), readonly: false });
+    }
+    for d in &disks {
+        std::fs::metadata(&d.path).map_err(|e| format!("cannot open disk {}: {e}", d.path.display()))?;
+    }
+    let mut cmdline = args.append.clone().unwrap_or_else(|| {
+        if default_kernel {
+            "console=ttyS0 root=/dev/vda rw".to_string()
+        } else {
+            String::new()
+        }
+    });
+    if let Some(cmd) = &args.exec {
+        exec::add_to_cmdline(&mut cmdline, cmd, args.verbose);
+    }
+    Ok(MachineConfig {
+        harts: args.cpus,
+        ram_size: parse_mem(&args.mem)?,
+        firmware,
+        kernel,
+        initrd,
+        cmdline,
+        disks,
+        guest_ips: DEFAULT_GUEST_IPS,
+    })
+}
+
+fn run(args: RunArgs) -> Result<u32, String> {
+    let cfg = machine_config(&args)?;
+    let machine = Machine::new(&cfg).map_err(|e| e.to_string())?;
+    let options = live::Options { fast_time: args.fast_time, exec: args.exec.is_some(), show_boot: args.verbose };
+    live::run(machine, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_mem("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_mem("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_mem("256").unwrap(), 256 << 20);
+        assert!(parse_mem("lots").is_err());
+        assert!(parse_mem("12Q").is_err());
+        assert!(parse_mem("99999999999G").is_err());
+    }
+
+    #[test]
+    fn disk_options() {
+        let d = parse_disk("/tmp/x.img,readonly").unwrap();
+        assert!(d.readonly);
+        assert!(parse_disk("/tmp/x.img,bogus").is_err());
+        assert!(parse_disk("").is_err());
+    }
+}
