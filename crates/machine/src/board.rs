@@ -9,6 +9,8 @@ use ftvm_devices::clint::Clint;
 use ftvm_devices::plic::Plic;
 use ftvm_devices::syscon::{self, Syscon};
 use ftvm_devices::uart::Uart;
+use ftvm_devices::virtio::blk::BlkDevice;
+use ftvm_devices::virtio::VirtioMmio;
 use ftvm_devices::{DeviceCtx, IrqLines, MmioDevice};
 use ftvm_memory::GuestRam;
 
@@ -23,26 +25,35 @@ pub struct Board {
     plic: Plic,
     uart: Uart,
     syscon: Syscon,
+    /// Populated virtio slots, in slot order from slot 0.
+    virtio: Vec<VirtioMmio>,
     irq: IrqLines,
 }
 
 impl Board {
     pub fn new(harts: usize, disks: &[DiskConfig]) -> Result<Board, String> {
-        if !disks.is_empty() {
-            return Err("disks are not supported yet".into());
+        if disks.len() > VIRTIO_SLOTS {
+            return Err(format!("at most {VIRTIO_SLOTS} disks are supported"));
+        }
+        let mut virtio = Vec::new();
+        for (i, d) in disks.iter().enumerate() {
+            let blk = BlkDevice::open(&d.path, d.readonly, &format!("ftvm-disk{i}"))
+                .map_err(|e| format!("cannot open disk {}: {e}", d.path.display()))?;
+            virtio.push(VirtioMmio::new(Box::new(blk), virtio_slot(i).1));
         }
         Ok(Board {
             clint: Clint::new(harts),
             plic: Plic::new(harts),
             uart: Uart::new(UART_IRQ),
             syscon: Syscon::new(),
+            virtio,
             irq: IrqLines::default(),
         })
     }
 
     /// (base, PLIC source) of every populated virtio slot.
     pub fn virtio_windows(&self) -> Vec<(u64, u32)> {
-        Vec::new()
+        (0..self.virtio.len()).map(virtio_slot).collect()
     }
 
     /// The mip bits the platform drives for `hart` at timer value `mtime`.
@@ -88,7 +99,8 @@ impl Board {
     /// Every device's state, in a fixed order.
     pub fn snapshot_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for part in [self.clint.snapshot(), self.plic.snapshot(), self.uart.snapshot(), self.syscon.snapshot()] {
+        let fixed = [self.clint.snapshot(), self.plic.snapshot(), self.uart.snapshot(), self.syscon.snapshot()];
+        for part in fixed.into_iter().chain(self.virtio.iter().map(|v| v.snapshot())) {
             out.extend_from_slice(&(part.len() as u64).to_le_bytes());
             out.extend_from_slice(&part);
         }
@@ -131,9 +143,13 @@ impl Bus for HartBus<'_> {
         if let Some(off) = within(paddr, SYSCON_BASE, SYSCON_SIZE) {
             return Some(b.syscon.read(off, size, &mut ctx));
         }
-        if within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64).is_some() {
+        if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
+            let slot = (off / VIRTIO_STRIDE) as usize;
             // An empty slot reads as device id 0 ("nothing here").
-            return Some(0);
+            return Some(match b.virtio.get_mut(slot) {
+                Some(dev) => dev.read(off % VIRTIO_STRIDE, size, &mut ctx),
+                None => 0,
+            });
         }
         None
     }
@@ -150,8 +166,11 @@ impl Bus for HartBus<'_> {
             b.uart.write(off, size, value, &mut ctx);
         } else if let Some(off) = within(paddr, SYSCON_BASE, SYSCON_SIZE) {
             b.syscon.write(off, size, value, &mut ctx);
-        } else if within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64).is_some() {
+        } else if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
             // Writes to empty slots are ignored.
+            if let Some(dev) = b.virtio.get_mut((off / VIRTIO_STRIDE) as usize) {
+                dev.write(off % VIRTIO_STRIDE, size, value, &mut ctx);
+            }
         } else {
             return false;
         }

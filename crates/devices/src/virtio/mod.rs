@@ -34,7 +34,9 @@ pub const VIRTIO_ID_CONSOLE: u32 = 3;
 pub const VIRTIO_ID_RNG: u32 = 4;
 
 /// A virtio device model, independent of the transport.
-pub trait VirtioDevice {
+///
+/// `Send` so a machine holding devices can move between host threads.
+pub trait VirtioDevice: Send {
     /// Virtio device type (2 = block, ...).
     fn device_type(&self) -> u32;
     /// Device-specific feature bits (0..=23 and any others the device
