@@ -4,6 +4,7 @@
 //! per instruction.
 
 use crate::compressed;
+use crate::decode::{decode, Decoded, Op, DCACHE_SIZE};
 use crate::csr;
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, PrivilegeMode};
@@ -105,39 +106,6 @@ impl Hart {
         self.store_slow(ram, bus, vaddr, size, value, dev)
     }
 
-    /// Fetch the instruction at pc; returns it (compressed ones expanded)
-    /// and its length in bytes.
-    #[inline(always)]
-    fn fetch(&mut self, ram: &mut GuestRam) -> Result<(u32, u64, u32), Trap> {
-        let pc = self.s.pc;
-        let t = tag(pc, self.s.prv);
-        if t != self.fetch_tag {
-            let e = self.tlb.fetch[index(pc)];
-            if e.tag == t {
-                self.fetch_tag = t;
-                self.fetch_off = e.off;
-            } else {
-                return self.fetch_slow(ram);
-            }
-        }
-        let po = (pc & 0xfff) as usize;
-        let mem = ram.as_slice();
-        let off = self.fetch_off + po;
-        let lo = u16::from_le_bytes([mem[off], mem[off + 1]]) as u32;
-        if lo & 3 != 3 {
-            return match compressed::expand(lo) {
-                Some(i) => Ok((i, 2, lo)),
-                None => Err(Trap::illegal(lo)),
-            };
-        }
-        if po <= 0xffc {
-            let hi = u16::from_le_bytes([mem[off + 2], mem[off + 3]]) as u32;
-            let i = lo | (hi << 16);
-            return Ok((i, 4, i));
-        }
-        self.fetch_slow(ram)
-    }
-
     #[inline(never)]
     fn fetch_slow(&mut self, ram: &mut GuestRam) -> Result<(u32, u64, u32), Trap> {
         let pc = self.s.pc;
@@ -172,14 +140,11 @@ impl Hart {
             }
             *steps += 1;
             self.progress = *steps;
-            let (insn, len, raw) = match self.fetch(ram) {
-                Ok(v) => v,
-                Err(t) => {
-                    self.take_trap(t.cause, t.tval);
-                    continue;
-                }
+            let result = match self.fetch_decoded(ram) {
+                Ok(d) => self.execute_decoded(ram, bus, d),
+                Err(t) => Err(t),
             };
-            match self.execute(ram, bus, insn, len, raw) {
+            match result {
                 Ok(Flow::Next) => self.s.instret = self.s.instret.wrapping_add(1),
                 Ok(Flow::Reeval) => {
                     self.s.instret = self.s.instret.wrapping_add(1);
@@ -199,7 +164,152 @@ impl Hart {
         }
     }
 
+    /// Fetch through the fetch page cache and the decoded-instruction cache.
     #[inline(always)]
+    fn fetch_decoded(&mut self, ram: &mut GuestRam) -> Result<Decoded, Trap> {
+        let pc = self.s.pc;
+        let t = tag(pc, self.s.prv);
+        if t != self.fetch_tag {
+            let e = self.tlb.fetch[index(pc)];
+            if e.tag == t {
+                self.fetch_tag = t;
+                self.fetch_off = e.off;
+            } else {
+                return self.fetch_decoded_slow(ram);
+            }
+        }
+        let po = (pc & 0xfff) as usize;
+        if po > 0xffc {
+            return self.fetch_decoded_slow(ram);
+        }
+        let off = self.fetch_off + po;
+        let raw = match ram.as_slice().get(off..off + 4) {
+            Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            None => return self.fetch_decoded_slow(ram),
+        };
+        let slot = &mut self.dcache[(off >> 1) % DCACHE_SIZE];
+        if slot.raw != raw || slot.len == 0 {
+            *slot = decode(raw);
+        }
+        Ok(*slot)
+    }
+
+    /// Instructions at the end of a page, or on pages the fetch cache does
+    /// not hold: fetch halfword by halfword and decode without caching.
+    #[inline(never)]
+    fn fetch_decoded_slow(&mut self, ram: &mut GuestRam) -> Result<Decoded, Trap> {
+        let (insn, len, raw) = self.fetch_slow(ram)?;
+        let mut d = decode(if len == 2 { raw } else { insn });
+        if len == 4 {
+            d.raw = insn;
+        }
+        Ok(d)
+    }
+
+    #[inline(always)]
+    fn execute_decoded(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, d: Decoded) -> Result<Flow, Trap> {
+        use Op::*;
+        let pc = self.s.pc;
+        let next = pc.wrapping_add(d.len as u64);
+        let x1 = self.s.x[d.rs1 as usize];
+        let x2 = self.s.x[d.rs2 as usize];
+        let rd = d.rd as usize;
+        let imm = d.imm;
+        let v = match d.op {
+            Other => return self.execute(ram, bus, d.insn, d.len as u64, if d.len == 2 { d.raw & 0xffff } else { d.insn }),
+            Illegal => return Err(Trap::illegal(d.insn)),
+            Lui => imm,
+            Auipc => pc.wrapping_add(imm),
+            Jal => {
+                self.set_x(rd, next);
+                self.s.pc = pc.wrapping_add(imm);
+                return Ok(Flow::Next);
+            }
+            Jalr => {
+                let target = x1.wrapping_add(imm) & !1;
+                self.set_x(rd, next);
+                self.s.pc = target;
+                return Ok(Flow::Next);
+            }
+            Beq | Bne | Blt | Bge | Bltu | Bgeu => {
+                let taken = match d.op {
+                    Beq => x1 == x2,
+                    Bne => x1 != x2,
+                    Blt => (x1 as i64) < (x2 as i64),
+                    Bge => (x1 as i64) >= (x2 as i64),
+                    Bltu => x1 < x2,
+                    _ => x1 >= x2,
+                };
+                self.s.pc = if taken { pc.wrapping_add(imm) } else { next };
+                return Ok(Flow::Next);
+            }
+            Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
+                let addr = x1.wrapping_add(imm);
+                let mut dev = false;
+                let v = match d.op {
+                    Lb => self.load(ram, bus, addr, 1, &mut dev)? as i8 as i64 as u64,
+                    Lh => self.load(ram, bus, addr, 2, &mut dev)? as i16 as i64 as u64,
+                    Lw => self.load(ram, bus, addr, 4, &mut dev)? as i32 as i64 as u64,
+                    Ld => self.load(ram, bus, addr, 8, &mut dev)?,
+                    Lbu => self.load(ram, bus, addr, 1, &mut dev)?,
+                    Lhu => self.load(ram, bus, addr, 2, &mut dev)?,
+                    _ => self.load(ram, bus, addr, 4, &mut dev)?,
+                };
+                self.set_x(rd, v);
+                self.s.pc = next;
+                return Ok(if dev { Flow::Device } else { Flow::Next });
+            }
+            Sb | Sh | Sw | Sd => {
+                let addr = x1.wrapping_add(imm);
+                let size = match d.op {
+                    Sb => 1,
+                    Sh => 2,
+                    Sw => 4,
+                    _ => 8,
+                };
+                let mut dev = false;
+                self.store(ram, bus, addr, size, x2, &mut dev)?;
+                self.s.pc = next;
+                return Ok(if dev { Flow::Device } else { Flow::Next });
+            }
+            Addi => x1.wrapping_add(imm),
+            Slti => ((x1 as i64) < (imm as i64)) as u64,
+            Sltiu => (x1 < imm) as u64,
+            Xori => x1 ^ imm,
+            Ori => x1 | imm,
+            Andi => x1 & imm,
+            Slli => x1 << imm,
+            Srli => x1 >> imm,
+            Srai => ((x1 as i64) >> imm) as u64,
+            Addiw => sext32(x1.wrapping_add(imm)),
+            Slliw => sext32(((x1 as u32) << imm) as u64),
+            Srliw => sext32(((x1 as u32) >> imm) as u64),
+            Sraiw => ((x1 as i32) >> imm) as i64 as u64,
+            Add => x1.wrapping_add(x2),
+            Sub => x1.wrapping_sub(x2),
+            Sll => x1 << (x2 & 63),
+            Slt => ((x1 as i64) < (x2 as i64)) as u64,
+            Sltu => (x1 < x2) as u64,
+            Xor => x1 ^ x2,
+            Srl => x1 >> (x2 & 63),
+            Sra => ((x1 as i64) >> (x2 & 63)) as u64,
+            Or => x1 | x2,
+            And => x1 & x2,
+            Addw => sext32((x1 as u32).wrapping_add(x2 as u32) as u64),
+            Subw => sext32((x1 as u32).wrapping_sub(x2 as u32) as u64),
+            Sllw => sext32(((x1 as u32) << (x2 & 31)) as u64),
+            Srlw => sext32(((x1 as u32) >> (x2 & 31)) as u64),
+            Sraw => ((x1 as i32) >> (x2 & 31)) as i64 as u64,
+            Mul => x1.wrapping_mul(x2),
+            Mulw => sext32((x1 as u32).wrapping_mul(x2 as u32) as u64),
+        };
+        self.set_x(rd, v);
+        self.s.pc = next;
+        Ok(Flow::Next)
+    }
+
+    /// The general decoder and executor, for everything without a fast path.
+    #[inline(never)]
     fn execute(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
         let pc = self.s.pc;
         let next = pc.wrapping_add(len);
@@ -392,6 +502,7 @@ impl Hart {
         Ok(Flow::Next)
     }
 
+    #[inline(never)]
     fn system(&mut self, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         use crate::csr::*;
         let f3 = funct3(i);
@@ -500,6 +611,7 @@ impl Hart {
         }
     }
 
+    #[inline(never)]
     fn atomic(&mut self, ram: &mut GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         let size: u8 = match funct3(i) {
             2 => 4,
@@ -569,6 +681,7 @@ impl Hart {
         self.s.f[r] = BOX32 | v as u64;
     }
 
+    #[inline(never)]
     fn float(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         if self.s.mstatus & csr::MSTATUS_FS == 0 {
             return Err(Trap::illegal(raw));

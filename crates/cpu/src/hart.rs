@@ -1,6 +1,7 @@
 //! One hart: architectural state, the translation caches, and the run loop
 //! that executes a bounded slice of instructions.
 
+use crate::decode::{Decoded, DCACHE_SIZE};
 use crate::mmu::Tlb;
 use crate::trap;
 use crate::Bus;
@@ -89,6 +90,7 @@ pub struct Hart {
     pub(crate) fetch_off: usize,
     /// Steps executed so far in the current slice (see `Bus`).
     pub(crate) progress: u64,
+    pub(crate) dcache: Box<[Decoded; DCACHE_SIZE]>,
 }
 
 impl Hart {
@@ -130,7 +132,14 @@ impl Hart {
             pmpaddr: [0; 16],
             tselect: 0,
         };
-        Hart { s, tlb: Box::new(Tlb::new()), fetch_tag: crate::mmu::NO_TAG, fetch_off: 0, progress: 0 }
+        Hart {
+            s,
+            tlb: Box::new(Tlb::new()),
+            fetch_tag: crate::mmu::NO_TAG,
+            fetch_off: 0,
+            progress: 0,
+            dcache: vec![Decoded::EMPTY; DCACHE_SIZE].into_boxed_slice().try_into().expect("decode cache size"),
+        }
     }
 
     pub fn from_state(s: HartState) -> Hart {

@@ -11,6 +11,7 @@
 pub mod csr;
 pub mod fpu;
 mod compressed;
+mod decode;
 mod exec;
 mod hart;
 mod mmu;

@@ -267,9 +267,9 @@ impl Hart {
 pub(crate) fn read_le(b: &[u8], size: u8) -> u64 {
     match size {
         1 => b[0] as u64,
-        2 => u16::from_le_bytes([b[0], b[1]]) as u64,
-        4 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
-        _ => u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        2 => u16::from_le_bytes(b[..2].try_into().unwrap()) as u64,
+        4 => u32::from_le_bytes(b[..4].try_into().unwrap()) as u64,
+        _ => u64::from_le_bytes(b[..8].try_into().unwrap()),
     }
 }
 
