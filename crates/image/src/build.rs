@@ -62,7 +62,14 @@ fn which(tool: &str) -> Option<PathBuf> {
 fn child_path() -> std::ffi::OsString {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
-    for d in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+    for d in [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ] {
         if !dirs.iter().any(|x| x == Path::new(d)) {
             dirs.push(PathBuf::from(d));
         }
@@ -257,7 +264,8 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     let _ = fs::rename(work.join("build.log"), &saved_log);
     let result = result.map_err(|mut e| {
         if saved_log.exists() {
-            e.cause.push_str(&format!(" (log: {})", saved_log.display()));
+            e.cause
+                .push_str(&format!(" (log: {})", saved_log.display()));
         }
         e
     });
@@ -716,7 +724,12 @@ mod tests {
     #[test]
     fn quoting_and_failing_commands() {
         assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
-        let e = run("probing", Command::new("sh").args(["-c", "echo one; echo two >&2; exit 3"]), None).unwrap_err();
+        let e = run(
+            "probing",
+            Command::new("sh").args(["-c", "echo one; echo two >&2; exit 3"]),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.step, "probing");
         assert!(e.cause.contains("one | two"), "{e}");
         assert!(!e.to_string().contains('\n'));

@@ -27,6 +27,8 @@ pub struct Board {
     syscon: Syscon,
     /// Populated virtio slots, in slot order from slot 0.
     virtio: Vec<VirtioMmio>,
+    /// Locks on the disk images, held while the machine lives.
+    _disk_locks: Vec<std::fs::File>,
     irq: IrqLines,
 }
 
@@ -36,7 +38,9 @@ impl Board {
             return Err(format!("at most {VIRTIO_SLOTS} disks are supported"));
         }
         let mut virtio = Vec::new();
+        let mut locks = Vec::new();
         for (i, d) in disks.iter().enumerate() {
+            locks.push(lock_disk(&d.path, d.readonly)?);
             let blk = BlkDevice::open(&d.path, d.readonly, &format!("ftvm-disk{i}"))
                 .map_err(|e| format!("cannot open disk {}: {e}", d.path.display()))?;
             virtio.push(VirtioMmio::new(Box::new(blk), virtio_slot(i).1));
@@ -47,6 +51,7 @@ impl Board {
             uart: Uart::new(UART_IRQ),
             syscon: Syscon::new(),
             virtio,
+            _disk_locks: locks,
             irq: IrqLines::default(),
         })
     }
@@ -107,6 +112,20 @@ impl Board {
         out.extend_from_slice(&self.irq.0.to_le_bytes());
         out
     }
+}
+
+/// Two VMs writing one image would corrupt it, so a writable disk is
+/// locked exclusively and a read-only one shared, for as long as the
+/// machine lives (flock: released by the kernel even if ftvm is killed).
+fn lock_disk(path: &std::path::Path, readonly: bool) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).map_err(|e| format!("cannot open disk {}: {e}", path.display()))?;
+    let op = if readonly { libc::LOCK_SH } else { libc::LOCK_EX } | libc::LOCK_NB;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+        return Err(format!("disk {} is in use by another VM", path.display()));
+    }
+    Ok(f)
 }
 
 /// The bus as one hart sees it during one slice.
