@@ -55,18 +55,28 @@ fn imm_s(i: u32) -> u64 {
     ((((i as i32) >> 25) << 5) | ((i >> 7) & 31) as i32) as i64 as u64
 }
 #[inline(always)]
-fn imm_b(i: u32) -> u64 {
-    let v = (((i as i32) >> 31) << 12) as u32 | ((i >> 7) & 1) << 11 | ((i >> 25) & 0x3f) << 5 | ((i >> 8) & 0xf) << 1;
-    v as i32 as i64 as u64
-}
-#[inline(always)]
-fn imm_j(i: u32) -> u64 {
-    let v = (((i as i32) >> 31) << 20) as u32 | (i & 0xff000) | ((i >> 20) & 1) << 11 | ((i >> 21) & 0x3ff) << 1;
-    v as i32 as i64 as u64
-}
-#[inline(always)]
 fn sext32(v: u64) -> u64 {
     v as i32 as i64 as u64
+}
+
+/// RISC-V division never traps: x/0 is all ones, MIN/-1 overflows to MIN.
+#[inline(always)]
+fn div_signed(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        u64::MAX
+    } else {
+        (a as i64).wrapping_div(b as i64) as u64
+    }
+}
+
+/// x%0 is x, MIN%-1 is 0.
+#[inline(always)]
+fn rem_signed(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        (a as i64).wrapping_rem(b as i64) as u64
+    }
 }
 
 #[inline(always)]
@@ -301,205 +311,46 @@ impl Hart {
             Srlw => sext32(((x1 as u32) >> (x2 & 31)) as u64),
             Sraw => ((x1 as i32) >> (x2 & 31)) as i64 as u64,
             Mul => x1.wrapping_mul(x2),
+            Mulh => (((x1 as i64 as i128) * (x2 as i64 as i128)) >> 64) as u64,
+            Mulhsu => (((x1 as i64 as i128) * (x2 as i128)) >> 64) as u64,
+            Mulhu => (((x1 as u128) * (x2 as u128)) >> 64) as u64,
+            Div => div_signed(x1, x2),
+            Divu => x1.checked_div(x2).unwrap_or(u64::MAX),
+            Rem => rem_signed(x1, x2),
+            Remu => x1.checked_rem(x2).unwrap_or(x1),
             Mulw => sext32((x1 as u32).wrapping_mul(x2 as u32) as u64),
+            Divw => sext32(div_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
+            Divuw => sext32((x1 as u32).checked_div(x2 as u32).unwrap_or(u32::MAX) as u64),
+            Remw => sext32(rem_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
+            Remuw => sext32((x1 as u32).checked_rem(x2 as u32).unwrap_or(x1 as u32) as u64),
         };
         self.set_x(rd, v);
         self.s.pc = next;
         Ok(Flow::Next)
     }
 
-    /// The general decoder and executor, for everything without a fast path.
+    /// Instructions without a fast path: fences, system, atomics and
+    /// floating point. Encodings of fast-path opcodes that reach here are
+    /// the invalid ones.
     #[inline(never)]
     fn execute(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
-        let pc = self.s.pc;
-        let next = pc.wrapping_add(len);
-        let x1 = self.s.x[rs1(i)];
-        let x2 = self.s.x[rs2(i)];
+        let next = self.s.pc.wrapping_add(len);
         match i & 0x7f {
-            0x37 => self.set_x(rd(i), (i & 0xffff_f000) as i32 as i64 as u64),
-            0x17 => self.set_x(rd(i), pc.wrapping_add((i & 0xffff_f000) as i32 as i64 as u64)),
-            0x6f => {
-                self.set_x(rd(i), next);
-                self.s.pc = pc.wrapping_add(imm_j(i));
-                return Ok(Flow::Next);
-            }
-            0x67 => {
-                if funct3(i) != 0 {
-                    return Err(Trap::illegal(raw));
-                }
-                let target = x1.wrapping_add(imm_i(i)) & !1;
-                self.set_x(rd(i), next);
-                self.s.pc = target;
-                return Ok(Flow::Next);
-            }
-            0x63 => {
-                let taken = match funct3(i) {
-                    0 => x1 == x2,
-                    1 => x1 != x2,
-                    4 => (x1 as i64) < (x2 as i64),
-                    5 => (x1 as i64) >= (x2 as i64),
-                    6 => x1 < x2,
-                    7 => x1 >= x2,
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                self.s.pc = if taken { pc.wrapping_add(imm_b(i)) } else { next };
-                return Ok(Flow::Next);
-            }
-            0x03 => {
-                let addr = x1.wrapping_add(imm_i(i));
-                let mut dev = false;
-                let v = match funct3(i) {
-                    0 => self.load(ram, bus, addr, 1, &mut dev)? as i8 as i64 as u64,
-                    1 => self.load(ram, bus, addr, 2, &mut dev)? as i16 as i64 as u64,
-                    2 => self.load(ram, bus, addr, 4, &mut dev)? as i32 as i64 as u64,
-                    3 => self.load(ram, bus, addr, 8, &mut dev)?,
-                    4 => self.load(ram, bus, addr, 1, &mut dev)?,
-                    5 => self.load(ram, bus, addr, 2, &mut dev)?,
-                    6 => self.load(ram, bus, addr, 4, &mut dev)?,
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                self.set_x(rd(i), v);
-                self.s.pc = next;
-                return Ok(if dev { Flow::Device } else { Flow::Next });
-            }
-            0x23 => {
-                let addr = x1.wrapping_add(imm_s(i));
-                let size = match funct3(i) {
-                    0 => 1,
-                    1 => 2,
-                    2 => 4,
-                    3 => 8,
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                let mut dev = false;
-                self.store(ram, bus, addr, size, x2, &mut dev)?;
-                self.s.pc = next;
-                return Ok(if dev { Flow::Device } else { Flow::Next });
-            }
-            0x13 => {
-                let imm = imm_i(i);
-                let shamt = (i >> 20) & 0x3f;
-                let v = match funct3(i) {
-                    0 => x1.wrapping_add(imm),
-                    1 => {
-                        if i >> 26 != 0 {
-                            return Err(Trap::illegal(raw));
-                        }
-                        x1 << shamt
-                    }
-                    2 => ((x1 as i64) < (imm as i64)) as u64,
-                    3 => (x1 < imm) as u64,
-                    4 => x1 ^ imm,
-                    5 => match i >> 26 {
-                        0 => x1 >> shamt,
-                        0x10 => ((x1 as i64) >> shamt) as u64,
-                        _ => return Err(Trap::illegal(raw)),
-                    },
-                    6 => x1 | imm,
-                    _ => x1 & imm,
-                };
-                self.set_x(rd(i), v);
-            }
-            0x1b => {
-                let shamt = (i >> 20) & 0x1f;
-                let v = match (funct3(i), i >> 25) {
-                    (0, _) => sext32(x1.wrapping_add(imm_i(i))),
-                    (1, 0) => sext32(((x1 as u32) << shamt) as u64),
-                    (5, 0) => sext32(((x1 as u32) >> shamt) as u64),
-                    (5, 0x20) => ((x1 as i32) >> shamt) as i64 as u64,
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                self.set_x(rd(i), v);
-            }
-            0x33 => {
-                let v = match (i >> 25, funct3(i)) {
-                    (0, 0) => x1.wrapping_add(x2),
-                    (0x20, 0) => x1.wrapping_sub(x2),
-                    (0, 1) => x1 << (x2 & 63),
-                    (0, 2) => ((x1 as i64) < (x2 as i64)) as u64,
-                    (0, 3) => (x1 < x2) as u64,
-                    (0, 4) => x1 ^ x2,
-                    (0, 5) => x1 >> (x2 & 63),
-                    (0x20, 5) => ((x1 as i64) >> (x2 & 63)) as u64,
-                    (0, 6) => x1 | x2,
-                    (0, 7) => x1 & x2,
-                    (1, 0) => x1.wrapping_mul(x2),
-                    (1, 1) => (((x1 as i64 as i128) * (x2 as i64 as i128)) >> 64) as u64,
-                    (1, 2) => (((x1 as i64 as i128) * (x2 as i128)) >> 64) as u64,
-                    (1, 3) => (((x1 as u128) * (x2 as u128)) >> 64) as u64,
-                    (1, 4) => {
-                        let (a, b) = (x1 as i64, x2 as i64);
-                        if b == 0 {
-                            u64::MAX
-                        } else {
-                            a.wrapping_div(b) as u64
-                        }
-                    }
-                    (1, 5) => x1.checked_div(x2).unwrap_or(u64::MAX),
-                    (1, 6) => {
-                        let (a, b) = (x1 as i64, x2 as i64);
-                        if b == 0 {
-                            x1
-                        } else {
-                            a.wrapping_rem(b) as u64
-                        }
-                    }
-                    (1, 7) => {
-                        if x2 == 0 {
-                            x1
-                        } else {
-                            x1 % x2
-                        }
-                    }
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                self.set_x(rd(i), v);
-            }
-            0x3b => {
-                let (a, b) = (x1 as u32, x2 as u32);
-                let v = match (i >> 25, funct3(i)) {
-                    (0, 0) => sext32(a.wrapping_add(b) as u64),
-                    (0x20, 0) => sext32(a.wrapping_sub(b) as u64),
-                    (0, 1) => sext32((a << (b & 31)) as u64),
-                    (0, 5) => sext32((a >> (b & 31)) as u64),
-                    (0x20, 5) => ((a as i32) >> (b & 31)) as i64 as u64,
-                    (1, 0) => sext32(a.wrapping_mul(b) as u64),
-                    (1, 4) => {
-                        let (a, b) = (a as i32, b as i32);
-                        if b == 0 {
-                            u64::MAX
-                        } else {
-                            a.wrapping_div(b) as i64 as u64
-                        }
-                    }
-                    (1, 5) => sext32(a.checked_div(b).unwrap_or(u32::MAX) as u64),
-                    (1, 6) => {
-                        let (a, b) = (a as i32, b as i32);
-                        if b == 0 {
-                            a as i64 as u64
-                        } else {
-                            a.wrapping_rem(b) as i64 as u64
-                        }
-                    }
-                    (1, 7) => sext32(if b == 0 { a } else { a % b } as u64),
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                self.set_x(rd(i), v);
-            }
             0x0f => match funct3(i) {
                 // FENCE: one thread executes all harts, so memory is always
-                // coherent. FENCE.I: there is no decoded-instruction cache
-                // to invalidate.
-                0 | 1 => {}
-                _ => return Err(Trap::illegal(raw)),
+                // coherent. FENCE.I: the decode cache checks the bits of
+                // every instruction it hands out, so it is never stale.
+                0 | 1 => {
+                    self.s.pc = next;
+                    Ok(Flow::Next)
+                }
+                _ => Err(Trap::illegal(raw)),
             },
-            0x73 => return self.system(bus, i, raw, next),
-            0x2f => return self.atomic(ram, i, raw, next),
-            0x07 | 0x27 | 0x43 | 0x47 | 0x4b | 0x4f | 0x53 => return self.float(ram, bus, i, raw, next),
-            _ => return Err(Trap::illegal(raw)),
+            0x73 => self.system(bus, i, raw, next),
+            0x2f => self.atomic(ram, i, raw, next),
+            0x07 | 0x27 | 0x43 | 0x47 | 0x4b | 0x4f | 0x53 => self.float(ram, bus, i, raw, next),
+            _ => Err(Trap::illegal(raw)),
         }
-        self.s.pc = next;
-        Ok(Flow::Next)
     }
 
     #[inline(never)]
