@@ -443,10 +443,14 @@ impl Hart {
         let old = self.csr_read(csr, raw, bus)?;
         let mut effect = WriteEffect::None;
         if write {
+            // The interrupt controller's SEIP line shows in reads of mip but
+            // is not part of the value a csrrs/csrrc writes back: otherwise
+            // firmware setting STIP would latch SEIP in software for good.
+            let base = if csr == MIP { self.s.mip } else { old };
             let v = match f3 & 3 {
                 1 => src,
-                2 => old | src,
-                _ => old & !src,
+                2 => base | src,
+                _ => base & !src,
             };
             effect = self.csr_write(csr, v, raw)?;
         }
