@@ -24,7 +24,7 @@ pub fn add_to_cmdline(cmdline: &mut String, cmd: &str, verbose: bool) {
 }
 
 /// Filters console output: hides everything up to and including the begin
-/// marker line (unless showing boot messages) and the status line.
+/// marker line, and the status line; with `show_boot`, hides nothing.
 pub struct OutputFilter {
     show_boot: bool,
     started: bool,
@@ -40,6 +40,10 @@ impl OutputFilter {
     /// Feed console bytes; returns what should be shown now. Output is
     /// passed through a line at a time so markers can be recognised.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        // Showing boot messages means showing the console as it is.
+        if self.show_boot {
+            return bytes.to_vec();
+        }
         let mut out = Vec::new();
         for &b in bytes {
             self.line.push(b);
@@ -61,8 +65,6 @@ impl OutputFilter {
         if !self.started {
             if t == BEGIN_MARKER {
                 self.started = true;
-            } else if self.show_boot {
-                out.extend_from_slice(&line);
             }
         } else if !t.starts_with(STATUS_PREFIX) {
             out.extend_from_slice(&line);
@@ -93,6 +95,13 @@ mod tests {
         shown.extend(f.feed(b"begin\r\nriscv64\r\nhel"));
         shown.extend(f.feed(b"lo\r\nftvm-exec-status=0\r\n"));
         assert_eq!(String::from_utf8(shown).unwrap(), "riscv64\r\nhello\r\n");
+    }
+
+    #[test]
+    fn verbose_shows_the_console_as_it_is() {
+        let mut f = OutputFilter::new(true);
+        let raw = b"boot\r\nftvm-exec-begin\r\nx\r\nftvm-exec-status=0\r\n";
+        assert_eq!(f.feed(raw), raw.to_vec());
     }
 
     #[test]
