@@ -59,7 +59,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "1G")]
     mem: String,
     /// Number of harts.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     cpus: usize,
     /// A raw disk image: PATH[,readonly]. May be repeated; the first is /dev/vda.
     #[arg(long = "disk")]
@@ -86,6 +86,15 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let msg = e.to_string();
+            if matches!(e.kind(), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand) {
+                // clap's message here is the whole help text; its first line
+                // would be the program's description, not an error.
+                let usage = msg.lines().find_map(|l| l.trim().strip_prefix("Usage: ")).unwrap_or("ftvm <COMMAND>");
+                let prefix: Vec<&str> =
+                    usage.split_whitespace().take_while(|w| !w.starts_with('<') && !w.starts_with('[')).collect();
+                eprintln!("ftvm: missing command (usage: {usage}; see `{} --help`)", prefix.join(" "));
+                return ExitCode::from(2);
+            }
             let first = msg.lines().next().unwrap_or("invalid arguments");
             eprintln!("ftvm: {}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
@@ -115,6 +124,24 @@ fn image_build(force: bool) -> Result<u32, String> {
     let img = ftvm_image::build(&opts).map_err(|e| e.to_string())?;
     println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
     Ok(0)
+}
+
+/// Guest memory limits (those `Machine::new` enforces), checked here first
+/// so the message can quote the option as the user wrote it.
+const MIN_MEM: u64 = 16 << 20;
+const MAX_MEM: u64 = 64 << 30;
+const MAX_CPUS: usize = 8;
+
+/// Parse and check `--mem`.
+fn guest_memory(s: &str) -> Result<u64, String> {
+    let bytes = parse_mem(s)?;
+    if bytes < MIN_MEM {
+        return Err(format!("--mem {s} is too small: the minimum is {}M", MIN_MEM >> 20));
+    }
+    if bytes > MAX_MEM {
+        return Err(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30));
+    }
+    Ok(bytes)
 }
 
 /// Parse a memory size: `512M`, `2G`, `1048576K`, or a plain number of MiB.
@@ -159,6 +186,13 @@ fn read_file(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
 /// Turn run options into a machine configuration, filling in the default
 /// guest image for whatever was not given.
 fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
+    // Options first: a typo should not be reported as a missing image, nor
+    // wait for a kernel to be read.
+    if args.cpus == 0 || args.cpus > MAX_CPUS {
+        return Err(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus));
+    }
+    let ram_size = guest_memory(&args.mem)?;
+    let mut disks = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
     // The default image supplies the firmware unless --bios is given, and
     // kernel, initrd and root disk unless --kernel is.
     let image = if args.bios.is_none() || args.kernel.is_none() {
@@ -181,7 +215,6 @@ fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
         (None, true) => Some(read_file("initrd", &image.as_ref().unwrap().initrd)?),
         (None, false) => None,
     };
-    let mut disks = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
     if disks.is_empty() && default_kernel {
         disks.push(DiskConfig { path: image.as_ref().unwrap().rootfs.clone(), readonly: false });
     }
@@ -198,9 +231,23 @@ fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
     if let Some(cmd) = &args.exec {
         exec::add_to_cmdline(&mut cmdline, cmd, args.verbose);
     }
+    // Linux copies at most this much of the command line and silently drops
+    // the rest, which would cut an --exec command short.
+    let max = ftvm_image::protocol::KERNEL_CMDLINE_MAX - 1;
+    if cmdline.len() > max {
+        let what = if args.exec.is_some() {
+            " (--exec adds the command base64-encoded: keep it under about 700 bytes, or put it in a script on the disk)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "the kernel command line would be {} bytes, over Linux's limit of {max}{what}",
+            cmdline.len()
+        ));
+    }
     Ok(MachineConfig {
         harts: args.cpus,
-        ram_size: parse_mem(&args.mem)?,
+        ram_size,
         firmware,
         kernel,
         initrd,
@@ -229,6 +276,10 @@ mod tests {
         assert!(parse_mem("lots").is_err());
         assert!(parse_mem("12Q").is_err());
         assert!(parse_mem("99999999999G").is_err());
+        assert_eq!(guest_memory("16M").unwrap(), 16 << 20);
+        assert_eq!(guest_memory("64G").unwrap(), 64 << 30);
+        assert!(guest_memory("1500K").unwrap_err().contains("--mem 1500K is too small"));
+        assert!(guest_memory("65G").unwrap_err().contains("too large"));
     }
 
     #[test]

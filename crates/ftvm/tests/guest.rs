@@ -1,0 +1,176 @@
+//! End-to-end tests of `ftvm run --exec` on the default Debian guest: what a
+//! user sees on stdout and as the exit status when a command runs inside
+//! the guest.
+//!
+//! Covers a plain command (`uname -m`), file contents through the guest's
+//! sha256sum, floating point through busybox awk (results compared digit
+//! for digit with the host's IEEE doubles), files written to the ext4 root
+//! and read back in a second boot of the same disk, exit status
+//! propagation, and a two-hart boot.
+//!
+//! Boots are shared: one boot runs several commands. Every boot uses a
+//! temporary copy of the root filesystem (`--disk COPY`), so the cached
+//! image is never modified. Needs the built image (`make image`); the tests
+//! fail without it.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A boot takes under a minute today (2 cores, one boot each); past this
+/// it is a hang, not slowness.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `printf 'ftvm\n' | sha256sum` on the host.
+const SHA256_FTVM_NL: &str = "d1a311a910f8002b0e972f92faf7ad3d168f63069a66b558e2112b8509094be1";
+/// `seq 1 100000 | sha256sum` on the host (588 895 bytes).
+const SHA256_SEQ_100000: &str = "b2bc7d3f8b652d2ec96865b68ad8f80e22cca174abe1aed7889e242a747d590f";
+
+/// Floating point in busybox awk (no math library: arithmetic only). The
+/// expected text is what the host's awk and Python print for the same IEEE
+/// double operations; `%.17g` shows every bit of the result.
+const AWK_FP: &str = r#"awk 'BEGIN { x = 1/3; s = 0; for (i = 1; i <= 1000; i++) s += 1/i; printf "%.10f %.6e %.17g %.17g %.17g\n", x*3 + 0.1, 2.5e-3 * 4.1e5, 0.1 + 0.2, x, s }'"#;
+const AWK_FP_EXPECTED: &str = "1.1000000000 1.025000e+03 0.30000000000000004 0.33333333333333331 7.4854708605503433";
+
+fn image() -> ftvm_image::GuestImage {
+    ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e}): run `make image`"))
+}
+
+/// A private copy of the root filesystem, removed when dropped. Copied
+/// sparsely: the image is 1 GiB, mostly holes.
+struct TempDisk(PathBuf);
+
+impl TempDisk {
+    fn copy_of(src: &Path, tag: &str) -> TempDisk {
+        let dst = std::env::temp_dir().join(format!("ftvm-guest-test-{}-{tag}.ext4", std::process::id()));
+        sparse_copy(src, &dst).unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
+        TempDisk(dst)
+    }
+
+    fn arg(&self) -> String {
+        self.0.to_str().expect("temporary path is UTF-8").to_string()
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let mut input = std::fs::File::open(src)?;
+    let mut output = std::fs::File::create(dst)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = input.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().all(|&b| b == 0) {
+            output.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            output.write_all(&buf[..n])?;
+        }
+        len += n as u64;
+    }
+    output.set_len(len)
+}
+
+struct Outcome {
+    status: ExitStatus,
+    /// With CR LF (the guest tty's line ends) turned into LF.
+    stdout: String,
+    stderr: String,
+}
+
+/// Run `ftvm run --exec CMD --mem 512M --disk DISK EXTRA...`, killing it
+/// after `BOOT_TIMEOUT`.
+fn exec(cmd: &str, disk: &TempDisk, extra: &[&str]) -> Outcome {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+        .args(["run", "--exec", cmd, "--mem", "512M", "--disk", &disk.arg()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting ftvm");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for ftvm") {
+            break status;
+        }
+        if started.elapsed() > BOOT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
+            let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
+            panic!("ftvm run --exec {cmd:?} did not finish in {BOOT_TIMEOUT:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).replace("\r\n", "\n");
+    let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
+    eprintln!("ftvm run --exec {cmd:?} {extra:?}: {status} after {:.1} s", started.elapsed().as_secs_f64());
+    Outcome { status, stdout, stderr }
+}
+
+fn assert_outcome(o: &Outcome, what: &str, code: i32, stdout: &str) {
+    assert_eq!(o.stdout, stdout, "{what}: unexpected output (exit status {}, stderr {:?})", o.status, o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{what}: wrong exit status (stderr {:?})", o.stderr);
+    assert_eq!(o.stderr, "", "{what}: ftvm printed on stderr");
+}
+
+/// One boot runs a plain command, a checksum, the floating-point check and
+/// writes two files to the root; a second boot of the same disk reads them
+/// back and exits with status 7.
+#[test]
+fn commands_run_and_files_persist_across_boots() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "persist");
+
+    let first = [
+        "uname -m",
+        "printf 'ftvm\\n' > /tmp/x; sha256sum /tmp/x",
+        AWK_FP,
+        // A file already there would make the second boot's check prove nothing.
+        "test -e /root/ftvm-note.txt && echo stale file on the disk",
+        "seq 1 100000 > /root/ftvm-seq.txt",
+        "echo written by the first boot > /root/ftvm-note.txt",
+        "sync",
+    ]
+    .join("; ");
+    let o = exec(&first, &disk, &[]);
+    assert_outcome(&o, "first boot", 0, &format!("riscv64\n{SHA256_FTVM_NL}  /tmp/x\n{AWK_FP_EXPECTED}\n"));
+
+    let o = exec("cat /root/ftvm-note.txt; sha256sum /root/ftvm-seq.txt; exit 7", &disk, &[]);
+    assert_outcome(
+        &o,
+        "second boot of the same disk",
+        7,
+        &format!("written by the first boot\n{SHA256_SEQ_100000}  /root/ftvm-seq.txt\n"),
+    );
+}
+
+/// With `--cpus 2` the guest boots, sees both harts and runs the command.
+#[test]
+fn two_harts_boot_and_run_a_command() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "smp");
+    let o = exec("nproc; grep -c ^processor /proc/cpuinfo; uname -m", &disk, &["--cpus", "2"]);
+    assert_outcome(&o, "two-hart boot", 0, "2\n2\nriscv64\n");
+}
