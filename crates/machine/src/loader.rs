@@ -188,7 +188,10 @@ fn elf_entry(b: &[u8]) -> u64 {
 
 fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, LoadError> {
     const EM_RISCV: u16 = 243;
-    if b.len() < 64 || b[4] != 2 || b[5] != 1 {
+    if b.len() < 64 {
+        return err(format!("ELF file is truncated: {} bytes, shorter than its 64-byte header", b.len()));
+    }
+    if b[4] != 2 || b[5] != 1 {
         return err("ELF file is not 64-bit little-endian");
     }
     if rd16(b, 18) != EM_RISCV {
