@@ -339,6 +339,29 @@ pub fn stamp() -> Result<Stamp, ImageError> {
 }
 
 /// Build the default image (or return the cached one unless `opts.force`).
+/// Copy a disk image, leaving runs of zeros as holes: a fresh copy of the
+/// 1 GiB root disk for one VM run costs only the blocks in use.
+pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut input = std::fs::File::open(src)?;
+    let mut output = std::fs::File::create(dst)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = input.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().all(|&b| b == 0) {
+            output.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            output.write_all(&buf[..n])?;
+        }
+        len += n as u64;
+    }
+    output.set_len(len)
+}
+
 pub fn build(opts: &BuildOptions) -> Result<GuestImage, ImageError> {
     build::build(opts, &image_dir())
 }

@@ -16,7 +16,6 @@
 
 use ftvm_cpu::PrivilegeMode;
 use ftvm_machine::{DiskConfig, Event, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -53,7 +52,7 @@ struct TempDisk(PathBuf);
 impl TempDisk {
     fn copy_of(src: &Path, tag: &str) -> TempDisk {
         let dst = std::env::temp_dir().join(format!("ftvm-determinism-{}-{tag}.ext4", std::process::id()));
-        sparse_copy(src, &dst).unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
+        ftvm_image::sparse_copy(src, &dst).unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
         TempDisk(dst)
     }
 }
@@ -64,25 +63,6 @@ impl Drop for TempDisk {
     }
 }
 
-fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
-    let mut input = std::fs::File::open(src)?;
-    let mut output = std::fs::File::create(dst)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        let n = input.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        if buf[..n].iter().all(|&b| b == 0) {
-            output.seek(SeekFrom::Current(n as i64))?;
-        } else {
-            output.write_all(&buf[..n])?;
-        }
-        len += n as u64;
-    }
-    output.set_len(len)
-}
 
 /// A fresh machine booting the default guest with `harts` harts.
 fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
