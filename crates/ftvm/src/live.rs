@@ -12,6 +12,7 @@ use crate::console::{self, Input, RawTerminal};
 use crate::exec::OutputFilter;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{Event, Machine, RunExit};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -80,6 +81,8 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
     let mut pacer = Pacer { start: Instant::now(), start_ticks: m.time(), last: Instant::now(), last_icount: 0 };
     let stdout = std::io::stdout();
     let mut input_closed = input.is_none();
+    // Typed or pasted input waiting for room in the guest's UART.
+    let mut pending: VecDeque<u8> = VecDeque::new();
     loop {
         let exit = m.run_until(m.icount() + CHUNK);
         let out = m.take_console_output();
@@ -96,7 +99,7 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
             if !input_closed {
                 loop {
                     match rx.try_recv() {
-                        Ok(Input::Bytes(b)) => m.inject(Event::ConsoleInput(b)),
+                        Ok(Input::Bytes(b)) => pending.extend(b),
                         Ok(Input::Quit) => return Ok(0),
                         Ok(Input::Eof) | Err(TryRecvError::Disconnected) => {
                             input_closed = true;
@@ -107,6 +110,7 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
                 }
             }
         }
+        feed_console(&mut m, &mut pending);
         match exit {
             RunExit::Reached => {
                 if !opts.fast_time {
@@ -157,7 +161,10 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
                 };
                 m.inject(Event::ClockAdvance(target));
                 match got {
-                    Some(Input::Bytes(b)) => m.inject(Event::ConsoleInput(b)),
+                    Some(Input::Bytes(b)) => {
+                        pending.extend(b);
+                        feed_console(&mut m, &mut pending);
+                    }
                     Some(Input::Quit) => return Ok(0),
                     Some(Input::Eof) => input_closed = true,
                     None => {}
@@ -166,5 +173,13 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
                 pacer.last_icount = m.icount();
             }
         }
+    }
+}
+
+/// Hand the guest as much waiting input as its UART has room for.
+fn feed_console(m: &mut Machine, pending: &mut VecDeque<u8>) {
+    let n = pending.len().min(m.console_room());
+    if n > 0 {
+        m.inject(Event::ConsoleInput(pending.drain(..n).collect()));
     }
 }

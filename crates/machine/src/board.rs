@@ -92,9 +92,15 @@ impl Board {
         })
     }
 
-    pub fn console_input(&mut self, _ram: &mut GuestRam, bytes: &[u8]) {
-        self.uart.push_input(bytes);
+    /// Queue console input; returns how many bytes the UART took.
+    pub fn console_input(&mut self, bytes: &[u8]) -> usize {
+        let taken = self.uart.push_input(bytes);
         self.irq.set(self.uart.irq(), self.uart.irq_level());
+        taken
+    }
+
+    pub fn console_room(&self) -> usize {
+        self.uart.rx_space()
     }
 
     pub fn take_console_output(&mut self) -> Vec<u8> {

@@ -154,13 +154,24 @@ impl Machine {
         &self.ram
     }
 
-    /// Apply an input at the current instruction boundary.
+    /// Apply an input at the current instruction boundary. Console input
+    /// beyond [`Machine::console_room`] is not taken: hosts must hold it
+    /// back and offer it later, so that an event always carries exactly
+    /// what the guest received.
     pub fn inject(&mut self, ev: Event) {
         match ev {
-            Event::ConsoleInput(bytes) => self.board.console_input(&mut self.ram, &bytes),
+            Event::ConsoleInput(bytes) => {
+                let taken = self.board.console_input(&bytes);
+                debug_assert_eq!(taken, bytes.len(), "console input beyond console_room() was dropped");
+            }
             Event::ClockRate(rate) => self.clock.set_rate(self.icount, rate),
             Event::ClockAdvance(ticks) => self.clock.advance_to(self.icount, ticks),
         }
+    }
+
+    /// How many console input bytes the guest can take now.
+    pub fn console_room(&self) -> usize {
+        self.board.console_room()
     }
 
     /// Console bytes the guest wrote since the last call.
