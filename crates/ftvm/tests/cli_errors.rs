@@ -7,57 +7,23 @@
 //! happens when it is missing: files are given explicitly, with
 //! `--bios none` where a kernel is needed.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Errors are reported before anything runs; this is generous.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-struct Outcome {
-    /// `None` if still running at the deadline (then killed).
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
+mod common;
+use common::{run_with_timeout, Run as Outcome};
 
 fn ftvm_with(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Outcome {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ftvm"));
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("starting ftvm");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("waiting for ftvm") {
-            break Some(s);
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Outcome {
-        status,
-        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
-    }
+    run_with_timeout(cmd, timeout)
 }
 
 fn ftvm(args: &[&str]) -> Outcome {

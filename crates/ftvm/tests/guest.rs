@@ -14,6 +14,8 @@
 //! image is never modified. Needs the built image (`make image`); the tests
 //! fail without it.
 
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -68,47 +70,18 @@ struct Outcome {
     stderr: String,
 }
 
-/// Run `ftvm run --exec CMD --mem 512M --disk DISK EXTRA...`, killing it
-/// after `BOOT_TIMEOUT`.
+/// Run `ftvm run --exec CMD --mem 512M --disk DISK EXTRA...`, failing the
+/// test if it has not finished after `BOOT_TIMEOUT`.
 fn exec(cmd: &str, disk: &TempDisk, extra: &[&str]) -> Outcome {
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
-        .args(["run", "--exec", cmd, "--mem", "512M", "--disk", &disk.arg()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting ftvm");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting for ftvm") {
-            break status;
-        }
-        if started.elapsed() > BOOT_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
-            let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
-            panic!("ftvm run --exec {cmd:?} did not finish in {BOOT_TIMEOUT:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ftvm"));
+    c.args(["run", "--exec", cmd, "--mem", "512M", "--disk", &disk.arg()]).args(extra);
+    let run = common::run_with_timeout(c, BOOT_TIMEOUT);
+    let Some(status) = run.status else {
+        panic!("ftvm run --exec {cmd:?} did not finish in {BOOT_TIMEOUT:?}\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
     };
-    let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).replace("\r\n", "\n");
-    let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
     eprintln!("ftvm run --exec {cmd:?} {extra:?}: {status} after {:.1} s", started.elapsed().as_secs_f64());
-    Outcome { status, stdout, stderr }
+    Outcome { status, stdout: run.stdout.replace("\r\n", "\n"), stderr: run.stderr }
 }
 
 fn assert_outcome(o: &Outcome, what: &str, code: i32, stdout: &str) {

@@ -12,6 +12,7 @@
 //! around x86 and vm-memory's traits.
 
 use crate::layout::{KERNEL_OFFSET, RAM_BASE};
+use crate::machine::MachineError;
 use ftvm_memory::GuestRam;
 
 const MIB: u64 = 1 << 20;
@@ -23,19 +24,8 @@ const FW_DYNAMIC_MAGIC: u64 = 0x4942_534f;
 const FW_DYNAMIC_VERSION: u64 = 2;
 const NEXT_MODE_S: u64 = 1;
 
-#[derive(Debug)]
-pub struct LoadError(pub String);
-
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for LoadError {}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, LoadError> {
-    Err(LoadError(msg.into()))
+fn err<T>(msg: impl Into<String>) -> Result<T, MachineError> {
+    Err(MachineError(msg.into()))
 }
 
 /// Where things landed; what the harts and the device tree need to know.
@@ -51,7 +41,7 @@ pub struct BootPlan {
 
 /// The fixed part of the layout, decided before the device tree is built
 /// (the tree must name the initrd's place).
-pub fn plan(ram: &GuestRam, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>) -> Result<(BootPlan, u64), LoadError> {
+pub fn plan(ram: &GuestRam, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>) -> Result<(BootPlan, u64), MachineError> {
     if ram.size() < 2 * FDT_REGION {
         return err(format!("{} MiB of RAM is too small to boot anything", ram.size() / MIB));
     }
@@ -88,8 +78,8 @@ pub fn plan(ram: &GuestRam, firmware: Option<&[u8]>, kernel: &[u8], initrd: Opti
 }
 
 /// Write everything into RAM according to `plan`.
-pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>, fdt: &[u8]) -> Result<(), LoadError> {
-    let oom = |what: &str| LoadError(format!("{what} does not fit in guest RAM"));
+pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>, fdt: &[u8]) -> Result<(), MachineError> {
+    let oom = |what: &str| MachineError(format!("{what} does not fit in guest RAM"));
     if fdt.len() as u64 > FDT_MAX_SIZE {
         return err("device tree is larger than 1 MiB");
     }
@@ -103,9 +93,9 @@ pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel
     if is_elf(kernel) {
         for seg in elf_segments(kernel)? {
             let data = &kernel[seg.file_off..seg.file_off + seg.file_len];
-            ram.write(seg.paddr, data).map_err(|_| LoadError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            ram.write(seg.paddr, data).map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
             let zeros = vec![0u8; (seg.mem_len - seg.file_len as u64) as usize];
-            ram.write(seg.paddr + seg.file_len as u64, &zeros).map_err(|_| LoadError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            ram.write(seg.paddr + seg.file_len as u64, &zeros).map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
         }
     } else {
         let at = kernel_load.unwrap_or(RAM_BASE);
@@ -126,7 +116,7 @@ pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel
 }
 
 /// (load address, end address, entry) of the kernel or program.
-fn kernel_span(with_firmware: bool, kernel: &[u8]) -> Result<(u64, u64, u64), LoadError> {
+fn kernel_span(with_firmware: bool, kernel: &[u8]) -> Result<(u64, u64, u64), MachineError> {
     if kernel.is_empty() {
         return err("kernel file is empty");
     }
@@ -186,7 +176,7 @@ fn elf_entry(b: &[u8]) -> u64 {
     rd64(b, 24)
 }
 
-fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, LoadError> {
+fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, MachineError> {
     const EM_RISCV: u16 = 243;
     if b.len() < 64 {
         return err(format!("ELF file is truncated: {} bytes, shorter than its 64-byte header", b.len()));

@@ -95,8 +95,7 @@ impl Machine {
         }
         let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size);
         let board = Board::new(cfg.harts, &cfg.disks).map_err(MachineError)?;
-        let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())
-            .map_err(|e| MachineError(e.0))?;
+        let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())?;
         let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {
             harts: cfg.harts,
             ram_base: RAM_BASE,
@@ -107,8 +106,7 @@ impl Machine {
             virtio: board.virtio_windows(),
         })
         .map_err(|e| MachineError(format!("device tree: {e}")))?;
-        loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)
-            .map_err(|e| MachineError(e.0))?;
+        loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)?;
         let mut harts = Vec::with_capacity(cfg.harts);
         for id in 0..cfg.harts {
             let mut h = Hart::new(id as u64);
