@@ -3,7 +3,6 @@
 //! only at slice entry and after instructions that can change them, never
 //! per instruction.
 
-use crate::compressed;
 use crate::decode::{decode, Decoded, Op, DCACHE_SIZE};
 use crate::csr;
 use crate::fpu::{self, Rm};
@@ -116,31 +115,6 @@ impl Hart {
         self.store_slow(ram, bus, vaddr, size, value, dev)
     }
 
-    #[inline(never)]
-    fn fetch_slow(&mut self, ram: &mut GuestRam) -> Result<(u32, u64, u32), Trap> {
-        let pc = self.s.pc;
-        let half = |h: &mut Hart, ram: &mut GuestRam, va: u64| -> Result<u32, Trap> {
-            let pa = h.translate_fill(ram, va, Access::Fetch)?;
-            ram.read_u16(pa).map(|v| v as u32).map_err(|_| Access::Fetch.access_fault(va))
-        };
-        let lo = half(self, ram, pc)?;
-        // Refill the fetch cache for this page if it is RAM.
-        let e = self.tlb.fetch[index(pc)];
-        if e.tag == tag(pc, self.s.prv) {
-            self.fetch_tag = e.tag;
-            self.fetch_off = e.off;
-        }
-        if lo & 3 != 3 {
-            return match compressed::expand(lo) {
-                Some(i) => Ok((i, 2, lo)),
-                None => Err(Trap::illegal(lo)),
-            };
-        }
-        let hi = half(self, ram, pc.wrapping_add(2))?;
-        let i = lo | (hi << 16);
-        Ok((i, 4, i))
-    }
-
     /// Run instructions until the budget is used or something needs the
     /// outer loop. `None` means "check interrupts and come back".
     pub(crate) fn execute_block(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Option<Exit> {
@@ -208,12 +182,21 @@ impl Hart {
     /// not hold: fetch halfword by halfword and decode without caching.
     #[inline(never)]
     fn fetch_decoded_slow(&mut self, ram: &mut GuestRam) -> Result<Decoded, Trap> {
-        let (insn, len, raw) = self.fetch_slow(ram)?;
-        let mut d = decode(if len == 2 { raw } else { insn });
-        if len == 4 {
-            d.raw = insn;
+        let pc = self.s.pc;
+        let half = |h: &mut Hart, ram: &mut GuestRam, va: u64| -> Result<u32, Trap> {
+            let pa = h.translate_fill(ram, va, Access::Fetch)?;
+            ram.read_u16(pa).map(|v| v as u32).map_err(|_| Access::Fetch.access_fault(va))
+        };
+        let lo = half(self, ram, pc)?;
+        // Refill the fetch cache for this page if it is RAM.
+        let e = self.tlb.fetch[index(pc)];
+        if e.tag == tag(pc, self.s.prv) {
+            self.fetch_tag = e.tag;
+            self.fetch_off = e.off;
         }
-        Ok(d)
+        // Only a 32-bit instruction may touch the next page.
+        let raw = if lo & 3 != 3 { lo } else { lo | (half(self, ram, pc.wrapping_add(2))? << 16) };
+        Ok(decode(raw))
     }
 
     #[inline(always)]

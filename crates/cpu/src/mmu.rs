@@ -225,8 +225,8 @@ impl Hart {
         }
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
         if let Some(off) = ram.offset_of(paddr, size64) {
+            // translate_fill marked the page dirty as it entered the store TLB.
             write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
-            ram.mark_dirty_offset(off, size as usize);
             return Ok(());
         }
         if vaddr & (size64 - 1) != 0 {
@@ -253,13 +253,8 @@ impl Hart {
             return Ok(e.off + (vaddr & 0xfff) as usize);
         }
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
-        match ram.offset_of(paddr, size as u64) {
-            Some(off) => {
-                ram.mark_dirty_offset(off, size as usize);
-                Ok(off)
-            }
-            None => Err(Access::Store.access_fault(vaddr)),
-        }
+        // translate_fill marked a RAM page dirty as it entered the store TLB.
+        ram.offset_of(paddr, size as u64).ok_or(Access::Store.access_fault(vaddr))
     }
 }
 

@@ -241,6 +241,8 @@ impl Machine {
             let (steps, exit) = h.run(&mut self.ram, &mut bus, budget);
             self.icount += steps;
             self.quantum_left -= steps.min(self.quantum_left);
+            // WFI gives up the rest of the quantum even if an interrupt
+            // arrives at once: the other harts get their turn first.
             if exit == Exit::Idle && n > 1 {
                 self.quantum_left = 0;
             }
