@@ -24,6 +24,8 @@ const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
 
+const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
+
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
     pub fast_time: bool,
@@ -121,23 +123,18 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
             RunExit::Reset => return Err("the guest asked to reboot; reboot is not supported yet".into()),
             RunExit::Idle { wake_at } => {
                 if opts.fast_time {
-                    match wake_at {
-                        Some(t) => m.inject(Event::ClockAdvance(t)),
-                        None if input_closed => return Err("the guest is idle with no timer armed and no input left".into()),
-                        None => {}
-                    }
-                    if wake_at.is_some() {
+                    if let Some(t) = wake_at {
+                        m.inject(Event::ClockAdvance(t));
                         continue;
+                    }
+                    if input_closed {
+                        return Err(STUCK_IDLE.into());
                     }
                 }
                 // Sleep until wall time reaches the deadline, or input comes.
-                let wait = match wake_at {
-                    Some(t) if t > pacer.wall_ticks() => {
-                        Some(Duration::from_secs_f64((t - pacer.wall_ticks()) as f64 / TIMEBASE_HZ as f64))
-                    }
-                    Some(_) => Some(Duration::ZERO),
-                    None => None,
-                };
+                let now = pacer.wall_ticks();
+                let wait = wake_at
+                    .map(|t| Duration::from_secs_f64(t.saturating_sub(now) as f64 / TIMEBASE_HZ as f64));
                 let got = match (&input, input_closed) {
                     (Some(rx), false) => match wait {
                         Some(d) => match rx.recv_timeout(d) {
@@ -152,7 +149,7 @@ pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
                             std::thread::sleep(d);
                             None
                         }
-                        None => return Err("the guest is idle with no timer armed and no input left".into()),
+                        None => return Err(STUCK_IDLE.into()),
                     },
                 };
                 let target = match wake_at {
