@@ -91,6 +91,13 @@ impl Clint {
             .filter(|&t| t != u64::MAX)
     }
 
+    /// The earliest deadline still ahead of `now`. A hart whose timer has
+    /// already fired but has not run yet must not hide another hart's
+    /// deadline: the machine ends slices at this one.
+    pub fn next_deadline_after(&self, now: u64) -> Option<u64> {
+        self.mtimecmp.iter().copied().filter(|&t| t > now && t != u64::MAX).min()
+    }
+
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = SnapWriter::new(b"CLNT", 1);
         w.u32(self.msip.len() as u32);
@@ -174,6 +181,17 @@ mod tests {
         assert!(!c.msip(0));
         assert!(!c.msip(7));
         assert_eq!(c.read(8, 4, 0), 0);
+    }
+
+    #[test]
+    fn a_fired_timer_does_not_hide_a_later_deadline() {
+        let mut c = Clint::new(3);
+        c.write(0x4000, 8, 100); // hart 0: fired at 100
+        c.write(0x4008, 8, 500); // hart 1: ahead
+        assert_eq!(c.next_deadline(), Some(100));
+        assert_eq!(c.next_deadline_after(200), Some(500));
+        assert_eq!(c.next_deadline_after(500), None);
+        assert_eq!(c.next_deadline_after(99), Some(100));
     }
 
     #[test]

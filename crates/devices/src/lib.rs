@@ -4,6 +4,7 @@
 //! Everything here is deterministic: no host time, no threads, no hashing.
 
 pub mod clint;
+pub mod io;
 pub mod layout;
 pub mod plic;
 pub mod snapshot;
@@ -12,6 +13,7 @@ pub mod uart;
 pub mod virtio;
 
 pub use clint::Clint;
+pub use io::{IoCompletion, IoRequest};
 pub use plic::Plic;
 pub use snapshot::SnapshotError;
 pub use syscon::{PowerRequest, Syscon};

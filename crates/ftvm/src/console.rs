@@ -49,8 +49,9 @@ pub enum Input {
 }
 
 /// Read stdin on a thread, turning the escape sequence into `Quit`.
-pub fn spawn_reader() -> mpsc::Receiver<Input> {
-    let (tx, rx) = mpsc::channel();
+/// Each piece of input goes to `tx`, wrapped by `wrap`.
+pub fn spawn_reader<T: Send + 'static>(tx: mpsc::Sender<T>, wrap: fn(Input) -> T) {
+    let tx = Sender { tx, wrap };
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();
         let mut buf = [0u8; 256];
@@ -87,5 +88,15 @@ pub fn spawn_reader() -> mpsc::Receiver<Input> {
             }
         }
     });
-    rx
+}
+
+struct Sender<T> {
+    tx: mpsc::Sender<T>,
+    wrap: fn(Input) -> T,
+}
+
+impl<T> Sender<T> {
+    fn send(&self, i: Input) -> Result<(), mpsc::SendError<T>> {
+        self.tx.send((self.wrap)(i))
+    }
 }

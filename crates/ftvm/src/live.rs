@@ -1,24 +1,29 @@
-//! The live host loop of a running VM: runs the machine in chunks, feeds
-//! console input to it, shows its output, and keeps guest time close to
-//! the wall clock.
+//! The live host loop of a running VM: runs the machine in chunks, hands
+//! its I/O requests to the host backends, applies what comes back (I/O
+//! completions, received frames, console input) at instruction boundaries,
+//! answers the control socket, shows console output, and keeps guest time
+//! close to the wall clock.
 //!
 //! Time is steered only through machine events (`ClockRate` while busy,
-//! `ClockAdvance` while idle), so a recording of those events is enough to
+//! `ClockAdvance` while idle), so a recording of the events is enough to
 //! replay the run exactly. While every hart is idle the loop sleeps until
-//! the guest's next timer deadline or until input arrives: an idle guest
-//! does not burn a host core.
+//! the guest's next timer deadline or until something arrives: an idle
+//! guest does not burn a host core.
 
-use crate::console::{self, Input, RawTerminal};
+use crate::console::{Input, RawTerminal};
+use crate::control::{Command, ControlRequest};
 use crate::exec::OutputFilter;
+use crate::host_io::{HostEvent, HostIo};
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{Event, Machine, RunExit};
+use ftvm_machine::{snapshot_file, Event, IoCompletion, Machine, RunExit};
 use std::collections::VecDeque;
 use std::io::Write;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// Instructions run between looks at the host (input, output, pacing).
-const CHUNK: u64 = 2_000_000;
+/// Instructions run between looks at the host. Small enough that a frame
+/// or a completion waits at most about a millisecond for the guest.
+const CHUNK: u64 = 200_000;
 /// How often the clock rate is corrected.
 const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
@@ -32,6 +37,10 @@ pub struct Options {
     /// Running `--exec`: filter console output, exit with the guest's status.
     pub exec: bool,
     pub show_boot: bool,
+    /// Whether stdin is the VM's console (a terminal or a pipe).
+    pub console_input: bool,
+    /// Start paused, waiting for `resume` on the control socket.
+    pub paused: bool,
 }
 
 struct Pacer {
@@ -43,6 +52,10 @@ struct Pacer {
 }
 
 impl Pacer {
+    fn new(m: &Machine) -> Pacer {
+        Pacer { start: Instant::now(), start_ticks: m.time(), last: Instant::now(), last_icount: m.icount() }
+    }
+
     fn wall_ticks(&self) -> u64 {
         self.start_ticks + (self.start.elapsed().as_secs_f64() * TIMEBASE_HZ as f64) as u64
     }
@@ -75,108 +88,221 @@ impl Pacer {
     }
 }
 
-pub fn run(mut m: Machine, opts: Options) -> Result<u32, String> {
-    let interactive = !opts.exec;
-    let _term = if interactive { Some(RawTerminal::enter()) } else { None };
-    let input: Option<Receiver<Input>> = if interactive { Some(console::spawn_reader()) } else { None };
-    let mut filter = opts.exec.then(|| OutputFilter::new(opts.show_boot));
-    let mut pacer = Pacer { start: Instant::now(), start_ticks: m.time(), last: Instant::now(), last_icount: 0 };
-    let stdout = std::io::stdout();
-    let mut input_closed = input.is_none();
-    // Typed or pasted input waiting for room in the guest's UART.
-    let mut pending: VecDeque<u8> = VecDeque::new();
-    loop {
-        let exit = m.run_until(m.icount() + CHUNK);
-        let out = m.take_console_output();
-        if !out.is_empty() {
-            let shown = match &mut filter {
-                Some(f) => f.feed(&out),
-                None => out,
-            };
-            let mut lock = stdout.lock();
-            let _ = lock.write_all(&shown);
-            let _ = lock.flush();
-        }
-        if let Some(rx) = &input {
-            if !input_closed {
-                loop {
-                    match rx.try_recv() {
-                        Ok(Input::Bytes(b)) => pending.extend(b),
-                        Ok(Input::Quit) => return Ok(0),
-                        Ok(Input::Eof) | Err(TryRecvError::Disconnected) => {
-                            input_closed = true;
-                            break;
-                        }
-                        Err(TryRecvError::Empty) => break,
-                    }
+/// What handling a host event asks of the loop.
+enum Next {
+    Continue,
+    Exit(u32),
+}
+
+struct Live {
+    m: Machine,
+    io: HostIo,
+    opts: Options,
+    pacer: Pacer,
+    paused: bool,
+    input_closed: bool,
+    /// Typed or pasted input waiting for room in the guest's UART.
+    pending: VecDeque<u8>,
+    /// Completions that arrived while paused: a paused machine does not
+    /// change, so they wait for `resume`.
+    held: VecDeque<(usize, IoCompletion)>,
+    filter: Option<OutputFilter>,
+}
+
+pub fn run(m: Machine, io: HostIo, events: Receiver<HostEvent>, opts: Options) -> Result<u32, String> {
+    let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
+    let mut live = Live {
+        pacer: Pacer::new(&m),
+        m,
+        io,
+        paused: opts.paused,
+        input_closed: !opts.console_input,
+        pending: VecDeque::new(),
+        held: VecDeque::new(),
+        filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
+        opts,
+    };
+    // After a restore, the I/O the machine was waiting for is issued again.
+    let again = live.m.io_in_flight();
+    live.io.dispatch(again);
+    let result = live.main_loop(&events);
+    // Writes the guest was told about must be on disk before we go.
+    live.io.drain();
+    result
+}
+
+impl Live {
+    fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, String> {
+        loop {
+            let exit = if self.paused { None } else { Some(self.m.run_until(self.m.icount() + CHUNK)) };
+            let requests = self.m.take_io_requests();
+            self.io.dispatch(requests);
+            self.show_output();
+            while let Ok(ev) = events.try_recv() {
+                if let Next::Exit(code) = self.handle(ev)? {
+                    return Ok(code);
                 }
             }
-        }
-        feed_console(&mut m, &mut pending);
-        match exit {
-            RunExit::Reached => {
-                if !opts.fast_time {
-                    pacer.correct(&mut m);
-                }
-            }
-            RunExit::PowerOff(code) => return Ok(code),
-            RunExit::Reset => return Err("the guest asked to reboot; reboot is not supported yet".into()),
-            RunExit::Idle { wake_at } => {
-                if opts.fast_time {
-                    if let Some(t) = wake_at {
-                        m.inject(Event::ClockAdvance(t));
-                        continue;
-                    }
-                    if input_closed {
-                        return Err(STUCK_IDLE.into());
+            self.feed_inputs();
+            match exit {
+                None => {
+                    // Paused: nothing runs until a command or an event comes.
+                    let ev = events.recv().map_err(|_| "the host event channel closed".to_string())?;
+                    if let Next::Exit(code) = self.handle(ev)? {
+                        return Ok(code);
                     }
                 }
-                // Sleep until wall time reaches the deadline, or input comes.
-                let now = pacer.wall_ticks();
-                let wait = wake_at
-                    .map(|t| Duration::from_secs_f64(t.saturating_sub(now) as f64 / TIMEBASE_HZ as f64));
-                let got = match (&input, input_closed) {
-                    (Some(rx), false) => match wait {
-                        Some(d) => match rx.recv_timeout(d) {
-                            Ok(i) => Some(i),
-                            Err(RecvTimeoutError::Timeout) => None,
-                            Err(RecvTimeoutError::Disconnected) => Some(Input::Eof),
-                        },
-                        None => Some(rx.recv().unwrap_or(Input::Eof)),
-                    },
-                    _ => match wait {
-                        Some(d) => {
-                            std::thread::sleep(d);
-                            None
-                        }
-                        None => return Err(STUCK_IDLE.into()),
-                    },
-                };
-                let target = match wake_at {
-                    Some(t) if got.is_none() => t,
-                    _ => pacer.wall_ticks(),
-                };
-                m.inject(Event::ClockAdvance(target));
-                match got {
-                    Some(Input::Bytes(b)) => {
-                        pending.extend(b);
-                        feed_console(&mut m, &mut pending);
+                Some(RunExit::Reached) | Some(RunExit::Io) => {
+                    if !self.opts.fast_time {
+                        self.pacer.correct(&mut self.m);
                     }
-                    Some(Input::Quit) => return Ok(0),
-                    Some(Input::Eof) => input_closed = true,
-                    None => {}
                 }
-                pacer.last = Instant::now();
-                pacer.last_icount = m.icount();
+                Some(RunExit::PowerOff(code)) => return Ok(code),
+                Some(RunExit::Reset) => return Err("the guest asked to reboot; reboot is not supported yet".into()),
+                Some(RunExit::Idle { wake_at }) => {
+                    if let Next::Exit(code) = self.idle(wake_at, events)? {
+                        return Ok(code);
+                    }
+                }
             }
         }
     }
-}
 
-/// Hand the guest as much waiting input as its UART has room for.
-fn feed_console(m: &mut Machine, pending: &mut VecDeque<u8>) {
-    let n = pending.len().min(m.console_room());
-    if n > 0 {
-        m.inject(Event::ConsoleInput(pending.drain(..n).collect()));
+    /// Every hart waits for an interrupt: sleep until the timer deadline
+    /// or until something arrives, then move guest time to now.
+    fn idle(&mut self, wake_at: Option<u64>, events: &Receiver<HostEvent>) -> Result<Next, String> {
+        let io_busy = self.m.io_pending();
+        if self.opts.fast_time && !io_busy {
+            if let Some(t) = wake_at {
+                self.m.inject(Event::ClockAdvance(t));
+                return Ok(Next::Continue);
+            }
+        }
+        let wait = if self.opts.fast_time {
+            // Waiting only for I/O: guest time stands still meanwhile.
+            None
+        } else {
+            let now = self.pacer.wall_ticks();
+            wake_at.map(|t| Duration::from_secs_f64(t.saturating_sub(now) as f64 / TIMEBASE_HZ as f64))
+        };
+        let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
+        let got = match wait {
+            Some(d) => match events.recv_timeout(d) {
+                Ok(ev) => Some(ev),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Err("the host event channel closed".into()),
+            },
+            None if nothing_can_come => return Err(STUCK_IDLE.into()),
+            None => Some(events.recv().map_err(|_| "the host event channel closed".to_string())?),
+        };
+        if !self.opts.fast_time {
+            let target = match wake_at {
+                Some(t) if got.is_none() => t,
+                _ => self.pacer.wall_ticks(),
+            };
+            self.m.inject(Event::ClockAdvance(target));
+            self.pacer.last = Instant::now();
+            self.pacer.last_icount = self.m.icount();
+        }
+        if let Some(ev) = got {
+            let next = self.handle(ev)?;
+            self.feed_inputs();
+            return Ok(next);
+        }
+        Ok(Next::Continue)
+    }
+
+    fn handle(&mut self, ev: HostEvent) -> Result<Next, String> {
+        match ev {
+            HostEvent::Console(Input::Bytes(b)) => self.pending.extend(b),
+            HostEvent::Console(Input::Quit) => return Ok(Next::Exit(0)),
+            HostEvent::Console(Input::Eof) => self.input_closed = true,
+            HostEvent::Io(slot, completion) if self.paused => self.held.push_back((slot, completion)),
+            HostEvent::Io(slot, completion) => {
+                self.m.inject(Event::Io { slot, completion });
+            }
+            HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
+            HostEvent::Control(req) => return self.control(req),
+        }
+        Ok(Next::Continue)
+    }
+
+    fn control(&mut self, req: ControlRequest) -> Result<Next, String> {
+        let (reply, next) = match req.command {
+            Command::Status => (
+                format!(
+                    "ok {} icount={} time={:.3}s",
+                    if self.paused { "paused" } else { "running" },
+                    self.m.icount(),
+                    self.m.time() as f64 / TIMEBASE_HZ as f64
+                ),
+                Next::Continue,
+            ),
+            Command::Pause => {
+                self.paused = true;
+                ("ok paused".to_string(), Next::Continue)
+            }
+            Command::Resume => {
+                if self.paused {
+                    self.paused = false;
+                    // The pause is not guest time: pacing starts afresh.
+                    self.pacer = Pacer::new(&self.m);
+                    while let Some((slot, completion)) = self.held.pop_front() {
+                        self.m.inject(Event::Io { slot, completion });
+                    }
+                }
+                ("ok running".to_string(), Next::Continue)
+            }
+            Command::Snapshot(path) => (self.snapshot(&path), Next::Continue),
+            Command::Quit => ("ok quitting".to_string(), Next::Exit(0)),
+        };
+        let _ = req.reply.send(reply);
+        Ok(next)
+    }
+
+    fn snapshot(&mut self, path: &std::path::Path) -> String {
+        let t0 = Instant::now();
+        let machine = match self.m.snapshot() {
+            Ok(b) => b,
+            Err(e) => return format!("error {e}"),
+        };
+        match snapshot_file::write(path, self.io.describe().as_bytes(), &machine) {
+            Ok(()) => {
+                // The time spent writing is not guest time.
+                self.pacer = Pacer::new(&self.m);
+                format!(
+                    "ok snapshot {} at icount {} in {} ms",
+                    path.display(),
+                    self.m.icount(),
+                    t0.elapsed().as_millis()
+                )
+            }
+            Err(e) => format!("error {e}"),
+        }
+    }
+
+    fn feed_inputs(&mut self) {
+        if self.paused {
+            return;
+        }
+        let n = self.pending.len().min(self.m.console_room());
+        if n > 0 {
+            self.m.inject(Event::ConsoleInput(self.pending.drain(..n).collect()));
+        }
+        self.io.deliver_frames(&mut self.m);
+    }
+
+    fn show_output(&mut self) {
+        let out = self.m.take_console_output();
+        if out.is_empty() {
+            return;
+        }
+        let shown = match &mut self.filter {
+            Some(f) => f.feed(&out),
+            None => out,
+        };
+        let mut lock = std::io::stdout().lock();
+        let _ = lock.write_all(&shown);
+        let _ = lock.flush();
     }
 }

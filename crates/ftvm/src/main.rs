@@ -1,15 +1,19 @@
 //! `ftvm`: run, and (in later modes) protect, a RISC-V virtual machine.
 //!
 //! This module owns argument parsing and turning options into a machine
-//! configuration; `live` owns the host loop of a running VM, `console` the
-//! terminal.
+//! configuration; `live` owns the host loop of a running VM, `host_io` its
+//! backends (disks, TAPs, entropy), `control` its control socket,
+//! `console` the terminal.
 
 mod console;
+mod control;
 mod exec;
+mod host_io;
 mod live;
 
 use clap::{Args, Parser, Subcommand};
-use ftvm_machine::{DiskConfig, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use host_io::{Backend, HostEvent, HostIo};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,10 +27,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a virtual machine (the default Debian guest unless told otherwise).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Build or locate the default guest image.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Send a command to a running VM's control socket: status, pause,
+    /// resume, snapshot FILE, quit.
+    Control {
+        /// The socket given to `ftvm run --control`.
+        socket: PathBuf,
+        /// The command and its argument.
+        #[arg(required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -64,6 +77,22 @@ pub struct RunArgs {
     /// A raw disk image: PATH[,readonly]. May be repeated; the first is /dev/vda.
     #[arg(long = "disk")]
     disks: Vec<String>,
+    /// A NIC on a TAP: tap=NAME[,mac=52:54:00:12:34:56][,bridge=BR]. The TAP
+    /// is created if it does not exist. May be repeated.
+    #[arg(long = "net")]
+    nets: Vec<String>,
+    /// Leave out the virtio-rng device (host entropy for the guest).
+    #[arg(long)]
+    no_rng: bool,
+    /// Continue the VM saved in this snapshot file instead of booting.
+    #[arg(long, value_name = "FILE")]
+    restore: Option<PathBuf>,
+    /// Listen for commands (pause, resume, snapshot, ...) on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Start paused (needs --control): nothing runs until `resume`.
+    #[arg(long, requires = "control")]
+    paused: bool,
     /// Boot, run CMD in the guest with /bin/sh -c, power off, exit with its status.
     #[arg(long)]
     exec: Option<String>,
@@ -74,6 +103,10 @@ pub struct RunArgs {
     /// the wall clock (idle periods are skipped at once).
     #[arg(long)]
     fast_time: bool,
+    /// Record which guest pages are written (what checkpoints and live
+    /// migration need); off, stores cost nothing extra.
+    #[arg(long)]
+    dirty_tracking: bool,
 }
 
 fn main() -> ExitCode {
@@ -101,8 +134,16 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
+        Command::Control { socket, command } => control::send(&socket, &command.join(" ")).and_then(|reply| {
+            println!("{reply}");
+            if reply.starts_with("ok") {
+                Ok(0)
+            } else {
+                Err(format!("the VM answered: {reply}"))
+            }
+        }),
         Command::Image(ImageCommand::Path) => ftvm_image::locate()
             .map(|img| {
                 println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
@@ -163,7 +204,7 @@ fn parse_mem(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or(format!("memory size '{s}' is too large"))
 }
 
-fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+fn parse_disk(s: &str) -> Result<Backend, String> {
     let mut parts = s.split(',');
     let path = PathBuf::from(parts.next().unwrap_or_default());
     if path.as_os_str().is_empty() {
@@ -176,23 +217,69 @@ fn parse_disk(s: &str) -> Result<DiskConfig, String> {
             other => return Err(format!("unknown disk option '{other}' in --disk {s}")),
         }
     }
-    Ok(DiskConfig { path, readonly })
+    Ok(Backend::Disk { path, readonly })
+}
+
+/// `tap=NAME[,mac=..][,bridge=..]`; `index` picks the default MAC.
+fn parse_net(s: &str, index: usize) -> Result<Backend, String> {
+    let (mut name, mut mac, mut bridge) = (None, None, None);
+    for opt in s.split(',') {
+        match opt.split_once('=') {
+            Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
+            Some(("mac", v)) => mac = Some(host_io::parse_mac(v)?),
+            Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
+            _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])")),
+        }
+    }
+    let name = name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?;
+    if name.len() > 15 {
+        return Err(format!("TAP name '{name}' is longer than 15 bytes"));
+    }
+    // QEMU's default MAC, so guests and tools see familiar addresses.
+    let mac = mac.unwrap_or([0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(index as u8)]);
+    Ok(Backend::Tap { name, mac, bridge })
 }
 
 fn read_file(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
 }
 
-/// Turn run options into a machine configuration, filling in the default
-/// guest image for whatever was not given.
-fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
+/// The backends of the virtio slots, in slot order: disks, NICs, rng.
+fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, String> {
+    let mut out = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
+    if out.is_empty() {
+        if let Some(path) = default_disk {
+            out.push(Backend::Disk { path, readonly: false });
+        }
+    }
+    for (i, n) in args.nets.iter().enumerate() {
+        out.push(parse_net(n, i)?);
+    }
+    if !args.no_rng {
+        out.push(Backend::Rng);
+    }
+    if out.len() > ftvm_machine::layout::VIRTIO_SLOTS {
+        return Err(format!(
+            "{} virtio devices (disks, NICs, rng) asked for; the board has {} slots",
+            out.len(),
+            ftvm_machine::layout::VIRTIO_SLOTS
+        ));
+    }
+    Ok(out)
+}
+
+/// Turn run options into a machine configuration (without its devices)
+/// and the backends of its devices, filling in the default guest image
+/// for whatever was not given.
+fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>), String> {
     // Options first: a typo should not be reported as a missing image, nor
     // wait for a kernel to be read.
     if args.cpus == 0 || args.cpus > MAX_CPUS {
         return Err(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus));
     }
     let ram_size = guest_memory(&args.mem)?;
-    let mut disks = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
+    // Checked before looking for the image, for the same reason.
+    backends(args, None)?;
     // The default image supplies the firmware unless --bios is given, and
     // kernel, initrd and root disk unless --kernel is.
     let image = if args.bios.is_none() || args.kernel.is_none() {
@@ -215,12 +302,7 @@ fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
         (None, true) => Some(read_file("initrd", &image.as_ref().unwrap().initrd)?),
         (None, false) => None,
     };
-    if disks.is_empty() && default_kernel {
-        disks.push(DiskConfig { path: image.as_ref().unwrap().rootfs.clone(), readonly: false });
-    }
-    for d in &disks {
-        std::fs::metadata(&d.path).map_err(|e| format!("cannot open disk {}: {e}", d.path.display()))?;
-    }
+    let backends = backends(args, default_kernel.then(|| image.as_ref().unwrap().rootfs.clone()))?;
     let mut cmdline = args.append.clone().unwrap_or_else(|| {
         if default_kernel {
             "console=ttyS0 root=/dev/vda rw".to_string()
@@ -245,23 +327,112 @@ fn machine_config(args: &RunArgs) -> Result<MachineConfig, String> {
             cmdline.len()
         ));
     }
-    Ok(MachineConfig {
+    let cfg = MachineConfig {
         harts: args.cpus,
         ram_size,
         firmware,
         kernel,
         initrd,
         cmdline,
-        disks,
+        devices: Vec::new(),
         guest_ips: DEFAULT_GUEST_IPS,
-    })
+    };
+    Ok((cfg, backends))
 }
 
 fn run(args: RunArgs) -> Result<u32, String> {
-    let cfg = machine_config(&args)?;
-    let machine = Machine::new(&cfg).map_err(|e| e.to_string())?;
-    let options = live::Options { fast_time: args.fast_time, exec: args.exec.is_some(), show_boot: args.verbose };
-    live::run(machine, options)
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let (mut machine, mut io) = match &args.restore {
+        None => {
+            let (mut cfg, backends) = machine_config(&args)?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
+            cfg.devices = devices;
+            (Machine::new(&cfg).map_err(|e| e.to_string())?, io)
+        }
+        Some(file) => restore(&args, file, &events_tx)?,
+    };
+    machine.set_dirty_tracking(args.dirty_tracking);
+    let _control = match &args.control {
+        Some(path) => {
+            io.set_control(true);
+            Some(control::listen(path, events_tx.clone())?)
+        }
+        None => None,
+    };
+    let console_input = args.exec.is_none();
+    if console_input {
+        console::spawn_reader(events_tx.clone(), HostEvent::Console);
+    }
+    drop(events_tx);
+    let options = live::Options {
+        fast_time: args.fast_time,
+        exec: args.exec.is_some(),
+        show_boot: args.verbose,
+        console_input,
+        paused: args.paused,
+    };
+    live::run(machine, io, events, options)
+}
+
+/// A machine from a snapshot file, with its devices attached to the
+/// backends the file names (or to those given with --disk/--net instead).
+fn restore(
+    args: &RunArgs,
+    file: &std::path::Path,
+    events: &std::sync::mpsc::Sender<HostEvent>,
+) -> Result<(Machine, HostIo), String> {
+    let conflicting = [
+        ("--bios", args.bios.is_some()),
+        ("--kernel", args.kernel.is_some()),
+        ("--initrd", args.initrd.is_some()),
+        ("--append", args.append.is_some()),
+        ("--exec", args.exec.is_some()),
+        ("--no-rng", args.no_rng),
+    ];
+    if let Some((opt, _)) = conflicting.iter().find(|(_, given)| *given) {
+        return Err(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine"));
+    }
+    let snap = snapshot_file::read(file)?;
+    let text =
+        String::from_utf8(snap.host).map_err(|_| format!("snapshot {}: unreadable device list", file.display()))?;
+    let mut backends = host_io::parse_description(&text).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    // --disk and --net given on the command line replace the snapshot's, in order.
+    let mut disks = args.disks.iter().map(|d| parse_disk(d));
+    let mut nets = args.nets.iter().enumerate().map(|(i, n)| parse_net(n, i));
+    for b in backends.iter_mut() {
+        let given = match b {
+            Backend::Disk { .. } => disks.next(),
+            Backend::Tap { .. } => nets.next(),
+            Backend::Rng => None,
+        };
+        if let Some(g) = given {
+            let g = g?;
+            // The guest knows its MAC: a replacement NIC keeps it.
+            *b = match (g, &*b) {
+                (Backend::Tap { name, bridge, .. }, Backend::Tap { mac, .. }) => {
+                    Backend::Tap { name, mac: *mac, bridge }
+                }
+                (g, _) => g,
+            };
+        }
+    }
+    if disks.next().is_some() || nets.next().is_some() {
+        return Err(format!("snapshot {} has fewer disks or NICs than given on the command line", file.display()));
+    }
+    let machine = Machine::restore(&snap.machine).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    let (io, devices) = HostIo::open(backends, events.clone())?;
+    for (i, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
+        if want != got {
+            return Err(format!(
+                "snapshot {}: virtio slot {i} was {want:?} but is now {got:?} (a disk must keep its size)",
+                file.display()
+            ));
+        }
+    }
+    if machine.devices().len() != devices.len() {
+        return Err(format!("snapshot {}: device list does not match the machine", file.display()));
+    }
+    Ok((machine, io))
 }
 
 #[cfg(test)]
@@ -285,8 +456,22 @@ mod tests {
     #[test]
     fn disk_options() {
         let d = parse_disk("/tmp/x.img,readonly").unwrap();
-        assert!(d.readonly);
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true });
         assert!(parse_disk("/tmp/x.img,bogus").is_err());
         assert!(parse_disk("").is_err());
+    }
+
+    #[test]
+    fn net_options() {
+        assert_eq!(
+            parse_net("tap=t0,bridge=br0", 1).unwrap(),
+            Backend::Tap { name: "t0".into(), mac: [0x52, 0x54, 0, 0x12, 0x34, 0x57], bridge: Some("br0".into()) }
+        );
+        let b = parse_net("mac=02:00:00:00:00:01,tap=x", 0).unwrap();
+        assert_eq!(b, Backend::Tap { name: "x".into(), mac: [2, 0, 0, 0, 0, 1], bridge: None });
+        assert!(parse_net("bridge=br0", 0).unwrap_err().contains("names no TAP"));
+        assert!(parse_net("tap=t0,speed=10G", 0).is_err());
+        assert!(parse_net("tap=averyveryverylongname", 0).unwrap_err().contains("15 bytes"));
+        assert!(parse_net("tap=t0,mac=zz", 0).is_err());
     }
 }

@@ -487,6 +487,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             "virtio_mmio" => "VIRTIO_MMIO",
             "virtio_blk" => "VIRTIO_BLK",
             "virtio_net" => "VIRTIO_NET",
+            "virtio_rng" => "HW_RANDOM_VIRTIO",
             "ext4" => "EXT4_FS",
             _ => continue,
         };

@@ -60,7 +60,7 @@ pub const PACKAGES: &[&str] = &[
     "iperf3",
 ];
 /// Modules the initramfs loads (plus their dependencies) when not built in.
-pub const ROOT_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_net", "ext4"];
+pub const ROOT_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "ext4"];
 /// Size of the sparse ext4 root image.
 pub const ROOTFS_SIZE: u64 = 1 << 30;
 

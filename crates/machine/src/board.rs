@@ -3,15 +3,18 @@
 
 use crate::clock::VirtualClock;
 use crate::layout::*;
-use crate::machine::DiskConfig;
+use crate::machine::DeviceSpec;
 use ftvm_cpu::Bus;
 use ftvm_devices::clint::Clint;
 use ftvm_devices::plic::Plic;
+use ftvm_devices::snapshot::{err as snap_err, SnapReader, SnapResult, SnapWriter};
 use ftvm_devices::syscon::{self, Syscon};
 use ftvm_devices::uart::Uart;
 use ftvm_devices::virtio::blk::BlkDevice;
-use ftvm_devices::virtio::VirtioMmio;
-use ftvm_devices::{DeviceCtx, IrqLines, MmioDevice};
+use ftvm_devices::virtio::net::NetDevice;
+use ftvm_devices::virtio::rng::RngDevice;
+use ftvm_devices::virtio::{VirtioDevice, VirtioMmio};
+use ftvm_devices::{DeviceCtx, IoCompletion, IoRequest, IrqLines, MmioDevice};
 use ftvm_memory::GuestRam;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,23 +30,29 @@ pub struct Board {
     syscon: Syscon,
     /// Populated virtio slots, in slot order from slot 0.
     virtio: Vec<VirtioMmio>,
-    /// Locks on the disk images, held while the machine lives.
-    _disk_locks: Vec<std::fs::File>,
     irq: IrqLines,
 }
 
 impl Board {
-    pub fn new(harts: usize, disks: &[DiskConfig]) -> Result<Board, String> {
-        if disks.len() > VIRTIO_SLOTS {
-            return Err(format!("at most {VIRTIO_SLOTS} disks are supported"));
+    pub fn new(harts: usize, devices: &[DeviceSpec]) -> Result<Board, String> {
+        if devices.len() > VIRTIO_SLOTS {
+            return Err(format!("at most {VIRTIO_SLOTS} virtio devices (disks, NICs, rng) are supported"));
         }
         let mut virtio = Vec::new();
-        let mut locks = Vec::new();
-        for (i, d) in disks.iter().enumerate() {
-            locks.push(lock_disk(&d.path, d.readonly)?);
-            let blk = BlkDevice::open(&d.path, d.readonly, &format!("ftvm-disk{i}"))
-                .map_err(|e| format!("cannot open disk {}: {e}", d.path.display()))?;
-            virtio.push(VirtioMmio::new(Box::new(blk), virtio_slot(i).1));
+        let mut disks = 0;
+        for (slot, d) in devices.iter().enumerate() {
+            let dev: Box<dyn VirtioDevice> = match d {
+                DeviceSpec::Disk { size, readonly } => {
+                    if *size < 512 {
+                        return Err(format!("disk {disks} is smaller than one 512-byte sector"));
+                    }
+                    disks += 1;
+                    Box::new(BlkDevice::new(*size, *readonly, &format!("ftvm-disk{}", disks - 1)))
+                }
+                DeviceSpec::Net { mac } => Box::new(NetDevice::new(*mac)),
+                DeviceSpec::Rng => Box::new(RngDevice::new()),
+            };
+            virtio.push(VirtioMmio::new(dev, virtio_slot(slot).1));
         }
         Ok(Board {
             clint: Clint::new(harts),
@@ -51,9 +60,46 @@ impl Board {
             uart: Uart::new(UART_IRQ),
             syscon: Syscon::new(),
             virtio,
-            _disk_locks: locks,
             irq: IrqLines::default(),
         })
+    }
+
+    /// Whether any device has requests for the host.
+    pub fn has_io_requests(&self) -> bool {
+        self.virtio.iter().any(|v| v.has_requests())
+    }
+
+    /// Requests for the host, by slot, in slot order.
+    pub fn take_io_requests(&mut self) -> Vec<(usize, IoRequest)> {
+        let mut out = Vec::new();
+        for (slot, v) in self.virtio.iter_mut().enumerate() {
+            out.extend(v.take_requests().into_iter().map(|r| (slot, r)));
+        }
+        out
+    }
+
+    /// Requests the devices still wait for, by slot.
+    pub fn io_in_flight(&self) -> Vec<(usize, IoRequest)> {
+        let mut out = Vec::new();
+        for (slot, v) in self.virtio.iter().enumerate() {
+            out.extend(v.in_flight().into_iter().map(|r| (slot, r)));
+        }
+        out
+    }
+
+    pub fn io_in_flight_count(&self) -> usize {
+        self.virtio.iter().map(|v| v.in_flight_count()).sum()
+    }
+
+    pub fn complete_io(&mut self, slot: usize, c: IoCompletion, ram: &mut GuestRam) -> bool {
+        match self.virtio.get_mut(slot) {
+            Some(v) => v.complete(c, ram, &mut self.irq),
+            None => false,
+        }
+    }
+
+    pub fn input_ready(&self, slot: usize, ram: &GuestRam) -> bool {
+        self.virtio.get(slot).is_some_and(|v| v.input_ready(ram))
     }
 
     /// (base, PLIC source) of every populated virtio slot.
@@ -84,6 +130,10 @@ impl Board {
         self.clint.next_deadline()
     }
 
+    pub fn next_timer_deadline_after(&self, now: u64) -> Option<u64> {
+        self.clint.next_deadline_after(now)
+    }
+
     pub fn power_request(&self) -> Option<PowerRequest> {
         self.syscon.request().map(|r| match r {
             syscon::PowerRequest::Poweroff => PowerRequest::Off(0),
@@ -109,29 +159,40 @@ impl Board {
 
     /// Every device's state, in a fixed order.
     pub fn snapshot_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let fixed = [self.clint.snapshot(), self.plic.snapshot(), self.uart.snapshot(), self.syscon.snapshot()];
-        for part in fixed.into_iter().chain(self.virtio.iter().map(|v| v.snapshot())) {
-            out.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            out.extend_from_slice(&part);
+        let mut w = SnapWriter::new(b"BORD", 1);
+        for part in [self.clint.snapshot(), self.plic.snapshot(), self.uart.snapshot(), self.syscon.snapshot()] {
+            w.bytes(&part);
         }
-        out.extend_from_slice(&self.irq.0.to_le_bytes());
-        out
+        w.u32(self.virtio.len() as u32);
+        for v in &self.virtio {
+            w.bytes(&v.snapshot());
+        }
+        w.u64(self.irq.0);
+        w.finish()
     }
-}
 
-/// Two VMs writing one image would corrupt it, so a writable disk is
-/// locked exclusively and a read-only one shared, for as long as the
-/// machine lives (flock: released by the kernel even if ftvm is killed).
-fn lock_disk(path: &std::path::Path, readonly: bool) -> Result<std::fs::File, String> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot open disk {}: {e}", path.display()))?;
-    let op = if readonly { libc::LOCK_SH } else { libc::LOCK_EX } | libc::LOCK_NB;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-        return Err(format!("disk {} is in use by another VM", path.display()));
+    /// Restores what [`Board::snapshot_bytes`] saved into a board built with
+    /// the same harts and devices. On error the board is half restored and
+    /// must be thrown away.
+    pub fn restore_bytes(&mut self, blob: &[u8]) -> SnapResult<()> {
+        let (mut r, version) = SnapReader::new(blob, b"BORD")?;
+        if version != 1 {
+            return snap_err(format!("board state version {version}"));
+        }
+        self.clint.restore(r.bytes()?)?;
+        self.plic.restore(r.bytes()?)?;
+        self.uart.restore(r.bytes()?)?;
+        self.syscon.restore(r.bytes()?)?;
+        let n = r.u32()? as usize;
+        if n != self.virtio.len() {
+            return snap_err(format!("board state has {n} virtio devices, machine has {}", self.virtio.len()));
+        }
+        for v in &mut self.virtio {
+            v.restore(r.bytes()?)?;
+        }
+        self.irq = IrqLines(r.u64()?);
+        r.end()
     }
-    Ok(f)
 }
 
 /// The bus as one hart sees it during one slice.

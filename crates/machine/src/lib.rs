@@ -12,5 +12,7 @@ pub mod layout;
 pub mod loader;
 mod machine;
 pub mod snapshot;
+pub mod snapshot_file;
 
-pub use machine::{DiskConfig, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};
+pub use ftvm_devices::{IoCompletion, IoRequest};
+pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};

@@ -13,6 +13,7 @@ use crate::clock::VirtualClock;
 use crate::layout::{RAM_BASE, TIMEBASE_HZ};
 use crate::loader;
 use ftvm_cpu::{Exit, Hart};
+use ftvm_devices::{IoCompletion, IoRequest};
 use ftvm_memory::GuestRam;
 
 /// Steps a hart runs before the next one gets its turn.
@@ -22,10 +23,20 @@ pub const QUANTUM: u64 = 10_000;
 /// guest time). A live host corrects it with `Event::ClockRate`.
 pub const DEFAULT_GUEST_IPS: u64 = 200_000_000;
 
-#[derive(Debug, Clone)]
-pub struct DiskConfig {
-    pub path: std::path::PathBuf,
-    pub readonly: bool,
+/// A virtio device of the board. Slots are filled in the order given.
+/// The machine knows only what the guest can see of a device: where its
+/// data lives is the host's business.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A disk of `size` bytes (whole 512-byte sectors of it are exposed).
+    Disk {
+        size: u64,
+        readonly: bool,
+    },
+    Net {
+        mac: [u8; 6],
+    },
+    Rng,
 }
 
 #[derive(Debug, Clone)]
@@ -36,7 +47,7 @@ pub struct MachineConfig {
     pub kernel: Vec<u8>,
     pub initrd: Option<Vec<u8>>,
     pub cmdline: String,
-    pub disks: Vec<DiskConfig>,
+    pub devices: Vec<DeviceSpec>,
     pub guest_ips: u64,
 }
 
@@ -49,6 +60,9 @@ pub enum Event {
     ClockRate(u64),
     /// While idle: move the timer forward to this many ticks.
     ClockAdvance(u64),
+    /// A completion of a request the device in virtio `slot` issued, or
+    /// input for it (a received frame).
+    Io { slot: usize, completion: IoCompletion },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +76,9 @@ pub enum RunExit {
     PowerOff(u32),
     /// The guest asked to reboot.
     Reset,
+    /// Devices issued requests for the host ([`Machine::take_io_requests`]).
+    /// Stopping here changes nothing in the machine: run on when ready.
+    Io,
 }
 
 #[derive(Debug)]
@@ -76,6 +93,7 @@ impl std::fmt::Display for MachineError {
 impl std::error::Error for MachineError {}
 
 pub struct Machine {
+    devices: Vec<DeviceSpec>,
     harts: Vec<Hart>,
     ram: GuestRam,
     board: Board,
@@ -94,7 +112,7 @@ impl Machine {
             return Err(MachineError(format!("memory size {} MiB is outside 16 MiB..64 GiB", cfg.ram_size >> 20)));
         }
         let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size);
-        let board = Board::new(cfg.harts, &cfg.disks).map_err(MachineError)?;
+        let board = Board::new(cfg.harts, &cfg.devices).map_err(MachineError)?;
         let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())?;
         let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {
             harts: cfg.harts,
@@ -119,6 +137,7 @@ impl Machine {
         // Loading the images is not guest activity.
         ram.take_dirty();
         Ok(Machine {
+            devices: cfg.devices.clone(),
             harts,
             ram,
             board,
@@ -126,6 +145,69 @@ impl Machine {
             icount: 0,
             current: 0,
             quantum_left: QUANTUM,
+        })
+    }
+
+    /// The virtio devices, in slot order.
+    pub fn devices(&self) -> &[DeviceSpec] {
+        &self.devices
+    }
+
+    /// The complete machine state at this instruction boundary: harts,
+    /// RAM, devices (with I/O in flight), virtual clock and scheduler
+    /// position. Requests not yet taken by the host would be lost, so they
+    /// must be taken first. The dirty map is not part of it.
+    pub fn snapshot(&self) -> Result<Vec<u8>, MachineError> {
+        if self.board.has_io_requests() {
+            return Err(MachineError("take the pending I/O requests before a snapshot".into()));
+        }
+        Ok(crate::snapshot::encode_machine(&crate::snapshot::MachineParts {
+            devices: &self.devices,
+            ram: &self.ram,
+            harts: self.harts.iter().map(|h| crate::snapshot::hart_bytes(&h.s)).collect(),
+            board: self.board.snapshot_bytes(),
+            icount: self.icount,
+            clock: self.clock.to_parts(),
+            current: self.current as u64,
+            quantum_left: self.quantum_left,
+        }))
+    }
+
+    /// A machine in exactly the state [`Machine::snapshot`] saved. I/O
+    /// that was in flight is reported by [`Machine::io_in_flight`] and must
+    /// be issued again by the host.
+    pub fn restore(bytes: &[u8]) -> Result<Machine, MachineError> {
+        let bad = |e: ftvm_devices::SnapshotError| MachineError(format!("machine state: {e}"));
+        let d = crate::snapshot::decode_machine(bytes).map_err(bad)?;
+        let nharts = d.harts.len();
+        if nharts == 0 || nharts > 8 {
+            return Err(MachineError(format!("machine state has {nharts} harts")));
+        }
+        let mut board = Board::new(nharts, &d.devices).map_err(MachineError)?;
+        board.restore_bytes(&d.board).map_err(bad)?;
+        let mut harts = Vec::with_capacity(nharts);
+        for (i, hb) in d.harts.iter().enumerate() {
+            let st = crate::snapshot::hart_from_bytes(hb).map_err(bad)?;
+            if st.id != i as u64 {
+                return Err(MachineError(format!("machine state: hart {i} has id {}", st.id)));
+            }
+            let mut h = Hart::new(i as u64);
+            h.s = st;
+            harts.push(h);
+        }
+        let (a, b, c) = d.clock;
+        if d.current >= nharts as u64 || d.quantum_left > QUANTUM {
+            return Err(MachineError("machine state: scheduler position out of range".into()));
+        }
+        Ok(Machine {
+            devices: d.devices,
+            harts,
+            ram: d.ram,
+            board,
+            clock: VirtualClock::from_parts(a, b, c),
+            icount: d.icount,
+            current: d.current as usize,
+            quantum_left: d.quantum_left,
         })
     }
 
@@ -152,19 +234,53 @@ impl Machine {
         &self.ram
     }
 
-    /// Apply an input at the current instruction boundary. Console input
-    /// beyond [`Machine::console_room`] is not taken: hosts must hold it
-    /// back and offer it later, so that an event always carries exactly
-    /// what the guest received.
-    pub fn inject(&mut self, ev: Event) {
+    /// Apply an input at the current instruction boundary. Returns false
+    /// when it had no effect (an I/O completion the device does not wait
+    /// for, a frame with no receive buffer).
+    ///
+    /// Console input beyond [`Machine::console_room`] and frames offered
+    /// while [`Machine::input_ready`] is false are not taken: hosts hold
+    /// them back and offer them later, so that an event always carries
+    /// exactly what the guest received.
+    pub fn inject(&mut self, ev: Event) -> bool {
         match ev {
             Event::ConsoleInput(bytes) => {
                 let taken = self.board.console_input(&bytes);
                 debug_assert_eq!(taken, bytes.len(), "console input beyond console_room() was dropped");
+                taken > 0
             }
-            Event::ClockRate(rate) => self.clock.set_rate(self.icount, rate),
-            Event::ClockAdvance(ticks) => self.clock.advance_to(self.icount, ticks),
+            Event::ClockRate(rate) => {
+                self.clock.set_rate(self.icount, rate);
+                true
+            }
+            Event::ClockAdvance(ticks) => {
+                self.clock.advance_to(self.icount, ticks);
+                true
+            }
+            Event::Io { slot, completion } => self.board.complete_io(slot, completion, &mut self.ram),
         }
+    }
+
+    /// Requests the devices issued for the host since the last call, by
+    /// virtio slot, in the order they were issued within a slot.
+    pub fn take_io_requests(&mut self) -> Vec<(usize, IoRequest)> {
+        self.board.take_io_requests()
+    }
+
+    /// Requests the devices still wait for. After a restore (or when a
+    /// backup goes live) the host issues these again.
+    pub fn io_in_flight(&self) -> Vec<(usize, IoRequest)> {
+        self.board.io_in_flight()
+    }
+
+    /// Whether any device waits for the host to complete a request.
+    pub fn io_pending(&self) -> bool {
+        self.board.io_in_flight_count() > 0
+    }
+
+    /// Whether the device in `slot` would take input (a frame) now.
+    pub fn input_ready(&self, slot: usize) -> bool {
+        self.board.input_ready(slot, &self.ram)
     }
 
     /// How many console input bytes the guest can take now.
@@ -212,6 +328,9 @@ impl Machine {
                     PowerRequest::Reset => RunExit::Reset,
                 };
             }
+            if self.board.has_io_requests() {
+                return RunExit::Io;
+            }
             if self.icount >= target {
                 return RunExit::Reached;
             }
@@ -231,7 +350,9 @@ impl Machine {
             }
             let mut budget = self.quantum_left.min(target - self.icount);
             let now = self.clock.ticks_at(self.icount);
-            if let Some(deadline) = self.board.next_timer_deadline().filter(|&d| d > now) {
+            // End the slice where a timer fires, so the interrupt is seen at
+            // the same instruction however the caller splits the run.
+            if let Some(deadline) = self.board.next_timer_deadline_after(now) {
                 if let Some(at) = self.clock.icount_reaching(deadline) {
                     budget = budget.min(at.saturating_sub(self.icount).max(1));
                 }

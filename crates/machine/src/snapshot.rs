@@ -1,8 +1,153 @@
-//! Byte encoding of hart state, in the same tagged little-endian form the
-//! devices use, for state hashes and (later) snapshot files.
+//! Byte encoding of machine state, in the same tagged little-endian form
+//! the devices use: hart state (also hashed for determinism checks) and
+//! the whole machine (what a snapshot file holds, before compression).
 
+use crate::machine::DeviceSpec;
 use ftvm_cpu::{HartState, PrivilegeMode};
-use ftvm_devices::snapshot::{SnapReader, SnapResult, SnapWriter};
+use ftvm_devices::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use ftvm_memory::{GuestRam, PAGE_SIZE};
+
+const MACHINE_TAG: &[u8; 4] = b"MACH";
+const MACHINE_VERSION: u32 = 1;
+
+/// The pieces of a machine, borrowed for encoding.
+pub(crate) struct MachineParts<'a> {
+    pub devices: &'a [DeviceSpec],
+    pub ram: &'a GuestRam,
+    pub harts: Vec<Vec<u8>>,
+    pub board: Vec<u8>,
+    pub icount: u64,
+    pub clock: (u64, u64, u64),
+    pub current: u64,
+    pub quantum_left: u64,
+}
+
+/// The pieces of a machine, decoded and checked for internal consistency.
+pub(crate) struct DecodedMachine {
+    pub devices: Vec<DeviceSpec>,
+    pub ram: GuestRam,
+    pub harts: Vec<Vec<u8>>,
+    pub board: Vec<u8>,
+    pub icount: u64,
+    pub clock: (u64, u64, u64),
+    pub current: u64,
+    pub quantum_left: u64,
+}
+
+pub(crate) fn encode_machine(m: &MachineParts) -> Vec<u8> {
+    let mut w = SnapWriter::new(MACHINE_TAG, MACHINE_VERSION);
+    w.u32(m.devices.len() as u32);
+    for d in m.devices {
+        match d {
+            DeviceSpec::Disk { size, readonly } => {
+                w.u8(0);
+                w.u64(*size);
+                w.bool(*readonly);
+            }
+            DeviceSpec::Net { mac } => {
+                w.u8(1);
+                w.bytes(mac);
+            }
+            DeviceSpec::Rng => w.u8(2),
+        }
+    }
+    w.u32(m.harts.len() as u32);
+    for h in &m.harts {
+        w.bytes(h);
+    }
+    w.bytes(&m.board);
+    for v in [m.icount, m.clock.0, m.clock.1, m.clock.2, m.current, m.quantum_left] {
+        w.u64(v);
+    }
+    // RAM: a bitmap of the pages that are not all zero, then those pages.
+    // A guest uses a fraction of its RAM; zero pages cost one bit.
+    let bytes = m.ram.as_slice();
+    let pages = bytes.len() / PAGE_SIZE as usize;
+    let mut map = vec![0u8; pages.div_ceil(8)];
+    let mut data = Vec::new();
+    for (i, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
+        if page.iter().any(|&b| b != 0) {
+            map[i / 8] |= 1 << (i % 8);
+            data.extend_from_slice(page);
+        }
+    }
+    w.u64(m.ram.base());
+    w.u64(m.ram.size());
+    w.bytes(&map);
+    w.bytes(&data);
+    w.finish()
+}
+
+pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<DecodedMachine> {
+    let (mut r, version) = SnapReader::new(buf, MACHINE_TAG)?;
+    if version != MACHINE_VERSION {
+        return err(format!("machine state version {version}, expected {MACHINE_VERSION}"));
+    }
+    let n = r.u32()?;
+    if n as usize > crate::layout::VIRTIO_SLOTS {
+        return err(format!("{n} virtio devices"));
+    }
+    let mut devices = Vec::new();
+    for _ in 0..n {
+        devices.push(match r.u8()? {
+            0 => DeviceSpec::Disk { size: r.u64()?, readonly: r.bool()? },
+            1 => {
+                let mac: [u8; 6] = r.bytes()?.try_into().map_err(|_| ftvm_devices::SnapshotError("bad MAC".into()))?;
+                DeviceSpec::Net { mac }
+            }
+            2 => DeviceSpec::Rng,
+            k => return err(format!("unknown device kind {k}")),
+        });
+    }
+    let nh = r.u32()?;
+    if nh > 8 {
+        return err(format!("{nh} harts"));
+    }
+    let mut harts = Vec::new();
+    for _ in 0..nh {
+        harts.push(r.bytes()?.to_vec());
+    }
+    let board = r.bytes()?.to_vec();
+    let mut v = [0u64; 6];
+    for x in v.iter_mut() {
+        *x = r.u64()?;
+    }
+    let base = r.u64()?;
+    let size = r.u64()?;
+    if base != crate::layout::RAM_BASE || !(16 << 20..=64 << 30).contains(&size) || !size.is_multiple_of(PAGE_SIZE) {
+        return err(format!("RAM of {size:#x} bytes at {base:#x}"));
+    }
+    let map = r.bytes()?;
+    let data = r.bytes()?;
+    r.end()?;
+    let pages = (size / PAGE_SIZE) as usize;
+    if map.len() != pages.div_ceil(8) {
+        return err("RAM page map has the wrong size");
+    }
+    let used: usize = map.iter().map(|b| b.count_ones() as usize).sum();
+    if data.len() != used * PAGE_SIZE as usize {
+        return err("RAM page data does not match the page map");
+    }
+    let mut ram = GuestRam::new(base, size);
+    let mem = ram.as_mut_slice_untracked();
+    let mut chunks = data.chunks_exact(PAGE_SIZE as usize);
+    for i in 0..pages {
+        if map[i / 8] & (1 << (i % 8)) != 0 {
+            let page = chunks.next().expect("counted above");
+            mem[i * PAGE_SIZE as usize..(i + 1) * PAGE_SIZE as usize].copy_from_slice(page);
+        }
+    }
+    Ok(DecodedMachine {
+        devices,
+        ram,
+        harts,
+        board,
+        icount: v[0],
+        clock: (v[1], v[2], v[3]),
+        current: v[4],
+        quantum_left: v[5],
+    })
+}
 
 const HART_TAG: &[u8; 4] = b"HART";
 const HART_VERSION: u32 = 1;
@@ -20,8 +165,27 @@ pub fn hart_bytes(s: &HartState) -> Vec<u8> {
     w.bool(s.reservation.is_some());
     w.u64(s.reservation.unwrap_or(0));
     for v in [
-        s.mstatus, s.medeleg, s.mideleg, s.mie, s.mip, s.irq_lines, s.mtvec, s.mcounteren, s.mcountinhibit, s.mscratch,
-        s.mepc, s.mcause, s.mtval, s.menvcfg, s.stvec, s.scounteren, s.sscratch, s.sepc, s.scause, s.stval, s.satp,
+        s.mstatus,
+        s.medeleg,
+        s.mideleg,
+        s.mie,
+        s.mip,
+        s.irq_lines,
+        s.mtvec,
+        s.mcounteren,
+        s.mcountinhibit,
+        s.mscratch,
+        s.mepc,
+        s.mcause,
+        s.mtval,
+        s.menvcfg,
+        s.stvec,
+        s.scounteren,
+        s.sscratch,
+        s.sepc,
+        s.scause,
+        s.stval,
+        s.satp,
         s.senvcfg,
     ] {
         w.u64(v);
@@ -38,7 +202,7 @@ pub fn hart_bytes(s: &HartState) -> Vec<u8> {
 pub fn hart_from_bytes(buf: &[u8]) -> SnapResult<HartState> {
     let (mut r, version) = SnapReader::new(buf, HART_TAG)?;
     if version != HART_VERSION {
-        return ftvm_devices::snapshot::err(format!("hart state version {version}, expected {HART_VERSION}"));
+        return err(format!("hart state version {version}, expected {HART_VERSION}"));
     }
     let id = r.u64()?;
     let mut x = [0u64; 32];
@@ -51,7 +215,7 @@ pub fn hart_from_bytes(buf: &[u8]) -> SnapResult<HartState> {
         0 => PrivilegeMode::User,
         1 => PrivilegeMode::Supervisor,
         3 => PrivilegeMode::Machine,
-        p => return ftvm_devices::snapshot::err(format!("invalid privilege level {p}")),
+        p => return err(format!("invalid privilege level {p}")),
     };
     let instret = r.u64()?;
     let wfi = r.bool()?;

@@ -15,7 +15,9 @@
 //! `FTVM_DETERMINISM_INSNS` overrides the instruction count (for bisecting).
 
 use ftvm_cpu::PrivilegeMode;
-use ftvm_machine::{DiskConfig, Event, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
+use ftvm_devices::virtio::blk::{execute, BlockBackend};
+use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -52,7 +54,8 @@ struct TempDisk(PathBuf);
 impl TempDisk {
     fn copy_of(src: &Path, tag: &str) -> TempDisk {
         let dst = std::env::temp_dir().join(format!("ftvm-determinism-{}-{tag}.ext4", std::process::id()));
-        ftvm_image::sparse_copy(src, &dst).unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
+        ftvm_image::sparse_copy(src, &dst)
+            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
         TempDisk(dst)
     }
 }
@@ -63,6 +66,37 @@ impl Drop for TempDisk {
     }
 }
 
+/// The disk as a host with instant I/O serves it: each request completes
+/// at the instruction boundary where the machine issued it, so the run
+/// stays a function of the start state.
+struct Disk(std::fs::File);
+
+impl BlockBackend for Disk {
+    fn size(&self) -> u64 {
+        self.0.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_all_at(data, offset)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn serve_io(m: &mut Machine, disk: &mut Disk) {
+    for (slot, req) in m.take_io_requests() {
+        match req {
+            IoRequest::Disk { tag, op } => {
+                let result = execute(&op, disk);
+                m.inject(Event::Io { slot, completion: IoCompletion::Disk { tag, result } });
+            }
+            other => panic!("unexpected request {other:?}"),
+        }
+    }
+}
 
 /// A fresh machine booting the default guest with `harts` harts.
 fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
@@ -76,7 +110,7 @@ fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
         kernel: read(&img.kernel),
         initrd: Some(read(&img.initrd)),
         cmdline: CMDLINE.to_string(),
-        disks: vec![DiskConfig { path: disk.0.clone(), readonly: false }],
+        devices: vec![DeviceSpec::Disk { size: std::fs::metadata(&disk.0).unwrap().len(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
@@ -92,13 +126,16 @@ struct Outcome {
 }
 
 /// Run to `until` with the fast-time policy, collecting console output.
-fn advance(m: &mut Machine, until: u64, console: &mut Vec<u8>) {
+fn advance(m: &mut Machine, disk: &mut Disk, until: u64, console: &mut Vec<u8>) {
     loop {
         let exit = m.run_until(until);
         console.extend(m.take_console_output());
         match exit {
             RunExit::Reached => return,
-            RunExit::Idle { wake_at: Some(t) } => m.inject(Event::ClockAdvance(t)),
+            RunExit::Io => serve_io(m, disk),
+            RunExit::Idle { wake_at: Some(t) } => {
+                m.inject(Event::ClockAdvance(t));
+            }
             other => panic!(
                 "the guest stopped early at instruction {} ({other:?}); console so far:\n{}",
                 m.icount(),
@@ -114,18 +151,19 @@ fn advance(m: &mut Machine, until: u64, console: &mut Vec<u8>) {
 fn run(harts: usize, tag: &str, n: u64, stops: &[u64], input: Option<(u64, Event)>) -> Outcome {
     let started = Instant::now();
     let (mut machine, disk) = boot(harts, tag);
+    let mut io = Disk(std::fs::OpenOptions::new().read(true).write(true).open(&disk.0).unwrap());
     let mut console = Vec::new();
     let mut stops: Vec<u64> = stops.iter().copied().chain(input.iter().map(|(at, _)| *at)).collect();
     stops.sort_unstable();
     for stop in stops.into_iter().filter(|&s| s < n) {
-        advance(&mut machine, stop, &mut console);
+        advance(&mut machine, &mut io, stop, &mut console);
         if let Some((at, ev)) = &input {
             if *at == stop && machine.icount() == stop {
                 machine.inject(ev.clone());
             }
         }
     }
-    advance(&mut machine, n, &mut console);
+    advance(&mut machine, &mut io, n, &mut console);
     assert_eq!(machine.icount(), n, "run_until overshot the target");
     let hash = machine.state_hash();
     eprintln!("{harts} hart(s), {tag}: {n} instructions in {:.1} s", started.elapsed().as_secs_f64());

@@ -1,35 +1,35 @@
 //! virtio-blk over a raw image (virtio 1.2 §5.2): one request queue, IN,
 //! OUT, FLUSH and GET_ID.
 //!
-//! A request goes through three separate steps so the I/O can later move to
-//! host threads with its result injected as an event at an instruction
-//! boundary (the bounce-buffer rule: guest memory is touched only at submit
-//! and at completion, never while I/O is in flight):
-//!   1. [`BlkDevice::parse`]: take a chain from the ring and turn it into a
-//!      self-contained [`BlkRequest`]; data to write is copied out of guest
-//!      memory here.
-//!   2. [`execute`]: run the request's [`BlkOp`] against a [`BlockBackend`];
-//!      touches no guest state, so it can run anywhere.
-//!   3. [`complete`]: copy read data and the status byte into the chain's
-//!      writable buffers and return it through the used ring.
+//! The device never touches the image. A request goes through three steps:
+//!   1. [`BlkDevice::parse`] (at the guest's kick): take a chain from the
+//!      ring and turn it into a self-contained [`BlkRequest`]; data to write
+//!      is copied out of guest memory here. Its [`BlkOp`] leaves the machine
+//!      as an [`IoRequest::Disk`] and the request waits, tagged, in flight.
+//!   2. [`execute`] (on the host, any thread): run the op against a
+//!      [`BlockBackend`]; touches no guest state.
+//!   3. [`complete`] (when the machine applies the host's
+//!      [`IoCompletion::Disk`] at an instruction boundary): copy read data
+//!      and the status byte into the chain's writable buffers and return it
+//!      through the used ring.
 //!
-//! Today [`VirtioDevice::queue_notify`] runs all three at once.
+//! Several requests can be in flight and complete in any order.
 //!
 //! Malformed requests (short header, no status byte, buffers outside RAM,
 //! sectors past the end, oversize) fail with VIRTIO_BLK_S_IOERR, unknown
 //! types with VIRTIO_BLK_S_UNSUPP; a chain with nowhere to put a status
-//! byte is returned with used length 0.
+//! byte is returned with used length 0. These, and GET_ID, complete at the
+//! kick without the host.
 
 use std::any::Any;
-use std::fs::{File, OpenOptions};
+use std::collections::BTreeMap;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use ftvm_memory::GuestRam;
 
 use super::queue::{write_buffers, ChainError, Desc, DescChain, Queue};
 use super::{config_read_bytes, VirtioDevice, VIRTIO_ID_BLOCK};
+use crate::io::{IoCompletion, IoRequest};
 use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
 
 pub const VIRTIO_BLK_F_SIZE_MAX: u64 = 1 << 1;
@@ -60,8 +60,8 @@ pub const MAX_REQUEST_BYTES: u64 = 64 << 20;
 pub const ID_BYTES: usize = 20;
 const HEADER_BYTES: u64 = 16;
 
-/// Storage behind the device. Must be `Send` so it can later live on an
-/// I/O thread.
+/// Storage a host executes disk requests against. `Send` so it can live
+/// on an I/O thread.
 pub trait BlockBackend: Send {
     /// Size in bytes; the device exposes whole 512-byte sectors of it.
     fn size(&self) -> u64;
@@ -69,42 +69,6 @@ pub trait BlockBackend: Send {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// Makes completed writes durable.
     fn flush(&mut self) -> io::Result<()>;
-}
-
-/// A raw image file, accessed with positioned reads and writes.
-pub struct FileBackend {
-    file: File,
-    len: u64,
-}
-
-impl FileBackend {
-    pub fn open(path: &Path, read_only: bool) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
-        Self::new(file)
-    }
-
-    pub fn new(file: File) -> io::Result<Self> {
-        let len = file.metadata()?.len();
-        Ok(FileBackend { file, len })
-    }
-}
-
-impl BlockBackend for FileBackend {
-    fn size(&self) -> u64 {
-        self.len
-    }
-
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-
-    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.file.sync_data()
-    }
 }
 
 /// An in-memory disk, for tests and scratch disks.
@@ -125,9 +89,7 @@ impl BlockBackend for MemBackend {
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= self.size());
+        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.size());
         let Some(end) = end else {
             return Err(io::ErrorKind::UnexpectedEof.into());
         };
@@ -136,9 +98,7 @@ impl BlockBackend for MemBackend {
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= self.size());
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= self.size());
         let Some(end) = end else {
             return Err(io::ErrorKind::WriteZero.into());
         };
@@ -194,18 +154,12 @@ pub struct BlkResult {
 
 /// Step 2: performs the operation. Touches only the backend.
 pub fn execute(op: &BlkOp, backend: &mut dyn BlockBackend) -> BlkResult {
-    let fail = |status| BlkResult {
-        status,
-        data: Vec::new(),
-    };
+    let fail = |status| BlkResult { status, data: Vec::new() };
     match op {
         BlkOp::Read { offset, len } => {
             let mut buf = vec![0u8; *len as usize];
             match backend.read_at(*offset, &mut buf) {
-                Ok(()) => BlkResult {
-                    status: VIRTIO_BLK_S_OK,
-                    data: buf,
-                },
+                Ok(()) => BlkResult { status: VIRTIO_BLK_S_OK, data: buf },
                 Err(_) => fail(VIRTIO_BLK_S_IOERR),
             }
         }
@@ -217,10 +171,7 @@ pub fn execute(op: &BlkOp, backend: &mut dyn BlockBackend) -> BlkResult {
             Ok(()) => fail(VIRTIO_BLK_S_OK),
             Err(_) => fail(VIRTIO_BLK_S_IOERR),
         },
-        BlkOp::Done { status, data } => BlkResult {
-            status: *status,
-            data: data.clone(),
-        },
+        BlkOp::Done { status, data } => BlkResult { status: *status, data: data.clone() },
     }
 }
 
@@ -250,38 +201,33 @@ pub fn complete(req: &BlkRequest, result: &BlkResult, queue: &mut Queue, ram: &m
 }
 
 pub struct BlkDevice {
-    backend: Box<dyn BlockBackend>,
     /// Capacity in 512-byte sectors.
     capacity: u64,
     read_only: bool,
     id: [u8; ID_BYTES],
     /// Negotiated at DRIVER_OK; only kept for the snapshot.
     features: u64,
+    /// Tag of the next request handed to the host.
+    next_tag: u32,
+    /// Requests handed to the host, by tag.
+    in_flight: BTreeMap<u32, BlkRequest>,
 }
 
 impl BlkDevice {
-    /// `id` is the serial GET_ID returns (truncated to 20 bytes).
-    pub fn new(backend: Box<dyn BlockBackend>, read_only: bool, id: &str) -> Self {
-        let capacity = backend.size() / SECTOR_SIZE;
+    /// A disk of `size_bytes` (whole sectors of it are exposed); `id` is
+    /// the serial GET_ID returns (truncated to 20 bytes).
+    pub fn new(size_bytes: u64, read_only: bool, id: &str) -> Self {
         let mut idb = [0u8; ID_BYTES];
         let n = id.len().min(ID_BYTES);
         idb[..n].copy_from_slice(&id.as_bytes()[..n]);
         BlkDevice {
-            backend,
-            capacity,
+            capacity: size_bytes / SECTOR_SIZE,
             read_only,
             id: idb,
             features: 0,
+            next_tag: 0,
+            in_flight: BTreeMap::new(),
         }
-    }
-
-    /// A device over the raw image at `path`.
-    pub fn open(path: &Path, read_only: bool, id: &str) -> io::Result<Self> {
-        Ok(Self::new(
-            Box::new(FileBackend::open(path, read_only)?),
-            read_only,
-            id,
-        ))
     }
 
     pub fn capacity_sectors(&self) -> u64 {
@@ -290,10 +236,6 @@ impl BlkDevice {
 
     pub fn read_only(&self) -> bool {
         self.read_only
-    }
-
-    pub fn backend_mut(&mut self) -> &mut dyn BlockBackend {
-        &mut *self.backend
     }
 
     fn config(&self) -> [u8; 24] {
@@ -311,13 +253,7 @@ impl BlkDevice {
     pub fn parse(&self, chain: Result<DescChain, ChainError>, ram: &GuestRam) -> BlkRequest {
         let chain = match chain {
             Ok(c) => c,
-            Err(e) => {
-                return BlkRequest {
-                    head: e.head,
-                    op: done(VIRTIO_BLK_S_IOERR),
-                    writable: Vec::new(),
-                }
-            }
+            Err(e) => return BlkRequest { head: e.head, op: done(VIRTIO_BLK_S_IOERR), writable: Vec::new() },
         };
         let writable: Vec<Desc> = chain.writable().copied().collect();
         let wlen: u64 = writable.iter().map(|d| d.len as u64).sum();
@@ -327,11 +263,7 @@ impl BlkDevice {
         } else {
             self.parse_op(&chain, wlen - 1, ram)
         };
-        BlkRequest {
-            head: chain.head,
-            op,
-            writable,
-        }
+        BlkRequest { head: chain.head, op, writable }
     }
 
     /// `room`: writable bytes before the status byte.
@@ -344,10 +276,7 @@ impl BlkDevice {
         let sector = u64::from_le_bytes(hdr[8..16].try_into().unwrap());
         match ty {
             VIRTIO_BLK_T_IN => match self.range(sector, room) {
-                Some(offset) if writable_in_ram(chain, ram) => BlkOp::Read {
-                    offset,
-                    len: room as u32,
-                },
+                Some(offset) if writable_in_ram(chain, ram) => BlkOp::Read { offset, len: room as u32 },
                 _ => done(VIRTIO_BLK_S_IOERR),
             },
             VIRTIO_BLK_T_OUT => {
@@ -366,10 +295,7 @@ impl BlkDevice {
             VIRTIO_BLK_T_FLUSH => BlkOp::Flush,
             VIRTIO_BLK_T_GET_ID => {
                 let n = (room as usize).min(ID_BYTES);
-                BlkOp::Done {
-                    status: VIRTIO_BLK_S_OK,
-                    data: self.id[..n].to_vec(),
-                }
+                BlkOp::Done { status: VIRTIO_BLK_S_OK, data: self.id[..n].to_vec() }
             }
             _ => done(VIRTIO_BLK_S_UNSUPP),
         }
@@ -402,26 +328,31 @@ impl BlkDevice {
         out
     }
 
-    /// Runs a request against this device's backend (steps 2 and 3).
-    pub fn process(&mut self, req: &BlkRequest, queue: &mut Queue, ram: &mut GuestRam) {
-        let result = execute(&req.op, &mut *self.backend);
-        complete(req, &result, queue, ram);
+    /// Step 1 for every available chain: requests that need the host go to
+    /// `out` and wait in flight; the others complete now.
+    fn submit(&mut self, queue: &mut Queue, ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+        for req in self.take_requests(queue, ram) {
+            if let BlkOp::Done { status, data } = &req.op {
+                let result = BlkResult { status: *status, data: data.clone() };
+                complete(&req, &result, queue, ram);
+                continue;
+            }
+            let tag = self.next_tag;
+            self.next_tag = self.next_tag.wrapping_add(1);
+            out.push(IoRequest::Disk { tag, op: req.op.clone() });
+            self.in_flight.insert(tag, req);
+        }
     }
 }
 
 fn done(status: u8) -> BlkOp {
-    BlkOp::Done {
-        status,
-        data: Vec::new(),
-    }
+    BlkOp::Done { status, data: Vec::new() }
 }
 
 /// Checked before reading the disk so a bad buffer fails the request
 /// instead of half-completing it.
 fn writable_in_ram(chain: &DescChain, ram: &GuestRam) -> bool {
-    chain
-        .writable()
-        .all(|d| ram.offset_of(d.addr, d.len as u64).is_some())
+    chain.writable().all(|d| ram.offset_of(d.addr, d.len as u64).is_some())
 }
 
 impl VirtioDevice for BlkDevice {
@@ -430,10 +361,7 @@ impl VirtioDevice for BlkDevice {
     }
 
     fn features(&self) -> u64 {
-        let mut f = VIRTIO_BLK_F_SIZE_MAX
-            | VIRTIO_BLK_F_SEG_MAX
-            | VIRTIO_BLK_F_BLK_SIZE
-            | VIRTIO_BLK_F_FLUSH;
+        let mut f = VIRTIO_BLK_F_SIZE_MAX | VIRTIO_BLK_F_SEG_MAX | VIRTIO_BLK_F_BLK_SIZE | VIRTIO_BLK_F_FLUSH;
         if self.read_only {
             f |= VIRTIO_BLK_F_RO;
         }
@@ -459,40 +387,88 @@ impl VirtioDevice for BlkDevice {
         self.features = features;
     }
 
-    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam) {
-        let Some(q) = queues.get_mut(queue) else {
-            return;
-        };
-        for req in self.take_requests(q, ram) {
-            self.process(&req, q, ram);
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+        if let Some(q) = queues.get_mut(queue) {
+            self.submit(q, ram, out);
         }
+    }
+
+    fn complete(
+        &mut self,
+        c: IoCompletion,
+        queues: &mut [Queue],
+        ram: &mut GuestRam,
+        _out: &mut Vec<IoRequest>,
+    ) -> bool {
+        let IoCompletion::Disk { tag, result } = c else {
+            return false;
+        };
+        let Some(req) = self.in_flight.remove(&tag) else {
+            return false;
+        };
+        // A read's data must be the length asked for; anything else from a
+        // host (or a log) is an I/O error, not a short read.
+        let result = match &req.op {
+            BlkOp::Read { len, .. } if result.status == VIRTIO_BLK_S_OK && result.data.len() != *len as usize => {
+                BlkResult { status: VIRTIO_BLK_S_IOERR, data: Vec::new() }
+            }
+            _ => result,
+        };
+        if let Some(q) = queues.get_mut(0) {
+            complete(&req, &result, q, ram);
+        }
+        true
+    }
+
+    fn in_flight_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn in_flight(&self) -> Vec<IoRequest> {
+        self.in_flight.iter().map(|(&tag, r)| IoRequest::Disk { tag, op: r.op.clone() }).collect()
     }
 
     fn reset(&mut self) {
         self.features = 0;
+        self.in_flight.clear();
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        let mut w = SnapWriter::new(b"VBLK", 1);
+        let mut w = SnapWriter::new(b"VBLK", 2);
         w.u64(self.capacity);
         w.bool(self.read_only);
         w.u64(self.features);
+        w.u32(self.next_tag);
+        w.u32(self.in_flight.len() as u32);
+        for (&tag, req) in &self.in_flight {
+            w.u32(tag);
+            save_request(&mut w, req);
+        }
         w.finish()
     }
 
     fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"VBLK")?;
-        if version != 1 {
+        if version != 2 {
             return err(format!("virtio-blk snapshot version {version}"));
         }
         let capacity = r.u64()?;
         let read_only = r.bool()?;
         let features = r.u64()?;
+        let next_tag = r.u32()?;
+        let n = r.u32()?;
+        let mut in_flight = BTreeMap::new();
+        for _ in 0..n {
+            let tag = r.u32()?;
+            in_flight.insert(tag, load_request(&mut r)?);
+        }
         r.end()?;
         if capacity != self.capacity || read_only != self.read_only {
             return err("virtio-blk snapshot is for a different disk");
         }
         self.features = features;
+        self.next_tag = next_tag;
+        self.in_flight = in_flight;
         Ok(())
     }
 
@@ -503,3 +479,58 @@ impl VirtioDevice for BlkDevice {
 
 #[cfg(test)]
 mod tests;
+
+fn save_request(w: &mut SnapWriter, req: &BlkRequest) {
+    w.u16(req.head);
+    w.u32(req.writable.len() as u32);
+    for d in &req.writable {
+        w.u64(d.addr);
+        w.u32(d.len);
+    }
+    save_op(w, &req.op);
+}
+
+fn load_request(r: &mut SnapReader) -> SnapResult<BlkRequest> {
+    let head = r.u16()?;
+    let n = r.u32()?;
+    if n > u16::MAX as u32 {
+        return err("virtio-blk request with too many buffers");
+    }
+    let mut writable = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        writable.push(Desc { addr: r.u64()?, len: r.u32()?, writable: true });
+    }
+    Ok(BlkRequest { head, op: load_op(r)?, writable })
+}
+
+/// A disk operation in a snapshot or a log.
+pub fn save_op(w: &mut SnapWriter, op: &BlkOp) {
+    match op {
+        BlkOp::Read { offset, len } => {
+            w.u8(0);
+            w.u64(*offset);
+            w.u32(*len);
+        }
+        BlkOp::Write { offset, data } => {
+            w.u8(1);
+            w.u64(*offset);
+            w.bytes(data);
+        }
+        BlkOp::Flush => w.u8(2),
+        BlkOp::Done { status, data } => {
+            w.u8(3);
+            w.u8(*status);
+            w.bytes(data);
+        }
+    }
+}
+
+pub fn load_op(r: &mut SnapReader) -> SnapResult<BlkOp> {
+    Ok(match r.u8()? {
+        0 => BlkOp::Read { offset: r.u64()?, len: r.u32()? },
+        1 => BlkOp::Write { offset: r.u64()?, data: r.bytes()?.to_vec() },
+        2 => BlkOp::Flush,
+        3 => BlkOp::Done { status: r.u8()?, data: r.bytes()?.to_vec() },
+        k => return err(format!("unknown disk operation {k}")),
+    })
+}

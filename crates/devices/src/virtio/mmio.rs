@@ -10,6 +10,7 @@ use ftvm_memory::GuestRam;
 
 use super::queue::Queue;
 use super::{VirtioDevice, TRANSPORT_FEATURES, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::io::{IoCompletion, IoRequest};
 use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
 use crate::{DeviceCtx, IrqLines, MmioDevice};
 
@@ -71,14 +72,14 @@ pub struct VirtioMmio {
     interrupt_status: u32,
     status: u32,
     config_generation: u32,
+    /// Requests for the host, in the order the device issued them.
+    outbox: Vec<IoRequest>,
 }
 
 impl VirtioMmio {
     /// A slot holding `device`, raising PLIC source `irq`.
     pub fn new(device: Box<dyn VirtioDevice>, irq: u32) -> Self {
-        let queues = (0..device.num_queues())
-            .map(|i| Queue::new(device.queue_max_size(i)))
-            .collect();
+        let queues = (0..device.num_queues()).map(|i| Queue::new(device.queue_max_size(i))).collect();
         VirtioMmio {
             irq,
             device: Some(device),
@@ -90,6 +91,7 @@ impl VirtioMmio {
             interrupt_status: 0,
             status: 0,
             config_generation: 0,
+            outbox: Vec::new(),
         }
     }
 
@@ -106,6 +108,7 @@ impl VirtioMmio {
             interrupt_status: 0,
             status: 0,
             config_generation: 0,
+            outbox: Vec::new(),
         }
     }
 
@@ -148,15 +151,11 @@ impl VirtioMmio {
     }
 
     fn device_features(&self) -> u64 {
-        self.device
-            .as_ref()
-            .map_or(0, |d| d.features() | TRANSPORT_FEATURES)
+        self.device.as_ref().map_or(0, |d| d.features() | TRANSPORT_FEATURES)
     }
 
-    /// Runs device work outside an MMIO access (an event the machine
-    /// injects at an instruction boundary, such as an I/O completion or a
-    /// received packet), then raises whatever interrupts it caused. Returns
-    /// `None` for an empty slot.
+    /// Runs device work outside an MMIO access (tests, tools), then raises
+    /// whatever interrupts it caused. Returns `None` for an empty slot.
     pub fn with_device<R>(
         &mut self,
         ram: &mut GuestRam,
@@ -167,6 +166,47 @@ impl VirtioMmio {
         let r = f(dev, &mut self.queues, ram);
         self.after_device_work(ram, irq);
         Some(r)
+    }
+
+    /// Applies a completion or input from the host at an instruction
+    /// boundary. Returns false when the device had no use for it.
+    pub fn complete(&mut self, c: IoCompletion, ram: &mut GuestRam, irq: &mut IrqLines) -> bool {
+        if !self.is_live() {
+            return false;
+        }
+        let Some(dev) = self.device.as_deref_mut() else {
+            return false;
+        };
+        let used = dev.complete(c, &mut self.queues, ram, &mut self.outbox);
+        self.after_device_work(ram, irq);
+        used
+    }
+
+    /// Whether input offered now would find a buffer.
+    pub fn input_ready(&self, ram: &GuestRam) -> bool {
+        self.is_live() && self.device.as_deref().is_some_and(|d| d.input_ready(&self.queues, ram))
+    }
+
+    /// Requests issued since the last call, in order.
+    pub fn take_requests(&mut self) -> Vec<IoRequest> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    pub fn has_requests(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// Requests the device is still waiting for (issued, not completed).
+    pub fn in_flight_count(&self) -> usize {
+        self.device.as_deref().map_or(0, |d| d.in_flight_count())
+    }
+
+    pub fn in_flight(&self) -> Vec<IoRequest> {
+        self.device.as_deref().map_or_else(Vec::new, |d| d.in_flight())
+    }
+
+    fn is_live(&self) -> bool {
+        self.status & STATUS_DRIVER_OK != 0 && self.status & STATUS_DEVICE_NEEDS_RESET == 0
     }
 
     /// The device's config space changed (e.g. a link came up).
@@ -188,10 +228,7 @@ impl VirtioMmio {
             if q.needs_interrupt(ram) {
                 self.interrupt_status |= INT_USED_BUFFER;
             }
-            if q.is_broken()
-                && self.status & STATUS_DEVICE_NEEDS_RESET == 0
-                && self.status & STATUS_DRIVER_OK != 0
-            {
+            if q.is_broken() && self.status & STATUS_DEVICE_NEEDS_RESET == 0 && self.status & STATUS_DRIVER_OK != 0 {
                 self.status |= STATUS_DEVICE_NEEDS_RESET;
                 self.interrupt_status |= INT_CONFIG_CHANGE;
             }
@@ -244,17 +281,11 @@ impl VirtioMmio {
             REG_QUEUE_NUM => self.selected_queue().map_or(0, |q| q.size as u32),
             REG_QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready as u32),
             REG_QUEUE_DESC_LOW => self.selected_queue().map_or(0, |q| q.desc_table as u32),
-            REG_QUEUE_DESC_HIGH => self
-                .selected_queue()
-                .map_or(0, |q| (q.desc_table >> 32) as u32),
+            REG_QUEUE_DESC_HIGH => self.selected_queue().map_or(0, |q| (q.desc_table >> 32) as u32),
             REG_QUEUE_DRIVER_LOW => self.selected_queue().map_or(0, |q| q.avail_ring as u32),
-            REG_QUEUE_DRIVER_HIGH => self
-                .selected_queue()
-                .map_or(0, |q| (q.avail_ring >> 32) as u32),
+            REG_QUEUE_DRIVER_HIGH => self.selected_queue().map_or(0, |q| (q.avail_ring >> 32) as u32),
             REG_QUEUE_DEVICE_LOW => self.selected_queue().map_or(0, |q| q.used_ring as u32),
-            REG_QUEUE_DEVICE_HIGH => self
-                .selected_queue()
-                .map_or(0, |q| (q.used_ring >> 32) as u32),
+            REG_QUEUE_DEVICE_HIGH => self.selected_queue().map_or(0, |q| (q.used_ring >> 32) as u32),
             REG_INTERRUPT_STATUS => self.interrupt_status,
             REG_STATUS => self.status,
             // No shared memory regions: length reads as all ones.
@@ -300,10 +331,9 @@ impl VirtioMmio {
             }
             REG_QUEUE_NOTIFY => {
                 let idx = (v & 0xffff) as usize;
-                let live = self.status & STATUS_DRIVER_OK != 0 && self.status & STATUS_DEVICE_NEEDS_RESET == 0;
-                if live && self.queues.get(idx).is_some_and(|q| q.ready) {
+                if self.is_live() && self.queues.get(idx).is_some_and(|q| q.ready) {
                     if let Some(d) = self.device.as_deref_mut() {
-                        d.queue_notify(idx, &mut self.queues, ram);
+                        d.queue_notify(idx, &mut self.queues, ram, &mut self.outbox);
                     }
                 }
             }
@@ -324,8 +354,7 @@ impl VirtioMmio {
         let mut next = v | (self.status & STATUS_DEVICE_NEEDS_RESET);
         if newly & STATUS_FEATURES_OK != 0 {
             let offered = self.device_features();
-            let ok = self.driver_features & !offered == 0
-                && self.driver_features & VIRTIO_F_VERSION_1 != 0;
+            let ok = self.driver_features & !offered == 0 && self.driver_features & VIRTIO_F_VERSION_1 != 0;
             if !ok {
                 // Left clear so the driver reads back that we refused.
                 next &= !STATUS_FEATURES_OK;
@@ -384,10 +413,7 @@ impl VirtioMmio {
         let config_generation = r.u32()?;
         let nq = r.u32()? as usize;
         if nq != self.queues.len() {
-            return err(format!(
-                "virtio-mmio snapshot has {nq} queues, device has {}",
-                self.queues.len()
-            ));
+            return err(format!("virtio-mmio snapshot has {nq} queues, device has {}", self.queues.len()));
         }
         let mut queues = self.queues.clone();
         for q in &mut queues {

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::io::{IoCompletion, IoRequest};
 use crate::virtio::mmio::*;
 use crate::virtio::queue::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use crate::virtio::testdriver::{TestDriver, IRQ, RAM_BASE, RAM_SIZE};
@@ -31,18 +32,14 @@ impl BlockBackend for Shared {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 fn rig_with(read_only: bool, want: u64) -> (TestDriver, Shared) {
-    let disk = Shared(Arc::new(Mutex::new(MemBackend::new(pattern(
-        (SECTORS * 512) as usize,
-        7,
-    )))));
-    let dev = BlkDevice::new(Box::new(disk.clone()), read_only, "ftvm-disk0");
+    let disk = Shared(Arc::new(Mutex::new(MemBackend::new(pattern((SECTORS * 512) as usize, 7)))));
+    let dev = BlkDevice::new(SECTORS * 512, read_only, "ftvm-disk0");
     let mut d = TestDriver::new(VirtioMmio::new(Box::new(dev), IRQ));
+    d.disk = Some(Box::new(disk.clone()));
     let st = d.init(want, 16);
     assert_eq!(st & STATUS_DRIVER_OK, STATUS_DRIVER_OK, "status {st:#x}");
     (d, disk)
@@ -60,13 +57,7 @@ fn header(d: &mut TestDriver, ty: u32, sector: u64) -> u64 {
 }
 
 /// Posts a request and returns (status byte, used len).
-fn request(
-    d: &mut TestDriver,
-    ty: u32,
-    sector: u64,
-    data: &[(u64, u32, bool)],
-    indirect: bool,
-) -> (u8, u32) {
+fn request(d: &mut TestDriver, ty: u32, sector: u64, data: &[(u64, u32, bool)], indirect: bool) -> (u8, u32) {
     let h = header(d, ty, sector);
     let st = d.alloc_with(&[0xff]);
     let mut bufs = vec![(h, 16, false)];
@@ -124,13 +115,7 @@ fn write_then_read_back_direct_and_indirect() {
         let a = d.alloc(100);
         let b = d.alloc(900);
         let c = d.alloc(24);
-        let (st, len) = request(
-            &mut d,
-            VIRTIO_BLK_T_IN,
-            3,
-            &[(a, 100, true), (b, 900, true), (c, 24, true)],
-            indirect,
-        );
+        let (st, len) = request(&mut d, VIRTIO_BLK_T_IN, 3, &[(a, 100, true), (b, 900, true), (c, 24, true)], indirect);
         assert_eq!((st, len), (VIRTIO_BLK_S_OK, 1025));
         let mut got = vec![0u8; 1024];
         d.ram.read(a, &mut got[..100]).unwrap();
@@ -158,10 +143,7 @@ fn request_framing_is_not_assumed() {
     assert_eq!(d.pop_used(), Some((head as u32, 513)));
     let mut got = vec![0u8; 513];
     d.ram.read(out, &mut got).unwrap();
-    assert_eq!(
-        &got[..512],
-        &pattern((SECTORS * 512) as usize, 7)[512..1024]
-    );
+    assert_eq!(&got[..512], &pattern((SECTORS * 512) as usize, 7)[512..1024]);
     assert_eq!(got[512], VIRTIO_BLK_S_OK);
 }
 
@@ -174,11 +156,7 @@ fn flush_get_id_and_unsupported() {
 
     let id = d.alloc(20);
     let (st, len) = request(&mut d, VIRTIO_BLK_T_GET_ID, 0, &[(id, 20, true)], false);
-    assert_eq!(
-        (st, len),
-        (VIRTIO_BLK_S_OK, 21),
-        "20 id bytes, zero padded, plus status"
-    );
+    assert_eq!((st, len), (VIRTIO_BLK_S_OK, 21), "20 id bytes, zero padded, plus status");
     let mut got = [0u8; 20];
     d.ram.read(id, &mut got).unwrap();
     assert_eq!(&got, b"ftvm-disk0\0\0\0\0\0\0\0\0\0\0");
@@ -201,28 +179,13 @@ fn bad_requests_get_ioerr() {
     ] {
         let w = ty == VIRTIO_BLK_T_IN;
         let (st, _) = request(&mut d, ty, sector, &[(buf, len, w)], false);
-        assert_eq!(
-            st, VIRTIO_BLK_S_IOERR,
-            "type {ty} sector {sector} len {len}"
-        );
+        assert_eq!(st, VIRTIO_BLK_S_IOERR, "type {ty} sector {sector} len {len}");
     }
     // Data buffer outside RAM, in both directions.
     for ty in [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT] {
-        let (st, _) = request(
-            &mut d,
-            ty,
-            0,
-            &[(0x1000, 512, ty == VIRTIO_BLK_T_IN)],
-            false,
-        );
+        let (st, _) = request(&mut d, ty, 0, &[(0x1000, 512, ty == VIRTIO_BLK_T_IN)], false);
         assert_eq!(st, VIRTIO_BLK_S_IOERR);
-        let (st, _) = request(
-            &mut d,
-            ty,
-            0,
-            &[(RAM_BASE + RAM_SIZE - 256, 512, ty == VIRTIO_BLK_T_IN)],
-            false,
-        );
+        let (st, _) = request(&mut d, ty, 0, &[(RAM_BASE + RAM_SIZE - 256, 512, ty == VIRTIO_BLK_T_IN)], false);
         assert_eq!(st, VIRTIO_BLK_S_IOERR);
     }
     // Short header.
@@ -260,46 +223,13 @@ fn read_only_disk_refuses_writes() {
 }
 
 #[test]
-fn file_backend_positioned_io_and_flush() {
-    let path = std::env::temp_dir().join(format!("ftvm-blk-test-{}.img", std::process::id()));
-    std::fs::write(&path, vec![0u8; 8 * 512 + 100]).unwrap();
-    let dev = BlkDevice::open(&path, false, "f").unwrap();
-    assert_eq!(
-        dev.capacity_sectors(),
-        8,
-        "partial trailing sector is not exposed"
-    );
-    let mut d = TestDriver::new(VirtioMmio::new(Box::new(dev), IRQ));
-    assert_ne!(d.init(TestDriver::all_features(), 8) & STATUS_DRIVER_OK, 0);
-    let data = pattern(512, 3);
-    let buf = d.alloc_with(&data);
-    assert_eq!(
-        request(&mut d, VIRTIO_BLK_T_OUT, 7, &[(buf, 512, false)], true).0,
-        VIRTIO_BLK_S_OK
-    );
-    assert_eq!(
-        request(&mut d, VIRTIO_BLK_T_FLUSH, 0, &[], false).0,
-        VIRTIO_BLK_S_OK
-    );
-    let on_disk = std::fs::read(&path).unwrap();
-    assert_eq!(&on_disk[7 * 512..8 * 512], &data[..]);
-    std::fs::remove_file(&path).unwrap();
-}
-
-#[test]
 fn many_requests_wrap_the_rings() {
     let (mut d, _) = rig();
     let buf = d.alloc(512);
     // 16-entry queue; 300 requests wrap avail/used indices many times and
     // exercise the u16 index arithmetic.
     for i in 0..300u64 {
-        let (st, len) = request(
-            &mut d,
-            VIRTIO_BLK_T_IN,
-            i % SECTORS,
-            &[(buf, 512, true)],
-            i % 2 == 0,
-        );
+        let (st, len) = request(&mut d, VIRTIO_BLK_T_IN, i % SECTORS, &[(buf, 512, true)], i % 2 == 0);
         assert_eq!((st, len), (VIRTIO_BLK_S_OK, 513));
     }
 }
@@ -314,11 +244,7 @@ fn event_idx_suppresses_and_publishes() {
     d.set_used_event(2);
     for i in 0..3 {
         request(&mut d, VIRTIO_BLK_T_IN, 0, &[(buf, 512, true)], false);
-        assert_eq!(
-            d.avail_event(),
-            i + 1,
-            "device publishes how far it consumed"
-        );
+        assert_eq!(d.avail_event(), i + 1, "device publishes how far it consumed");
         assert_eq!(d.line(), i == 2, "after request {i}");
     }
     d.ack();
@@ -334,9 +260,9 @@ fn event_idx_suppresses_and_publishes() {
 
 #[test]
 fn negotiation_and_reset() {
-    let disk = MemBackend::new(vec![0; 4096]);
-    let dev = BlkDevice::new(Box::new(disk), false, "x");
+    let dev = BlkDevice::new(4096, false, "x");
     let mut d = TestDriver::new(VirtioMmio::new(Box::new(dev), IRQ));
+    d.disk = Some(Box::new(MemBackend::new(vec![0; 4096])));
     // A legacy driver without VERSION_1 is refused.
     let st = d.init(!VIRTIO_F_VERSION_1, 8);
     assert_eq!(st & STATUS_FEATURES_OK, 0);
@@ -345,16 +271,10 @@ fn negotiation_and_reset() {
     d.w32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
     d.w32(REG_DRIVER_FEATURES_SEL, 1);
     d.w32(REG_DRIVER_FEATURES, 1 | 0x8000_0000);
-    d.w32(
-        REG_STATUS,
-        STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
-    );
+    d.w32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
     assert_eq!(d.r32(REG_STATUS) & STATUS_FEATURES_OK, 0);
     // DRIVER_OK without FEATURES_OK does not take.
-    d.w32(
-        REG_STATUS,
-        STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_DRIVER_OK,
-    );
+    d.w32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_DRIVER_OK);
     assert_eq!(d.r32(REG_STATUS) & STATUS_DRIVER_OK, 0);
     // A proper init works, a request raises the line, reset drops it.
     assert_ne!(d.init(TestDriver::all_features(), 8) & STATUS_DRIVER_OK, 0);
@@ -388,21 +308,14 @@ fn empty_slot_reads_device_id_zero() {
 #[test]
 fn odd_access_sizes_and_offsets_are_ignored() {
     let (mut d, _) = rig();
-    let mut ctx = DeviceCtx {
-        ram: &mut d.ram,
-        irq: &mut d.irq,
-    };
+    let mut ctx = DeviceCtx { ram: &mut d.ram, irq: &mut d.irq };
     for off in [0u64, 2, 0x50, 0x70, 0xfc, 0x1000, 0xffff, u64::MAX] {
         for size in [1u8, 2, 3, 8, 16] {
             d.dev.write(off, size, u64::MAX, &mut ctx);
             d.dev.read(off, size, &mut ctx);
         }
     }
-    assert_ne!(
-        d.r32(REG_STATUS) & STATUS_DRIVER_OK,
-        0,
-        "no sub-word write reached Status"
-    );
+    assert_ne!(d.r32(REG_STATUS) & STATUS_DRIVER_OK, 0, "no sub-word write reached Status");
     // Config writes are ignored by virtio-blk.
     assert_eq!(d.read_config(0, 8), SECTORS);
 }
@@ -428,14 +341,7 @@ fn descriptor_loop_and_bad_indirect_tables_complete_with_zero() {
     d.write_desc(t, 0, t, 32, VIRTQ_DESC_F_INDIRECT, 0);
     d.write_desc(d.desc, 4, t, 32, VIRTQ_DESC_F_INDIRECT, 0);
     d.push_avail(4);
-    d.write_desc(
-        d.desc,
-        5,
-        t,
-        32,
-        VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_NEXT,
-        6,
-    );
+    d.write_desc(d.desc, 5, t, 32, VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_NEXT, 6);
     d.push_avail(5);
     d.write_desc(d.desc, 6, 0x1000, 32, VIRTQ_DESC_F_INDIRECT, 0);
     d.push_avail(6);
@@ -450,11 +356,7 @@ fn descriptor_loop_and_bad_indirect_tables_complete_with_zero() {
     for head in 2..=8 {
         assert_eq!(d.pop_used(), Some((head, 0)), "head {head}");
     }
-    assert_eq!(
-        d.r32(REG_STATUS) & STATUS_DEVICE_NEEDS_RESET,
-        0,
-        "the queue itself is still fine"
-    );
+    assert_eq!(d.r32(REG_STATUS) & STATUS_DEVICE_NEEDS_RESET, 0, "the queue itself is still fine");
 }
 
 #[test]
@@ -479,7 +381,7 @@ fn garbage_rings_break_the_queue_not_the_host() {
     assert_ne!(d.r32(REG_STATUS) & STATUS_DEVICE_NEEDS_RESET, 0);
 
     // Rings outside RAM: QueueReady accepted, first kick breaks it.
-    let dev = BlkDevice::new(Box::new(MemBackend::new(vec![0; 4096])), false, "x");
+    let dev = BlkDevice::new(4096, false, "x");
     let mut d = TestDriver::new(VirtioMmio::new(Box::new(dev), IRQ));
     d.used = RAM_BASE + RAM_SIZE - 8;
     d.init(TestDriver::all_features(), 16);
@@ -488,7 +390,7 @@ fn garbage_rings_break_the_queue_not_the_host() {
 
     // Queue size not a power of two, or larger than the maximum.
     for qsize in [3u32, 512, 0, 0x1_0000] {
-        let dev = BlkDevice::new(Box::new(MemBackend::new(vec![0; 4096])), false, "x");
+        let dev = BlkDevice::new(4096, false, "x");
         let mut d = TestDriver::new(VirtioMmio::new(Box::new(dev), IRQ));
         d.init(TestDriver::all_features(), 8);
         d.w32(REG_STATUS, 0);
@@ -502,11 +404,7 @@ fn garbage_rings_break_the_queue_not_the_host() {
         d.w32(REG_STATUS, 15);
         d.w32(REG_QUEUE_NOTIFY, 0);
         d.w32(REG_QUEUE_NOTIFY, 7);
-        assert_ne!(
-            d.r32(REG_STATUS) & STATUS_DEVICE_NEEDS_RESET,
-            0,
-            "qsize {qsize}"
-        );
+        assert_ne!(d.r32(REG_STATUS) & STATUS_DEVICE_NEEDS_RESET, 0, "qsize {qsize}");
     }
 }
 
@@ -547,9 +445,7 @@ fn fuzzed_rings_never_panic() {
         for k in 0..8 {
             let v = rnd();
             d.ram.write_u64(buf + 16 * k, v % 16).unwrap();
-            d.ram
-                .write_u64(buf + 16 * k + 8, rnd() % (SECTORS + 4))
-                .unwrap();
+            d.ram.write_u64(buf + 16 * k + 8, rnd() % (SECTORS + 4)).unwrap();
         }
         let n = (rnd() % 20) as u16;
         for _ in 0..n {
@@ -573,62 +469,120 @@ fn snapshot_restore_continues_where_it_left_off() {
     for i in 0..5 {
         request(&mut d, VIRTIO_BLK_T_IN, i, &[(buf, 512, true)], false);
     }
+    // Two requests in flight when the snapshot is taken.
+    d.disk = None;
+    let a = d.alloc(512);
+    let b = d.alloc_with(&pattern(512, 9));
+    let (ha, sa) = post_request(&mut d, VIRTIO_BLK_T_IN, 3, &[(a, 512, true)]);
+    let (hb, sb) = post_request(&mut d, VIRTIO_BLK_T_OUT, 4, &[(b, 512, false)]);
+    d.kick(0);
+    assert_eq!(d.unserved.len(), 2);
     let blob = d.dev.snapshot();
-    // A fresh slot over the same disk restored from the blob.
-    let dev = BlkDevice::new(Box::new(disk.clone()), false, "ftvm-disk0");
-    let mut fresh = VirtioMmio::new(Box::new(dev), IRQ);
+    // A fresh slot restored from the blob knows what is in flight and
+    // completes it when the (new) host answers the re-issued requests.
+    let mut fresh = VirtioMmio::new(Box::new(BlkDevice::new(SECTORS * 512, false, "ftvm-disk0")), IRQ);
     fresh.restore(&blob).unwrap();
     assert_eq!(fresh.snapshot(), blob);
+    assert_eq!(fresh.in_flight(), d.unserved);
     d.dev = fresh;
     assert_ne!(d.r32(REG_STATUS) & STATUS_DRIVER_OK, 0);
+    let mut backend = disk.clone();
+    for req in d.dev.in_flight() {
+        let IoRequest::Disk { tag, op } = req else { panic!("not a disk request") };
+        let result = execute(&op, &mut backend);
+        assert!(d.inject(IoCompletion::Disk { tag, result }));
+    }
+    assert_eq!(d.pop_used().map(|u| u.0), Some(ha as u32));
+    assert_eq!(d.pop_used().map(|u| u.0), Some(hb as u32));
+    assert_eq!((status_at(&d, sa), status_at(&d, sb)), (VIRTIO_BLK_S_OK, VIRTIO_BLK_S_OK));
+    assert_eq!(d.ram.slice(a, 512).unwrap(), &pattern((SECTORS * 512) as usize, 7)[3 * 512..4 * 512]);
+    assert_eq!(&disk.0.lock().unwrap().data[4 * 512..5 * 512], &pattern(512, 9)[..]);
+    d.disk = Some(Box::new(disk.clone()));
     let (st, len) = request(&mut d, VIRTIO_BLK_T_IN, 9, &[(buf, 512, true)], true);
     assert_eq!((st, len), (VIRTIO_BLK_S_OK, 513));
     // Mismatches and truncation are errors, not panics.
     assert!(VirtioMmio::empty(IRQ).restore(&blob).is_err());
-    let other = BlkDevice::new(Box::new(MemBackend::new(vec![0; 512])), false, "");
-    assert!(VirtioMmio::new(Box::new(other), IRQ)
-        .restore(&blob)
-        .is_err());
+    let other = BlkDevice::new(512, false, "");
+    assert!(VirtioMmio::new(Box::new(other), IRQ).restore(&blob).is_err());
     for cut in [0, 5, blob.len() / 2, blob.len() - 1] {
-        let dev = BlkDevice::new(Box::new(disk.clone()), false, "");
-        assert!(VirtioMmio::new(Box::new(dev), IRQ)
-            .restore(&blob[..cut])
-            .is_err());
+        let dev = BlkDevice::new(SECTORS * 512, false, "");
+        assert!(VirtioMmio::new(Box::new(dev), IRQ).restore(&blob[..cut]).is_err());
     }
 }
 
+/// Makes a request available without kicking; returns (head, status address).
+fn post_request(d: &mut TestDriver, ty: u32, sector: u64, data: &[(u64, u32, bool)]) -> (u16, u64) {
+    let h = header(d, ty, sector);
+    let st = d.alloc_with(&[0xff]);
+    let mut bufs = vec![(h, 16, false)];
+    bufs.extend_from_slice(data);
+    bufs.push((st, 1, true));
+    (d.post(&bufs, false), st)
+}
+
 #[test]
-fn three_steps_can_be_split() {
-    // Parse at notify time, execute "elsewhere", complete later: the guest
-    // sees nothing until completion.
+fn requests_complete_out_of_order_at_injection() {
+    // The guest sees nothing until the host's completion is applied, the
+    // write uses the bytes as they were at the kick (bounce buffer), and
+    // completions may come back in any order.
     let (mut d, disk) = rig();
+    d.disk = None;
     let data = pattern(512, 42);
     let src = d.alloc_with(&data);
-    let h = header(&mut d, VIRTIO_BLK_T_OUT, 2);
-    let st = d.alloc_with(&[0xff]);
-    let head = d.post(&[(h, 16, false), (src, 512, false), (st, 1, true)], false);
-    let reqs = d
-        .dev
-        .with_device(&mut d.ram, &mut d.irq, |dev, queues, ram| {
-            let blk = dev.as_any_mut().downcast_mut::<BlkDevice>().unwrap();
-            blk.take_requests(&mut queues[0], ram)
-        })
-        .unwrap();
-    assert_eq!(reqs.len(), 1);
-    assert_eq!(reqs[0].head, head);
-    // The guest scribbles over its buffer after submitting: the write uses
-    // the bytes as they were at submission (bounce buffer).
+    let dst = d.alloc(512);
+    let (hw, sw) = post_request(&mut d, VIRTIO_BLK_T_OUT, 2, &[(src, 512, false)]);
+    let (hr, sr) = post_request(&mut d, VIRTIO_BLK_T_IN, 5, &[(dst, 512, true)]);
+    d.kick(0);
+    let reqs = std::mem::take(&mut d.unserved);
+    assert_eq!(reqs.len(), 2);
     d.ram.write(src, &[0u8; 512]).unwrap();
     assert_eq!(d.pop_used(), None);
     assert!(!d.line());
     let mut backend = disk.clone();
-    let result = execute(&reqs[0].op, &mut backend);
-    assert_eq!(result.status, VIRTIO_BLK_S_OK);
+    let results: Vec<_> = reqs
+        .iter()
+        .map(|r| match r {
+            IoRequest::Disk { tag, op } => (*tag, execute(op, &mut backend)),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
     assert_eq!(&disk.0.lock().unwrap().data[1024..1536], &data[..]);
-    d.dev.with_device(&mut d.ram, &mut d.irq, |_, queues, ram| {
-        complete(&reqs[0], &result, &mut queues[0], ram)
-    });
-    assert_eq!(d.pop_used(), Some((head as u32, 1)));
-    assert_eq!(status_at(&d, st), VIRTIO_BLK_S_OK);
+    // The read completes first.
+    assert!(d.inject(IoCompletion::Disk { tag: results[1].0, result: results[1].1.clone() }));
+    assert_eq!(d.pop_used(), Some((hr as u32, 513)));
+    assert_eq!(status_at(&d, sr), VIRTIO_BLK_S_OK);
+    assert_eq!(d.ram.slice(dst, 512).unwrap(), &pattern((SECTORS * 512) as usize, 7)[5 * 512..6 * 512]);
     assert!(d.line());
+    assert!(d.inject(IoCompletion::Disk { tag: results[0].0, result: results[0].1.clone() }));
+    assert_eq!(d.pop_used(), Some((hw as u32, 1)));
+    assert_eq!(status_at(&d, sw), VIRTIO_BLK_S_OK);
+    // A completion nobody waits for changes nothing.
+    assert!(!d.inject(IoCompletion::Disk { tag: results[0].0, result: results[0].1.clone() }));
+    assert_eq!(d.pop_used(), None);
+}
+
+#[test]
+fn a_short_read_from_the_host_is_an_io_error() {
+    let (mut d, _disk) = rig();
+    d.disk = None;
+    let dst = d.alloc(1024);
+    let (h, st) = post_request(&mut d, VIRTIO_BLK_T_IN, 0, &[(dst, 1024, true)]);
+    d.kick(0);
+    let IoRequest::Disk { tag, .. } = d.unserved[0] else { panic!() };
+    assert!(d.inject(IoCompletion::Disk { tag, result: BlkResult { status: VIRTIO_BLK_S_OK, data: vec![1; 100] } }));
+    assert_eq!(d.pop_used().map(|u| u.0), Some(h as u32));
+    assert_eq!(status_at(&d, st), VIRTIO_BLK_S_IOERR);
+}
+
+#[test]
+fn reset_forgets_requests_in_flight() {
+    let (mut d, _disk) = rig();
+    d.disk = None;
+    let dst = d.alloc(512);
+    post_request(&mut d, VIRTIO_BLK_T_IN, 0, &[(dst, 512, true)]);
+    d.kick(0);
+    let IoRequest::Disk { tag, .. } = d.unserved[0] else { panic!() };
+    d.w32(REG_STATUS, 0);
+    assert!(d.dev.in_flight().is_empty());
+    assert!(!d.inject(IoCompletion::Disk { tag, result: BlkResult { status: 0, data: vec![0; 512] } }));
 }

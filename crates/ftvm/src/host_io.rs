@@ -1,0 +1,268 @@
+//! The outside world of one running VM: which host object serves each
+//! virtio slot (a disk image with its I/O threads, a TAP, the host's
+//! entropy), dispatching the machine's requests to them, and holding
+//! received frames until the guest has a buffer for them.
+//!
+//! Everything a backend produces comes back to the live loop as a
+//! [`HostEvent`] on one channel, so the loop has a single place to wait
+//! and applies every input at an instruction boundary.
+
+use crate::console::Input;
+use crate::control::ControlRequest;
+use ftvm_host::disk::{DiskImage, DiskWorkers};
+use ftvm_host::tap::Tap;
+use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+
+/// Disk requests executed at once per image.
+const DISK_THREADS: usize = 4;
+/// Received frames held per NIC while the guest has no buffer (a NIC's
+/// ring): beyond this, new frames are dropped as real hardware does.
+const RX_BACKLOG: usize = 256;
+
+/// Something the live loop must look at.
+pub enum HostEvent {
+    Console(Input),
+    /// A completion from a backend thread.
+    Io(usize, IoCompletion),
+    /// A frame that arrived on a TAP.
+    Frame(usize, Vec<u8>),
+    Control(ControlRequest),
+}
+
+/// How the host serves one virtio slot, as given on the command line and
+/// kept in a snapshot so a restore can reattach the same things.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Disk { path: PathBuf, readonly: bool },
+    Tap { name: String, mac: [u8; 6], bridge: Option<String> },
+    Rng,
+}
+
+enum Slot {
+    Disk { workers: DiskWorkers, _image: DiskImage },
+    Net { tap: Tap, backlog: VecDeque<Vec<u8>>, dropped: u64 },
+    Rng,
+}
+
+pub struct HostIo {
+    backends: Vec<Backend>,
+    slots: Vec<Slot>,
+    events: Sender<HostEvent>,
+    control: bool,
+}
+
+impl HostIo {
+    /// Opens every backend. Returns the machine's device list, in slot
+    /// order, as the guest will see it.
+    pub fn open(backends: Vec<Backend>, events: Sender<HostEvent>) -> Result<(HostIo, Vec<DeviceSpec>), String> {
+        let mut slots = Vec::new();
+        let mut specs = Vec::new();
+        for (slot, b) in backends.iter().enumerate() {
+            match b {
+                Backend::Disk { path, readonly } => {
+                    let image = DiskImage::open(path, *readonly)?;
+                    let tx = events.clone();
+                    let workers = DiskWorkers::spawn(&image, slot, DISK_THREADS, move |slot, c| {
+                        let _ = tx.send(HostEvent::Io(slot, c));
+                    })
+                    .map_err(|e| format!("cannot start I/O threads for disk {}: {e}", path.display()))?;
+                    specs.push(DeviceSpec::Disk { size: image.size(), readonly: *readonly });
+                    slots.push(Slot::Disk { workers, _image: image });
+                }
+                Backend::Tap { name, mac, bridge } => {
+                    let tap = Tap::open(name)?;
+                    if let Some(br) = bridge {
+                        tap.attach_to_bridge(br)?;
+                    }
+                    let tx = events.clone();
+                    tap.spawn_reader(slot, move |slot, frame| {
+                        let _ = tx.send(HostEvent::Frame(slot, frame));
+                    })
+                    .map_err(|e| format!("cannot read TAP {name}: {e}"))?;
+                    specs.push(DeviceSpec::Net { mac: *mac });
+                    slots.push(Slot::Net { tap, backlog: VecDeque::new(), dropped: 0 });
+                }
+                Backend::Rng => {
+                    specs.push(DeviceSpec::Rng);
+                    slots.push(Slot::Rng);
+                }
+            }
+        }
+        Ok((HostIo { backends, slots, events, control: false }, specs))
+    }
+
+    /// Whether frames can arrive (the VM has a NIC).
+    pub fn has_network(&self) -> bool {
+        self.slots.iter().any(|s| matches!(s, Slot::Net { .. }))
+    }
+
+    /// Whether commands can arrive.
+    pub fn has_control(&self) -> bool {
+        self.control
+    }
+
+    /// Note that a control socket is listening.
+    pub fn set_control(&mut self, on: bool) {
+        self.control = on;
+    }
+
+    /// Sends the machine's new requests to their backends.
+    pub fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
+        for (slot, req) in requests {
+            match (self.slots.get_mut(slot), req) {
+                (Some(Slot::Disk { workers, .. }), IoRequest::Disk { tag, op }) => workers.submit(tag, op),
+                (Some(Slot::Net { tap, .. }), IoRequest::NetTx { frame }) => {
+                    // A frame the host cannot take (link down, queue full)
+                    // is lost, as on a wire.
+                    let _ = tap.send(&frame);
+                }
+                (Some(Slot::Rng), IoRequest::Entropy { tag, len }) => {
+                    let mut data = vec![0u8; len as usize];
+                    let completion = match ftvm_host::entropy::fill(&mut data) {
+                        Ok(()) => IoCompletion::Entropy { tag, data },
+                        // The device completes a request with no bytes.
+                        Err(_) => IoCompletion::Entropy { tag, data: Vec::new() },
+                    };
+                    let _ = self.events.send(HostEvent::Io(slot, completion));
+                }
+                // A request a backend cannot serve means the machine and the
+                // host disagree about the slot; the device would wait for
+                // ever, so it is a bug worth hearing about in debug builds.
+                (_, req) => debug_assert!(false, "slot {slot} cannot serve {req:?}"),
+            }
+        }
+    }
+
+    /// Holds a received frame for its NIC.
+    pub fn receive(&mut self, slot: usize, frame: Vec<u8>) {
+        if let Some(Slot::Net { backlog, dropped, .. }) = self.slots.get_mut(slot) {
+            if backlog.len() < RX_BACKLOG {
+                backlog.push_back(frame);
+            } else {
+                *dropped += 1;
+            }
+        }
+    }
+
+    /// Hands held frames to the guest while it has buffers for them.
+    pub fn deliver_frames(&mut self, m: &mut Machine) {
+        for (slot, s) in self.slots.iter_mut().enumerate() {
+            if let Slot::Net { backlog, .. } = s {
+                while !backlog.is_empty() && m.input_ready(slot) {
+                    let frame = backlog.pop_front().expect("checked");
+                    m.inject(Event::Io { slot, completion: IoCompletion::NetRx { frame } });
+                }
+            }
+        }
+    }
+
+    /// Waits until every disk request handed out has finished (its
+    /// completion is then on the channel).
+    pub fn drain(&self) {
+        for s in &self.slots {
+            if let Slot::Disk { workers, .. } = s {
+                workers.drain();
+            }
+        }
+    }
+
+    /// The backends as text for a snapshot file: one line per slot.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for b in &self.backends {
+            match b {
+                Backend::Disk { path, readonly } => {
+                    out += &format!("disk {} {}\n", if *readonly { "ro" } else { "rw" }, path.display())
+                }
+                Backend::Tap { name, mac, bridge } => {
+                    out += &format!("tap {} {} {}\n", format_mac(mac), bridge.as_deref().unwrap_or("-"), name)
+                }
+                Backend::Rng => out += "rng\n",
+            }
+        }
+        out
+    }
+}
+
+/// Reads what [`HostIo::describe`] wrote.
+pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.splitn(4, ' ').collect();
+        let b = match w.as_slice() {
+            ["disk", mode @ ("ro" | "rw"), ..] if w.len() >= 3 => {
+                // Paths may contain spaces: the path is the rest of the line.
+                let path = line.splitn(3, ' ').nth(2).unwrap_or_default();
+                Backend::Disk { path: PathBuf::from(path), readonly: *mode == "ro" }
+            }
+            ["tap", mac, bridge, name] => Backend::Tap {
+                name: name.to_string(),
+                mac: parse_mac(mac)?,
+                bridge: (*bridge != "-").then(|| bridge.to_string()),
+            },
+            ["rng"] => Backend::Rng,
+            _ => return Err(format!("unreadable device line '{line}'")),
+        };
+        out.push(b);
+    }
+    Ok(out)
+}
+
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = || format!("invalid MAC address '{s}' (use six hex bytes like 52:54:00:12:34:56)");
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("MAC address '{s}' is a multicast address; a NIC needs a unicast one"));
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_round_trip() {
+        let backends = vec![
+            Backend::Disk { path: "/tmp/a b.img".into(), readonly: false },
+            Backend::Disk { path: "/x.img".into(), readonly: true },
+            Backend::Tap { name: "tap0".into(), mac: [0x52, 0x54, 0, 1, 2, 3], bridge: Some("br0".into()) },
+            Backend::Tap { name: "t1".into(), mac: [2, 0, 0, 0, 0, 9], bridge: None },
+            Backend::Rng,
+        ];
+        let io = HostIo {
+            backends: backends.clone(),
+            slots: Vec::new(),
+            events: std::sync::mpsc::channel().0,
+            control: false,
+        };
+        assert_eq!(parse_description(&io.describe()).unwrap(), backends);
+        assert!(parse_description("floppy /dev/fd0").is_err());
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(parse_mac("52:54:00:ab:CD:ef").unwrap(), [0x52, 0x54, 0, 0xab, 0xcd, 0xef]);
+        for bad in ["", "52:54:00:ab:cd", "52:54:00:ab:cd:ef:01", "zz:54:00:ab:cd:ef", "5:54:00:ab:cd:ef"] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+        assert!(parse_mac("01:00:5e:00:00:01").unwrap_err().contains("multicast"));
+    }
+}

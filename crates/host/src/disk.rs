@@ -1,0 +1,406 @@
+//! Disk images on the host and the threads that do disk I/O for the guest.
+//!
+//! * [`DiskImage`]: a raw image file (or block device), opened and locked
+//!   with flock(2) so two VMs cannot write one image.
+//! * [`FileBackend`]: the [`BlockBackend`] over such a file, with positioned
+//!   I/O so any number of threads can share the file without a seek
+//!   position.
+//! * [`DiskWorkers`]: a small pool of threads that executes the disk
+//!   requests of one virtio slot and reports each completion through a
+//!   callback. The machine thread only queues work; it never waits on a
+//!   disk.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use ftvm_devices::virtio::blk::{execute, BlkOp, BlockBackend, SECTOR_SIZE};
+use ftvm_devices::IoCompletion;
+
+use crate::describe;
+
+/// Threads per disk unless configured otherwise: enough to overlap a few
+/// requests on an SSD or a network filesystem without a crowd of threads.
+pub const DEFAULT_DISK_THREADS: usize = 4;
+
+/// An open, locked disk image.
+///
+/// The lock is flock(2) on the open file: exclusive for a writable image,
+/// shared for a read-only one, so any number of VMs may read one base image
+/// while none writes it. The lock lives as long as the file (and every
+/// [`FileBackend`] cloned from it) stays open.
+#[derive(Debug)]
+pub struct DiskImage {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    readonly: bool,
+}
+
+impl DiskImage {
+    /// Opens and locks the image at `path`. Regular files and block devices
+    /// are accepted; an image needs at least one 512-byte sector.
+    pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, String> {
+        let shown = path.display();
+        // O_NONBLOCK so that naming a FIFO fails below instead of hanging in
+        // open(2) waiting for a writer; it means nothing for files and block
+        // devices, and is cleared again once the type is known.
+        let opened = OpenOptions::new().read(true).write(!readonly).custom_flags(libc::O_NONBLOCK).open(path);
+        let file = opened.map_err(|e| match e.raw_os_error() {
+            Some(libc::EISDIR) => format!("cannot use disk {shown}: it is a directory"),
+            _ => format!("cannot open disk {shown}: {}", describe(&e)),
+        })?;
+        // Checked on the open file, not the path, so a rename in between
+        // cannot slip something else in.
+        let meta = file.metadata().map_err(|e| format!("cannot open disk {shown}: {}", describe(&e)))?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            return Err(format!("cannot use disk {shown}: it is a directory"));
+        }
+        if !ft.is_file() && !ft.is_block_device() {
+            return Err(format!("cannot use disk {shown}: not a regular file or block device"));
+        }
+        set_blocking(&file).map_err(|e| format!("cannot open disk {shown}: {}", describe(&e)))?;
+        lock(&file, readonly).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock => format!("disk {shown} is in use by another VM"),
+            _ => format!("cannot lock disk {shown}: {}", describe(&e)),
+        })?;
+        // Seeking to the end, unlike the metadata length, also sizes block
+        // devices.
+        let size = (&file).seek(SeekFrom::End(0)).map_err(|e| format!("cannot size disk {shown}: {}", describe(&e)))?;
+        if size < SECTOR_SIZE {
+            return Err(format!("disk {shown} is too small: {size} bytes, at least {SECTOR_SIZE} needed"));
+        }
+        Ok(DiskImage { path: path.to_path_buf(), file, size, readonly })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size in bytes; the guest sees the whole 512-byte sectors of it.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    /// A backend sharing this image's open file (and so its lock).
+    pub fn backend(&self) -> io::Result<FileBackend> {
+        Ok(FileBackend::new(self.file.try_clone()?, self.size, self.readonly))
+    }
+}
+
+fn set_blocking(file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn lock(file: &File, shared: bool) -> io::Result<()> {
+    let op = if shared { libc::LOCK_SH } else { libc::LOCK_EX };
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A [`BlockBackend`] over a file with positioned I/O.
+///
+/// The size is fixed when the image is opened: a transfer that does not lie
+/// inside it fails instead of reading short or growing the file. A
+/// read-only backend refuses every write, whatever the file descriptor
+/// would allow.
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    size: u64,
+    readonly: bool,
+}
+
+impl FileBackend {
+    pub fn new(file: File, size: u64, readonly: bool) -> Self {
+        FileBackend { file, size, readonly }
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    fn inside(&self, offset: u64, len: usize) -> bool {
+        offset.checked_add(len as u64).is_some_and(|end| end <= self.size)
+    }
+}
+
+impl BlockBackend for FileBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if !self.inside(offset, buf.len()) {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the disk"));
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.readonly {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the disk is read-only"));
+        }
+        if !self.inside(offset, data.len()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end of the disk"));
+        }
+        self.file.write_all_at(data, offset)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.readonly {
+            // Nothing of ours can be dirty.
+            return Ok(());
+        }
+        // Data only: the size never changes, and file times are not the
+        // guest's business.
+        self.file.sync_data()
+    }
+}
+
+/// Called with `(slot, completion)` for each finished request.
+type DoneFn = dyn Fn(usize, IoCompletion) + Send + Sync;
+
+/// Threads executing the disk requests of one virtio slot.
+///
+/// Requests run concurrently and complete in any order, as virtio allows.
+/// The one ordering guarantee: a flush starts only after every write
+/// submitted before it has finished and its completion has been delivered,
+/// so a flush makes durable at least everything the guest wrote before
+/// asking for it. Writes submitted after a flush do not wait for it.
+/// (Overlapping reads and writes in flight together are the guest's
+/// business, as on real hardware.)
+///
+/// Dropping the pool lets requests already running finish (their
+/// completions are still delivered), discards requests not yet started,
+/// and joins the threads. Call [`DiskWorkers::drain`] first to have every
+/// submitted request finish.
+pub struct DiskWorkers {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    slot: usize,
+    state: Mutex<State>,
+    /// Signalled when a job becomes available or runnable, or at stop.
+    work: Condvar,
+    /// Signalled when the pool has nothing queued and nothing running.
+    idle: Condvar,
+    done: Box<DoneFn>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    next_seq: u64,
+    /// Sequence numbers of writes submitted and not yet finished (queued or
+    /// running): what a flush waits for.
+    writes: BTreeSet<u64>,
+    running: usize,
+    stop: bool,
+}
+
+struct Job {
+    seq: u64,
+    tag: u32,
+    op: BlkOp,
+}
+
+impl State {
+    fn runnable(&self, job: &Job) -> bool {
+        match job.op {
+            BlkOp::Flush => self.writes.first().is_none_or(|&w| w > job.seq),
+            _ => true,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.running == 0
+    }
+}
+
+impl Shared {
+    /// A panic on one worker must not wedge the others or `drain`, so a
+    /// poisoned lock is used as is: the state is updated only in small
+    /// steps that leave it consistent.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl DiskWorkers {
+    /// Starts `threads` workers (at least one) for the disk in `slot`, each
+    /// with its own [`FileBackend`] on `image`.
+    pub fn spawn(
+        image: &DiskImage,
+        slot: usize,
+        threads: usize,
+        done: impl Fn(usize, IoCompletion) + Send + Sync + 'static,
+    ) -> io::Result<DiskWorkers> {
+        let backends = (0..threads.max(1)).map(|_| image.backend()).collect::<io::Result<Vec<_>>>()?;
+        Self::spawn_with(slot, backends, done)
+    }
+
+    /// Starts one worker per backend. The backends must all reach the same
+    /// storage (clones of one file, say); any [`BlockBackend`] works, which
+    /// also serves scratch disks and tests.
+    pub fn spawn_with<B: BlockBackend + 'static>(
+        slot: usize,
+        backends: Vec<B>,
+        done: impl Fn(usize, IoCompletion) + Send + Sync + 'static,
+    ) -> io::Result<DiskWorkers> {
+        if backends.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a disk needs at least one worker"));
+        }
+        let shared = Arc::new(Shared {
+            slot,
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            done: Box::new(done),
+        });
+        // Built before the threads so that, if one fails to start, dropping
+        // it stops those already running.
+        let mut pool = DiskWorkers { shared, threads: Vec::new() };
+        for (i, backend) in backends.into_iter().enumerate() {
+            let shared = Arc::clone(&pool.shared);
+            let handle =
+                std::thread::Builder::new().name(format!("disk{slot}-{i}")).spawn(move || worker(shared, backend))?;
+            pool.threads.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Queues a request; returns at once. Its completion arrives through
+    /// the callback, from a worker thread.
+    pub fn submit(&self, tag: u32, op: BlkOp) {
+        let mut st = self.shared.lock();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        if matches!(op, BlkOp::Write { .. }) {
+            st.writes.insert(seq);
+        }
+        st.queue.push_back(Job { seq, tag, op });
+        drop(st);
+        // All waiting workers are alike and each rescans the whole queue,
+        // so one wake-up is enough.
+        self.shared.work.notify_one();
+    }
+
+    /// Waits until every request submitted so far has finished and its
+    /// completion callback has returned. Must not be called from the
+    /// callback itself (it would wait for its own caller).
+    pub fn drain(&self) {
+        let mut st = self.shared.lock();
+        while !st.is_idle() {
+            st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Requests queued or running.
+    pub fn pending(&self) -> usize {
+        let st = self.shared.lock();
+        st.queue.len() + st.running
+    }
+
+    pub fn slot(&self) -> usize {
+        self.shared.slot
+    }
+}
+
+impl Drop for DiskWorkers {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.stop = true;
+        // Discarded jobs will never run; forget them so the state reads as
+        // idle to anyone still looking.
+        st.queue.clear();
+        drop(st);
+        self.shared.work.notify_all();
+        for t in self.threads.drain(..) {
+            // A worker that panicked has nothing more to clean up.
+            let _ = t.join();
+        }
+    }
+}
+
+/// Bookkeeping for a job a worker took: done on drop, so it also happens
+/// if `execute` or the callback panics, and `drain` never waits forever.
+struct Running<'a> {
+    shared: &'a Shared,
+    write_seq: Option<u64>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.running -= 1;
+        let mut unblocked = false;
+        if let Some(seq) = self.write_seq {
+            st.writes.remove(&seq);
+            unblocked = true;
+        }
+        let idle = st.is_idle();
+        drop(st);
+        if unblocked {
+            // A flush waiting for this write may be runnable now; any
+            // worker may be the one to see it.
+            self.shared.work.notify_all();
+        }
+        if idle {
+            self.shared.idle.notify_all();
+        }
+    }
+}
+
+fn worker<B: BlockBackend>(shared: Arc<Shared>, mut backend: B) {
+    let mut st = shared.lock();
+    loop {
+        if st.stop {
+            return;
+        }
+        let Some(i) = st.queue.iter().position(|j| st.runnable(j)) else {
+            st = shared.work.wait(st).unwrap_or_else(|e| e.into_inner());
+            continue;
+        };
+        let Some(job) = st.queue.remove(i) else { continue };
+        st.running += 1;
+        drop(st);
+        {
+            let write_seq = matches!(job.op, BlkOp::Write { .. }).then_some(job.seq);
+            let _running = Running { shared: &shared, write_seq };
+            let result = execute(&job.op, &mut backend);
+            (shared.done)(shared.slot, IoCompletion::Disk { tag: job.tag, result });
+        }
+        st = shared.lock();
+    }
+}

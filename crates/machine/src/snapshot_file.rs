@@ -1,0 +1,151 @@
+//! The snapshot file: a machine's state plus what the host needs to give
+//! it its outside world again (disk paths, TAP names: opaque here), with a
+//! versioned header and a checksum.
+//!
+//! Layout (little-endian):
+//!   magic "FTVMSNAP" | format version u32 | ftvm version (u16 length, text)
+//!   | host section (u32 length, bytes) | machine state (u64 length, zstd)
+//!   | blake3 of everything before it (32 bytes)
+//! The file holds no time stamp or host name, so the same machine state
+//! always gives the same file: restore-then-snapshot diffs clean.
+
+use std::io::Write;
+use std::path::Path;
+
+const MAGIC: &[u8; 8] = b"FTVMSNAP";
+/// Bumped whenever the machine state encoding or this layout changes; a
+/// file of another format is refused rather than misread.
+pub const FORMAT_VERSION: u32 = 1;
+/// zstd level: snapshots sit on the pause path, so favour speed.
+const ZSTD_LEVEL: i32 = 1;
+
+/// What a snapshot file holds, decoded and verified.
+#[derive(Debug)]
+pub struct SnapshotFile {
+    /// The ftvm version that wrote it (informative).
+    pub writer: String,
+    pub host: Vec<u8>,
+    pub machine: Vec<u8>,
+}
+
+/// Writes atomically: a crash mid-write leaves the old file (or none),
+/// never a torn one.
+pub fn write(path: &Path, host: &[u8], machine: &[u8]) -> Result<(), String> {
+    let bytes = encode(host, machine).map_err(|e| format!("cannot compress the snapshot: {e}"))?;
+    let name = path.file_name().ok_or_else(|| format!("snapshot path {} names no file", path.display()))?;
+    let tmp = path.with_file_name(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write snapshot {}: {e}", path.display())
+    })
+}
+
+pub fn encode(host: &[u8], machine: &[u8]) -> std::io::Result<Vec<u8>> {
+    let body = zstd::bulk::compress(machine, ZSTD_LEVEL)?;
+    let version = env!("CARGO_PKG_VERSION").as_bytes();
+    let mut out = Vec::with_capacity(body.len() + host.len() + 128);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(version.len() as u16).to_le_bytes());
+    out.extend_from_slice(version);
+    out.extend_from_slice(&(host.len() as u32).to_le_bytes());
+    out.extend_from_slice(host);
+    out.extend_from_slice(&(machine.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&body);
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    Ok(out)
+}
+
+pub fn read(path: &Path) -> Result<SnapshotFile, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read snapshot {}: {e}", path.display()))?;
+    decode(&bytes).map_err(|e| format!("snapshot {}: {e}", path.display()))
+}
+
+pub fn decode(bytes: &[u8]) -> Result<SnapshotFile, String> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err("not an ftvm snapshot".into());
+    }
+    let mut r = Cursor { buf: bytes, pos: MAGIC.len() };
+    let format = u32::from_le_bytes(r.take(4)?.try_into().unwrap());
+    if format != FORMAT_VERSION {
+        return Err(format!(
+            "snapshot format {format}, but this ftvm ({}) reads format {FORMAT_VERSION}",
+            env!("CARGO_PKG_VERSION")
+        ));
+    }
+    if bytes.len() < 32 + r.pos {
+        return Err("truncated".into());
+    }
+    let (content, sum) = bytes.split_at(bytes.len() - 32);
+    if blake3::hash(content).as_bytes() != sum {
+        return Err("corrupt or truncated (checksum mismatch)".into());
+    }
+    r.buf = content;
+    let vlen = u16::from_le_bytes(r.take(2)?.try_into().unwrap()) as usize;
+    let writer = String::from_utf8_lossy(r.take(vlen)?).into_owned();
+    let hlen = u32::from_le_bytes(r.take(4)?.try_into().unwrap()) as usize;
+    let host = r.take(hlen)?.to_vec();
+    let mlen = u64::from_le_bytes(r.take(8)?.try_into().unwrap());
+    let blen = u64::from_le_bytes(r.take(8)?.try_into().unwrap());
+    let body = r.take(usize::try_from(blen).map_err(|_| "truncated")?)?;
+    if r.pos != content.len() {
+        return Err("trailing bytes after the machine state".into());
+    }
+    // The size is bounded by the largest RAM a machine can have plus its
+    // devices, so a corrupt length cannot make us allocate without end.
+    if mlen > (64 << 30) + (1 << 30) {
+        return Err(format!("machine state of {mlen} bytes is implausible"));
+    }
+    let machine = zstd::bulk::decompress(body, mlen as usize).map_err(|e| format!("machine state: {e}"))?;
+    if machine.len() as u64 != mlen {
+        return Err("machine state has the wrong length".into());
+    }
+    Ok(SnapshotFile { writer, host, machine })
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or("truncated")?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_damage() {
+        let machine: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let f = encode(b"host", &machine).unwrap();
+        let d = decode(&f).unwrap();
+        assert_eq!((d.host.as_slice(), d.machine.as_slice()), (&b"host"[..], &machine[..]));
+        assert_eq!(encode(b"host", &machine).unwrap(), f, "encoding is deterministic");
+        assert!(decode(b"hello").unwrap_err().contains("not an ftvm snapshot"));
+        let mut other = f.clone();
+        other[8] = 9;
+        assert!(decode(&other).unwrap_err().contains("format 9"));
+        for cut in [9, 12, 40, f.len() / 2, f.len() - 1] {
+            assert!(decode(&f[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut flipped = f.clone();
+        let mid = f.len() / 2;
+        flipped[mid] ^= 1;
+        assert!(decode(&flipped).unwrap_err().contains("checksum"));
+    }
+}
