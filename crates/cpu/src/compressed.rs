@@ -34,7 +34,12 @@ fn b_type(imm: i32, rs2: u32, rs1: u32, f3: u32) -> u32 {
 
 fn j_type(imm: i32, rd: u32) -> u32 {
     let imm = imm as u32;
-    (bit(imm, 20) << 31) | (bits(imm, 10, 1) << 21) | (bit(imm, 11) << 20) | (bits(imm, 19, 12) << 12) | (rd << 7) | 0x6f
+    (bit(imm, 20) << 31)
+        | (bits(imm, 10, 1) << 21)
+        | (bit(imm, 11) << 20)
+        | (bits(imm, 19, 12) << 12)
+        | (rd << 7)
+        | 0x6f
 }
 
 fn r_type(f7: u32, rs2: u32, rs1: u32, f3: u32, rd: u32, op: u32) -> u32 {
@@ -90,7 +95,8 @@ pub(crate) fn expand(c: u32) -> Option<u32> {
         (1, 2) => i_type(imm6, 0, 0, rd, OP_IMM),
         (1, 3) => {
             if rd == 2 {
-                let imm = (bit(c, 12) << 9) | (bit(c, 6) << 4) | (bit(c, 5) << 6) | (bits(c, 4, 3) << 7) | (bit(c, 2) << 5);
+                let imm =
+                    (bit(c, 12) << 9) | (bit(c, 6) << 4) | (bit(c, 5) << 6) | (bits(c, 4, 3) << 7) | (bit(c, 2) << 5);
                 if imm == 0 {
                     return None;
                 }
@@ -136,7 +142,11 @@ pub(crate) fn expand(c: u32) -> Option<u32> {
             j_type(sext(imm, 12), 0)
         }
         (1, 6) | (1, 7) => {
-            let imm = (bit(c, 12) << 8) | (bits(c, 11, 10) << 3) | (bits(c, 6, 5) << 6) | (bits(c, 4, 3) << 1) | (bit(c, 2) << 5);
+            let imm = (bit(c, 12) << 8)
+                | (bits(c, 11, 10) << 3)
+                | (bits(c, 6, 5) << 6)
+                | (bits(c, 4, 3) << 1)
+                | (bit(c, 2) << 5);
             b_type(sext(imm, 9), 0, rs1p, f3 - 6)
         }
         (2, 0) => {

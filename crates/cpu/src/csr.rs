@@ -86,15 +86,8 @@ const SSTATUS_VISIBLE: u64 =
 const SSTATUS_WRITABLE: u64 = MSTATUS_SIE | MSTATUS_SPIE | MSTATUS_SPP | MSTATUS_FS | MSTATUS_SUM | MSTATUS_MXR;
 
 /// RV64 with A, C, D, F, I, M, S, U.
-pub const MISA_VALUE: u64 = (2 << 62)
-    | (1 << 0)
-    | (1 << 2)
-    | (1 << 3)
-    | (1 << 5)
-    | (1 << 8)
-    | (1 << 12)
-    | (1 << 18)
-    | (1 << 20);
+pub const MISA_VALUE: u64 =
+    (2 << 62) | (1 << 0) | (1 << 2) | (1 << 3) | (1 << 5) | (1 << 8) | (1 << 12) | (1 << 18) | (1 << 20);
 
 const S_INTERRUPTS: u64 = (1 << 1) | (1 << 5) | (1 << 9);
 const ALL_INTERRUPTS: u64 = S_INTERRUPTS | (1 << 3) | (1 << 7) | (1 << 11);

@@ -127,8 +127,12 @@ pub(crate) fn decode(raw: u32) -> Decoded {
     let f7 = insn >> 25;
     let imm_i = sext(insn >> 20, 12);
     let imm_s = sext(((insn >> 25) << 5) | ((insn >> 7) & 31), 12);
-    let imm_b = sext(((insn >> 31) << 12) | (((insn >> 7) & 1) << 11) | (((insn >> 25) & 0x3f) << 5) | (((insn >> 8) & 0xf) << 1), 13);
-    let imm_j = sext(((insn >> 31) << 20) | (insn & 0xff000) | (((insn >> 20) & 1) << 11) | (((insn >> 21) & 0x3ff) << 1), 21);
+    let imm_b = sext(
+        ((insn >> 31) << 12) | (((insn >> 7) & 1) << 11) | (((insn >> 25) & 0x3f) << 5) | (((insn >> 8) & 0xf) << 1),
+        13,
+    );
+    let imm_j =
+        sext(((insn >> 31) << 20) | (insn & 0xff000) | (((insn >> 20) & 1) << 11) | (((insn >> 21) & 0x3ff) << 1), 21);
     let imm_u = (insn & 0xffff_f000) as i32 as i64 as u64;
     let shamt = ((insn >> 20) & 0x3f) as u64;
     use Op::*;

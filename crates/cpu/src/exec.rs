@@ -3,8 +3,8 @@
 //! only at slice entry and after instructions that can change them, never
 //! per instruction.
 
-use crate::decode::{decode, Decoded, Op, DCACHE_SIZE};
 use crate::csr;
+use crate::decode::{decode, Decoded, Op, DCACHE_SIZE};
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, PrivilegeMode};
 use crate::mmu::{index, read_le, tag, write_le};
@@ -95,7 +95,14 @@ impl Hart {
     }
 
     #[inline(always)]
-    fn load(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, dev: &mut bool) -> Result<u64, Trap> {
+    fn load(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        vaddr: u64,
+        size: u8,
+        dev: &mut bool,
+    ) -> Result<u64, Trap> {
         let e = self.tlb.load[index(vaddr)];
         if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
@@ -105,7 +112,15 @@ impl Hart {
     }
 
     #[inline(always)]
-    fn store(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, value: u64, dev: &mut bool) -> Result<(), Trap> {
+    fn store(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        vaddr: u64,
+        size: u8,
+        value: u64,
+        dev: &mut bool,
+    ) -> Result<(), Trap> {
         let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
@@ -117,7 +132,13 @@ impl Hart {
 
     /// Run instructions until the budget is used or something needs the
     /// outer loop. `None` means "check interrupts and come back".
-    pub(crate) fn execute_block(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Option<Exit> {
+    pub(crate) fn execute_block(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        budget: u64,
+        steps: &mut u64,
+    ) -> Option<Exit> {
         loop {
             if *steps >= budget {
                 return Some(Exit::Budget);
@@ -209,7 +230,9 @@ impl Hart {
         let rd = d.rd as usize;
         let imm = d.imm;
         let v = match d.op {
-            Other => return self.execute(ram, bus, d.insn, d.len as u64, if d.len == 2 { d.raw & 0xffff } else { d.insn }),
+            Other => {
+                return self.execute(ram, bus, d.insn, d.len as u64, if d.len == 2 { d.raw & 0xffff } else { d.insn })
+            }
             Illegal => return Err(Trap::illegal(d.insn)),
             Lui => imm,
             Auipc => pc.wrapping_add(imm),

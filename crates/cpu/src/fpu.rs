@@ -331,11 +331,7 @@ fn add<F: Format>(a: u64, b: u64, rm: Rm, fl: &mut u8) -> u64 {
             return a;
         }
         // Both zero.
-        return if a == b {
-            a
-        } else {
-            signed_zero::<F>(rm == Rm::Rdn)
-        };
+        return if a == b { a } else { signed_zero::<F>(rm == Rm::Rdn) };
     }
     // Order by magnitude: x is the larger.
     let (x, y) = if aa >= ab { (a, b) } else { (b, a) };
@@ -420,25 +416,13 @@ fn div<F: Format>(a: u64, b: u64, rm: Rm, fl: &mut u8) -> u64 {
         let n = ma << SH;
         let q = n / mb;
         let r = n % mb;
-        round_pack::<F>(
-            neg,
-            ea - eb + F::BIAS + 62 - SH as i32,
-            q | (r != 0) as u64,
-            rm,
-            fl,
-        )
+        round_pack::<F>(neg, ea - eb + F::BIAS + 62 - SH as i32, q | (r != 0) as u64, rm, fl)
     } else {
         const SH: u32 = 62;
         let n = (ma as u128) << SH;
         let q = (n / mb as u128) as u64;
         let r = (n as u64).wrapping_sub(q.wrapping_mul(mb)); // exact: r < mb
-        round_pack::<F>(
-            neg,
-            ea - eb + F::BIAS + 62 - SH as i32,
-            q | (r != 0) as u64,
-            rm,
-            fl,
-        )
+        round_pack::<F>(neg, ea - eb + F::BIAS + 62 - SH as i32, q | (r != 0) as u64, rm, fl)
     }
 }
 
@@ -530,11 +514,7 @@ fn fma<F: Format>(a: u64, b: u64, c: u64, rm: Rm, fl: &mut u8) -> u64 {
         if !is_zero::<F>(c) {
             return c;
         }
-        return if negp == negc {
-            c
-        } else {
-            signed_zero::<F>(rm == Rm::Rdn)
-        };
+        return if negp == negc { c } else { signed_zero::<F>(rm == Rm::Rdn) };
     }
     if is_zero::<F>(c) {
         // The product is nonzero, so adding a zero of either sign changes nothing.
@@ -554,11 +534,8 @@ fn fma<F: Format>(a: u64, b: u64, c: u64, rm: Rm, fl: &mut u8) -> u64 {
         let wp = p << sh;
         let e_p = ea + eb - F::BIAS - 2 * F::M as i32 - sh as i32 + 62;
         let wc = mc << (62 - F::M);
-        let (ex, wx, negx, ey, wy) = if e_p > ec || (e_p == ec && wp >= wc) {
-            (e_p, wp, negp, ec, wc)
-        } else {
-            (ec, wc, negc, e_p, wp)
-        };
+        let (ex, wx, negx, ey, wy) =
+            if e_p > ec || (e_p == ec && wp >= wc) { (e_p, wp, negp, ec, wc) } else { (ec, wc, negc, e_p, wp) };
         let wy = shr_jam64(wy, (ex - ey) as u32);
         let w = if negp == negc {
             wx + wy
@@ -580,11 +557,8 @@ fn fma<F: Format>(a: u64, b: u64, c: u64, rm: Rm, fl: &mut u8) -> u64 {
     let e_p = ea + eb - F::BIAS - 2 * F::M as i32 - sh as i32 + 125;
     let wc = (mc as u128) << (125 - F::M);
     let e_c = ec;
-    let (ex, wx, negx, ey, wy) = if e_p > e_c || (e_p == e_c && wp >= wc) {
-        (e_p, wp, negp, e_c, wc)
-    } else {
-        (e_c, wc, negc, e_p, wp)
-    };
+    let (ex, wx, negx, ey, wy) =
+        if e_p > e_c || (e_p == e_c && wp >= wc) { (e_p, wp, negp, e_c, wc) } else { (e_c, wc, negc, e_p, wp) };
     let d = (ex - ey) as u32;
     let wy = shr_jam128(wy, d);
     let mut w = if negp == negc {
@@ -738,11 +712,7 @@ fn round_to_int<F: Format>(a: u64, rm: Rm) -> Option<(bool, u128, bool)> {
     }
     // Fixed point with 64 fraction bits: m << (64 + x - M) < 2^128.
     let sh = 64 + x - F::M as i32;
-    let fx = if sh >= 0 {
-        (m as u128) << sh
-    } else {
-        shr_jam128(m as u128, (-sh) as u32)
-    };
+    let fx = if sh >= 0 { (m as u128) << sh } else { shr_jam128(m as u128, (-sh) as u32) };
     let q = fx >> 64;
     let rem = fx as u64;
     let half = 1u64 << 63;
@@ -1106,18 +1076,12 @@ mod tests {
         assert_eq!(f64_mul(min_sub, d(0.5), Rm::Rup, &mut fl), 1);
         assert_eq!(fl, NX | UF);
         fl = 0;
-        assert_eq!(
-            f64_mul(min_sub | (1 << 63), d(0.5), Rm::Rdn, &mut fl),
-            1 | (1 << 63)
-        );
+        assert_eq!(f64_mul(min_sub | (1 << 63), d(0.5), Rm::Rdn, &mut fl), 1 | (1 << 63));
         // Exact subnormal results raise nothing.
         fl = 0;
         assert_eq!(f64_mul(4, d(0.5), Rm::Rne, &mut fl), 2);
         assert_eq!(f64_add(3, 5, Rm::Rne, &mut fl), 8);
-        assert_eq!(
-            f64_sub(0x0010_0000_0000_0000, 1, Rm::Rne, &mut fl),
-            0x000f_ffff_ffff_ffff
-        );
+        assert_eq!(f64_sub(0x0010_0000_0000_0000, 1, Rm::Rne, &mut fl), 0x000f_ffff_ffff_ffff);
         assert_eq!(fl, 0);
         // Subnormal inputs are not flushed.
         assert_eq!(f32_mul(1, f(2.0), Rm::Rne, &mut fl), 2);
@@ -1135,10 +1099,7 @@ mod tests {
         assert_eq!(fl, NX);
         // In RTZ the same product stays subnormal: tiny and inexact.
         fl = 0;
-        assert_eq!(
-            f64_mul(max_sub, d(1.0 + f64::EPSILON), Rm::Rtz, &mut fl),
-            max_sub
-        );
+        assert_eq!(f64_mul(max_sub, d(1.0 + f64::EPSILON), Rm::Rtz, &mut fl), max_sub);
         assert_eq!(fl, NX | UF);
         // Just below 2^-1022 rounding up to it only in the final subnormal
         // rounding but not at full precision: tiny.
@@ -1148,14 +1109,7 @@ mod tests {
         assert_eq!(fl, NX | UF);
         // f64 -> f32 of the smallest normal f32 minus a bit.
         fl = 0;
-        assert_eq!(
-            f64_to_f32(
-                d(f32::MIN_POSITIVE as f64 * (1.0 - f64::EPSILON)),
-                Rm::Rne,
-                &mut fl
-            ),
-            0x0080_0000
-        );
+        assert_eq!(f64_to_f32(d(f32::MIN_POSITIVE as f64 * (1.0 - f64::EPSILON)), Rm::Rne, &mut fl), 0x0080_0000);
         assert_eq!(fl, NX);
     }
 
@@ -1176,11 +1130,7 @@ mod tests {
             for neg in [false, true] {
                 let mut fl = 0;
                 let a = big | ((neg as u64) << 63);
-                assert_eq!(
-                    f64_mul(a, d(2.0), rm, &mut fl),
-                    expect(rm, neg),
-                    "{rm:?} {neg}"
-                );
+                assert_eq!(f64_mul(a, d(2.0), rm, &mut fl), expect(rm, neg), "{rm:?} {neg}");
                 assert_eq!(fl, OF | NX);
                 fl = 0;
                 assert_eq!(f64_add(a, a, rm, &mut fl), expect(rm, neg));
@@ -1199,11 +1149,7 @@ mod tests {
                 assert_eq!(fl, OF | NX);
                 assert_eq!(
                     r & 0x7fff_ffff,
-                    if expect(rm, neg) & !(1 << 63) == big {
-                        0x7f7f_ffff
-                    } else {
-                        0x7f80_0000
-                    }
+                    if expect(rm, neg) & !(1 << 63) == big { 0x7f7f_ffff } else { 0x7f80_0000 }
                 );
             }
         }
@@ -1222,10 +1168,7 @@ mod tests {
         assert_eq!(fl, NX);
         // u64::MAX to f32 in RUP reaches 2^64, well in range.
         fl = 0;
-        assert_eq!(
-            u64_to_f32(u64::MAX, Rm::Rup, &mut fl),
-            f(18446744073709551616.0)
-        );
+        assert_eq!(u64_to_f32(u64::MAX, Rm::Rup, &mut fl), f(18446744073709551616.0));
         assert_eq!(fl, NX);
     }
 
@@ -1237,10 +1180,7 @@ mod tests {
         let mut fl = 0;
         assert_eq!(f64_add(qn, d(1.0), Rm::Rne, &mut fl), F64_CANONICAL_NAN);
         assert_eq!(fl, 0);
-        assert_eq!(
-            f64_mul(d(1.0), qn | (1 << 63), Rm::Rne, &mut fl),
-            F64_CANONICAL_NAN
-        );
+        assert_eq!(f64_mul(d(1.0), qn | (1 << 63), Rm::Rne, &mut fl), F64_CANONICAL_NAN);
         assert_eq!(fl, 0);
         assert_eq!(f64_add(sn, d(1.0), Rm::Rne, &mut fl), F64_CANONICAL_NAN);
         assert_eq!(fl, NV);
@@ -1251,10 +1191,7 @@ mod tests {
             (f64_div(inf, inf, Rm::Rne, &mut 0), "inf/inf"),
             (f64_sqrt(d(-1.0), Rm::Rne, &mut 0), "sqrt(-1)"),
             (f64_fma(inf, 0, qn, Rm::Rne, &mut 0), "fma(inf,0,qnan)"),
-            (
-                f64_fma(inf, d(1.0), inf | (1 << 63), Rm::Rne, &mut 0),
-                "fma(inf,1,-inf)",
-            ),
+            (f64_fma(inf, d(1.0), inf | (1 << 63), Rm::Rne, &mut 0), "fma(inf,1,-inf)"),
         ];
         for (r, what) in invalid {
             assert_eq!(r, F64_CANONICAL_NAN, "{what}");
@@ -1333,10 +1270,7 @@ mod tests {
         assert_eq!(f32_to_f64(0xff80_0001, &mut fl), F64_CANONICAL_NAN);
         assert_eq!(fl, NV);
         fl = 0;
-        assert_eq!(
-            f64_to_f32(qn | (1 << 63), Rm::Rne, &mut fl),
-            F32_CANONICAL_NAN
-        );
+        assert_eq!(f64_to_f32(qn | (1 << 63), Rm::Rne, &mut fl), F32_CANONICAL_NAN);
         assert_eq!(fl, 0);
         assert_eq!(f64_to_f32(sn, Rm::Rne, &mut fl), F32_CANONICAL_NAN);
         assert_eq!(fl, NV);
@@ -1400,10 +1334,7 @@ mod tests {
             assert_eq!(fl, wfl, "{x} {rm:?}");
         }
         let mut fl = 0;
-        assert_eq!(
-            f64_to_i32(F64_CANONICAL_NAN | (1 << 63), Rm::Rne, &mut fl),
-            i32::MAX
-        );
+        assert_eq!(f64_to_i32(F64_CANONICAL_NAN | (1 << 63), Rm::Rne, &mut fl), i32::MAX);
         assert_eq!(fl, NV);
         fl = 0;
         assert_eq!(f64_to_u32(F64_CANONICAL_NAN, Rm::Rne, &mut fl), u32::MAX);
@@ -1424,26 +1355,14 @@ mod tests {
         assert_eq!(f64_to_u32(d(4294967295.5), Rm::Rne, &mut fl), u32::MAX);
         assert_eq!(fl, NV);
         fl = 0;
-        assert_eq!(
-            f64_to_u64(d(18446744073709549568.0), Rm::Rne, &mut fl),
-            18446744073709549568
-        );
+        assert_eq!(f64_to_u64(d(18446744073709549568.0), Rm::Rne, &mut fl), 18446744073709549568);
         assert_eq!(fl, 0);
-        assert_eq!(
-            f64_to_u64(d(18446744073709551616.0), Rm::Rne, &mut fl),
-            u64::MAX
-        );
+        assert_eq!(f64_to_u64(d(18446744073709551616.0), Rm::Rne, &mut fl), u64::MAX);
         assert_eq!(fl, NV);
         fl = 0;
-        assert_eq!(
-            f64_to_i64(d(-9223372036854775808.0), Rm::Rne, &mut fl),
-            i64::MIN
-        );
+        assert_eq!(f64_to_i64(d(-9223372036854775808.0), Rm::Rne, &mut fl), i64::MIN);
         assert_eq!(fl, 0);
-        assert_eq!(
-            f64_to_i64(d(9223372036854775808.0), Rm::Rne, &mut fl),
-            i64::MAX
-        );
+        assert_eq!(f64_to_i64(d(9223372036854775808.0), Rm::Rne, &mut fl), i64::MAX);
         assert_eq!(fl, NV);
         fl = 0;
         assert_eq!(f32_to_i64(f(-1e30), Rm::Rne, &mut fl), i64::MIN);
@@ -1460,10 +1379,7 @@ mod tests {
         assert_eq!(fl, NX);
         // Integer to float.
         fl = 0;
-        assert_eq!(
-            i64_to_f64(i64::MIN, Rm::Rne, &mut fl),
-            d(-9223372036854775808.0)
-        );
+        assert_eq!(i64_to_f64(i64::MIN, Rm::Rne, &mut fl), d(-9223372036854775808.0));
         assert_eq!(i32_to_f64(i32::MIN, Rm::Rne, &mut fl), d(-2147483648.0));
         assert_eq!(u32_to_f64(u32::MAX, Rm::Rne, &mut fl), d(4294967295.0));
         assert_eq!(i32_to_f32(16777217, Rm::Rtz, &mut fl), f(16777216.0));
@@ -1471,10 +1387,7 @@ mod tests {
         fl = 0;
         assert_eq!(i32_to_f32(16777217, Rm::Rup, &mut fl), f(16777218.0));
         assert_eq!(i32_to_f32(-16777217, Rm::Rup, &mut fl), f(-16777216.0));
-        assert_eq!(
-            i64_to_f64(i64::MAX, Rm::Rtz, &mut fl),
-            d(9223372036854774784.0)
-        );
+        assert_eq!(i64_to_f64(i64::MAX, Rm::Rtz, &mut fl), d(9223372036854774784.0));
         assert_eq!(fl, NX);
     }
 
@@ -1490,10 +1403,7 @@ mod tests {
         assert_eq!(f32_max(f(-0.0), f(0.0), &mut fl), f(0.0));
         assert_eq!(f64_min(d(-1.0), d(2.0), &mut fl), d(-1.0));
         assert_eq!(f64_max(d(-1.0), d(-2.0), &mut fl), d(-1.0));
-        assert_eq!(
-            f64_min(d(f64::NEG_INFINITY), d(-2.0), &mut fl),
-            d(f64::NEG_INFINITY)
-        );
+        assert_eq!(f64_min(d(f64::NEG_INFINITY), d(-2.0), &mut fl), d(f64::NEG_INFINITY));
         let qn = 0x7ff8_0000_0000_0042u64;
         assert_eq!(f64_min(qn, d(3.0), &mut fl), d(3.0));
         assert_eq!(f64_max(d(3.0), qn, &mut fl), d(3.0));
@@ -1542,16 +1452,10 @@ mod tests {
         assert_eq!(f64_fma(a, a, c, Rm::Rne, &mut fl), d(2f64.powi(-104)));
         assert_eq!(fl, 0);
         // Tiny product plus a normal: sticky must still steer directed rounding.
-        assert_eq!(
-            f64_fma(1, 1, d(1.0), Rm::Rup, &mut fl),
-            d(1.0 + f64::EPSILON)
-        );
+        assert_eq!(f64_fma(1, 1, d(1.0), Rm::Rup, &mut fl), d(1.0 + f64::EPSILON));
         assert_eq!(fl, NX);
         fl = 0;
-        assert_eq!(
-            f64_fma(1 | (1 << 63), 1, d(1.0), Rm::Rtz, &mut fl),
-            d(1.0 - f64::EPSILON / 2.0)
-        );
+        assert_eq!(f64_fma(1 | (1 << 63), 1, d(1.0), Rm::Rtz, &mut fl), d(1.0 - f64::EPSILON / 2.0));
         assert_eq!(fl, NX);
     }
 }

@@ -206,14 +206,9 @@ impl Hart {
         } else {
             return None;
         };
-        for irq in [
-            trap::IRQ_M_EXT,
-            trap::IRQ_M_SOFT,
-            trap::IRQ_M_TIMER,
-            trap::IRQ_S_EXT,
-            trap::IRQ_S_SOFT,
-            trap::IRQ_S_TIMER,
-        ] {
+        for irq in
+            [trap::IRQ_M_EXT, trap::IRQ_M_SOFT, trap::IRQ_M_TIMER, trap::IRQ_S_EXT, trap::IRQ_S_SOFT, trap::IRQ_S_TIMER]
+        {
             if candidates & (1 << irq) != 0 {
                 return Some(irq);
             }
@@ -312,4 +307,3 @@ fn trap_vector(tvec: u64, is_irq: bool, code: u64) -> u64 {
         base
     }
 }
-

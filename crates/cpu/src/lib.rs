@@ -8,18 +8,18 @@
 //! hart state, RAM, and what the bus returns: no host time, no host floating
 //! point environment, no randomness.
 
-pub mod csr;
-pub mod fpu;
 mod compressed;
+pub mod csr;
 mod decode;
 mod exec;
+pub mod fpu;
 mod hart;
 mod mmu;
 mod trap;
 
+use ftvm_memory::GuestRam;
 pub use hart::{Exit, Hart, HartState, PrivilegeMode};
 pub use trap::Trap;
-use ftvm_memory::GuestRam;
 
 /// Everything outside RAM, as seen from one hart. RAM is passed along so a
 /// device can perform DMA while handling the access.

@@ -83,7 +83,13 @@ impl Hart {
     }
 
     /// Translate a virtual address for an access at privilege `prv`.
-    pub(crate) fn translate(&mut self, ram: &mut GuestRam, vaddr: u64, access: Access, prv: PrivilegeMode) -> Result<u64, Trap> {
+    pub(crate) fn translate(
+        &mut self,
+        ram: &mut GuestRam,
+        vaddr: u64,
+        access: Access,
+        prv: PrivilegeMode,
+    ) -> Result<u64, Trap> {
         let mode = self.s.satp >> 60;
         if prv == PrivilegeMode::Machine || mode == 0 {
             return Ok(vaddr);
@@ -179,7 +185,14 @@ impl Hart {
 
     /// A load that missed the TLB, crosses a page, or goes to a device.
     #[inline(never)]
-    pub(crate) fn load_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, touched_device: &mut bool) -> Result<u64, Trap> {
+    pub(crate) fn load_slow(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        vaddr: u64,
+        size: u8,
+        touched_device: &mut bool,
+    ) -> Result<u64, Trap> {
         let size64 = size as u64;
         if (vaddr & 0xfff) + size64 > 0x1000 {
             // Page-crossing misaligned access: byte by byte, RAM only.
@@ -205,7 +218,15 @@ impl Hart {
     }
 
     #[inline(never)]
-    pub(crate) fn store_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, value: u64, touched_device: &mut bool) -> Result<(), Trap> {
+    pub(crate) fn store_slow(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        vaddr: u64,
+        size: u8,
+        value: u64,
+        touched_device: &mut bool,
+    ) -> Result<(), Trap> {
         let size64 = size as u64;
         if (vaddr & 0xfff) + size64 > 0x1000 {
             // Translate every byte first so a fault leaves memory untouched.

@@ -42,10 +42,7 @@ fn sf<T>(f: impl FnOnce() -> T) -> (T, u8) {
 }
 
 fn scale() -> u64 {
-    std::env::var("FPU_ORACLE_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
+    std::env::var("FPU_ORACLE_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
 }
 
 // ---------------------------------------------------------------------------
@@ -83,27 +80,15 @@ struct Fmt {
     bits: u32,
 }
 
-const S: Fmt = Fmt {
-    m: 23,
-    emax: 255,
-    bias: 127,
-    bits: 32,
-};
-const D: Fmt = Fmt {
-    m: 52,
-    emax: 2047,
-    bias: 1023,
-    bits: 64,
-};
+const S: Fmt = Fmt { m: 23, emax: 255, bias: 127, bits: 32 };
+const D: Fmt = Fmt { m: 52, emax: 2047, bias: 1023, bits: 64 };
 
 impl Fmt {
     fn frac_mask(self) -> u64 {
         (1u64 << self.m) - 1
     }
     fn pack(self, neg: bool, e: i64, frac: u64) -> u64 {
-        ((neg as u64) << (self.bits - 1))
-            | ((e.clamp(0, self.emax) as u64) << self.m)
-            | (frac & self.frac_mask())
+        ((neg as u64) << (self.bits - 1)) | ((e.clamp(0, self.emax) as u64) << self.m) | (frac & self.frac_mask())
     }
     fn exp(self, x: u64) -> i64 {
         ((x >> self.m) & self.emax as u64) as i64
@@ -259,32 +244,18 @@ impl Fmt {
                 0 => (self.pack(false, 1, 0), r.range(-m - 8, -1)),
                 1 => (self.pack(false, 0, self.frac_mask()), r.range(-m - 8, -1)),
                 // largest finite
-                2 => (
-                    self.pack(false, self.emax - 1, self.frac_mask()),
-                    r.range(2, m + 8),
-                ),
+                2 => (self.pack(false, self.emax - 1, self.frac_mask()), r.range(2, m + 8)),
                 // tiny subnormals
-                _ => (
-                    self.pack(false, 0, 1 + r.below(8)),
-                    r.range(-2 * m - 8, -m - 1),
-                ),
+                _ => (self.pack(false, 0, 1 + r.below(8)), r.range(-2 * m - 8, -m - 1)),
             };
             let a = self.with_exp(self.bias + x, r) & !(1u64 << (self.bits - 1));
             let rm = sf_rm(pick_rm(r));
-            let q = if div {
-                sf_div(self, a, boundary, rm)
-            } else {
-                sf_div(self, boundary, a, rm)
-            };
+            let q = if div { sf_div(self, a, boundary, rm) } else { sf_div(self, boundary, a, rm) };
             let b = q.wrapping_add(r.range(-2, 2) as u64) ^ ((r.bool() as u64) << (self.bits - 1));
             return (a, b & (u64::MAX >> (64 - self.bits)));
         }
         // mul: ea + eb - bias = target; div: ea - eb + bias = target
-        let eb = if div {
-            ea + self.bias - target
-        } else {
-            target - ea + self.bias
-        };
+        let eb = if div { ea + self.bias - target } else { target - ea + self.bias };
         let b = self.with_exp(eb, r);
         if !div && r.bool() {
             (b, a)
@@ -296,9 +267,7 @@ impl Fmt {
 
 fn sf_div(fmt: Fmt, a: u64, b: u64, rm: RoundingMode) -> u64 {
     if fmt.bits == 32 {
-        F32::from_bits(a as u32)
-            .div(F32::from_bits(b as u32), rm)
-            .to_bits() as u64
+        F32::from_bits(a as u32).div(F32::from_bits(b as u32), rm).to_bits() as u64
     } else {
         F64::from_bits(a).div(F64::from_bits(b), rm).to_bits()
     }
@@ -321,12 +290,7 @@ struct Check {
 
 impl Check {
     fn new(name: &'static str) -> Self {
-        Check {
-            name,
-            cases: 0,
-            mismatches: 0,
-            report: String::new(),
-        }
+        Check { name, cases: 0, mismatches: 0, report: String::new() }
     }
     fn cmp(&mut self, what: impl FnOnce() -> String, ours: (u64, u8), theirs: (u64, u8)) {
         self.cases += 1;
@@ -348,10 +312,7 @@ impl Check {
     }
     /// Prints the tally (and the first mismatches); returns the mismatch count.
     fn finish(self) -> u64 {
-        eprintln!(
-            "{}: {} cases, {} mismatches",
-            self.name, self.cases, self.mismatches
-        );
+        eprintln!("{}: {} cases, {} mismatches", self.name, self.cases, self.mismatches);
         eprint!("{}", self.report);
         self.mismatches
     }
@@ -399,16 +360,12 @@ macro_rules! arith_test {
                 c_add.cmp(
                     what,
                     pair(ours(|fl| $add(a, b, rm, fl))),
-                    pair(sf(|| {
-                        $SF::from_bits(a).add($SF::from_bits(b), srm).to_bits()
-                    })),
+                    pair(sf(|| $SF::from_bits(a).add($SF::from_bits(b), srm).to_bits())),
                 );
                 c_sub.cmp(
                     what,
                     pair(ours(|fl| $sub(a, b, rm, fl))),
-                    pair(sf(|| {
-                        $SF::from_bits(a).sub($SF::from_bits(b), srm).to_bits()
-                    })),
+                    pair(sf(|| $SF::from_bits(a).sub($SF::from_bits(b), srm).to_bits())),
                 );
                 let (a, b) = fmt.mul_pair(&mut r, false);
                 let (a, b) = (a as $t, b as $t);
@@ -416,9 +373,7 @@ macro_rules! arith_test {
                 c_mul.cmp(
                     what,
                     pair(ours(|fl| $mul(a, b, rm, fl))),
-                    pair(sf(|| {
-                        $SF::from_bits(a).mul($SF::from_bits(b), srm).to_bits()
-                    })),
+                    pair(sf(|| $SF::from_bits(a).mul($SF::from_bits(b), srm).to_bits())),
                 );
                 let (a, b) = fmt.mul_pair(&mut r, true);
                 let (a, b) = (a as $t, b as $t);
@@ -426,9 +381,7 @@ macro_rules! arith_test {
                 c_div.cmp(
                     what,
                     pair(ours(|fl| $div(a, b, rm, fl))),
-                    pair(sf(|| {
-                        $SF::from_bits(a).div($SF::from_bits(b), srm).to_bits()
-                    })),
+                    pair(sf(|| $SF::from_bits(a).div($SF::from_bits(b), srm).to_bits())),
                 );
             }
             finish_all([c_add, c_sub, c_mul, c_div]);
@@ -436,28 +389,8 @@ macro_rules! arith_test {
     };
 }
 
-arith_test!(
-    f32_add_sub_mul_div,
-    S,
-    u32,
-    F32,
-    fpu::f32_add,
-    fpu::f32_sub,
-    fpu::f32_mul,
-    fpu::f32_div,
-    1
-);
-arith_test!(
-    f64_add_sub_mul_div,
-    D,
-    u64,
-    F64,
-    fpu::f64_add,
-    fpu::f64_sub,
-    fpu::f64_mul,
-    fpu::f64_div,
-    2
-);
+arith_test!(f32_add_sub_mul_div, S, u32, F32, fpu::f32_add, fpu::f32_sub, fpu::f32_mul, fpu::f32_div, 1);
+arith_test!(f64_add_sub_mul_div, D, u64, F64, fpu::f64_add, fpu::f64_sub, fpu::f64_mul, fpu::f64_div, 2);
 
 macro_rules! sqrt_test {
     ($name:ident, $fmt:expr, $t:ty, $SF:ident, $sqrt:path, $seed:expr) => {
@@ -479,11 +412,8 @@ macro_rules! sqrt_test {
                         let lz = sq.leading_zeros() as i64;
                         let top = 63 - lz; // position of leading one
                         let e = fmt.bias + r.range(-60, 60) * 2 + (r.below(2) as i64);
-                        let frac = if top >= fmt.m as i64 {
-                            sq >> (top - fmt.m as i64)
-                        } else {
-                            sq << (fmt.m as i64 - top)
-                        };
+                        let frac =
+                            if top >= fmt.m as i64 { sq >> (top - fmt.m as i64) } else { sq << (fmt.m as i64 - top) };
                         let x = fmt.pack(false, e, frac);
                         x.wrapping_add(r.range(-1, 1) as u64)
                     }
@@ -535,9 +465,7 @@ macro_rules! fma_test {
                     3 => fmt.special(&mut r),
                     _ => {
                         // -(a*b rounded), nudged by a few ulps: massive cancellation.
-                        let p = $SF::from_bits(a as $t)
-                            .mul($SF::from_bits(b as $t), srm)
-                            .to_bits() as u64;
+                        let p = $SF::from_bits(a as $t).mul($SF::from_bits(b as $t), srm).to_bits() as u64;
                         (p.wrapping_add(r.range(-3, 3) as u64) ^ (1u64 << (fmt.bits - 1))) & mask
                     }
                 };
@@ -545,11 +473,7 @@ macro_rules! fma_test {
                 c.cmp(
                     || format!("({a:#x}, {b:#x}, {cc:#x}) {rm:?}"),
                     pair(ours(|fl| $fma(a, b, cc, rm, fl))),
-                    pair(sf(|| {
-                        $SF::from_bits(a)
-                            .fused_mul_add($SF::from_bits(b), $SF::from_bits(cc), srm)
-                            .to_bits()
-                    })),
+                    pair(sf(|| $SF::from_bits(a).fused_mul_add($SF::from_bits(b), $SF::from_bits(cc), srm).to_bits())),
                 );
             }
             finish_all([c]);
@@ -562,11 +486,7 @@ fma_test!(f64_fma, D, u64, F64, fpu::f64_fma, 6);
 
 /// Reference fmin/fmax built from SoftFloat predicates.
 fn ref_minmax<T: Float + Copy>(a: T, b: T, max: bool, canonical: T) -> (T, u8) {
-    let fl = if a.is_signaling_nan() || b.is_signaling_nan() {
-        fpu::NV
-    } else {
-        0
-    };
+    let fl = if a.is_signaling_nan() || b.is_signaling_nan() { fpu::NV } else { 0 };
     let r = if a.is_nan() && b.is_nan() {
         canonical
     } else if a.is_nan() {
@@ -682,24 +602,8 @@ macro_rules! paste_ops {
     }};
 }
 
-compare_test!(
-    f32_compare_minmax_class,
-    S,
-    u32,
-    F32,
-    f32,
-    fpu::F32_CANONICAL_NAN,
-    7
-);
-compare_test!(
-    f64_compare_minmax_class,
-    D,
-    u64,
-    F64,
-    f64,
-    fpu::F64_CANONICAL_NAN,
-    8
-);
+compare_test!(f32_compare_minmax_class, S, u32, F32, f32, fpu::F32_CANONICAL_NAN, 7);
+compare_test!(f64_compare_minmax_class, D, u64, F64, f64, fpu::F64_CANONICAL_NAN, 8);
 
 /// A float near an integer-range boundary, near small integers and halves,
 /// or anything.
@@ -711,8 +615,7 @@ fn conv_operand(fmt: Fmt, r: &mut Rng) -> u64 {
             let a = fmt.with_exp(fmt.bias + k + r.range(-2, 1), r);
             // nudge toward the exact boundary
             if r.bool() {
-                fmt.pack(a >> (fmt.bits - 1) != 0, fmt.exp(a), 0)
-                    .wrapping_add(r.range(-3, 3) as u64)
+                fmt.pack(a >> (fmt.bits - 1) != 0, fmt.exp(a), 0).wrapping_add(r.range(-3, 3) as u64)
             } else {
                 a
             }
@@ -769,26 +672,10 @@ macro_rules! conv_test {
                 let a = conv_operand(fmt, &mut r) as $t;
                 let fa = $SF::from_bits(a);
                 let what = || format!("({a:#x}) {rm:?}");
-                c[0].cmp(
-                    what,
-                    pair(ours(|fl| $to_i32(a, rm, fl) as u32)),
-                    pair(sf(|| fa.to_i32(srm, true) as u32)),
-                );
-                c[1].cmp(
-                    what,
-                    pair(ours(|fl| $to_u32(a, rm, fl))),
-                    pair(sf(|| fa.to_u32(srm, true))),
-                );
-                c[2].cmp(
-                    what,
-                    pair(ours(|fl| $to_i64(a, rm, fl) as u64)),
-                    pair(sf(|| fa.to_i64(srm, true) as u64)),
-                );
-                c[3].cmp(
-                    what,
-                    pair(ours(|fl| $to_u64(a, rm, fl))),
-                    pair(sf(|| fa.to_u64(srm, true))),
-                );
+                c[0].cmp(what, pair(ours(|fl| $to_i32(a, rm, fl) as u32)), pair(sf(|| fa.to_i32(srm, true) as u32)));
+                c[1].cmp(what, pair(ours(|fl| $to_u32(a, rm, fl))), pair(sf(|| fa.to_u32(srm, true))));
+                c[2].cmp(what, pair(ours(|fl| $to_i64(a, rm, fl) as u64)), pair(sf(|| fa.to_i64(srm, true) as u64)));
+                c[3].cmp(what, pair(ours(|fl| $to_u64(a, rm, fl))), pair(sf(|| fa.to_u64(srm, true))));
                 let v = int_operand(&mut r);
                 let what = || format!("({v:#x}) {rm:?}");
                 let (i32v, u32v, i64v) = (v as i32, v as u32, v as i64);
@@ -809,11 +696,7 @@ macro_rules! conv_test {
                     pair(ours(|fl| $from_i64(i64v, rm, fl))),
                     pair(sf(|| $SF::from_i64(i64v, srm).to_bits())),
                 );
-                c[7].cmp(
-                    what,
-                    pair(ours(|fl| $from_u64(v, rm, fl))),
-                    pair(sf(|| $SF::from_u64(v, srm).to_bits())),
-                );
+                c[7].cmp(what, pair(ours(|fl| $from_u64(v, rm, fl))), pair(sf(|| $SF::from_u64(v, srm).to_bits())));
             }
             finish_all(c);
         }
@@ -863,9 +746,7 @@ fn f32_f64_conversions() {
         c_wide.cmp(
             || format!("({a:#x})"),
             pair(ours(|fl| fpu::f32_to_f64(a, fl))),
-            pair(sf(|| {
-                F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits()
-            })),
+            pair(sf(|| F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits())),
         );
         // Doubles around the binary32 range: overflow, the subnormal range,
         // below it, and ties at the 29 dropped fraction bits.
@@ -918,38 +799,24 @@ fn f32_unary_edge_sweep() {
                     let srm = sf_rm(rm);
                     let fa = F32::from_bits(a);
                     let what = || format!("({a:#x}) {rm:?}");
-                    c.cmp(
-                        what,
-                        pair(ours(|fl| fpu::f32_sqrt(a, rm, fl))),
-                        pair(sf(|| fa.sqrt(srm).to_bits())),
-                    );
+                    c.cmp(what, pair(ours(|fl| fpu::f32_sqrt(a, rm, fl))), pair(sf(|| fa.sqrt(srm).to_bits())));
                     c.cmp(
                         what,
                         pair(ours(|fl| fpu::f32_to_i32(a, rm, fl) as u32)),
                         pair(sf(|| fa.to_i32(srm, true) as u32)),
                     );
-                    c.cmp(
-                        what,
-                        pair(ours(|fl| fpu::f32_to_u32(a, rm, fl))),
-                        pair(sf(|| fa.to_u32(srm, true))),
-                    );
+                    c.cmp(what, pair(ours(|fl| fpu::f32_to_u32(a, rm, fl))), pair(sf(|| fa.to_u32(srm, true))));
                     c.cmp(
                         what,
                         pair(ours(|fl| fpu::f32_to_i64(a, rm, fl) as u64)),
                         pair(sf(|| fa.to_i64(srm, true) as u64)),
                     );
-                    c.cmp(
-                        what,
-                        pair(ours(|fl| fpu::f32_to_u64(a, rm, fl))),
-                        pair(sf(|| fa.to_u64(srm, true))),
-                    );
+                    c.cmp(what, pair(ours(|fl| fpu::f32_to_u64(a, rm, fl))), pair(sf(|| fa.to_u64(srm, true))));
                 }
                 c.cmp(
                     || format!("({a:#x})"),
                     pair(ours(|fl| fpu::f32_to_f64(a, fl))),
-                    pair(sf(|| {
-                        F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits()
-                    })),
+                    pair(sf(|| F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits())),
                 );
             }
         }
@@ -986,9 +853,7 @@ fn f32_exhaustive_sqrt_and_widen() {
                         c.cmp(
                             || format!("to_f64({a:#x})"),
                             pair(ours(|fl| fpu::f32_to_f64(a, fl))),
-                            pair(sf(|| {
-                                F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits()
-                            })),
+                            pair(sf(|| F32::from_bits(a).to_f64(RoundingMode::TiesToEven).to_bits())),
                         );
                     }
                 }

@@ -24,10 +24,7 @@ impl Clint {
     /// one.
     pub fn new(harts: usize) -> Self {
         let n = harts.clamp(1, MAX_HARTS);
-        Clint {
-            msip: vec![false; n],
-            mtimecmp: vec![u64::MAX; n],
-        }
+        Clint { msip: vec![false; n], mtimecmp: vec![u64::MAX; n] }
     }
 
     pub fn harts(&self) -> usize {
@@ -36,9 +33,7 @@ impl Clint {
 
     pub fn read(&self, offset: u64, size: u8, mtime: u64) -> u64 {
         match (offset, size) {
-            (o, 4) if o < MTIMECMP_BASE && o % 4 == 0 => {
-                self.msip.get((o / 4) as usize).map_or(0, |&b| b as u64)
-            }
+            (o, 4) if o < MTIMECMP_BASE && o % 4 == 0 => self.msip.get((o / 4) as usize).map_or(0, |&b| b as u64),
             (o, _) if (MTIMECMP_BASE..MTIME).contains(&o) => {
                 let rel = o - MTIMECMP_BASE;
                 match self.mtimecmp.get((rel / 8) as usize) {
@@ -84,11 +79,7 @@ impl Clint {
     /// The earliest `mtime` at which some hart's timer fires, so an idle
     /// machine can skip ahead to it. `None` when no timer is armed.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.mtimecmp
-            .iter()
-            .copied()
-            .min()
-            .filter(|&t| t != u64::MAX)
+        self.mtimecmp.iter().copied().min().filter(|&t| t != u64::MAX)
     }
 
     /// The earliest deadline still ahead of `now`. A hart whose timer has
@@ -117,10 +108,7 @@ impl Clint {
         }
         let n = r.u32()? as usize;
         if n != self.msip.len() {
-            return err(format!(
-                "CLINT snapshot has {n} harts, machine has {}",
-                self.msip.len()
-            ));
+            return err(format!("CLINT snapshot has {n} harts, machine has {}", self.msip.len()));
         }
         let mut msip = Vec::with_capacity(n);
         let mut cmp = Vec::with_capacity(n);

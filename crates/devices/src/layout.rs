@@ -29,8 +29,5 @@ pub const RAM_BASE: u64 = 0x8000_0000;
 
 /// Base address and PLIC source of virtio slot `i`.
 pub const fn virtio_slot(i: usize) -> (u64, u32) {
-    (
-        VIRTIO_BASE + i as u64 * VIRTIO_STRIDE,
-        VIRTIO_IRQ_BASE + i as u32,
-    )
+    (VIRTIO_BASE + i as u64 * VIRTIO_STRIDE, VIRTIO_IRQ_BASE + i as u32)
 }

@@ -43,8 +43,7 @@ pub struct Plic {
 impl Plic {
     pub fn new(harts: usize) -> Self {
         // Context register blocks must fit below the window's end.
-        let contexts = (2 * harts.max(1))
-            .min(((crate::layout::PLIC_SIZE - CONTEXT_BASE) / CONTEXT_STRIDE) as usize);
+        let contexts = (2 * harts.max(1)).min(((crate::layout::PLIC_SIZE - CONTEXT_BASE) / CONTEXT_STRIDE) as usize);
         Plic {
             priority: [0; NUM_SOURCES as usize + 1],
             pending: 0,
@@ -218,10 +217,7 @@ impl Plic {
         let lines = r.u64()? & VALID;
         let n = r.u32()? as usize;
         if n != self.contexts() {
-            return err(format!(
-                "PLIC snapshot has {n} contexts, machine has {}",
-                self.contexts()
-            ));
+            return err(format!("PLIC snapshot has {n} contexts, machine has {}", self.contexts()));
         }
         let mut enable = Vec::with_capacity(n);
         let mut threshold = Vec::with_capacity(n);
@@ -230,14 +226,7 @@ impl Plic {
             threshold.push(r.u32()? & MAX_PRIORITY);
         }
         r.end()?;
-        *self = Plic {
-            priority,
-            pending,
-            claimed,
-            lines,
-            enable,
-            threshold,
-        };
+        *self = Plic { priority, pending, claimed, lines, enable, threshold };
         Ok(())
     }
 }
@@ -386,30 +375,14 @@ mod tests {
         let mut p = Plic::new(1);
         let mut ram = ftvm_memory::GuestRam::new(0x8000_0000, 4096);
         let mut irq = lines(&[7]);
-        let mut ctx = DeviceCtx {
-            ram: &mut ram,
-            irq: &mut irq,
-        };
+        let mut ctx = DeviceCtx { ram: &mut ram, irq: &mut irq };
         p.write(4 * 7, 4, 1, &mut ctx);
         p.write(ENABLE_BASE, 4, 0xffff_ffff, &mut ctx);
-        assert_eq!(
-            p.read(ENABLE_BASE, 4, &mut ctx),
-            0xffff_fffe,
-            "source 0 is hardwired off"
-        );
+        assert_eq!(p.read(ENABLE_BASE, 4, &mut ctx), 0xffff_fffe, "source 0 is hardwired off");
         assert_eq!(p.read(ctx_claim(0), 4, &mut ctx), 7);
         // Junk: odd sizes, unaligned, unknown contexts, source 0 priority,
         // writes to pending, huge completion ids.
-        for off in [
-            0u64,
-            1,
-            3,
-            0x1000,
-            0x1f_fffc,
-            0x5f_fffc,
-            ctx_claim(50),
-            u64::MAX - 3,
-        ] {
+        for off in [0u64, 1, 3, 0x1000, 0x1f_fffc, 0x5f_fffc, ctx_claim(50), u64::MAX - 3] {
             for size in [1u8, 2, 4, 8, 3] {
                 p.write(off, size, u64::MAX, &mut ctx);
                 p.read(off, size, &mut ctx);

@@ -225,11 +225,7 @@ impl Uart {
                 if id == Some(IIR_THRI) {
                     self.thr_pending = false;
                 }
-                let fifo = if self.fcr & FCR_ENABLE != 0 {
-                    IIR_FIFOS
-                } else {
-                    0
-                };
+                let fifo = if self.fcr & FCR_ENABLE != 0 { IIR_FIFOS } else { 0 };
                 fifo | id.unwrap_or(IIR_NO_INT)
             }
             LCR => self.lcr,
@@ -296,17 +292,9 @@ impl Uart {
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = SnapWriter::new(b"UART", 1);
         w.u32(self.irq);
-        for b in [
-            self.ier,
-            self.lcr,
-            self.mcr,
-            self.fcr,
-            self.scr,
-            self.dll,
-            self.dlm,
-            self.lsr_errors,
-            self.msr_deltas,
-        ] {
+        for b in
+            [self.ier, self.lcr, self.mcr, self.fcr, self.scr, self.dll, self.dlm, self.lsr_errors, self.msr_deltas]
+        {
             w.u8(b);
         }
         w.bool(self.thr_pending);
@@ -322,10 +310,7 @@ impl Uart {
         }
         let irq = r.u32()?;
         if irq != self.irq {
-            return err(format!(
-                "UART snapshot drives irq {irq}, this one {}",
-                self.irq
-            ));
+            return err(format!("UART snapshot drives irq {irq}, this one {}", self.irq));
         }
         let mut regs = [0u8; 9];
         for b in &mut regs {
@@ -382,24 +367,14 @@ mod tests {
 
     impl Rig {
         fn new() -> Self {
-            Rig {
-                ram: GuestRam::new(0x8000_0000, 4096),
-                irq: IrqLines::default(),
-                u: Uart::new(10),
-            }
+            Rig { ram: GuestRam::new(0x8000_0000, 4096), irq: IrqLines::default(), u: Uart::new(10) }
         }
         fn r(&mut self, off: u64) -> u8 {
-            let mut ctx = DeviceCtx {
-                ram: &mut self.ram,
-                irq: &mut self.irq,
-            };
+            let mut ctx = DeviceCtx { ram: &mut self.ram, irq: &mut self.irq };
             self.u.read(off, 1, &mut ctx) as u8
         }
         fn w(&mut self, off: u64, v: u8) {
-            let mut ctx = DeviceCtx {
-                ram: &mut self.ram,
-                irq: &mut self.irq,
-            };
+            let mut ctx = DeviceCtx { ram: &mut self.ram, irq: &mut self.irq };
             self.u.write(off, 1, v as u64, &mut ctx)
         }
         fn line(&self) -> bool {
@@ -430,10 +405,7 @@ mod tests {
         assert_eq!(r.r(1), 0x00);
         r.w(LCR, 0x03);
         assert_eq!(r.r(LCR), 0x03);
-        assert!(
-            r.u.take_output().is_empty(),
-            "divisor writes are not output"
-        );
+        assert!(r.u.take_output().is_empty(), "divisor writes are not output");
         r.w(SCR, 0x5a);
         assert_eq!(r.r(SCR), 0x5a);
         r.w(IER, 0xff);
@@ -493,11 +465,7 @@ mod tests {
         assert_eq!(r.r(IIR_FCR), IIR_FIFOS | IIR_NO_INT);
         r.w(IER, 0);
         r.w(IER, IER_THRI);
-        assert_eq!(
-            r.r(IIR_FCR) & IIR_NO_INT,
-            0,
-            "re-enabling THRI re-raises it"
-        );
+        assert_eq!(r.r(IIR_FCR) & IIR_NO_INT, 0, "re-enabling THRI re-raises it");
         // Writing a byte makes THR empty again: interrupt pending.
         r.w(RBR_THR, b'x');
         assert!(r.line());
@@ -532,10 +500,7 @@ mod tests {
     #[test]
     fn junk_accesses_do_not_panic() {
         let mut r = Rig::new();
-        let mut ctx = DeviceCtx {
-            ram: &mut r.ram,
-            irq: &mut r.irq,
-        };
+        let mut ctx = DeviceCtx { ram: &mut r.ram, irq: &mut r.irq };
         for off in [8u64, 0xff, 0x100, u64::MAX] {
             for size in [1u8, 2, 4, 8, 0, 200] {
                 r.u.write(off, size, u64::MAX, &mut ctx);

@@ -53,7 +53,11 @@ impl OutputFilter {
         }
         // Show partial lines once the command runs (prompts, progress),
         // unless they could still turn into the status marker.
-        if self.started && !self.line.is_empty() && !STATUS_PREFIX.starts_with(trim(&self.line)) && !trim(&self.line).starts_with(STATUS_PREFIX) {
+        if self.started
+            && !self.line.is_empty()
+            && !STATUS_PREFIX.starts_with(trim(&self.line))
+            && !trim(&self.line).starts_with(STATUS_PREFIX)
+        {
             out.append(&mut self.line);
         }
         out

@@ -47,7 +47,8 @@ struct TempDisk(PathBuf);
 impl TempDisk {
     fn copy_of(src: &Path, tag: &str) -> TempDisk {
         let dst = std::env::temp_dir().join(format!("ftvm-guest-test-{}-{tag}.ext4", std::process::id()));
-        ftvm_image::sparse_copy(src, &dst).unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
+        ftvm_image::sparse_copy(src, &dst)
+            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
         TempDisk(dst)
     }
 
@@ -61,7 +62,6 @@ impl Drop for TempDisk {
         let _ = std::fs::remove_file(&self.0);
     }
 }
-
 
 struct Outcome {
     status: ExitStatus,
@@ -78,7 +78,10 @@ fn exec(cmd: &str, disk: &TempDisk, extra: &[&str]) -> Outcome {
     c.args(["run", "--exec", cmd, "--mem", "512M", "--disk", &disk.arg()]).args(extra);
     let run = common::run_with_timeout(c, BOOT_TIMEOUT);
     let Some(status) = run.status else {
-        panic!("ftvm run --exec {cmd:?} did not finish in {BOOT_TIMEOUT:?}\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+        panic!(
+            "ftvm run --exec {cmd:?} did not finish in {BOOT_TIMEOUT:?}\nstdout:\n{}\nstderr:\n{}",
+            run.stdout, run.stderr
+        );
     };
     eprintln!("ftvm run --exec {cmd:?} {extra:?}: {status} after {:.1} s", started.elapsed().as_secs_f64());
     Outcome { status, stdout: run.stdout.replace("\r\n", "\n"), stderr: run.stderr }

@@ -165,8 +165,8 @@ fn check_line(source: &str, n: i32) -> Option<(usize, String)> {
 
 fn run_isa_test(file: &str) {
     let source_path = isa_dir().join(file);
-    let source = std::fs::read_to_string(&source_path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", source_path.display()));
+    let source =
+        std::fs::read_to_string(&source_path).unwrap_or_else(|e| panic!("reading {}: {e}", source_path.display()));
     let cpus = cpus_of(&source);
 
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("isa");

@@ -11,12 +11,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let result = match args.first().map(String::as_str) {
         Some("build") => {
             let opts = ftvm_image::BuildOptions {
@@ -37,10 +32,8 @@ fn main() -> ExitCode {
                 println!("package {p} {v}");
             }
         }),
-        Some("cmdline") => {
-            ftvm_image::kernel_cmdline(value("--exec").as_deref(), value("--ip").as_deref(), "")
-                .map(|l| println!("{l}"))
-        }
+        Some("cmdline") => ftvm_image::kernel_cmdline(value("--exec").as_deref(), value("--ip").as_deref(), "")
+            .map(|l| println!("{l}")),
         _ => {
             eprintln!("usage: ftvm-image build [--force] [--mirror URL] [--quiet] | path | info | cmdline [--exec CMD] [--ip IP]");
             return ExitCode::from(2);

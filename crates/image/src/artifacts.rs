@@ -27,16 +27,8 @@ pub fn is_riscv_image(data: &[u8]) -> bool {
 pub fn kernel_format(data: &[u8]) -> KernelFormat {
     if data.len() >= 0x40 && &data[0..2] == b"MZ" && &data[4..8] == b"zimg" {
         let u32_at = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().unwrap()) as usize;
-        let method: String = data[0x18..0x38]
-            .iter()
-            .take_while(|&&b| b != 0)
-            .map(|&b| b as char)
-            .collect();
-        return KernelFormat::ZBoot {
-            offset: u32_at(8),
-            size: u32_at(12),
-            method,
-        };
+        let method: String = data[0x18..0x38].iter().take_while(|&&b| b != 0).map(|&b| b as char).collect();
+        return KernelFormat::ZBoot { offset: u32_at(8), size: u32_at(12), method };
     }
     if is_riscv_image(data) {
         return KernelFormat::Raw;
@@ -61,18 +53,12 @@ pub fn busybox_applets(binary: &[u8]) -> Result<Vec<String>, String> {
         let mut names = Vec::new();
         let mut pos = start;
         loop {
-            let len = binary[pos..]
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(binary.len() - pos);
+            let len = binary[pos..].iter().position(|&b| b == 0).unwrap_or(binary.len() - pos);
             if len == 0 || len > 32 {
                 break;
             }
             let name = &binary[pos..pos + len];
-            if !name
-                .iter()
-                .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"[]_-.".contains(&b))
-            {
+            if !name.iter().all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"[]_-.".contains(&b)) {
                 break;
             }
             names.push(String::from_utf8_lossy(name).into_owned());
@@ -88,10 +74,7 @@ pub fn busybox_applets(binary: &[u8]) -> Result<Vec<String>, String> {
         from = start + 1;
     }
     if best.len() < 20 || !best.iter().any(|n| n == "sh") {
-        return Err(format!(
-            "no applet table found in the busybox binary (best guess had {} names)",
-            best.len()
-        ));
+        return Err(format!("no applet table found in the busybox binary (best guess had {} names)", best.len()));
     }
     Ok(best)
 }
@@ -113,10 +96,7 @@ pub fn deb_name_version(file: &str) -> Option<(String, String)> {
     let stem = file.strip_suffix(".deb")?;
     let mut it = stem.splitn(3, '_');
     let (name, version, _arch) = (it.next()?, it.next()?, it.next()?);
-    Some((
-        name.to_string(),
-        version.replace("%3a", ":").replace("%3A", ":"),
-    ))
+    Some((name.to_string(), version.replace("%3a", ":").replace("%3A", ":")))
 }
 
 /// 64-bit FNV-1a, for the recipe fingerprint.
@@ -139,28 +119,15 @@ mod tests {
         raw[0..2].copy_from_slice(b"MZ");
         raw[0x38..0x3c].copy_from_slice(b"RSC\x05");
         assert_eq!(kernel_format(&raw), KernelFormat::Raw);
-        assert_eq!(
-            kernel_format(&[0x1f, 0x8b, 8, 0]),
-            KernelFormat::Compressed("gzip")
-        );
-        assert_eq!(
-            kernel_format(&[0x28, 0xb5, 0x2f, 0xfd, 0]),
-            KernelFormat::Compressed("zstd")
-        );
+        assert_eq!(kernel_format(&[0x1f, 0x8b, 8, 0]), KernelFormat::Compressed("gzip"));
+        assert_eq!(kernel_format(&[0x28, 0xb5, 0x2f, 0xfd, 0]), KernelFormat::Compressed("zstd"));
         let mut z = vec![0u8; 0x40];
         z[0..2].copy_from_slice(b"MZ");
         z[4..8].copy_from_slice(b"zimg");
         z[8..12].copy_from_slice(&0x1000u32.to_le_bytes());
         z[12..16].copy_from_slice(&0x2345u32.to_le_bytes());
         z[0x18..0x1c].copy_from_slice(b"gzip");
-        assert_eq!(
-            kernel_format(&z),
-            KernelFormat::ZBoot {
-                offset: 0x1000,
-                size: 0x2345,
-                method: "gzip".into()
-            }
-        );
+        assert_eq!(kernel_format(&z), KernelFormat::ZBoot { offset: 0x1000, size: 0x2345, method: "gzip".into() });
         assert_eq!(kernel_format(b"\x7fELF...."), KernelFormat::Unknown);
     }
 
@@ -168,19 +135,7 @@ mod tests {
     fn applet_table() {
         let mut bin = b"\x7fELF junk [\0[[\0not sorted\0".to_vec();
         bin.extend_from_slice(b"xx[\0[[\0");
-        let names = [
-            "acpid",
-            "ash",
-            "base64",
-            "cat",
-            "devmem",
-            "insmod",
-            "ip",
-            "ls",
-            "mount",
-            "sh",
-            "switch_root",
-        ];
+        let names = ["acpid", "ash", "base64", "cat", "devmem", "insmod", "ip", "ls", "mount", "sh", "switch_root"];
         let mut more: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         for i in 0..20 {
             more.push(format!("zz{i:02}"));
@@ -204,17 +159,9 @@ mod tests {
         assert_eq!(kconfig(cfg, "FOO"), None);
         assert_eq!(
             deb_name_version("linux-image-6.12.107+deb13-riscv64_6.12.107-1_riscv64.deb"),
-            Some((
-                "linux-image-6.12.107+deb13-riscv64".into(),
-                "6.12.107-1".into()
-            ))
+            Some(("linux-image-6.12.107+deb13-riscv64".into(), "6.12.107-1".into()))
         );
-        assert_eq!(
-            deb_name_version("busybox-static_1%3a1.37.0-6+b3_riscv64.deb")
-                .unwrap()
-                .1,
-            "1:1.37.0-6+b3"
-        );
+        assert_eq!(deb_name_version("busybox-static_1%3a1.37.0-6+b3_riscv64.deb").unwrap().1, "1:1.37.0-6+b3");
         assert_eq!(deb_name_version("lock"), None);
     }
 }

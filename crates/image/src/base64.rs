@@ -10,24 +10,12 @@ const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 pub fn encode(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         out.push(STD[(n >> 18) as usize & 63] as char);
         out.push(STD[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            STD[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            STD[n as usize & 63] as char
-        } else {
-            '='
-        });
+        out.push(if chunk.len() > 1 { STD[(n >> 6) as usize & 63] as char } else { '=' });
+        out.push(if chunk.len() > 2 { STD[n as usize & 63] as char } else { '=' });
     }
     out
 }
@@ -92,9 +80,7 @@ mod tests {
     fn shell_command_roundtrip_and_alphabet() {
         let cmd = "uname -m && sha256sum /etc/hostname; echo \"$HOME\" | tr a-z A-Z >/dev/null ?>";
         let enc = encode(cmd.as_bytes());
-        assert!(enc
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c)));
+        assert!(enc.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c)));
         assert_eq!(decode(&enc).unwrap(), cmd.as_bytes());
         // bytes that produce '+' and '/' in the standard alphabet
         assert_eq!(encode(&[0xfb, 0xff]), "+/8=");

@@ -31,10 +31,7 @@ struct Ctx {
 impl Ctx {
     fn say(&self, msg: &str) {
         if self.progress {
-            eprintln!(
-                "ftvm image: [{:6.1}s] {msg}",
-                self.start.elapsed().as_secs_f64()
-            );
+            eprintln!("ftvm image: [{:6.1}s] {msg}", self.start.elapsed().as_secs_f64());
         }
     }
 }
@@ -48,11 +45,7 @@ fn err(step: &str, cause: impl std::fmt::Display) -> ImageError {
 fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(
-            ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-                .iter()
-                .map(PathBuf::from),
-        )
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"].iter().map(PathBuf::from))
         .map(|d| d.join(tool))
         .find(|p| p.is_file())
 }
@@ -62,14 +55,7 @@ fn which(tool: &str) -> Option<PathBuf> {
 fn child_path() -> std::ffi::OsString {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
-    for d in [
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-    ] {
+    for d in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
         if !dirs.iter().any(|x| x == Path::new(d)) {
             dirs.push(PathBuf::from(d));
         }
@@ -78,13 +64,12 @@ fn child_path() -> std::ffi::OsString {
 }
 
 fn tool(name: &str) -> Result<PathBuf, ImageError> {
-    let pkg = TOOLS
-        .iter()
-        .find(|(t, _)| *t == name)
-        .map(|(_, p)| *p)
-        .unwrap_or(name);
+    let pkg = TOOLS.iter().find(|(t, _)| *t == name).map(|(_, p)| *p).unwrap_or(name);
     which(name).ok_or_else(|| {
-        err("checking host tools", format!("`{name}` not found; install the Debian package `{pkg}` (or run scripts/install-deps.sh)"))
+        err(
+            "checking host tools",
+            format!("`{name}` not found; install the Debian package `{pkg}` (or run scripts/install-deps.sh)"),
+        )
     })
 }
 
@@ -105,11 +90,8 @@ fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageErr
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     if let Some(log) = log {
-        let _ = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .and_then(|mut f| f.write_all(text.as_bytes()));
+        let _ =
+            fs::OpenOptions::new().create(true).append(true).open(log).and_then(|mut f| f.write_all(text.as_bytes()));
     }
     if out.status.success() {
         return Ok(());
@@ -132,13 +114,7 @@ fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageErr
 }
 
 /// Pipe `input` through `prog args...` into `out`.
-fn filter(
-    step: &str,
-    prog: &Path,
-    args: &[&str],
-    input: &[u8],
-    out: &Path,
-) -> Result<(), ImageError> {
+fn filter(step: &str, prog: &Path, args: &[&str], input: &[u8], out: &Path) -> Result<(), ImageError> {
     let file = fs::File::create(out).map_err(|e| err(step, format!("{}: {e}", out.display())))?;
     let mut child = Command::new(prog)
         .env("PATH", child_path())
@@ -152,19 +128,11 @@ fn filter(
     let data = input.to_vec();
     let writer = std::thread::spawn(move || stdin.write_all(&data));
     let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .ok();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).ok();
     let status = child.wait().map_err(|e| err(step, e))?;
     let wrote = writer.join().unwrap_or(Ok(()));
     if !status.success() {
-        return Err(err(
-            step,
-            format!("{} failed ({status}): {}", prog.display(), stderr.trim()),
-        ));
+        return Err(err(step, format!("{} failed ({status}): {}", prog.display(), stderr.trim())));
     }
     wrote.map_err(|e| err(step, format!("writing to {}: {e}", prog.display())))
 }
@@ -201,10 +169,7 @@ fn pid_alive(pid: &str) -> bool {
 }
 
 pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage, ImageError> {
-    let ctx = Ctx {
-        start: Instant::now(),
-        progress: opts.progress,
-    };
+    let ctx = Ctx { start: Instant::now(), progress: opts.progress };
     if !opts.force {
         if let Ok((img, _)) = crate::locate_in(final_dir) {
             ctx.say(&format!("image is up to date in {}", final_dir.display()));
@@ -223,27 +188,16 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
         ));
     }
     let env_mirror = std::env::var("FTVM_DEBIAN_MIRROR").ok();
-    let mirror = crate::mirror::resolve(
-        opts.mirror.as_deref(),
-        env_mirror.as_deref(),
-        Path::new("/"),
-    )?;
+    let mirror = crate::mirror::resolve(opts.mirror.as_deref(), env_mirror.as_deref(), Path::new("/"))?;
 
     let images = final_dir.parent().unwrap_or(Path::new("/")).to_path_buf();
-    fs::create_dir_all(&images).map_err(|e| {
-        err(
-            "creating the cache directory",
-            format!("{}: {e}", images.display()),
-        )
-    })?;
+    fs::create_dir_all(&images)
+        .map_err(|e| err("creating the cache directory", format!("{}: {e}", images.display())))?;
     // leftovers of interrupted builds
     if let Ok(rd) = fs::read_dir(&images) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name
-                .strip_prefix(".build-")
-                .or_else(|| name.strip_prefix(".old-"))
-            {
+            if let Some(pid) = name.strip_prefix(".build-").or_else(|| name.strip_prefix(".old-")) {
                 if !pid_alive(pid) {
                     let _ = fs::remove_dir_all(e.path());
                 }
@@ -252,20 +206,14 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     }
     let work = images.join(format!(".build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work).map_err(|e| {
-        err(
-            "creating the build directory",
-            format!("{}: {e}", work.display()),
-        )
-    })?;
+    fs::create_dir_all(&work).map_err(|e| err("creating the build directory", format!("{}: {e}", work.display())))?;
     let result = build_in(&ctx, &work, &mirror);
     let result = result.and_then(|stamp| install(&ctx, &work, final_dir, stamp));
     let saved_log = images.join("last-build.log");
     let _ = fs::rename(work.join("build.log"), &saved_log);
     let result = result.map_err(|mut e| {
         if saved_log.exists() {
-            e.cause
-                .push_str(&format!(" (log: {})", saved_log.display()));
+            e.cause.push_str(&format!(" (log: {})", saved_log.display()));
         }
         e
     });
@@ -273,34 +221,19 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     result
 }
 
-fn install(
-    ctx: &Ctx,
-    work: &Path,
-    final_dir: &Path,
-    mut stamp: Stamp,
-) -> Result<GuestImage, ImageError> {
+fn install(ctx: &Ctx, work: &Path, final_dir: &Path, mut stamp: Stamp) -> Result<GuestImage, ImageError> {
     let step = "installing the image";
     let out = work.join("image");
     stamp.build_seconds = ctx.start.elapsed().as_secs_f64();
     fs::write(out.join(crate::STAMP_FILE), stamp.render()).map_err(|e| err(step, e))?;
     let old = final_dir.with_file_name(format!(".old-{}", std::process::id()));
     if final_dir.exists() {
-        fs::rename(final_dir, &old)
-            .map_err(|e| err(step, format!("moving the old image aside: {e}")))?;
+        fs::rename(final_dir, &old).map_err(|e| err(step, format!("moving the old image aside: {e}")))?;
     }
-    fs::rename(&out, final_dir).map_err(|e| {
-        err(
-            step,
-            format!("{} -> {}: {e}", out.display(), final_dir.display()),
-        )
-    })?;
+    fs::rename(&out, final_dir).map_err(|e| err(step, format!("{} -> {}: {e}", out.display(), final_dir.display())))?;
     let _ = fs::remove_dir_all(&old);
     let (img, _) = crate::locate_in(final_dir)?;
-    ctx.say(&format!(
-        "done: {} (kernel {})",
-        final_dir.display(),
-        img.kernel_version
-    ));
+    ctx.say(&format!("done: {} (kernel {})", final_dir.display(), img.kernel_version));
     Ok(img)
 }
 
@@ -311,20 +244,13 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     let log = work.join("build.log");
 
     // ---- 1. packages
-    ctx.say(&format!(
-        "fetching {} {} packages with mmdebstrap from {mirror}",
-        crate::SUITE,
-        crate::ARCH
-    ));
+    ctx.say(&format!("fetching {} {} packages with mmdebstrap from {mirror}", crate::SUITE, crate::ARCH));
     let step = "extracting Debian packages (mmdebstrap)";
     // .debs of the previous build: apt skips downloading files it finds in
     // the target's archive directory with the right hash
     let deb_cache = crate::cache_dir().join("debs").join(crate::IMAGE_NAME);
     let mut hooks = Vec::new();
-    if fs::read_dir(&deb_cache)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false)
-    {
+    if fs::read_dir(&deb_cache).map(|mut d| d.next().is_some()).unwrap_or(false) {
         let q = shell_quote(&deb_cache.to_string_lossy());
         hooks.push(format!(
             "--setup-hook=mkdir -p \"$1/var/cache/apt/archives\" && for f in {q}/*.deb; do ln -f \"$f\" \"$1/var/cache/apt/archives/\" 2>/dev/null || cp \"$f\" \"$1/var/cache/apt/archives/\"; done; true"
@@ -390,37 +316,23 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
         })
         .collect();
     kernels.sort();
-    let kfile = kernels.pop().ok_or_else(|| {
-        err(
-            step,
-            format!("no vmlinux-*/vmlinuz-* in {}", boot.display()),
-        )
-    })?;
+    let kfile = kernels.pop().ok_or_else(|| err(step, format!("no vmlinux-*/vmlinuz-* in {}", boot.display())))?;
     let kname = kfile.file_name().unwrap().to_string_lossy().into_owned();
     let version = kname[8..].to_string();
-    let kernel_pkg = packages
-        .iter()
-        .find(|(p, _)| *p == format!("linux-image-{version}"));
+    let kernel_pkg = packages.iter().find(|(p, _)| *p == format!("linux-image-{version}"));
     ctx.say(&format!(
         "kernel {version} from {}",
-        kernel_pkg
-            .map(|(p, v)| format!("{p} {v}"))
-            .unwrap_or_else(|| "an unknown package".into())
+        kernel_pkg.map(|(p, v)| format!("{p} {v}")).unwrap_or_else(|| "an unknown package".into())
     ));
     let data = fs::read(&kfile).map_err(|e| err(step, format!("{}: {e}", kfile.display())))?;
     let step = "preparing the kernel Image";
     let image = match artifacts::kernel_format(&data) {
         KernelFormat::Raw => {
-            ctx.say(&format!(
-                "/boot/{kname} is a raw (uncompressed) RISC-V Image, {} bytes: used as is",
-                data.len()
-            ));
+            ctx.say(&format!("/boot/{kname} is a raw (uncompressed) RISC-V Image, {} bytes: used as is", data.len()));
             data
         }
         KernelFormat::Compressed(method) => {
-            ctx.say(&format!(
-                "/boot/{kname} is {method}-compressed: decompressing to a raw Image"
-            ));
+            ctx.say(&format!("/boot/{kname} is {method}-compressed: decompressing to a raw Image"));
             let prog = tool(if method == "gzip" {
                 "gzip"
             } else if method == "zstd" {
@@ -430,30 +342,20 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             })?;
             decompress(step, &prog, &kfile)?
         }
-        KernelFormat::ZBoot {
-            offset,
-            size,
-            method,
-        } => {
-            ctx.say(&format!(
-                "/boot/{kname} is an EFI zboot image ({method}): extracting the raw Image"
-            ));
+        KernelFormat::ZBoot { offset, size, method } => {
+            ctx.say(&format!("/boot/{kname} is an EFI zboot image ({method}): extracting the raw Image"));
             let prog = match method.as_str() {
                 "gzip" => tool("gzip")?,
                 "zstd" | "zstd22" => tool("zstd")?,
                 "xz" | "lzma" => tool("xz")?,
                 m => return Err(err(step, format!("unsupported zboot compression {m}"))),
             };
-            let payload = data
-                .get(offset..offset + size)
-                .ok_or_else(|| err(step, "zboot payload out of range"))?;
+            let payload = data.get(offset..offset + size).ok_or_else(|| err(step, "zboot payload out of range"))?;
             let tmp = work.join("kernel.payload");
             fs::write(&tmp, payload).map_err(|e| err(step, e))?;
             decompress(step, &prog, &tmp)?
         }
-        KernelFormat::Unknown => {
-            return Err(err(step, format!("/boot/{kname} is in an unknown format")))
-        }
+        KernelFormat::Unknown => return Err(err(step, format!("/boot/{kname} is in an unknown format"))),
     };
     if !artifacts::is_riscv_image(&image) {
         return Err(err(step, "the kernel has no RISC-V Image header"));
@@ -468,17 +370,12 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     // ---- 3. firmware
     let step = "copying OpenSBI fw_dynamic.bin";
     let fw = stage.join("usr/lib/riscv64-linux-gnu/opensbi/generic/fw_dynamic.bin");
-    fs::copy(&fw, out.join("fw_dynamic.bin"))
-        .map_err(|e| err(step, format!("{}: {e}", fw.display())))?;
+    fs::copy(&fw, out.join("fw_dynamic.bin")).map_err(|e| err(step, format!("{}: {e}", fw.display())))?;
 
     // ---- 4. modules
     let step = "resolving kernel modules";
     let moddir = stage.join("usr/lib/modules").join(&version);
-    let moddir = if moddir.is_dir() {
-        moddir
-    } else {
-        stage.join("lib/modules").join(&version)
-    };
+    let moddir = if moddir.is_dir() { moddir } else { stage.join("lib/modules").join(&version) };
     if !moddir.is_dir() {
         return Err(err(step, format!("no module directory for {version}")));
     }
@@ -491,21 +388,11 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             "ext4" => "EXT4_FS",
             _ => continue,
         };
-        ctx.say(&format!(
-            "CONFIG_{key}={}",
-            artifacts::kconfig(&config, key).unwrap_or("(unset)")
-        ));
+        ctx.say(&format!("CONFIG_{key}={}", artifacts::kconfig(&config, key).unwrap_or("(unset)")));
     }
     if !moddir.join("modules.dep").is_file() {
         ctx.say("running depmod (Debian ships no modules.dep)");
-        run(
-            "running depmod",
-            Command::new(tool("depmod")?)
-                .arg("-b")
-                .arg(&stage)
-                .arg(&version),
-            Some(&log),
-        )?;
+        run("running depmod", Command::new(tool("depmod")?).arg("-b").arg(&stage).arg(&version), Some(&log))?;
     }
     let read = |n: &str| fs::read_to_string(moddir.join(n)).unwrap_or_default();
     let db = ModuleDb::parse(
@@ -515,57 +402,26 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
         &read("modules.builtin"),
     );
     if db.modules.is_empty() {
-        return Err(err(
-            step,
-            format!("{}/modules.dep is empty", moddir.display()),
-        ));
+        return Err(err(step, format!("{}/modules.dep is empty", moddir.display())));
     }
     let order = db.resolve(crate::ROOT_MODULES).map_err(|e| err(step, e))?;
     let names: Vec<String> = order.iter().map(|(n, _)| n.clone()).collect();
-    ctx.say(&format!(
-        "initramfs modules (load order): {}",
-        names.join(" ")
-    ));
+    ctx.say(&format!("initramfs modules (load order): {}", names.join(" ")));
 
     // ---- 5. initramfs
     let step = "building the initramfs";
     let busybox = stage.join("usr/bin/busybox");
     let bb = fs::read(&busybox).map_err(|e| err(step, format!("{}: {e}", busybox.display())))?;
     let applets = artifacts::busybox_applets(&bb).map_err(|e| err(step, e))?;
-    for needed in [
-        "sh",
-        "mount",
-        "insmod",
-        "switch_root",
-        "devmem",
-        "base64",
-        "ip",
-        "setsid",
-        "cttyhack",
-        "usleep",
-    ] {
+    for needed in ["sh", "mount", "insmod", "switch_root", "devmem", "base64", "ip", "setsid", "cttyhack", "usleep"] {
         if !applets.iter().any(|a| a == needed) {
-            return Err(err(
-                step,
-                format!("busybox-static lacks the `{needed}` applet"),
-            ));
+            return Err(err(step, format!("busybox-static lacks the `{needed}` applet")));
         }
     }
     let xz = tool("xz")?;
     let mut cpio = CpioWriter::new(Vec::with_capacity(16 << 20));
     let c = |r: std::io::Result<()>| r.map_err(|e| err(step, e));
-    for d in [
-        "bin",
-        "dev",
-        "etc",
-        "lib",
-        "lib/modules",
-        "newroot",
-        "proc",
-        "run",
-        "sys",
-        "tmp",
-    ] {
+    for d in ["bin", "dev", "etc", "lib", "lib/modules", "newroot", "proc", "run", "sys", "tmp"] {
         c(cpio.dir(d, 0o755))?;
     }
     c(cpio.char_dev("dev/console", 0o600, 5, 1))?;
@@ -620,10 +476,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
         step,
         Command::new(tool("mke2fs")?)
             .args(["-q", "-F", "-t", "ext4", "-L", "ftvm-root", "-m", "0"])
-            .args([
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=1,root_owner=0:0",
-            ])
+            .args(["-E", "lazy_itable_init=0,lazy_journal_init=1,root_owner=0:0"])
             .arg("-d")
             .arg(&stage)
             .arg(&rootfs)
@@ -690,10 +543,7 @@ fn prepare_root(root: &Path, applets: &[String]) -> std::io::Result<()> {
     }
     // busybox applets for everything the packages do not provide
     for a in applets.iter().filter(|a| a.as_str() != "busybox") {
-        if ["usr/bin", "usr/sbin", "bin", "sbin"]
-            .iter()
-            .any(|d| fs::symlink_metadata(root.join(d).join(a)).is_ok())
-        {
+        if ["usr/bin", "usr/sbin", "bin", "sbin"].iter().any(|d| fs::symlink_metadata(root.join(d).join(a)).is_ok()) {
             continue;
         }
         symlink("busybox", root.join("usr/bin").join(a))?;
@@ -725,12 +575,7 @@ mod tests {
     #[test]
     fn quoting_and_failing_commands() {
         assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
-        let e = run(
-            "probing",
-            Command::new("sh").args(["-c", "echo one; echo two >&2; exit 3"]),
-            None,
-        )
-        .unwrap_err();
+        let e = run("probing", Command::new("sh").args(["-c", "echo one; echo two >&2; exit 3"]), None).unwrap_err();
         assert_eq!(e.step, "probing");
         assert!(e.cause.contains("one | two"), "{e}");
         assert!(!e.to_string().contains('\n'));

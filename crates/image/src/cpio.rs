@@ -17,11 +17,7 @@ pub struct CpioWriter<W: Write> {
 
 impl<W: Write> CpioWriter<W> {
     pub fn new(out: W) -> Self {
-        CpioWriter {
-            out,
-            ino: 1,
-            written: 0,
-        }
+        CpioWriter { out, ino: 1, written: 0 }
     }
 
     fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -36,14 +32,7 @@ impl<W: Write> CpioWriter<W> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn entry(
-        &mut self,
-        name: &str,
-        mode: u32,
-        nlink: u32,
-        rdev: (u32, u32),
-        data: &[u8],
-    ) -> io::Result<()> {
+    fn entry(&mut self, name: &str, mode: u32, nlink: u32, rdev: (u32, u32), data: &[u8]) -> io::Result<()> {
         let name = name.trim_start_matches('/');
         let ino = if name == "TRAILER!!!" { 0 } else { self.ino };
         self.ino += 1;
@@ -125,9 +114,7 @@ mod tests {
             let mode = field(h, 1);
             let size = field(h, 6) as usize;
             let namesize = field(h, 11) as usize;
-            let name = std::str::from_utf8(&out[off + 110..off + 110 + namesize - 1])
-                .unwrap()
-                .to_string();
+            let name = std::str::from_utf8(&out[off + 110..off + 110 + namesize - 1]).unwrap().to_string();
             let data_off = (off + 110 + namesize + 3) & !3;
             let data = out[data_off..data_off + size].to_vec();
             off = (data_off + size + 3) & !3;
@@ -139,14 +126,8 @@ mod tests {
         assert_eq!(off, out.len());
         assert_eq!(seen[0].0, "bin");
         assert_eq!(seen[0].1, 0o40755);
-        assert_eq!(
-            seen[1],
-            ("init".into(), 0o100755, b"#!/bin/sh\n".to_vec(), 0, 0)
-        );
-        assert_eq!(
-            seen[2],
-            ("bin/sh".into(), 0o120777, b"busybox".to_vec(), 0, 0)
-        );
+        assert_eq!(seen[1], ("init".into(), 0o100755, b"#!/bin/sh\n".to_vec(), 0, 0));
+        assert_eq!(seen[2], ("bin/sh".into(), 0o120777, b"busybox".to_vec(), 0, 0));
         assert_eq!(seen[3], ("dev/console".into(), 0o20600, vec![], 5, 1));
     }
 }

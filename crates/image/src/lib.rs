@@ -51,14 +51,8 @@ pub const STAMP_FILE: &str = "ftvm-image.stamp";
 /// Bump when the build recipe changes in a way the guest files don't show.
 pub const RECIPE_VERSION: u32 = 1;
 /// Debian packages extracted for the image (dependencies resolved by apt).
-pub const PACKAGES: &[&str] = &[
-    "linux-image-riscv64",
-    "opensbi",
-    "busybox-static",
-    "redis-server",
-    "redis-tools",
-    "iperf3",
-];
+pub const PACKAGES: &[&str] =
+    &["linux-image-riscv64", "opensbi", "busybox-static", "redis-server", "redis-tools", "iperf3"];
 /// Modules the initramfs loads (plus their dependencies) when not built in.
 pub const ROOT_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "ext4"];
 /// Size of the sparse ext4 root image.
@@ -68,56 +62,16 @@ pub(crate) const GUEST_INIT: &str = include_str!("../../../guest/init");
 pub(crate) const GUEST_ROOT_INIT: &str = include_str!("../../../guest/ftvm-init");
 /// Files copied over the extracted root: (path, mode, contents).
 pub(crate) const GUEST_ROOT_FILES: &[(&str, u32, &str)] = &[
-    (
-        "etc/passwd",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/passwd"),
-    ),
-    (
-        "etc/group",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/group"),
-    ),
-    (
-        "etc/shadow",
-        0o640,
-        include_str!("../../../guest/rootfs/etc/shadow"),
-    ),
-    (
-        "etc/hostname",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/hostname"),
-    ),
-    (
-        "etc/hosts",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/hosts"),
-    ),
-    (
-        "etc/nsswitch.conf",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/nsswitch.conf"),
-    ),
-    (
-        "etc/profile",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/profile"),
-    ),
-    (
-        "etc/fstab",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/fstab"),
-    ),
-    (
-        "etc/resolv.conf",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/resolv.conf"),
-    ),
-    (
-        "etc/redis/redis.conf",
-        0o644,
-        include_str!("../../../guest/rootfs/etc/redis/redis.conf"),
-    ),
+    ("etc/passwd", 0o644, include_str!("../../../guest/rootfs/etc/passwd")),
+    ("etc/group", 0o644, include_str!("../../../guest/rootfs/etc/group")),
+    ("etc/shadow", 0o640, include_str!("../../../guest/rootfs/etc/shadow")),
+    ("etc/hostname", 0o644, include_str!("../../../guest/rootfs/etc/hostname")),
+    ("etc/hosts", 0o644, include_str!("../../../guest/rootfs/etc/hosts")),
+    ("etc/nsswitch.conf", 0o644, include_str!("../../../guest/rootfs/etc/nsswitch.conf")),
+    ("etc/profile", 0o644, include_str!("../../../guest/rootfs/etc/profile")),
+    ("etc/fstab", 0o644, include_str!("../../../guest/rootfs/etc/fstab")),
+    ("etc/resolv.conf", 0o644, include_str!("../../../guest/rootfs/etc/resolv.conf")),
+    ("etc/redis/redis.conf", 0o644, include_str!("../../../guest/rootfs/etc/redis/redis.conf")),
 ];
 
 /// A built guest image: everything `ftvm run` (or QEMU) needs.
@@ -155,10 +109,7 @@ pub struct ImageError {
 
 impl ImageError {
     pub fn new(step: impl Into<String>, cause: impl Into<String>) -> Self {
-        ImageError {
-            step: step.into(),
-            cause: cause.into(),
-        }
+        ImageError { step: step.into(), cause: cause.into() }
     }
 }
 
@@ -173,11 +124,7 @@ impl std::error::Error for ImageError {}
 /// ftvm's cache directory: `$FTVM_CACHE_DIR`, else `$XDG_CACHE_HOME/ftvm`,
 /// else `$HOME/.cache/ftvm`.
 pub fn cache_dir() -> PathBuf {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(d) = var("FTVM_CACHE_DIR") {
         return d;
     }
@@ -246,11 +193,7 @@ impl Stamp {
                 "initrd_compression" => st.initrd_compression = v.into(),
                 "build_seconds" => st.build_seconds = v.parse().unwrap_or(0.0),
                 "initrd_modules" => {
-                    st.initrd_modules = v
-                        .split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
+                    st.initrd_modules = v.split(',').filter(|s| !s.is_empty()).map(String::from).collect()
                 }
                 _ => {}
             }
@@ -285,37 +228,21 @@ pub(crate) fn locate_in(dir: &Path) -> Result<(GuestImage, Stamp), ImageError> {
     let step = "locating the guest image";
     let hint = "run `ftvm image build`";
     let stamp_path = dir.join(STAMP_FILE);
-    let text = std::fs::read_to_string(&stamp_path).map_err(|_| {
-        ImageError::new(
-            step,
-            format!("no built image in {} ({hint})", dir.display()),
-        )
-    })?;
-    let stamp = Stamp::parse(&text).ok_or_else(|| {
-        ImageError::new(
-            step,
-            format!("{} is unreadable ({hint} --force)", stamp_path.display()),
-        )
-    })?;
+    let text = std::fs::read_to_string(&stamp_path)
+        .map_err(|_| ImageError::new(step, format!("no built image in {} ({hint})", dir.display())))?;
+    let stamp = Stamp::parse(&text)
+        .ok_or_else(|| ImageError::new(step, format!("{} is unreadable ({hint} --force)", stamp_path.display())))?;
     if stamp.recipe != recipe_fingerprint() {
         return Err(ImageError::new(
             step,
-            format!(
-                "the image in {} was built by another recipe version ({hint} to rebuild)",
-                dir.display()
-            ),
+            format!("the image in {} was built by another recipe version ({hint} to rebuild)", dir.display()),
         ));
     }
     for a in ARTIFACTS {
         let p = dir.join(a);
         match std::fs::metadata(&p) {
             Ok(m) if m.len() > 0 => {}
-            _ => {
-                return Err(ImageError::new(
-                    step,
-                    format!("{} is missing or empty ({hint} --force)", p.display()),
-                ))
-            }
+            _ => return Err(ImageError::new(step, format!("{} is missing or empty ({hint} --force)", p.display()))),
         }
     }
     let img = GuestImage {
@@ -378,10 +305,7 @@ mod tests {
             mirror: "http://m.example/debian".into(),
             initrd_compression: "zstd".into(),
             build_seconds: 12.5,
-            packages: vec![
-                ("busybox-static".into(), "1:1.37.0-6".into()),
-                ("redis-server".into(), "5:8.0.2-3".into()),
-            ],
+            packages: vec![("busybox-static".into(), "1:1.37.0-6".into()), ("redis-server".into(), "5:8.0.2-3".into())],
             initrd_modules: vec!["crc16".into(), "ext4".into()],
         };
         assert_eq!(Stamp::parse(&st.render()), Some(st));
@@ -395,11 +319,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let err = locate_in(&dir).unwrap_err().to_string();
         assert!(err.contains("ftvm image build"), "{err}");
-        let st = Stamp {
-            recipe: recipe_fingerprint(),
-            kernel_version: "6.12.1".into(),
-            ..Default::default()
-        };
+        let st = Stamp { recipe: recipe_fingerprint(), kernel_version: "6.12.1".into(), ..Default::default() };
         std::fs::write(dir.join(STAMP_FILE), st.render()).unwrap();
         for a in ARTIFACTS {
             std::fs::write(dir.join(a), b"x").unwrap();
@@ -408,19 +328,10 @@ mod tests {
         assert_eq!(img.kernel_version, "6.12.1");
         assert_eq!(img.rootfs, dir.join("rootfs.ext4"));
         std::fs::write(dir.join("Image"), b"").unwrap();
-        assert!(locate_in(&dir)
-            .unwrap_err()
-            .to_string()
-            .contains("Image is missing or empty"));
-        let old = Stamp {
-            recipe: "0-0".into(),
-            ..st
-        };
+        assert!(locate_in(&dir).unwrap_err().to_string().contains("Image is missing or empty"));
+        let old = Stamp { recipe: "0-0".into(), ..st };
         std::fs::write(dir.join(STAMP_FILE), old.render()).unwrap();
-        assert!(locate_in(&dir)
-            .unwrap_err()
-            .to_string()
-            .contains("another recipe"));
+        assert!(locate_in(&dir).unwrap_err().to_string().contains("another recipe"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -429,11 +340,7 @@ mod tests {
         // only checks the FTVM_CACHE_DIR branch without touching the others
         if std::env::var_os("FTVM_CACHE_DIR").is_none() {
             let d = cache_dir();
-            assert!(
-                d.ends_with("ftvm") || d.ends_with("ftvm-cache"),
-                "{}",
-                d.display()
-            );
+            assert!(d.ends_with("ftvm") || d.ends_with("ftvm-cache"), "{}", d.display());
         }
     }
 }

@@ -74,19 +74,12 @@ pub fn parse_deb822(text: &str) -> Vec<AptSource> {
                 .map(|(_, v)| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
                 .unwrap_or_default()
         };
-        let enabled = get("Enabled")
-            .first()
-            .map(|v| v.as_str() != "no")
-            .unwrap_or(true);
+        let enabled = get("Enabled").first().map(|v| v.as_str() != "no").unwrap_or(true);
         if enabled && get("Types").iter().any(|t| t == "deb") {
             let comps = get("Components");
             for uri in get("URIs") {
                 for suite in get("Suites") {
-                    out.push(AptSource {
-                        uri: uri.clone(),
-                        suite,
-                        components: comps.clone(),
-                    });
+                    out.push(AptSource { uri: uri.clone(), suite, components: comps.clone() });
                 }
             }
         }
@@ -114,9 +107,7 @@ pub fn parse_deb822(text: &str) -> Vec<AptSource> {
 /// Whether a source looks like the main Debian archive.
 pub fn is_debian_archive(src: &AptSource) -> bool {
     let uri = src.uri.trim_end_matches('/');
-    let scheme_ok = ["http://", "https://", "ftp://", "file:/"]
-        .iter()
-        .any(|s| uri.starts_with(s));
+    let scheme_ok = ["http://", "https://", "ftp://", "file:/"].iter().any(|s| uri.starts_with(s));
     let suite = src.suite.trim_end_matches('/');
     scheme_ok
         && !uri.ends_with("-security")
@@ -128,10 +119,7 @@ pub fn is_debian_archive(src: &AptSource) -> bool {
 /// Pick the mirror from parsed sources: the first Debian archive, without a
 /// trailing slash.
 pub fn pick_mirror(sources: &[AptSource]) -> Option<String> {
-    sources
-        .iter()
-        .find(|s| is_debian_archive(s))
-        .map(|s| s.uri.trim_end_matches('/').to_string())
+    sources.iter().find(|s| is_debian_archive(s)).map(|s| s.uri.trim_end_matches('/').to_string())
 }
 
 /// Read and parse every apt source file under `root` (normally `/`).
@@ -141,9 +129,8 @@ pub fn read_apt_sources(root: &Path) -> Vec<AptSource> {
         out.extend(parse_one_line(&text));
     }
     let dir = root.join("etc/apt/sources.list.d");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default();
     files.sort();
     for path in files {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
@@ -163,11 +150,7 @@ pub fn read_apt_sources(root: &Path) -> Vec<AptSource> {
 
 /// Resolve the mirror: `explicit`, else `$FTVM_DEBIAN_MIRROR`, else apt's
 /// configuration under `apt_root`.
-pub fn resolve(
-    explicit: Option<&str>,
-    env: Option<&str>,
-    apt_root: &Path,
-) -> Result<String, crate::ImageError> {
+pub fn resolve(explicit: Option<&str>, env: Option<&str>, apt_root: &Path) -> Result<String, crate::ImageError> {
     for m in [explicit, env].into_iter().flatten() {
         let m = m.trim();
         if !m.is_empty() {
@@ -215,10 +198,7 @@ Signed-By:
         assert_eq!(s[0].suite, "bookworm");
         assert_eq!(s[1].suite, "bookworm-updates");
         assert_eq!(s[2].suite, "bookworm-security");
-        assert_eq!(
-            pick_mirror(&s).as_deref(),
-            Some("http://mirror.example/debian")
-        );
+        assert_eq!(pick_mirror(&s).as_deref(), Some("http://mirror.example/debian"));
     }
 
     #[test]
@@ -228,10 +208,7 @@ Signed-By:
                     types: deb\nuris: https://m3.example/debian\nsuites: sid\ncomponents: main\n";
         let s = parse_deb822(text);
         assert_eq!(s.len(), 2, "{s:?}");
-        assert_eq!(
-            pick_mirror(&s).as_deref(),
-            Some("https://m3.example/debian")
-        );
+        assert_eq!(pick_mirror(&s).as_deref(), Some("https://m3.example/debian"));
     }
 
     #[test]
@@ -244,10 +221,7 @@ Signed-By:
         let s = parse_one_line(text);
         assert_eq!(s.len(), 3);
         assert_eq!(s[2].components, vec!["main", "contrib"]);
-        assert_eq!(
-            pick_mirror(&s).as_deref(),
-            Some("http://ftp.example/debian")
-        );
+        assert_eq!(pick_mirror(&s).as_deref(), Some("http://ftp.example/debian"));
     }
 
     #[test]
@@ -261,33 +235,14 @@ Signed-By:
         let dir = std::env::temp_dir().join(format!("ftvm-mirror-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("etc/apt/sources.list.d")).unwrap();
-        std::fs::write(
-            dir.join("etc/apt/sources.list.d/a.list.disabled"),
-            "deb http://no.example/debian sid main\n",
-        )
-        .unwrap();
+        std::fs::write(dir.join("etc/apt/sources.list.d/a.list.disabled"), "deb http://no.example/debian sid main\n")
+            .unwrap();
         std::fs::write(dir.join("etc/apt/sources.list.d/b.sources"), DEB822).unwrap();
-        assert_eq!(
-            resolve(None, None, &dir).unwrap(),
-            "http://mirror.example/debian"
-        );
-        std::fs::write(
-            dir.join("etc/apt/sources.list"),
-            "deb http://first.example/debian trixie main\n",
-        )
-        .unwrap();
-        assert_eq!(
-            resolve(None, None, &dir).unwrap(),
-            "http://first.example/debian"
-        );
-        assert_eq!(
-            resolve(None, Some("http://env.example/debian/"), &dir).unwrap(),
-            "http://env.example/debian"
-        );
-        assert_eq!(
-            resolve(Some("file:///srv/m"), Some("http://env.example/d"), &dir).unwrap(),
-            "file:///srv/m"
-        );
+        assert_eq!(resolve(None, None, &dir).unwrap(), "http://mirror.example/debian");
+        std::fs::write(dir.join("etc/apt/sources.list"), "deb http://first.example/debian trixie main\n").unwrap();
+        assert_eq!(resolve(None, None, &dir).unwrap(), "http://first.example/debian");
+        assert_eq!(resolve(None, Some("http://env.example/debian/"), &dir).unwrap(), "http://env.example/debian");
+        assert_eq!(resolve(Some("file:///srv/m"), Some("http://env.example/d"), &dir).unwrap(), "file:///srv/m");
         std::fs::remove_dir_all(&dir).unwrap();
         let err = resolve(None, Some(" "), &dir).unwrap_err().to_string();
         assert!(err.starts_with("finding the Debian mirror: "), "{err}");

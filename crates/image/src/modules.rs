@@ -44,8 +44,7 @@ impl ModuleDb {
                 continue;
             }
             let deps = deps.split_whitespace().map(module_name).collect();
-            db.modules
-                .insert(module_name(path), (path.to_string(), deps));
+            db.modules.insert(module_name(path), (path.to_string(), deps));
         }
         for line in softdep.lines() {
             let mut w = line.split_whitespace();
@@ -58,11 +57,7 @@ impl ModuleDb {
                 match word {
                     "pre:" => in_pre = true,
                     "post:" => in_pre = false,
-                    _ if in_pre => db
-                        .softdep_pre
-                        .entry(name.replace('-', "_"))
-                        .or_default()
-                        .push(word.to_string()),
+                    _ if in_pre => db.softdep_pre.entry(name.replace('-', "_")).or_default().push(word.to_string()),
                     _ => {}
                 }
             }
@@ -70,10 +65,7 @@ impl ModuleDb {
         for line in alias.lines() {
             let mut w = line.split_whitespace();
             if let (Some("alias"), Some(a), Some(m)) = (w.next(), w.next(), w.next()) {
-                db.aliases
-                    .entry(a.to_string())
-                    .or_default()
-                    .push(m.replace('-', "_"));
+                db.aliases.entry(a.to_string()).or_default().push(m.replace('-', "_"));
             }
         }
         for line in builtin.lines() {
@@ -107,9 +99,7 @@ impl ModuleDb {
                 continue;
             }
             if !self.modules.contains_key(&name) {
-                return Err(format!(
-                    "module {name} is neither in modules.dep nor built in"
-                ));
+                return Err(format!("module {name} is neither in modules.dep nor built in"));
             }
             self.visit(&name, &mut done, &mut Vec::new(), &mut order);
         }
@@ -179,37 +169,26 @@ alias virtio:d00000002v* virtio_blk
 ";
 
     fn pos(order: &[(String, String)], name: &str) -> usize {
-        order
-            .iter()
-            .position(|(n, _)| n == name)
-            .unwrap_or_else(|| panic!("{name} missing from {order:?}"))
+        order.iter().position(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing from {order:?}"))
     }
 
     #[test]
     fn names() {
         assert_eq!(module_name("kernel/fs/ext4/ext4.ko.xz"), "ext4");
-        assert_eq!(
-            module_name("kernel/drivers/hid/hid-generic.ko"),
-            "hid_generic"
-        );
+        assert_eq!(module_name("kernel/drivers/hid/hid-generic.ko"), "hid_generic");
         assert_eq!(module_name("crc16.ko.zst"), "crc16");
     }
 
     #[test]
     fn resolves_root_modules_in_load_order() {
         let db = ModuleDb::parse(DEP, SOFTDEP, ALIAS, "");
-        let order = db
-            .resolve(&["virtio_mmio", "virtio_blk", "virtio_net", "ext4"])
-            .unwrap();
+        let order = db.resolve(&["virtio_mmio", "virtio_blk", "virtio_net", "ext4"]).unwrap();
         let names: Vec<_> = order.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), 10, "{names:?}");
         assert!(pos(&order, "failover") < pos(&order, "net_failover"));
         assert!(pos(&order, "net_failover") < pos(&order, "virtio_net"));
         for dep in ["crc16", "mbcache", "jbd2", "crc32c_generic"] {
-            assert!(
-                pos(&order, dep) < pos(&order, "ext4"),
-                "{dep} after ext4: {names:?}"
-            );
+            assert!(pos(&order, dep) < pos(&order, "ext4"), "{dep} after ext4: {names:?}");
         }
         assert!(pos(&order, "crc32c_generic") < pos(&order, "jbd2"));
         assert_eq!(order[pos(&order, "ext4")].1, "kernel/fs/ext4/ext4.ko.xz");
@@ -218,27 +197,13 @@ alias virtio:d00000002v* virtio_blk
 
     #[test]
     fn softdep_post_ignored_and_builtin_skipped() {
-        let db = ModuleDb::parse(
-            DEP,
-            SOFTDEP,
-            ALIAS,
-            "kernel/lib/crc16.ko\nkernel/drivers/virtio/virtio_mmio.ko\n",
-        );
+        let db = ModuleDb::parse(DEP, SOFTDEP, ALIAS, "kernel/lib/crc16.ko\nkernel/drivers/virtio/virtio_mmio.ko\n");
         let order = db.resolve(&["virtio_mmio", "libcrc32c"]).unwrap();
         let names: Vec<_> = order.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["crc32c_generic", "libcrc32c"]);
-        let db2 = ModuleDb::parse(
-            DEP.replace("kernel/lib/crc16.ko.xz:\n", "").as_str(),
-            "",
-            "",
-            "kernel/lib/crc16.ko\n",
-        );
-        let names: Vec<_> = db2
-            .resolve(&["ext4"])
-            .unwrap()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let db2 =
+            ModuleDb::parse(DEP.replace("kernel/lib/crc16.ko.xz:\n", "").as_str(), "", "", "kernel/lib/crc16.ko\n");
+        let names: Vec<_> = db2.resolve(&["ext4"]).unwrap().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["jbd2", "mbcache", "ext4"]);
     }
 

@@ -53,11 +53,7 @@ pub fn exec_param(cmd: &str) -> String {
 /// and `ftvm.exec=` when `exec` is given, `ftvm.ip=` when `ip` is given
 /// (`ADDR/PREFIX[,GW]`), then `extra` verbatim. Fails when the result does
 /// not fit the kernel's 1024-byte command line.
-pub fn kernel_cmdline(
-    exec: Option<&str>,
-    ip: Option<&str>,
-    extra: &str,
-) -> Result<String, ImageError> {
+pub fn kernel_cmdline(exec: Option<&str>, ip: Option<&str>, extra: &str) -> Result<String, ImageError> {
     let mut parts = vec![BASE_CMDLINE.to_string()];
     if let Some(cmd) = exec {
         parts.push("quiet".into());
@@ -65,10 +61,7 @@ pub fn kernel_cmdline(
     }
     if let Some(ip) = ip {
         if ip.is_empty() || ip.contains(char::is_whitespace) {
-            return Err(ImageError::new(
-                "kernel command line",
-                format!("invalid ftvm.ip value {ip:?}"),
-            ));
+            return Err(ImageError::new("kernel command line", format!("invalid ftvm.ip value {ip:?}")));
         }
         parts.push(format!("ftvm.ip={ip}"));
     }
@@ -92,10 +85,7 @@ pub fn kernel_cmdline(
 
 /// Parse a `ftvm-exec-status=N` console line (trailing `\r` tolerated).
 pub fn parse_status_line(line: &str) -> Option<u8> {
-    line.trim_end_matches(['\r', '\n'])
-        .strip_prefix(EXEC_STATUS_PREFIX)?
-        .parse()
-        .ok()
+    line.trim_end_matches(['\r', '\n']).strip_prefix(EXEC_STATUS_PREFIX)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -106,12 +96,8 @@ mod tests {
     fn cmdline_with_exec() {
         let line = kernel_cmdline(Some("exit 3"), None, "").unwrap();
         assert_eq!(line, "console=ttyS0 quiet ftvm.exec=ZXhpdCAz");
-        let line =
-            kernel_cmdline(Some("true"), Some("10.0.2.15/24,10.0.2.2"), "ftvm.debug").unwrap();
-        assert_eq!(
-            line,
-            "console=ttyS0 quiet ftvm.exec=dHJ1ZQ== ftvm.ip=10.0.2.15/24,10.0.2.2 ftvm.debug"
-        );
+        let line = kernel_cmdline(Some("true"), Some("10.0.2.15/24,10.0.2.2"), "ftvm.debug").unwrap();
+        assert_eq!(line, "console=ttyS0 quiet ftvm.exec=dHJ1ZQ== ftvm.ip=10.0.2.15/24,10.0.2.2 ftvm.debug");
         assert_eq!(kernel_cmdline(None, None, "  ").unwrap(), "console=ttyS0");
     }
 

@@ -8,8 +8,8 @@
 //! facts, so two machines built from the same config boot identically.
 
 use ftvm_devices::layout::{
-    CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE,
-    UART_CLOCK_HZ, UART_IRQ, UART_SIZE, VIRTIO_STRIDE,
+    CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE, UART_CLOCK_HZ, UART_IRQ,
+    UART_SIZE, VIRTIO_STRIDE,
 };
 use ftvm_devices::plic::NUM_SOURCES;
 use vm_fdt::{FdtWriter, FdtWriterNode};
@@ -68,16 +68,11 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, String> {
         return Err("no RAM".into());
     }
     if cfg.timebase_freq == 0 || cfg.timebase_freq > u32::MAX as u64 {
-        return Err(format!(
-            "timebase frequency {} does not fit a cell",
-            cfg.timebase_freq
-        ));
+        return Err(format!("timebase frequency {} does not fit a cell", cfg.timebase_freq));
     }
     if let Some((start, end)) = cfg.initrd {
         if end < start {
-            return Err(format!(
-                "initrd ends ({end:#x}) before it starts ({start:#x})"
-            ));
+            return Err(format!("initrd ends ({end:#x}) before it starts ({start:#x})"));
         }
     }
     build(cfg).map_err(|e| e.to_string())
@@ -178,12 +173,7 @@ fn per_hart_irqs(harts: usize, irqs: &[u32]) -> Vec<u32> {
     cells
 }
 
-fn device(
-    w: &mut FdtWriter,
-    name: &str,
-    base: u64,
-    size: u64,
-) -> Result<FdtWriterNode, vm_fdt::Error> {
+fn device(w: &mut FdtWriter, name: &str, base: u64, size: u64) -> Result<FdtWriterNode, vm_fdt::Error> {
     let n = w.begin_node(&format!("{name}@{base:x}"))?;
     w.property_array_u64("reg", &[base, size])?;
     Ok(n)
@@ -197,31 +187,19 @@ fn soc(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
     w.property_null("ranges")?;
 
     let n = device(w, "clint", CLINT_BASE, CLINT_SIZE)?;
-    w.property_string_list(
-        "compatible",
-        vec!["sifive,clint0".into(), "riscv,clint0".into()],
-    )?;
-    w.property_array_u32(
-        "interrupts-extended",
-        &per_hart_irqs(cfg.harts, &[IRQ_M_SOFT, IRQ_M_TIMER]),
-    )?;
+    w.property_string_list("compatible", vec!["sifive,clint0".into(), "riscv,clint0".into()])?;
+    w.property_array_u32("interrupts-extended", &per_hart_irqs(cfg.harts, &[IRQ_M_SOFT, IRQ_M_TIMER]))?;
     w.end_node(n)?;
 
     // Context 2h is hart h's M-mode, 2h+1 its S-mode: the order of these
     // cells is what defines that numbering for the drivers.
     let n = device(w, "plic", PLIC_BASE, PLIC_SIZE)?;
-    w.property_string_list(
-        "compatible",
-        vec!["sifive,plic-1.0.0".into(), "riscv,plic0".into()],
-    )?;
+    w.property_string_list("compatible", vec!["sifive,plic-1.0.0".into(), "riscv,plic0".into()])?;
     w.property_u32("#address-cells", 0)?;
     w.property_u32("#interrupt-cells", 1)?;
     w.property_null("interrupt-controller")?;
     w.property_u32("riscv,ndev", NUM_SOURCES)?;
-    w.property_array_u32(
-        "interrupts-extended",
-        &per_hart_irqs(cfg.harts, &[IRQ_M_EXT, IRQ_S_EXT]),
-    )?;
+    w.property_array_u32("interrupts-extended", &per_hart_irqs(cfg.harts, &[IRQ_M_EXT, IRQ_S_EXT]))?;
     w.property_phandle(PHANDLE_PLIC)?;
     w.end_node(n)?;
 
@@ -233,14 +211,7 @@ fn soc(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
     w.end_node(n)?;
 
     let n = device(w, "test", SYSCON_BASE, SYSCON_SIZE)?;
-    w.property_string_list(
-        "compatible",
-        vec![
-            "sifive,test1".into(),
-            "sifive,test0".into(),
-            "syscon".into(),
-        ],
-    )?;
+    w.property_string_list("compatible", vec!["sifive,test1".into(), "sifive,test0".into(), "syscon".into()])?;
     w.property_phandle(PHANDLE_TEST)?;
     w.end_node(n)?;
 
@@ -323,23 +294,15 @@ mod tests {
     }
 
     fn prop<'a>(t: &'a Tree, node: &str, name: &str) -> &'a [u8] {
-        t.get(node)
-            .unwrap_or_else(|| panic!("no node {node}"))
-            .get(name)
-            .unwrap_or_else(|| panic!("no {node}:{name}"))
+        t.get(node).unwrap_or_else(|| panic!("no node {node}")).get(name).unwrap_or_else(|| panic!("no {node}:{name}"))
     }
 
     fn cells(v: &[u8]) -> Vec<u32> {
-        v.chunks(4)
-            .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
-            .collect()
+        v.chunks(4).map(|c| u32::from_be_bytes(c.try_into().unwrap())).collect()
     }
 
     fn strs(v: &[u8]) -> Vec<String> {
-        v.split(|&c| c == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8(s.to_vec()).unwrap())
-            .collect()
+        v.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8(s.to_vec()).unwrap()).collect()
     }
 
     fn config() -> FdtConfig {
@@ -350,9 +313,7 @@ mod tests {
             cmdline: "console=ttyS0 root=/dev/vda rw".into(),
             initrd: Some((0x9000_0000, 0x9100_0000)),
             timebase_freq: 10_000_000,
-            virtio: (0..8)
-                .map(|i| (0x1000_1000 + 0x1000 * i as u64, 1 + i))
-                .collect(),
+            virtio: (0..8).map(|i| (0x1000_1000 + 0x1000 * i as u64, 1 + i)).collect(),
         }
     }
 
@@ -361,38 +322,20 @@ mod tests {
         let blob = build_fdt(&config()).unwrap();
         let t = parse(&blob);
 
-        assert_eq!(
-            strs(prop(&t, "/chosen", "bootargs")),
-            ["console=ttyS0 root=/dev/vda rw"]
-        );
-        assert_eq!(
-            strs(prop(&t, "/chosen", "stdout-path")),
-            ["/soc/serial@10000000"]
-        );
-        assert_eq!(
-            prop(&t, "/chosen", "linux,initrd-start"),
-            0x9000_0000u64.to_be_bytes()
-        );
-        assert_eq!(
-            prop(&t, "/chosen", "linux,initrd-end"),
-            0x9100_0000u64.to_be_bytes()
-        );
+        assert_eq!(strs(prop(&t, "/chosen", "bootargs")), ["console=ttyS0 root=/dev/vda rw"]);
+        assert_eq!(strs(prop(&t, "/chosen", "stdout-path")), ["/soc/serial@10000000"]);
+        assert_eq!(prop(&t, "/chosen", "linux,initrd-start"), 0x9000_0000u64.to_be_bytes());
+        assert_eq!(prop(&t, "/chosen", "linux,initrd-end"), 0x9100_0000u64.to_be_bytes());
         assert!(!t["/chosen"].contains_key("rng-seed"));
 
-        assert_eq!(
-            cells(prop(&t, "/memory@80000000", "reg")),
-            [0, 0x8000_0000, 0, 0x2000_0000]
-        );
+        assert_eq!(cells(prop(&t, "/memory@80000000", "reg")), [0, 0x8000_0000, 0, 0x2000_0000]);
         assert_eq!(cells(prop(&t, "/cpus", "timebase-frequency")), [10_000_000]);
 
         let mut intc = Vec::new();
         for h in 0..2 {
             let cpu = format!("/cpus/cpu@{h}");
             assert_eq!(cells(prop(&t, &cpu, "reg")), [h]);
-            assert_eq!(
-                strs(prop(&t, &cpu, "riscv,isa")),
-                ["rv64imafdc_zicntr_zicsr_zifencei"]
-            );
+            assert_eq!(strs(prop(&t, &cpu, "riscv,isa")), ["rv64imafdc_zicntr_zicsr_zifencei"]);
             assert_eq!(strs(prop(&t, &cpu, "riscv,isa-base")), ["rv64i"]);
             assert_eq!(strs(prop(&t, &cpu, "riscv,isa-extensions")), ISA_EXTENSIONS);
             assert_eq!(strs(prop(&t, &cpu, "mmu-type")), ["riscv,sv48"]);
@@ -401,35 +344,20 @@ mod tests {
             assert!(prop(&t, &ic, "interrupt-controller").is_empty());
             intc.push(cells(prop(&t, &ic, "phandle"))[0]);
             let core = format!("/cpus/cpu-map/cluster0/core{h}");
-            assert_eq!(
-                cells(prop(&t, &core, "cpu")),
-                cells(prop(&t, &cpu, "phandle"))
-            );
+            assert_eq!(cells(prop(&t, &core, "cpu")), cells(prop(&t, &cpu, "phandle")));
         }
         assert_ne!(intc[0], intc[1]);
 
         let clint = "/soc/clint@2000000";
-        assert_eq!(
-            strs(prop(&t, clint, "compatible")),
-            ["sifive,clint0", "riscv,clint0"]
-        );
+        assert_eq!(strs(prop(&t, clint, "compatible")), ["sifive,clint0", "riscv,clint0"]);
         assert_eq!(cells(prop(&t, clint, "reg")), [0, 0x200_0000, 0, 0x1_0000]);
-        assert_eq!(
-            cells(prop(&t, clint, "interrupts-extended")),
-            [intc[0], 3, intc[0], 7, intc[1], 3, intc[1], 7]
-        );
+        assert_eq!(cells(prop(&t, clint, "interrupts-extended")), [intc[0], 3, intc[0], 7, intc[1], 3, intc[1], 7]);
 
         let plic = "/soc/plic@c000000";
-        assert_eq!(
-            strs(prop(&t, plic, "compatible")),
-            ["sifive,plic-1.0.0", "riscv,plic0"]
-        );
+        assert_eq!(strs(prop(&t, plic, "compatible")), ["sifive,plic-1.0.0", "riscv,plic0"]);
         assert_eq!(cells(prop(&t, plic, "reg")), [0, 0xc00_0000, 0, 0x60_0000]);
         assert_eq!(cells(prop(&t, plic, "riscv,ndev")), [NUM_SOURCES]);
-        assert_eq!(
-            cells(prop(&t, plic, "interrupts-extended")),
-            [intc[0], 11, intc[0], 9, intc[1], 11, intc[1], 9]
-        );
+        assert_eq!(cells(prop(&t, plic, "interrupts-extended")), [intc[0], 11, intc[0], 9, intc[1], 11, intc[1], 9]);
         let plic_ph = cells(prop(&t, plic, "phandle"))[0];
 
         let uart = "/soc/serial@10000000";
@@ -439,29 +367,20 @@ mod tests {
         assert_eq!(cells(prop(&t, uart, "interrupt-parent")), [plic_ph]);
 
         let test = "/soc/test@100000";
-        assert_eq!(
-            strs(prop(&t, test, "compatible")),
-            ["sifive,test1", "sifive,test0", "syscon"]
-        );
+        assert_eq!(strs(prop(&t, test, "compatible")), ["sifive,test1", "sifive,test0", "syscon"]);
         let test_ph = cells(prop(&t, test, "phandle"))[0];
         for (node, value) in [("/poweroff", 0x5555), ("/reboot", 0x7777)] {
             assert_eq!(cells(prop(&t, node, "regmap")), [test_ph]);
             assert_eq!(cells(prop(&t, node, "offset")), [0]);
             assert_eq!(cells(prop(&t, node, "value")), [value]);
         }
-        assert_eq!(
-            strs(prop(&t, "/poweroff", "compatible")),
-            ["syscon-poweroff"]
-        );
+        assert_eq!(strs(prop(&t, "/poweroff", "compatible")), ["syscon-poweroff"]);
         assert_eq!(strs(prop(&t, "/reboot", "compatible")), ["syscon-reboot"]);
 
         for i in 0..8u32 {
             let node = format!("/soc/virtio_mmio@{:x}", 0x1000_1000 + 0x1000 * i);
             assert_eq!(strs(prop(&t, &node, "compatible")), ["virtio,mmio"]);
-            assert_eq!(
-                cells(prop(&t, &node, "reg")),
-                [0, 0x1000_1000 + 0x1000 * i, 0, 0x1000]
-            );
+            assert_eq!(cells(prop(&t, &node, "reg")), [0, 0x1000_1000 + 0x1000 * i, 0, 0x1000]);
             assert_eq!(cells(prop(&t, &node, "interrupts")), [1 + i]);
             assert_eq!(cells(prop(&t, &node, "interrupt-parent")), [plic_ph]);
         }
@@ -505,21 +424,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let dtb = dir.join("board.dtb");
         std::fs::write(&dtb, build_fdt(&config()).unwrap()).unwrap();
-        let out = std::process::Command::new("dtc")
-            .args(["-I", "dtb", "-O", "dts"])
-            .arg(&dtb)
-            .output();
+        let out = std::process::Command::new("dtc").args(["-I", "dtb", "-O", "dts"]).arg(&dtb).output();
         std::fs::remove_dir_all(&dir).ok();
         let Ok(out) = out else { return };
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.stderr.is_empty(),
-            "dtc warnings: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "dtc warnings: {}", String::from_utf8_lossy(&out.stderr));
     }
 }

@@ -41,7 +41,12 @@ pub struct BootPlan {
 
 /// The fixed part of the layout, decided before the device tree is built
 /// (the tree must name the initrd's place).
-pub fn plan(ram: &GuestRam, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>) -> Result<(BootPlan, u64), MachineError> {
+pub fn plan(
+    ram: &GuestRam,
+    firmware: Option<&[u8]>,
+    kernel: &[u8],
+    initrd: Option<&[u8]>,
+) -> Result<(BootPlan, u64), MachineError> {
     if ram.size() < 2 * FDT_REGION {
         return err(format!("{} MiB of RAM is too small to boot anything", ram.size() / MIB));
     }
@@ -78,7 +83,14 @@ pub fn plan(ram: &GuestRam, firmware: Option<&[u8]>, kernel: &[u8], initrd: Opti
 }
 
 /// Write everything into RAM according to `plan`.
-pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel: &[u8], initrd: Option<&[u8]>, fdt: &[u8]) -> Result<(), MachineError> {
+pub fn load(
+    ram: &mut GuestRam,
+    plan: &BootPlan,
+    firmware: Option<&[u8]>,
+    kernel: &[u8],
+    initrd: Option<&[u8]>,
+    fdt: &[u8],
+) -> Result<(), MachineError> {
     let oom = |what: &str| MachineError(format!("{what} does not fit in guest RAM"));
     if fdt.len() as u64 > FDT_MAX_SIZE {
         return err("device tree is larger than 1 MiB");
@@ -93,9 +105,11 @@ pub fn load(ram: &mut GuestRam, plan: &BootPlan, firmware: Option<&[u8]>, kernel
     if is_elf(kernel) {
         for seg in elf_segments(kernel)? {
             let data = &kernel[seg.file_off..seg.file_off + seg.file_len];
-            ram.write(seg.paddr, data).map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            ram.write(seg.paddr, data)
+                .map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
             let zeros = vec![0u8; (seg.mem_len - seg.file_len as u64) as usize];
-            ram.write(seg.paddr + seg.file_len as u64, &zeros).map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            ram.write(seg.paddr + seg.file_len as u64, &zeros)
+                .map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
         }
     } else {
         let at = kernel_load.unwrap_or(RAM_BASE);

@@ -44,12 +44,7 @@ impl GuestRam {
     pub fn new(base: u64, size: u64) -> Self {
         let size = (size + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
         let pages = (size >> PAGE_SHIFT) as usize;
-        GuestRam {
-            base,
-            bytes: vec![0u8; size as usize],
-            dirty: vec![0u64; pages.div_ceil(64)],
-            tracking: true,
-        }
+        GuestRam { base, bytes: vec![0u8; size as usize], dirty: vec![0u64; pages.div_ceil(64)], tracking: true }
     }
 
     #[inline]

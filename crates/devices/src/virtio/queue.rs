@@ -72,22 +72,14 @@ impl DescChain {
 
     /// Copies `len` bytes of the device-readable buffers, starting `offset`
     /// bytes into them (the buffers taken as one byte stream).
-    pub fn read_readable(
-        &self,
-        ram: &GuestRam,
-        offset: u64,
-        len: usize,
-    ) -> Result<Vec<u8>, OutOfRange> {
+    pub fn read_readable(&self, ram: &GuestRam, offset: u64, len: usize) -> Result<Vec<u8>, OutOfRange> {
         let mut out = Vec::with_capacity(len);
         gather(self.readable(), offset, len, |addr, n| {
             out.extend_from_slice(ram.slice(addr, n as u64)?);
             Ok(())
         })?;
         if out.len() != len {
-            return Err(OutOfRange {
-                addr: 0,
-                len: len as u64,
-            });
+            return Err(OutOfRange { addr: 0, len: len as u64 });
         }
         Ok(out)
     }
@@ -96,12 +88,7 @@ impl DescChain {
 /// Writes `data` into a sequence of device-writable buffers, starting
 /// `offset` bytes into them. Fails without partial effects beyond what was
 /// already written if a buffer lies outside RAM or the buffers are too short.
-pub fn write_buffers(
-    descs: &[Desc],
-    ram: &mut GuestRam,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), OutOfRange> {
+pub fn write_buffers(descs: &[Desc], ram: &mut GuestRam, offset: u64, data: &[u8]) -> Result<(), OutOfRange> {
     let mut done = 0usize;
     gather(descs.iter(), offset, data.len(), |addr, n| {
         ram.write(addr, &data[done..done + n])?;
@@ -109,10 +96,7 @@ pub fn write_buffers(
         Ok(())
     })?;
     if done != data.len() {
-        return Err(OutOfRange {
-            addr: 0,
-            len: data.len() as u64,
-        });
+        return Err(OutOfRange { addr: 0, len: data.len() as u64 });
     }
     Ok(())
 }
@@ -136,10 +120,7 @@ fn gather<'a>(
             continue;
         }
         let n = (dlen - offset).min(left);
-        let addr = d.addr.checked_add(offset).ok_or(OutOfRange {
-            addr: d.addr,
-            len: dlen,
-        })?;
+        let addr = d.addr.checked_add(offset).ok_or(OutOfRange { addr: d.addr, len: dlen })?;
         f(addr, n as usize)?;
         left -= n;
         offset = 0;
@@ -244,11 +225,7 @@ impl Queue {
 
     /// Whether the driver has made chains available that we have not taken.
     pub fn has_available(&self, ram: &GuestRam) -> bool {
-        self.ready
-            && !self.broken
-            && ram
-                .read_u16(self.avail_ring.wrapping_add(2))
-                .is_ok_and(|i| i != self.next_avail)
+        self.ready && !self.broken && ram.read_u16(self.avail_ring.wrapping_add(2)).is_ok_and(|i| i != self.next_avail)
     }
 
     /// Takes the next available chain. `None` when there is none, or when
@@ -326,11 +303,7 @@ impl Queue {
                 visited = 0;
                 continue;
             }
-            descs.push(Desc {
-                addr,
-                len,
-                writable: flags & VIRTQ_DESC_F_WRITE != 0,
-            });
+            descs.push(Desc { addr, len, writable: flags & VIRTQ_DESC_F_WRITE != 0 });
             if flags & VIRTQ_DESC_F_NEXT == 0 {
                 return Ok(DescChain { head, descs });
             }
@@ -349,9 +322,7 @@ impl Queue {
         e[0..4].copy_from_slice(&(head as u32).to_le_bytes());
         e[4..8].copy_from_slice(&len.to_le_bytes());
         let new = self.next_used.wrapping_add(1);
-        if ram.write(elem, &e).is_err()
-            || ram.write_u16(self.used_ring.wrapping_add(2), new).is_err()
-        {
+        if ram.write(elem, &e).is_err() || ram.write_u16(self.used_ring.wrapping_add(2), new).is_err() {
             self.broken = true;
             return;
         }
@@ -371,14 +342,11 @@ impl Queue {
             let at = self.avail_ring.wrapping_add(4 + 2 * self.size as u64);
             match ram.read_u16(at) {
                 // vring_need_event: did `used_event` fall in (old, new]?
-                Ok(used_event) => {
-                    new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(old)
-                }
+                Ok(used_event) => new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(old),
                 Err(_) => true,
             }
         } else {
-            ram.read_u16(self.avail_ring)
-                .map_or(true, |f| f & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+            ram.read_u16(self.avail_ring).map_or(true, |f| f & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
         }
     }
 
@@ -399,10 +367,7 @@ impl Queue {
     pub fn load(&mut self, r: &mut SnapReader) -> SnapResult<()> {
         let max_size = r.u16()?;
         if max_size != self.max_size {
-            return err(format!(
-                "queue max size {max_size}, device has {}",
-                self.max_size
-            ));
+            return err(format!("queue max size {max_size}, device has {}", self.max_size));
         }
         let q = Queue {
             max_size,
