@@ -128,8 +128,15 @@ fn main() -> ExitCode {
                 eprintln!("ftvm: missing command (usage: {usage}; see `{} --help`)", prefix.join(" "));
                 return ExitCode::from(2);
             }
-            let first = msg.lines().next().unwrap_or("invalid arguments");
-            eprintln!("ftvm: {}", first.trim_start_matches("error: "));
+            let mut lines = msg.lines();
+            let mut first = lines.next().unwrap_or("invalid arguments").trim_start_matches("error: ").to_string();
+            // "...were not provided:" lists the arguments on the lines after.
+            if first.ends_with(':') {
+                let rest: Vec<&str> =
+                    lines.map(str::trim).take_while(|l| !l.is_empty() && !l.starts_with("Usage")).collect();
+                first = format!("{} {}", first, rest.join(", "));
+            }
+            eprintln!("ftvm: {first}");
             return ExitCode::from(2);
         }
     };

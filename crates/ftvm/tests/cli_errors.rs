@@ -307,3 +307,43 @@ fn disk_in_use_by_another_vm() {
     assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--disk", &d], 1, &["disk", &d, "in use"]);
 }
+
+#[test]
+fn bad_network_options() {
+    let s = Scratch::new("net");
+    let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
+    let run = |net: &str, needles: &[&str]| {
+        assert_error(&["run", "--bios", "none", "--kernel", &k, "--net", net], 1, needles);
+    };
+    run("bridge=br0", &["names no TAP"]);
+    run("tap=t0,speed=10G", &["invalid --net option", "speed=10G"]);
+    run("tap=t0,mac=52:54:00:zz:00:01", &["invalid MAC address"]);
+    run("tap=t0,mac=01:00:5e:00:00:01", &["multicast"]);
+    run("tap=a-name-that-is-far-too-long", &["longer than 15 bytes"]);
+}
+
+#[test]
+fn too_many_devices() {
+    let s = Scratch::new("slots");
+    let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
+    let d = s.file("d.img", &[0u8; 4096]);
+    let mut args = vec!["run", "--bios", "none", "--kernel", &k];
+    for _ in 0..8 {
+        args.extend(["--disk", d.as_str()]);
+    }
+    // Eight disks and the rng: one more than the board's slots.
+    assert_error(&args, 1, &["9 virtio devices", "8 slots"]);
+}
+
+#[test]
+fn snapshot_and_control_errors() {
+    let s = Scratch::new("snap");
+    let missing = s.missing("vm.snap");
+    assert_error(&["run", "--restore", &missing], 1, &["cannot read snapshot", &missing, "No such file"]);
+    let sock = s.missing("vm.sock");
+    assert_error(&["control", &sock, "status"], 1, &["cannot connect to control socket", &sock]);
+    assert_error(&["run", "--paused"], 2, &["--control"]);
+    let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
+    let snap = s.file("some.snap", b"FTVMSNAP");
+    assert_error(&["run", "--restore", &snap, "--kernel", &k], 1, &["--kernel cannot be combined with --restore"]);
+}

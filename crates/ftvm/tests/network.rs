@@ -239,6 +239,9 @@ fn redis_over_tap_survives_snapshot_kill_and_restore() {
     let piped = redis_cli(&ns, &["--pipe"], Some(&sets));
     assert!(piped.contains(&format!("errors: 0, replies: {KEYS}")), "redis-cli --pipe: {piped}");
 
+    // Paused, nothing more reaches the disk, so the disk stays what the
+    // snapshot expects.
+    assert_eq!(control(&socket, "pause"), "ok paused");
     let reply = control(&socket, &format!("snapshot {snap_s}"));
     assert!(reply.starts_with("ok snapshot"), "snapshot: {reply}; VM output:\n{}", vm.log());
     eprintln!("{reply}; {} bytes", std::fs::metadata(&snap).unwrap().len());
