@@ -1,0 +1,21 @@
+//! The replay log: every input a VM received from outside, at the exact
+//! instruction count where it took effect, so that a machine started from
+//! the same state and fed the same entries reaches the same states
+//! (VMware FT §2.1; the tech report's §2.4 "go-live points").
+//!
+//! - [`codec`]: how one entry is encoded (an instruction-count delta as a
+//!   varint, a kind byte, a payload).
+//! - [`log`]: the stream around entries: a versioned header naming the
+//!   machine and its starting state, then checksummed frames, each ending at
+//!   a go-live point. A reader hands out only whole frames, so a log cut or
+//!   damaged anywhere still replays to its last go-live point, and the error
+//!   names the byte offset and instruction count where it stopped.
+//!
+//! The same writer serves a file (`ftvm record`) and any byte stream (the
+//! logging channel of the lockstep mode).
+
+pub mod codec;
+pub mod log;
+
+pub use codec::{Entry, Record};
+pub use log::{Header, LogError, LogReader, LogWriter};
