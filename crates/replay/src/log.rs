@@ -200,7 +200,7 @@ impl<R: Read> LogReader<R> {
     /// that stops without an end entry (a recorder that died, a backup
     /// whose primary died) gives an error naming where the last complete
     /// frame ended; everything before it has been handed out.
-    pub fn next(&mut self) -> Result<Option<Record>, LogError> {
+    pub fn next_record(&mut self) -> Result<Option<Record>, LogError> {
         loop {
             if let Some(r) = self.ready.pop_front() {
                 return Ok(Some(r));
@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(h, header());
         let mut out = Vec::new();
         loop {
-            match r.next() {
+            match r.next_record() {
                 Ok(Some(rec)) => out.push(rec),
                 Ok(None) => return (out, Ok(())),
                 Err(e) => return (out, Err(e)),
