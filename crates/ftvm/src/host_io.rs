@@ -94,6 +94,10 @@ impl HostIo {
         Ok((HostIo { backends, slots, events, control: false }, specs))
     }
 
+    pub fn backends(&self) -> &[Backend] {
+        &self.backends
+    }
+
     /// Whether frames can arrive (the VM has a NIC).
     pub fn has_network(&self) -> bool {
         self.slots.iter().any(|s| matches!(s, Slot::Net { .. }))
@@ -147,16 +151,18 @@ impl HostIo {
         }
     }
 
-    /// Hands held frames to the guest while it has buffers for them.
-    pub fn deliver_frames(&mut self, m: &mut Machine) {
+    /// The next held frame whose NIC has a buffer for it now, as the
+    /// event that hands it to the guest.
+    pub fn next_frame(&mut self, m: &Machine) -> Option<Event> {
         for (slot, s) in self.slots.iter_mut().enumerate() {
             if let Slot::Net { backlog, .. } = s {
-                while !backlog.is_empty() && m.input_ready(slot) {
+                if !backlog.is_empty() && m.input_ready(slot) {
                     let frame = backlog.pop_front().expect("checked");
-                    m.inject(Event::Io { slot, completion: IoCompletion::NetRx { frame } });
+                    return Some(Event::Io { slot, completion: IoCompletion::NetRx { frame } });
                 }
             }
         }
+        None
     }
 
     /// Waits until every disk request handed out has finished (its
@@ -171,20 +177,25 @@ impl HostIo {
 
     /// The backends as text for a snapshot file: one line per slot.
     pub fn describe(&self) -> String {
-        let mut out = String::new();
-        for b in &self.backends {
-            match b {
-                Backend::Disk { path, readonly } => {
-                    out += &format!("disk {} {}\n", if *readonly { "ro" } else { "rw" }, path.display())
-                }
-                Backend::Tap { name, mac, bridge } => {
-                    out += &format!("tap {} {} {}\n", format_mac(mac), bridge.as_deref().unwrap_or("-"), name)
-                }
-                Backend::Rng => out += "rng\n",
-            }
-        }
-        out
+        describe(&self.backends)
     }
+}
+
+/// Backends as text, one line per slot (read back by [`parse_description`]).
+pub fn describe(backends: &[Backend]) -> String {
+    let mut out = String::new();
+    for b in backends {
+        match b {
+            Backend::Disk { path, readonly } => {
+                out += &format!("disk {} {}\n", if *readonly { "ro" } else { "rw" }, path.display())
+            }
+            Backend::Tap { name, mac, bridge } => {
+                out += &format!("tap {} {} {}\n", format_mac(mac), bridge.as_deref().unwrap_or("-"), name)
+            }
+            Backend::Rng => out += "rng\n",
+        }
+    }
+    out
 }
 
 /// Reads what [`HostIo::describe`] wrote.

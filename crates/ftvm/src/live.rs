@@ -14,6 +14,7 @@ use crate::console::{Input, RawTerminal};
 use crate::control::{Command, ControlRequest};
 use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
+use crate::record::Recorder;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Event, IoCompletion, Machine, RunExit};
 use std::collections::VecDeque;
@@ -62,17 +63,17 @@ impl Pacer {
 
     /// A new rate so guest time meets wall time one horizon from now, given
     /// how fast the host has been executing guest instructions.
-    fn correct(&mut self, m: &mut Machine) {
+    fn correct(&mut self, m: &Machine) -> Option<Event> {
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64();
         if dt < PACE_INTERVAL.as_secs_f64() {
-            return;
+            return None;
         }
         let executed = m.icount() - self.last_icount;
         self.last = now;
         self.last_icount = m.icount();
         if executed < 1000 {
-            return;
+            return None;
         }
         let ips = executed as f64 / dt;
         let gap = self.wall_ticks() as f64 - m.time() as f64;
@@ -82,9 +83,7 @@ impl Pacer {
         let nominal = TIMEBASE_HZ as f64 / ips;
         let rate = rate.clamp(nominal * 0.1, nominal * 10.0);
         let fixed = (rate * (1u64 << 32) as f64) as u64;
-        if fixed != m.clock().rate() {
-            m.inject(Event::ClockRate(fixed));
-        }
+        (fixed != m.clock().rate()).then_some(Event::ClockRate(fixed))
     }
 }
 
@@ -107,9 +106,21 @@ struct Live {
     /// change, so they wait for `resume`.
     held: VecDeque<(usize, IoCompletion)>,
     filter: Option<OutputFilter>,
+    recorder: Option<Recorder>,
+    /// The guest powered off (rather than the user quitting).
+    powered_off: bool,
+    /// Inputs applied so far; an idle machine that just got one must run
+    /// before anyone sleeps on its old timer deadline.
+    injected: u64,
 }
 
-pub fn run(m: Machine, io: HostIo, events: Receiver<HostEvent>, opts: Options) -> Result<u32, String> {
+pub fn run(
+    m: Machine,
+    io: HostIo,
+    events: Receiver<HostEvent>,
+    opts: Options,
+    recorder: Option<Recorder>,
+) -> Result<u32, String> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let mut live = Live {
         pacer: Pacer::new(&m),
@@ -121,6 +132,9 @@ pub fn run(m: Machine, io: HostIo, events: Receiver<HostEvent>, opts: Options) -
         held: VecDeque::new(),
         filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
         opts,
+        recorder,
+        powered_off: false,
+        injected: 0,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -128,13 +142,21 @@ pub fn run(m: Machine, io: HostIo, events: Receiver<HostEvent>, opts: Options) -
     let result = live.main_loop(&events);
     // Writes the guest was told about must be on disk before we go.
     live.io.drain();
+    if let Some(r) = live.recorder.take() {
+        let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
+        r.finish(&live.m, status)?;
+    }
     result
 }
 
 impl Live {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, String> {
         loop {
+            if let Some(r) = &mut self.recorder {
+                r.checkpoint(&mut self.m)?;
+            }
             let exit = if self.paused { None } else { Some(self.m.run_until(self.m.icount() + CHUNK)) };
+            let injected_before = self.injected;
             let requests = self.m.take_io_requests();
             self.io.dispatch(requests);
             self.show_output();
@@ -154,11 +176,19 @@ impl Live {
                 }
                 Some(RunExit::Reached) | Some(RunExit::Io) => {
                     if !self.opts.fast_time {
-                        self.pacer.correct(&mut self.m);
+                        if let Some(ev) = self.pacer.correct(&self.m) {
+                            self.inject(ev);
+                        }
                     }
                 }
-                Some(RunExit::PowerOff(code)) => return Ok(code),
+                Some(RunExit::PowerOff(code)) => {
+                    self.powered_off = true;
+                    return Ok(code);
+                }
                 Some(RunExit::Reset) => return Err("the guest asked to reboot; reboot is not supported yet".into()),
+                // Input arrived since the machine went idle: it may wake it,
+                // so run again rather than sleep on the old deadline.
+                Some(RunExit::Idle { .. }) if self.injected != injected_before => {}
                 Some(RunExit::Idle { wake_at }) => {
                     if let Next::Exit(code) = self.idle(wake_at, events)? {
                         return Ok(code);
@@ -174,7 +204,7 @@ impl Live {
         let io_busy = self.m.io_pending();
         if self.opts.fast_time && !io_busy {
             if let Some(t) = wake_at {
-                self.m.inject(Event::ClockAdvance(t));
+                self.inject(Event::ClockAdvance(t));
                 return Ok(Next::Continue);
             }
         }
@@ -200,7 +230,7 @@ impl Live {
                 Some(t) if got.is_none() => t,
                 _ => self.pacer.wall_ticks(),
             };
-            self.m.inject(Event::ClockAdvance(target));
+            self.inject(Event::ClockAdvance(target));
             self.pacer.last = Instant::now();
             self.pacer.last_icount = self.m.icount();
         }
@@ -219,7 +249,7 @@ impl Live {
             HostEvent::Console(Input::Eof) => self.input_closed = true,
             HostEvent::Io(slot, completion) if self.paused => self.held.push_back((slot, completion)),
             HostEvent::Io(slot, completion) => {
-                self.m.inject(Event::Io { slot, completion });
+                self.inject(Event::Io { slot, completion });
             }
             HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
             HostEvent::Control(req) => return self.control(req),
@@ -248,7 +278,7 @@ impl Live {
                     // The pause is not guest time: pacing starts afresh.
                     self.pacer = Pacer::new(&self.m);
                     while let Some((slot, completion)) = self.held.pop_front() {
-                        self.m.inject(Event::Io { slot, completion });
+                        self.inject(Event::Io { slot, completion });
                     }
                 }
                 ("ok running".to_string(), Next::Continue)
@@ -281,15 +311,28 @@ impl Live {
         }
     }
 
+    /// Every input goes through here: applied to the machine and, when
+    /// recording, logged at the instruction where it took effect.
+    fn inject(&mut self, ev: Event) {
+        if let Some(r) = &mut self.recorder {
+            r.event(self.m.icount(), &ev);
+        }
+        self.injected += 1;
+        self.m.inject(ev);
+    }
+
     fn feed_inputs(&mut self) {
         if self.paused {
             return;
         }
         let n = self.pending.len().min(self.m.console_room());
         if n > 0 {
-            self.m.inject(Event::ConsoleInput(self.pending.drain(..n).collect()));
+            let bytes = self.pending.drain(..n).collect();
+            self.inject(Event::ConsoleInput(bytes));
         }
-        self.io.deliver_frames(&mut self.m);
+        while let Some(ev) = self.io.next_frame(&self.m) {
+            self.inject(ev);
+        }
     }
 
     fn show_output(&mut self) {

@@ -10,6 +10,8 @@ mod control;
 mod exec;
 mod host_io;
 mod live;
+mod record;
+mod replay;
 
 use clap::{Args, Parser, Subcommand};
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
@@ -28,6 +30,10 @@ struct Cli {
 enum Command {
     /// Boot a virtual machine (the default Debian guest unless told otherwise).
     Run(Box<RunArgs>),
+    /// Run a VM as `run` does and write every input it receives to a replay log.
+    Record(Box<RecordArgs>),
+    /// Re-execute a recorded VM from its log, with no host I/O.
+    Replay(replay::ReplayArgs),
     /// Build or locate the default guest image.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -52,6 +58,15 @@ enum ImageCommand {
     },
     /// Print the directory holding the built image.
     Path,
+}
+
+#[derive(Args)]
+pub struct RecordArgs {
+    /// Where to write the log.
+    #[arg(long, value_name = "FILE")]
+    log: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args)]
@@ -141,7 +156,9 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => run(*args),
+        Command::Run(args) => run(*args, None),
+        Command::Record(r) => run(r.run, Some(r.log)),
+        Command::Replay(r) => replay::replay(&r),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
         Command::Control { socket, command } => control::send(&socket, &command.join(" ")).and_then(|reply| {
             println!("{reply}");
@@ -278,7 +295,7 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
 /// Turn run options into a machine configuration (without its devices)
 /// and the backends of its devices, filling in the default guest image
 /// for whatever was not given.
-fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>), String> {
+fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources), String> {
     // Options first: a typo should not be reported as a missing image, nor
     // wait for a kernel to be read.
     if args.cpus == 0 || args.cpus > MAX_CPUS {
@@ -294,21 +311,21 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>), Strin
     } else {
         None
     };
-    let firmware = match args.bios.as_deref() {
+    let firmware_path = match args.bios.as_deref() {
         Some("none") => None,
-        Some(p) => Some(read_file("firmware", p.as_ref())?),
-        None => Some(read_file("firmware", &image.as_ref().unwrap().firmware)?),
+        Some(p) => Some(PathBuf::from(p)),
+        None => Some(image.as_ref().unwrap().firmware.clone()),
     };
+    let firmware = firmware_path.as_ref().map(|p| read_file("firmware", p)).transpose()?;
     let default_kernel = args.kernel.is_none();
-    let kernel = match &args.kernel {
-        Some(p) => read_file("kernel", p)?,
-        None => read_file("kernel", &image.as_ref().unwrap().kernel)?,
-    };
-    let initrd = match (&args.initrd, default_kernel) {
-        (Some(p), _) => Some(read_file("initrd", p)?),
-        (None, true) => Some(read_file("initrd", &image.as_ref().unwrap().initrd)?),
+    let kernel_path = args.kernel.clone().unwrap_or_else(|| image.as_ref().unwrap().kernel.clone());
+    let kernel = read_file("kernel", &kernel_path)?;
+    let initrd_path = match (&args.initrd, default_kernel) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(image.as_ref().unwrap().initrd.clone()),
         (None, false) => None,
     };
+    let initrd = initrd_path.as_ref().map(|p| read_file("initrd", p)).transpose()?;
     let backends = backends(args, default_kernel.then(|| image.as_ref().unwrap().rootfs.clone()))?;
     let mut cmdline = args.append.clone().unwrap_or_else(|| {
         if default_kernel {
@@ -344,21 +361,51 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>), Strin
         devices: Vec::new(),
         guest_ips: DEFAULT_GUEST_IPS,
     };
-    Ok((cfg, backends))
+    Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }))
 }
 
-fn run(args: RunArgs) -> Result<u32, String> {
+/// Where a booted machine's firmware, kernel and initrd came from.
+struct Sources {
+    firmware: Option<PathBuf>,
+    kernel: PathBuf,
+    initrd: Option<PathBuf>,
+}
+
+/// `ftvm run`, and with `log` `ftvm record`.
+fn run(args: RunArgs, log: Option<PathBuf>) -> Result<u32, String> {
     let (events_tx, events) = std::sync::mpsc::channel();
+    let mut recorder = None;
     let (mut machine, mut io) = match &args.restore {
         None => {
-            let (mut cfg, backends) = machine_config(&args)?;
+            let (mut cfg, backends, src) = machine_config(&args)?;
             let (io, devices) = HostIo::open(backends, events_tx.clone())?;
             cfg.devices = devices;
-            (Machine::new(&cfg).map_err(|e| e.to_string())?, io)
+            let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
+            if let Some(path) = &log {
+                let start = record::Start::Boot {
+                    firmware: src.firmware.as_deref().zip(cfg.firmware.as_deref()),
+                    kernel: (&src.kernel, &cfg.kernel),
+                    initrd: src.initrd.as_deref().zip(cfg.initrd.as_deref()),
+                    cmdline: &cfg.cmdline,
+                };
+                let h = record::header(&m, cfg.ram_size, cfg.guest_ips, io.backends(), start);
+                recorder = Some(record::Recorder::create(path, &h)?);
+            }
+            (m, io)
         }
-        Some(file) => restore(&args, file, &events_tx)?,
+        Some(file) => {
+            let (m, io) = restore(&args, file, &events_tx)?;
+            if let Some(path) = &log {
+                let bytes = std::fs::read(file).map_err(|e| format!("cannot read snapshot {}: {e}", file.display()))?;
+                let start = record::Start::Snapshot { path: file, bytes: &bytes };
+                let h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
+                recorder = Some(record::Recorder::create(path, &h)?);
+            }
+            (m, io)
+        }
     };
-    machine.set_dirty_tracking(args.dirty_tracking);
+    // Replay checks digests of the pages written, so recording tracks them.
+    machine.set_dirty_tracking(args.dirty_tracking || recorder.is_some());
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
@@ -378,7 +425,7 @@ fn run(args: RunArgs) -> Result<u32, String> {
         console_input,
         paused: args.paused,
     };
-    live::run(machine, io, events, options)
+    live::run(machine, io, events, options, recorder)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

@@ -15,4 +15,6 @@ pub mod snapshot;
 pub mod snapshot_file;
 
 pub use ftvm_devices::{IoCompletion, IoRequest};
-pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};
+pub use machine::{
+    DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, StateDigest, DEFAULT_GUEST_IPS, QUANTUM,
+};

@@ -81,6 +81,61 @@ pub enum RunExit {
     Io,
 }
 
+/// What [`Machine::state_digest`] returns: one hash per component, so a
+/// mismatch says where the machines went apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateDigest {
+    /// Every hart's registers and CSRs.
+    pub cpu: [u8; 8],
+    /// Every device, the clock and the scheduler position.
+    pub devices: [u8; 8],
+    /// The pages written since the previous digest, chained to it.
+    pub ram: [u8; 8],
+    /// How many pages were written since the previous digest.
+    pub pages_written: u64,
+}
+
+impl StateDigest {
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&self.cpu);
+        b[8..16].copy_from_slice(&self.devices);
+        b[16..24].copy_from_slice(&self.ram);
+        b[24..].copy_from_slice(&self.pages_written.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; 32]) -> StateDigest {
+        StateDigest {
+            cpu: b[..8].try_into().unwrap(),
+            devices: b[8..16].try_into().unwrap(),
+            ram: b[16..24].try_into().unwrap(),
+            pages_written: u64::from_le_bytes(b[24..].try_into().unwrap()),
+        }
+    }
+
+    /// The components that differ from `other`, in words.
+    pub fn differences(&self, other: &StateDigest) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.cpu != other.cpu {
+            out.push("CPU registers");
+        }
+        if self.devices != other.devices {
+            out.push("devices, clock or scheduler");
+        }
+        if self.pages_written != other.pages_written {
+            out.push("the set of RAM pages written");
+        } else if self.ram != other.ram {
+            out.push("RAM contents");
+        }
+        out
+    }
+}
+
+fn first8(h: blake3::Hash) -> [u8; 8] {
+    h.as_bytes()[..8].try_into().unwrap()
+}
+
 #[derive(Debug)]
 pub struct MachineError(pub String);
 
@@ -93,6 +148,8 @@ impl std::fmt::Display for MachineError {
 impl std::error::Error for MachineError {}
 
 pub struct Machine {
+    /// The previous [`Machine::state_digest`], chained into the next.
+    last_digest: [u8; 32],
     devices: Vec<DeviceSpec>,
     harts: Vec<Hart>,
     ram: GuestRam,
@@ -137,6 +194,7 @@ impl Machine {
         // Loading the images is not guest activity.
         ram.take_dirty();
         Ok(Machine {
+            last_digest: [0; 32],
             devices: cfg.devices.clone(),
             harts,
             ram,
@@ -200,6 +258,7 @@ impl Machine {
             return Err(MachineError("machine state: scheduler position out of range".into()));
         }
         Ok(Machine {
+            last_digest: [0; 32],
             devices: d.devices,
             harts,
             ram: d.ram,
@@ -368,6 +427,44 @@ impl Machine {
                 self.quantum_left = 0;
             }
         }
+    }
+
+    /// A cheap, chained digest of the machine for replay checks: harts,
+    /// devices, clock and scheduler now, plus the pages written since the
+    /// previous digest (their numbers and contents) and the previous
+    /// digest. Two machines fed the same inputs give the same chain; its
+    /// cost follows the pages written, not the size of RAM. It consumes the
+    /// dirty map (tracking must be on), so it cannot share a machine with
+    /// another user of [`Machine::take_dirty_pages`].
+    pub fn state_digest(&mut self) -> StateDigest {
+        let mut cpu = blake3::Hasher::new();
+        for hart in &self.harts {
+            cpu.update(&crate::snapshot::hart_bytes(&hart.s));
+        }
+        let mut dev = blake3::Hasher::new();
+        dev.update(&self.board.snapshot_bytes());
+        let (a, b, c) = self.clock.to_parts();
+        for v in [self.icount, a, b, c, self.current as u64, self.quantum_left] {
+            dev.update(&v.to_le_bytes());
+        }
+        let pages = self.take_dirty_pages();
+        let mut ram = blake3::Hasher::new();
+        ram.update(&self.last_digest);
+        for &pfn in &pages {
+            ram.update(&pfn.to_le_bytes());
+            let addr = pfn << ftvm_memory::PAGE_SHIFT;
+            if let Ok(page) = self.ram.slice(addr, ftvm_memory::PAGE_SIZE) {
+                ram.update(page);
+            }
+        }
+        let d = StateDigest {
+            cpu: first8(cpu.finalize()),
+            devices: first8(dev.finalize()),
+            ram: first8(ram.finalize()),
+            pages_written: pages.len() as u64,
+        };
+        self.last_digest = d.to_bytes();
+        d
     }
 
     /// A hash of the whole machine state: harts, RAM, devices, clock and

@@ -1,0 +1,154 @@
+//! `ftvm record`: the live loop's inputs written to a replay log, and the
+//! log header that names the machine and its starting state.
+//!
+//! Every event the live loop injects is logged at the instruction count
+//! where it took effect. Before each run of the machine the recorder closes
+//! the group of entries with a go-live point, and about every 100 ms of
+//! guest time it logs the machine's chained state digest for replay to
+//! check against.
+
+use crate::host_io::{self, Backend};
+use ftvm_machine::layout::TIMEBASE_HZ;
+use ftvm_machine::{DeviceSpec, Event, Machine};
+use ftvm_replay::{Entry, Header, LogWriter, Record};
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+/// Guest time between two state digests.
+pub const DIGEST_TICKS: u64 = TIMEBASE_HZ / 10;
+
+pub struct Recorder {
+    log: LogWriter<BufWriter<File>>,
+    path: PathBuf,
+    next_digest: u64,
+}
+
+impl Recorder {
+    pub fn create(path: &Path, header: &Header) -> Result<Recorder, String> {
+        let f = File::create(path).map_err(|e| format!("cannot create log {}: {e}", path.display()))?;
+        let log = LogWriter::new(BufWriter::new(f), header)
+            .map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
+        Ok(Recorder { log, path: path.to_path_buf(), next_digest: 0 })
+    }
+
+    pub fn event(&mut self, icount: u64, ev: &Event) {
+        self.log.push(&Record { icount, entry: Entry::Event(ev.clone()) });
+    }
+
+    /// Called before the machine runs on: a digest when one is due, then
+    /// a go-live point if anything was logged since the last one.
+    pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
+        if m.time() >= self.next_digest {
+            let d = m.state_digest();
+            self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d.to_bytes()) });
+            self.next_digest = m.time() + DIGEST_TICKS;
+        }
+        if self.log.has_pending() {
+            self.log.go_live(m.icount()).map_err(|e| self.write_error(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self, m: &Machine, status: Option<u32>) -> Result<(), String> {
+        if self.log.has_pending() {
+            self.log.go_live(m.icount()).map_err(|e| self.write_error(e))?;
+        }
+        let path = self.path.clone();
+        let written = self.log.bytes_written();
+        self.log.finish(m.icount(), status).map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
+        eprintln!("ftvm: recorded {} instructions, {} bytes of log, in {}", m.icount(), written, path.display());
+        Ok(())
+    }
+
+    fn write_error(&self, e: std::io::Error) -> String {
+        format!("cannot write log {}: {e}", self.path.display())
+    }
+}
+
+/// How the recorded machine started.
+pub enum Start<'a> {
+    Boot {
+        firmware: Option<(&'a Path, &'a [u8])>,
+        kernel: (&'a Path, &'a [u8]),
+        initrd: Option<(&'a Path, &'a [u8])>,
+        cmdline: &'a str,
+    },
+    Snapshot {
+        path: &'a Path,
+        bytes: &'a [u8],
+    },
+}
+
+fn file_field(path: &Path, bytes: &[u8]) -> String {
+    format!("{} {}", blake3::hash(bytes).to_hex(), path.display())
+}
+
+/// The header of a log: machine, devices, backends, start, state hash.
+pub fn header(m: &Machine, ram_size: u64, guest_ips: u64, backends: &[Backend], start: Start) -> Header {
+    let mut h = Header::default();
+    h.set("ftvm", env!("CARGO_PKG_VERSION"));
+    h.set("machine", format!("harts={} ram={ram_size} ips={guest_ips}", m.harts().len()));
+    h.set("devices", m.devices().iter().map(device_text).collect::<Vec<_>>().join(";"));
+    h.set("backends", host_io::describe(backends).trim_end().replace('\n', ";"));
+    match start {
+        Start::Boot { firmware, kernel, initrd, cmdline } => {
+            h.set("start", "boot");
+            h.set("firmware", firmware.map_or("none".into(), |(p, b)| file_field(p, b)));
+            h.set("kernel", file_field(kernel.0, kernel.1));
+            h.set("initrd", initrd.map_or("none".into(), |(p, b)| file_field(p, b)));
+            h.set("cmdline", cmdline);
+        }
+        Start::Snapshot { path, bytes } => {
+            h.set("start", "snapshot");
+            h.set("snapshot", file_field(path, bytes));
+        }
+    }
+    h.set("state", hex(&m.state_hash()));
+    h
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn device_text(d: &DeviceSpec) -> String {
+    match d {
+        DeviceSpec::Disk { size, readonly } => format!("disk:{size}:{}", if *readonly { "ro" } else { "rw" }),
+        DeviceSpec::Net { mac } => format!("net:{}", host_io::format_mac(mac)),
+        DeviceSpec::Rng => "rng".into(),
+    }
+}
+
+pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    let bad = || format!("unreadable device '{s}'");
+    let mut p = s.splitn(2, ':');
+    match (p.next(), p.next()) {
+        (Some("disk"), Some(rest)) => {
+            let (size, mode) = rest.split_once(':').ok_or_else(bad)?;
+            Ok(DeviceSpec::Disk { size: size.parse().map_err(|_| bad())?, readonly: mode == "ro" })
+        }
+        (Some("net"), Some(mac)) => Ok(DeviceSpec::Net { mac: host_io::parse_mac(mac)? }),
+        (Some("rng"), None) => Ok(DeviceSpec::Rng),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_texts_round_trip() {
+        for d in [
+            DeviceSpec::Disk { size: 1 << 30, readonly: false },
+            DeviceSpec::Disk { size: 4096, readonly: true },
+            DeviceSpec::Net { mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56] },
+            DeviceSpec::Rng,
+        ] {
+            assert_eq!(parse_device(&device_text(&d)).unwrap(), d);
+        }
+        assert!(parse_device("floppy").is_err());
+        assert!(parse_device("disk:x:rw").is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! `ftvm replay`: re-executes a recorded VM from its log with no host I/O.
+//!
+//! The machine is rebuilt from the log's header (the same firmware, kernel
+//! and initrd, checked by hash, or the same snapshot) and must reach the
+//! recorded starting state. Then each entry is applied at its instruction
+//! count: inputs are injected, state digests compared. Requests the
+//! machine makes of the host are regenerated and dropped: a replay sends
+//! nothing and writes no disk. At the end, or at the last go-live point of
+//! a cut log, `--then-run` hands the machine over to live execution, which
+//! is what a backup does when it goes live.
+
+use crate::host_io::{self, HostEvent, HostIo};
+use crate::record::{hex, parse_device};
+use crate::{console, control, live};
+use clap::Args;
+use ftvm_machine::{snapshot_file, Machine, MachineConfig, RunExit, StateDigest};
+use ftvm_replay::{Entry, Header, LogReader};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// The log written by `ftvm record`.
+    #[arg(long, value_name = "FILE")]
+    log: PathBuf,
+    /// Show the guest's console output as it is regenerated.
+    #[arg(long)]
+    show_console: bool,
+    /// At the end of the log (or its last go-live point), go on running
+    /// live with the recorded disks and TAPs.
+    #[arg(long)]
+    then_run: bool,
+    /// With --then-run: the control socket of the live VM.
+    #[arg(long, value_name = "PATH", requires = "then_run")]
+    control: Option<PathBuf>,
+}
+
+pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
+    let name = args.log.display().to_string();
+    let file = std::fs::File::open(&args.log).map_err(|e| format!("cannot open log {name}: {e}"))?;
+    let (mut reader, header) =
+        LogReader::open(std::io::BufReader::with_capacity(1 << 20, file)).map_err(|e| format!("log {name}: {e}"))?;
+    let mut m = machine_from_header(&header).map_err(|e| format!("log {name}: {e}"))?;
+    m.set_dirty_tracking(true);
+    let want = header.get("state").ok_or_else(|| format!("log {name}: the header has no start state"))?;
+    if hex(&m.state_hash()) != want {
+        return Err(format!("log {name}: the machine built from its header is not in the recorded start state"));
+    }
+    let mut digests = 0u64;
+    let started = std::time::Instant::now();
+    let outcome = loop {
+        let rec = match reader.next_record() {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(None),
+            Err(e) => break Err(e),
+        };
+        let powered_off = run_to(&mut m, rec.icount, args.show_console)?;
+        match rec.entry {
+            Entry::Event(ev) => {
+                m.inject(ev);
+            }
+            Entry::StateHash(bytes) => {
+                let mine = m.state_digest();
+                let theirs = StateDigest::from_bytes(&bytes);
+                if mine != theirs {
+                    return Err(format!(
+                        "replay diverged at instruction {} (state check {}): {} differ ({} pages written here, {} when recorded)",
+                        m.icount(),
+                        digests + 1,
+                        mine.differences(&theirs).join(", "),
+                        mine.pages_written,
+                        theirs.pages_written
+                    ));
+                }
+                digests += 1;
+            }
+            Entry::GoLive => {}
+            Entry::End(status) => {
+                if powered_off != status {
+                    return Err(format!(
+                        "replay diverged at the end, instruction {}: the recording ended with {:?}, the replay with {:?}",
+                        m.icount(),
+                        status,
+                        powered_off
+                    ));
+                }
+                break Ok(status);
+            }
+        }
+    };
+    show(&mut m, args.show_console);
+    let secs = started.elapsed().as_secs_f64();
+    match outcome {
+        Ok(status) => {
+            eprintln!(
+                "ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched{}",
+                m.icount(),
+                status.map_or(String::new(), |s| format!(", the guest powered off with status {s}"))
+            );
+            match (status, args.then_run) {
+                (Some(_), true) => Err("the recording ends with the guest powered off: nothing to run".into()),
+                (Some(s), false) => Ok(s),
+                (None, true) => go_live(m, &header, args),
+                (None, false) => Ok(0),
+            }
+        }
+        Err(e) => {
+            let msg = format!("log {name}: {e}; replayed the valid part to instruction {}", m.icount());
+            if args.then_run {
+                eprintln!("ftvm: {msg}; going live there");
+                go_live(m, &header, args)
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
+
+/// Runs to `icount`, where the next entry applies. The recorded machine
+/// was at that instruction when the entry was logged, so stopping early
+/// (idle, powered off) means the replay has diverged. Returns the exit
+/// status if the guest powers off exactly there.
+fn run_to(m: &mut Machine, icount: u64, show_console: bool) -> Result<Option<u32>, String> {
+    loop {
+        let exit = m.run_until(icount);
+        // Outputs are regenerated, never sent.
+        m.take_io_requests();
+        show(m, show_console);
+        match exit {
+            RunExit::Reached => return Ok(None),
+            RunExit::Io => continue,
+            RunExit::PowerOff(code) if m.icount() == icount => return Ok(Some(code)),
+            other => {
+                return Err(format!(
+                    "replay diverged at instruction {}: the machine stopped ({other:?}) before the next log entry at {icount}",
+                    m.icount()
+                ))
+            }
+        }
+    }
+}
+
+fn show(m: &mut Machine, on: bool) {
+    let out = m.take_console_output();
+    if on && !out.is_empty() {
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(&out);
+        let _ = o.flush();
+    }
+}
+
+fn field<'a>(h: &'a Header, key: &str) -> Result<&'a str, String> {
+    h.get(key).ok_or_else(|| format!("the header has no '{key}'"))
+}
+
+/// Reads the file a header field names ("HASH PATH") and checks its hash.
+fn checked_file(h: &Header, key: &str) -> Result<Option<Vec<u8>>, String> {
+    let v = field(h, key)?;
+    if v == "none" {
+        return Ok(None);
+    }
+    let (hash, path) = v.split_once(' ').ok_or_else(|| format!("unreadable '{key}' in the header"))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the recorded {key} {path}: {e}"))?;
+    if blake3::hash(&bytes).to_hex().as_str() != hash {
+        return Err(format!("the {key} {path} is not the one recorded (its hash differs)"));
+    }
+    Ok(Some(bytes))
+}
+
+fn machine_from_header(h: &Header) -> Result<Machine, String> {
+    if field(h, "start")? == "snapshot" {
+        let bytes = checked_file(h, "snapshot")?.ok_or("the header names no snapshot")?;
+        let snap = snapshot_file::decode(&bytes)?;
+        return Machine::restore(&snap.machine).map_err(|e| e.to_string());
+    }
+    let machine = field(h, "machine")?;
+    let num = |key: &str| -> Result<u64, String> {
+        machine
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("unreadable machine '{machine}' in the header"))
+    };
+    let devices = field(h, "devices")?;
+    let devices = if devices.is_empty() {
+        Vec::new()
+    } else {
+        devices.split(';').map(parse_device).collect::<Result<Vec<_>, _>>()?
+    };
+    let cfg = MachineConfig {
+        harts: num("harts")? as usize,
+        ram_size: num("ram")?,
+        firmware: checked_file(h, "firmware")?,
+        kernel: checked_file(h, "kernel")?.ok_or("the header names no kernel")?,
+        initrd: checked_file(h, "initrd")?,
+        cmdline: field(h, "cmdline")?.to_string(),
+        devices,
+        guest_ips: num("ips")?,
+    };
+    Machine::new(&cfg).map_err(|e| e.to_string())
+}
+
+/// Continues the replayed machine as a live VM on the recorded backends.
+fn go_live(m: Machine, h: &Header, args: &ReplayArgs) -> Result<u32, String> {
+    let backends = host_io::parse_description(&field(h, "backends")?.replace(';', "\n"))?;
+    let (tx, events) = std::sync::mpsc::channel();
+    let (mut io, devices) = HostIo::open(backends, tx.clone())?;
+    if devices != m.devices() {
+        return Err("the recorded disks or NICs are not what the machine had (a disk changed size?)".into());
+    }
+    let _control = match &args.control {
+        Some(path) => {
+            io.set_control(true);
+            Some(control::listen(path, tx.clone())?)
+        }
+        None => None,
+    };
+    console::spawn_reader(tx.clone(), HostEvent::Console);
+    drop(tx);
+    let opts = live::Options { fast_time: false, exec: false, show_boot: false, console_input: true, paused: false };
+    live::run(m, io, events, opts, None)
+}
