@@ -31,6 +31,8 @@ test: image
 
 bench: image
 	bench/vs-qemu
+	bench/redis
+	bench/dirty-tracking
 
 clean:
 	$(CARGO) clean
