@@ -83,3 +83,52 @@ fn a_recorded_boot_replays_exactly_and_a_cut_log_stops_at_a_go_live_point() {
     assert!(err.contains("replayed the valid part to instruction"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A recording stopped mid-run (the recorder quits through the control
+/// socket, as a primary that dies would stop), replayed with `--then-run`:
+/// the replay reaches the end of the log and the VM goes on live from
+/// there, on the recorded disk, and finishes the command it was running.
+#[test]
+fn replay_then_run_goes_live_where_the_log_ends() {
+    let img = ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e})"));
+    let s = Scratch(std::env::temp_dir().join(format!("ftvm-replay-live-{}", std::process::id())));
+    std::fs::create_dir_all(&s.0).unwrap();
+    let disk = s.0.join("root.ext4");
+    ftvm_image::sparse_copy(&img.rootfs, &disk).unwrap();
+    let (log, sock) = (s.0.join("run.log"), s.0.join("vm.sock"));
+    // The guest works for a while in user mode so the quit lands mid-command.
+    let cmd = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo counted $i; exit 4";
+    let mut rec = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+        .args(["record", "--log", log.to_str().unwrap(), "--disk", disk.to_str().unwrap()])
+        .args(["--control", sock.to_str().unwrap(), "--exec", cmd])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let control = |c: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ftvm")).arg("control").arg(&sock).arg(c).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // Past the boot (about 4.1 G instructions), inside the loop.
+    let started = std::time::Instant::now();
+    loop {
+        assert!(rec.try_wait().unwrap().is_none(), "the recorded VM ended before it was stopped");
+        assert!(started.elapsed() < TIMEOUT, "the recorded VM never got far enough");
+        let status = control("status");
+        let icount: u64 = status.split("icount=").nth(1).and_then(|v| v.split(' ').next()?.parse().ok()).unwrap_or(0);
+        if icount > 4_400_000_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(control("quit"), "ok quitting");
+    let out = rec.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let live = ftvm(&["replay", "--log", log.to_str().unwrap(), "--then-run"]);
+    let stdout = live.stdout.replace("\r\n", "\n");
+    assert!(live.stderr.contains("state checks matched"), "{}", live.stderr);
+    assert!(stdout.lines().any(|l| l == "counted 200000"), "the live VM did not finish the command:\n{stdout}");
+    assert_eq!(live.status.unwrap().code(), Some(4), "{}", live.stderr);
+}
