@@ -14,11 +14,13 @@
 //! Needs the built image (`make image`); fails without it.
 //! `FTVM_DETERMINISM_INSNS` overrides the instruction count (for bisecting).
 
+mod common;
+
+use common::{image, Disk, TempDisk};
 use ftvm_cpu::PrivilegeMode;
-use ftvm_devices::virtio::blk::{execute, BlockBackend};
+use ftvm_devices::virtio::blk::execute;
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// Steps (over all harts) each run executes. Measured on this image with one
@@ -43,49 +45,6 @@ fn target() -> u64 {
     }
 }
 
-fn image() -> ftvm_image::GuestImage {
-    ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e}): run `make image`"))
-}
-
-/// A private copy of the root filesystem (the guest writes to its disk),
-/// removed when dropped. Copied sparsely: the image is 1 GiB, mostly holes.
-struct TempDisk(PathBuf);
-
-impl TempDisk {
-    fn copy_of(src: &Path, tag: &str) -> TempDisk {
-        let dst = std::env::temp_dir().join(format!("ftvm-determinism-{}-{tag}.ext4", std::process::id()));
-        ftvm_image::sparse_copy(src, &dst)
-            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
-        TempDisk(dst)
-    }
-}
-
-impl Drop for TempDisk {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// The disk as a host with instant I/O serves it: each request completes
-/// at the instruction boundary where the machine issued it, so the run
-/// stays a function of the start state.
-struct Disk(std::fs::File);
-
-impl BlockBackend for Disk {
-    fn size(&self) -> u64 {
-        self.0.metadata().map(|m| m.len()).unwrap_or(0)
-    }
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_exact_at(buf, offset)
-    }
-    fn write_at(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.0.write_all_at(data, offset)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn serve_io(m: &mut Machine, disk: &mut Disk) {
     for (slot, req) in m.take_io_requests() {
         match req {
@@ -102,7 +61,7 @@ fn serve_io(m: &mut Machine, disk: &mut Disk) {
 fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
     let img = image();
     let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-    let disk = TempDisk::copy_of(&img.rootfs, &format!("{harts}-{tag}"));
+    let disk = TempDisk::copy_of(&img.rootfs, &format!("determinism-{harts}-{tag}"));
     let cfg = MachineConfig {
         harts,
         ram_size: RAM,
@@ -110,7 +69,7 @@ fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
         kernel: read(&img.kernel),
         initrd: Some(read(&img.initrd)),
         cmdline: CMDLINE.to_string(),
-        devices: vec![DeviceSpec::Disk { size: std::fs::metadata(&disk.0).unwrap().len(), readonly: false }],
+        devices: vec![DeviceSpec::Disk { size: disk.size(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
@@ -151,7 +110,7 @@ fn advance(m: &mut Machine, disk: &mut Disk, until: u64, console: &mut Vec<u8>) 
 fn run(harts: usize, tag: &str, n: u64, stops: &[u64], input: Option<(u64, Event)>) -> Outcome {
     let started = Instant::now();
     let (mut machine, disk) = boot(harts, tag);
-    let mut io = Disk(std::fs::OpenOptions::new().read(true).write(true).open(&disk.0).unwrap());
+    let mut io = disk.open();
     let mut console = Vec::new();
     let mut stops: Vec<u64> = stops.iter().copied().chain(input.iter().map(|(at, _)| *at)).collect();
     stops.sort_unstable();

@@ -44,11 +44,13 @@
 //!
 //! Needs the built image (`make image`); fails without it.
 
-use ftvm_devices::virtio::blk::{execute, BlkOp, BlockBackend};
+mod common;
+
+use common::{image, Disk, TempDisk};
+use ftvm_devices::virtio::blk::{execute, BlkOp};
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 const RAM: u64 = 256 << 20;
@@ -96,46 +98,6 @@ fn command() -> String {
          ls -l /dev/shm/ftvm-dirty",
         end = FIRST + COUNT
     )
-}
-
-fn image() -> ftvm_image::GuestImage {
-    ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e}): run `make image`"))
-}
-
-/// A private copy of the root filesystem, removed when dropped.
-struct TempDisk(PathBuf);
-
-impl TempDisk {
-    fn copy_of(src: &Path) -> TempDisk {
-        let dst = std::env::temp_dir().join(format!("ftvm-dirty-pages-{}.ext4", std::process::id()));
-        ftvm_image::sparse_copy(src, &dst)
-            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
-        TempDisk(dst)
-    }
-}
-
-impl Drop for TempDisk {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Instant disk I/O over a file.
-struct Disk(std::fs::File);
-
-impl BlockBackend for Disk {
-    fn size(&self) -> u64 {
-        self.0.metadata().map(|m| m.len()).unwrap_or(0)
-    }
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_exact_at(buf, offset)
-    }
-    fn write_at(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.0.write_all_at(data, offset)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// The host's record while watching.
@@ -197,7 +159,7 @@ struct Vm {
 fn boot() -> Vm {
     let img = image();
     let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-    let disk = TempDisk::copy_of(&img.rootfs);
+    let disk = TempDisk::copy_of(&img.rootfs, "dirty-pages");
     let cmd = command();
     let cmdline =
         format!("console=ttyS0 root=/dev/vda rw quiet ftvm.exec={}", ftvm_image::base64::encode(cmd.as_bytes()));
@@ -209,11 +171,11 @@ fn boot() -> Vm {
         kernel: read(&img.kernel),
         initrd: Some(read(&img.initrd)),
         cmdline,
-        devices: vec![DeviceSpec::Disk { size: std::fs::metadata(&disk.0).unwrap().len(), readonly: false }],
+        devices: vec![DeviceSpec::Disk { size: disk.size(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
-    let io = Disk(std::fs::OpenOptions::new().read(true).write(true).open(&disk.0).unwrap());
+    let io = disk.open();
     Vm { m, io, _disk: disk, console: Vec::new(), lines: Vec::new(), parsed: 0, begin: None, watch: None }
 }
 
