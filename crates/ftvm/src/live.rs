@@ -144,7 +144,7 @@ pub fn run(
     live.io.drain();
     if let Some(r) = live.recorder.take() {
         let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
-        r.finish(&live.m, status)?;
+        r.finish(&mut live.m, status)?;
     }
     result
 }

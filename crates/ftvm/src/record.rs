@@ -41,7 +41,7 @@ impl Recorder {
     pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
         if m.time() >= self.next_digest {
             let d = m.state_digest();
-            self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d.to_bytes()) });
+            self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d) });
             self.next_digest = m.time() + DIGEST_TICKS;
         }
         if self.log.has_pending() {
@@ -50,13 +50,17 @@ impl Recorder {
         Ok(())
     }
 
-    pub fn finish(mut self, m: &Machine, status: Option<u32>) -> Result<(), String> {
-        if self.log.has_pending() {
-            self.log.go_live(m.icount()).map_err(|e| self.write_error(e))?;
-        }
+    /// Ends the log with the final state digest, so a replay proves it
+    /// reached the same final state, and the end mark.
+    pub fn finish(mut self, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+        let d = m.state_digest();
+        self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d) });
         let path = self.path.clone();
-        let written = self.log.bytes_written();
-        self.log.finish(m.icount(), status).map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
+        let fail = |e: std::io::Error| format!("cannot write log {}: {e}", path.display());
+        let out = self.log.finish(m.icount(), status).map_err(fail)?;
+        let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
+        file.sync_all().map_err(fail)?;
+        let written = file.metadata().map_err(fail)?.len();
         eprintln!("ftvm: recorded {} instructions, {} bytes of log, in {}", m.icount(), written, path.display());
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::host_io::{self, HostEvent, HostIo};
 use crate::record::{hex, parse_device};
 use crate::{console, control, live};
 use clap::Args;
-use ftvm_machine::{snapshot_file, Machine, MachineConfig, RunExit, StateDigest};
+use ftvm_machine::{snapshot_file, Machine, MachineConfig, RunExit};
 use ftvm_replay::{Entry, Header, LogReader};
 use std::io::Write;
 use std::path::PathBuf;
@@ -59,17 +59,15 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
             Entry::Event(ev) => {
                 m.inject(ev);
             }
-            Entry::StateHash(bytes) => {
+            Entry::StateHash(recorded) => {
                 let mine = m.state_digest();
-                let theirs = StateDigest::from_bytes(&bytes);
-                if mine != theirs {
+                if mine != recorded {
                     return Err(format!(
-                        "replay diverged at instruction {} (state check {}): {} differ ({} pages written here, {} when recorded)",
+                        "replay diverged at instruction {} (state check {}): {} differ{}",
                         m.icount(),
                         digests + 1,
-                        mine.differences(&theirs).join(", "),
-                        mine.pages_written,
-                        theirs.pages_written
+                        mine.differences(&recorded, &m.digest_part_names()).join(", "),
+                        if digests == 0 { "" } else { " since the previous check" }
                     ));
                 }
                 digests += 1;

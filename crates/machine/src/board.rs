@@ -157,6 +157,28 @@ impl Board {
         self.uart.take_output()
     }
 
+    /// Each device's state under a name a person can read, then the
+    /// interrupt lines: the parts a replay mismatch is reported by.
+    pub fn named_parts(&self) -> Vec<(String, Vec<u8>)> {
+        let mut out = vec![
+            ("CLINT".to_string(), self.clint.snapshot()),
+            ("PLIC".to_string(), self.plic.snapshot()),
+            ("UART".to_string(), self.uart.snapshot()),
+            ("syscon".to_string(), self.syscon.snapshot()),
+        ];
+        for (slot, v) in self.virtio.iter().enumerate() {
+            let kind = match v.device_type() {
+                1 => "virtio-net",
+                2 => "virtio-blk",
+                4 => "virtio-rng",
+                _ => "virtio",
+            };
+            out.push((format!("{kind} (slot {slot})"), v.snapshot()));
+        }
+        out.push(("device interrupt lines".to_string(), self.irq.0.to_le_bytes().to_vec()));
+        out
+    }
+
     /// Every device's state, in a fixed order.
     pub fn snapshot_bytes(&self) -> Vec<u8> {
         let mut w = SnapWriter::new(b"BORD", 1);

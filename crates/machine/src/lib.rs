@@ -7,6 +7,7 @@
 
 mod board;
 pub mod clock;
+pub mod digest;
 pub mod fdt;
 pub mod layout;
 pub mod loader;
@@ -14,7 +15,6 @@ mod machine;
 pub mod snapshot;
 pub mod snapshot_file;
 
+pub use digest::StateDigest;
 pub use ftvm_devices::{IoCompletion, IoRequest};
-pub use machine::{
-    DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, StateDigest, DEFAULT_GUEST_IPS, QUANTUM,
-};
+pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};

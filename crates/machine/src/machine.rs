@@ -10,6 +10,7 @@
 
 use crate::board::{Board, HartBus, PowerRequest};
 use crate::clock::VirtualClock;
+use crate::digest::{first8, StateDigest};
 use crate::layout::{RAM_BASE, TIMEBASE_HZ};
 use crate::loader;
 use ftvm_cpu::{Exit, Hart};
@@ -81,61 +82,6 @@ pub enum RunExit {
     Io,
 }
 
-/// What [`Machine::state_digest`] returns: one hash per component, so a
-/// mismatch says where the machines went apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StateDigest {
-    /// Every hart's registers and CSRs.
-    pub cpu: [u8; 8],
-    /// Every device, the clock and the scheduler position.
-    pub devices: [u8; 8],
-    /// The pages written since the previous digest, chained to it.
-    pub ram: [u8; 8],
-    /// How many pages were written since the previous digest.
-    pub pages_written: u64,
-}
-
-impl StateDigest {
-    pub fn to_bytes(&self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        b[..8].copy_from_slice(&self.cpu);
-        b[8..16].copy_from_slice(&self.devices);
-        b[16..24].copy_from_slice(&self.ram);
-        b[24..].copy_from_slice(&self.pages_written.to_le_bytes());
-        b
-    }
-
-    pub fn from_bytes(b: &[u8; 32]) -> StateDigest {
-        StateDigest {
-            cpu: b[..8].try_into().unwrap(),
-            devices: b[8..16].try_into().unwrap(),
-            ram: b[16..24].try_into().unwrap(),
-            pages_written: u64::from_le_bytes(b[24..].try_into().unwrap()),
-        }
-    }
-
-    /// The components that differ from `other`, in words.
-    pub fn differences(&self, other: &StateDigest) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        if self.cpu != other.cpu {
-            out.push("CPU registers");
-        }
-        if self.devices != other.devices {
-            out.push("devices, clock or scheduler");
-        }
-        if self.pages_written != other.pages_written {
-            out.push("the set of RAM pages written");
-        } else if self.ram != other.ram {
-            out.push("RAM contents");
-        }
-        out
-    }
-}
-
-fn first8(h: blake3::Hash) -> [u8; 8] {
-    h.as_bytes()[..8].try_into().unwrap()
-}
-
 #[derive(Debug)]
 pub struct MachineError(pub String);
 
@@ -148,8 +94,9 @@ impl std::fmt::Display for MachineError {
 impl std::error::Error for MachineError {}
 
 pub struct Machine {
-    /// The previous [`Machine::state_digest`], chained into the next.
-    last_digest: [u8; 32],
+    /// The RAM hash of the previous [`Machine::state_digest`], chained
+    /// into the next.
+    last_ram_digest: [u8; 8],
     devices: Vec<DeviceSpec>,
     harts: Vec<Hart>,
     ram: GuestRam,
@@ -194,7 +141,7 @@ impl Machine {
         // Loading the images is not guest activity.
         ram.take_dirty();
         Ok(Machine {
-            last_digest: [0; 32],
+            last_ram_digest: [0; 8],
             devices: cfg.devices.clone(),
             harts,
             ram,
@@ -258,7 +205,7 @@ impl Machine {
             return Err(MachineError("machine state: scheduler position out of range".into()));
         }
         Ok(Machine {
-            last_digest: [0; 32],
+            last_ram_digest: [0; 8],
             devices: d.devices,
             harts,
             ram: d.ram,
@@ -429,42 +376,47 @@ impl Machine {
         }
     }
 
-    /// A cheap, chained digest of the machine for replay checks: harts,
-    /// devices, clock and scheduler now, plus the pages written since the
-    /// previous digest (their numbers and contents) and the previous
-    /// digest. Two machines fed the same inputs give the same chain; its
-    /// cost follows the pages written, not the size of RAM. It consumes the
-    /// dirty map (tracking must be on), so it cannot share a machine with
-    /// another user of [`Machine::take_dirty_pages`].
+    /// A cheap, chained digest of the machine for replay checks: each
+    /// hart, each device, the clock and scheduler now, plus the pages
+    /// written since the previous digest (their numbers and contents) and
+    /// the previous RAM hash. Two machines fed the same inputs give the
+    /// same chain; its cost follows the pages written, not the size of RAM.
+    /// It consumes the dirty map (tracking must be on), so it cannot share
+    /// a machine with another user of [`Machine::take_dirty_pages`].
     pub fn state_digest(&mut self) -> StateDigest {
-        let mut cpu = blake3::Hasher::new();
-        for hart in &self.harts {
-            cpu.update(&crate::snapshot::hart_bytes(&hart.s));
-        }
-        let mut dev = blake3::Hasher::new();
-        dev.update(&self.board.snapshot_bytes());
+        let hash8 = |b: &[u8]| first8(blake3::hash(b));
+        let harts = self.harts.iter().map(|h| hash8(&crate::snapshot::hart_bytes(&h.s))).collect();
+        let mut parts: Vec<[u8; 8]> = self.board.named_parts().iter().map(|(_, b)| hash8(b)).collect();
+        let mut sched = Vec::with_capacity(48);
         let (a, b, c) = self.clock.to_parts();
         for v in [self.icount, a, b, c, self.current as u64, self.quantum_left] {
-            dev.update(&v.to_le_bytes());
+            sched.extend_from_slice(&v.to_le_bytes());
         }
-        let pages = self.take_dirty_pages();
+        parts.push(hash8(&sched));
+        let written = self.take_dirty_pages();
         let mut ram = blake3::Hasher::new();
-        ram.update(&self.last_digest);
-        for &pfn in &pages {
-            ram.update(&pfn.to_le_bytes());
+        ram.update(&self.last_ram_digest);
+        let mut pages = Vec::with_capacity(written.len());
+        for &pfn in &written {
             let addr = pfn << ftvm_memory::PAGE_SHIFT;
-            if let Ok(page) = self.ram.slice(addr, ftvm_memory::PAGE_SIZE) {
-                ram.update(page);
-            }
+            let h = match self.ram.slice(addr, ftvm_memory::PAGE_SIZE) {
+                Ok(page) => blake3::hash(page),
+                Err(_) => blake3::hash(&[]),
+            };
+            ram.update(&pfn.to_le_bytes());
+            ram.update(h.as_bytes());
+            pages.push((pfn, u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]])));
         }
-        let d = StateDigest {
-            cpu: first8(cpu.finalize()),
-            devices: first8(dev.finalize()),
-            ram: first8(ram.finalize()),
-            pages_written: pages.len() as u64,
-        };
-        self.last_digest = d.to_bytes();
-        d
+        let ram = first8(ram.finalize());
+        self.last_ram_digest = ram;
+        StateDigest { harts, parts, ram, pages }
+    }
+
+    /// What each of [`StateDigest::parts`] is, for mismatch reports.
+    pub fn digest_part_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.board.named_parts().into_iter().map(|(n, _)| n).collect();
+        names.push("clock and scheduler".to_string());
+        names
     }
 
     /// A hash of the whole machine state: harts, RAM, devices, clock and

@@ -9,7 +9,9 @@
 //! idle the clock jumps to the next timer deadline.
 //!
 //! A negative control shows the comparison can fail: one byte typed on the
-//! console changes the final state and guest RAM.
+//! console changes the final state and guest RAM, and the state digest
+//! replay relies on names the parts that differ: the hart if its registers
+//! differ, and RAM pages whose contents really differ.
 //!
 //! Needs the built image (`make image`); fails without it.
 //! `FTVM_DETERMINISM_INSNS` overrides the instruction count (for bisecting).
@@ -19,7 +21,9 @@ mod common;
 use common::{image, Disk, TempDisk};
 use ftvm_cpu::PrivilegeMode;
 use ftvm_devices::virtio::blk::execute;
-use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
+use ftvm_machine::{
+    DeviceSpec, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit, StateDigest, DEFAULT_GUEST_IPS,
+};
 use std::path::Path;
 use std::time::Instant;
 
@@ -72,7 +76,9 @@ fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
         devices: vec![DeviceSpec::Disk { size: disk.size(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
     };
-    let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
+    let mut m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
+    // For the state digest at the end.
+    m.set_dirty_tracking(true);
     (m, disk)
 }
 
@@ -81,6 +87,8 @@ struct Outcome {
     machine: Machine,
     _disk: TempDisk,
     hash: [u8; 32],
+    /// The digest at the end, covering every page written since boot.
+    digest: StateDigest,
     console: Vec<u8>,
 }
 
@@ -125,8 +133,9 @@ fn run(harts: usize, tag: &str, n: u64, stops: &[u64], input: Option<(u64, Event
     advance(&mut machine, &mut io, n, &mut console);
     assert_eq!(machine.icount(), n, "run_until overshot the target");
     let hash = machine.state_hash();
+    let digest = machine.state_digest();
     eprintln!("{harts} hart(s), {tag}: {n} instructions in {:.1} s", started.elapsed().as_secs_f64());
-    Outcome { machine, _disk: disk, hash, console }
+    Outcome { machine, _disk: disk, hash, digest, console }
 }
 
 /// Stop points at uneven distances from the start up to `n`.
@@ -262,6 +271,31 @@ fn one_hart_boot_is_deterministic() {
             reference.machine.ram().as_slice() != typed.machine.ram().as_slice(),
             "one byte of console input at instruction {at} changed the state at {n} but not guest RAM"
         );
+    }
+    check_digest_report(&typed, &reference);
+}
+
+/// What replay would report for these two machines names what really
+/// differs: the hart exactly when its registers differ, and only RAM pages
+/// whose contents differ.
+fn check_digest_report(run: &Outcome, recorded: &Outcome) {
+    let (a, b) = (&run.machine, &recorded.machine);
+    let report = run.digest.differences(&recorded.digest, &a.digest_part_names()).join(", ");
+    eprintln!("digest report: {report}");
+    assert!(!report.is_empty(), "two different machines have equal digests");
+    assert_eq!(
+        a.harts()[0].s != b.harts()[0].s,
+        report.contains("hart 0 registers"),
+        "the report on hart 0 is wrong: {report}"
+    );
+    let listed = report.split("the contents of RAM pages ").nth(1).unwrap_or_else(|| panic!("no RAM pages: {report}"));
+    let listed = listed.split(';').next().unwrap();
+    let pages: Vec<u64> =
+        listed.split(", ").filter_map(|p| p.strip_prefix("0x").and_then(|h| u64::from_str_radix(h, 16).ok())).collect();
+    assert!(!pages.is_empty(), "no page addresses in: {report}");
+    for addr in pages {
+        let (x, y) = (a.ram().slice(addr, 4096).unwrap(), b.ram().slice(addr, 4096).unwrap());
+        assert!(x != y, "the report names RAM page {addr:#x}, which is the same in both: {report}");
     }
 }
 

@@ -4,15 +4,15 @@
 //! the input holds.
 
 use ftvm_devices::virtio::blk::BlkResult;
-use ftvm_machine::{Event, IoCompletion};
+use ftvm_machine::{Event, IoCompletion, StateDigest};
 
 /// What happened at an instruction count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
     /// An input applied to the machine at this instruction count.
     Event(Event),
-    /// The machine's state hash here, for replay to compare against.
-    StateHash([u8; 32]),
+    /// The machine's state digest here, for replay to compare against.
+    StateHash(StateDigest),
     /// The end of a group of entries that must be consumed together: the
     /// log holds every input up to this instruction count, so a backup may
     /// run this far and go live here.
@@ -90,9 +90,21 @@ pub fn encode(out: &mut Vec<u8>, prev: u64, r: &Record) {
                 put_bytes(out, data);
             }
         },
-        Entry::StateHash(h) => {
+        Entry::StateHash(d) => {
             out.push(STATE_HASH);
-            out.extend_from_slice(h);
+            for hashes in [&d.harts, &d.parts] {
+                put_varint(out, hashes.len() as u64);
+                hashes.iter().for_each(|h| out.extend_from_slice(h));
+            }
+            out.extend_from_slice(&d.ram);
+            // Page numbers ascend: each is stored as the step from the last.
+            put_varint(out, d.pages.len() as u64);
+            let mut last = 0;
+            for &(pfn, h) in &d.pages {
+                put_varint(out, pfn.wrapping_sub(last));
+                out.extend_from_slice(&h.to_le_bytes());
+                last = pfn;
+            }
         }
         Entry::GoLive => out.push(GO_LIVE),
         Entry::End(code) => {
@@ -168,6 +180,18 @@ impl<'a> Decoder<'a> {
         Ok(b)
     }
 
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        let b = self.buf.get(self.pos..self.pos + N).ok_or("entry cut short")?;
+        self.pos += N;
+        Ok(b.try_into().expect("N bytes"))
+    }
+
+    /// A count of at most `max`, then that many 8-byte hashes.
+    fn hashes(&mut self, what: &str, max: u64) -> Result<Vec<[u8; 8]>, String> {
+        let n = self.small(what, max)?;
+        (0..n).map(|_| self.array::<8>()).collect()
+    }
+
     /// The next entry; `prev` is the previous entry's instruction count.
     pub fn next(&mut self, prev: u64) -> Result<Record, String> {
         let icount = prev.checked_add(self.varint()?).ok_or("instruction count overflows")?;
@@ -198,10 +222,19 @@ impl<'a> Decoder<'a> {
                 Entry::Event(Event::Io { slot, completion: IoCompletion::Entropy { tag, data: self.bytes()? } })
             }
             STATE_HASH => {
-                let end = self.pos + 32;
-                let h = self.buf.get(self.pos..end).ok_or("entry cut short")?;
-                self.pos = end;
-                Entry::StateHash(h.try_into().expect("32 bytes"))
+                let harts = self.hashes("harts", 8)?;
+                let parts = self.hashes("devices", 64)?;
+                let ram = self.array::<8>()?;
+                // Each page takes at least 3 bytes: no allocation beyond the input.
+                let n = self.small("page count", ((self.buf.len() - self.pos) / 3) as u64)?;
+                let mut pages = Vec::with_capacity(n as usize);
+                let mut last = 0u64;
+                for _ in 0..n {
+                    let pfn = last.wrapping_add(self.varint()?);
+                    pages.push((pfn, u16::from_le_bytes(self.array::<2>()?)));
+                    last = pfn;
+                }
+                Entry::StateHash(StateDigest { harts, parts, ram, pages })
             }
             GO_LIVE => Entry::GoLive,
             END => match self.byte()? {
@@ -234,7 +267,15 @@ mod tests {
             },
             Record { icount: 1 << 40, entry: io(2, IoCompletion::NetRx { frame: vec![1; 60] }) },
             Record { icount: (1 << 40) + 1, entry: io(63, IoCompletion::Entropy { tag: 9, data: vec![] }) },
-            Record { icount: u64::MAX - 1, entry: Entry::StateHash([0xab; 32]) },
+            Record {
+                icount: u64::MAX - 1,
+                entry: Entry::StateHash(StateDigest {
+                    harts: vec![[0xab; 8], [1; 8]],
+                    parts: vec![[2; 8]; 9],
+                    ram: [3; 8],
+                    pages: vec![(0x80000, 0xffff), (0x80001, 0), (0xfffff, 0x1234)],
+                }),
+            },
             Record { icount: u64::MAX - 1, entry: Entry::GoLive },
             Record { icount: u64::MAX, entry: Entry::End(Some(7)) },
         ]

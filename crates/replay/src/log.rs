@@ -19,7 +19,7 @@ use crate::codec::{encode, Decoder, Entry, Record};
 
 const MAGIC: &[u8; 8] = b"FTVMLOG\n";
 /// Bumped whenever the encoding changes; other formats are refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Larger frames are taken as corruption rather than allocated.
 pub const MAX_FRAME: u32 = 64 << 20;
 const MAX_HEADER: u32 = 1 << 20;
@@ -380,7 +380,7 @@ mod tests {
         assert!(LogReader::open(&b"hello"[..]).err().unwrap().message.contains("not an ftvm log"));
         assert!(LogReader::open(&b"FTVMSNAP........"[..]).err().unwrap().message.contains("not an ftvm log"));
         let (mut bytes, _) = sample(1);
-        bytes[8] = 2;
-        assert!(LogReader::open(&bytes[..]).err().unwrap().message.contains("log format 2"));
+        bytes[8] = 1;
+        assert!(LogReader::open(&bytes[..]).err().unwrap().message.contains("log format 1"));
     }
 }
