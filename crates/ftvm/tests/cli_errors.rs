@@ -7,7 +7,7 @@
 //! happens when it is missing: files are given explicitly, with
 //! `--bios none` where a kernel is needed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
+
+use common::Scratch;
 use common::{run_with_timeout, Run as Outcome};
 
 fn ftvm_with(args: &[&str], env: &[(&str, &Path)], timeout: Duration) -> Outcome {
@@ -54,31 +56,13 @@ fn assert_error_outcome(o: &Outcome, args: &[&str], code: i32, needles: &[&str])
     assert_eq!(status.code(), Some(code), "ftvm {args:?}: exit status (stderr: {})", lines[0]);
 }
 
-/// A scratch directory with a few input files, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("ftvm-cli-errors-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str, data: &[u8]) -> String {
-        let p = self.0.join(name);
-        std::fs::write(&p, data).expect("writing a scratch file");
-        p.to_str().unwrap().to_string()
-    }
-
-    fn missing(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
+fn scratch(tag: &str) -> Scratch {
+    Scratch::new("cli-errors", tag)
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A path in the scratch directory that does not exist.
+fn missing(s: &Scratch, name: &str) -> String {
+    common::path_str(&s.path(name))
 }
 
 /// Reproducible random bytes (xorshift64).
@@ -124,29 +108,29 @@ fn elf(filesz: u64, data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn missing_kernel() {
-    let s = Scratch::new("kernel");
-    let k = s.missing("Image");
+    let s = scratch("kernel");
+    let k = missing(&s, "Image");
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["kernel", &k, "No such file"]);
 }
 
 #[test]
 fn missing_firmware() {
-    let s = Scratch::new("bios");
+    let s = scratch("bios");
     let k = s.file("kernel.bin", &garbage(4096));
-    let fw = s.missing("fw_dynamic.bin");
+    let fw = missing(&s, "fw_dynamic.bin");
     assert_error(&["run", "--bios", &fw, "--kernel", &k], 1, &["firmware", &fw, "No such file"]);
 }
 
 #[test]
 fn empty_kernel() {
-    let s = Scratch::new("empty");
+    let s = scratch("empty");
     let k = s.file("empty.bin", b"");
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["kernel", "empty"]);
 }
 
 #[test]
 fn compressed_kernel_with_firmware() {
-    let s = Scratch::new("gzip");
+    let s = scratch("gzip");
     let fw = s.file("fw.bin", &[0x73, 0x00, 0x50, 0x10]); // wfi
     let mut gz = vec![0x1f, 0x8b, 0x08, 0x00];
     gz.extend(garbage(4096));
@@ -161,7 +145,7 @@ fn compressed_kernel_with_firmware() {
 /// a panic, an exit with status 0, or more than one line on stderr.
 #[test]
 fn random_bytes_as_kernel_do_not_crash_ftvm() {
-    let s = Scratch::new("garbage");
+    let s = scratch("garbage");
     let k = s.file("garbage.bin", &garbage(64 << 10));
     let args = ["run", "--bios", "none", "--kernel", &k, "--mem", "64M"];
     let o = ftvm_with(&args, &[], Duration::from_secs(5));
@@ -181,14 +165,14 @@ fn random_bytes_as_kernel_do_not_crash_ftvm() {
 
 #[test]
 fn elf_with_truncated_segment() {
-    let s = Scratch::new("elf-segment");
+    let s = scratch("elf-segment");
     let k = s.file("short.elf", &elf(4096, &[0x13, 0, 0, 0])); // 4 of 4096 bytes
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF", "truncated"]);
 }
 
 #[test]
 fn elf_cut_inside_its_program_headers() {
-    let s = Scratch::new("elf-headers");
+    let s = scratch("elf-headers");
     let k = s.file("cut.elf", &elf(4, &[0x13, 0, 0, 0])[..80]);
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF", "truncated"]);
 }
@@ -197,14 +181,14 @@ fn elf_cut_inside_its_program_headers() {
 /// "not 64-bit little-endian", which is misleading; see the report.)
 #[test]
 fn elf_cut_inside_its_header() {
-    let s = Scratch::new("elf-header");
+    let s = scratch("elf-header");
     let k = s.file("cut.elf", &elf(4, &[0x13, 0, 0, 0])[..40]);
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF"]);
 }
 
 #[test]
 fn elf_for_another_machine() {
-    let s = Scratch::new("elf-x86");
+    let s = scratch("elf-x86");
     let mut e = elf(4, &[0x13, 0, 0, 0]);
     e[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
     let k = s.file("x86.elf", &e);
@@ -213,23 +197,23 @@ fn elf_for_another_machine() {
 
 #[test]
 fn missing_initrd() {
-    let s = Scratch::new("initrd");
+    let s = scratch("initrd");
     let k = s.file("kernel.bin", &garbage(4096));
-    let i = s.missing("initrd.img");
+    let i = missing(&s, "initrd.img");
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--initrd", &i], 1, &["initrd", &i, "No such file"]);
 }
 
 #[test]
 fn missing_disk() {
-    let s = Scratch::new("disk");
+    let s = scratch("disk");
     let k = s.file("kernel.bin", &garbage(4096));
-    let d = s.missing("disk.img");
+    let d = missing(&s, "disk.img");
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--disk", &d], 1, &["disk", &d, "No such file"]);
 }
 
 #[test]
 fn disk_option_typo() {
-    let s = Scratch::new("disk-typo");
+    let s = scratch("disk-typo");
     let k = s.file("kernel.bin", &garbage(4096));
     let d = s.file("x.img", &[0u8; 4096]);
     let arg = format!("{d},bogus");
@@ -279,8 +263,8 @@ fn cpu_counts_out_of_range() {
 /// Without the image, a plain `ftvm run` says how to get it.
 #[test]
 fn missing_guest_image() {
-    let s = Scratch::new("no-image");
-    let o = ftvm_with(&["run", "--exec", "true"], &[("FTVM_CACHE_DIR", &s.0)], TIMEOUT);
+    let s = scratch("no-image");
+    let o = ftvm_with(&["run", "--exec", "true"], &[("FTVM_CACHE_DIR", &s.dir)], TIMEOUT);
     assert_error_outcome(&o, &["run", "--exec", "true"], 1, &["image", "ftvm image build"]);
 }
 
@@ -288,7 +272,7 @@ fn missing_guest_image() {
 /// `--exec` command would run cut short, so ftvm refuses it up front.
 #[test]
 fn exec_command_too_long_for_the_kernel_command_line() {
-    let s = Scratch::new("long-exec");
+    let s = scratch("long-exec");
     let k = s.file("kernel.bin", &garbage(4096));
     let cmd = format!("echo {}; echo end", "a".repeat(800));
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--exec", &cmd], 1, &["command line", "1023", "--exec"]);
@@ -299,7 +283,7 @@ fn exec_command_too_long_for_the_kernel_command_line() {
 #[test]
 fn disk_in_use_by_another_vm() {
     use std::os::fd::AsRawFd;
-    let s = Scratch::new("disk-lock");
+    let s = scratch("disk-lock");
     let k = s.file("kernel.bin", &garbage(4096));
     let d = s.file("disk.img", &[0u8; 4096]);
     let held = std::fs::File::open(&d).unwrap();
@@ -310,7 +294,7 @@ fn disk_in_use_by_another_vm() {
 
 #[test]
 fn bad_network_options() {
-    let s = Scratch::new("net");
+    let s = scratch("net");
     let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
     let run = |net: &str, needles: &[&str]| {
         assert_error(&["run", "--bios", "none", "--kernel", &k, "--net", net], 1, needles);
@@ -324,7 +308,7 @@ fn bad_network_options() {
 
 #[test]
 fn too_many_devices() {
-    let s = Scratch::new("slots");
+    let s = scratch("slots");
     let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
     let d = s.file("d.img", &[0u8; 4096]);
     let mut args = vec!["run", "--bios", "none", "--kernel", &k];
@@ -337,10 +321,10 @@ fn too_many_devices() {
 
 #[test]
 fn snapshot_and_control_errors() {
-    let s = Scratch::new("snap");
-    let missing = s.missing("vm.snap");
-    assert_error(&["run", "--restore", &missing], 1, &["cannot read snapshot", &missing, "No such file"]);
-    let sock = s.missing("vm.sock");
+    let s = scratch("snap");
+    let snap = missing(&s, "vm.snap");
+    assert_error(&["run", "--restore", &snap], 1, &["cannot read snapshot", &snap, "No such file"]);
+    let sock = missing(&s, "vm.sock");
     assert_error(&["control", &sock, "status"], 1, &["cannot connect to control socket", &sock]);
     assert_error(&["run", "--paused"], 2, &["--control"]);
     let k = s.file("kernel.bin", &[0x73, 0x00, 0x50, 0x10]);
