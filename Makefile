@@ -33,6 +33,7 @@ bench: image
 	bench/vs-qemu
 	bench/redis
 	bench/dirty-tracking
+	bench/record-replay
 
 clean:
 	$(CARGO) clean

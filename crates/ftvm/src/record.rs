@@ -9,7 +9,7 @@
 
 use crate::host_io::{self, Backend};
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{DeviceSpec, Event, Machine};
+use ftvm_machine::{DeviceSpec, Event, IoCompletion, Machine};
 use ftvm_replay::{Entry, Header, LogWriter, Record};
 use std::fs::File;
 use std::io::BufWriter;
@@ -22,6 +22,32 @@ pub struct Recorder {
     log: LogWriter<BufWriter<File>>,
     path: PathBuf,
     next_digest: u64,
+    sizes: EntrySizes,
+}
+
+/// Encoded bytes by kind of entry, for the summary: where a log's size
+/// comes from.
+#[derive(Default)]
+struct EntrySizes {
+    disk: u64,
+    network: u64,
+    clock: u64,
+    digests: u64,
+}
+
+impl EntrySizes {
+    fn add(&mut self, entry: &Entry, bytes: usize) {
+        let bucket = match entry {
+            Entry::Event(Event::Io { completion: IoCompletion::Disk { .. }, .. }) => &mut self.disk,
+            Entry::Event(Event::Io { completion: IoCompletion::NetRx { .. }, .. }) => &mut self.network,
+            Entry::Event(Event::ClockRate(_) | Event::ClockAdvance(_)) => &mut self.clock,
+            Entry::StateHash(_) => &mut self.digests,
+            // The rest (console input, entropy, marks) and the framing are
+            // what remains of the total.
+            _ => return,
+        };
+        *bucket += bytes as u64;
+    }
 }
 
 impl Recorder {
@@ -29,11 +55,16 @@ impl Recorder {
         let f = File::create(path).map_err(|e| format!("cannot create log {}: {e}", path.display()))?;
         let log = LogWriter::new(BufWriter::new(f), header)
             .map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
-        Ok(Recorder { log, path: path.to_path_buf(), next_digest: 0 })
+        Ok(Recorder { log, path: path.to_path_buf(), next_digest: 0, sizes: EntrySizes::default() })
     }
 
     pub fn event(&mut self, icount: u64, ev: &Event) {
-        self.log.push(&Record { icount, entry: Entry::Event(ev.clone()) });
+        self.push(Record { icount, entry: Entry::Event(ev.clone()) });
+    }
+
+    fn push(&mut self, r: Record) {
+        let bytes = self.log.push(&r);
+        self.sizes.add(&r.entry, bytes);
     }
 
     /// Called before the machine runs on: a digest when one is due, then
@@ -41,7 +72,7 @@ impl Recorder {
     pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
         if m.time() >= self.next_digest {
             let d = m.state_digest();
-            self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d) });
+            self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
             self.next_digest = m.time() + DIGEST_TICKS;
         }
         if self.log.has_pending() {
@@ -54,14 +85,25 @@ impl Recorder {
     /// reached the same final state, and the end mark.
     pub fn finish(mut self, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
         let d = m.state_digest();
-        self.log.push(&Record { icount: m.icount(), entry: Entry::StateHash(d) });
+        self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
         let path = self.path.clone();
         let fail = |e: std::io::Error| format!("cannot write log {}: {e}", path.display());
         let out = self.log.finish(m.icount(), status).map_err(fail)?;
         let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
         file.sync_all().map_err(fail)?;
         let written = file.metadata().map_err(fail)?.len();
-        eprintln!("ftvm: recorded {} instructions, {} bytes of log, in {}", m.icount(), written, path.display());
+        let z = &self.sizes;
+        eprintln!(
+            "ftvm: recorded {} instructions, {written} bytes of log (disk completions {}, received frames {}, \
+             clock {}, state digests {}, other entries and framing {}), in {}",
+            m.icount(),
+            z.disk,
+            z.network,
+            z.clock,
+            z.digests,
+            written - z.disk - z.network - z.clock - z.digests,
+            path.display()
+        );
         Ok(())
     }
 

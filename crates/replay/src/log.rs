@@ -104,12 +104,15 @@ impl<W: Write> LogWriter<W> {
         Ok(LogWriter { out, frame: Vec::new(), prev: 0, written: head.len() as u64 })
     }
 
-    /// Adds an entry to the current frame. Instruction counts never go
-    /// back; an entry below the previous one is a caller bug.
-    pub fn push(&mut self, r: &Record) {
+    /// Adds an entry to the current frame and returns its encoded size.
+    /// Instruction counts never go back; an entry below the previous one is
+    /// a caller bug.
+    pub fn push(&mut self, r: &Record) -> usize {
         assert!(r.icount >= self.prev, "log entry at {} after one at {}", r.icount, self.prev);
+        let before = self.frame.len();
         encode(&mut self.frame, self.prev, r);
         self.prev = r.icount;
+        self.frame.len() - before
     }
 
     /// Ends the current frame with a go-live point at `icount` and sends it.
