@@ -1,0 +1,198 @@
+//! Split-brain protection (VMware FT §2.3): before a primary or a backup
+//! goes live alone it must win an atomic test-and-set on the shared
+//! storage. The storage is a directory both hosts reach (NFS, a cluster
+//! file system, or on one machine a plain directory); the test-and-set is
+//! the exclusive creation of one file per protected pair's *generation*,
+//! which POSIX makes atomic (`O_CREAT | O_EXCL`, also over NFSv3 and
+//! later). The winner writes its name into the file; the loser reads it.
+//!
+//! Each start of protection claims a fresh generation number (files
+//! `gen-N.pair`), so the record of an old failover never decides a new one.
+//! While the directory cannot be reached the caller waits, as the paper
+//! prescribes: a VM whose storage is gone could not do useful work anyway.
+
+use std::fs::OpenOptions;
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How often an unreachable storage is tried again.
+const RETRY: Duration = Duration::from_millis(100);
+/// Generations tried when claiming one raced with another pair.
+const CLAIM_TRIES: u64 = 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// This side may go live.
+    Won,
+    /// The other side already went live (its name is given): halt.
+    Lost(String),
+}
+
+pub struct Arbiter {
+    dir: PathBuf,
+    generation: u64,
+}
+
+impl Arbiter {
+    pub fn new(dir: &Path, generation: u64) -> Arbiter {
+        Arbiter { dir: dir.to_path_buf(), generation }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Claims the next unused generation in `dir` for a new pair: one past
+    /// the highest there, taken by creating its `.pair` file exclusively.
+    pub fn claim_generation(dir: &Path, pair: &str) -> Result<Arbiter, String> {
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| format!("cannot read the shared storage {}: {e}", dir.display()))?;
+        let highest = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_prefix("gen-")?.split('.').next()?.parse::<u64>().ok()
+            })
+            .max()
+            .unwrap_or(0);
+        for generation in highest + 1..highest + 1 + CLAIM_TRIES {
+            let path = dir.join(format!("gen-{generation}.pair"));
+            match create_exclusive(&path, pair) {
+                Ok(true) => return Ok(Arbiter::new(dir, generation)),
+                Ok(false) => continue,
+                Err(e) => return Err(format!("cannot claim a generation in {}: {e}", dir.display())),
+            }
+        }
+        Err(format!("cannot claim a generation in {}: all taken", dir.display()))
+    }
+
+    /// The test-and-set: `Won` if this call created the generation's
+    /// record, `Lost` if someone else had. Waits, retrying, while the
+    /// storage cannot be reached; `on_wait` hears about it once.
+    pub fn go_live(&self, me: &str, mut on_wait: impl FnMut(&str)) -> Verdict {
+        let path = self.record_path();
+        let mut told = false;
+        loop {
+            let problem = match create_exclusive(&path, me) {
+                Ok(true) => return Verdict::Won,
+                Ok(false) => match std::fs::read_to_string(&path) {
+                    // The winner writes its name right after creating the
+                    // file; an empty read means we looked in between.
+                    Ok(who) if !who.is_empty() => return Verdict::Lost(who.trim().to_string()),
+                    Ok(_) => None,
+                    Err(e) => Some(e.to_string()),
+                },
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(p) = problem {
+                if !told {
+                    on_wait(&format!("the shared storage {} cannot be reached ({p}); waiting", self.dir.display()));
+                    told = true;
+                }
+            }
+            std::thread::sleep(RETRY);
+        }
+    }
+
+    /// Who went live in this generation, if anyone has.
+    pub fn winner(&self) -> Option<String> {
+        let mut s = String::new();
+        std::fs::File::open(self.record_path()).ok()?.read_to_string(&mut s).ok()?;
+        (!s.is_empty()).then(|| s.trim().to_string())
+    }
+
+    fn record_path(&self) -> PathBuf {
+        self.dir.join(format!("gen-{}.live", self.generation))
+    }
+}
+
+/// Creates `path` only if it does not exist, writing `content` durably.
+/// `Ok(false)`: it existed.
+fn create_exclusive(path: &Path, content: &str) -> std::io::Result<bool> {
+    match OpenOptions::new().write(true).create_new(true).mode(0o644).open(path) {
+        Ok(mut f) => {
+            f.write_all(content.as_bytes())?;
+            f.sync_all()?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ftvm-arbiter-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn exactly_one_of_many_racers_wins() {
+        let dir = scratch("race");
+        let a = Arbiter::claim_generation(&dir, "pair").unwrap();
+        let gen = a.generation();
+        let barrier = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (dir, barrier) = (dir.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Arbiter::new(&dir, gen).go_live(&format!("racer{i}"), |_| {})
+                })
+            })
+            .collect();
+        let verdicts: Vec<Verdict> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let winners = verdicts.iter().filter(|v| **v == Verdict::Won).count();
+        assert_eq!(winners, 1, "{verdicts:?}");
+        let who = a.winner().unwrap();
+        for v in &verdicts {
+            if let Verdict::Lost(w) = v {
+                assert_eq!(*w, who);
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn generations_are_fresh_and_independent() {
+        let dir = scratch("gen");
+        let g1 = Arbiter::claim_generation(&dir, "p").unwrap();
+        assert_eq!(g1.go_live("backup", |_| {}), Verdict::Won);
+        let g2 = Arbiter::claim_generation(&dir, "p").unwrap();
+        assert!(g2.generation() > g1.generation());
+        assert_eq!(g2.winner(), None);
+        assert_eq!(g2.go_live("primary", |_| {}), Verdict::Won);
+        assert_eq!(g1.go_live("primary", |_| {}), Verdict::Lost("backup".into()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn waits_while_the_storage_is_unreachable() {
+        let dir = scratch("wait");
+        let gone = dir.join("not-mounted-yet");
+        let a = Arbiter::new(&gone, 1);
+        let mounted = {
+            let gone = gone.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(400));
+                std::fs::create_dir(&gone).unwrap();
+            })
+        };
+        let t0 = std::time::Instant::now();
+        let mut waits = Vec::new();
+        assert_eq!(a.go_live("primary", |m| waits.push(m.to_string())), Verdict::Won);
+        assert!(t0.elapsed() >= Duration::from_millis(400));
+        assert_eq!(waits.len(), 1, "told once: {waits:?}");
+        assert!(waits[0].contains("cannot be reached"), "{waits:?}");
+        mounted.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,726 @@
+//! The logging channel (VMware FT §2, §3.2, Figure 3): a TCP connection
+//! from primary to backup carrying the replay log as one byte stream, and
+//! acknowledgements back.
+//!
+//! Primary end ([`LogSender`]): the VM thread writes log bytes into a
+//! bounded buffer that a sender thread flushes to the socket as soon as
+//! they come; a full buffer stalls the writer (the VM). A reader thread
+//! takes acknowledgements.
+//!
+//! Backup end ([`LogReceiver`]): a thread reads the socket into a bounded
+//! buffer that the replaying VM consumes through [`LogPipe`] (an empty
+//! buffer stalls the VM); each read is acknowledged at once, on receipt,
+//! not on execution (§3.2). A full buffer stops the reading, so the
+//! primary's buffer fills and the primary stalls in turn.
+//!
+//! An acknowledgement is 17 bytes: kind (1), bytes of log received (u64
+//! LE), instruction count the backup has executed (u64 LE). The latter is
+//! what the primary measures the execution lag with. Acknowledgements
+//! also go out every interval while nothing arrives, so they double as
+//! the backup's heartbeat on the channel; the primary's keep-alives are
+//! log frames its VM loop writes when the log is quiet.
+//!
+//! Each end declares its peer failed (§2.3) when the connection closes
+//! (the peer's process is gone and its kernel said so), or when either
+//! the channel or the UDP heartbeats have been silent for the timeout.
+
+use crate::heartbeat::Heartbeat;
+use crate::Timing;
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const ACK: u8 = 1;
+const ACK_LEN: usize = 17;
+/// Default size of each end's buffer (VMware speaks of "a large buffer").
+pub const DEFAULT_BUFFER: usize = 64 << 20;
+
+/// Why a peer was declared failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The connection closed or broke.
+    Closed(String),
+    /// Nothing on the channel for the timeout.
+    ChannelSilent(Duration),
+    /// No heartbeat for the timeout.
+    HeartbeatSilent(Duration),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Failure::Closed(why) => write!(f, "the logging channel closed ({why})"),
+            Failure::ChannelSilent(d) => write!(f, "nothing on the logging channel for {} ms", d.as_millis()),
+            Failure::HeartbeatSilent(d) => write!(f, "no heartbeat for {} ms", d.as_millis()),
+        }
+    }
+}
+
+/// Microsecond clock shared by the threads of one end.
+struct Clock(Instant);
+
+impl Clock {
+    fn now_us(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
+    fn since(&self, us: u64) -> Duration {
+        Duration::from_micros(self.now_us().saturating_sub(us))
+    }
+}
+
+/// A byte buffer with a bound, shared by a producer and a consumer thread.
+struct Pipe {
+    state: Mutex<PipeState>,
+    readable: Condvar,
+    writable: Condvar,
+    capacity: usize,
+}
+
+struct PipeState {
+    bytes: VecDeque<u8>,
+    /// No more bytes will come (the channel is over): readers drain, then
+    /// see the end; writers drop what they write.
+    closed: bool,
+}
+
+impl Pipe {
+    fn new(capacity: usize) -> Pipe {
+        Pipe {
+            state: Mutex::new(PipeState { bytes: VecDeque::new(), closed: false }),
+            readable: Condvar::new(),
+            writable: Condvar::new(),
+            capacity,
+        }
+    }
+
+    /// Appends all of `data`, waiting for room. False if closed.
+    fn put(&self, mut data: &[u8]) -> bool {
+        let mut s = self.state.lock().unwrap();
+        while !data.is_empty() {
+            if s.closed {
+                return false;
+            }
+            let room = self.capacity.saturating_sub(s.bytes.len());
+            if room == 0 {
+                s = self.writable.wait(s).unwrap();
+                continue;
+            }
+            let n = room.min(data.len());
+            s.bytes.extend(&data[..n]);
+            data = &data[n..];
+            self.readable.notify_all();
+        }
+        true
+    }
+
+    /// Takes up to `max` bytes, waiting for some; empty once closed and drained.
+    fn take(&self, max: usize) -> Vec<u8> {
+        let mut s = self.state.lock().unwrap();
+        while s.bytes.is_empty() && !s.closed {
+            s = self.readable.wait(s).unwrap();
+        }
+        let n = max.min(s.bytes.len());
+        let out: Vec<u8> = s.bytes.drain(..n).collect();
+        self.writable.notify_all();
+        out
+    }
+
+    /// Free room, waiting up to `wait` for some.
+    fn room(&self, wait: Duration) -> usize {
+        let s = self.state.lock().unwrap();
+        let (s, _) =
+            self.writable.wait_timeout_while(s, wait, |s| s.bytes.len() >= self.capacity && !s.closed).unwrap();
+        self.capacity.saturating_sub(s.bytes.len())
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap().closed = true;
+        self.readable.notify_all();
+        self.writable.notify_all();
+    }
+
+    fn len(&self) -> usize {
+        self.state.lock().unwrap().bytes.len()
+    }
+}
+
+/// What a primary learns from its channel, from another thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrimaryEvent {
+    /// The backup acknowledged more of the log.
+    Acked,
+    /// The backup is declared failed.
+    BackupLost(Failure),
+}
+
+struct PrimaryShared {
+    clock: Clock,
+    pipe: Pipe,
+    /// Bytes handed to the socket.
+    sent: AtomicU64,
+    acked: AtomicU64,
+    backup_icount: AtomicU64,
+    last_ack_us: AtomicU64,
+    failed: Mutex<Option<Failure>>,
+    stop: AtomicBool,
+}
+
+/// The primary's end. Implements [`Write`] for the log writer.
+pub struct LogSender {
+    shared: Arc<PrimaryShared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+}
+
+impl LogSender {
+    /// Connects to the backup, retrying for `wait` while it is not
+    /// listening yet. `events` hears acknowledgements and failure.
+    pub fn connect(
+        backup: SocketAddr,
+        wait: Duration,
+        timing: Timing,
+        heartbeat: Option<Heartbeat>,
+        events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
+    ) -> Result<LogSender, String> {
+        let deadline = Instant::now() + wait;
+        let stream = loop {
+            match TcpStream::connect_timeout(&backup, Duration::from_secs(1)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("cannot reach the backup at {backup}: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        Self::over(stream, DEFAULT_BUFFER, timing, heartbeat, events)
+    }
+
+    /// The primary's end over a connected stream.
+    pub fn over(
+        stream: TcpStream,
+        buffer: usize,
+        timing: Timing,
+        heartbeat: Option<Heartbeat>,
+        events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
+    ) -> Result<LogSender, String> {
+        let peer = stream.peer_addr().map_err(|e| format!("logging channel: {e}"))?;
+        // Outputs wait for acknowledgements: no Nagle delay on either side.
+        stream.set_nodelay(true).map_err(|e| format!("logging channel: {e}"))?;
+        let shared = Arc::new(PrimaryShared {
+            clock: Clock(Instant::now()),
+            pipe: Pipe::new(buffer),
+            sent: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            backup_icount: AtomicU64::new(0),
+            last_ack_us: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let events = Arc::new(events);
+        let fail = {
+            let (shared, events) = (shared.clone(), events.clone());
+            move |f: Failure| declare(&shared.failed, &shared.pipe, f, |f| events(PrimaryEvent::BackupLost(f)))
+        };
+        let fail = Arc::new(fail);
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| format!("{name}: {e}"))
+        };
+        {
+            let (shared, fail) = (shared.clone(), fail.clone());
+            let mut out = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+            spawn(
+                "ft-log-send",
+                Box::new(move || loop {
+                    let chunk = shared.pipe.take(1 << 20);
+                    if chunk.is_empty() {
+                        return;
+                    }
+                    if let Err(e) = out.write_all(&chunk) {
+                        return fail(Failure::Closed(e.to_string()));
+                    }
+                    shared.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }),
+            )?;
+        }
+        {
+            let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
+            let mut input = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+            spawn(
+                "ft-ack-read",
+                Box::new(move || {
+                    let mut msg = [0u8; ACK_LEN];
+                    loop {
+                        if let Err(e) = input.read_exact(&mut msg) {
+                            let why = if e.kind() == ErrorKind::UnexpectedEof {
+                                "end of stream".into()
+                            } else {
+                                e.to_string()
+                            };
+                            return fail(Failure::Closed(why));
+                        }
+                        if msg[0] != ACK {
+                            return fail(Failure::Closed(format!("unknown message kind {} from the backup", msg[0])));
+                        }
+                        let received = u64::from_le_bytes(msg[1..9].try_into().unwrap());
+                        let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
+                        shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                        shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
+                        if received > shared.acked.fetch_max(received, Ordering::Relaxed) {
+                            events(PrimaryEvent::Acked);
+                        }
+                    }
+                }),
+            )?;
+        }
+        {
+            let (shared, fail) = (shared.clone(), fail.clone());
+            spawn(
+                "ft-detect",
+                Box::new(move || {
+                    watch(
+                        timing,
+                        heartbeat,
+                        &shared.stop,
+                        &shared.failed,
+                        || shared.clock.since(shared.last_ack_us.load(Ordering::Relaxed)),
+                        |f| fail(f),
+                    )
+                }),
+            )?;
+        }
+        Ok(LogSender { shared, stream, peer })
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Bytes of log the backup has acknowledged receiving.
+    pub fn acked(&self) -> u64 {
+        self.shared.acked.load(Ordering::Relaxed)
+    }
+
+    /// Bytes handed to the network so far.
+    pub fn sent(&self) -> u64 {
+        self.shared.sent.load(Ordering::Relaxed)
+    }
+
+    /// Bytes waiting in the primary's buffer.
+    pub fn buffered(&self) -> usize {
+        self.shared.pipe.len()
+    }
+
+    /// The instruction count the backup last reported executing.
+    pub fn backup_icount(&self) -> u64 {
+        self.shared.backup_icount.load(Ordering::Relaxed)
+    }
+
+    /// Why the backup was declared failed, once it has been.
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.failed.lock().unwrap().clone()
+    }
+
+    /// Stops sending and lets the backup's end see the stream end.
+    pub fn close(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.pipe.close();
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Waits (up to `wait`) until everything written has been
+    /// acknowledged: the end of a recording reaches the backup before the
+    /// primary goes away.
+    pub fn wait_acked(&self, total: u64, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        while self.acked() < total {
+            if Instant::now() >= deadline || self.failure().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+impl Write for LogSender {
+    /// Queues log bytes; a full buffer makes the caller wait. Once the
+    /// backup is declared failed the bytes go nowhere: the caller learns
+    /// of it through its event, not through an error in the middle of a
+    /// log entry.
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.shared.pipe.put(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogSender {
+    /// As if the primary's process ended: the backup sees the stream end
+    /// (call [`LogSender::wait_acked`] first to deliver what was written).
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Records the first failure and tells whoever listens, once.
+fn declare(failed: &Mutex<Option<Failure>>, pipe: &Pipe, f: Failure, tell: impl FnOnce(Failure)) {
+    {
+        let mut slot = failed.lock().unwrap();
+        if slot.is_some() {
+            return;
+        }
+        *slot = Some(f.clone());
+    }
+    pipe.close();
+    tell(f);
+}
+
+/// The failure detector's loop: watches the peer's channel traffic and
+/// heartbeats until one is silent for the timeout or the end is stopped.
+fn watch(
+    timing: Timing,
+    heartbeat: Option<Heartbeat>,
+    stop: &AtomicBool,
+    failed: &Mutex<Option<Failure>>,
+    channel_silence: impl Fn() -> Duration,
+    fail: impl Fn(Failure),
+) {
+    let tick = (timing.interval / 2).max(Duration::from_millis(1));
+    loop {
+        std::thread::sleep(tick);
+        if stop.load(Ordering::Relaxed) || failed.lock().unwrap().is_some() {
+            return;
+        }
+        let quiet = channel_silence();
+        if quiet > timing.timeout {
+            return fail(Failure::ChannelSilent(quiet));
+        }
+        if let Some(hb) = &heartbeat {
+            let quiet = hb.silence();
+            if quiet > timing.timeout {
+                return fail(Failure::HeartbeatSilent(quiet));
+            }
+        }
+    }
+}
+
+struct BackupShared {
+    clock: Clock,
+    pipe: Pipe,
+    received: AtomicU64,
+    /// Set by the replaying VM: how far it has executed.
+    executed: AtomicU64,
+    last_heard_us: AtomicU64,
+    failed: Mutex<Option<Failure>>,
+    /// Failure declared, but the log stays open until the caller decides
+    /// (the arbiter) whether to go live or halt.
+    stop: AtomicBool,
+}
+
+/// The backup's end: receives the log, acknowledges it, detects failure.
+pub struct LogReceiver {
+    shared: Arc<BackupShared>,
+    peer: SocketAddr,
+    stream: TcpStream,
+}
+
+impl LogReceiver {
+    /// Waits for the primary to connect on `listener` (one connection).
+    pub fn accept(listener: &TcpListener, buffer: usize) -> Result<LogReceiver, String> {
+        let (stream, peer) = listener.accept().map_err(|e| format!("logging channel: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| format!("logging channel: {e}"))?;
+        let shared = Arc::new(BackupShared {
+            clock: Clock(Instant::now()),
+            pipe: Pipe::new(buffer),
+            received: AtomicU64::new(0),
+            executed: AtomicU64::new(0),
+            last_heard_us: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        Ok(LogReceiver { shared, peer, stream })
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Starts receiving: acknowledgements every read and every
+    /// `timing.interval`; `on_failure` hears once when the primary is
+    /// declared failed. The log stays readable through [`LogPipe`] to its
+    /// last byte received until [`LogReceiver::end_log`].
+    pub fn start(
+        &self,
+        timing: Timing,
+        heartbeat: Option<Heartbeat>,
+        on_failure: impl Fn(Failure) + Send + Sync + 'static,
+    ) -> Result<(), String> {
+        let on_failure = Arc::new(on_failure);
+        let fail = {
+            let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
+            Arc::new(move |f: Failure| {
+                let mut slot = shared.failed.lock().unwrap();
+                if slot.is_none() {
+                    *slot = Some(f.clone());
+                    drop(slot);
+                    on_failure(f);
+                }
+            })
+        };
+        let mut input = self.stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+        let mut out = self.stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+        input.set_read_timeout(Some(timing.interval)).map_err(|e| format!("logging channel: {e}"))?;
+        {
+            let (shared, fail) = (self.shared.clone(), fail.clone());
+            std::thread::Builder::new()
+                .name("ft-log-receive".into())
+                .spawn(move || receive(&shared, &mut input, &mut out, timing, &*fail))
+                .map_err(|e| format!("ft-log-receive: {e}"))?;
+        }
+        {
+            let shared = self.shared.clone();
+            std::thread::Builder::new()
+                .name("ft-detect".into())
+                .spawn(move || {
+                    let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                    watch(timing, heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+                })
+                .map_err(|e| format!("ft-detect: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The replaying VM's view of the log.
+    pub fn pipe(&self) -> LogPipe {
+        LogPipe { shared: self.shared.clone() }
+    }
+
+    /// The replaying VM reached `icount`.
+    pub fn set_executed(&self, icount: u64) {
+        self.shared.executed.store(icount, Ordering::Relaxed);
+    }
+
+    pub fn received(&self) -> u64 {
+        self.shared.received.load(Ordering::Relaxed)
+    }
+
+    /// Bytes received and not yet consumed by the VM.
+    pub fn buffered(&self) -> usize {
+        self.shared.pipe.len()
+    }
+
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.failed.lock().unwrap().clone()
+    }
+
+    /// No more log will be taken: the VM drains what was received, then
+    /// sees the log end (its last go-live point is where it goes live).
+    pub fn end_log(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.pipe.close();
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for LogReceiver {
+    fn drop(&mut self) {
+        self.end_log();
+    }
+}
+
+fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, timing: Timing, fail: &dyn Fn(Failure)) {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut last_ack = Instant::now();
+    let mut acked = (u64::MAX, u64::MAX);
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        // A full buffer stops the reading (the primary's buffer fills in
+        // turn) but not the acknowledgements: a slow backup is not a dead one.
+        let room = shared.pipe.room(timing.interval).min(buf.len());
+        if room > 0 {
+            match input.read(&mut buf[..room]) {
+                Ok(0) => return fail(Failure::Closed("end of stream".into())),
+                Ok(n) => {
+                    shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    if !shared.pipe.put(&buf[..n]) {
+                        return;
+                    }
+                    shared.received.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return fail(Failure::Closed(e.to_string())),
+            }
+        } else {
+            // Not reading, so the channel's silence says nothing.
+            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+        }
+        let now = (shared.received.load(Ordering::Relaxed), shared.executed.load(Ordering::Relaxed));
+        if now.0 != acked.0 || last_ack.elapsed() >= timing.interval {
+            let mut msg = [0u8; ACK_LEN];
+            msg[0] = ACK;
+            msg[1..9].copy_from_slice(&now.0.to_le_bytes());
+            msg[9..17].copy_from_slice(&now.1.to_le_bytes());
+            if let Err(e) = out.write_all(&msg) {
+                return fail(Failure::Closed(e.to_string()));
+            }
+            acked = now;
+            last_ack = Instant::now();
+        }
+    }
+}
+
+/// The log as the replaying VM reads it: blocks while the buffer is empty
+/// (the backup stalls), ends once the receiver ended the log and every
+/// byte received has been read.
+pub struct LogPipe {
+    shared: Arc<BackupShared>,
+}
+
+impl Read for LogPipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let got = self.shared.pipe.take(buf.len());
+        buf[..got.len()].copy_from_slice(&got);
+        Ok(got.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn pair(
+        buffer: usize,
+        timing: Timing,
+    ) -> (LogSender, mpsc::Receiver<PrimaryEvent>, LogReceiver, mpsc::Receiver<Failure>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acc = std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap());
+        let (ptx, prx) = mpsc::channel();
+        let ptx = Mutex::new(ptx);
+        let sender = LogSender::connect(addr, Duration::from_secs(5), timing, None, move |e| {
+            let _ = ptx.lock().unwrap().send(e);
+        })
+        .unwrap();
+        let receiver = acc.join().unwrap();
+        let (btx, brx) = mpsc::channel();
+        let btx = Mutex::new(btx);
+        receiver
+            .start(timing, None, move |f| {
+                let _ = btx.lock().unwrap().send(f);
+            })
+            .unwrap();
+        (sender, prx, receiver, brx)
+    }
+
+    #[test]
+    fn bytes_arrive_in_order_and_are_acknowledged_on_receipt() {
+        let (mut s, prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        s.write_all(&data).unwrap();
+        // Acknowledged without the VM having read anything.
+        assert!(s.wait_acked(data.len() as u64, Duration::from_secs(5)));
+        assert!(matches!(prx.recv_timeout(Duration::from_secs(1)), Ok(PrimaryEvent::Acked)));
+        let mut got = vec![0u8; data.len()];
+        r.pipe().read_exact(&mut got).unwrap();
+        assert_eq!(got, data);
+        r.set_executed(12345);
+        let t0 = Instant::now();
+        while s.backup_icount() != 12345 {
+            assert!(t0.elapsed() < Duration::from_secs(2), "execution progress never reported");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn full_buffers_stall_the_primary() {
+        // 64 KiB at the backup, nobody consuming: the primary's own 64 KiB
+        // buffer fills behind the socket buffers, and writes block.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 64 << 10).unwrap());
+        let stream = TcpStream::connect(addr).unwrap();
+        let mut s = LogSender::over(stream, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
+        let r = acc.join().unwrap();
+        r.start(Timing::DEFAULT, None, |_| {}).unwrap();
+        let written = Arc::new(AtomicU64::new(0));
+        let w = written.clone();
+        std::thread::spawn(move || {
+            let chunk = vec![1u8; 4096];
+            loop {
+                s.write_all(&chunk).unwrap();
+                w.fetch_add(4096, Ordering::Relaxed);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let stalled_at = written.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(written.load(Ordering::Relaxed), stalled_at, "the primary kept writing");
+        // Consuming at the backup lets it go on.
+        let mut pipe = r.pipe();
+        let mut sink = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            let _ = pipe.read(&mut sink).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(written.load(Ordering::Relaxed) > stalled_at);
+    }
+
+    #[test]
+    fn a_closed_primary_is_a_failure_and_the_log_drains() {
+        let (mut s, _prx, r, brx) = pair(1 << 20, Timing::DEFAULT);
+        s.write_all(b"last words").unwrap();
+        assert!(s.wait_acked(10, Duration::from_secs(5)));
+        drop(s);
+        let f = brx.recv_timeout(Duration::from_secs(2)).expect("failure declared");
+        assert!(matches!(f, Failure::Closed(_)), "{f:?}");
+        r.end_log();
+        let mut all = Vec::new();
+        r.pipe().read_to_end(&mut all).unwrap();
+        assert_eq!(all, b"last words");
+    }
+
+    #[test]
+    fn silence_is_a_failure_after_the_timeout() {
+        let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+        let (_s, _prx, r, brx) = pair(1 << 20, timing);
+        // The primary writes nothing (no keep-alives): the backup gives up.
+        let t0 = Instant::now();
+        let f = brx.recv_timeout(Duration::from_secs(3)).expect("failure declared");
+        assert!(matches!(f, Failure::ChannelSilent(_)), "{f:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(150));
+        assert!(r.failure().is_some());
+    }
+
+    #[test]
+    fn a_silent_backup_is_a_failure_for_the_primary() {
+        let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Accepts and never acknowledges.
+        let _held = std::thread::spawn(move || {
+            let c = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            drop(c);
+        });
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let _s = LogSender::connect(addr, Duration::from_secs(5), timing, None, move |e| {
+            let _ = tx.lock().unwrap().send(e);
+        })
+        .unwrap();
+        match rx.recv_timeout(Duration::from_secs(2)).unwrap() {
+            PrimaryEvent::BackupLost(Failure::ChannelSilent(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
