@@ -12,6 +12,7 @@ use crate::control::ControlRequest;
 use ftvm_host::disk::{DiskImage, DiskWorkers};
 use ftvm_host::tap::Tap;
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine};
+use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
@@ -30,6 +31,8 @@ pub enum HostEvent {
     /// A frame that arrived on a TAP.
     Frame(usize, Vec<u8>),
     Control(ControlRequest),
+    /// News from the logging channel of a protected VM.
+    Replication(PrimaryEvent),
 }
 
 /// How the host serves one virtio slot, as given on the command line and
@@ -140,6 +143,18 @@ impl HostIo {
         }
     }
 
+    /// Tells the network that each NIC's MAC is now here, as VMware FT does
+    /// when a backup goes live: a broadcast RARP request from the MAC
+    /// makes every switch (bridge) on the way learn its new port, without
+    /// the guest's help and whatever its IP addresses.
+    pub fn announce(&mut self) {
+        for (b, s) in self.backends.iter().zip(&self.slots) {
+            if let (Backend::Tap { mac, .. }, Slot::Net { tap, .. }) = (b, s) {
+                let _ = tap.send(&rarp_announcement(mac));
+            }
+        }
+    }
+
     /// Holds a received frame for its NIC.
     pub fn receive(&mut self, slot: usize, frame: Vec<u8>) {
         if let Some(Slot::Net { backlog, dropped, .. }) = self.slots.get_mut(slot) {
@@ -179,6 +194,23 @@ impl HostIo {
     pub fn describe(&self) -> String {
         describe(&self.backends)
     }
+}
+
+/// A RARP "request reverse" frame from `mac` (RFC 903), padded to the
+/// Ethernet minimum.
+pub fn rarp_announcement(mac: &[u8; 6]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(60);
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(mac);
+    f.extend_from_slice(&0x8035u16.to_be_bytes());
+    // Ethernet hardware, IPv4 protocol, address lengths 6 and 4, opcode 3.
+    f.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 3]);
+    f.extend_from_slice(mac);
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(mac);
+    f.extend_from_slice(&[0; 4]);
+    f.resize(60, 0);
+    f
 }
 
 /// Backends as text, one line per slot (read back by [`parse_description`]).

@@ -13,10 +13,12 @@
 use crate::console::{Input, RawTerminal};
 use crate::control::{Command, ControlRequest};
 use crate::exec::OutputFilter;
+use crate::ft::primary::Protection;
 use crate::host_io::{HostEvent, HostIo};
 use crate::record::Recorder;
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{snapshot_file, Event, IoCompletion, Machine, RunExit};
+use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
+use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -30,6 +32,9 @@ const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
 
+/// How often a protected VM's log carries at least a go-live point.
+pub const KEEPALIVE: Duration = Duration::from_millis(50);
+
 const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
 
 pub struct Options {
@@ -42,6 +47,8 @@ pub struct Options {
     pub console_input: bool,
     /// Start paused, waiting for `resume` on the control socket.
     pub paused: bool,
+    /// A fault-tolerant VM running without a backup (status says so).
+    pub ft_alone: bool,
 }
 
 struct Pacer {
@@ -107,6 +114,9 @@ struct Live {
     held: VecDeque<(usize, IoCompletion)>,
     filter: Option<OutputFilter>,
     recorder: Option<Recorder>,
+    /// With a backup: the Output Rule and lag control. Always with a
+    /// recorder whose log goes to the backup.
+    protection: Option<Protection>,
     /// The guest powered off (rather than the user quitting).
     powered_off: bool,
     /// Inputs applied so far; an idle machine that just got one must run
@@ -120,6 +130,7 @@ pub fn run(
     events: Receiver<HostEvent>,
     opts: Options,
     recorder: Option<Recorder>,
+    protection: Option<Protection>,
 ) -> Result<u32, String> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let mut live = Live {
@@ -133,6 +144,7 @@ pub fn run(
         filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
         opts,
         recorder,
+        protection,
         powered_off: false,
         injected: 0,
     };
@@ -155,10 +167,15 @@ impl Live {
             if let Some(r) = &mut self.recorder {
                 r.checkpoint(&mut self.m)?;
             }
+            let started = Instant::now();
             let exit = if self.paused { None } else { Some(self.m.run_until(self.m.icount() + CHUNK)) };
+            let busy = started.elapsed();
             let injected_before = self.injected;
             let requests = self.m.take_io_requests();
-            self.io.dispatch(requests);
+            self.dispatch(requests);
+            if exit.is_some() {
+                self.keep_share(busy);
+            }
             self.show_output();
             while let Ok(ev) = events.try_recv() {
                 if let Next::Exit(code) = self.handle(ev)? {
@@ -216,7 +233,16 @@ impl Live {
             wake_at.map(|t| Duration::from_secs_f64(t.saturating_sub(now) as f64 / TIMEBASE_HZ as f64))
         };
         let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
-        let got = match wait {
+        // A protected VM wakes to show the backup it is alive (and to let
+        // acknowledged outputs go, which the events also do).
+        let keepalive = self.protection.as_ref().map(|_| KEEPALIVE);
+        let capped = match (wait, keepalive) {
+            (Some(d), Some(k)) if k < d => Some(k),
+            (None, Some(k)) => Some(k),
+            (w, _) => w,
+        };
+        let early = capped != wait;
+        let got = match capped {
             Some(d) => match events.recv_timeout(d) {
                 Ok(ev) => Some(ev),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -225,6 +251,10 @@ impl Live {
             None if nothing_can_come => return Err(STUCK_IDLE.into()),
             None => Some(events.recv().map_err(|_| "the host event channel closed".to_string())?),
         };
+        if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks() < t) {
+            // Woke for the keep-alive only: the guest sleeps on.
+            return Ok(Next::Continue);
+        }
         if !self.opts.fast_time {
             let target = match wake_at {
                 Some(t) if got.is_none() => t,
@@ -253,21 +283,63 @@ impl Live {
             }
             HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
             HostEvent::Control(req) => return self.control(req),
+            HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
+            HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
+                if let Some(p) = &mut self.protection {
+                    let held = p.backup_lost(&failure)?;
+                    // Alone now: no more log, outputs go out as they come.
+                    self.protection = None;
+                    self.recorder = None;
+                    self.opts.ft_alone = true;
+                    self.io.dispatch(held);
+                }
+            }
         }
         Ok(Next::Continue)
     }
 
+    /// Hands requests to the host; under protection, outputs wait for the
+    /// backup's acknowledgement of the log that produced them.
+    fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
+        let out = match (&mut self.protection, &self.recorder) {
+            (Some(p), Some(r)) => {
+                let channel = r.channel().expect("a protected VM logs to its backup");
+                p.gate(requests, r.logged(), channel)
+            }
+            _ => requests,
+        };
+        if !out.is_empty() {
+            self.io.dispatch(out);
+        }
+    }
+
+    /// Under protection: notes progress for the lag and pauses as the
+    /// CPU share asks.
+    fn keep_share(&mut self, busy: Duration) {
+        if let (Some(p), Some(r)) = (&mut self.protection, &self.recorder) {
+            let pause = p.after_chunk(self.m.icount(), busy, r.channel().expect("protected"));
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+        }
+    }
+
     fn control(&mut self, req: ControlRequest) -> Result<Next, String> {
         let (reply, next) = match req.command {
-            Command::Status => (
-                format!(
-                    "ok {} icount={} time={:.3}s",
+            Command::Status => {
+                let ft = match (&mut self.protection, &self.recorder) {
+                    (Some(p), Some(r)) => p.status(r.channel().expect("protected")),
+                    _ if self.opts.ft_alone => "role=primary backup=none (unprotected)".to_string(),
+                    _ => String::new(),
+                };
+                let line = format!(
+                    "ok {} icount={} time={:.3}s {ft}",
                     if self.paused { "paused" } else { "running" },
                     self.m.icount(),
                     self.m.time() as f64 / TIMEBASE_HZ as f64
-                ),
-                Next::Continue,
-            ),
+                );
+                (line.trim_end().to_string(), Next::Continue)
+            }
             Command::Pause => {
                 self.paused = true;
                 ("ok paused".to_string(), Next::Continue)

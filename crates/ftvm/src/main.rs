@@ -8,6 +8,7 @@
 mod console;
 mod control;
 mod exec;
+mod ft;
 mod host_io;
 mod live;
 mod record;
@@ -34,6 +35,9 @@ enum Command {
     Record(Box<RecordArgs>),
     /// Re-execute a recorded VM from its log, with no host I/O.
     Replay(replay::ReplayArgs),
+    /// Fault tolerance (VMware FT's lockstep): a primary VM and its backup.
+    #[command(subcommand)]
+    Ft(FtCommand),
     /// Build or locate the default guest image.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -46,6 +50,22 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         command: Vec<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum FtCommand {
+    /// Run a VM protected by a backup on another host (run options apply).
+    Primary(Box<FtPrimaryArgs>),
+    /// Keep the replica of a primary's VM, ready to take over.
+    Backup(Box<ft::backup::BackupArgs>),
+}
+
+#[derive(Args)]
+pub struct FtPrimaryArgs {
+    #[command(flatten)]
+    ft: ft::PrimaryArgs,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Subcommand)]
@@ -156,8 +176,10 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => run(*args, None),
-        Command::Record(r) => run(r.run, Some(r.log)),
+        Command::Run(args) => run(*args, Target::None),
+        Command::Record(r) => run(r.run, Target::File(r.log)),
+        Command::Ft(FtCommand::Primary(p)) => run(p.run, Target::Backup(p.ft)),
+        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b),
         Command::Replay(r) => replay::replay(&r),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
         Command::Control { socket, command } => control::send(&socket, &command.join(" ")).and_then(|reply| {
@@ -371,35 +393,68 @@ struct Sources {
     initrd: Option<PathBuf>,
 }
 
-/// `ftvm run`, and with `log` `ftvm record`.
-fn run(args: RunArgs, log: Option<PathBuf>) -> Result<u32, String> {
+/// Where a running VM's log goes.
+enum Target {
+    None,
+    /// `ftvm record`
+    File(PathBuf),
+    /// `ftvm ft primary`
+    Backup(ft::PrimaryArgs),
+}
+
+/// `ftvm run`, `ftvm record` and `ftvm ft primary`.
+fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (events_tx, events) = std::sync::mpsc::channel();
     let mut recorder = None;
+    let mut protection = None;
+    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
+        match &target {
+            Target::None => {}
+            Target::File(path) => recorder = Some(record::Recorder::create(path, h)?),
+            Target::Backup(ft) => {
+                let (r, p) = ft::start_primary(ft, h, events_tx.clone())?;
+                recorder = Some(r);
+                protection = Some(p);
+            }
+        }
+        Ok(())
+    };
+    if let Target::Backup(ft) = &target {
+        if args.restore.is_some() {
+            return Err("a protected VM starts by booting; --restore is not supported with ftvm ft primary".into());
+        }
+        // The disk lives on the shared storage, where the backup finds it.
+        if args.disks.is_empty() && args.kernel.is_none() {
+            let img = ftvm_image::locate().map_err(|e| e.to_string())?;
+            let disk = ft::default_shared_disk(&ft.pair, &img.rootfs)?;
+            args.disks.push(disk.display().to_string());
+        }
+    }
     let (mut machine, mut io) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
             let (io, devices) = HostIo::open(backends, events_tx.clone())?;
             cfg.devices = devices;
             let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
-            if let Some(path) = &log {
+            if !matches!(target, Target::None) {
                 let start = record::Start::Boot {
                     firmware: src.firmware.as_deref().zip(cfg.firmware.as_deref()),
                     kernel: (&src.kernel, &cfg.kernel),
                     initrd: src.initrd.as_deref().zip(cfg.initrd.as_deref()),
                     cmdline: &cfg.cmdline,
                 };
-                let h = record::header(&m, cfg.ram_size, cfg.guest_ips, io.backends(), start);
-                recorder = Some(record::Recorder::create(path, &h)?);
+                let mut h = record::header(&m, cfg.ram_size, cfg.guest_ips, io.backends(), start);
+                start_log(&mut h)?;
             }
             (m, io)
         }
         Some(file) => {
             let (m, io) = restore(&args, file, &events_tx)?;
-            if let Some(path) = &log {
+            if !matches!(target, Target::None) {
                 let bytes = std::fs::read(file).map_err(|e| format!("cannot read snapshot {}: {e}", file.display()))?;
                 let start = record::Start::Snapshot { path: file, bytes: &bytes };
-                let h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
-                recorder = Some(record::Recorder::create(path, &h)?);
+                let mut h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
+                start_log(&mut h)?;
             }
             (m, io)
         }
@@ -424,8 +479,9 @@ fn run(args: RunArgs, log: Option<PathBuf>) -> Result<u32, String> {
         show_boot: args.verbose,
         console_input,
         paused: args.paused,
+        ft_alone: false,
     };
-    live::run(machine, io, events, options, recorder)
+    live::run(machine, io, events, options, recorder, protection)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

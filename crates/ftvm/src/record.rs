@@ -11,18 +11,49 @@ use crate::host_io::{self, Backend};
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, Machine};
 use ftvm_replay::{Entry, Header, LogWriter, Record};
+use ftvm_replication::channel::LogSender;
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Guest time between two state digests.
 pub const DIGEST_TICKS: u64 = TIMEBASE_HZ / 10;
+/// How long a primary waits at the end for the backup to acknowledge the
+/// end of the log.
+const END_ACK_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the log goes: a file (`ftvm record`) or a backup (`ftvm ft primary`).
+pub enum Sink {
+    File(BufWriter<File>),
+    Channel(LogSender),
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(buf),
+            Sink::Channel(c) => c.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Channel(c) => c.flush(),
+        }
+    }
+}
 
 pub struct Recorder {
-    log: LogWriter<BufWriter<File>>,
+    log: LogWriter<Sink>,
+    /// The file, or the backup's address, for messages.
     path: PathBuf,
     next_digest: u64,
     sizes: EntrySizes,
+    /// With a backup: a frame goes out at least this often, so a quiet
+    /// guest still shows the primary is alive.
+    keepalive: Option<Duration>,
+    last_frame: Instant,
 }
 
 /// Encoded bytes by kind of entry, for the summary: where a log's size
@@ -53,9 +84,34 @@ impl EntrySizes {
 impl Recorder {
     pub fn create(path: &Path, header: &Header) -> Result<Recorder, String> {
         let f = File::create(path).map_err(|e| format!("cannot create log {}: {e}", path.display()))?;
-        let log = LogWriter::new(BufWriter::new(f), header)
+        let log = LogWriter::new(Sink::File(BufWriter::new(f)), header)
             .map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
-        Ok(Recorder { log, path: path.to_path_buf(), next_digest: 0, sizes: EntrySizes::default() })
+        Ok(Recorder::with(log, path.to_path_buf(), None))
+    }
+
+    /// A recorder whose log streams to a backup over the logging channel.
+    pub fn to_backup(sender: LogSender, header: &Header, keepalive: Duration) -> Result<Recorder, String> {
+        let peer = sender.peer();
+        let log = LogWriter::new(Sink::Channel(sender), header).map_err(|e| format!("logging channel: {e}"))?;
+        Ok(Recorder::with(log, PathBuf::from(format!("the backup at {peer}")), Some(keepalive)))
+    }
+
+    fn with(log: LogWriter<Sink>, path: PathBuf, keepalive: Option<Duration>) -> Recorder {
+        Recorder { log, path, next_digest: 0, sizes: EntrySizes::default(), keepalive, last_frame: Instant::now() }
+    }
+
+    /// Bytes of log written so far in complete frames: what an output
+    /// produced now depends on.
+    pub fn logged(&self) -> u64 {
+        self.log.bytes_written()
+    }
+
+    /// The logging channel, when recording for a backup.
+    pub fn channel(&self) -> Option<&LogSender> {
+        match self.log.sink() {
+            Sink::Channel(c) => Some(c),
+            Sink::File(_) => None,
+        }
     }
 
     pub fn event(&mut self, icount: u64, ev: &Event) {
@@ -75,8 +131,10 @@ impl Recorder {
             self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
             self.next_digest = m.time() + DIGEST_TICKS;
         }
-        if self.log.has_pending() {
+        let quiet = self.keepalive.is_some_and(|k| self.last_frame.elapsed() >= k);
+        if self.log.has_pending() || quiet {
             self.log.go_live(m.icount()).map_err(|e| self.write_error(e))?;
+            self.last_frame = Instant::now();
         }
         Ok(())
     }
@@ -89,9 +147,22 @@ impl Recorder {
         let path = self.path.clone();
         let fail = |e: std::io::Error| format!("cannot write log {}: {e}", path.display());
         let out = self.log.finish(m.icount(), status).map_err(fail)?;
-        let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
-        file.sync_all().map_err(fail)?;
-        let written = file.metadata().map_err(fail)?.len();
+        let written = match out {
+            Sink::File(f) => {
+                let file = f.into_inner().map_err(|e| fail(e.into_error()))?;
+                file.sync_all().map_err(fail)?;
+                file.metadata().map_err(fail)?.len()
+            }
+            Sink::Channel(c) => {
+                // The end must reach the backup, or it would take the
+                // primary's exit for a failure and go live.
+                let end = c.written();
+                if !c.wait_acked(end, END_ACK_WAIT) {
+                    eprintln!("ftvm: the backup did not acknowledge the end of the log");
+                }
+                end
+            }
+        };
         let z = &self.sizes;
         eprintln!(
             "ftvm: recorded {} instructions, {written} bytes of log (disk completions {}, received frames {}, \

@@ -46,15 +46,75 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
     if hex(&m.state_hash()) != want {
         return Err(format!("log {name}: the machine built from its header is not in the recorded start state"));
     }
-    let mut digests = 0u64;
     let started = std::time::Instant::now();
-    let outcome = loop {
+    let mut replayed = Replayed::default();
+    let outcome = replay_log(&mut reader, &mut m, args.show_console, &mut replayed, |_| {})?;
+    let secs = started.elapsed().as_secs_f64();
+    let digests = replayed.digests;
+    match outcome {
+        Outcome::Ended(status) => {
+            eprintln!(
+                "ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched{}",
+                m.icount(),
+                status.map_or(String::new(), |s| format!(", the guest powered off with status {s}"))
+            );
+            match (status, args.then_run) {
+                (Some(_), true) => Err("the recording ends with the guest powered off: nothing to run".into()),
+                (Some(s), false) => Ok(s),
+                (None, true) => go_live(m, &header, &LiveSetup::from_args(args)),
+                (None, false) => Ok(0),
+            }
+        }
+        Outcome::Cut(e) => {
+            eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
+            let msg = format!("log {name}: {e}; replayed the valid part to instruction {}", m.icount());
+            if args.then_run {
+                eprintln!("ftvm: {msg}; going live there");
+                go_live(m, &header, &LiveSetup::from_args(args))
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
+
+/// How a replay ended, short of a divergence.
+pub enum Outcome {
+    /// The recording's end entry: the guest powered off with this status,
+    /// or the recorder stopped.
+    Ended(Option<u32>),
+    /// The log stopped short (cut, corrupt, or a primary gone): the machine
+    /// is at the last go-live point.
+    Cut(ftvm_replay::LogError),
+}
+
+#[derive(Default)]
+pub struct Replayed {
+    /// State digests checked and matched.
+    pub digests: u64,
+}
+
+/// Applies every record of `reader` to `m`, each at its instruction count;
+/// `progress` hears the instruction count after each. A divergence from
+/// the recording is an error.
+pub fn replay_log<R: std::io::Read>(
+    reader: &mut LogReader<R>,
+    m: &mut Machine,
+    show_console: bool,
+    replayed: &mut Replayed,
+    mut progress: impl FnMut(u64),
+) -> Result<Outcome, String> {
+    loop {
         let rec = match reader.next_record() {
             Ok(Some(r)) => r,
-            Ok(None) => break Ok(None),
-            Err(e) => break Err(e),
+            Ok(None) => return Ok(Outcome::Ended(None)),
+            Err(e) => {
+                show(m, show_console);
+                return Ok(Outcome::Cut(e));
+            }
         };
-        let powered_off = run_to(&mut m, rec.icount, args.show_console)?;
+        let powered_off = run_to(m, rec.icount, show_console)?;
+        progress(m.icount());
         match rec.entry {
             Entry::Event(ev) => {
                 m.inject(ev);
@@ -65,12 +125,12 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
                     return Err(format!(
                         "replay diverged at instruction {} (state check {}): {} differ{}",
                         m.icount(),
-                        digests + 1,
+                        replayed.digests + 1,
                         mine.differences(&recorded, &m.digest_part_names()).join(", "),
-                        if digests == 0 { "" } else { " since the previous check" }
+                        if replayed.digests == 0 { "" } else { " since the previous check" }
                     ));
                 }
-                digests += 1;
+                replayed.digests += 1;
             }
             Entry::GoLive => {}
             Entry::End(status) => {
@@ -82,33 +142,8 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
                         powered_off
                     ));
                 }
-                break Ok(status);
-            }
-        }
-    };
-    show(&mut m, args.show_console);
-    let secs = started.elapsed().as_secs_f64();
-    match outcome {
-        Ok(status) => {
-            eprintln!(
-                "ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched{}",
-                m.icount(),
-                status.map_or(String::new(), |s| format!(", the guest powered off with status {s}"))
-            );
-            match (status, args.then_run) {
-                (Some(_), true) => Err("the recording ends with the guest powered off: nothing to run".into()),
-                (Some(s), false) => Ok(s),
-                (None, true) => go_live(m, &header, args),
-                (None, false) => Ok(0),
-            }
-        }
-        Err(e) => {
-            let msg = format!("log {name}: {e}; replayed the valid part to instruction {}", m.icount());
-            if args.then_run {
-                eprintln!("ftvm: {msg}; going live there");
-                go_live(m, &header, args)
-            } else {
-                Err(msg)
+                show(m, show_console);
+                return Ok(Outcome::Ended(status));
             }
         }
     }
@@ -165,7 +200,7 @@ fn checked_file(h: &Header, key: &str) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(bytes))
 }
 
-fn machine_from_header(h: &Header) -> Result<Machine, String> {
+pub fn machine_from_header(h: &Header) -> Result<Machine, String> {
     if field(h, "start")? == "snapshot" {
         let bytes = checked_file(h, "snapshot")?.ok_or("the header names no snapshot")?;
         let snap = snapshot_file::decode(&bytes)?;
@@ -198,23 +233,60 @@ fn machine_from_header(h: &Header) -> Result<Machine, String> {
     Machine::new(&cfg).map_err(|e| e.to_string())
 }
 
+/// What the VM that goes live at the end of a replay gets.
+pub struct LiveSetup {
+    pub control: Option<PathBuf>,
+    /// TAPs to use instead of the recorded ones, in order (the MAC stays).
+    pub nets: Vec<(String, Option<String>)>,
+    /// Announce the NICs' MACs from here (a backup taking over).
+    pub announce: bool,
+    pub console_input: bool,
+}
+
+impl LiveSetup {
+    fn from_args(args: &ReplayArgs) -> LiveSetup {
+        LiveSetup { control: args.control.clone(), nets: Vec::new(), announce: false, console_input: true }
+    }
+}
+
 /// Continues the replayed machine as a live VM on the recorded backends.
-fn go_live(m: Machine, h: &Header, args: &ReplayArgs) -> Result<u32, String> {
-    let backends = host_io::parse_description(&field(h, "backends")?.replace(';', "\n"))?;
+pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String> {
+    let mut backends = host_io::parse_description(&field(h, "backends")?.replace(';', "\n"))?;
+    let mut nets = setup.nets.iter();
+    for b in backends.iter_mut() {
+        if let host_io::Backend::Tap { name, bridge, .. } = b {
+            if let Some((n, br)) = nets.next() {
+                *name = n.clone();
+                *bridge = br.clone();
+            }
+        }
+    }
     let (tx, events) = std::sync::mpsc::channel();
     let (mut io, devices) = HostIo::open(backends, tx.clone())?;
     if devices != m.devices() {
         return Err("the recorded disks or NICs are not what the machine had (a disk changed size?)".into());
     }
-    let _control = match &args.control {
+    if setup.announce {
+        io.announce();
+    }
+    let _control = match &setup.control {
         Some(path) => {
             io.set_control(true);
             Some(control::listen(path, tx.clone())?)
         }
         None => None,
     };
-    console::spawn_reader(tx.clone(), HostEvent::Console);
+    if setup.console_input {
+        console::spawn_reader(tx.clone(), HostEvent::Console);
+    }
     drop(tx);
-    let opts = live::Options { fast_time: false, exec: false, show_boot: false, console_input: true, paused: false };
-    live::run(m, io, events, opts, None)
+    let opts = live::Options {
+        fast_time: false,
+        exec: false,
+        show_boot: false,
+        console_input: setup.console_input,
+        paused: false,
+        ft_alone: setup.announce,
+    };
+    live::run(m, io, events, opts, None, None)
 }

@@ -128,6 +128,11 @@ impl<W: Write> LogWriter<W> {
         Ok(self.out)
     }
 
+    /// Where the log goes.
+    pub fn sink(&self) -> &W {
+        &self.out
+    }
+
     /// Bytes written so far (header and complete frames).
     pub fn bytes_written(&self) -> u64 {
         self.written

@@ -147,6 +147,19 @@ impl Pipe {
     }
 }
 
+/// Connects to the backup's logging address, retrying for `wait` while it
+/// is not listening yet.
+pub fn connect(backup: SocketAddr, wait: Duration) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match TcpStream::connect_timeout(&backup, Duration::from_secs(1)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(format!("cannot reach the backup at {backup}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// What a primary learns from its channel, from another thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrimaryEvent {
@@ -161,6 +174,8 @@ struct PrimaryShared {
     pipe: Pipe,
     /// Bytes handed to the socket.
     sent: AtomicU64,
+    /// Bytes the writer gave us.
+    written: AtomicU64,
     acked: AtomicU64,
     backup_icount: AtomicU64,
     last_ack_us: AtomicU64,
@@ -176,28 +191,6 @@ pub struct LogSender {
 }
 
 impl LogSender {
-    /// Connects to the backup, retrying for `wait` while it is not
-    /// listening yet. `events` hears acknowledgements and failure.
-    pub fn connect(
-        backup: SocketAddr,
-        wait: Duration,
-        timing: Timing,
-        heartbeat: Option<Heartbeat>,
-        events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
-    ) -> Result<LogSender, String> {
-        let deadline = Instant::now() + wait;
-        let stream = loop {
-            match TcpStream::connect_timeout(&backup, Duration::from_secs(1)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!("cannot reach the backup at {backup}: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        };
-        Self::over(stream, DEFAULT_BUFFER, timing, heartbeat, events)
-    }
-
     /// The primary's end over a connected stream.
     pub fn over(
         stream: TcpStream,
@@ -213,6 +206,7 @@ impl LogSender {
             clock: Clock(Instant::now()),
             pipe: Pipe::new(buffer),
             sent: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             backup_icount: AtomicU64::new(0),
             last_ack_us: AtomicU64::new(0),
@@ -280,9 +274,10 @@ impl LogSender {
             spawn(
                 "ft-detect",
                 Box::new(move || {
+                    let heartbeat = Mutex::new(heartbeat);
                     watch(
                         timing,
-                        heartbeat,
+                        &heartbeat,
                         &shared.stop,
                         &shared.failed,
                         || shared.clock.since(shared.last_ack_us.load(Ordering::Relaxed)),
@@ -306,6 +301,11 @@ impl LogSender {
     /// Bytes handed to the network so far.
     pub fn sent(&self) -> u64 {
         self.shared.sent.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of log written into the channel so far.
+    pub fn written(&self) -> u64 {
+        self.shared.written.load(Ordering::Relaxed)
     }
 
     /// Bytes waiting in the primary's buffer.
@@ -352,6 +352,7 @@ impl Write for LogSender {
     /// log entry.
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.shared.pipe.put(buf);
+        self.shared.written.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(buf.len())
     }
 
@@ -385,7 +386,7 @@ fn declare(failed: &Mutex<Option<Failure>>, pipe: &Pipe, f: Failure, tell: impl 
 /// heartbeats until one is silent for the timeout or the end is stopped.
 fn watch(
     timing: Timing,
-    heartbeat: Option<Heartbeat>,
+    heartbeat: &Mutex<Option<Heartbeat>>,
     stop: &AtomicBool,
     failed: &Mutex<Option<Failure>>,
     channel_silence: impl Fn() -> Duration,
@@ -401,7 +402,7 @@ fn watch(
         if quiet > timing.timeout {
             return fail(Failure::ChannelSilent(quiet));
         }
-        if let Some(hb) = &heartbeat {
+        if let Some(hb) = &*heartbeat.lock().unwrap() {
             let quiet = hb.silence();
             if quiet > timing.timeout {
                 return fail(Failure::HeartbeatSilent(quiet));
@@ -417,6 +418,7 @@ struct BackupShared {
     /// Set by the replaying VM: how far it has executed.
     executed: AtomicU64,
     last_heard_us: AtomicU64,
+    heartbeat: Mutex<Option<Heartbeat>>,
     failed: Mutex<Option<Failure>>,
     /// Failure declared, but the log stays open until the caller decides
     /// (the arbiter) whether to go live or halt.
@@ -441,6 +443,7 @@ impl LogReceiver {
             received: AtomicU64::new(0),
             executed: AtomicU64::new(0),
             last_heard_us: AtomicU64::new(0),
+            heartbeat: Mutex::new(None),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
@@ -455,12 +458,7 @@ impl LogReceiver {
     /// `timing.interval`; `on_failure` hears once when the primary is
     /// declared failed. The log stays readable through [`LogPipe`] to its
     /// last byte received until [`LogReceiver::end_log`].
-    pub fn start(
-        &self,
-        timing: Timing,
-        heartbeat: Option<Heartbeat>,
-        on_failure: impl Fn(Failure) + Send + Sync + 'static,
-    ) -> Result<(), String> {
+    pub fn start(&self, timing: Timing, on_failure: impl Fn(Failure) + Send + Sync + 'static) -> Result<(), String> {
         let on_failure = Arc::new(on_failure);
         let fail = {
             let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
@@ -489,11 +487,17 @@ impl LogReceiver {
                 .name("ft-detect".into())
                 .spawn(move || {
                     let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
-                    watch(timing, heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+                    watch(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
                 })
                 .map_err(|e| format!("ft-detect: {e}"))?;
         }
         Ok(())
+    }
+
+    /// Watches the primary's heartbeats too, from now on (they can start
+    /// only once the log's header named the pair's generation).
+    pub fn add_heartbeat(&self, heartbeat: Heartbeat) {
+        *self.shared.heartbeat.lock().unwrap() = Some(heartbeat);
     }
 
     /// The replaying VM's view of the log.
@@ -607,7 +611,8 @@ mod tests {
         let acc = std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap());
         let (ptx, prx) = mpsc::channel();
         let ptx = Mutex::new(ptx);
-        let sender = LogSender::connect(addr, Duration::from_secs(5), timing, None, move |e| {
+        let stream = connect(addr, Duration::from_secs(5)).unwrap();
+        let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
             let _ = ptx.lock().unwrap().send(e);
         })
         .unwrap();
@@ -615,7 +620,7 @@ mod tests {
         let (btx, brx) = mpsc::channel();
         let btx = Mutex::new(btx);
         receiver
-            .start(timing, None, move |f| {
+            .start(timing, move |f| {
                 let _ = btx.lock().unwrap().send(f);
             })
             .unwrap();
@@ -651,7 +656,7 @@ mod tests {
         let stream = TcpStream::connect(addr).unwrap();
         let mut s = LogSender::over(stream, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
         let r = acc.join().unwrap();
-        r.start(Timing::DEFAULT, None, |_| {}).unwrap();
+        r.start(Timing::DEFAULT, |_| {}).unwrap();
         let written = Arc::new(AtomicU64::new(0));
         let w = written.clone();
         std::thread::spawn(move || {
@@ -714,7 +719,8 @@ mod tests {
         });
         let (tx, rx) = mpsc::channel();
         let tx = Mutex::new(tx);
-        let _s = LogSender::connect(addr, Duration::from_secs(5), timing, None, move |e| {
+        let stream = connect(addr, Duration::from_secs(5)).unwrap();
+        let _s = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
             let _ = tx.lock().unwrap().send(e);
         })
         .unwrap();

@@ -1,0 +1,155 @@
+//! `ftvm ft backup`: waits for a primary, builds the same machine from the
+//! log's header, replays the log as it arrives (acknowledged on receipt by
+//! the channel), and stays silent: its outputs are regenerated and
+//! dropped. When the primary is declared failed it asks the arbiter; on
+//! winning it drains what it received to the last go-live point, goes
+//! live there (disk I/O in flight is issued again, §3.4), and announces
+//! the VM's MAC from this host. On losing it halts.
+
+use super::{hostname, PairArgs};
+use crate::record::hex;
+use crate::replay::{self, LiveSetup, Outcome, Replayed};
+use clap::Args;
+use ftvm_replay::LogReader;
+use ftvm_replication::arbiter::{Arbiter, Verdict};
+use ftvm_replication::channel::{LogReceiver, DEFAULT_BUFFER};
+use ftvm_replication::heartbeat::Heartbeat;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BackupArgs {
+    /// Where to accept the primary's logging channel.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: SocketAddr,
+    /// The TAP for the VM's NIC once live: tap=NAME[,bridge=BR] (the MAC
+    /// stays the guest's). Default: the primary's TAP and bridge names.
+    #[arg(long = "net")]
+    pub nets: Vec<String>,
+    /// The control socket of the VM once live.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Show the guest's console output as it is replayed (and once live).
+    #[arg(long)]
+    pub show_console: bool,
+    #[command(flatten)]
+    pub pair: PairArgs,
+}
+
+/// What became of the primary, as the arbiter decided.
+enum Decision {
+    GoLive(String),
+    Halt(String),
+}
+
+pub fn run(args: &BackupArgs) -> Result<u32, String> {
+    let timing = args.pair.timing()?;
+    args.pair.check_shared()?;
+    let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
+    let listener = TcpListener::bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
+    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
+    drop(listener);
+    let primary = receiver.peer();
+    let (failed_tx, failed_rx) = mpsc::channel();
+    let failed_tx = Mutex::new(failed_tx);
+    receiver.start(timing, move |f| {
+        let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
+    })?;
+    // The arbiter runs beside the replay, which goes on draining the log.
+    // Until the header has named the pair's generation there is nothing
+    // to take over: a failure then just ends the log.
+    let generation: Arc<OnceLock<u64>> = Arc::default();
+    let decision: Arc<Mutex<Option<(Decision, Instant)>>> = Arc::default();
+    {
+        let (receiver, decision, generation) = (receiver.clone(), decision.clone(), generation.clone());
+        let shared = args.pair.shared.clone();
+        std::thread::spawn(move || {
+            let Ok((failure, detected)) = failed_rx.recv() else { return };
+            eprintln!("ftvm: the primary is declared failed: {failure}");
+            if let Some(&generation) = generation.get() {
+                let me = format!("backup on {}", hostname());
+                let d = match Arbiter::new(&shared, generation).go_live(&me, |m| eprintln!("ftvm: {m}")) {
+                    Verdict::Won => Decision::GoLive(format!("won generation {generation} at the arbiter")),
+                    Verdict::Lost(who) => Decision::Halt(format!("{who} went live for generation {generation}")),
+                };
+                *decision.lock().unwrap() = Some((d, detected));
+            }
+            receiver.end_log();
+        });
+    }
+    let (mut reader, header) = LogReader::open(receiver.pipe())
+        .map_err(|e| format!("the primary at {primary} sent no usable log header: {e}"))?;
+    let gen: u64 = header
+        .get("ft-generation")
+        .and_then(|g| g.parse().ok())
+        .ok_or_else(|| format!("the primary at {primary} named no generation (is it `ftvm ft primary`?)"))?;
+    let _ = generation.set(gen);
+    receiver.add_heartbeat(Heartbeat::start(
+        SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
+        SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
+        gen,
+        timing.interval,
+    )?);
+    let mut m = replay::machine_from_header(&header).map_err(|e| format!("the primary's log: {e}"))?;
+    m.set_dirty_tracking(true);
+    if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
+        return Err("the machine built from the primary's header is not in its start state".into());
+    }
+    eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), replaying");
+    let mut replayed = Replayed::default();
+    let r = receiver.clone();
+    let outcome = replay::replay_log(&mut reader, &mut m, args.show_console, &mut replayed, |i| r.set_executed(i));
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(divergence) => {
+            // The replica is wrong: it must never go live. The primary
+            // sees the channel close and goes on alone.
+            receiver.end_log();
+            return Err(format!("the backup cannot follow the primary: {divergence}"));
+        }
+    };
+    match outcome {
+        Outcome::Ended(status) => {
+            eprintln!(
+                "ftvm: the primary ended the VM ({}) at instruction {}; {} state checks matched; the backup stops",
+                status.map_or("stopped".to_string(), |s| format!("powered off with status {s}")),
+                m.icount(),
+                replayed.digests
+            );
+            Ok(0)
+        }
+        Outcome::Cut(e) => {
+            let decided = decision.lock().unwrap().take();
+            match decided {
+                Some((Decision::GoLive(why), detected)) => {
+                    eprintln!(
+                        "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched)",
+                        m.icount(),
+                        detected.elapsed().as_millis(),
+                        replayed.digests
+                    );
+                    let setup = LiveSetup { control: args.control.clone(), nets, announce: true, console_input: false };
+                    replay::go_live(m, &header, &setup)
+                }
+                Some((Decision::Halt(why), _)) => Err(format!("halting: {why}")),
+                None => Err(format!("the primary's log is unusable: {e}; the backup stops")),
+            }
+        }
+    }
+}
+
+/// `tap=NAME[,bridge=BR]`.
+fn parse_tap(s: &str) -> Result<(String, Option<String>), String> {
+    let (mut name, mut bridge) = (None, None);
+    for opt in s.split(',') {
+        match opt.split_once('=') {
+            Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
+            Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
+            _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,bridge=BR])")),
+        }
+    }
+    Ok((name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?, bridge))
+}
