@@ -286,7 +286,11 @@ impl Live {
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
                 if let Some(p) = &mut self.protection {
-                    let held = p.backup_lost(&failure)?;
+                    let held = p.backup_lost(&failure).inspect_err(|_| {
+                        // Halting: the backup is the VM now. No end goes
+                        // into the log and no held output leaves.
+                        self.recorder = None;
+                    })?;
                     // Alone now: no more log, outputs go out as they come.
                     self.protection = None;
                     self.recorder = None;

@@ -17,6 +17,7 @@ use ftvm_machine::{snapshot_file, Machine, MachineConfig, RunExit};
 use ftvm_replay::{Entry, Header, LogReader};
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -233,6 +234,9 @@ pub fn machine_from_header(h: &Header) -> Result<Machine, String> {
     Machine::new(&cfg).map_err(|e| e.to_string())
 }
 
+/// How long a backup going live waits for the old primary to release the disk.
+const DISK_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// What the VM that goes live at the end of a replay gets.
 pub struct LiveSetup {
     pub control: Option<PathBuf>,
@@ -262,7 +266,19 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
         }
     }
     let (tx, events) = std::sync::mpsc::channel();
-    let (mut io, devices) = HostIo::open(backends, tx.clone())?;
+    // A backup taking over may find the disk still held by the primary it
+    // replaces, which is halting (it lost the arbiter) or dying: give it a
+    // moment to let go.
+    let patience = Instant::now() + if setup.announce { DISK_RELEASE_WAIT } else { Duration::ZERO };
+    let (mut io, devices) = loop {
+        match HostIo::open(backends.clone(), tx.clone()) {
+            Ok(opened) => break opened,
+            Err(e) if e.contains("in use") && Instant::now() < patience => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(e),
+        }
+    };
     if devices != m.devices() {
         return Err("the recorded disks or NICs are not what the machine had (a disk changed size?)".into());
     }

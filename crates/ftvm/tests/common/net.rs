@@ -25,13 +25,19 @@ pub struct Netns {
 
 impl Netns {
     pub fn new(tag: &str) -> Netns {
+        let ns = Netns::bare(tag);
+        ns.ip(&["-n", &ns.name, "tuntap", "add", "t0", "mode", "tap"]);
+        ns.ip(&["-n", &ns.name, "addr", "add", &format!("{HOST_IP}/24"), "dev", "t0"]);
+        ns.ip(&["-n", &ns.name, "link", "set", "t0", "up"]);
+        ns
+    }
+
+    /// A namespace with only its loopback up.
+    pub fn bare(tag: &str) -> Netns {
         let name = format!("ftvm{tag}{}", std::process::id());
         let ns = Netns { name };
         ns.ip(&["netns", "add", &ns.name]);
         ns.ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
-        ns.ip(&["-n", &ns.name, "tuntap", "add", "t0", "mode", "tap"]);
-        ns.ip(&["-n", &ns.name, "addr", "add", &format!("{HOST_IP}/24"), "dev", "t0"]);
-        ns.ip(&["-n", &ns.name, "link", "set", "t0", "up"]);
         ns
     }
 

@@ -1,0 +1,332 @@
+//! Lockstep fault tolerance end to end (issue 5): two hosts and a client
+//! as network namespaces on a switch (a bridge in a namespace of its
+//! own); each host bridges its TAP onto its uplink. The primary runs the
+//! default guest with redis, the backup replays it, and the tests fail
+//! things: kill the primary, kill the backup, cut the link between them.
+
+mod common;
+
+use common::net::{Netns, Vm, BOOT_TIMEOUT};
+use common::{path_str, Scratch};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const GUEST: &str = "10.201.0.100";
+const PRIMARY_HOST: &str = "10.201.0.1";
+const BACKUP_HOST: &str = "10.201.0.2";
+const CLIENT: &str = "10.201.0.50";
+/// The failure-detection timeout the tests run with (the default).
+const TIMEOUT_MS: u64 = 500;
+
+/// The switch, the two hosts and the client.
+struct Site {
+    switch: Netns,
+    primary: Netns,
+    backup: Netns,
+    client: Netns,
+    tag: String,
+}
+
+impl Site {
+    fn new(tag: &str) -> Site {
+        let site = Site {
+            switch: Netns::bare(&format!("{tag}sw")),
+            primary: Netns::bare(&format!("{tag}pa")),
+            backup: Netns::bare(&format!("{tag}pb")),
+            client: Netns::bare(&format!("{tag}cl")),
+            tag: tag.to_string(),
+        };
+        let sw = &site.switch;
+        sw.ip(&["-n", &sw.name, "link", "add", "swbr", "type", "bridge"]);
+        sw.ip(&["-n", &sw.name, "link", "set", "swbr", "up"]);
+        for (ns, addr, is_host) in
+            [(&site.primary, PRIMARY_HOST, true), (&site.backup, BACKUP_HOST, true), (&site.client, CLIENT, false)]
+        {
+            let port = site.port(ns);
+            let up = format!("{}u", &port);
+            sw.ip(&["link", "add", &up, "type", "veth", "peer", "name", &port]);
+            sw.ip(&["link", "set", &up, "netns", &ns.name]);
+            sw.ip(&["link", "set", &port, "netns", &sw.name]);
+            sw.ip(&["-n", &sw.name, "link", "set", &port, "master", "swbr"]);
+            sw.ip(&["-n", &sw.name, "link", "set", &port, "up"]);
+            ns.ip(&["-n", &ns.name, "link", "set", &up, "name", "eth0"]);
+            ns.ip(&["-n", &ns.name, "link", "set", "eth0", "up"]);
+            let dev = if is_host {
+                // The host's address sits on its bridge, which also takes
+                // the VM's TAP: the guest is on the switch's network.
+                ns.ip(&["-n", &ns.name, "link", "add", "br0", "type", "bridge"]);
+                ns.ip(&["-n", &ns.name, "link", "set", "eth0", "master", "br0"]);
+                ns.ip(&["-n", &ns.name, "link", "set", "br0", "up"]);
+                ns.ip(&["-n", &ns.name, "tuntap", "add", "t0", "mode", "tap"]);
+                ns.ip(&["-n", &ns.name, "link", "set", "t0", "master", "br0"]);
+                ns.ip(&["-n", &ns.name, "link", "set", "t0", "up"]);
+                "br0"
+            } else {
+                "eth0"
+            };
+            ns.ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+        }
+        site
+    }
+
+    /// The switch port of a namespace (interface names are at most 15 bytes).
+    fn port(&self, ns: &Netns) -> String {
+        let which = if ns.name == self.primary.name {
+            "a"
+        } else if ns.name == self.backup.name {
+            "b"
+        } else {
+            "c"
+        };
+        format!("f{}{which}{}", self.tag, std::process::id() % 100_000)
+    }
+
+    /// Takes the backup host's switch port down: the hosts can no longer
+    /// reach each other, both ways, while both run.
+    fn cut_backup_link(&self) {
+        let port = self.port(&self.backup);
+        self.switch.ip(&["-n", &self.switch.name, "link", "set", &port, "down"]);
+    }
+}
+
+fn start_backup(site: &Site, s: &Scratch, shared: &str) -> Vm {
+    let listen = format!("{BACKUP_HOST}:7700");
+    let timeout = TIMEOUT_MS.to_string();
+    let sock = s.path("backup.sock");
+    let args = ["ft", "backup", "--listen", &listen, "--shared", shared, "--timeout", &timeout, "--control"];
+    let mut args: Vec<&str> = args.to_vec();
+    let sock = path_str(&sock);
+    args.push(&sock);
+    Vm::start(&site.backup, &args, s.path("backup.out"))
+}
+
+fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
+    let backup = format!("{BACKUP_HOST}:7700");
+    let timeout = TIMEOUT_MS.to_string();
+    let append = format!("console=ttyS0 root=/dev/vda rw quiet ftvm.ip={GUEST}/24");
+    let sock = path_str(&s.path("primary.sock"));
+    let args = [
+        "ft",
+        "primary",
+        "--backup",
+        &backup,
+        "--shared",
+        shared,
+        "--timeout",
+        &timeout,
+        "--net",
+        "tap=t0",
+        "--control",
+        &sock,
+        "--append",
+        &append,
+        "--exec",
+        exec,
+    ];
+    Vm::start(&site.primary, &args, s.path("primary.out"))
+}
+
+const REDIS: &str = "redis-server /etc/redis/redis.conf --protected-mode no --appendonly yes --appendfsync always";
+
+/// A TCP connection made from inside `ns`.
+fn connect_from(ns: &Netns, addr: &str) -> std::io::Result<TcpStream> {
+    let path = format!("/run/netns/{}", ns.name);
+    let addr = addr.to_string();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path)?;
+        // SAFETY: setns on a namespace file we opened; it changes only this thread.
+        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))
+    })
+    .join()
+    .unwrap()
+}
+
+/// One command in RESP over `conn`; the reply line.
+fn command(conn: &mut TcpStream, args: &[&str]) -> std::io::Result<String> {
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    conn.write_all(req.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut b = [0u8; 1];
+    while !reply.ends_with(b"\r\n") {
+        if conn.read(&mut b)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        reply.push(b[0]);
+    }
+    let line = String::from_utf8_lossy(&reply).trim_end().to_string();
+    // A bulk string: its payload follows.
+    if let Some(len) = line.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+        let mut payload = vec![0u8; len + 2];
+        conn.read_exact(&mut payload)?;
+        payload.truncate(len);
+        return Ok(String::from_utf8_lossy(&payload).into_owned());
+    }
+    Ok(line)
+}
+
+/// Connects to the guest's redis from the client, waiting for it to boot.
+fn redis_connection(site: &Site, primary: &mut Vm, backup: &mut Vm) -> TcpStream {
+    let t0 = Instant::now();
+    loop {
+        primary.assert_running();
+        backup.assert_running();
+        if let Ok(mut c) = connect_from(&site.client, &format!("{GUEST}:6379")) {
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            if command(&mut c, &["PING"]).is_ok_and(|r| r == "+PONG") {
+                eprintln!("redis answered after {:.1} s", t0.elapsed().as_secs_f64());
+                return c;
+            }
+        }
+        assert!(t0.elapsed() < BOOT_TIMEOUT, "redis never answered; primary:\n{}", primary.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Writes keys over `conn` for `how_long`, one at a time, each awaited.
+/// Returns how many were acknowledged and the longest wait for a reply.
+fn write_keys(conn: &mut TcpStream, from: usize, how_long: Duration) -> (usize, Duration) {
+    let t0 = Instant::now();
+    let mut longest = Duration::ZERO;
+    let mut i = from;
+    while t0.elapsed() < how_long {
+        let asked = Instant::now();
+        let reply = command(conn, &["SET", &format!("key{i}"), &format!("value-{i}")])
+            .unwrap_or_else(|e| panic!("the client's connection broke after {} keys: {e}", i - from));
+        assert_eq!(reply, "+OK");
+        longest = longest.max(asked.elapsed());
+        i += 1;
+    }
+    (i - from, longest)
+}
+
+fn wait_for_line(vm: &mut Vm, needle: &str, within: Duration) {
+    let t0 = Instant::now();
+    while !vm.log().contains(needle) {
+        assert!(t0.elapsed() < within, "no '{needle}' within {within:?}; output:\n{}", vm.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill9(vm: &mut Vm) {
+    let _ = Command::new("kill").args(["-9", &vm.child.id().to_string()]).status();
+    let _ = vm.child.wait();
+}
+
+/// A pseudo-random delay from the clock: kills land at different moments
+/// from run to run.
+fn random_ms(max: u64) -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    nanos.wrapping_mul(6364136223846793005) % max
+}
+
+#[test]
+fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledged_write() {
+    let site = Site::new("k");
+    let s = Scratch::new("ft-test", "kill-primary");
+    let shared = path_str(&s.path("shared"));
+    std::fs::create_dir_all(&shared).unwrap();
+    let mut backup = start_backup(&site, &s, &shared);
+    let mut primary = start_primary(&site, &s, &shared, REDIS);
+    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    let before = Duration::from_millis(2000 + random_ms(4000));
+    let (n1, _) = write_keys(&mut conn, 0, before);
+    kill9(&mut primary);
+    let killed = Instant::now();
+    let (n2, longest) = write_keys(&mut conn, n1, Duration::from_secs(8));
+    wait_for_line(&mut backup, "going live", Duration::from_secs(1));
+    backup.assert_running();
+    let total = n1 + n2;
+    eprintln!(
+        "{n1} keys before the kill (after {before:?}), {n2} after; longest reply {:.0} ms; backup: {}",
+        longest.as_secs_f64() * 1000.0,
+        backup.log().lines().find(|l| l.contains("going live")).unwrap_or("")
+    );
+    assert!(n2 > 0, "no write succeeded after the kill");
+    // Every acknowledged key is there, read over the same connection.
+    assert_eq!(command(&mut conn, &["DBSIZE"]).unwrap(), format!(":{total}"));
+    for i in (0..total).step_by(97).chain([n1 - 1, n1, total - 1]) {
+        assert_eq!(command(&mut conn, &["GET", &format!("key{i}")]).unwrap(), format!("value-{i}"));
+    }
+    assert!(killed.elapsed() < Duration::from_secs(60));
+    let status = common::net::control(&s.path("backup.sock"), "status");
+    assert!(status.contains("unprotected"), "{status}");
+}
+
+#[test]
+fn backup_killed_primary_carries_on_unprotected() {
+    let site = Site::new("b");
+    let s = Scratch::new("ft-test", "kill-backup");
+    let shared = path_str(&s.path("shared"));
+    std::fs::create_dir_all(&shared).unwrap();
+    let mut backup = start_backup(&site, &s, &shared);
+    let mut primary = start_primary(&site, &s, &shared, REDIS);
+    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
+    kill9(&mut backup);
+    let (n2, after) = write_keys(&mut conn, n1, Duration::from_secs(5));
+    wait_for_line(&mut primary, "running unprotected", Duration::from_secs(1));
+    eprintln!(
+        "{n1} keys before the kill (longest reply {} ms), {n2} after (longest {} ms)",
+        before.as_millis(),
+        after.as_millis()
+    );
+    // Outputs waited for acknowledgements that stopped coming: no longer
+    // than the failure timeout.
+    assert!(after <= Duration::from_millis(TIMEOUT_MS), "a reply took {after:?}");
+    assert_eq!(command(&mut conn, &["DBSIZE"]).unwrap(), format!(":{}", n1 + n2));
+    let status = common::net::control(&s.path("primary.sock"), "status");
+    assert!(status.contains("role=primary backup=none"), "{status}");
+    primary.assert_running();
+}
+
+#[test]
+fn cutting_the_link_leaves_exactly_one_vm_live() {
+    let site = Site::new("c");
+    let s = Scratch::new("ft-test", "cut-link");
+    let shared = path_str(&s.path("shared"));
+    std::fs::create_dir_all(&shared).unwrap();
+    let mut backup = start_backup(&site, &s, &shared);
+    let mut primary = start_primary(&site, &s, &shared, "sleep 100000");
+    wait_for_line(&mut backup, "replaying", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(1000 + random_ms(4000)));
+    primary.assert_running();
+    backup.assert_running();
+    site.cut_backup_link();
+    // Both declare the other failed after the timeout and race to the
+    // arbiter; the loser halts.
+    let t0 = Instant::now();
+    let (p, b) = loop {
+        let (p, b) = (primary.child.try_wait().unwrap(), backup.child.try_wait().unwrap());
+        if p.is_some() || b.is_some() {
+            break (p, b);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "nobody halted:\n{}\n{}", primary.log(), backup.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The winner keeps running.
+    std::thread::sleep(Duration::from_secs(2));
+    let (halted, live, live_line) = match (p, b) {
+        (Some(st), None) => (st, &mut backup, "going live"),
+        (None, Some(st)) => (st, &mut primary, "running unprotected"),
+        _ => panic!("both stopped:\n{}\n{}", primary.log(), backup.log()),
+    };
+    live.assert_running();
+    assert!(live.log().contains(live_line), "{}", live.log());
+    assert!(!halted.success());
+    let loser_log = if p.is_some() { primary.log() } else { backup.log() };
+    assert!(loser_log.contains("halting:"), "{loser_log}");
+    eprintln!(
+        "{} won; the loser said: {}",
+        if p.is_some() { "the backup" } else { "the primary" },
+        loser_log.lines().find(|l| l.contains("halting")).unwrap()
+    );
+}
