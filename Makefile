@@ -34,6 +34,7 @@ bench: image
 	bench/redis
 	bench/dirty-tracking
 	bench/record-replay
+	bench/record-overhead
 
 clean:
 	$(CARGO) clean
