@@ -10,7 +10,6 @@ use common::net::{Netns, Vm, BOOT_TIMEOUT};
 use common::{path_str, Scratch};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -131,22 +130,6 @@ fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
 
 const REDIS: &str = "redis-server /etc/redis/redis.conf --protected-mode no --appendonly yes --appendfsync always";
 
-/// A TCP connection made from inside `ns`.
-fn connect_from(ns: &Netns, addr: &str) -> std::io::Result<TcpStream> {
-    let path = format!("/run/netns/{}", ns.name);
-    let addr = addr.to_string();
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(&path)?;
-        // SAFETY: setns on a namespace file we opened; it changes only this thread.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))
-    })
-    .join()
-    .unwrap()
-}
-
 /// One command in RESP over `conn`; the reply line.
 fn command(conn: &mut TcpStream, args: &[&str]) -> std::io::Result<String> {
     let mut req = format!("*{}\r\n", args.len());
@@ -179,7 +162,7 @@ fn redis_connection(site: &Site, primary: &mut Vm, backup: &mut Vm) -> TcpStream
     loop {
         primary.assert_running();
         backup.assert_running();
-        if let Ok(mut c) = connect_from(&site.client, &format!("{GUEST}:6379")) {
+        if let Ok(mut c) = site.client.connect(&format!("{GUEST}:6379")) {
             c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
             if command(&mut c, &["PING"]).is_ok_and(|r| r == "+PONG") {
                 eprintln!("redis answered after {:.1} s", t0.elapsed().as_secs_f64());
