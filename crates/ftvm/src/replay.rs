@@ -67,9 +67,10 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
             }
         }
         Outcome::Cut(e) => {
-            eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
+            // Without --then-run the error alone is the answer: one line.
             let msg = format!("log {name}: {e}; replayed the valid part to instruction {}", m.icount());
             if args.then_run {
+                eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
                 eprintln!("ftvm: {msg}; going live there");
                 go_live(m, &header, &LiveSetup::from_args(args))
             } else {
