@@ -128,6 +128,18 @@ fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
     Vm::start(&site.primary, &args, s.path("primary.out"))
 }
 
+/// A site, a scratch directory holding the shared storage, and a primary
+/// running `exec` in the guest with its backup started first.
+fn protected_vm(tag: &str, test: &str, exec: &str) -> (Site, Scratch, Vm, Vm) {
+    let site = Site::new(tag);
+    let s = Scratch::new("ft-test", test);
+    let shared = path_str(&s.path("shared"));
+    std::fs::create_dir_all(&shared).unwrap();
+    let backup = start_backup(&site, &s, &shared);
+    let primary = start_primary(&site, &s, &shared, exec);
+    (site, s, primary, backup)
+}
+
 const REDIS: &str = "redis-server /etc/redis/redis.conf --protected-mode no --appendonly yes --appendfsync always";
 
 /// One command in RESP over `conn`; the reply line.
@@ -213,12 +225,7 @@ fn random_ms(max: u64) -> u64 {
 
 #[test]
 fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledged_write() {
-    let site = Site::new("k");
-    let s = Scratch::new("ft-test", "kill-primary");
-    let shared = path_str(&s.path("shared"));
-    std::fs::create_dir_all(&shared).unwrap();
-    let mut backup = start_backup(&site, &s, &shared);
-    let mut primary = start_primary(&site, &s, &shared, REDIS);
+    let (site, s, mut primary, mut backup) = protected_vm("k", "kill-primary", REDIS);
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let before = Duration::from_millis(2000 + random_ms(4000));
     let (n1, _) = write_keys(&mut conn, 0, before);
@@ -246,12 +253,7 @@ fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledg
 
 #[test]
 fn backup_killed_primary_carries_on_unprotected() {
-    let site = Site::new("b");
-    let s = Scratch::new("ft-test", "kill-backup");
-    let shared = path_str(&s.path("shared"));
-    std::fs::create_dir_all(&shared).unwrap();
-    let mut backup = start_backup(&site, &s, &shared);
-    let mut primary = start_primary(&site, &s, &shared, REDIS);
+    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS);
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
     kill9(&mut backup);
@@ -273,12 +275,7 @@ fn backup_killed_primary_carries_on_unprotected() {
 
 #[test]
 fn cutting_the_link_leaves_exactly_one_vm_live() {
-    let site = Site::new("c");
-    let s = Scratch::new("ft-test", "cut-link");
-    let shared = path_str(&s.path("shared"));
-    std::fs::create_dir_all(&shared).unwrap();
-    let mut backup = start_backup(&site, &s, &shared);
-    let mut primary = start_primary(&site, &s, &shared, "sleep 100000");
+    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000");
     wait_for_line(&mut backup, "replaying", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(1000 + random_ms(4000)));
     primary.assert_running();
