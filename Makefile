@@ -19,12 +19,7 @@ image: build
 	$(FTVM) image build
 
 demo: image
-	@echo '== ftvm: booting the Debian riscv64 guest and running a showcase inside it =='
-	$(FTVM) run --exec 'uname -srm; echo "hostname: $$(cat /etc/hostname), $$(nproc) cpu(s), $$(free -m | awk "/Mem/ {print \$$2}") MiB"; \
-	  echo "sha256 of /etc/hostname: $$(sha256sum /etc/hostname)"; \
-	  awk "BEGIN { s = 0; for (i = 1; i <= 1000; i++) s += 1/i; printf \"sum of 1/i, i = 1..1000: %.12f\n\", s }"; \
-	  redis-server --daemonize yes --save "" >/dev/null && sleep 1 && \
-	  redis-cli set greeting "hello from ftvm" >/dev/null && echo "redis says: $$(redis-cli get greeting)"'
+	@scripts/ft-demo --ftvm $(FTVM)
 
 test: image
 	$(CARGO) test --release --workspace
