@@ -55,6 +55,21 @@ impl Drop for ControlSocket {
 
 /// Listens on `path`, forwarding commands to the live loop.
 pub fn listen(path: &Path, events: Sender<HostEvent>) -> Result<ControlSocket, String> {
+    let events = std::sync::Mutex::new(events);
+    serve(path, move |command| {
+        let (tx, rx) = mpsc::channel();
+        let request = HostEvent::Control(ControlRequest { command, reply: tx });
+        if events.lock().unwrap().send(request).is_err() {
+            return "error the VM has stopped".to_string();
+        }
+        rx.recv().unwrap_or_else(|_| "error the VM has stopped".to_string())
+    })
+}
+
+/// Listens on `path`, answering each command with `answer`. The socket
+/// file goes when the returned value is dropped (and with it any way to
+/// connect), so another listener may take the path over.
+pub fn serve(path: &Path, answer: impl Fn(Command) -> String + Send + Sync + 'static) -> Result<ControlSocket, String> {
     // A socket file left by a VM that was killed would make bind fail; one
     // that still answers belongs to a live VM and must not be taken over.
     if path.exists() {
@@ -65,34 +80,28 @@ pub fn listen(path: &Path, events: Sender<HostEvent>) -> Result<ControlSocket, S
     }
     let listener =
         UnixListener::bind(path).map_err(|e| format!("cannot create control socket {}: {e}", path.display()))?;
+    let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let events = events.clone();
-            std::thread::spawn(move || serve(conn, events));
+            let answer = answer.clone();
+            std::thread::spawn(move || serve_one(conn, &*answer));
         }
     });
     Ok(ControlSocket { path: path.to_path_buf() })
 }
 
-fn serve(conn: UnixStream, events: Sender<HostEvent>) {
+fn serve_one(conn: UnixStream, answer: &dyn Fn(Command) -> String) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let mut line = String::new();
     let Ok(mut writer) = conn.try_clone() else { return };
     if BufReader::new(conn).read_line(&mut line).is_err() {
         return;
     }
-    let answer = match parse(&line) {
+    let reply = match parse(&line) {
         Err(e) => format!("error {e}"),
-        Ok(command) => {
-            let (tx, rx) = mpsc::channel();
-            if events.send(HostEvent::Control(ControlRequest { command, reply: tx })).is_err() {
-                "error the VM has stopped".to_string()
-            } else {
-                rx.recv().unwrap_or_else(|_| "error the VM has stopped".to_string())
-            }
-        }
+        Ok(command) => answer(command),
     };
-    let _ = writeln!(writer, "{answer}");
+    let _ = writeln!(writer, "{reply}");
 }
 
 /// The client side (`ftvm control SOCKET COMMAND`): sends one command and

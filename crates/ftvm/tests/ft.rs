@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::net::{Netns, Vm, BOOT_TIMEOUT};
+use common::net::{control, Capture, Netns, Vm, BOOT_TIMEOUT};
 use common::{path_str, Scratch};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -91,7 +91,7 @@ impl Site {
     }
 }
 
-fn start_backup(site: &Site, s: &Scratch, shared: &str) -> Vm {
+fn start_backup(site: &Site, s: &Scratch, shared: &str, extra: &[&str]) -> Vm {
     let listen = format!("{BACKUP_HOST}:7700");
     let timeout = TIMEOUT_MS.to_string();
     let sock = s.path("backup.sock");
@@ -99,6 +99,7 @@ fn start_backup(site: &Site, s: &Scratch, shared: &str) -> Vm {
     let mut args: Vec<&str> = args.to_vec();
     let sock = path_str(&sock);
     args.push(&sock);
+    args.extend(extra);
     Vm::start(&site.backup, &args, s.path("backup.out"))
 }
 
@@ -129,13 +130,14 @@ fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
 }
 
 /// A site, a scratch directory holding the shared storage, and a primary
-/// running `exec` in the guest with its backup started first.
-fn protected_vm(tag: &str, test: &str, exec: &str) -> (Site, Scratch, Vm, Vm) {
+/// running `exec` in the guest with its backup (given `backup_args` too)
+/// started first.
+fn protected_vm(tag: &str, test: &str, exec: &str, backup_args: &[&str]) -> (Site, Scratch, Vm, Vm) {
     let site = Site::new(tag);
     let s = Scratch::new("ft-test", test);
     let shared = path_str(&s.path("shared"));
     std::fs::create_dir_all(&shared).unwrap();
-    let backup = start_backup(&site, &s, &shared);
+    let backup = start_backup(&site, &s, &shared, backup_args);
     let primary = start_primary(&site, &s, &shared, exec);
     (site, s, primary, backup)
 }
@@ -225,10 +227,13 @@ fn random_ms(max: u64) -> u64 {
 
 #[test]
 fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledged_write() {
-    let (site, s, mut primary, mut backup) = protected_vm("k", "kill-primary", REDIS);
+    let (site, s, mut primary, mut backup) = protected_vm("k", "kill-primary", REDIS, &[]);
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let before = Duration::from_millis(2000 + random_ms(4000));
     let (n1, _) = write_keys(&mut conn, 0, before);
+    // The backup tells what it is doing while it replays.
+    let status = control(&s.path("backup.sock"), "status");
+    assert!(status.starts_with("ok replaying") && status.contains(" role=backup primary=10.201.0.1:"), "{status}");
     kill9(&mut primary);
     let killed = Instant::now();
     let (n2, longest) = write_keys(&mut conn, n1, Duration::from_secs(8));
@@ -247,13 +252,13 @@ fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledg
         assert_eq!(command(&mut conn, &["GET", &format!("key{i}")]).unwrap(), format!("value-{i}"));
     }
     assert!(killed.elapsed() < Duration::from_secs(60));
-    let status = common::net::control(&s.path("backup.sock"), "status");
+    let status = control(&s.path("backup.sock"), "status");
     assert!(status.contains("unprotected"), "{status}");
 }
 
 #[test]
 fn backup_killed_primary_carries_on_unprotected() {
-    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS);
+    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS, &[]);
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
     kill9(&mut backup);
@@ -268,14 +273,14 @@ fn backup_killed_primary_carries_on_unprotected() {
     // than the failure timeout.
     assert!(after <= Duration::from_millis(TIMEOUT_MS), "a reply took {after:?}");
     assert_eq!(command(&mut conn, &["DBSIZE"]).unwrap(), format!(":{}", n1 + n2));
-    let status = common::net::control(&s.path("primary.sock"), "status");
+    let status = control(&s.path("primary.sock"), "status");
     assert!(status.contains("role=primary backup=none"), "{status}");
     primary.assert_running();
 }
 
 #[test]
 fn cutting_the_link_leaves_exactly_one_vm_live() {
-    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000");
+    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000", &[]);
     wait_for_line(&mut backup, "replaying", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(1000 + random_ms(4000)));
     primary.assert_running();
@@ -309,4 +314,62 @@ fn cutting_the_link_leaves_exactly_one_vm_live() {
         if p.is_some() { "the backup" } else { "the primary" },
         loser_log.lines().find(|l| l.contains("halting")).unwrap()
     );
+}
+
+#[test]
+fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
+    // The backup holds every acknowledgement back: a reply the guest
+    // makes to a request cannot reach the primary's TAP sooner than that
+    // after the request did, since the request is in the log before it.
+    let delay = Duration::from_millis(400);
+    let ms = delay.as_millis().to_string();
+    let (site, s, mut primary, mut backup) = protected_vm("o", "output-rule", REDIS, &["--ack-delay", &ms]);
+    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    let capture = Capture::start(&site.primary, "t0");
+    let requests = 8;
+    let mut held_seen = 0;
+    for i in 0..requests {
+        let asked = Instant::now();
+        // Mid-wait, the primary's VM runs on (it answers its control
+        // socket) and holds the reply.
+        let status = std::thread::scope(|scope| {
+            let status = scope.spawn(|| {
+                std::thread::sleep(delay / 2);
+                control(&s.path("primary.sock"), "status")
+            });
+            assert_eq!(command(&mut conn, &["SET", &format!("held{i}"), "x"]).unwrap(), "+OK");
+            status.join().unwrap()
+        });
+        let waited = asked.elapsed();
+        assert!(waited >= delay, "a reply came {waited:?} after its request");
+        assert!(status.starts_with("ok running"), "{status}");
+        held_seen += usize::from(!status.contains(" held=0 "));
+        std::thread::sleep(Duration::from_millis(random_ms(200)));
+    }
+    let frames = capture.finish();
+    // On the wire: each reply left the TAP no sooner than `delay` after
+    // the request that caused it first arrived there. (The client's TCP
+    // sends the request again meanwhile: the guest's ACK is held too.)
+    let has = |f: &common::net::Frame, what: &[u8]| f.bytes.windows(what.len()).any(|w| w == what);
+    let (mut pairs, mut resent, mut asked_at) = (0, 0, None);
+    for f in &frames {
+        if f.from_host && has(f, b"SET") {
+            resent += usize::from(asked_at.is_some());
+            asked_at.get_or_insert(f.at);
+        } else if !f.from_host && has(f, b"+OK\r\n") {
+            let Some(asked) = asked_at.take() else { continue };
+            let gap = f.at - asked;
+            assert!(gap >= delay, "a reply left the primary's TAP {gap:?} after its request");
+            pairs += 1;
+        }
+    }
+    assert_eq!(pairs, requests, "requests and replies seen on the TAP");
+    assert!(held_seen >= requests / 2, "the status showed held outputs only {held_seen} times in {requests}");
+    eprintln!(
+        "{pairs} replies, each held at least {delay:?} ({resent} requests sent again meanwhile); status showed them held {held_seen} times"
+    );
+    // Without the delay the same replies are quick: the wait above is the
+    // Output Rule's, not the guest's.
+    primary.assert_running();
+    backup.assert_running();
 }

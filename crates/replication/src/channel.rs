@@ -423,6 +423,9 @@ struct BackupShared {
     /// Failure declared, but the log stays open until the caller decides
     /// (the arbiter) whether to go live or halt.
     stop: AtomicBool,
+    /// Milliseconds each acknowledgement is held back (a test aid: it
+    /// makes the Output Rule visible on the primary's wire).
+    ack_delay_ms: AtomicU64,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -446,6 +449,7 @@ impl LogReceiver {
             heartbeat: Mutex::new(None),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
+            ack_delay_ms: AtomicU64::new(0),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -500,6 +504,14 @@ impl LogReceiver {
         *self.shared.heartbeat.lock().unwrap() = Some(heartbeat);
     }
 
+    /// Acknowledges each byte only `delay` after its receipt: a slow
+    /// network on the way back, for tests of the Output Rule. The
+    /// periodic acknowledgements go on meanwhile, so the primary does not
+    /// take the delay for a failure.
+    pub fn delay_acks(&self, delay: Duration) {
+        self.shared.ack_delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
     /// The replaying VM's view of the log.
     pub fn pipe(&self) -> LogPipe {
         LogPipe { shared: self.shared.clone() }
@@ -508,6 +520,11 @@ impl LogReceiver {
     /// The replaying VM reached `icount`.
     pub fn set_executed(&self, icount: u64) {
         self.shared.executed.store(icount, Ordering::Relaxed);
+    }
+
+    /// How far the replaying VM has executed, as last set.
+    pub fn executed(&self) -> u64 {
+        self.shared.executed.load(Ordering::Relaxed)
     }
 
     pub fn received(&self) -> u64 {
@@ -542,6 +559,9 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
     let mut buf = vec![0u8; 1 << 16];
     let mut last_ack = Instant::now();
     let mut acked = (u64::MAX, u64::MAX);
+    // With an acknowledgement delay: (when, bytes received then), oldest first.
+    let mut delayed: VecDeque<(Instant, u64)> = VecDeque::new();
+    let mut released = 0;
     loop {
         if shared.stop.load(Ordering::Relaxed) {
             return;
@@ -567,7 +587,26 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
             // Not reading, so the channel's silence says nothing.
             shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
         }
-        let now = (shared.received.load(Ordering::Relaxed), shared.executed.load(Ordering::Relaxed));
+        let received = shared.received.load(Ordering::Relaxed);
+        let received = match shared.ack_delay_ms.load(Ordering::Relaxed) {
+            0 => received,
+            ms => {
+                if delayed.back().map_or(true, |&(_, r)| r != received) {
+                    delayed.push_back((Instant::now(), received));
+                }
+                let due = |t: &Instant| t.elapsed() >= Duration::from_millis(ms);
+                while delayed.len() > 1 && due(&delayed[1].0) {
+                    delayed.pop_front();
+                }
+                if let Some((t, r)) = delayed.front() {
+                    if due(t) {
+                        released = *r;
+                    }
+                }
+                released
+            }
+        };
+        let now = (received, shared.executed.load(Ordering::Relaxed));
         if now.0 != acked.0 || last_ack.elapsed() >= timing.interval {
             let mut msg = [0u8; ACK_LEN];
             msg[0] = ACK;
@@ -644,6 +683,24 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(2), "execution progress never reported");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn delayed_acknowledgements_arrive_no_sooner_and_the_primary_waits_without_failing() {
+        let (mut s, prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+        let delay = Duration::from_millis(700);
+        r.delay_acks(delay);
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        s.write_all(b"entry").unwrap();
+        assert!(s.wait_acked(5, Duration::from_secs(5)));
+        let waited = t0.elapsed();
+        assert!(waited >= delay && waited < delay * 2, "acknowledged after {waited:?}");
+        // Longer than the timeout, yet no failure: the periodic
+        // acknowledgements kept coming.
+        assert!(delay > Timing::DEFAULT.timeout);
+        assert!(s.failure().is_none());
+        assert!(prx.try_iter().all(|e| matches!(e, PrimaryEvent::Acked)));
     }
 
     #[test]

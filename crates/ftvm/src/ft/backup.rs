@@ -7,6 +7,7 @@
 //! the VM's MAC from this host. On losing it halts.
 
 use super::{hostname, PairArgs};
+use crate::control::{self, Command};
 use crate::record::hex;
 use crate::replay::{self, LiveSetup, Outcome, Replayed};
 use clap::Args;
@@ -17,7 +18,7 @@ use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BackupArgs {
@@ -34,6 +35,10 @@ pub struct BackupArgs {
     /// Show the guest's console output as it is replayed (and once live).
     #[arg(long)]
     pub show_console: bool,
+    /// Hold each acknowledgement this many milliseconds after receipt: a
+    /// slow way back, to watch the Output Rule hold the primary's outputs.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub ack_delay: u64,
     #[command(flatten)]
     pub pair: PairArgs,
 }
@@ -58,6 +63,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     receiver.start(timing, move |f| {
         let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
     })?;
+    receiver.delay_acks(Duration::from_millis(args.ack_delay));
     // The arbiter runs beside the replay, which goes on draining the log.
     // Until the header has named the pair's generation there is nothing
     // to take over: a failure then just ends the log.
@@ -87,6 +93,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         .and_then(|g| g.parse().ok())
         .ok_or_else(|| format!("the primary at {primary} named no generation (is it `ftvm ft primary`?)"))?;
     let _ = generation.set(gen);
+    let status_socket = match &args.control {
+        Some(path) => Some(control::serve(path, replaying_status(receiver.clone(), gen))?),
+        None => None,
+    };
     receiver.add_heartbeat(Heartbeat::start(
         SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
         SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
@@ -131,6 +141,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                         detected.elapsed().as_millis(),
                         replayed.digests
                     );
+                    drop(status_socket);
                     let setup = LiveSetup { control: args.control.clone(), nets, announce: true, console_input: false };
                     replay::go_live(m, &header, &setup)
                 }
@@ -138,6 +149,30 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                 None => Err(format!("the primary's log is unusable: {e}; the backup stops")),
             }
         }
+    }
+}
+
+/// The control socket's answers while the backup replays: only `status`
+/// (the VM is the primary's to stop, pause or snapshot).
+fn replaying_status(receiver: Arc<LogReceiver>, generation: u64) -> impl Fn(Command) -> String + Send + Sync {
+    let rate = Mutex::new((Instant::now(), 0u64, 0.0f64));
+    move |command| {
+        if command != Command::Status {
+            return "error the backup is replaying the primary's VM: only status is answered".to_string();
+        }
+        let mut rate = rate.lock().unwrap();
+        let (received, dt) = (receiver.received(), rate.0.elapsed().as_secs_f64());
+        if dt >= 0.5 {
+            *rate = (Instant::now(), received, (received - rate.1) as f64 * 8.0 / dt / 1e6);
+        }
+        format!(
+            "ok {} icount={} role=backup primary={} generation={generation} log={:.3}Mbit/s received={received} buffered={}",
+            if receiver.failure().is_some() { "taking-over" } else { "replaying" },
+            receiver.executed(),
+            receiver.peer(),
+            rate.2,
+            receiver.buffered()
+        )
     }
 }
 

@@ -174,3 +174,84 @@ pub fn resp(conn: &mut TcpStream, args: &[&str]) -> String {
     let n = conn.read(&mut buf).unwrap_or_else(|e| panic!("no reply to {args:?} on the old connection: {e}"));
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
+
+/// A frame seen on an interface: when, whether the host sent it (toward
+/// the VM, for a TAP) or received it (from the VM), and its bytes.
+pub struct Frame {
+    pub at: Instant,
+    pub from_host: bool,
+    pub bytes: Vec<u8>,
+}
+
+/// Frames seen on one interface of a namespace, both ways, from a raw
+/// packet socket (what tcpdump does, without needing tcpdump).
+pub struct Capture {
+    frames: std::sync::Arc<std::sync::Mutex<Vec<Frame>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Capture {
+    pub fn start(ns: &Netns, interface: &str) -> Capture {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{mpsc, Arc, Mutex};
+        let frames: Arc<Mutex<Vec<Frame>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (path, name) = (format!("/run/netns/{}", ns.name), std::ffi::CString::new(interface).unwrap());
+        let (ready_tx, ready) = mpsc::channel();
+        let thread = {
+            let (frames, stop) = (frames.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let ns = std::fs::File::open(&path).expect("the namespace");
+                // SAFETY: plain libc calls on descriptors this thread owns;
+                // setns changes only this thread's network namespace, and
+                // recvfrom writes within the buffers it is given.
+                unsafe {
+                    assert_eq!(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET), 0, "setns");
+                    let all = (libc::ETH_P_ALL as u16).to_be();
+                    let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32);
+                    assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+                    let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+                    sll.sll_family = libc::AF_PACKET as u16;
+                    sll.sll_protocol = all;
+                    sll.sll_ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+                    assert!(sll.sll_ifindex > 0, "no interface {name:?}");
+                    let len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                    assert_eq!(libc::bind(fd, &sll as *const _ as *const libc::sockaddr, len), 0, "bind");
+                    let tv = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
+                    let tvp = &tv as *const _ as *const libc::c_void;
+                    libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, tvp, std::mem::size_of_val(&tv) as u32);
+                    ready_tx.send(()).unwrap();
+                    let mut buf = vec![0u8; 65536];
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut from: libc::sockaddr_ll = std::mem::zeroed();
+                        let mut flen = len;
+                        let n = libc::recvfrom(
+                            fd,
+                            buf.as_mut_ptr() as *mut libc::c_void,
+                            buf.len(),
+                            0,
+                            &mut from as *mut _ as *mut libc::sockaddr,
+                            &mut flen,
+                        );
+                        if n > 0 {
+                            let from_host = from.sll_pkttype == libc::PACKET_OUTGOING as u8;
+                            let frame = Frame { at: Instant::now(), from_host, bytes: buf[..n as usize].to_vec() };
+                            frames.lock().unwrap().push(frame);
+                        }
+                    }
+                    libc::close(fd);
+                }
+            })
+        };
+        ready.recv_timeout(Duration::from_secs(10)).expect("the capture did not start");
+        Capture { frames, stop, thread: Some(thread) }
+    }
+
+    /// Stops capturing; the frames seen, in order.
+    pub fn finish(mut self) -> Vec<Frame> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().expect("the capture thread");
+        std::mem::take(&mut *self.frames.lock().unwrap())
+    }
+}
