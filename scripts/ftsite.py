@@ -228,6 +228,22 @@ def work_dir(prefix):
     return Path(d)
 
 
+def load_script(relpath):
+    """Imports one of the repository's extension-less Python scripts (e.g.
+    "bench/redis") as a module, to share its functions rather than copy
+    them."""
+    import importlib.machinery
+    import importlib.util
+
+    path = str(REPO / relpath)
+    name = relpath.replace("/", "_").replace("-", "_")
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
 # -------------------------------------------------------------- namespaces
 
 
@@ -464,7 +480,9 @@ class Proc:
 
 
 def start_backup(site, ftvm, work, shared, timeout_ms=500, core=None, extra=()):
-    """`ftvm ft backup` on the backup host, listening for the channel."""
+    """`ftvm ft backup` on the backup host, listening for the channel;
+    makes the shared directory if it is not there."""
+    Path(shared).mkdir(parents=True, exist_ok=True)
     sock = str(Path(work) / "backup.sock")
     argv = [ftvm, "ft", "backup", "--listen", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
             "--timeout", str(timeout_ms), "--control", sock, *extra]
