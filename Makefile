@@ -30,6 +30,10 @@ bench: image
 	bench/dirty-tracking
 	bench/record-replay
 	bench/record-overhead
+	bench/failover
+	bench/ft-overhead
+	bench/ft-network
+	bench/lag-control
 
 clean:
 	$(CARGO) clean
