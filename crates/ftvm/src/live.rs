@@ -308,7 +308,7 @@ impl Live {
         let out = match (&mut self.protection, &self.recorder) {
             (Some(p), Some(r)) => {
                 let channel = r.channel().expect("a protected VM logs to its backup");
-                p.gate(requests, r.logged(), channel)
+                p.gate(requests, r.logged(), self.m.icount(), channel)
             }
             _ => requests,
         };

@@ -423,6 +423,9 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         if args.restore.is_some() {
             return Err("a protected VM starts by booting; --restore is not supported with ftvm ft primary".into());
         }
+        if ft.disk_sharing == ft::DiskSharing::Separate && args.disks.is_empty() {
+            return Err("with --disk-sharing separate, name this host's copy of the disk with --disk".into());
+        }
         // The disk lives on the shared storage, where the backup finds it.
         if args.disks.is_empty() && args.kernel.is_none() {
             let img = ftvm_image::locate().map_err(|e| e.to_string())?;

@@ -54,6 +54,9 @@ pub struct Recorder {
     /// guest still shows the primary is alive.
     keepalive: Option<Duration>,
     last_frame: Instant,
+    /// The backup performs disk reads itself (VMware FT §4.2): their data
+    /// stays out of the log, only their outcome goes in.
+    omit_read_data: bool,
 }
 
 /// Encoded bytes by kind of entry, for the summary: where a log's size
@@ -97,7 +100,15 @@ impl Recorder {
     }
 
     fn with(log: LogWriter<Sink>, path: PathBuf, keepalive: Option<Duration>) -> Recorder {
-        Recorder { log, path, next_digest: 0, sizes: EntrySizes::default(), keepalive, last_frame: Instant::now() }
+        Recorder {
+            log,
+            path,
+            next_digest: 0,
+            sizes: EntrySizes::default(),
+            keepalive,
+            last_frame: Instant::now(),
+            omit_read_data: false,
+        }
     }
 
     /// Bytes of log written so far in complete frames: what an output
@@ -115,7 +126,21 @@ impl Recorder {
     }
 
     pub fn event(&mut self, icount: u64, ev: &Event) {
-        self.push(Record { icount, entry: Entry::Event(ev.clone()) });
+        let mut ev = ev.clone();
+        if self.omit_read_data {
+            if let Event::Io { completion: IoCompletion::Disk { result, .. }, .. } = &mut ev {
+                if result.status == 0 {
+                    result.data = Vec::new();
+                }
+            }
+        }
+        self.push(Record { icount, entry: Entry::Event(ev) });
+    }
+
+    /// Leaves the data of successful disk reads out of the log from now
+    /// on: the backup reads it from the disk itself.
+    pub fn omit_read_data(&mut self) {
+        self.omit_read_data = true;
     }
 
     fn push(&mut self, r: Record) {

@@ -13,7 +13,7 @@ use crate::host_io::{self, HostEvent, HostIo};
 use crate::record::{hex, parse_device};
 use crate::{console, control, live};
 use clap::Args;
-use ftvm_machine::{snapshot_file, Machine, MachineConfig, RunExit};
+use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit};
 use ftvm_replay::{Entry, Header, LogReader};
 use std::io::Write;
 use std::path::PathBuf;
@@ -49,7 +49,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
     }
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
-    let outcome = replay_log(&mut reader, &mut m, args.show_console, &mut replayed, |_| {})?;
+    let outcome = replay_log(&mut reader, &mut m, &mut Regenerate, args.show_console, &mut replayed, |_| {})?;
     let secs = started.elapsed().as_secs_f64();
     let digests = replayed.digests;
     match outcome {
@@ -90,6 +90,29 @@ pub enum Outcome {
     Cut(ftvm_replay::LogError),
 }
 
+/// What a replay does with the requests the machine regenerates, and
+/// with the logged completions it injects. A plain replay sends and
+/// writes nothing ([`Regenerate`]); a backup may execute its disk I/O
+/// itself (VMware FT §4.1 and §4.2).
+pub trait ReplayIo {
+    /// Requests the machine made, in order, by the time it reached `icount`.
+    fn requests(&mut self, icount: u64, requests: Vec<(usize, IoRequest)>) -> Result<(), String>;
+    /// A completion from the log, about to be injected into `slot`.
+    fn completion(&mut self, slot: usize, completion: &mut IoCompletion) -> Result<(), String>;
+}
+
+/// Outputs are regenerated, never sent; completions come whole from the log.
+pub struct Regenerate;
+
+impl ReplayIo for Regenerate {
+    fn requests(&mut self, _: u64, _: Vec<(usize, IoRequest)>) -> Result<(), String> {
+        Ok(())
+    }
+    fn completion(&mut self, _: usize, _: &mut IoCompletion) -> Result<(), String> {
+        Ok(())
+    }
+}
+
 #[derive(Default)]
 pub struct Replayed {
     /// State digests checked and matched.
@@ -102,6 +125,7 @@ pub struct Replayed {
 pub fn replay_log<R: std::io::Read>(
     reader: &mut LogReader<R>,
     m: &mut Machine,
+    io: &mut dyn ReplayIo,
     show_console: bool,
     replayed: &mut Replayed,
     mut progress: impl FnMut(u64),
@@ -115,10 +139,13 @@ pub fn replay_log<R: std::io::Read>(
                 return Ok(Outcome::Cut(e));
             }
         };
-        let powered_off = run_to(m, rec.icount, show_console)?;
+        let powered_off = run_to(m, io, rec.icount, show_console)?;
         progress(m.icount());
         match rec.entry {
-            Entry::Event(ev) => {
+            Entry::Event(mut ev) => {
+                if let Event::Io { slot, completion } = &mut ev {
+                    io.completion(*slot, completion)?;
+                }
                 m.inject(ev);
             }
             Entry::StateHash(recorded) => {
@@ -155,11 +182,10 @@ pub fn replay_log<R: std::io::Read>(
 /// was at that instruction when the entry was logged, so stopping early
 /// (idle, powered off) means the replay has diverged. Returns the exit
 /// status if the guest powers off exactly there.
-fn run_to(m: &mut Machine, icount: u64, show_console: bool) -> Result<Option<u32>, String> {
+fn run_to(m: &mut Machine, io: &mut dyn ReplayIo, icount: u64, show_console: bool) -> Result<Option<u32>, String> {
     loop {
         let exit = m.run_until(icount);
-        // Outputs are regenerated, never sent.
-        m.take_io_requests();
+        io.requests(m.icount(), m.take_io_requests())?;
         show(m, show_console);
         match exit {
             RunExit::Reached => return Ok(None),
@@ -243,6 +269,8 @@ pub struct LiveSetup {
     pub control: Option<PathBuf>,
     /// TAPs to use instead of the recorded ones, in order (the MAC stays).
     pub nets: Vec<(String, Option<String>)>,
+    /// Disk images to use instead of the recorded ones, in order.
+    pub disks: Vec<PathBuf>,
     /// Announce the NICs' MACs from here (a backup taking over).
     pub announce: bool,
     pub console_input: bool,
@@ -250,20 +278,34 @@ pub struct LiveSetup {
 
 impl LiveSetup {
     fn from_args(args: &ReplayArgs) -> LiveSetup {
-        LiveSetup { control: args.control.clone(), nets: Vec::new(), announce: false, console_input: true }
+        LiveSetup {
+            control: args.control.clone(),
+            nets: Vec::new(),
+            disks: Vec::new(),
+            announce: false,
+            console_input: true,
+        }
     }
 }
 
 /// Continues the replayed machine as a live VM on the recorded backends.
 pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String> {
     let mut backends = host_io::parse_description(&field(h, "backends")?.replace(';', "\n"))?;
-    let mut nets = setup.nets.iter();
+    let (mut nets, mut disks) = (setup.nets.iter(), setup.disks.iter());
     for b in backends.iter_mut() {
-        if let host_io::Backend::Tap { name, bridge, .. } = b {
-            if let Some((n, br)) = nets.next() {
-                *name = n.clone();
-                *bridge = br.clone();
+        match b {
+            host_io::Backend::Tap { name, bridge, .. } => {
+                if let Some((n, br)) = nets.next() {
+                    *name = n.clone();
+                    *bridge = br.clone();
+                }
             }
+            host_io::Backend::Disk { path, .. } => {
+                if let Some(p) = disks.next() {
+                    *path = p.clone();
+                }
+            }
+            host_io::Backend::Rng => {}
         }
     }
     let (tx, events) = std::sync::mpsc::channel();

@@ -103,7 +103,7 @@ fn start_backup(site: &Site, s: &Scratch, shared: &str, extra: &[&str]) -> Vm {
     Vm::start(&site.backup, &args, s.path("backup.out"))
 }
 
-fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
+fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str, extra: &[&str]) -> Vm {
     let backup = format!("{BACKUP_HOST}:7700");
     let timeout = TIMEOUT_MS.to_string();
     let append = format!("console=ttyS0 root=/dev/vda rw quiet ftvm.ip={GUEST}/24");
@@ -126,20 +126,41 @@ fn start_primary(site: &Site, s: &Scratch, shared: &str, exec: &str) -> Vm {
         "--exec",
         exec,
     ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
     Vm::start(&site.primary, &args, s.path("primary.out"))
 }
 
+/// What the two sides are given beyond the defaults.
+#[derive(Default)]
+struct Extra<'a> {
+    primary: &'a [&'a str],
+    backup: &'a [&'a str],
+}
+
 /// A site, a scratch directory holding the shared storage, and a primary
-/// running `exec` in the guest with its backup (given `backup_args` too)
-/// started first.
-fn protected_vm(tag: &str, test: &str, exec: &str, backup_args: &[&str]) -> (Site, Scratch, Vm, Vm) {
+/// running `exec` in the guest with its backup started first.
+fn protected_vm(tag: &str, test: &str, exec: &str, extra: Extra) -> (Site, Scratch, Vm, Vm) {
     let site = Site::new(tag);
     let s = Scratch::new("ft-test", test);
+    let (primary, backup) = start_pair(&site, &s, exec, extra);
+    (site, s, primary, backup)
+}
+
+fn start_pair(site: &Site, s: &Scratch, exec: &str, extra: Extra) -> (Vm, Vm) {
     let shared = path_str(&s.path("shared"));
     std::fs::create_dir_all(&shared).unwrap();
-    let backup = start_backup(&site, &s, &shared, backup_args);
-    let primary = start_primary(&site, &s, &shared, exec);
-    (site, s, primary, backup)
+    let backup = start_backup(site, s, &shared, extra.backup);
+    let primary = start_primary(site, s, &shared, exec, extra.primary);
+    (primary, backup)
+}
+
+/// Two copies of the default guest's root disk, for separate disks.
+fn two_copies(s: &Scratch) -> (String, String) {
+    let img = ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e})"));
+    let (a, b) = (s.path("primary-disk.img"), s.path("backup-disk.img"));
+    ftvm_image::sparse_copy(&img.rootfs, &a).unwrap();
+    ftvm_image::sparse_copy(&img.rootfs, &b).unwrap();
+    (path_str(&a), path_str(&b))
 }
 
 const REDIS: &str = "redis-server /etc/redis/redis.conf --protected-mode no --appendonly yes --appendfsync always";
@@ -213,6 +234,17 @@ fn wait_for_line(vm: &mut Vm, needle: &str, within: Duration) {
     }
 }
 
+fn wait_exit(vm: &mut Vm, within: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = vm.child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(t0.elapsed() < within, "still running after {within:?}; output:\n{}", vm.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn kill9(vm: &mut Vm) {
     let _ = Command::new("kill").args(["-9", &vm.child.id().to_string()]).status();
     let _ = vm.child.wait();
@@ -225,10 +257,11 @@ fn random_ms(max: u64) -> u64 {
     nanos.wrapping_mul(6364136223846793005) % max
 }
 
-#[test]
-fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledged_write() {
-    let (site, s, mut primary, mut backup) = protected_vm("k", "kill-primary", REDIS, &[]);
-    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+/// Writes keys, kills the primary at a random moment, and checks that
+/// the backup took over on the same connection with every acknowledged
+/// key.
+fn kill_primary_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) -> (usize, Vm) {
+    let mut conn = redis_connection(site, &mut primary, &mut backup);
     let before = Duration::from_millis(2000 + random_ms(4000));
     let (n1, _) = write_keys(&mut conn, 0, before);
     // The backup tells what it is doing while it replays.
@@ -254,11 +287,86 @@ fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledg
     assert!(killed.elapsed() < Duration::from_secs(60));
     let status = control(&s.path("backup.sock"), "status");
     assert!(status.contains("unprotected"), "{status}");
+    (total, backup)
+}
+
+#[test]
+fn primary_killed_backup_takes_over_on_the_same_connection_with_every_acknowledged_write() {
+    let (site, s, primary, backup) = protected_vm("k", "kill-primary", REDIS, Extra::default());
+    kill_primary_and_check(&site, &s, primary, backup);
+}
+
+#[test]
+fn separate_disks_with_backup_reads_take_over_with_every_acknowledged_write() {
+    // Each host its own copy (§4.1); the backup performs the guest's
+    // reads and writes on its copy itself (§4.2), and goes live on it.
+    let site = Site::new("d");
+    let s = Scratch::new("ft-test", "separate-disks");
+    let (mine, theirs) = two_copies(&s);
+    let primary_args = ["--disk-sharing", "separate", "--backup-reads", "--disk", &mine];
+    let extra = Extra { primary: &primary_args, backup: &["--disk", &theirs] };
+    let (primary, backup) = start_pair(&site, &s, REDIS, extra);
+    let (total, mut backup) = kill_primary_and_check(&site, &s, primary, backup);
+    // The backup's own copy holds every acknowledged write: read redis's
+    // append-only files out of the image once the VM is gone.
+    kill9(&mut backup);
+    // On a copy, with the journal replayed (the guest's last fsyncs may
+    // be only there): what the guest would see mounting it again.
+    let image = path_str(&s.path("backup-disk-check.img"));
+    ftvm_image::sparse_copy(std::path::Path::new(&theirs), std::path::Path::new(&image)).unwrap();
+    let fsck = Command::new("e2fsck").args(["-fy", &image]).output().expect("e2fsck (e2fsprogs)");
+    assert!(fsck.status.code().is_some_and(|c| c <= 1), "e2fsck: {}", String::from_utf8_lossy(&fsck.stdout));
+    let debugfs = |req: &str| {
+        let out = Command::new("debugfs").args(["-R", req, &image]).output().expect("debugfs (e2fsprogs)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let dir = "/var/lib/redis/appendonlydir";
+    let listing = debugfs(&format!("ls -l {dir}"));
+    let sets: usize = listing
+        .split_whitespace()
+        .filter(|w| w.ends_with(".aof"))
+        .map(|f| debugfs(&format!("cat {dir}/{f}")).matches("\r\nSET\r\n").count())
+        .sum();
+    assert!(sets >= total, "{sets} writes in the backup's disk for {total} acknowledged; {dir}:\n{listing}");
+    eprintln!("the backup's own disk holds {sets} writes for {total} acknowledged keys");
+}
+
+#[test]
+fn backup_reads_on_the_shared_disk_take_over_with_every_acknowledged_write() {
+    // The backup reads the disk the primary writes: each write waits for
+    // the backup to have read what the guest read there before it.
+    let extra = Extra { primary: &["--backup-reads"], ..Default::default() };
+    let (site, s, primary, backup) = protected_vm("r", "backup-reads", REDIS, extra);
+    kill_primary_and_check(&site, &s, primary, backup);
+}
+
+#[test]
+fn separate_disks_that_differ_are_refused_before_the_vm_starts() {
+    let site = Site::new("x");
+    let s = Scratch::new("ft-test", "differing-disks");
+    let (mine, theirs) = two_copies(&s);
+    // One byte apart.
+    let f = std::fs::OpenOptions::new().write(true).open(&theirs).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"x", 12345).unwrap();
+    let extra = Extra { primary: &["--disk-sharing", "separate", "--disk", &mine], backup: &["--disk", &theirs] };
+    let (mut primary, mut backup) = start_pair(&site, &s, "true", extra);
+    let primary_status = wait_exit(&mut primary, Duration::from_secs(60));
+    let backup_status = wait_exit(&mut backup, Duration::from_secs(10));
+    let (p, b) = (primary.log(), backup.log());
+    assert!(!primary_status.success() && !backup_status.success(), "primary:\n{p}\nbackup:\n{b}");
+    assert!(
+        p.contains("refused protection") && p.contains("is not a copy of the primary's"),
+        "primary:\n{p}\nbackup:\n{b}"
+    );
+    assert!(b.contains("refusing to follow"), "backup:\n{b}");
+    // The guest never ran.
+    assert!(!p.contains("ftvm-exec-begin") && !p.contains("Linux version"), "{p}");
+    eprintln!("{}", p.lines().last().unwrap_or(""));
 }
 
 #[test]
 fn backup_killed_primary_carries_on_unprotected() {
-    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS, &[]);
+    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS, Extra::default());
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
     kill9(&mut backup);
@@ -280,7 +388,7 @@ fn backup_killed_primary_carries_on_unprotected() {
 
 #[test]
 fn cutting_the_link_leaves_exactly_one_vm_live() {
-    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000", &[]);
+    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000", Extra::default());
     wait_for_line(&mut backup, "replaying", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(1000 + random_ms(4000)));
     primary.assert_running();
@@ -323,7 +431,8 @@ fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
     // after the request did, since the request is in the log before it.
     let delay = Duration::from_millis(400);
     let ms = delay.as_millis().to_string();
-    let (site, s, mut primary, mut backup) = protected_vm("o", "output-rule", REDIS, &["--ack-delay", &ms]);
+    let (site, s, mut primary, mut backup) =
+        protected_vm("o", "output-rule", REDIS, Extra { backup: &["--ack-delay", &ms], ..Default::default() });
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let capture = Capture::start(&site.primary, "t0");
     let requests = 8;
@@ -337,7 +446,8 @@ fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
                 std::thread::sleep(delay / 2);
                 control(&s.path("primary.sock"), "status")
             });
-            assert_eq!(command(&mut conn, &["SET", &format!("held{i}"), "x"]).unwrap(), "+OK");
+            let token = format!("token{i}x");
+            assert_eq!(command(&mut conn, &["ECHO", &token]).unwrap(), token);
             status.join().unwrap()
         });
         let waited = asked.elapsed();
@@ -348,21 +458,21 @@ fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
     }
     let frames = capture.finish();
     // On the wire: each reply left the TAP no sooner than `delay` after
-    // the request that caused it first arrived there. (The client's TCP
-    // sends the request again meanwhile: the guest's ACK is held too.)
+    // its request first arrived there. Both carry the request's token:
+    // TCP sends copies of either meanwhile (the client's of the request,
+    // the guest's of its reply, both timing out on the held ACKs), so
+    // only the first of each counts.
     let has = |f: &common::net::Frame, what: &[u8]| f.bytes.windows(what.len()).any(|w| w == what);
-    let (mut pairs, mut resent, mut asked_at) = (0, 0, None);
-    for f in &frames {
-        if f.from_host && has(f, b"SET") {
-            resent += usize::from(asked_at.is_some());
-            asked_at.get_or_insert(f.at);
-        } else if !f.from_host && has(f, b"+OK\r\n") {
-            let Some(asked) = asked_at.take() else { continue };
-            let gap = f.at - asked;
-            assert!(gap >= delay, "a reply left the primary's TAP {gap:?} after its request");
-            pairs += 1;
-        }
+    let mut pairs = 0;
+    for i in 0..requests {
+        let token = format!("token{i}x");
+        let first = |from_host: bool| frames.iter().find(|f| f.from_host == from_host && has(f, token.as_bytes()));
+        let (Some(request), Some(reply)) = (first(true), first(false)) else { continue };
+        let gap = reply.at - request.at;
+        assert!(gap >= delay, "a reply left the primary's TAP {gap:?} after its request");
+        pairs += 1;
     }
+    let resent = frames.iter().filter(|f| f.from_host && has(f, b"ECHO")).count() - pairs;
     assert_eq!(pairs, requests, "requests and replies seen on the TAP");
     assert!(held_seen >= requests / 2, "the status showed held outputs only {held_seen} times in {requests}");
     eprintln!(

@@ -46,6 +46,18 @@ impl DiskImage {
     /// Opens and locks the image at `path`. Regular files and block devices
     /// are accepted; an image needs at least one 512-byte sector.
     pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, String> {
+        Self::open_with(path, readonly, true)
+    }
+
+    /// Opens the image at `path` read-only without taking a lock: for a
+    /// fault-tolerant backup reading the disk its primary holds and writes
+    /// (VMware FT §4.2). That is safe only because the primary orders its
+    /// writes after the backup's reads of the same blocks.
+    pub fn open_beside_writer(path: &Path) -> Result<DiskImage, String> {
+        Self::open_with(path, true, false)
+    }
+
+    fn open_with(path: &Path, readonly: bool, locked: bool) -> Result<DiskImage, String> {
         let shown = path.display();
         // O_NONBLOCK so that naming a FIFO fails below instead of hanging in
         // open(2) waiting for a writer; it means nothing for files and block
@@ -66,10 +78,12 @@ impl DiskImage {
             return Err(format!("cannot use disk {shown}: not a regular file or block device"));
         }
         set_blocking(&file).map_err(|e| format!("cannot open disk {shown}: {}", describe(&e)))?;
-        lock(&file, readonly).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock => format!("disk {shown} is in use by another VM"),
-            _ => format!("cannot lock disk {shown}: {}", describe(&e)),
-        })?;
+        if locked {
+            lock(&file, readonly).map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock => format!("disk {shown} is in use by another VM"),
+                _ => format!("cannot lock disk {shown}: {}", describe(&e)),
+            })?;
+        }
         // Seeking to the end, unlike the metadata length, also sizes block
         // devices.
         let size = (&file).seek(SeekFrom::End(0)).map_err(|e| format!("cannot size disk {shown}: {}", describe(&e)))?;

@@ -35,6 +35,8 @@ use std::time::{Duration, Instant};
 
 const ACK: u8 = 1;
 const ACK_LEN: usize = 17;
+/// The backup will not follow this primary: kind, length (u16 LE), reason.
+const REFUSE: u8 = 2;
 /// Default size of each end's buffer (VMware speaks of "a large buffer").
 pub const DEFAULT_BUFFER: usize = 64 << 20;
 
@@ -47,6 +49,8 @@ pub enum Failure {
     ChannelSilent(Duration),
     /// No heartbeat for the timeout.
     HeartbeatSilent(Duration),
+    /// The backup refused to follow (its reason).
+    Refused(String),
 }
 
 impl std::fmt::Display for Failure {
@@ -55,6 +59,7 @@ impl std::fmt::Display for Failure {
             Failure::Closed(why) => write!(f, "the logging channel closed ({why})"),
             Failure::ChannelSilent(d) => write!(f, "nothing on the logging channel for {} ms", d.as_millis()),
             Failure::HeartbeatSilent(d) => write!(f, "no heartbeat for {} ms", d.as_millis()),
+            Failure::Refused(why) => write!(f, "the backup refused: {why}"),
         }
     }
 }
@@ -241,19 +246,32 @@ impl LogSender {
         }
         {
             let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
-            let mut input = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+            let input = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
             spawn(
                 "ft-ack-read",
                 Box::new(move || {
+                    let mut input = std::io::BufReader::new(input);
                     let mut msg = [0u8; ACK_LEN];
                     loop {
-                        if let Err(e) = input.read_exact(&mut msg) {
+                        if let Err(e) = input.read_exact(&mut msg[..1]).and_then(|_| match msg[0] {
+                            ACK => input.read_exact(&mut msg[1..]),
+                            _ => Ok(()),
+                        }) {
                             let why = if e.kind() == ErrorKind::UnexpectedEof {
                                 "end of stream".into()
                             } else {
                                 e.to_string()
                             };
                             return fail(Failure::Closed(why));
+                        }
+                        if msg[0] == REFUSE {
+                            let mut why = [0u8; 2];
+                            let mut text = vec![0u8; 0];
+                            if input.read_exact(&mut why).is_ok() {
+                                text.resize(u16::from_le_bytes(why) as usize, 0);
+                                let _ = input.read_exact(&mut text);
+                            }
+                            return fail(Failure::Refused(String::from_utf8_lossy(&text).into_owned()));
                         }
                         if msg[0] != ACK {
                             return fail(Failure::Closed(format!("unknown message kind {} from the backup", msg[0])));
@@ -426,6 +444,12 @@ struct BackupShared {
     /// Milliseconds each acknowledgement is held back (a test aid: it
     /// makes the Output Rule visible on the primary's wire).
     ack_delay_ms: AtomicU64,
+    /// Until the backup is ready to follow, acknowledgements say it is
+    /// alive but acknowledge no log.
+    ready: AtomicBool,
+    /// A refusal to send instead of acknowledgements, and then stop.
+    refusal: Mutex<Option<String>>,
+    refused: AtomicBool,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -450,6 +474,9 @@ impl LogReceiver {
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
             ack_delay_ms: AtomicU64::new(0),
+            ready: AtomicBool::new(true),
+            refusal: Mutex::new(None),
+            refused: AtomicBool::new(false),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -512,6 +539,29 @@ impl LogReceiver {
         self.shared.ack_delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// Acknowledges no log until [`LogReceiver::ready`]: a primary that
+    /// waits for its first acknowledgement waits for the backup's checks
+    /// (call before [`LogReceiver::start`]).
+    pub fn hold_acks(&self) {
+        self.shared.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// Acknowledges the log from now on.
+    pub fn ready(&self) {
+        self.shared.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells the primary this backup will not follow it, and why, then
+    /// closes the channel (waiting up to a second for the words to go).
+    pub fn refuse(&self, why: &str) {
+        *self.shared.refusal.lock().unwrap() = Some(why.to_string());
+        let t0 = Instant::now();
+        while !self.shared.refused.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.end_log();
+    }
+
     /// The replaying VM's view of the log.
     pub fn pipe(&self) -> LogPipe {
         LogPipe { shared: self.shared.clone() }
@@ -566,6 +616,16 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
         if shared.stop.load(Ordering::Relaxed) {
             return;
         }
+        if let Some(why) = shared.refusal.lock().unwrap().take() {
+            let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
+            let mut msg = vec![REFUSE];
+            msg.extend((text.len() as u16).to_le_bytes());
+            msg.extend(text);
+            let _ = out.write_all(&msg);
+            let _ = out.shutdown(Shutdown::Write);
+            shared.refused.store(true, Ordering::Relaxed);
+            return;
+        }
         // A full buffer stops the reading (the primary's buffer fills in
         // turn) but not the acknowledgements: a slow backup is not a dead one.
         let room = shared.pipe.room(timing.interval).min(buf.len());
@@ -605,6 +665,14 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
                 }
                 released
             }
+        };
+        let received = if shared.ready.load(Ordering::Relaxed) {
+            received
+        } else {
+            // The primary sends nothing until we acknowledge its header:
+            // its silence meanwhile says nothing (heartbeats still do).
+            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+            0
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
         if now.0 != acked.0 || last_ack.elapsed() >= timing.interval {
@@ -701,6 +769,33 @@ mod tests {
         assert!(delay > Timing::DEFAULT.timeout);
         assert!(s.failure().is_none());
         assert!(prx.try_iter().all(|e| matches!(e, PrimaryEvent::Acked)));
+    }
+
+    #[test]
+    fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 1 << 20).unwrap());
+        let (ptx, prx) = mpsc::channel();
+        let ptx = Mutex::new(ptx);
+        let stream = connect(addr, Duration::from_secs(5)).unwrap();
+        let mut s = LogSender::over(stream, DEFAULT_BUFFER, Timing::DEFAULT, None, move |e| {
+            let _ = ptx.lock().unwrap().send(e);
+        })
+        .unwrap();
+        let r = acc.join().unwrap();
+        r.hold_acks();
+        r.start(Timing::DEFAULT, |_| {}).unwrap();
+        s.write_all(b"header").unwrap();
+        // Alive (no failure for longer than the timeout), but nothing acknowledged.
+        std::thread::sleep(Timing::DEFAULT.timeout * 2);
+        assert_eq!(s.acked(), 0);
+        assert!(s.failure().is_none());
+        r.refuse("its disk differs");
+        match prx.recv_timeout(Duration::from_secs(5)) {
+            Ok(PrimaryEvent::BackupLost(Failure::Refused(why))) => assert_eq!(why, "its disk differs"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! live there (disk I/O in flight is issued again, §3.4), and announces
 //! the VM's MAC from this host. On losing it halts.
 
-use super::{hostname, PairArgs};
+use super::backup_disks::BackupDisks;
+use super::{disk_digest, header_disks, hostname, DiskPolicy, DiskSharing, PairArgs};
 use crate::control::{self, Command};
 use crate::record::hex;
 use crate::replay::{self, LiveSetup, Outcome, Replayed};
@@ -35,6 +36,10 @@ pub struct BackupArgs {
     /// Show the guest's console output as it is replayed (and once live).
     #[arg(long)]
     pub show_console: bool,
+    /// This host's path of each of the VM's disks, in order (default: the
+    /// primary's paths). With separate disks, this host's own copies.
+    #[arg(long = "disk", value_name = "PATH")]
+    pub disks: Vec<PathBuf>,
     /// Hold each acknowledgement this many milliseconds after receipt: a
     /// slow way back, to watch the Output Rule hold the primary's outputs.
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -60,6 +65,8 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let primary = receiver.peer();
     let (failed_tx, failed_rx) = mpsc::channel();
     let failed_tx = Mutex::new(failed_tx);
+    // The header is acknowledged only once the backup knows it can follow.
+    receiver.hold_acks();
     receiver.start(timing, move |f| {
         let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
     })?;
@@ -88,30 +95,62 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     }
     let (mut reader, header) = LogReader::open(receiver.pipe())
         .map_err(|e| format!("the primary at {primary} sent no usable log header: {e}"))?;
-    let gen: u64 = header
-        .get("ft-generation")
-        .and_then(|g| g.parse().ok())
-        .ok_or_else(|| format!("the primary at {primary} named no generation (is it `ftvm ft primary`?)"))?;
-    let _ = generation.set(gen);
-    let status_socket = match &args.control {
-        Some(path) => Some(control::serve(path, replaying_status(receiver.clone(), gen))?),
-        None => None,
+    // Everything the backup checks before it acknowledges the header; the
+    // primary waits for that acknowledgement before its VM starts, and
+    // hears the reason if the backup refuses.
+    let Some(gen) = header.get("ft-generation").and_then(|g| g.parse::<u64>().ok()) else {
+        let e = "the primary named no generation (is it `ftvm ft primary`?)";
+        receiver.refuse(e);
+        return Err(format!("refusing to follow the primary at {primary}: {e}"));
     };
+    // Heartbeats from now on: the checks below may take a while (hashing
+    // disks), and the primary must not take them for a failure.
     receiver.add_heartbeat(Heartbeat::start(
         SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
         SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
         gen,
         timing.interval,
     )?);
-    let mut m = replay::machine_from_header(&header).map_err(|e| format!("the primary's log: {e}"))?;
-    m.set_dirty_tracking(true);
-    if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
-        return Err("the machine built from the primary's header is not in its start state".into());
-    }
+    let follow = || -> Result<(ftvm_machine::Machine, Vec<(usize, PathBuf)>, Option<BackupDisks>), String> {
+        let mut m = replay::machine_from_header(&header).map_err(|e| format!("the primary's log: {e}"))?;
+        m.set_dirty_tracking(true);
+        if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
+            return Err("the machine built from the primary's header is not in its start state".into());
+        }
+        let policy = DiskPolicy::from_header(&header)?;
+        let disks = backup_disk_paths(&header, &args.disks)?;
+        if policy.sharing == DiskSharing::Separate {
+            check_copies(&header, &disks)?;
+        }
+        let local = match (policy.sharing, policy.backup_reads) {
+            (DiskSharing::Shared, false) => None,
+            (sharing, reads) => {
+                let paths: Vec<(usize, &std::path::Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+                Some(BackupDisks::open(&paths, sharing == DiskSharing::Separate, reads)?)
+            }
+        };
+        Ok((m, disks, local))
+    };
+    let (mut m, disks, mut local_disks) = follow().map_err(|e| {
+        receiver.refuse(&e);
+        format!("refusing to follow the primary at {primary}: {e}")
+    })?;
+    let _ = generation.set(gen);
+    let status_socket = match &args.control {
+        Some(path) => Some(control::serve(path, replaying_status(receiver.clone(), gen))?),
+        None => None,
+    };
+    receiver.ready();
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), replaying");
     let mut replayed = Replayed::default();
     let r = receiver.clone();
-    let outcome = replay::replay_log(&mut reader, &mut m, args.show_console, &mut replayed, |i| r.set_executed(i));
+    let io: &mut dyn replay::ReplayIo = match &mut local_disks {
+        Some(d) => d,
+        None => &mut replay::Regenerate,
+    };
+    let outcome = replay::replay_log(&mut reader, &mut m, io, args.show_console, &mut replayed, |i| r.set_executed(i));
+    // Its locks go before the live VM opens the disks again.
+    drop(local_disks);
     let outcome = match outcome {
         Ok(o) => o,
         Err(divergence) => {
@@ -142,7 +181,9 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                         replayed.digests
                     );
                     drop(status_socket);
-                    let setup = LiveSetup { control: args.control.clone(), nets, announce: true, console_input: false };
+                    let disks = disks.into_iter().map(|(_, p)| p).collect();
+                    let setup =
+                        LiveSetup { control: args.control.clone(), nets, disks, announce: true, console_input: false };
                     replay::go_live(m, &header, &setup)
                 }
                 Some((Decision::Halt(why), _)) => Err(format!("halting: {why}")),
@@ -150,6 +191,35 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             }
         }
     }
+}
+
+/// The header's disks, at this host's paths where `--disk` gives them.
+fn backup_disk_paths(header: &ftvm_replay::Header, given: &[PathBuf]) -> Result<Vec<(usize, PathBuf)>, String> {
+    let mut disks = header_disks(header)?;
+    if given.len() > disks.len() {
+        return Err(format!("{} --disk options given for the VM's {} disks", given.len(), disks.len()));
+    }
+    for ((_, path), mine) in disks.iter_mut().zip(given) {
+        *path = mine.clone();
+    }
+    Ok(disks)
+}
+
+/// Separate disks start identical (§4.1), or protection is refused.
+fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Result<(), String> {
+    let theirs: Vec<&str> = header.get("ft-disk-digests").unwrap_or_default().split(';').collect();
+    if theirs.len() != disks.len() {
+        return Err("the primary gave no digest of its disks".into());
+    }
+    for ((_, path), theirs) in disks.iter().zip(theirs) {
+        if disk_digest(path)? != theirs {
+            return Err(format!(
+                "the backup's disk {} is not a copy of the primary's (their contents differ)",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The control socket's answers while the backup replays: only `status`

@@ -8,6 +8,7 @@
 //! what the live loop does under protection, `backup` the backup's run.
 
 pub mod backup;
+mod backup_disks;
 pub mod primary;
 
 use crate::record::Recorder;
@@ -15,7 +16,7 @@ use crate::HostEvent;
 use clap::Args;
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
-use ftvm_replication::channel::{self, LogSender, DEFAULT_BUFFER};
+use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::Timing;
 use primary::Protection;
@@ -56,6 +57,92 @@ impl PairArgs {
     }
 }
 
+/// Where the VM's disks live (VMware FT §4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiskSharing {
+    /// One disk on the shared storage, written by the primary alone
+    /// under the Output Rule.
+    Shared,
+    /// Each host has its own copy, identical when protection starts; the
+    /// backup performs the writes on its own.
+    Separate,
+}
+
+impl DiskSharing {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskSharing::Shared => "shared",
+            DiskSharing::Separate => "separate",
+        }
+    }
+}
+
+/// What the pair does about disks, as the header tells the backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskPolicy {
+    pub sharing: DiskSharing,
+    /// The backup performs the guest's disk reads itself (§4.2).
+    pub backup_reads: bool,
+}
+
+impl DiskPolicy {
+    /// Whether a disk write or flush is an output the Output Rule holds:
+    /// only when it changes the shared disk.
+    pub fn writes_are_outputs(self) -> bool {
+        self.sharing == DiskSharing::Shared
+    }
+
+    /// Whether a write must also wait for the backup to have performed
+    /// earlier reads of the same blocks (§4.2 on a shared disk).
+    pub fn writes_wait_for_backup_reads(self) -> bool {
+        self.sharing == DiskSharing::Shared && self.backup_reads
+    }
+
+    fn to_header(self, h: &mut Header) {
+        h.set("ft-disks", self.sharing.name().to_string());
+        h.set("ft-disk-reads", if self.backup_reads { "backup" } else { "logged" }.to_string());
+    }
+
+    pub fn from_header(h: &Header) -> Result<DiskPolicy, String> {
+        let sharing = match h.get("ft-disks") {
+            Some("shared") | None => DiskSharing::Shared,
+            Some("separate") => DiskSharing::Separate,
+            Some(other) => return Err(format!("unknown disk sharing '{other}'")),
+        };
+        let backup_reads = match h.get("ft-disk-reads") {
+            Some("logged") | None => false,
+            Some("backup") => true,
+            Some(other) => return Err(format!("unknown disk reads '{other}'")),
+        };
+        Ok(DiskPolicy { sharing, backup_reads })
+    }
+}
+
+/// The disks a log's header names: (virtio slot, path), in order.
+pub fn header_disks(h: &Header) -> Result<Vec<(usize, PathBuf)>, String> {
+    let backends = h.get("backends").ok_or("the header names no backends")?;
+    let backends = crate::host_io::parse_description(&backends.replace(';', "\n"))?;
+    Ok(backends
+        .into_iter()
+        .enumerate()
+        .filter_map(|(slot, b)| match b {
+            crate::host_io::Backend::Disk { path, .. } => Some((slot, path)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The content digest of a disk image, to check that two copies are
+/// identical before separate disks are protected.
+pub fn disk_digest(path: &Path) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    hasher
+        .update_reader(std::io::BufReader::with_capacity(4 << 20, file))
+        .map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
 /// What `ftvm ft primary` adds to the run options.
 #[derive(Args, Clone)]
 pub struct PrimaryArgs {
@@ -65,9 +152,20 @@ pub struct PrimaryArgs {
     /// Execution lag, in milliseconds, past which the primary is slowed.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub lag_threshold: u64,
-    /// How long to wait, in seconds, for the backup to accept the channel.
+    /// How long to wait, in seconds, for the backup to accept the channel
+    /// and to be ready to follow.
     #[arg(long, value_name = "S", default_value_t = 60)]
     pub connect_wait: u64,
+    /// shared: one disk on the shared storage, written by the primary
+    /// alone under the Output Rule; separate: each host has its own copy
+    /// (identical when protection starts, or it is refused) and the backup
+    /// performs the writes on its copy (VMware FT §4.1).
+    #[arg(long, value_enum, default_value_t = DiskSharing::Shared)]
+    pub disk_sharing: DiskSharing,
+    /// The backup performs the guest's disk reads itself instead of
+    /// receiving their data in the log: less log, a slower backup (§4.2).
+    #[arg(long)]
+    pub backup_reads: bool,
     #[command(flatten)]
     pub pair: PairArgs,
 }
@@ -97,6 +195,13 @@ pub fn start_primary(
 ) -> Result<(Recorder, Protection), String> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
+    let disks = DiskPolicy { sharing: args.disk_sharing, backup_reads: args.backup_reads };
+    disks.to_header(header);
+    if disks.sharing == DiskSharing::Separate {
+        // The backup refuses to follow unless its copies hash the same.
+        let digests = header_disks(header)?.iter().map(|(_, p)| disk_digest(p)).collect::<Result<Vec<_>, _>>()?;
+        header.set("ft-disk-digests", digests.join(";"));
+    }
     let me = format!("primary on {}", hostname());
     let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
     header.set("ft-generation", arbiter.generation().to_string());
@@ -113,8 +218,21 @@ pub fn start_primary(
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
-    let recorder = Recorder::to_backup(sender, header, crate::live::KEEPALIVE)?;
-    let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold));
+    let mut recorder = Recorder::to_backup(sender, header, crate::live::KEEPALIVE)?;
+    if disks.backup_reads {
+        recorder.omit_read_data();
+    }
+    // The backup acknowledges the header once it has checked it can
+    // follow: the same machine, and with separate disks the same disks.
+    let channel = recorder.channel().expect("a log to the backup");
+    if !channel.wait_acked(recorder.logged(), Duration::from_secs(args.connect_wait)) {
+        return Err(match channel.failure() {
+            Some(Failure::Refused(why)) => format!("the backup at {} refused protection: {why}", args.backup),
+            Some(f) => format!("the backup at {} failed before protection started: {f}", args.backup),
+            None => format!("the backup at {} was not ready within {} s", args.backup, args.connect_wait),
+        });
+    }
+    let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold), disks);
     eprintln!("ftvm: protected: the backup at {} receives the log", args.backup);
     Ok((recorder, protection))
 }

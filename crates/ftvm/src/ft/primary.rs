@@ -2,7 +2,10 @@
 //! which requests are outputs held by the Output Rule (VMware FT §2.2),
 //! releasing them as the backup acknowledges, the execution-lag feedback
 //! loop (§3.2), and what to do when the backup is declared failed (§2.3).
+//! Which requests are outputs depends on the disks (§4.1): a write to a
+//! shared disk is one, a write to this host's own copy is not.
 
+use super::DiskPolicy;
 use ftvm_machine::{BlkOp, IoRequest};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::{Failure, LogSender};
@@ -21,20 +24,32 @@ pub struct Protection {
     /// For the log bandwidth in status: (when, bytes sent) at the last look.
     rate_mark: (Instant, u64),
     rate: f64,
+    disks: DiskPolicy,
+    /// With the backup reading a shared disk itself (§4.2): reads it may
+    /// not have performed yet, as (instruction count, slot, byte range).
+    backup_reads: Vec<(u64, usize, std::ops::Range<u64>)>,
 }
 
 /// Whether a request changes the world outside the VM: a sent frame, or a
-/// write to the shared disk (a flush orders writes, so it waits with them).
-fn is_output(req: &IoRequest) -> bool {
+/// write to a shared disk (a flush orders writes, so it waits with them).
+fn is_output(req: &IoRequest, disks: DiskPolicy) -> bool {
     match req {
         IoRequest::NetTx { .. } => true,
-        IoRequest::Disk { op, .. } => matches!(op, BlkOp::Write { .. } | BlkOp::Flush),
+        IoRequest::Disk { op, .. } => disks.writes_are_outputs() && matches!(op, BlkOp::Write { .. } | BlkOp::Flush),
         IoRequest::Entropy { .. } => false,
     }
 }
 
+fn byte_range(op: &BlkOp) -> Option<std::ops::Range<u64>> {
+    match op {
+        BlkOp::Read { offset, len } => Some(*offset..offset + *len as u64),
+        BlkOp::Write { offset, data } => Some(*offset..offset + data.len() as u64),
+        _ => None,
+    }
+}
+
 impl Protection {
-    pub fn new(arbiter: Arbiter, me: String, lag_threshold: Duration) -> Protection {
+    pub fn new(arbiter: Arbiter, me: String, lag_threshold: Duration, disks: DiskPolicy) -> Protection {
         Protection {
             gate: OutputGate::default(),
             lag: LagMeter::default(),
@@ -44,27 +59,50 @@ impl Protection {
             last_lag: Duration::ZERO,
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
+            disks,
+            backup_reads: Vec::new(),
         }
     }
 
-    /// The machine's new requests: outputs are held until the log written
-    /// so far (`logged` bytes) is acknowledged; the rest are returned, to
-    /// go out now with whatever the acknowledgements have let go.
+    /// The machine's new requests, made by instruction `icount`: outputs
+    /// are held until the log written so far (`logged` bytes) is
+    /// acknowledged; the rest are returned, to go out now with whatever
+    /// the acknowledgements have let go.
     pub fn gate(
         &mut self,
         requests: Vec<(usize, IoRequest)>,
         logged: u64,
+        icount: u64,
         channel: &LogSender,
     ) -> Vec<(usize, IoRequest)> {
         let mut now = Vec::new();
+        let executed = channel.backup_icount();
+        self.backup_reads.retain(|(at, _, _)| *at > executed);
         for (slot, req) in requests {
-            if is_output(&req) {
-                self.gate.hold(logged, (slot, req));
+            if let (true, IoRequest::Disk { op: op @ BlkOp::Read { .. }, .. }) =
+                (self.disks.writes_wait_for_backup_reads(), &req)
+            {
+                self.backup_reads.push((icount, slot, byte_range(op).expect("a read")));
+            }
+            if is_output(&req, self.disks) {
+                // A write waits for the backup to have read what the
+                // guest read there before it (§4.2).
+                let after = match &req {
+                    IoRequest::Disk { op, .. } => byte_range(op).map_or(0, |w| {
+                        let overlapping = self
+                            .backup_reads
+                            .iter()
+                            .filter(|(_, s, r)| *s == slot && r.start < w.end && w.start < r.end);
+                        overlapping.map(|(at, _, _)| *at).max().unwrap_or(0)
+                    }),
+                    _ => 0,
+                };
+                self.gate.hold_until(logged, after, (slot, req));
             } else {
                 now.push((slot, req));
             }
         }
-        let mut out = self.gate.release(channel.acked());
+        let mut out = self.gate.release(channel.acked(), executed);
         out.extend(now);
         out
     }
@@ -109,9 +147,11 @@ impl Protection {
             self.rate_mark = (now, channel.sent());
         }
         format!(
-            "role=primary backup={} generation={} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}%",
+            "role=primary backup={} generation={} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}%",
             channel.peer(),
             self.arbiter.generation(),
+            self.disks.sharing.name(),
+            if self.disks.backup_reads { ",backup-reads" } else { "" },
             self.last_lag.as_millis(),
             self.rate,
             channel.sent(),
