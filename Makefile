@@ -34,6 +34,7 @@ bench: image
 	bench/ft-overhead
 	bench/ft-network
 	bench/lag-control
+	bench/epoch-table
 
 clean:
 	$(CARGO) clean

@@ -9,10 +9,15 @@
 //! replay the run exactly. While every hart is idle the loop sleeps until
 //! the guest's next timer deadline or until something arrives: an idle
 //! guest does not burn a host core.
+//!
+//! Under epoch-mode protection the machine runs epoch by epoch: inputs
+//! that come inside an epoch wait for its end, where they are delivered
+//! and logged with the end mark (`ft::epochs`).
 
 use crate::console::{Input, RawTerminal};
 use crate::control::{Command, ControlRequest};
 use crate::exec::OutputFilter;
+use crate::ft::epochs::EpochMode;
 use crate::ft::primary::Protection;
 use crate::host_io::{HostEvent, HostIo};
 use crate::record::Recorder;
@@ -34,6 +39,9 @@ const PACE_HORIZON_S: f64 = 1.0;
 
 /// How often a protected VM's log carries at least a go-live point.
 pub const KEEPALIVE: Duration = Duration::from_millis(50);
+/// How often a primary waiting for an acknowledgement looks whether the
+/// backup failed meanwhile.
+const ACK_POLL: Duration = Duration::from_millis(10);
 
 const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
 
@@ -122,6 +130,9 @@ struct Live {
     /// Inputs applied so far; an idle machine that just got one must run
     /// before anyone sleeps on its old timer deadline.
     injected: u64,
+    /// Whether the machine stands where inputs may be delivered: always,
+    /// except in epoch mode, where only at an epoch end.
+    at_epoch_end: bool,
 }
 
 pub fn run(
@@ -147,6 +158,7 @@ pub fn run(
         protection,
         powered_off: false,
         injected: 0,
+        at_epoch_end: true,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -164,13 +176,14 @@ pub fn run(
 impl Live {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, String> {
         loop {
-            if let Some(r) = &mut self.recorder {
-                r.checkpoint(&mut self.m)?;
-            }
+            self.close_frame()?;
             let started = Instant::now();
-            let exit = if self.paused { None } else { Some(self.m.run_until(self.m.icount() + CHUNK)) };
+            let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
             let injected_before = self.injected;
+            if let Some(exit) = &exit {
+                self.note_epoch_end(exit);
+            }
             let requests = self.m.take_io_requests();
             self.dispatch(requests);
             if exit.is_some() {
@@ -182,7 +195,9 @@ impl Live {
                     return Ok(code);
                 }
             }
-            self.feed_inputs();
+            if self.at_epoch_end {
+                self.feed_inputs();
+            }
             match exit {
                 None => {
                     // Paused: nothing runs until a command or an event comes.
@@ -213,6 +228,56 @@ impl Live {
                 }
             }
         }
+    }
+
+    fn epoch_mode(&self) -> Option<EpochMode> {
+        self.protection.as_ref().and_then(|p| p.epochs.as_ref()).map(|e| e.mode)
+    }
+
+    fn run_target(&self) -> u64 {
+        let chunk_end = self.m.icount() + CHUNK;
+        match self.epoch_mode() {
+            Some(mode) => chunk_end.min(mode.next_end(self.m.icount())),
+            None => chunk_end,
+        }
+    }
+
+    /// In epoch mode, after a run: whether it stopped at an epoch end, and
+    /// if so, delivers the inputs buffered during the epoch (P2).
+    fn note_epoch_end(&mut self, exit: &RunExit) {
+        let Some(mode) = self.epoch_mode() else { return };
+        self.at_epoch_end = mode.is_end(self.m.icount(), exit);
+        if self.at_epoch_end {
+            let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("epoch mode");
+            for ev in epochs.end(exit) {
+                self.inject(ev);
+            }
+        }
+    }
+
+    /// Before the machine runs on, closes the log's frame: in lockstep
+    /// when anything was logged (or for a keep-alive), in epoch mode at
+    /// every epoch end, with its end mark. Under the original epoch
+    /// protocol the primary then waits for the backup to acknowledge it.
+    fn close_frame(&mut self) -> Result<(), String> {
+        let epochs = self.epoch_mode().is_some();
+        let waits = self.protection.as_ref().is_some_and(|p| p.waits_at_epoch_ends());
+        let Some(r) = &mut self.recorder else { return Ok(()) };
+        if !epochs {
+            return r.checkpoint(&mut self.m);
+        }
+        if !self.at_epoch_end || self.paused {
+            return Ok(());
+        }
+        r.end_epoch(&mut self.m)?;
+        if waits {
+            let channel = r.channel().expect("a protected VM logs to its backup");
+            let logged = r.logged();
+            // A failed backup ends the wait; its loss is handled with the
+            // host's events.
+            while !channel.wait_acked(logged, ACK_POLL) && channel.failure().is_none() {}
+        }
+        Ok(())
     }
 
     /// Every hart waits for an interrupt: sleep until the timer deadline
@@ -291,11 +356,17 @@ impl Live {
                         // into the log and no held output leaves.
                         self.recorder = None;
                     })?;
-                    // Alone now: no more log, outputs go out as they come.
+                    // Alone now: no more log, outputs go out as they come,
+                    // and inputs buffered for the epoch's end go in now.
+                    let deferred = p.epochs.as_mut().map(|e| e.take_deferred()).unwrap_or_default();
                     self.protection = None;
                     self.recorder = None;
                     self.opts.ft_alone = true;
+                    self.at_epoch_end = true;
                     self.io.dispatch(held);
+                    for ev in deferred {
+                        self.inject(ev);
+                    }
                 }
             }
         }
@@ -388,8 +459,14 @@ impl Live {
     }
 
     /// Every input goes through here: applied to the machine and, when
-    /// recording, logged at the instruction where it took effect.
+    /// recording, logged at the instruction where it took effect. Inside
+    /// an epoch it waits for the epoch's end instead (P1).
     fn inject(&mut self, ev: Event) {
+        if !self.at_epoch_end {
+            let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("inside an epoch");
+            epochs.defer(ev);
+            return;
+        }
         if let Some(r) = &mut self.recorder {
             r.event(self.m.icount(), &ev);
         }

@@ -151,13 +151,23 @@ impl Recorder {
     /// Called before the machine runs on: a digest when one is due, then
     /// a go-live point if anything was logged since the last one.
     pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
+        let quiet = self.keepalive.is_some_and(|k| self.last_frame.elapsed() >= k);
+        self.close_frame(m, quiet)
+    }
+
+    /// At the end of an epoch: a digest when one is due, then the epoch's
+    /// end mark ([end, E]), a go-live point, whatever the epoch logged.
+    pub fn end_epoch(&mut self, m: &mut Machine) -> Result<(), String> {
+        self.close_frame(m, true)
+    }
+
+    fn close_frame(&mut self, m: &mut Machine, always: bool) -> Result<(), String> {
         if m.time() >= self.next_digest {
             let d = m.state_digest();
             self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
             self.next_digest = m.time() + DIGEST_TICKS;
         }
-        let quiet = self.keepalive.is_some_and(|k| self.last_frame.elapsed() >= k);
-        if self.log.has_pending() || quiet {
+        if self.log.has_pending() || always {
             self.log.go_live(m.icount()).map_err(|e| self.write_error(e))?;
             self.last_frame = Instant::now();
         }

@@ -9,6 +9,7 @@
 //! a cut log, `--then-run` hands the machine over to live execution, which
 //! is what a backup does when it goes live.
 
+use crate::ft::epochs::EpochCheck;
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::record::{hex, parse_device};
 use crate::{console, control, live};
@@ -49,7 +50,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
     }
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
-    let outcome = replay_log(&mut reader, &mut m, &mut Regenerate, args.show_console, &mut replayed, |_| {})?;
+    let outcome = replay_log(&mut reader, &mut m, &mut Regenerate, args.show_console, &mut replayed, |_, _| {})?;
     let secs = started.elapsed().as_secs_f64();
     let digests = replayed.digests;
     match outcome {
@@ -117,18 +118,22 @@ impl ReplayIo for Regenerate {
 pub struct Replayed {
     /// State digests checked and matched.
     pub digests: u64,
+    /// In epoch mode: the check that every input falls on an epoch end.
+    pub epochs: Option<EpochCheck>,
 }
 
 /// Applies every record of `reader` to `m`, each at its instruction count;
-/// `progress` hears the instruction count after each. A divergence from
-/// the recording is an error.
+/// `progress` hears the instruction count after each, and that of the last
+/// go-live point received (the machine never runs past it: a record is
+/// handed out only with its whole frame). A divergence from the recording
+/// is an error.
 pub fn replay_log<R: std::io::Read>(
     reader: &mut LogReader<R>,
     m: &mut Machine,
     io: &mut dyn ReplayIo,
     show_console: bool,
     replayed: &mut Replayed,
-    mut progress: impl FnMut(u64),
+    mut progress: impl FnMut(u64, u64),
 ) -> Result<Outcome, String> {
     loop {
         let rec = match reader.next_record() {
@@ -140,9 +145,12 @@ pub fn replay_log<R: std::io::Read>(
             }
         };
         let powered_off = run_to(m, io, rec.icount, show_console)?;
-        progress(m.icount());
+        progress(m.icount(), reader.last_go_live());
         match rec.entry {
             Entry::Event(mut ev) => {
+                if let Some(check) = &mut replayed.epochs {
+                    check.input(m)?;
+                }
                 if let Event::Io { slot, completion } = &mut ev {
                     io.completion(*slot, completion)?;
                 }

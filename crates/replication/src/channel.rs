@@ -569,12 +569,14 @@ impl LogReceiver {
 
     /// The replaying VM reached `icount`.
     pub fn set_executed(&self, icount: u64) {
-        self.shared.executed.store(icount, Ordering::Relaxed);
+        // Release/Acquire: what the replay published before it (its last
+        // go-live point) is seen by whoever reads this.
+        self.shared.executed.store(icount, Ordering::Release);
     }
 
     /// How far the replaying VM has executed, as last set.
     pub fn executed(&self) -> u64 {
-        self.shared.executed.load(Ordering::Relaxed)
+        self.shared.executed.load(Ordering::Acquire)
     }
 
     pub fn received(&self) -> u64 {

@@ -7,6 +7,7 @@
 //! the VM's MAC from this host. On losing it halts.
 
 use super::backup_disks::BackupDisks;
+use super::epochs::{EpochCheck, EpochMode};
 use super::{disk_digest, header_disks, hostname, DiskPolicy, DiskSharing, PairArgs};
 use crate::control::{self, Command};
 use crate::record::hex;
@@ -18,6 +19,7 @@ use ftvm_replication::channel::{LogReceiver, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -118,6 +120,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             return Err("the machine built from the primary's header is not in its start state".into());
         }
         let policy = DiskPolicy::from_header(&header)?;
+        EpochMode::from_header(&header)?;
         let disks = backup_disk_paths(&header, &args.disks)?;
         if policy.sharing == DiskSharing::Separate {
             check_copies(&header, &disks)?;
@@ -136,19 +139,29 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         format!("refusing to follow the primary at {primary}: {e}")
     })?;
     let _ = generation.set(gen);
+    let received_end = Arc::new(AtomicU64::new(0));
     let status_socket = match &args.control {
-        Some(path) => Some(control::serve(path, replaying_status(receiver.clone(), gen))?),
+        Some(path) => {
+            let status = replaying_status(receiver.clone(), received_end.clone(), gen, mode_text(&header));
+            Some(control::serve(path, status)?)
+        }
         None => None,
     };
     receiver.ready();
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), replaying");
-    let mut replayed = Replayed::default();
+    let mode = EpochMode::from_header(&header).expect("checked before following");
+    let mut replayed = Replayed { digests: 0, epochs: mode.map(EpochCheck::new) };
     let r = receiver.clone();
     let io: &mut dyn replay::ReplayIo = match &mut local_disks {
         Some(d) => d,
         None => &mut replay::Regenerate,
     };
-    let outcome = replay::replay_log(&mut reader, &mut m, io, args.show_console, &mut replayed, |i| r.set_executed(i));
+    let outcome = replay::replay_log(&mut reader, &mut m, io, args.show_console, &mut replayed, |i, end| {
+        // The end first: status reads them the other way round, so it
+        // never shows the machine past the end it had.
+        received_end.store(end, Ordering::SeqCst);
+        r.set_executed(i)
+    });
     // Its locks go before the live VM opens the disks again.
     drop(local_disks);
     let outcome = match outcome {
@@ -163,10 +176,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     match outcome {
         Outcome::Ended(status) => {
             eprintln!(
-                "ftvm: the primary ended the VM ({}) at instruction {}; {} state checks matched; the backup stops",
+                "ftvm: the primary ended the VM ({}) at instruction {}; {} state checks matched{}; the backup stops",
                 status.map_or("stopped".to_string(), |s| format!("powered off with status {s}")),
                 m.icount(),
-                replayed.digests
+                replayed.digests,
+                epoch_summary(&replayed)
             );
             Ok(0)
         }
@@ -175,10 +189,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             match decided {
                 Some((Decision::GoLive(why), detected)) => {
                     eprintln!(
-                        "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched)",
+                        "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched{})",
                         m.icount(),
                         detected.elapsed().as_millis(),
-                        replayed.digests
+                        replayed.digests,
+                        epoch_summary(&replayed)
                     );
                     drop(status_socket);
                     let disks = disks.into_iter().map(|(_, p)| p).collect();
@@ -190,6 +205,20 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                 None => Err(format!("the primary's log is unusable: {e}; the backup stops")),
             }
         }
+    }
+}
+
+/// In epoch mode, what the check of the epoch rule saw.
+fn epoch_summary(replayed: &Replayed) -> String {
+    match &replayed.epochs {
+        Some(c) => format!(
+            "; {} inputs, each at an epoch end ({} at multiples of {}, {} where the guest idled)",
+            c.inputs,
+            c.inputs - c.at_idle,
+            c.mode.length,
+            c.at_idle
+        ),
+        None => String::new(),
     }
 }
 
@@ -224,7 +253,12 @@ fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Res
 
 /// The control socket's answers while the backup replays: only `status`
 /// (the VM is the primary's to stop, pause or snapshot).
-fn replaying_status(receiver: Arc<LogReceiver>, generation: u64) -> impl Fn(Command) -> String + Send + Sync {
+fn replaying_status(
+    receiver: Arc<LogReceiver>,
+    received_end: Arc<AtomicU64>,
+    generation: u64,
+    mode: String,
+) -> impl Fn(Command) -> String + Send + Sync {
     let rate = Mutex::new((Instant::now(), 0u64, 0.0f64));
     move |command| {
         if command != Command::Status {
@@ -236,14 +270,20 @@ fn replaying_status(receiver: Arc<LogReceiver>, generation: u64) -> impl Fn(Comm
             *rate = (Instant::now(), received, (received - rate.1) as f64 * 8.0 / dt / 1e6);
         }
         format!(
-            "ok {} icount={} role=backup primary={} generation={generation} log={:.3}Mbit/s received={received} buffered={}",
+            "ok {} icount={} last_end={} role=backup primary={} generation={generation} {mode} log={:.3}Mbit/s received={received} buffered={}",
             if receiver.failure().is_some() { "taking-over" } else { "replaying" },
             receiver.executed(),
+            received_end.load(Ordering::SeqCst),
             receiver.peer(),
             rate.2,
             receiver.buffered()
         )
     }
+}
+
+/// The replication mode as status shows it (checked before following).
+fn mode_text(header: &ftvm_replay::Header) -> String {
+    EpochMode::describe(EpochMode::from_header(header).ok().flatten())
 }
 
 /// `tap=NAME[,bridge=BR]`.

@@ -1,19 +1,22 @@
 //! `ftvm ft primary` and `ftvm ft backup`: lockstep fault tolerance after
-//! VMware FT. The primary runs the VM live and streams its replay log to
+//! VMware FT, or epochs after Bressoud & Schneider (`--mode epoch`). The primary runs the VM live and streams its replay log to
 //! the backup over the logging channel; the backup replays it as it comes
 //! and, when the primary is declared failed and it wins the arbiter, goes
 //! live at the last go-live point it received.
 //!
 //! This module owns the options and the setting up of a pair; `primary`
-//! what the live loop does under protection, `backup` the backup's run.
+//! what the live loop does under protection, `epochs` the epoch mode,
+//! `backup` the backup's run.
 
 pub mod backup;
 mod backup_disks;
+pub mod epochs;
 pub mod primary;
 
 use crate::record::Recorder;
 use crate::HostEvent;
 use clap::Args;
+use epochs::{EpochMode, EpochProtocol};
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
@@ -143,6 +146,16 @@ pub fn disk_digest(path: &Path) -> Result<String, String> {
     Ok(hasher.finalize().to_hex().to_string())
 }
 
+/// How the backup is kept in step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// VMware FT: each input is logged at the instruction where it arrives.
+    Lockstep,
+    /// Bressoud & Schneider: inputs wait for the end of an epoch of
+    /// --epoch-length instructions.
+    Epoch,
+}
+
 /// What `ftvm ft primary` adds to the run options.
 #[derive(Args, Clone)]
 pub struct PrimaryArgs {
@@ -166,8 +179,29 @@ pub struct PrimaryArgs {
     /// receiving their data in the log: less log, a slower backup (§4.2).
     #[arg(long)]
     pub backup_reads: bool,
+    /// lockstep: inputs delivered at the instruction they arrive (VMware
+    /// FT); epoch: inputs buffered and delivered at the end of each epoch
+    /// (Bressoud & Schneider).
+    #[arg(long, value_enum, default_value_t = Mode::Lockstep)]
+    pub mode: Mode,
+    /// With --mode epoch: instructions per epoch.
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub epoch_length: u64,
+    /// With --mode epoch: original waits for the backup's acknowledgement
+    /// at every epoch end (P2); revised only before an output leaves (§4.3).
+    #[arg(long, value_enum, default_value_t = EpochProtocol::Revised)]
+    pub epoch_protocol: EpochProtocol,
     #[command(flatten)]
     pub pair: PairArgs,
+}
+
+impl PrimaryArgs {
+    pub fn epoch_mode(&self) -> Result<Option<EpochMode>, String> {
+        match self.mode {
+            Mode::Lockstep => Ok(None),
+            Mode::Epoch => EpochMode::new(self.epoch_length, self.epoch_protocol).map(Some),
+        }
+    }
 }
 
 /// The shared disk a primary uses when given none: `disk.img` in the
@@ -195,6 +229,8 @@ pub fn start_primary(
 ) -> Result<(Recorder, Protection), String> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
+    let mode = args.epoch_mode()?;
+    EpochMode::to_header(mode, header);
     let disks = DiskPolicy { sharing: args.disk_sharing, backup_reads: args.backup_reads };
     disks.to_header(header);
     if disks.sharing == DiskSharing::Separate {
@@ -232,8 +268,12 @@ pub fn start_primary(
             None => format!("the backup at {} was not ready within {} s", args.backup, args.connect_wait),
         });
     }
-    let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold), disks);
-    eprintln!("ftvm: protected: the backup at {} receives the log", args.backup);
+    let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold), disks, mode);
+    eprintln!(
+        "ftvm: protected ({}): the backup at {} receives the log",
+        EpochMode::describe(mode).replace('_', " "),
+        args.backup
+    );
     Ok((recorder, protection))
 }
 

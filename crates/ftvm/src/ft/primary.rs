@@ -3,8 +3,12 @@
 //! releasing them as the backup acknowledges, the execution-lag feedback
 //! loop (§3.2), and what to do when the backup is declared failed (§2.3).
 //! Which requests are outputs depends on the disks (§4.1): a write to a
-//! shared disk is one, a write to this host's own copy is not.
+//! shared disk is one, a write to this host's own copy is not. In epoch
+//! mode it also owns the epochs (see `epochs`); under the original epoch
+//! protocol nothing is held, since every input was acknowledged before
+//! the primary delivered it.
 
+use super::epochs::{EpochMode, EpochProtocol, Epochs};
 use super::DiskPolicy;
 use ftvm_machine::{BlkOp, IoRequest};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
@@ -28,6 +32,8 @@ pub struct Protection {
     /// With the backup reading a shared disk itself (§4.2): reads it may
     /// not have performed yet, as (instruction count, slot, byte range).
     backup_reads: Vec<(u64, usize, std::ops::Range<u64>)>,
+    /// In epoch mode: the current epoch's buffered inputs and counts.
+    pub epochs: Option<Epochs>,
 }
 
 /// Whether a request changes the world outside the VM: a sent frame, or a
@@ -49,7 +55,13 @@ fn byte_range(op: &BlkOp) -> Option<std::ops::Range<u64>> {
 }
 
 impl Protection {
-    pub fn new(arbiter: Arbiter, me: String, lag_threshold: Duration, disks: DiskPolicy) -> Protection {
+    pub fn new(
+        arbiter: Arbiter,
+        me: String,
+        lag_threshold: Duration,
+        disks: DiskPolicy,
+        mode: Option<EpochMode>,
+    ) -> Protection {
         Protection {
             gate: OutputGate::default(),
             lag: LagMeter::default(),
@@ -61,7 +73,14 @@ impl Protection {
             rate: 0.0,
             disks,
             backup_reads: Vec::new(),
+            epochs: mode.map(Epochs::new),
         }
+    }
+
+    /// Whether the primary waits at each epoch end for the backup to
+    /// acknowledge everything sent (the original epoch protocol's P2).
+    pub fn waits_at_epoch_ends(&self) -> bool {
+        self.epochs.as_ref().is_some_and(|e| e.mode.protocol == EpochProtocol::Original)
     }
 
     /// The machine's new requests, made by instruction `icount`: outputs
@@ -84,7 +103,7 @@ impl Protection {
             {
                 self.backup_reads.push((icount, slot, byte_range(op).expect("a read")));
             }
-            if is_output(&req, self.disks) {
+            if is_output(&req, self.disks) && !self.waits_at_epoch_ends() {
                 // A write waits for the backup to have read what the
                 // guest read there before it (§4.2).
                 let after = match &req {
@@ -146,8 +165,12 @@ impl Protection {
             self.rate = (channel.sent() - self.rate_mark.1) as f64 * 8.0 / dt / 1e6;
             self.rate_mark = (now, channel.sent());
         }
+        let mode = match &self.epochs {
+            Some(e) => e.status(),
+            None => EpochMode::describe(None),
+        };
         format!(
-            "role=primary backup={} generation={} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}%",
+            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}%",
             channel.peer(),
             self.arbiter.generation(),
             self.disks.sharing.name(),

@@ -1,0 +1,244 @@
+//! Epoch mode (Bressoud & Schneider §2, §4.3): instead of delivering each
+//! input at the instruction where it arrived, as lockstep does, the
+//! primary cuts execution into epochs of exactly N instructions (the
+//! paper's recovery register is our instruction counter), buffers the
+//! inputs that arrive during an epoch and delivers them all at its end,
+//! where the log gets the epoch's inputs and its end mark ([end, E], a
+//! go-live point) as one frame.
+//!
+//! The original protocol (P2) waits at every epoch end for the backup to
+//! acknowledge everything sent before it delivers; the revised one (§4.3)
+//! waits only before an output leaves, which is the Output Rule.
+//!
+//! One departure from the paper: HP-UX's idle loop spun, so its epochs
+//! always ran to their length. A Linux guest waits in WFI, where no
+//! instruction retires and an epoch would never end; so an epoch also ends
+//! where every hart waits for an interrupt. That point is a function of
+//! the instruction stream too, so both replicas see it at the same
+//! instruction. The guest's timer needs no buffering either: it is part of
+//! the deterministic machine (its clock follows the instruction count and
+//! the logged clock events), where the paper's was the host's.
+
+use ftvm_machine::{Event, Machine, RunExit};
+use ftvm_replay::Header;
+
+/// Whether the primary waits for acknowledgements at every epoch end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EpochProtocol {
+    /// P2 as first published: wait at every epoch end; outputs then leave
+    /// at once.
+    Original,
+    /// §4.3: no wait at epoch ends; an output waits for the
+    /// acknowledgement of everything sent before it.
+    Revised,
+}
+
+impl EpochProtocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            EpochProtocol::Original => "original",
+            EpochProtocol::Revised => "revised",
+        }
+    }
+}
+
+/// Shortest and longest epochs accepted. Below the shortest the loop's
+/// own cost dwarfs the guest's; above the longest the primary could be
+/// silent for longer than a failure timeout (epoch ends are also its
+/// keep-alives), and the guest's inputs would wait that long.
+pub const MIN_LENGTH: u64 = 256;
+pub const MAX_LENGTH: u64 = 10_000_000;
+
+/// The epoch mode a pair runs in, as the log's header tells the backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochMode {
+    /// Instructions per epoch.
+    pub length: u64,
+    pub protocol: EpochProtocol,
+}
+
+impl EpochMode {
+    pub fn new(length: u64, protocol: EpochProtocol) -> Result<EpochMode, String> {
+        if !(MIN_LENGTH..=MAX_LENGTH).contains(&length) {
+            return Err(format!("--epoch-length {length} is out of range ({MIN_LENGTH} to {MAX_LENGTH} instructions)"));
+        }
+        Ok(EpochMode { length, protocol })
+    }
+
+    pub fn to_header(mode: Option<EpochMode>, h: &mut Header) {
+        match mode {
+            None => h.set("ft-mode", "lockstep"),
+            Some(e) => {
+                h.set("ft-mode", "epoch");
+                h.set("ft-epoch-length", e.length.to_string());
+                h.set("ft-epoch-protocol", e.protocol.name());
+            }
+        }
+    }
+
+    pub fn from_header(h: &Header) -> Result<Option<EpochMode>, String> {
+        match h.get("ft-mode") {
+            Some("lockstep") | None => Ok(None),
+            Some("epoch") => {
+                let length = h
+                    .get("ft-epoch-length")
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("the primary's epoch mode names no epoch length")?;
+                let protocol = match h.get("ft-epoch-protocol") {
+                    Some("original") => EpochProtocol::Original,
+                    Some("revised") => EpochProtocol::Revised,
+                    other => return Err(format!("unknown epoch protocol {other:?}")),
+                };
+                EpochMode::new(length, protocol).map(Some)
+            }
+            Some(other) => Err(format!("unknown replication mode '{other}'")),
+        }
+    }
+
+    /// How status shows it.
+    pub fn describe(mode: Option<EpochMode>) -> String {
+        match mode {
+            None => "mode=lockstep".into(),
+            Some(e) => format!("mode=epoch epoch_length={} protocol={}", e.length, e.protocol.name()),
+        }
+    }
+
+    /// The instruction count of the end of the epoch `icount` is in (an
+    /// epoch that starts at `icount` ends one length later).
+    pub fn next_end(self, icount: u64) -> u64 {
+        (icount / self.length + 1) * self.length
+    }
+
+    /// Whether the machine, stopped at its instruction count with `exit`,
+    /// stands at an epoch end.
+    pub fn is_end(self, icount: u64, exit: &RunExit) -> bool {
+        icount % self.length == 0 || matches!(exit, RunExit::Idle { .. })
+    }
+}
+
+/// The primary's epochs while it runs: inputs waiting for the end of the
+/// current epoch, and counts for status.
+pub struct Epochs {
+    pub mode: EpochMode,
+    deferred: Vec<Event>,
+    /// Epoch ends passed, and how many of them were idle ends.
+    pub ends: u64,
+    pub idle_ends: u64,
+    /// Inputs delivered at epoch ends.
+    pub delivered: u64,
+}
+
+impl Epochs {
+    pub fn new(mode: EpochMode) -> Epochs {
+        Epochs { mode, deferred: Vec::new(), ends: 0, idle_ends: 0, delivered: 0 }
+    }
+
+    /// Buffers an input that arrived inside an epoch (P1).
+    pub fn defer(&mut self, ev: Event) {
+        self.deferred.push(ev);
+    }
+
+    /// Notes an epoch end and hands out the inputs to deliver there (P2).
+    pub fn end(&mut self, exit: &RunExit) -> Vec<Event> {
+        self.ends += 1;
+        if matches!(exit, RunExit::Idle { .. }) {
+            self.idle_ends += 1;
+        }
+        self.delivered += self.deferred.len() as u64;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// The inputs still buffered, when epochs stop (the backup is lost).
+    pub fn take_deferred(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.deferred)
+    }
+
+    pub fn status(&self) -> String {
+        format!(
+            "{} epochs={} idle_ends={} inputs_delivered={} inputs_waiting={}",
+            EpochMode::describe(Some(self.mode)),
+            self.ends,
+            self.idle_ends,
+            self.delivered,
+            self.deferred.len()
+        )
+    }
+}
+
+/// The backup's check of the epoch rule while it replays: every input the
+/// log carries must fall on an epoch end, where the backup's machine is
+/// either at a multiple of the length or idle. A log that breaks it came
+/// from a primary that delivered inside an epoch.
+pub struct EpochCheck {
+    pub mode: EpochMode,
+    /// Inputs checked, and how many of them at idle ends.
+    pub inputs: u64,
+    pub at_idle: u64,
+}
+
+impl EpochCheck {
+    pub fn new(mode: EpochMode) -> EpochCheck {
+        EpochCheck { mode, inputs: 0, at_idle: 0 }
+    }
+
+    pub fn input(&mut self, m: &Machine) -> Result<(), String> {
+        self.inputs += 1;
+        let icount = m.icount();
+        if icount % self.mode.length == 0 {
+            return Ok(());
+        }
+        if m.harts().iter().all(|h| h.is_idle()) {
+            self.at_idle += 1;
+            return Ok(());
+        }
+        Err(format!(
+            "the primary delivered an input at instruction {icount}, inside epoch {} (length {}), with a hart running",
+            icount / self.mode.length,
+            self.mode.length
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_end_at_multiples_of_the_length_or_when_idle() {
+        let e = EpochMode::new(4096, EpochProtocol::Revised).unwrap();
+        assert_eq!(e.next_end(0), 4096);
+        assert_eq!(e.next_end(4095), 4096);
+        assert_eq!(e.next_end(4096), 8192);
+        assert!(e.is_end(8192, &RunExit::Reached));
+        assert!(!e.is_end(8191, &RunExit::Reached));
+        assert!(!e.is_end(8191, &RunExit::Io));
+        assert!(e.is_end(8191, &RunExit::Idle { wake_at: None }));
+    }
+
+    #[test]
+    fn lengths_out_of_range_are_refused_and_the_header_round_trips() {
+        assert!(EpochMode::new(100, EpochProtocol::Original).is_err());
+        assert!(EpochMode::new(MAX_LENGTH + 1, EpochProtocol::Original).is_err());
+        for mode in [None, Some(EpochMode::new(1024, EpochProtocol::Original).unwrap())] {
+            let mut h = Header::default();
+            EpochMode::to_header(mode, &mut h);
+            assert_eq!(EpochMode::from_header(&h).unwrap(), mode);
+        }
+        let mut h = Header::default();
+        h.set("ft-mode", "epoch");
+        h.set("ft-epoch-length", "1024");
+        h.set("ft-epoch-protocol", "sometimes");
+        assert!(EpochMode::from_header(&h).is_err());
+    }
+
+    #[test]
+    fn deferred_inputs_come_out_at_the_end_in_order() {
+        let mut e = Epochs::new(EpochMode::new(1024, EpochProtocol::Revised).unwrap());
+        e.defer(Event::ClockRate(1));
+        e.defer(Event::ClockRate(2));
+        let out = e.end(&RunExit::Reached);
+        assert!(matches!(out[..], [Event::ClockRate(1), Event::ClockRate(2)]));
+        assert!(e.end(&RunExit::Idle { wake_at: None }).is_empty());
+        assert_eq!((e.ends, e.idle_ends, e.delivered), (2, 1, 2));
+    }
+}
