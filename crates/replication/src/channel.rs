@@ -182,10 +182,21 @@ struct PrimaryShared {
     /// Bytes the writer gave us.
     written: AtomicU64,
     acked: AtomicU64,
+    /// Signalled when `acked` grows or the backup is declared failed, for
+    /// [`LogSender::wait_acked`]: a primary waiting at every epoch end
+    /// must wake within microseconds, not at the next poll.
+    ack_signal: (Mutex<()>, Condvar),
     backup_icount: AtomicU64,
     last_ack_us: AtomicU64,
     failed: Mutex<Option<Failure>>,
     stop: AtomicBool,
+}
+
+impl PrimaryShared {
+    fn signal_ack_waiters(&self) {
+        let _guard = self.ack_signal.0.lock().unwrap();
+        self.ack_signal.1.notify_all();
+    }
 }
 
 /// The primary's end. Implements [`Write`] for the log writer.
@@ -213,6 +224,7 @@ impl LogSender {
             sent: AtomicU64::new(0),
             written: AtomicU64::new(0),
             acked: AtomicU64::new(0),
+            ack_signal: (Mutex::new(()), Condvar::new()),
             backup_icount: AtomicU64::new(0),
             last_ack_us: AtomicU64::new(0),
             failed: Mutex::new(None),
@@ -221,7 +233,10 @@ impl LogSender {
         let events = Arc::new(events);
         let fail = {
             let (shared, events) = (shared.clone(), events.clone());
-            move |f: Failure| declare(&shared.failed, &shared.pipe, f, |f| events(PrimaryEvent::BackupLost(f)))
+            move |f: Failure| {
+                declare(&shared.failed, &shared.pipe, f, |f| events(PrimaryEvent::BackupLost(f)));
+                shared.signal_ack_waiters();
+            }
         };
         let fail = Arc::new(fail);
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -281,6 +296,7 @@ impl LogSender {
                         shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
                         shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
                         if received > shared.acked.fetch_max(received, Ordering::Relaxed) {
+                            shared.signal_ack_waiters();
                             events(PrimaryEvent::Acked);
                         }
                     }
@@ -353,13 +369,18 @@ impl LogSender {
     /// primary goes away.
     pub fn wait_acked(&self, total: u64, wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
-        while self.acked() < total {
-            if Instant::now() >= deadline || self.failure().is_some() {
+        let (lock, signal) = &self.shared.ack_signal;
+        let mut guard = lock.lock().unwrap();
+        loop {
+            if self.acked() >= total {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || self.failure().is_some() {
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            guard = signal.wait_timeout(guard, deadline - now).unwrap().0;
         }
-        true
     }
 }
 
