@@ -263,6 +263,9 @@ impl Live {
         let epochs = self.epoch_mode().is_some();
         let waits = self.protection.as_ref().is_some_and(|p| p.waits_at_epoch_ends());
         let Some(r) = &mut self.recorder else { return Ok(()) };
+        if let Some(channel) = r.channel() {
+            channel.send_if_due();
+        }
         if !epochs {
             return r.checkpoint(&mut self.m);
         }
@@ -307,6 +310,10 @@ impl Live {
             (w, _) => w,
         };
         let early = capped != wait;
+        // Nothing more comes to batch the log with while the guest sleeps.
+        if let Some(channel) = self.recorder.as_ref().and_then(|r| r.channel()) {
+            channel.send_now();
+        }
         let got = match capped {
             Some(d) => match events.recv_timeout(d) {
                 Ok(ev) => Some(ev),

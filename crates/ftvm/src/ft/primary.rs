@@ -122,6 +122,10 @@ impl Protection {
             }
         }
         let mut out = self.gate.release(channel.acked(), executed);
+        if self.gate.len() > 0 {
+            // Held outputs wait for this log: it goes out now (§3.5).
+            channel.send_now();
+        }
         out.extend(now);
         out
     }
