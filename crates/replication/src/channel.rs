@@ -807,6 +807,31 @@ mod tests {
     }
 
     #[test]
+    fn small_writes_wait_to_be_batched_until_sent_now_or_due() {
+        let (mut s, _prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+        // The sender thread parks first (until then it takes what it finds).
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(b"frame-1").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // Nothing asked for it and nothing followed: it waits.
+        assert_eq!(s.sent(), 0);
+        s.send_now();
+        let mut got = [0u8; 7];
+        r.pipe().read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"frame-1");
+        // Due after the delay: the next look sends it.
+        s.write_all(b"frame-2").unwrap();
+        std::thread::sleep(SEND_DELAY * 2);
+        s.send_if_due();
+        r.pipe().read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"frame-2");
+        // A large batch goes by itself.
+        s.write_all(&vec![7u8; SEND_BATCH as usize]).unwrap();
+        let mut big = vec![0u8; SEND_BATCH as usize];
+        r.pipe().read_exact(&mut big).unwrap();
+    }
+
+    #[test]
     fn bytes_arrive_in_order_and_are_acknowledged_on_receipt() {
         let (mut s, prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
