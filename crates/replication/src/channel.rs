@@ -701,14 +701,19 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
         // A full buffer stops the reading (the primary's buffer fills in
         // turn) but not the acknowledgements: a slow backup is not a dead one.
         let room = shared.pipe.room(timing.interval).min(buf.len());
+        let mut wake_replay = false;
         if room > 0 {
             match input.read(&mut buf[..room]) {
                 Ok(0) => return fail(Failure::Closed("end of stream".into())),
                 Ok(n) => {
                     shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                    if !shared.pipe.put(&buf[..n], true) {
+                    // The replay is woken after the acknowledgement is
+                    // written: woken first, it could take the core before
+                    // the primary, which may be waiting, hears from us.
+                    if !shared.pipe.put(&buf[..n], false) {
                         return;
                     }
+                    wake_replay = true;
                     shared.received.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
@@ -757,6 +762,9 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
             }
             acked = now;
             last_ack = Instant::now();
+        }
+        if wake_replay {
+            shared.pipe.wake_reader();
         }
     }
 }
