@@ -276,9 +276,13 @@ impl Live {
         if waits {
             let channel = r.channel().expect("a protected VM logs to its backup");
             let logged = r.logged();
+            let started = Instant::now();
             // A failed backup ends the wait; its loss is handled with the
             // host's events.
             while !channel.wait_acked(logged, ACK_POLL) && channel.failure().is_none() {}
+            if let Some(e) = self.protection.as_mut().and_then(|p| p.epochs.as_mut()) {
+                e.ack_wait += started.elapsed();
+            }
         }
         Ok(())
     }

@@ -21,6 +21,7 @@
 
 use ftvm_machine::{Event, Machine, RunExit};
 use ftvm_replay::Header;
+use std::time::Duration;
 
 /// Whether the primary waits for acknowledgements at every epoch end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -126,11 +127,14 @@ pub struct Epochs {
     pub idle_ends: u64,
     /// Inputs delivered at epoch ends.
     pub delivered: u64,
+    /// Under the original protocol: time spent waiting for the backup's
+    /// acknowledgement at epoch ends (what the protocol costs).
+    pub ack_wait: Duration,
 }
 
 impl Epochs {
     pub fn new(mode: EpochMode) -> Epochs {
-        Epochs { mode, deferred: Vec::new(), ends: 0, idle_ends: 0, delivered: 0 }
+        Epochs { mode, deferred: Vec::new(), ends: 0, idle_ends: 0, delivered: 0, ack_wait: Duration::ZERO }
     }
 
     /// Buffers an input that arrived inside an epoch (P1).
@@ -154,8 +158,16 @@ impl Epochs {
     }
 
     pub fn status(&self) -> String {
+        let waits = match self.mode.protocol {
+            EpochProtocol::Original => format!(
+                " ack_wait_total={}ms ack_wait_mean={}us",
+                self.ack_wait.as_millis(),
+                self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000
+            ),
+            EpochProtocol::Revised => String::new(),
+        };
         format!(
-            "{} epochs={} idle_ends={} inputs_delivered={} inputs_waiting={}",
+            "{} epochs={} idle_ends={} inputs_delivered={} inputs_waiting={}{waits}",
             EpochMode::describe(Some(self.mode)),
             self.ends,
             self.idle_ends,
