@@ -166,7 +166,48 @@ impl Machine {
         if self.board.has_io_requests() {
             return Err(MachineError("take the pending I/O requests before a snapshot".into()));
         }
-        Ok(crate::snapshot::encode_machine(&crate::snapshot::MachineParts {
+        Ok(crate::snapshot::encode_machine(&self.parts()))
+    }
+
+    /// A machine in exactly the state [`Machine::snapshot`] saved. I/O
+    /// that was in flight is reported by [`Machine::io_in_flight`] and must
+    /// be issued again by the host.
+    pub fn restore(bytes: &[u8]) -> Result<Machine, MachineError> {
+        let bad = |e: ftvm_devices::SnapshotError| MachineError(format!("machine state: {e}"));
+        let (d, ram) = crate::snapshot::decode_machine(bytes).map_err(bad)?;
+        Machine::assemble(d, ram)
+    }
+
+    /// The machine's state without the contents of its RAM: what a
+    /// checkpoint carries beside the pages written since the last one
+    /// ([`Machine::take_dirty_pages`]). As with [`Machine::snapshot`], the
+    /// pending I/O requests must be taken first.
+    pub fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
+        if self.board.has_io_requests() {
+            return Err(MachineError("take the pending I/O requests before a checkpoint".into()));
+        }
+        Ok(crate::snapshot::encode_state(&self.parts()))
+    }
+
+    /// The machine [`Machine::checkpoint_state`] saved, with `ram` holding
+    /// what its RAM held then. I/O in flight is issued again, as after
+    /// [`Machine::restore`].
+    pub fn from_checkpoint(state: &[u8], ram: GuestRam) -> Result<Machine, MachineError> {
+        let d = crate::snapshot::decode_state(state).map_err(|e| MachineError(format!("machine state: {e}")))?;
+        if (d.ram_base, d.ram_size) != (ram.base(), ram.size()) {
+            return Err(MachineError(format!(
+                "machine state wants {} MiB of RAM at {:#x}, given {} MiB at {:#x}",
+                d.ram_size >> 20,
+                d.ram_base,
+                ram.size() >> 20,
+                ram.base()
+            )));
+        }
+        Machine::assemble(d, ram)
+    }
+
+    fn parts(&self) -> crate::snapshot::MachineParts<'_> {
+        crate::snapshot::MachineParts {
             devices: &self.devices,
             ram: &self.ram,
             harts: self.harts.iter().map(|h| crate::snapshot::hart_bytes(&h.s)).collect(),
@@ -175,15 +216,11 @@ impl Machine {
             clock: self.clock.to_parts(),
             current: self.current as u64,
             quantum_left: self.quantum_left,
-        }))
+        }
     }
 
-    /// A machine in exactly the state [`Machine::snapshot`] saved. I/O
-    /// that was in flight is reported by [`Machine::io_in_flight`] and must
-    /// be issued again by the host.
-    pub fn restore(bytes: &[u8]) -> Result<Machine, MachineError> {
+    fn assemble(d: crate::snapshot::DecodedState, ram: GuestRam) -> Result<Machine, MachineError> {
         let bad = |e: ftvm_devices::SnapshotError| MachineError(format!("machine state: {e}"));
-        let d = crate::snapshot::decode_machine(bytes).map_err(bad)?;
         let nharts = d.harts.len();
         if nharts == 0 || nharts > 8 {
             return Err(MachineError(format!("machine state has {nharts} harts")));
@@ -208,7 +245,7 @@ impl Machine {
             last_ram_digest: [0; 8],
             devices: d.devices,
             harts,
-            ram: d.ram,
+            ram,
             board,
             clock: VirtualClock::from_parts(a, b, c),
             icount: d.icount,

@@ -22,20 +22,40 @@ pub(crate) struct MachineParts<'a> {
     pub quantum_left: u64,
 }
 
-/// The pieces of a machine, decoded and checked for internal consistency.
-pub(crate) struct DecodedMachine {
-    pub devices: Vec<DeviceSpec>,
-    pub ram: GuestRam,
-    pub harts: Vec<Vec<u8>>,
-    pub board: Vec<u8>,
-    pub icount: u64,
-    pub clock: (u64, u64, u64),
-    pub current: u64,
-    pub quantum_left: u64,
-}
+/// The machine without its RAM: what a checkpoint carries beside the
+/// pages that changed.
+const STATE_TAG: &[u8; 4] = b"MSTA";
+const STATE_VERSION: u32 = 1;
 
 pub(crate) fn encode_machine(m: &MachineParts) -> Vec<u8> {
     let mut w = SnapWriter::new(MACHINE_TAG, MACHINE_VERSION);
+    write_state(&mut w, m);
+    // RAM: a bitmap of the pages that are not all zero, then those pages.
+    // A guest uses a fraction of its RAM; zero pages cost one bit.
+    let bytes = m.ram.as_slice();
+    let pages = bytes.len() / PAGE_SIZE as usize;
+    let mut map = vec![0u8; pages.div_ceil(8)];
+    let mut data = Vec::new();
+    for (i, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
+        if page.iter().any(|&b| b != 0) {
+            map[i / 8] |= 1 << (i % 8);
+            data.extend_from_slice(page);
+        }
+    }
+    w.bytes(&map);
+    w.bytes(&data);
+    w.finish()
+}
+
+/// Everything of [`encode_machine`] but the RAM's contents (its place and
+/// size are kept, to check the RAM it is restored with).
+pub(crate) fn encode_state(m: &MachineParts) -> Vec<u8> {
+    let mut w = SnapWriter::new(STATE_TAG, STATE_VERSION);
+    write_state(&mut w, m);
+    w.finish()
+}
+
+fn write_state(w: &mut SnapWriter, m: &MachineParts) {
     w.u32(m.devices.len() as u32);
     for d in m.devices {
         match d {
@@ -59,30 +79,24 @@ pub(crate) fn encode_machine(m: &MachineParts) -> Vec<u8> {
     for v in [m.icount, m.clock.0, m.clock.1, m.clock.2, m.current, m.quantum_left] {
         w.u64(v);
     }
-    // RAM: a bitmap of the pages that are not all zero, then those pages.
-    // A guest uses a fraction of its RAM; zero pages cost one bit.
-    let bytes = m.ram.as_slice();
-    let pages = bytes.len() / PAGE_SIZE as usize;
-    let mut map = vec![0u8; pages.div_ceil(8)];
-    let mut data = Vec::new();
-    for (i, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
-        if page.iter().any(|&b| b != 0) {
-            map[i / 8] |= 1 << (i % 8);
-            data.extend_from_slice(page);
-        }
-    }
     w.u64(m.ram.base());
     w.u64(m.ram.size());
-    w.bytes(&map);
-    w.bytes(&data);
-    w.finish()
 }
 
-pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<DecodedMachine> {
-    let (mut r, version) = SnapReader::new(buf, MACHINE_TAG)?;
-    if version != MACHINE_VERSION {
-        return err(format!("machine state version {version}, expected {MACHINE_VERSION}"));
-    }
+/// The machine's state without RAM contents, decoded and checked.
+pub(crate) struct DecodedState {
+    pub devices: Vec<DeviceSpec>,
+    pub harts: Vec<Vec<u8>>,
+    pub board: Vec<u8>,
+    pub icount: u64,
+    pub clock: (u64, u64, u64),
+    pub current: u64,
+    pub quantum_left: u64,
+    pub ram_base: u64,
+    pub ram_size: u64,
+}
+
+fn read_state(r: &mut SnapReader) -> SnapResult<DecodedState> {
     let n = r.u32()?;
     if n as usize > crate::layout::VIRTIO_SLOTS {
         return err(format!("{n} virtio devices"));
@@ -117,10 +131,39 @@ pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<DecodedMachine> {
     if base != crate::layout::RAM_BASE || !(16 << 20..=64 << 30).contains(&size) || !size.is_multiple_of(PAGE_SIZE) {
         return err(format!("RAM of {size:#x} bytes at {base:#x}"));
     }
+    Ok(DecodedState {
+        devices,
+        harts,
+        board,
+        icount: v[0],
+        clock: (v[1], v[2], v[3]),
+        current: v[4],
+        quantum_left: v[5],
+        ram_base: base,
+        ram_size: size,
+    })
+}
+
+pub(crate) fn decode_state(buf: &[u8]) -> SnapResult<DecodedState> {
+    let (mut r, version) = SnapReader::new(buf, STATE_TAG)?;
+    if version != STATE_VERSION {
+        return err(format!("machine state version {version}, expected {STATE_VERSION}"));
+    }
+    let d = read_state(&mut r)?;
+    r.end()?;
+    Ok(d)
+}
+
+pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<(DecodedState, GuestRam)> {
+    let (mut r, version) = SnapReader::new(buf, MACHINE_TAG)?;
+    if version != MACHINE_VERSION {
+        return err(format!("machine state version {version}, expected {MACHINE_VERSION}"));
+    }
+    let d = read_state(&mut r)?;
     let map = r.bytes()?;
     let data = r.bytes()?;
     r.end()?;
-    let pages = (size / PAGE_SIZE) as usize;
+    let pages = (d.ram_size / PAGE_SIZE) as usize;
     if map.len() != pages.div_ceil(8) {
         return err("RAM page map has the wrong size");
     }
@@ -128,7 +171,7 @@ pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<DecodedMachine> {
     if data.len() != used * PAGE_SIZE as usize {
         return err("RAM page data does not match the page map");
     }
-    let mut ram = GuestRam::new(base, size);
+    let mut ram = GuestRam::new(d.ram_base, d.ram_size);
     let mem = ram.as_mut_slice_untracked();
     let mut chunks = data.chunks_exact(PAGE_SIZE as usize);
     for i in 0..pages {
@@ -137,16 +180,7 @@ pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<DecodedMachine> {
             mem[i * PAGE_SIZE as usize..(i + 1) * PAGE_SIZE as usize].copy_from_slice(page);
         }
     }
-    Ok(DecodedMachine {
-        devices,
-        ram,
-        harts,
-        board,
-        icount: v[0],
-        clock: (v[1], v[2], v[3]),
-        current: v[4],
-        quantum_left: v[5],
-    })
+    Ok((d, ram))
 }
 
 const HART_TAG: &[u8; 4] = b"HART";
