@@ -353,6 +353,11 @@ impl LogSender {
         self.peer
     }
 
+    /// A handle for other threads to follow this channel with.
+    pub fn watch(&self) -> SenderWatch {
+        SenderWatch { shared: self.shared.clone(), peer: self.peer }
+    }
+
     /// Bytes of log the backup has acknowledged receiving.
     pub fn acked(&self) -> u64 {
         self.shared.acked.load(Ordering::Relaxed)
@@ -408,6 +413,41 @@ impl LogSender {
             }
             guard = signal.wait_timeout(guard, deadline - now).unwrap().0;
         }
+    }
+}
+
+/// What another thread needs to know of a [`LogSender`] whose writing
+/// one thread owns: how far the backup has acknowledged, and whether it
+/// failed.
+#[derive(Clone)]
+pub struct SenderWatch {
+    shared: Arc<PrimaryShared>,
+    peer: SocketAddr,
+}
+
+impl SenderWatch {
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.shared.acked.load(Ordering::Relaxed)
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.shared.sent.load(Ordering::Relaxed)
+    }
+
+    pub fn written(&self) -> u64 {
+        self.shared.written.load(Ordering::Relaxed)
+    }
+
+    pub fn backup_icount(&self) -> u64 {
+        self.shared.backup_icount.load(Ordering::Relaxed)
+    }
+
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.failed.lock().unwrap().clone()
     }
 }
 

@@ -4,21 +4,26 @@
 //! - [`channel`]: the logging channel, a byte stream from primary to backup
 //!   with acknowledgements back, bounded buffers on both ends and failure
 //!   detection on its traffic;
+//! - [`checkpoint_stream`]: what checkpoint mode (Remus) sends instead of
+//!   a log: disk writes and whole checkpoints, in epoch order;
 //! - [`heartbeat`]: UDP heartbeats between the two hosts;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
 //!   one side go live;
 //! - [`output_rule`]: outputs held until the log that produced them is
 //!   acknowledged;
 //! - [`lag`]: the backup's execution lag, measured on the primary, and the
-//!   CPU-share feedback loop that bounds it.
+//!   CPU-share feedback loop that bounds it;
+//! - [`page_delta`]: checkpoint pages sent as XOR deltas or zstd (Remus §3.4).
 //!
 //! The program drives a machine with these; nothing here runs guest code.
 
 pub mod arbiter;
 pub mod channel;
+pub mod checkpoint_stream;
 pub mod heartbeat;
 pub mod lag;
 pub mod output_rule;
+pub mod page_delta;
 
 use std::time::Duration;
 

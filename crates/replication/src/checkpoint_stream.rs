@@ -1,0 +1,240 @@
+//! The checkpoint stream of checkpoint mode (Remus, ../../../shared/seeds/remus.txt
+//! §2.2, §2.5): what the primary sends the backup after the header, over
+//! the same channel the replay log uses. It knows nothing of the machine:
+//! a checkpoint's state and pages are opaque bytes here.
+//!
+//! ```text
+//! record: kind u8 | payload length u32 | crc32(payload) u32 | payload
+//! kind 1, a disk write of the epoch in progress:
+//!          slot u32 | offset u64 | data
+//! kind 2, the end of epoch `epoch`, its checkpoint:
+//!          epoch u64 | icount u64 | state length u32 | state | pages
+//! kind 3, the VM ended:   has status u8 | status u32
+//! ```
+//!
+//! Stream order is epoch order: the disk writes before checkpoint k were
+//! issued in epoch k, so the backup applies them when k commits and drops
+//! them if k never arrives whole. A checkpoint is whole when its record
+//! is: the reader hands out only complete records whose checksum matches.
+
+use std::io::{ErrorKind, Read, Write};
+
+const DISK_WRITE: u8 = 1;
+const CHECKPOINT: u8 = 2;
+const END: u8 = 3;
+/// Larger records are taken as corruption rather than allocated (a full
+/// first checkpoint of a large guest is the largest thing sent).
+pub const MAX_RECORD: u32 = 1 << 31;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    DiskWrite { slot: u32, offset: u64, data: Vec<u8> },
+    Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
+    End { status: Option<u32> },
+}
+
+/// Appends a record's bytes to `out` (one buffer, one write: the channel
+/// counts what an output waits for in whole records).
+pub fn encode(out: &mut Vec<u8>, r: &Record) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 9]);
+    let kind = match r {
+        Record::DiskWrite { slot, offset, data } => {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(data);
+            DISK_WRITE
+        }
+        Record::Checkpoint { epoch, icount, state, pages } => {
+            out.extend_from_slice(&epoch.to_le_bytes());
+            out.extend_from_slice(&icount.to_le_bytes());
+            out.extend_from_slice(&(state.len() as u32).to_le_bytes());
+            out.extend_from_slice(state);
+            out.extend_from_slice(pages);
+            CHECKPOINT
+        }
+        Record::End { status } => {
+            out.push(status.is_some() as u8);
+            out.extend_from_slice(&status.unwrap_or(0).to_le_bytes());
+            END
+        }
+    };
+    let payload_len = (out.len() - start - 9) as u32;
+    let crc = crc32fast::hash(&out[start + 9..]);
+    out[start] = kind;
+    out[start + 1..start + 5].copy_from_slice(&payload_len.to_le_bytes());
+    out[start + 5..start + 9].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Writes one record.
+pub fn write(out: &mut impl Write, r: &Record) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    encode(&mut buf, r);
+    out.write_all(&buf)
+}
+
+/// How reading stopped short of a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// The stream ended (cleanly between records, or inside one: an
+    /// incomplete record is discarded).
+    Cut,
+    /// The bytes are not a checkpoint stream.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Cut => f.write_str("the stream was cut"),
+            ReadError::Corrupt(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Reads records from a byte stream.
+pub struct Reader<R: Read> {
+    input: R,
+    /// Bytes of complete records read.
+    offset: u64,
+}
+
+impl<R: Read> Reader<R> {
+    pub fn new(input: R) -> Reader<R> {
+        Reader { input, offset: 0 }
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next complete record.
+    pub fn next_record(&mut self) -> Result<Record, ReadError> {
+        let mut head = [0u8; 9];
+        self.fill(&mut head)?;
+        let kind = head[0];
+        let len = u32::from_le_bytes(head[1..5].try_into().unwrap());
+        let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
+        if len > MAX_RECORD {
+            return Err(self.corrupt(format!("a record of {len} bytes")));
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.fill(&mut payload)?;
+        if crc32fast::hash(&payload) != crc {
+            return Err(self.corrupt("record checksum mismatch".into()));
+        }
+        let record = parse(kind, payload).map_err(|why| self.corrupt(why))?;
+        self.offset += 9 + len as u64;
+        Ok(record)
+    }
+
+    fn corrupt(&self, why: String) -> ReadError {
+        ReadError::Corrupt(format!("checkpoint stream at byte {}: {why}", self.offset))
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.input.read(&mut buf[got..]) {
+                Ok(0) => return Err(ReadError::Cut),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return Err(ReadError::Cut),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
+    let u32_at = |p: &[u8], at: usize| u32::from_le_bytes(p[at..at + 4].try_into().unwrap());
+    let u64_at = |p: &[u8], at: usize| u64::from_le_bytes(p[at..at + 8].try_into().unwrap());
+    match kind {
+        DISK_WRITE if p.len() >= 12 => {
+            let (slot, offset) = (u32_at(&p, 0), u64_at(&p, 4));
+            Ok(Record::DiskWrite { slot, offset, data: p.split_off(12) })
+        }
+        CHECKPOINT if p.len() >= 20 => {
+            let (epoch, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
+            if state_len > p.len() - 20 {
+                return Err(format!("checkpoint state of {state_len} bytes in a record of {}", p.len()));
+            }
+            let pages = p.split_off(20 + state_len);
+            Ok(Record::Checkpoint { epoch, icount, state: p.split_off(20), pages })
+        }
+        END if p.len() == 5 => Ok(Record::End { status: (p[0] != 0).then(|| u32_at(&p, 1)) }),
+        DISK_WRITE | CHECKPOINT | END => Err(format!("record of kind {kind} has {} bytes", p.len())),
+        _ => Err(format!("unknown record kind {kind}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Record> {
+        vec![
+            Record::DiskWrite { slot: 1, offset: 4096 * 7, data: vec![0xab; 1024] },
+            Record::Checkpoint { epoch: 3, icount: 123_456_789, state: b"state".to_vec(), pages: vec![9; 100] },
+            Record::Checkpoint { epoch: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
+            Record::End { status: Some(3) },
+            Record::End { status: None },
+        ]
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let mut buf = Vec::new();
+        for r in samples() {
+            write(&mut buf, &r).unwrap();
+        }
+        let mut reader = Reader::new(&buf[..]);
+        for r in samples() {
+            assert_eq!(reader.next_record().unwrap(), r);
+        }
+        assert_eq!(reader.offset(), buf.len() as u64);
+        assert_eq!(reader.next_record(), Err(ReadError::Cut));
+    }
+
+    #[test]
+    fn a_record_cut_anywhere_is_not_handed_out() {
+        let mut buf = Vec::new();
+        let all = samples();
+        write(&mut buf, &all[0]).unwrap();
+        let first = buf.len();
+        write(&mut buf, &all[1]).unwrap();
+        for cut in first..buf.len() {
+            let mut reader = Reader::new(&buf[..cut]);
+            assert_eq!(reader.next_record().unwrap(), all[0]);
+            assert_eq!(reader.next_record(), Err(ReadError::Cut), "cut at {cut}");
+            assert_eq!(reader.offset(), first as u64);
+        }
+    }
+
+    #[test]
+    fn corruption_is_found_not_trusted() {
+        let mut buf = Vec::new();
+        write(&mut buf, &samples()[1]).unwrap();
+        for i in 0..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x40;
+            match Reader::new(&bad[..]).next_record() {
+                Err(ReadError::Corrupt(_)) | Err(ReadError::Cut) => {}
+                Ok(r) => panic!("byte {i} flipped, yet read {r:?}"),
+            }
+        }
+        // A record of a kind nobody knows, with a good checksum.
+        let mut odd = vec![9u8, 1, 0, 0, 0];
+        odd.extend_from_slice(&crc32fast::hash(&[0]).to_le_bytes());
+        odd.push(0);
+        assert!(matches!(Reader::new(&odd[..]).next_record(), Err(ReadError::Corrupt(m)) if m.contains("kind 9")));
+        // A state longer than its record.
+        let mut payload = vec![0u8; 20];
+        payload[16..20].copy_from_slice(&100u32.to_le_bytes());
+        let mut lying = vec![CHECKPOINT];
+        lying.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        lying.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        lying.extend_from_slice(&payload);
+        assert!(matches!(Reader::new(&lying[..]).next_record(), Err(ReadError::Corrupt(_))));
+    }
+}
