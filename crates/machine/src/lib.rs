@@ -16,7 +16,7 @@ pub mod snapshot;
 pub mod snapshot_file;
 
 pub use digest::StateDigest;
-pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp};
+pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
 pub use ftvm_devices::{IoCompletion, IoRequest};
 pub use ftvm_memory::GuestRam;
 pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};

@@ -128,6 +128,12 @@ impl<W: Write> LogWriter<W> {
         Ok(self.out)
     }
 
+    /// The byte stream, for a stream that carries something else after
+    /// the header (checkpoint mode). Entries of an unsent frame are dropped.
+    pub fn into_sink(self) -> W {
+        self.out
+    }
+
     /// Where the log goes.
     pub fn sink(&self) -> &W {
         &self.out
@@ -218,6 +224,13 @@ impl<R: Read> LogReader<R> {
             }
             self.read_frame()?;
         }
+    }
+
+    /// The byte stream after what was read, for a stream that carries
+    /// something else after the header (checkpoint mode). Frames read
+    /// but not handed out are dropped.
+    pub fn into_input(self) -> R {
+        self.input
     }
 
     /// Instruction count of the last go-live point handed out.
