@@ -12,11 +12,14 @@
 //!
 //! Under epoch-mode protection the machine runs epoch by epoch: inputs
 //! that come inside an epoch wait for its end, where they are delivered
-//! and logged with the end mark (`ft::epochs`).
+//! and logged with the end mark (`ft::epochs`). Under checkpoint-mode
+//! protection the loop stops the machine every interval for a checkpoint
+//! and sent frames wait for theirs (`ft::checkpoint_primary`).
 
 use crate::console::{Input, RawTerminal};
 use crate::control::{Command, ControlRequest};
 use crate::exec::OutputFilter;
+use crate::ft::checkpoint_primary::Checkpointer;
 use crate::ft::epochs::EpochMode;
 use crate::ft::primary::Protection;
 use crate::host_io::{HostEvent, HostIo};
@@ -125,6 +128,8 @@ struct Live {
     /// With a backup: the Output Rule and lag control. Always with a
     /// recorder whose log goes to the backup.
     protection: Option<Protection>,
+    /// With a backup in checkpoint mode (never with a recorder).
+    checkpoints: Option<Checkpointer>,
     /// The guest powered off (rather than the user quitting).
     powered_off: bool,
     /// Inputs applied so far; an idle machine that just got one must run
@@ -142,6 +147,7 @@ pub fn run(
     opts: Options,
     recorder: Option<Recorder>,
     protection: Option<Protection>,
+    checkpoints: Option<Checkpointer>,
 ) -> Result<u32, String> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let mut live = Live {
@@ -156,6 +162,7 @@ pub fn run(
         opts,
         recorder,
         protection,
+        checkpoints,
         powered_off: false,
         injected: 0,
         at_epoch_end: true,
@@ -164,6 +171,11 @@ pub fn run(
     let again = live.m.io_in_flight();
     live.io.dispatch(again);
     let result = live.main_loop(&events);
+    if let Some(c) = live.checkpoints.take() {
+        let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
+        let last = c.finish(&mut live.m, status);
+        live.io.dispatch(last);
+    }
     // Writes the guest was told about must be on disk before we go.
     live.io.drain();
     if let Some(r) = live.recorder.take() {
@@ -189,6 +201,7 @@ impl Live {
             if exit.is_some() {
                 self.keep_share(busy);
             }
+            self.checkpoint_if_due()?;
             self.show_output();
             while let Ok(ev) = events.try_recv() {
                 if let Next::Exit(code) = self.handle(ev)? {
@@ -307,7 +320,12 @@ impl Live {
         let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
         // A protected VM wakes to show the backup it is alive (and to let
         // acknowledged outputs go, which the events also do).
-        let keepalive = self.protection.as_ref().map(|_| KEEPALIVE);
+        let keepalive = match &self.checkpoints {
+            // Checkpoints go on while the guest sleeps: they are what
+            // shows the backup the primary is alive.
+            Some(c) => Some(c.due().saturating_duration_since(Instant::now())),
+            None => self.protection.as_ref().map(|_| KEEPALIVE),
+        };
         let capped = match (wait, keepalive) {
             (Some(d), Some(k)) if k < d => Some(k),
             (None, Some(k)) => Some(k),
@@ -360,6 +378,13 @@ impl Live {
             HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
             HostEvent::Control(req) => return self.control(req),
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
+            HostEvent::Replication(PrimaryEvent::BackupLost(failure)) if self.checkpoints.is_some() => {
+                let c = self.checkpoints.as_mut().expect("checked");
+                let held = c.backup_lost(&failure)?;
+                self.checkpoints = None;
+                self.opts.ft_alone = true;
+                self.io.dispatch(held);
+            }
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
                 if let Some(p) = &mut self.protection {
                     let held = p.backup_lost(&failure).inspect_err(|_| {
@@ -387,15 +412,24 @@ impl Live {
     /// Hands requests to the host; under protection, outputs wait for the
     /// backup's acknowledgement of the log that produced them.
     fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
-        let out = match (&mut self.protection, &self.recorder) {
-            (Some(p), Some(r)) => {
+        let out = match (&mut self.protection, &self.recorder, &mut self.checkpoints) {
+            (Some(p), Some(r), _) => {
                 let channel = r.channel().expect("a protected VM logs to its backup");
                 p.gate(requests, r.logged(), self.m.icount(), channel)
             }
+            (_, _, Some(c)) => c.gate(requests),
             _ => requests,
         };
         if !out.is_empty() {
             self.io.dispatch(out);
+        }
+    }
+
+    /// In checkpoint mode: the checkpoint, when one is due.
+    fn checkpoint_if_due(&mut self) -> Result<(), String> {
+        match &mut self.checkpoints {
+            Some(c) if !self.paused && Instant::now() >= c.due() => c.checkpoint(&mut self.m),
+            _ => Ok(()),
         }
     }
 
@@ -413,8 +447,9 @@ impl Live {
     fn control(&mut self, req: ControlRequest) -> Result<Next, String> {
         let (reply, next) = match req.command {
             Command::Status => {
-                let ft = match (&mut self.protection, &self.recorder) {
-                    (Some(p), Some(r)) => p.status(r.channel().expect("protected")),
+                let ft = match (&mut self.protection, &self.recorder, &mut self.checkpoints) {
+                    (Some(p), Some(r), _) => p.status(r.channel().expect("protected")),
+                    (_, _, Some(c)) => c.status(),
                     _ if self.opts.ft_alone => "role=primary backup=none (unprotected)".to_string(),
                     _ => String::new(),
                 };

@@ -407,15 +407,18 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (events_tx, events) = std::sync::mpsc::channel();
     let mut recorder = None;
     let mut protection = None;
+    let mut checkpoints = None;
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
         match &target {
             Target::None => {}
             Target::File(path) => recorder = Some(record::Recorder::create(path, h)?),
-            Target::Backup(ft) => {
-                let (r, p) = ft::start_primary(ft, h, events_tx.clone())?;
-                recorder = Some(r);
-                protection = Some(p);
-            }
+            Target::Backup(ft) => match ft::start_primary(ft, h, events_tx.clone())? {
+                ft::Started::Replay(r, p) => {
+                    recorder = Some(r);
+                    protection = Some(p);
+                }
+                ft::Started::Checkpoints(c) => checkpoints = Some(c),
+            },
         }
         Ok(())
     };
@@ -423,8 +426,12 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         if args.restore.is_some() {
             return Err("a protected VM starts by booting; --restore is not supported with ftvm ft primary".into());
         }
-        if ft.disk_sharing == ft::DiskSharing::Separate && args.disks.is_empty() {
-            return Err("with --disk-sharing separate, name this host's copy of the disk with --disk".into());
+        if ft.disk_sharing()? == ft::DiskSharing::Separate && args.disks.is_empty() {
+            return Err(if ft.mode == ft::Mode::Checkpoint {
+                "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk".into()
+            } else {
+                "with --disk-sharing separate, name this host's copy of the disk with --disk".into()
+            });
         }
         // The disk lives on the shared storage, where the backup finds it.
         if args.disks.is_empty() && args.kernel.is_none() {
@@ -463,7 +470,8 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         }
     };
     // Replay checks digests of the pages written, so recording tracks them.
-    machine.set_dirty_tracking(args.dirty_tracking || recorder.is_some());
+    // Checkpoints carry the pages written since the last one.
+    machine.set_dirty_tracking(args.dirty_tracking || recorder.is_some() || checkpoints.is_some());
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
@@ -484,7 +492,7 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         paused: args.paused,
         ft_alone: false,
     };
-    live::run(machine, io, events, options, recorder, protection)
+    live::run(machine, io, events, options, recorder, protection, checkpoints)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

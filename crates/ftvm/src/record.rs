@@ -117,6 +117,15 @@ impl Recorder {
         self.log.bytes_written()
     }
 
+    /// The logging channel, given up by a recorder that wrote only the
+    /// header (checkpoint mode sends something else after it).
+    pub fn into_channel(self) -> Option<LogSender> {
+        match self.log.into_sink() {
+            Sink::Channel(c) => Some(c),
+            Sink::File(_) => None,
+        }
+    }
+
     /// The logging channel, when recording for a backup.
     pub fn channel(&self) -> Option<&LogSender> {
         match self.log.sink() {

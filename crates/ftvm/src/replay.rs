@@ -355,5 +355,5 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
         paused: false,
         ft_alone: setup.announce,
     };
-    live::run(m, io, events, opts, None, None)
+    live::run(m, io, events, opts, None, None, None)
 }

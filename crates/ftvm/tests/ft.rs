@@ -1,4 +1,5 @@
-//! Fault tolerance end to end (issues 5 and 6, lockstep and epoch mode):
+//! Fault tolerance end to end (issues 5, 6 and 7: lockstep, epoch and
+//! checkpoint mode):
 //! two hosts and a client as network namespaces on a switch (a bridge in a
 //! namespace of its own); each host bridges its TAP onto its uplink. The primary runs the
 //! default guest with redis, the backup replays it, and the tests fail
@@ -260,13 +261,22 @@ fn random_ms(max: u64) -> u64 {
 /// Writes keys, kills the primary at a random moment, and checks that
 /// the backup took over on the same connection with every acknowledged
 /// key.
-fn kill_primary_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) -> (usize, Vm) {
+fn kill_primary_and_check(site: &Site, s: &Scratch, primary: Vm, backup: Vm) -> (usize, Vm) {
+    kill_primary_and_check_as(site, s, primary, backup, "replaying")
+}
+
+/// [`kill_primary_and_check`], with the backup's status word before the
+/// kill (`replaying`, or `following` in checkpoint mode).
+fn kill_primary_and_check_as(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm, doing: &str) -> (usize, Vm) {
     let mut conn = redis_connection(site, &mut primary, &mut backup);
     let before = Duration::from_millis(2000 + random_ms(4000));
     let (n1, _) = write_keys(&mut conn, 0, before);
     // The backup tells what it is doing while it replays.
     let status = control(&s.path("backup.sock"), "status");
-    assert!(status.starts_with("ok replaying") && status.contains(" role=backup primary=10.201.0.1:"), "{status}");
+    assert!(
+        status.starts_with(&format!("ok {doing}")) && status.contains(" role=backup primary=10.201.0.1:"),
+        "{status}"
+    );
     kill9(&mut primary);
     let killed = Instant::now();
     let (n2, longest) = write_keys(&mut conn, n1, Duration::from_secs(8));
@@ -560,4 +570,54 @@ fn epoch_mode_revised_protocol_takes_over_with_every_acknowledged_write() {
 #[test]
 fn epoch_mode_original_protocol_takes_over_with_every_acknowledged_write() {
     epoch_failover("q", "epoch-original", "original");
+}
+
+/// Checkpoint mode (Remus): each host has its own copy of the disk; the
+/// backup commits checkpoints and goes live from the last one. Before the
+/// kill the primary's status shows checkpoints going at about the
+/// configured rate, compressed, and the backup committing them. After
+/// the failover the guest shuts redis down and powers off on the backup:
+/// its copy of the disk then passes `e2fsck -n` clean.
+#[test]
+fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
+    let site = Site::new("c");
+    let s = Scratch::new("ft-test", "checkpoint");
+    let (mine, theirs) = two_copies(&s);
+    let primary_args = ["--mode", "checkpoint", "--disk", &mine];
+    let extra = Extra { primary: &primary_args, backup: &["--disk", &theirs] };
+    let (mut primary, mut backup) = start_pair(&site, &s, REDIS, extra);
+    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    for i in 0..200 {
+        assert_eq!(command(&mut conn, &["SET", &format!("warmup{i}"), "x"]).unwrap(), "+OK");
+    }
+    assert_eq!(command(&mut conn, &["FLUSHALL"]).unwrap(), "+OK");
+    drop(conn);
+    let p = control(&s.path("primary.sock"), "status");
+    assert!(p.contains("mode=checkpoint interval=25ms"), "{p}");
+    let rate = p.split_whitespace().find_map(|f| f.strip_prefix("rate_overall=")).unwrap_or_else(|| panic!("{p}"));
+    let rate: f64 = rate.trim_end_matches("/s").parse().unwrap();
+    assert!((20.0..=41.0).contains(&rate), "checkpoints at {rate}/s for 40/s configured: {p}");
+    assert!(status_field(&p, "committed") > 10 && status_field(&p, "outputs_held_total") > 200, "{p}");
+    let b = control(&s.path("backup.sock"), "status");
+    assert!(b.starts_with("ok following committed=") && status_field(&b, "committed") > 10, "{b}");
+    eprintln!("primary: {p}\nbackup: {b}");
+    let (total, mut backup) = kill_primary_and_check_as(&site, &s, primary, backup, "following");
+    let live = backup.log().lines().find(|l| l.contains("going live")).unwrap_or("").to_string();
+    assert!(live.contains("going live from checkpoint"), "{live}");
+    // The guest ends cleanly on the backup: redis exits, the guest syncs,
+    // remounts its root read-only and powers off.
+    let mut conn = site.client.connect(&format!("{GUEST}:6379")).expect("redis on the backup");
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // The reply is the connection closing.
+    let _ = command(&mut conn, &["SHUTDOWN"]);
+    let status = wait_exit(&mut backup, Duration::from_secs(60));
+    assert!(status.success(), "the backup's VM ended with {status}: {}", backup.log());
+    let fsck = Command::new("e2fsck").args(["-fn", &theirs]).output().expect("e2fsck (e2fsprogs)");
+    assert!(
+        fsck.status.success(),
+        "e2fsck -fn of the backup's disk after the failover: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    eprintln!("{total} acknowledged keys; the backup's disk is clean after the failover");
 }

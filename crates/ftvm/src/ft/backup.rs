@@ -7,6 +7,7 @@
 //! the VM's MAC from this host. On losing it halts.
 
 use super::backup_disks::BackupDisks;
+use super::checkpoint_backup::{self, Committed, Disks as CheckpointDisks, Followed};
 use super::epochs::{EpochCheck, EpochMode};
 use super::{disk_digest, header_disks, hostname, DiskPolicy, DiskSharing, PairArgs};
 use crate::control::{self, Command};
@@ -113,6 +114,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         gen,
         timing.interval,
     )?);
+    if header.get("ft-mode") == Some("checkpoint") {
+        let pair = Pair { receiver, header, gen, generation, decision, primary, nets };
+        return follow_checkpoints(args, pair, reader.into_input());
+    }
     let follow = || -> Result<(ftvm_machine::Machine, Vec<(usize, PathBuf)>, Option<BackupDisks>), String> {
         let mut m = replay::machine_from_header(&header).map_err(|e| format!("the primary's log: {e}"))?;
         m.set_dirty_tracking(true);
@@ -142,7 +147,14 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let received_end = Arc::new(AtomicU64::new(0));
     let status_socket = match &args.control {
         Some(path) => {
-            let status = replaying_status(receiver.clone(), received_end.clone(), gen, mode_text(&header));
+            let (r, end) = (receiver.clone(), received_end.clone());
+            let progress = move || {
+                // The end first: set in the other order, status never shows
+                // the machine past the end it had.
+                let last_end = end.load(Ordering::SeqCst);
+                format!("replaying icount={} last_end={last_end}", r.executed())
+            };
+            let status = replaying_status(receiver.clone(), progress, gen, mode_text(&header));
             Some(control::serve(path, status)?)
         }
         None => None,
@@ -157,8 +169,6 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         None => &mut replay::Regenerate,
     };
     let outcome = replay::replay_log(&mut reader, &mut m, io, args.show_console, &mut replayed, |i, end| {
-        // The end first: status reads them the other way round, so it
-        // never shows the machine past the end it had.
         received_end.store(end, Ordering::SeqCst);
         r.set_executed(i)
     });
@@ -251,11 +261,12 @@ fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Res
     Ok(())
 }
 
-/// The control socket's answers while the backup replays: only `status`
-/// (the VM is the primary's to stop, pause or snapshot).
+/// The control socket's answers while the backup follows: only `status`
+/// (the VM is the primary's to stop, pause or snapshot). `progress` tells
+/// how far it is.
 fn replaying_status(
     receiver: Arc<LogReceiver>,
-    received_end: Arc<AtomicU64>,
+    progress: impl Fn() -> String + Send + Sync,
     generation: u64,
     mode: String,
 ) -> impl Fn(Command) -> String + Send + Sync {
@@ -269,11 +280,14 @@ fn replaying_status(
         if dt >= 0.5 {
             *rate = (Instant::now(), received, (received - rate.1) as f64 * 8.0 / dt / 1e6);
         }
+        let progress = progress();
+        let progress = if receiver.failure().is_some() {
+            progress.replacen("replaying", "taking-over", 1).replacen("following", "taking-over", 1)
+        } else {
+            progress
+        };
         format!(
-            "ok {} icount={} last_end={} role=backup primary={} generation={generation} {mode} log={:.3}Mbit/s received={received} buffered={}",
-            if receiver.failure().is_some() { "taking-over" } else { "replaying" },
-            receiver.executed(),
-            received_end.load(Ordering::SeqCst),
+            "ok {progress} role=backup primary={} generation={generation} {mode} log={:.3}Mbit/s received={received} buffered={}",
             receiver.peer(),
             rate.2,
             receiver.buffered()
@@ -297,4 +311,101 @@ fn parse_tap(s: &str) -> Result<(String, Option<String>), String> {
         }
     }
     Ok((name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?, bridge))
+}
+
+/// What a backup has once the primary's header is read.
+struct Pair {
+    receiver: Arc<LogReceiver>,
+    header: ftvm_replay::Header,
+    gen: u64,
+    generation: Arc<OnceLock<u64>>,
+    decision: Arc<Mutex<Option<(Decision, Instant)>>>,
+    primary: SocketAddr,
+    nets: Vec<(String, Option<String>)>,
+}
+
+/// Checkpoint mode (Remus): commits checkpoints as they come and, when
+/// the primary fails and the arbiter agrees, goes live from the last one.
+fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read) -> Result<u32, String> {
+    let Pair { receiver, header, gen, generation, decision, primary, nets } = pair;
+    let prepare = || -> Result<(Committed, CheckpointDisks, Vec<(usize, PathBuf)>), String> {
+        let ram = ram_size(&header)?;
+        if DiskPolicy::from_header(&header)?.sharing != DiskSharing::Separate {
+            return Err("checkpoint mode needs a copy of each disk on each host".into());
+        }
+        let disks = backup_disk_paths(&header, &args.disks)?;
+        check_copies(&header, &disks)?;
+        let paths: Vec<(usize, &std::path::Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+        Ok((Committed::new(ram), CheckpointDisks::open(&paths)?, disks))
+    };
+    let (mut held, mut files, disks) = prepare().map_err(|e| {
+        receiver.refuse(&e);
+        format!("refusing to follow the primary at {primary}: {e}")
+    })?;
+    let _ = generation.set(gen);
+    let committed = Arc::new(AtomicU64::new(0));
+    let status_socket = match &args.control {
+        Some(path) => {
+            let c = committed.clone();
+            let progress = move || format!("following committed={}", c.load(Ordering::Relaxed));
+            let mode = format!("mode=checkpoint interval={}ms", header.get("ft-interval-ms").unwrap_or("?"));
+            Some(control::serve(path, replaying_status(receiver.clone(), progress, gen, mode))?)
+        }
+        None => None,
+    };
+    receiver.ready();
+    eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), committing checkpoints");
+    let r = receiver.clone();
+    let outcome = checkpoint_backup::follow(stream, &mut held, &mut files, |c| {
+        committed.store(c.checkpoints, Ordering::Relaxed);
+        r.set_executed(c.checkpoints);
+    });
+    // Their locks go before the live VM opens the disks again.
+    drop(files);
+    let summary = |h: &Committed| format!("{} checkpoints committed, {} disk writes applied", h.checkpoints, h.writes);
+    match outcome {
+        Err(e) => {
+            receiver.end_log();
+            Err(format!("the backup cannot follow the primary: {e}"))
+        }
+        Ok(Followed::Ended(status)) => {
+            eprintln!(
+                "ftvm: the primary ended the VM ({}); {}; the backup stops",
+                status.map_or("stopped".to_string(), |s| format!("powered off with status {s}")),
+                summary(&held)
+            );
+            Ok(0)
+        }
+        Ok(Followed::Cut) => {
+            let decided = decision.lock().unwrap().take();
+            match decided {
+                Some((Decision::GoLive(why), detected)) => {
+                    eprintln!(
+                        "ftvm: going live from checkpoint {} at instruction {} ({why}; {}; {} ms after the failure was declared)",
+                        held.epoch,
+                        held.icount,
+                        summary(&held),
+                        detected.elapsed().as_millis()
+                    );
+                    let m = held.into_machine()?;
+                    drop(status_socket);
+                    let disks = disks.into_iter().map(|(_, p)| p).collect();
+                    let setup =
+                        LiveSetup { control: args.control.clone(), nets, disks, announce: true, console_input: false };
+                    replay::go_live(m, &header, &setup)
+                }
+                Some((Decision::Halt(why), _)) => Err(format!("halting: {why}")),
+                None => Err("the primary's checkpoint stream ended without a failure; the backup stops".into()),
+            }
+        }
+    }
+}
+
+/// The VM's RAM size, from the header's machine line.
+fn ram_size(header: &ftvm_replay::Header) -> Result<u64, String> {
+    header
+        .get("machine")
+        .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("ram=")))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "the primary's header gives no RAM size".to_string())
 }

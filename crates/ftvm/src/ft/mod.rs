@@ -1,15 +1,22 @@
 //! `ftvm ft primary` and `ftvm ft backup`: lockstep fault tolerance after
-//! VMware FT, or epochs after Bressoud & Schneider (`--mode epoch`). The primary runs the VM live and streams its replay log to
-//! the backup over the logging channel; the backup replays it as it comes
-//! and, when the primary is declared failed and it wins the arbiter, goes
-//! live at the last go-live point it received.
+//! VMware FT, epochs after Bressoud & Schneider (`--mode epoch`), or
+//! checkpoints after Remus (`--mode checkpoint`). In the replay modes the
+//! primary runs the VM live and streams its replay log to the backup over
+//! the logging channel; the backup replays it as it comes and, when the
+//! primary is declared failed and it wins the arbiter, goes live at the
+//! last go-live point it received. In checkpoint mode the same channel
+//! carries whole-VM checkpoints, and the backup goes live from the last
+//! one it committed.
 //!
 //! This module owns the options and the setting up of a pair; `primary`
-//! what the live loop does under protection, `epochs` the epoch mode,
-//! `backup` the backup's run.
+//! what the live loop does under replay protection, `epochs` the epoch
+//! mode, `checkpoint_primary` and `checkpoint_backup` the two sides of
+//! checkpoint mode, `backup` the backup's run.
 
 pub mod backup;
 mod backup_disks;
+mod checkpoint_backup;
+pub mod checkpoint_primary;
 pub mod epochs;
 pub mod primary;
 
@@ -154,6 +161,9 @@ pub enum Mode {
     /// Bressoud & Schneider: inputs wait for the end of an epoch of
     /// --epoch-length instructions.
     Epoch,
+    /// Remus: the backup does not execute; whole-VM checkpoints every
+    /// --interval, outputs held until their checkpoint is acknowledged.
+    Checkpoint,
 }
 
 /// What `ftvm ft primary` adds to the run options.
@@ -172,16 +182,17 @@ pub struct PrimaryArgs {
     /// shared: one disk on the shared storage, written by the primary
     /// alone under the Output Rule; separate: each host has its own copy
     /// (identical when protection starts, or it is refused) and the backup
-    /// performs the writes on its copy (VMware FT §4.1).
-    #[arg(long, value_enum, default_value_t = DiskSharing::Shared)]
-    pub disk_sharing: DiskSharing,
+    /// performs the writes on its copy (VMware FT §4.1). Default: shared;
+    /// checkpoint mode always uses separate disks (Remus §2.5).
+    #[arg(long, value_enum)]
+    pub disk_sharing: Option<DiskSharing>,
     /// The backup performs the guest's disk reads itself instead of
     /// receiving their data in the log: less log, a slower backup (§4.2).
     #[arg(long)]
     pub backup_reads: bool,
     /// lockstep: inputs delivered at the instruction they arrive (VMware
     /// FT); epoch: inputs buffered and delivered at the end of each epoch
-    /// (Bressoud & Schneider).
+    /// (Bressoud & Schneider); checkpoint: whole-VM checkpoints (Remus).
     #[arg(long, value_enum, default_value_t = Mode::Lockstep)]
     pub mode: Mode,
     /// With --mode epoch: instructions per epoch.
@@ -191,6 +202,10 @@ pub struct PrimaryArgs {
     /// at every epoch end (P2); revised only before an output leaves (§4.3).
     #[arg(long, value_enum, default_value_t = EpochProtocol::Revised)]
     pub epoch_protocol: EpochProtocol,
+    /// With --mode checkpoint: time between checkpoints, in milliseconds
+    /// (Remus: 25, i.e. 40 per second).
+    #[arg(long, value_name = "MS", default_value_t = 25)]
+    pub interval: u64,
     #[command(flatten)]
     pub pair: PairArgs,
 }
@@ -198,10 +213,37 @@ pub struct PrimaryArgs {
 impl PrimaryArgs {
     pub fn epoch_mode(&self) -> Result<Option<EpochMode>, String> {
         match self.mode {
-            Mode::Lockstep => Ok(None),
+            Mode::Lockstep | Mode::Checkpoint => Ok(None),
             Mode::Epoch => EpochMode::new(self.epoch_length, self.epoch_protocol).map(Some),
         }
     }
+
+    /// Where the disks live: checkpoint mode keeps a copy on each host.
+    pub fn disk_sharing(&self) -> Result<DiskSharing, String> {
+        match (self.mode, self.disk_sharing) {
+            (Mode::Checkpoint, Some(DiskSharing::Shared)) => {
+                Err("checkpoint mode keeps a copy of each disk on each host: --disk-sharing shared does not apply"
+                    .into())
+            }
+            (Mode::Checkpoint, _) => Ok(DiskSharing::Separate),
+            (_, sharing) => Ok(sharing.unwrap_or(DiskSharing::Shared)),
+        }
+    }
+
+    fn checkpoint_interval(&self) -> Result<Duration, String> {
+        if !(1..=10_000).contains(&self.interval) {
+            return Err(format!("--interval {} is out of range (1 to 10000 ms)", self.interval));
+        }
+        Ok(Duration::from_millis(self.interval))
+    }
+}
+
+/// What the live loop runs with on a protected primary.
+pub enum Started {
+    /// Lockstep or epochs: the log to the backup and the Output Rule.
+    Replay(Recorder, Protection),
+    /// Checkpoints.
+    Checkpoints(checkpoint_primary::Checkpointer),
 }
 
 /// The shared disk a primary uses when given none: `disk.img` in the
@@ -222,16 +264,26 @@ pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, St
 /// Connects to the backup and sets up the primary's half of the pair:
 /// a fresh generation at the arbiter, heartbeats, the logging channel
 /// (the header goes first), and the protection the live loop applies.
-pub fn start_primary(
-    args: &PrimaryArgs,
-    header: &mut Header,
-    events: Sender<HostEvent>,
-) -> Result<(Recorder, Protection), String> {
+pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<HostEvent>) -> Result<Started, String> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
     let mode = args.epoch_mode()?;
-    EpochMode::to_header(mode, header);
-    let disks = DiskPolicy { sharing: args.disk_sharing, backup_reads: args.backup_reads };
+    let interval = match args.mode {
+        Mode::Checkpoint => {
+            if args.backup_reads {
+                return Err("--backup-reads is for the replay modes: a checkpoint backup executes nothing".into());
+            }
+            let interval = args.checkpoint_interval()?;
+            header.set("ft-mode", "checkpoint");
+            header.set("ft-interval-ms", args.interval.to_string());
+            Some(interval)
+        }
+        _ => {
+            EpochMode::to_header(mode, header);
+            None
+        }
+    };
+    let disks = DiskPolicy { sharing: args.disk_sharing()?, backup_reads: args.backup_reads };
     disks.to_header(header);
     if disks.sharing == DiskSharing::Separate {
         // The backup refuses to follow unless its copies hash the same.
@@ -268,13 +320,24 @@ pub fn start_primary(
             None => format!("the backup at {} was not ready within {} s", args.backup, args.connect_wait),
         });
     }
+    if let Some(interval) = interval {
+        // After the header, the channel carries checkpoints, not a log.
+        let channel = recorder.into_channel().expect("a log to the backup");
+        let c = checkpoint_primary::Checkpointer::new(channel, interval, arbiter, me)?;
+        eprintln!(
+            "ftvm: protected (checkpoints every {} ms): the backup at {} receives them",
+            interval.as_millis(),
+            args.backup
+        );
+        return Ok(Started::Checkpoints(c));
+    }
     let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold), disks, mode);
     eprintln!(
         "ftvm: protected ({}): the backup at {} receives the log",
         EpochMode::describe(mode).replace('_', " "),
         args.backup
     );
-    Ok((recorder, protection))
+    Ok(Started::Replay(recorder, protection))
 }
 
 pub fn hostname() -> String {

@@ -1,0 +1,152 @@
+//! The backup's side of checkpoint mode (Remus, ../../../../shared/seeds/remus.txt
+//! §2.2, §2.5, §2.6): it never executes the guest. It keeps a copy of
+//! the VM's RAM and of its latest state, and commits each checkpoint as
+//! it arrives whole: its pages into the RAM copy, then the disk writes of
+//! its epoch onto this host's copy of each disk. The channel acknowledged
+//! the checkpoint's bytes on receipt, so the primary's held frames go as
+//! soon as the backup holds the checkpoint in memory; a backup that dies
+//! before committing it leaves nothing to take over anyway.
+//!
+//! When the stream is cut, an incomplete checkpoint and the disk writes
+//! after the last whole one are dropped: the VM goes live from the last
+//! committed checkpoint, with this host's disks exactly as they were then.
+
+use ftvm_host::{DiskImage, FileBackend};
+use ftvm_machine::layout::RAM_BASE;
+use ftvm_machine::BlockBackend;
+use ftvm_machine::{GuestRam, Machine};
+use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
+use ftvm_replication::page_delta::{self, PAGE_SIZE};
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+/// Largest machine state (without RAM) a checkpoint may unpack to.
+const MAX_STATE: usize = 64 << 20;
+
+/// What the backup holds: the last committed checkpoint.
+pub struct Committed {
+    pub ram: GuestRam,
+    /// The machine's state at the last commit; None before the first.
+    pub state: Option<Vec<u8>>,
+    pub epoch: u64,
+    pub icount: u64,
+    /// Checkpoints committed, and disk writes applied, so far.
+    pub checkpoints: u64,
+    pub writes: u64,
+}
+
+impl Committed {
+    pub fn new(ram_size: u64) -> Committed {
+        Committed {
+            ram: GuestRam::new(RAM_BASE, ram_size),
+            state: None,
+            epoch: 0,
+            icount: 0,
+            checkpoints: 0,
+            writes: 0,
+        }
+    }
+
+    /// The VM as of the last committed checkpoint.
+    pub fn into_machine(self) -> Result<Machine, String> {
+        let state = self.state.ok_or("no checkpoint was committed: there is nothing to take over")?;
+        Machine::from_checkpoint(&state, self.ram).map_err(|e| format!("the last checkpoint: {e}"))
+    }
+}
+
+/// This host's copies of the VM's disks, written at commits.
+pub struct Disks {
+    disks: HashMap<u32, (DiskImage, FileBackend)>,
+}
+
+impl Disks {
+    pub fn open(disks: &[(usize, &Path)]) -> Result<Disks, String> {
+        let mut open = HashMap::new();
+        for &(slot, path) in disks {
+            let image = DiskImage::open(path, false)?;
+            let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
+            open.insert(slot as u32, (image, backend));
+        }
+        Ok(Disks { disks: open })
+    }
+}
+
+/// How following the stream ended.
+pub enum Followed {
+    /// The primary ended the VM (with the guest's exit status, if it
+    /// powered off).
+    Ended(Option<u32>),
+    /// The stream was cut: the primary failed, or the backup stopped
+    /// listening.
+    Cut,
+}
+
+/// Follows the stream, committing each whole checkpoint; `committed(epoch)`
+/// is told of each. An error means the stream cannot be trusted: the
+/// backup must not go live from it.
+pub fn follow(
+    input: impl Read,
+    held: &mut Committed,
+    disks: &mut Disks,
+    mut on_commit: impl FnMut(&Committed),
+) -> Result<Followed, String> {
+    let mut reader = Reader::new(input);
+    // Disk writes of the epoch in progress, applied when it commits.
+    let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+    loop {
+        let record = match reader.next_record() {
+            Ok(r) => r,
+            Err(ReadError::Cut) => return Ok(Followed::Cut),
+            Err(ReadError::Corrupt(why)) => return Err(why),
+        };
+        match record {
+            Record::DiskWrite { slot, offset, data } => {
+                let Some((_, backend)) = disks.disks.get(&slot) else {
+                    return Err(format!("a disk write to slot {slot}, which holds no disk"));
+                };
+                if offset.checked_add(data.len() as u64).is_none_or(|end| end > backend.size()) {
+                    return Err(format!("a disk write past the end of the disk in slot {slot}"));
+                }
+                writes.push((slot, offset, data));
+            }
+            Record::Checkpoint { epoch, icount, state, pages } => {
+                if held.state.is_some() && epoch != held.epoch + 1 {
+                    return Err(format!("checkpoint {epoch} after checkpoint {}", held.epoch));
+                }
+                let state = zstd::bulk::decompress(&state, MAX_STATE)
+                    .map_err(|e| format!("checkpoint {epoch}: machine state: {e}"))?;
+                let pages = {
+                    let ram = held.ram.as_slice();
+                    let base_pfn = RAM_BASE / PAGE_SIZE as u64;
+                    page_delta::decode(&pages, |pfn| {
+                        let i = pfn.checked_sub(base_pfn)? as usize;
+                        ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
+                    })
+                    .map_err(|e| format!("checkpoint {epoch}: pages: {e}"))?
+                };
+                // Commit: everything was checked above, so nothing below
+                // leaves the copy half-updated.
+                let ram = held.ram.as_mut_slice_untracked();
+                let base_pfn = RAM_BASE / PAGE_SIZE as u64;
+                for (pfn, page) in pages {
+                    let i = (pfn - base_pfn) as usize;
+                    ram[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&page[..]);
+                }
+                for (slot, offset, data) in writes.drain(..) {
+                    let (image, backend) = disks.disks.get_mut(&slot).expect("checked on receipt");
+                    backend
+                        .write_at(offset, &data)
+                        .map_err(|e| format!("cannot write the backup's disk {}: {e}", image.path().display()))?;
+                    held.writes += 1;
+                }
+                held.state = Some(state);
+                held.epoch = epoch;
+                held.icount = icount;
+                held.checkpoints += 1;
+                on_commit(held);
+            }
+            Record::End { status } => return Ok(Followed::Ended(status)),
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The primary's side of checkpoint mode (Remus, ../../../../shared/seeds/remus.txt
+//! §2.2-§2.5), as the live loop sees it. Every interval the loop stops
+//! the machine at an instruction boundary and hands this module the
+//! checkpoint: the pages written since the last one are copied into a
+//! staging buffer with the machine's state, and the guest runs on at once
+//! (speculative execution) while a sender thread compresses the pages
+//! (`page_delta`) and writes the checkpoint into the channel.
+//!
+//! Output commit (§2.4): frames the guest sends during epoch k wait
+//! behind a barrier until the backup has acknowledged checkpoint k; they
+//! cost the guest nothing meanwhile (a sent frame needs no completion).
+//! Disk writes go to this host's copy at once and are mirrored into the
+//! stream, ahead of the checkpoint of their epoch (§2.5); the backup
+//! applies them when that checkpoint commits.
+//!
+//! Nothing here needs determinism: the backup never executes.
+
+use ftvm_machine::{BlkOp, IoRequest, Machine};
+use ftvm_replication::arbiter::{Arbiter, Verdict};
+use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
+use ftvm_replication::checkpoint_stream::{self as stream, Record};
+use ftvm_replication::output_rule::OutputGate;
+use ftvm_replication::page_delta::{DeltaStats, PageEncoder, PAGE_SIZE};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Pages of the last version sent that the sender remembers, to send the
+/// next version as a delta (Remus §3.4): 64 MiB, the working set of a
+/// busy guest between checkpoints with room to spare.
+const PAGE_CACHE: usize = 16384;
+/// Checkpoints (with the disk writes between them) staged but not yet
+/// written into the channel before the machine waits for the sender: the
+/// guest may run ahead of the backup by a few epochs, not without bound.
+const STAGED: usize = 3;
+/// How long an ending VM waits for the backup to acknowledge the end.
+const END_ACK_WAIT: Duration = Duration::from_secs(5);
+/// Pause times kept for the median and p99 in status.
+const PAUSES_KEPT: usize = 4096;
+
+enum Job {
+    Write { slot: u32, offset: u64, data: Vec<u8> },
+    Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pfns: Vec<u64>, pages: Vec<u8> },
+    End(Option<u32>),
+}
+
+/// What the sender thread reports back.
+#[derive(Default)]
+struct SenderReport {
+    /// (epoch, bytes of stream up to the end of its checkpoint), for the
+    /// checkpoints whose acknowledgement has not been seen yet.
+    ends: VecDeque<(u64, u64)>,
+    delta: DeltaStats,
+    /// Bytes of the checkpoint records written (pages and state).
+    checkpoint_bytes: u64,
+    checkpoints: u64,
+}
+
+pub struct Checkpointer {
+    interval: Duration,
+    due: Instant,
+    /// The epoch in progress: its checkpoint will carry this number.
+    epoch: u64,
+    /// Frames sent during the epoch in progress.
+    this_epoch: Vec<(usize, IoRequest)>,
+    /// Frames of finished epochs, tagged with the epoch count that must be
+    /// acknowledged (k + 1 for epoch k).
+    gate: OutputGate<(usize, IoRequest)>,
+    /// Epochs whose checkpoints the backup has acknowledged.
+    acked_epochs: u64,
+    jobs: SyncSender<Job>,
+    report: Arc<Mutex<SenderReport>>,
+    /// Staging buffers the sender is done with, to use again.
+    spare: Receiver<Vec<u8>>,
+    ended: Receiver<()>,
+    watch: SenderWatch,
+    arbiter: Arbiter,
+    me: String,
+    pauses: VecDeque<Duration>,
+    dirty: VecDeque<usize>,
+    started: Instant,
+    rate_mark: (Instant, u64),
+    rate: f64,
+}
+
+impl Checkpointer {
+    /// Starts the sender thread on `channel` (the header already written).
+    pub fn new(channel: LogSender, interval: Duration, arbiter: Arbiter, me: String) -> Result<Checkpointer, String> {
+        let (jobs, rx) = mpsc::sync_channel::<Job>(STAGED);
+        let (spare_tx, spare) = mpsc::channel();
+        let (ended_tx, ended) = mpsc::channel();
+        let report = Arc::new(Mutex::new(SenderReport::default()));
+        let watch = channel.watch();
+        {
+            let report = report.clone();
+            std::thread::Builder::new()
+                .name("ft-checkpoint-send".into())
+                .spawn(move || send_loop(channel, rx, report, spare_tx, ended_tx))
+                .map_err(|e| format!("checkpoint sender: {e}"))?;
+        }
+        Ok(Checkpointer {
+            interval,
+            due: Instant::now(),
+            epoch: 0,
+            this_epoch: Vec::new(),
+            gate: OutputGate::default(),
+            acked_epochs: 0,
+            jobs,
+            report,
+            spare,
+            ended,
+            watch,
+            arbiter,
+            me,
+            pauses: VecDeque::new(),
+            dirty: VecDeque::new(),
+            started: Instant::now(),
+            rate_mark: (Instant::now(), 0),
+            rate: 0.0,
+        })
+    }
+
+    /// When the next checkpoint is due.
+    pub fn due(&self) -> Instant {
+        self.due
+    }
+
+    /// The machine's new requests: frames wait for the end of their epoch
+    /// and its acknowledgement, disk writes are mirrored to the backup;
+    /// the rest, and what the acknowledgements let go, are returned.
+    pub fn gate(&mut self, requests: Vec<(usize, IoRequest)>) -> Vec<(usize, IoRequest)> {
+        let mut now = Vec::new();
+        for (slot, req) in requests {
+            match &req {
+                IoRequest::NetTx { .. } => {
+                    self.this_epoch.push((slot, req));
+                    continue;
+                }
+                IoRequest::Disk { op: BlkOp::Write { offset, data }, .. } => {
+                    let job = Job::Write { slot: slot as u32, offset: *offset, data: data.clone() };
+                    // A sender that stopped is a lost backup, reported by
+                    // its own event.
+                    let _ = self.jobs.send(job);
+                }
+                _ => {}
+            }
+            now.push((slot, req));
+        }
+        let mut out = self.release();
+        out.extend(now);
+        out
+    }
+
+    /// Frames whose checkpoints the backup has acknowledged.
+    fn release(&mut self) -> Vec<(usize, IoRequest)> {
+        let acked = self.watch.acked();
+        {
+            let mut r = self.report.lock().unwrap();
+            while let Some(&(epoch, end)) = r.ends.front() {
+                if end > acked {
+                    break;
+                }
+                self.acked_epochs = epoch + 1;
+                r.ends.pop_front();
+            }
+        }
+        self.gate.release(self.acked_epochs, 0)
+    }
+
+    /// Ends the epoch in progress with its checkpoint: the machine is
+    /// stopped at an instruction boundary with its requests taken. The
+    /// first checkpoint carries every page that is not zero.
+    pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
+        let t0 = Instant::now();
+        let dirty = m.take_dirty_pages();
+        let base_pfn = m.ram().base() / PAGE_SIZE as u64;
+        let ram = m.ram().as_slice();
+        let page = PAGE_SIZE;
+        let pfns: Vec<u64> = if self.epoch == 0 {
+            let zero = [0u8; PAGE_SIZE];
+            ram.chunks_exact(page)
+                .enumerate()
+                .filter(|(_, p)| *p != zero.as_slice())
+                .map(|(i, _)| base_pfn + i as u64)
+                .collect()
+        } else {
+            dirty
+        };
+        let mut pages = self.spare.try_recv().unwrap_or_default();
+        pages.clear();
+        pages.reserve(pfns.len() * page);
+        for &pfn in &pfns {
+            let off = ((pfn - base_pfn) as usize) * page;
+            pages.extend_from_slice(&ram[off..off + page]);
+        }
+        let state = m.checkpoint_state().map_err(|e| format!("checkpoint: {e}"))?;
+        let pause = t0.elapsed();
+        let n = pfns.len();
+        let _ = self.jobs.send(Job::Checkpoint { epoch: self.epoch, icount: m.icount(), state, pfns, pages });
+        // The wait for a busy sender is part of the pause the guest sees.
+        let pause = pause.max(t0.elapsed());
+        for out in self.this_epoch.drain(..) {
+            self.gate.hold(self.epoch + 1, out);
+        }
+        self.epoch += 1;
+        self.due = Instant::now() + self.interval;
+        if self.pauses.len() == PAUSES_KEPT {
+            self.pauses.pop_front();
+            self.dirty.pop_front();
+        }
+        self.pauses.push_back(pause);
+        self.dirty.push_back(n);
+        Ok(())
+    }
+
+    /// The VM ends: a last checkpoint (the outputs of the last epoch wait
+    /// for it), the end mark, and its acknowledgement, so the backup does
+    /// not take the primary's exit for a failure. Returns what may leave.
+    pub fn finish(mut self, m: &mut Machine, status: Option<u32>) -> Vec<(usize, IoRequest)> {
+        if self.watch.failure().is_none() {
+            if let Err(e) = self.checkpoint(m) {
+                eprintln!("ftvm: {e}");
+            }
+            let _ = self.jobs.send(Job::End(status));
+            if self.ended.recv_timeout(END_ACK_WAIT).is_err() {
+                eprintln!("ftvm: the backup did not acknowledge the end of the VM");
+                return Vec::new();
+            }
+        }
+        let mut out = self.release();
+        // Acknowledged or not, an ending VM's last frames go: the backup
+        // saw the end, or is gone.
+        out.extend(self.gate.release_all());
+        out
+    }
+
+    /// The backup is declared failed: win the test-and-set and go on alone
+    /// with every held frame, or halt because the backup went live first.
+    pub fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<(usize, IoRequest)>, String> {
+        eprintln!("ftvm: the backup is declared failed: {failure}");
+        match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
+            Verdict::Won => {
+                let mut out = self.gate.release_all();
+                out.append(&mut self.this_epoch);
+                eprintln!(
+                    "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
+                    self.arbiter.generation(),
+                    out.len()
+                );
+                Ok(out)
+            }
+            Verdict::Lost(who) => Err(format!(
+                "halting: {who} went live for generation {} (the backup took over)",
+                self.arbiter.generation()
+            )),
+        }
+    }
+
+    /// Status fields for the control socket: configured and achieved
+    /// rates, pause times against pages dirtied, bytes per checkpoint,
+    /// compression, outputs held.
+    pub fn status(&mut self) -> String {
+        let r = self.report.lock().unwrap();
+        let now = Instant::now();
+        let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
+        if dt >= 0.5 {
+            self.rate = (self.epoch - self.rate_mark.1) as f64 / dt;
+            self.rate_mark = (now, self.epoch);
+        }
+        let mut sorted: Vec<Duration> = self.pauses.iter().copied().collect();
+        sorted.sort();
+        let pct = |p: f64| sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default();
+        let mut dirty: Vec<usize> = self.dirty.iter().copied().collect();
+        dirty.sort();
+        let dirty_median = dirty.get(dirty.len() / 2).copied().unwrap_or(0);
+        format!(
+            "role=primary backup={} generation={} mode=checkpoint interval={}ms checkpoints={} rate={:.2}/s \
+             rate_overall={:.2}/s committed={} pause_median={}us pause_p99={}us dirty_median={} \
+             bytes_per_checkpoint={} compression={:.2} log_bytes={} acked={} held={} outputs_held_total={}",
+            self.watch.peer(),
+            self.arbiter.generation(),
+            self.interval.as_millis(),
+            self.epoch,
+            self.rate,
+            self.epoch as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            self.acked_epochs,
+            pct(0.5).as_micros(),
+            pct(0.99).as_micros(),
+            dirty_median,
+            r.checkpoint_bytes / r.checkpoints.max(1),
+            r.delta.ratio(),
+            self.watch.sent(),
+            self.watch.acked(),
+            self.gate.len() + self.this_epoch.len(),
+            self.gate.total_held() + self.this_epoch.len() as u64
+        )
+    }
+}
+
+/// The sender thread: compresses and writes what the machine's thread
+/// staged, in order, and notes where each checkpoint ends in the stream.
+fn send_loop(
+    mut channel: LogSender,
+    jobs: Receiver<Job>,
+    report: Arc<Mutex<SenderReport>>,
+    spare: mpsc::Sender<Vec<u8>>,
+    ended: mpsc::Sender<()>,
+) {
+    let mut encoder = PageEncoder::new(PAGE_CACHE);
+    let mut buf = Vec::new();
+    while let Ok(job) = jobs.recv() {
+        buf.clear();
+        match job {
+            Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
+            Job::Checkpoint { epoch, icount, state, pfns, pages } => {
+                let blob = encoder.encode(&pfns, &pages);
+                let _ = spare.send(pages);
+                // The state is mostly device rings and registers that
+                // barely change: zstd takes it to a fraction.
+                let state = zstd::bulk::compress(&state, 1).expect("zstd compresses in memory");
+                stream::encode(&mut buf, &Record::Checkpoint { epoch, icount, state, pages: blob });
+                if channel.write_all(&buf).is_err() {
+                    return;
+                }
+                channel.send_now();
+                let mut r = report.lock().unwrap();
+                r.ends.push_back((epoch, channel.written()));
+                r.delta = encoder.stats();
+                r.checkpoint_bytes += buf.len() as u64;
+                r.checkpoints += 1;
+                continue;
+            }
+            Job::End(status) => {
+                stream::encode(&mut buf, &Record::End { status });
+                if channel.write_all(&buf).is_err() {
+                    return;
+                }
+                if channel.wait_acked(channel.written(), END_ACK_WAIT) {
+                    let _ = ended.send(());
+                }
+                return;
+            }
+        }
+        if channel.write_all(&buf).is_err() {
+            return;
+        }
+    }
+}
