@@ -376,7 +376,13 @@ fn separate_disks_that_differ_are_refused_before_the_vm_starts() {
 
 #[test]
 fn backup_killed_primary_carries_on_unprotected() {
-    let (site, s, mut primary, mut backup) = protected_vm("b", "kill-backup", REDIS, Extra::default());
+    let (site, s, primary, backup) = protected_vm("b", "kill-backup", REDIS, Extra::default());
+    kill_backup_and_check(&site, &s, primary, backup);
+}
+
+/// Writes keys, kills the backup at a random moment, and checks that the
+/// primary carried on alone, pausing no longer than the timeout.
+fn kill_backup_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) {
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
     kill9(&mut backup);
@@ -398,11 +404,18 @@ fn backup_killed_primary_carries_on_unprotected() {
 
 #[test]
 fn cutting_the_link_leaves_exactly_one_vm_live() {
-    let (site, _s, mut primary, mut backup) = protected_vm("c", "cut-link", "sleep 100000", Extra::default());
-    wait_for_line(&mut backup, "replaying", Duration::from_secs(60));
+    let (site, _s, primary, backup) = protected_vm("c", "cut-link", "sleep 100000", Extra::default());
+    cut_link_and_check(&site, primary, backup, "replaying");
+}
+
+/// Once the backup says it is `following`, cuts the link between the
+/// hosts and checks that exactly one VM stays live.
+fn cut_link_and_check(site: &Site, mut primary: Vm, mut backup: Vm, following: &str) {
+    wait_for_line(&mut backup, following, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(1000 + random_ms(4000)));
-    primary.assert_running();
-    backup.assert_running();
+    if primary.child.try_wait().unwrap().is_some() || backup.child.try_wait().unwrap().is_some() {
+        panic!("a side stopped before the cut; primary:\n{}\nbackup:\n{}", primary.log(), backup.log());
+    }
     site.cut_backup_link();
     // Both declare the other failed after the timeout and race to the
     // arbiter; the loser halts.
@@ -434,15 +447,25 @@ fn cutting_the_link_leaves_exactly_one_vm_live() {
     );
 }
 
+/// How long the output tests make the backup hold each acknowledgement.
+const ACK_DELAY: Duration = Duration::from_millis(400);
+
 #[test]
 fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
     // The backup holds every acknowledgement back: a reply the guest
     // makes to a request cannot reach the primary's TAP sooner than that
     // after the request did, since the request is in the log before it.
-    let delay = Duration::from_millis(400);
-    let ms = delay.as_millis().to_string();
-    let (site, s, mut primary, mut backup) =
+    let ms = ACK_DELAY.as_millis().to_string();
+    let (site, s, primary, backup) =
         protected_vm("o", "output-rule", REDIS, Extra { backup: &["--ack-delay", &ms], ..Default::default() });
+    outputs_held_and_check(&site, &s, primary, backup);
+}
+
+/// With the backup holding each acknowledgement [`ACK_DELAY`], checks on
+/// the primary's TAP that no reply left sooner than that after its
+/// request, while the VM ran on and status showed the replies held.
+fn outputs_held_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) {
+    let delay = ACK_DELAY;
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let capture = Capture::start(&site.primary, "t0");
     let requests = 8;
@@ -580,7 +603,7 @@ fn epoch_mode_original_protocol_takes_over_with_every_acknowledged_write() {
 /// its copy of the disk then passes `e2fsck -n` clean.
 #[test]
 fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
-    let site = Site::new("c");
+    let site = Site::new("h");
     let s = Scratch::new("ft-test", "checkpoint");
     let (mine, theirs) = two_copies(&s);
     let primary_args = ["--mode", "checkpoint", "--disk", &mine];
@@ -620,4 +643,38 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
         String::from_utf8_lossy(&fsck.stderr)
     );
     eprintln!("{total} acknowledged keys; the backup's disk is clean after the failover");
+}
+
+/// A checkpoint-mode pair on its own site, each host with its own copy
+/// of the disk.
+fn checkpoint_pair(tag: &str, test: &str, exec: &str, backup_extra: &[&str]) -> (Site, Scratch, Vm, Vm) {
+    let site = Site::new(tag);
+    let s = Scratch::new("ft-test", test);
+    let (mine, theirs) = two_copies(&s);
+    let primary_args = ["--mode", "checkpoint", "--disk", &mine];
+    let backup_args: Vec<&str> = ["--disk", theirs.as_str()].into_iter().chain(backup_extra.iter().copied()).collect();
+    let (primary, backup) = start_pair(&site, &s, exec, Extra { primary: &primary_args, backup: &backup_args });
+    (site, s, primary, backup)
+}
+
+#[test]
+fn checkpoint_mode_backup_killed_primary_carries_on_unprotected() {
+    let (site, s, primary, backup) = checkpoint_pair("j", "checkpoint-kill-backup", REDIS, &[]);
+    kill_backup_and_check(&site, &s, primary, backup);
+}
+
+#[test]
+fn checkpoint_mode_cutting_the_link_leaves_exactly_one_vm_live() {
+    let (site, _s, primary, backup) = checkpoint_pair("l", "checkpoint-cut-link", "sleep 100000", &[]);
+    cut_link_and_check(&site, primary, backup, "committing checkpoints");
+}
+
+#[test]
+fn checkpoint_mode_frames_leave_only_once_their_checkpoint_is_acknowledged() {
+    // Output commit (Remus §2.4): a reply is sent in the epoch after its
+    // request arrived, and waits for that epoch's checkpoint, whose
+    // acknowledgement the backup holds back.
+    let ms = ACK_DELAY.as_millis().to_string();
+    let (site, s, primary, backup) = checkpoint_pair("m", "checkpoint-output-commit", REDIS, &["--ack-delay", &ms]);
+    outputs_held_and_check(&site, &s, primary, backup);
 }

@@ -10,7 +10,14 @@
 //! kind 2, the end of epoch `epoch`, its checkpoint:
 //!          epoch u64 | icount u64 | state length u32 | state | pages
 //! kind 3, the VM ended:   has status u8 | status u32
+//! kind 4, pages of checkpoint `epoch`, ahead of it:
+//!          epoch u64 | pages
 //! ```
+//!
+//! A large checkpoint (the first carries all of RAM) goes as several page
+//! records and then the checkpoint: compressing it whole would keep the
+//! channel silent long enough to look like a failure, and hold it all
+//! in memory twice more.
 //!
 //! Stream order is epoch order: the disk writes before checkpoint k were
 //! issued in epoch k, so the backup applies them when k commits and drops
@@ -22,6 +29,7 @@ use std::io::{ErrorKind, Read, Write};
 const DISK_WRITE: u8 = 1;
 const CHECKPOINT: u8 = 2;
 const END: u8 = 3;
+const PAGES: u8 = 4;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -31,6 +39,7 @@ pub enum Record {
     DiskWrite { slot: u32, offset: u64, data: Vec<u8> },
     Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
     End { status: Option<u32> },
+    Pages { epoch: u64, pages: Vec<u8> },
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -57,6 +66,11 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.push(status.is_some() as u8);
             out.extend_from_slice(&status.unwrap_or(0).to_le_bytes());
             END
+        }
+        Record::Pages { epoch, pages } => {
+            out.extend_from_slice(&epoch.to_le_bytes());
+            out.extend_from_slice(pages);
+            PAGES
         }
     };
     let payload_len = (out.len() - start - 9) as u32;
@@ -163,7 +177,8 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
             Ok(Record::Checkpoint { epoch, icount, state: p.split_off(20), pages })
         }
         END if p.len() == 5 => Ok(Record::End { status: (p[0] != 0).then(|| u32_at(&p, 1)) }),
-        DISK_WRITE | CHECKPOINT | END => Err(format!("record of kind {kind} has {} bytes", p.len())),
+        PAGES if p.len() >= 8 => Ok(Record::Pages { epoch: u64_at(&p, 0), pages: p.split_off(8) }),
+        DISK_WRITE | CHECKPOINT | END | PAGES => Err(format!("record of kind {kind} has {} bytes", p.len())),
         _ => Err(format!("unknown record kind {kind}")),
     }
 }
@@ -179,6 +194,7 @@ mod tests {
             Record::Checkpoint { epoch: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
             Record::End { status: Some(3) },
             Record::End { status: None },
+            Record::Pages { epoch: 5, pages: vec![1, 2, 3] },
         ]
     }
 

@@ -342,7 +342,6 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
         receiver.refuse(&e);
         format!("refusing to follow the primary at {primary}: {e}")
     })?;
-    let _ = generation.set(gen);
     let committed = Arc::new(AtomicU64::new(0));
     let status_socket = match &args.control {
         Some(path) => {
@@ -359,6 +358,10 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
     let outcome = checkpoint_backup::follow(stream, &mut held, &mut files, |c| {
         committed.store(c.checkpoints, Ordering::Relaxed);
         r.set_executed(c.checkpoints);
+        // Only with a checkpoint to go live from is there anything to
+        // take over: until then a failure just ends the stream, and the
+        // arbiter is left to the primary.
+        let _ = generation.set(gen);
     });
     // Their locks go before the live VM opens the disks again.
     drop(files);
@@ -380,7 +383,7 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
             let decided = decision.lock().unwrap().take();
             match decided {
                 Some((Decision::GoLive(why), detected)) => {
-                    eprintln!(
+                    let line = format!(
                         "ftvm: going live from checkpoint {} at instruction {} ({why}; {}; {} ms after the failure was declared)",
                         held.epoch,
                         held.icount,
@@ -388,6 +391,7 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
                         detected.elapsed().as_millis()
                     );
                     let m = held.into_machine()?;
+                    eprintln!("{line}");
                     drop(status_socket);
                     let disks = disks.into_iter().map(|(_, p)| p).collect();
                     let setup =
@@ -395,7 +399,10 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
                     replay::go_live(m, &header, &setup)
                 }
                 Some((Decision::Halt(why), _)) => Err(format!("halting: {why}")),
-                None => Err("the primary's checkpoint stream ended without a failure; the backup stops".into()),
+                None => Err(format!(
+                    "the primary's checkpoint stream ended {}; the backup stops",
+                    if held.state.is_none() { "before its first checkpoint" } else { "without a failure" }
+                )),
             }
         }
     }

@@ -94,6 +94,9 @@ pub fn follow(
     let mut reader = Reader::new(input);
     // Disk writes of the epoch in progress, applied when it commits.
     let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+    // Pages of the checkpoint in progress that came ahead of it.
+    let mut staged: Vec<(u64, Box<[u8; PAGE_SIZE]>)> = Vec::new();
+    let next = |held: &Committed| if held.state.is_some() { held.epoch + 1 } else { 0 };
     loop {
         let record = match reader.next_record() {
             Ok(r) => r,
@@ -110,26 +113,24 @@ pub fn follow(
                 }
                 writes.push((slot, offset, data));
             }
+            Record::Pages { epoch, pages } => {
+                if epoch != next(held) {
+                    return Err(format!("pages of checkpoint {epoch} when {} was due", next(held)));
+                }
+                staged.extend(decode_pages(&held.ram, epoch, &pages)?);
+            }
             Record::Checkpoint { epoch, icount, state, pages } => {
-                if held.state.is_some() && epoch != held.epoch + 1 {
-                    return Err(format!("checkpoint {epoch} after checkpoint {}", held.epoch));
+                if epoch != next(held) {
+                    return Err(format!("checkpoint {epoch} when {} was due", next(held)));
                 }
                 let state = zstd::bulk::decompress(&state, MAX_STATE)
                     .map_err(|e| format!("checkpoint {epoch}: machine state: {e}"))?;
-                let pages = {
-                    let ram = held.ram.as_slice();
-                    let base_pfn = RAM_BASE / PAGE_SIZE as u64;
-                    page_delta::decode(&pages, |pfn| {
-                        let i = pfn.checked_sub(base_pfn)? as usize;
-                        ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
-                    })
-                    .map_err(|e| format!("checkpoint {epoch}: pages: {e}"))?
-                };
+                staged.extend(decode_pages(&held.ram, epoch, &pages)?);
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
                 let ram = held.ram.as_mut_slice_untracked();
                 let base_pfn = RAM_BASE / PAGE_SIZE as u64;
-                for (pfn, page) in pages {
+                for (pfn, page) in staged.drain(..) {
                     let i = (pfn - base_pfn) as usize;
                     ram[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&page[..]);
                 }
@@ -149,4 +150,16 @@ pub fn follow(
             Record::End { status } => return Ok(Followed::Ended(status)),
         }
     }
+}
+
+/// A checkpoint's pages, decoded against the committed copy of RAM (the
+/// pages of one checkpoint are distinct, so pieces of it decode alike).
+fn decode_pages(ram: &GuestRam, epoch: u64, blob: &[u8]) -> Result<Vec<(u64, Box<[u8; PAGE_SIZE]>)>, String> {
+    let ram = ram.as_slice();
+    let base_pfn = RAM_BASE / PAGE_SIZE as u64;
+    page_delta::decode(blob, |pfn| {
+        let i = pfn.checked_sub(base_pfn)? as usize;
+        ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
+    })
+    .map_err(|e| format!("checkpoint {epoch}: pages: {e}"))
 }

@@ -37,6 +37,10 @@ const PAGE_CACHE: usize = 16384;
 const STAGED: usize = 3;
 /// How long an ending VM waits for the backup to acknowledge the end.
 const END_ACK_WAIT: Duration = Duration::from_secs(5);
+/// Most pages compressed into one record: a large checkpoint goes in
+/// pieces, so the channel never falls silent for long (8 MiB of pages
+/// take some tens of milliseconds to compress when none are cached).
+const PAGES_PER_RECORD: usize = 2048;
 /// Pause times kept for the median and p99 in status.
 const PAUSES_KEPT: usize = 4096;
 
@@ -315,8 +319,28 @@ fn send_loop(
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
             Job::Checkpoint { epoch, icount, state, pfns, pages } => {
-                let blob = encoder.encode(&pfns, &pages);
+                let mut written = 0;
+                let pieces = pfns.len().div_ceil(PAGES_PER_RECORD).max(1);
+                let mut blob = Vec::new();
+                for (i, pfns) in pfns.chunks(PAGES_PER_RECORD).enumerate() {
+                    let data = &pages[written * PAGE_SIZE..(written + pfns.len()) * PAGE_SIZE];
+                    written += pfns.len();
+                    blob = encoder.encode(pfns, data);
+                    if i + 1 < pieces {
+                        buf.clear();
+                        stream::encode(&mut buf, &Record::Pages { epoch, pages: std::mem::take(&mut blob) });
+                        if channel.write_all(&buf).is_err() {
+                            return;
+                        }
+                        channel.send_now();
+                        report.lock().unwrap().checkpoint_bytes += buf.len() as u64;
+                    }
+                }
+                if pfns.is_empty() {
+                    blob = encoder.encode(&[], &[]);
+                }
                 let _ = spare.send(pages);
+                buf.clear();
                 // The state is mostly device rings and registers that
                 // barely change: zstd takes it to a fraction.
                 let state = zstd::bulk::compress(&state, 1).expect("zstd compresses in memory");
