@@ -504,6 +504,21 @@ def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=500, core=None,
     return p
 
 
+def disk_options(ftvm, work, primary_extra):
+    """(primary options, backup options) for a pair started with
+    `primary_extra`: in checkpoint mode each host gets its own fresh copy
+    of the guest's root disk (Remus §2.5); otherwise the primary's disk is
+    the default one on the shared storage."""
+    if "checkpoint" not in primary_extra:
+        return list(primary_extra), []
+    copies = []
+    for side in ("primary", "backup"):
+        disk = Path(work) / f"{side}-disk.img"
+        sh(["cp", "--sparse=always", str(image_dir(ftvm) / "rootfs.ext4"), str(disk)], timeout=300)
+        copies.append(str(disk))
+    return [*primary_extra, "--disk", copies[0]], ["--disk", copies[1]]
+
+
 def start_plain(site, ftvm, work, exec_cmd, core=None, extra=(), on_line=None):
     """A non-FT `ftvm run` with the primary's options, on the primary
     host's TAP, on a fresh sparse copy of the guest's root disk."""
@@ -774,7 +789,7 @@ def check_keys(conn, count, chunk=500):
 
 
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=500, cores=(0, 1), writes_after=2.0,
-                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None):
+                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=()):
     """One failover trial on a fresh site with fresh shared storage:
     protected redis (appendonly, fsync always) on the primary host, a
     client writing keys over one connection, after `delay` s the primary
@@ -793,10 +808,14 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=500, cores=(0, 1)
         say(f"site up: primary host {PRIMARY_HOST_IP}, backup host {BACKUP_HOST_IP}, client {CLIENT_IP} "
             f"on one switch")
         t_start = time.monotonic()
-        backup = start_backup(site, ftvm, work, shared, timeout_ms, core=cores[1] if cores else None)
-        primary = start_primary(site, ftvm, work, shared, REDIS_FT, timeout_ms, core=cores[0] if cores else None)
+        primary_extra, backup_extra = disk_options(ftvm, work, primary_extra)
+        backup = start_backup(site, ftvm, work, shared, timeout_ms, core=cores[1] if cores else None,
+                              extra=backup_extra)
+        primary = start_primary(site, ftvm, work, shared, REDIS_FT, timeout_ms, core=cores[0] if cores else None,
+                                extra=primary_extra)
         r.logs = {"primary": str(primary.log_path), "backup": str(backup.log_path)}
-        say(f"booting the guest {GUEST_IP} on the primary host; the backup replays it in lockstep")
+        follows = "commits its checkpoints" if "checkpoint" in primary_extra else "replays it in lockstep"
+        say(f"booting the guest {GUEST_IP} on the primary host; the backup {follows}")
         conn = wait_for_redis(site, [primary, backup], boot_timeout)
         r.boot = time.monotonic() - t_start
         primary.wait_for("ftvm: protected", 10, watch=[backup])
