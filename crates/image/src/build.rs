@@ -256,23 +256,58 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             "--setup-hook=mkdir -p \"$1/var/cache/apt/archives\" && for f in {q}/*.deb; do ln -f \"$f\" \"$1/var/cache/apt/archives/\" 2>/dev/null || cp \"$f\" \"$1/var/cache/apt/archives/\"; done; true"
         ));
     }
-    run(
-        step,
-        Command::new(tool("mmdebstrap")?)
-            .args(&hooks)
-            .arg("--mode=root")
-            .arg("--variant=extract")
-            .arg(format!("--architectures={}", crate::ARCH))
-            .arg("--components=main")
-            .arg(format!("--include={}", crate::PACKAGES.join(",")))
-            .arg("--aptopt=Acquire::Languages \"none\"")
-            .arg("--aptopt=Acquire::Retries \"3\"")
-            .arg("--skip=cleanup/apt/cache")
-            .arg(crate::SUITE)
-            .arg(&stage)
-            .arg(mirror),
-        Some(&log),
-    )?;
+    let extract = |suite: &str| {
+        let _ = fs::remove_dir_all(&stage);
+        run(
+            step,
+            Command::new(tool("mmdebstrap")?)
+                .args(&hooks)
+                .arg("--mode=root")
+                .arg("--variant=extract")
+                .arg(format!("--architectures={}", crate::ARCH))
+                .arg("--components=main")
+                .arg(format!("--include={}", crate::PACKAGES.join(",")))
+                .arg("--aptopt=Acquire::Languages \"none\"")
+                .arg("--aptopt=Acquire::Retries \"3\"")
+                .arg("--skip=cleanup/apt/cache")
+                .arg("--skip=cleanup/apt/lists")
+                .arg(suite)
+                .arg(&stage)
+                .arg(mirror),
+            Some(&log),
+        )
+    };
+    if let Err(e) = extract(crate::SUITE) {
+        // A mirror caught between syncs serves a signed Release whose
+        // index files it does not have yet ("Mirror sync in progress?").
+        // Its suite alias (`stable`) is signed separately and often still
+        // whole; it is the same release only if its Codename says so,
+        // which is checked below from the Release apt verified.
+        let log_text = fs::read_to_string(&log).unwrap_or_default();
+        if !mirror_mid_sync(&log_text) {
+            return Err(e);
+        }
+        ctx.say(&format!(
+            "the mirror's {} index does not match its Release (mirror mid-sync); trying its `{}` alias",
+            crate::SUITE,
+            crate::SUITE_ALIAS
+        ));
+        extract(crate::SUITE_ALIAS).map_err(|_| e)?;
+        let codename = release_codename(&stage.join("var/lib/apt/lists"));
+        if codename.as_deref() != Some(crate::SUITE) {
+            return Err(err(
+                step,
+                format!(
+                    "the mirror's {} index is mid-sync and its `{}` alias is {}, not {}",
+                    crate::SUITE,
+                    crate::SUITE_ALIAS,
+                    codename.unwrap_or_else(|| "of no known codename".into()),
+                    crate::SUITE
+                ),
+            ));
+        }
+    }
+    let _ = fs::remove_dir_all(stage.join("var/lib/apt/lists"));
     let archives = stage.join("var/cache/apt/archives");
     let mut packages: Vec<(String, String)> = fs::read_dir(&archives)
         .map_err(|e| err(step, format!("{}: {e}", archives.display())))?
@@ -579,5 +614,53 @@ mod tests {
         assert_eq!(e.step, "probing");
         assert!(e.cause.contains("one | two"), "{e}");
         assert!(!e.to_string().contains('\n'));
+    }
+}
+
+/// apt's words for a mirror whose index files do not match its Release.
+fn mirror_mid_sync(apt_output: &str) -> bool {
+    apt_output.lines().any(|l| {
+        l.starts_with("E: Failed to fetch")
+            && (l.contains("Mirror sync in progress") || l.contains("Hash Sum mismatch") || l.contains("unexpected size"))
+    })
+}
+
+/// The `Codename:` of the (In)Release file apt fetched into `lists`, which
+/// apt has checked against the archive key.
+fn release_codename(lists: &Path) -> Option<String> {
+    fs::read_dir(lists).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.ends_with("_InRelease") || name.ends_with("_Release")) {
+            return None;
+        }
+        let text = fs::read_to_string(e.path()).ok()?;
+        text.lines().find_map(|l| l.strip_prefix("Codename:")).map(|c| c.trim().to_string())
+    })
+}
+
+#[cfg(test)]
+mod mirror_sync_tests {
+    use super::*;
+
+    #[test]
+    fn a_mid_sync_mirror_is_told_from_other_failures() {
+        let mid = "E: Failed to fetch http://m/debian/dists/trixie/main/binary-riscv64/Packages.xz  \
+                   File has unexpected size (9385284 != 9387120). Mirror sync in progress? [IP: 1.2.3.4 80]";
+        assert!(mirror_mid_sync(mid));
+        assert!(mirror_mid_sync("E: Failed to fetch http://m/x.xz  Hash Sum mismatch"));
+        assert!(!mirror_mid_sync("E: Unable to locate package redis-server"));
+        assert!(!mirror_mid_sync("W: Mirror sync in progress? (not an error)"));
+    }
+
+    #[test]
+    fn the_codename_comes_from_the_fetched_release() {
+        let dir = std::env::temp_dir().join(format!("ftvm-codename-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        assert_eq!(release_codename(&dir), None);
+        fs::write(dir.join("m_debian_dists_stable_InRelease"), "Origin: Debian\nSuite: stable\nCodename: trixie\n")
+            .unwrap();
+        fs::write(dir.join("m_debian_dists_stable_main_binary-riscv64_Packages"), "Codename: bogus\n").unwrap();
+        assert_eq!(release_codename(&dir).as_deref(), Some("trixie"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -42,6 +42,8 @@ pub use protocol::{kernel_cmdline, EXEC_BEGIN_MARKER, EXEC_STATUS_PREFIX};
 
 /// Debian suite the default image is built from.
 pub const SUITE: &str = "trixie";
+/// The mirror's other name for [`SUITE`], tried when the mirror is mid-sync.
+pub const SUITE_ALIAS: &str = "stable";
 /// Guest architecture (Debian name).
 pub const ARCH: &str = "riscv64";
 /// Directory name of the default image under `<cache>/images/`.
