@@ -461,6 +461,11 @@ impl Live {
                 );
                 (line.trim_end().to_string(), Next::Continue)
             }
+            // A paused primary falls silent, and its backup would take
+            // the silence for a failure and go live.
+            Command::Pause if self.protection.is_some() || self.checkpoints.is_some() => {
+                ("error a protected VM cannot be paused (its backup would take over)".to_string(), Next::Continue)
+            }
             Command::Pause => {
                 self.paused = true;
                 ("ok paused".to_string(), Next::Continue)

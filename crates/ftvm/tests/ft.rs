@@ -545,9 +545,12 @@ fn epoch_failover(tag: &str, test: &str, protocol: &str) {
         protected_vm(tag, test, REDIS, Extra { primary: &primary_args, backup: &[] });
     let mut conn = redis_connection(&site, &mut primary, &mut backup);
     let (mut primary_samples, mut backup_samples) = (Vec::new(), Vec::new());
+    // At least 3 s and 200 writes: each write is an input (its request's
+    // frame) and the original protocol, which waits for the backup at
+    // every epoch end, may manage only a few dozen a second on a busy host.
     let t0 = Instant::now();
     let mut i = 0;
-    while t0.elapsed() < Duration::from_secs(3) {
+    while t0.elapsed() < Duration::from_secs(3) || i < 200 {
         assert_eq!(command(&mut conn, &["SET", &format!("warmup{i}"), "x"]).unwrap(), "+OK");
         if i % 20 == 0 {
             primary_samples.push(control(&s.path("primary.sock"), "status"));
@@ -555,6 +558,9 @@ fn epoch_failover(tag: &str, test: &str, protocol: &str) {
         }
         i += 1;
     }
+    primary_samples.push(control(&s.path("primary.sock"), "status"));
+    backup_samples.push(control(&s.path("backup.sock"), "status"));
+    eprintln!("{i} writes in {:.1} s", t0.elapsed().as_secs_f64());
     assert_eq!(command(&mut conn, &["FLUSHALL"]).unwrap(), "+OK");
     drop(conn);
     let mode = format!("mode=epoch epoch_length={EPOCH} protocol={protocol}");
@@ -621,6 +627,9 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
     let rate: f64 = rate.trim_end_matches("/s").parse().unwrap();
     assert!((20.0..=41.0).contains(&rate), "checkpoints at {rate}/s for 40/s configured: {p}");
     assert!(status_field(&p, "committed") > 10 && status_field(&p, "outputs_held_total") > 200, "{p}");
+    // Paused, the primary would fall silent and the backup take over.
+    let paused = control(&s.path("primary.sock"), "pause");
+    assert!(paused.starts_with("error a protected VM cannot be paused"), "{paused}");
     let b = control(&s.path("backup.sock"), "status");
     assert!(b.starts_with("ok following committed=") && status_field(&b, "committed") > 10, "{b}");
     eprintln!("primary: {p}\nbackup: {b}");
