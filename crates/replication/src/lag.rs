@@ -20,8 +20,15 @@ pub struct LagMeter {
 }
 
 impl LagMeter {
-    /// The primary has executed up to `icount` now.
-    pub fn note(&mut self, icount: u64, now: Instant) {
+    /// The primary ran from where it was last noted, starting at
+    /// `started`, and has executed up to `icount` now.
+    pub fn note(&mut self, icount: u64, started: Instant, now: Instant) {
+        // It was still at the last count when this run started: after an
+        // idle stretch, a backup that has caught up to it is not behind by
+        // the length of that stretch.
+        if let Some((_, t)) = self.samples.back_mut() {
+            *t = (*t).max(started);
+        }
         if self.samples.back().is_none_or(|(i, _)| icount > *i) {
             if self.samples.len() == HISTORY {
                 self.samples.pop_front();
@@ -100,8 +107,10 @@ mod tests {
     fn lag_is_how_long_ago_the_primary_was_there() {
         let t0 = Instant::now();
         let mut m = LagMeter::default();
+        // Runs of 100 ms, back to back.
         for k in 0..10u64 {
-            m.note(k * 1000, t0 + Duration::from_millis(k * 100));
+            let started = t0 + Duration::from_millis(k.saturating_sub(1) * 100);
+            m.note(k * 1000, started, t0 + Duration::from_millis(k * 100));
         }
         let now = t0 + Duration::from_millis(900);
         // The backup only moves forward.
@@ -110,6 +119,19 @@ mod tests {
         assert_eq!(m.lag(5500, now), Duration::from_millis(300));
         assert_eq!(m.lag(9000, now), Duration::ZERO);
         assert_eq!(m.lag(20_000, now), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_idle_stretch_both_sides_sat_through_is_no_lag() {
+        let t0 = Instant::now();
+        let mut m = LagMeter::default();
+        m.note(1000, t0, t0);
+        // The guest idles 3 s at 1000, then runs on for 10 ms.
+        let woke = t0 + Duration::from_secs(3);
+        m.note(2000, woke, woke + Duration::from_millis(10));
+        // The backup stands where the primary slept.
+        assert_eq!(m.lag(1000, woke + Duration::from_millis(20)), Duration::from_millis(20));
+        assert_eq!(m.lag(1500, woke + Duration::from_millis(20)), Duration::from_millis(10));
     }
 
     #[test]

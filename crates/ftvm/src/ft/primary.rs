@@ -134,7 +134,7 @@ impl Protection {
     /// returns how long to pause to keep to the CPU share.
     pub fn after_chunk(&mut self, icount: u64, busy: Duration, channel: &LogSender) -> Duration {
         let now = Instant::now();
-        self.lag.note(icount, now);
+        self.lag.note(icount, now - busy, now);
         self.last_lag = self.lag.lag(channel.backup_icount(), now);
         self.throttle.update(self.last_lag, now);
         self.throttle.pause_after(busy)
