@@ -492,13 +492,24 @@ def start_backup(site, ftvm, work, shared, timeout_ms=500, core=None, extra=()):
     return p
 
 
-def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=500, core=None, extra=(), on_line=None):
+def guest_start(exec_cmd, restore):
+    """How a VM starts: by booting to run `exec_cmd`, or, with `restore`
+    (snapshot, disk), where a snapshot left off, on `disk`."""
+    if restore is None:
+        return ["--append", APPEND, "--exec", exec_cmd]
+    snapshot, disk = restore
+    return ["--restore", str(snapshot), "--disk", str(disk)]
+
+
+def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=500, core=None, extra=(), on_line=None,
+                  restore=None):
     """`ftvm ft primary` on the primary host's TAP, running `exec_cmd` in
-    the guest; its stdout is the guest console."""
+    the guest (or restored: see guest_start); its stdout is the guest
+    console."""
     sock = str(Path(work) / "primary.sock")
     argv = [ftvm, "ft", "primary", "--backup", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(timeout_ms), "--net", "tap=t0", "--control", sock, "--append", APPEND,
-            *extra, "--exec", exec_cmd]
+            "--timeout", str(timeout_ms), "--net", "tap=t0", "--control", sock, *extra,
+            *guest_start(exec_cmd, restore)]
     p = Proc("primary", site, "primary", argv, Path(work) / "primary.out", core=core, on_line=on_line)
     p.sock = sock
     return p
@@ -519,14 +530,18 @@ def disk_options(ftvm, work, primary_extra):
     return [*primary_extra, "--disk", copies[0]], ["--disk", copies[1]]
 
 
-def start_plain(site, ftvm, work, exec_cmd, core=None, extra=(), on_line=None):
+def start_plain(site, ftvm, work, exec_cmd, core=None, extra=(), on_line=None, restore=None):
     """A non-FT `ftvm run` with the primary's options, on the primary
-    host's TAP, on a fresh sparse copy of the guest's root disk."""
-    disk = Path(work) / "plain-disk.img"
-    sh(["cp", "--sparse=always", str(image_dir(ftvm) / "rootfs.ext4"), str(disk)], timeout=300)
+    host's TAP, on a fresh sparse copy of the guest's root disk (or
+    restored: see guest_start)."""
     sock = str(Path(work) / "plain.sock")
-    argv = [ftvm, "run", "--disk", str(disk), "--net", "tap=t0", "--control", sock, "--append", APPEND,
-            *extra, "--exec", exec_cmd]
+    if restore is None:
+        disk = Path(work) / "plain-disk.img"
+        sh(["cp", "--sparse=always", str(image_dir(ftvm) / "rootfs.ext4"), str(disk)], timeout=300)
+        start = ["--disk", str(disk), *guest_start(exec_cmd, None)]
+    else:
+        start = guest_start(exec_cmd, restore)
+    argv = [ftvm, "run", "--net", "tap=t0", "--control", sock, *extra, *start]
     p = Proc("ftvm run", site, "primary", argv, Path(work) / "plain.out", core=core, on_line=on_line)
     p.sock = sock
     return p

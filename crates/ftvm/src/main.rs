@@ -423,9 +423,8 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         Ok(())
     };
     if let Target::Backup(ft) = &target {
-        if args.restore.is_some() {
-            return Err("a protected VM starts by booting; --restore is not supported with ftvm ft primary".into());
-        }
+        // A VM restored from a snapshot keeps the snapshot's disks unless
+        // --disk names others: its guest has them mounted.
         if ft.disk_sharing()? == ft::DiskSharing::Separate && args.disks.is_empty() {
             return Err(if ft.mode == ft::Mode::Checkpoint {
                 "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk".into()
@@ -434,7 +433,7 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
             });
         }
         // The disk lives on the shared storage, where the backup finds it.
-        if args.disks.is_empty() && args.kernel.is_none() {
+        if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
             let img = ftvm_image::locate().map_err(|e| e.to_string())?;
             let disk = ft::default_shared_disk(&ft.pair, &img.rootfs)?;
             args.disks.push(disk.display().to_string());
@@ -462,7 +461,10 @@ fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
             let (m, io) = restore(&args, file, &events_tx)?;
             if !matches!(target, Target::None) {
                 let bytes = std::fs::read(file).map_err(|e| format!("cannot read snapshot {}: {e}", file.display()))?;
-                let start = record::Start::Snapshot { path: file, bytes: &bytes };
+                // The header names it for the replay (or the backup) to find,
+                // whatever its working directory.
+                let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+                let start = record::Start::Snapshot { path: &file, bytes: &bytes };
                 let mut h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
                 start_log(&mut h)?;
             }
