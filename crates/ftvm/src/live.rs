@@ -201,7 +201,7 @@ impl Live {
             if exit.is_some() {
                 self.keep_share(busy);
             }
-            self.checkpoint_if_due()?;
+            self.checkpoint_if_due(matches!(exit, Some(RunExit::Idle { .. })))?;
             self.show_output();
             while let Ok(ev) = events.try_recv() {
                 if let Next::Exit(code) = self.handle(ev)? {
@@ -426,9 +426,10 @@ impl Live {
     }
 
     /// In checkpoint mode: the checkpoint, when one is due.
-    fn checkpoint_if_due(&mut self) -> Result<(), String> {
+    fn checkpoint_if_due(&mut self, idle: bool) -> Result<(), String> {
+        let now = Instant::now();
         match &mut self.checkpoints {
-            Some(c) if !self.paused && Instant::now() >= c.due() => c.checkpoint(&mut self.m),
+            Some(c) if !self.paused && (now >= c.due() || (idle && c.idle_due(now))) => c.checkpoint(&mut self.m),
             _ => Ok(()),
         }
     }

@@ -601,7 +601,8 @@ fn epoch_mode_original_protocol_takes_over_with_every_acknowledged_write() {
     epoch_failover("q", "epoch-original", "original");
 }
 
-/// Checkpoint mode (Remus): each host has its own copy of the disk; the
+/// Checkpoint mode (Remus): each host has its own copy of the disk (the
+/// backup's made the same as the primary's when protection starts); the
 /// backup commits checkpoints and goes live from the last one. Before the
 /// kill the primary's status shows checkpoints going at about the
 /// configured rate, compressed, and the backup committing them. After
@@ -612,6 +613,14 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
     let site = Site::new("h");
     let s = Scratch::new("ft-test", "checkpoint");
     let (mine, theirs) = two_copies(&s);
+    // The backup's copy starts stale: scribbled on in two places and cut
+    // short. Protection makes it the same as the primary's (Remus §2.5).
+    let f = std::fs::OpenOptions::new().write(true).open(&theirs).unwrap();
+    for at in [4096u64, 200 << 20] {
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xa5; 65536], at).unwrap();
+    }
+    f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+    drop(f);
     let primary_args = ["--mode", "checkpoint", "--disk", &mine];
     let extra = Extra { primary: &primary_args, backup: &["--disk", &theirs] };
     let (mut primary, mut backup) = start_pair(&site, &s, REDIS, extra);
@@ -632,6 +641,10 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
     assert!(paused.starts_with("error a protected VM cannot be paused"), "{paused}");
     let b = control(&s.path("backup.sock"), "status");
     assert!(b.starts_with("ok following committed=") && status_field(&b, "committed") > 10, "{b}");
+    let (p_log, b_log) = (primary.log(), backup.log());
+    assert!(p_log.contains("ftvm: sending the backup") && p_log.contains("blocks"), "{p_log}");
+    assert!(b_log.contains("differs from the primary's: asking for the blocks"), "{b_log}");
+    assert!(b_log.contains("is now a copy of the primary's"), "{b_log}");
     eprintln!("primary: {p}\nbackup: {b}");
     let (total, mut backup) = kill_primary_and_check_as(&site, &s, primary, backup, "following");
     let live = backup.log().lines().find(|l| l.contains("going live")).unwrap_or("").to_string();
@@ -686,4 +699,56 @@ fn checkpoint_mode_frames_leave_only_once_their_checkpoint_is_acknowledged() {
     let ms = ACK_DELAY.as_millis().to_string();
     let (site, s, primary, backup) = checkpoint_pair("m", "checkpoint-output-commit", REDIS, &["--ack-delay", &ms]);
     outputs_held_and_check(&site, &s, primary, backup);
+}
+
+/// A VM restored from a snapshot can be protected: the header names the
+/// snapshot (checked by hash), the backup builds the same machine from
+/// it and replays from there, and takes over when the primary is killed.
+/// The guest reads /dev/urandom all along, so the backup's replay of the
+/// entropy it was given is checked by the state digests as it goes.
+#[test]
+fn a_vm_restored_from_a_snapshot_is_protected_and_fails_over() {
+    let site = Site::new("r");
+    let s = Scratch::new("ft-test", "restored");
+    let shared = path_str(&s.path("shared"));
+    std::fs::create_dir_all(&shared).unwrap();
+    let img = ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e})"));
+    let disk = path_str(&s.path("shared").join("disk.img"));
+    ftvm_image::sparse_copy(&img.rootfs, std::path::Path::new(&disk)).unwrap();
+    let script = "echo ready-for-snapshot; sleep 2; i=0; while [ $i -lt 60 ]; do \
+                  echo tick-$i $(head -c 32 /dev/urandom | sha256sum | head -c 16); sleep 0.1; i=$((i+1)); done; \
+                  echo restored-done";
+    let append = format!("console=ttyS0 root=/dev/vda rw quiet ftvm.ip={GUEST}/24");
+    let (snap_sock, snap) = (path_str(&s.path("plain.sock")), path_str(&s.path("shared").join("vm.snap")));
+    let plain_args =
+        ["run", "--net", "tap=t0", "--disk", &disk, "--control", &snap_sock, "--append", &append, "--exec", script];
+    let mut plain = Vm::start(&site.primary, &plain_args, s.path("plain.out"));
+    wait_for_line(&mut plain, "ready-for-snapshot", BOOT_TIMEOUT);
+    for cmd in ["pause".to_string(), format!("snapshot {snap}"), "quit".to_string()] {
+        let reply = control(&s.path("plain.sock"), &cmd);
+        assert!(reply.starts_with("ok"), "{cmd}: {reply}");
+    }
+    wait_exit(&mut plain, Duration::from_secs(30));
+
+    let mut backup = start_backup(&site, &s, &shared, &[]);
+    let backup_addr = format!("{BACKUP_HOST}:7700");
+    let timeout = TIMEOUT_MS.to_string();
+    let sock = path_str(&s.path("primary.sock"));
+    let args = [
+        "ft", "primary", "--backup", &backup_addr, "--shared", &shared, "--timeout", &timeout, "--control", &sock,
+        "--restore", &snap,
+    ];
+    let mut primary = Vm::start(&site.primary, &args, s.path("primary.out"));
+    wait_for_line(&mut primary, "tick-20 ", Duration::from_secs(120));
+    let status = control(&s.path("backup.sock"), "status");
+    assert!(status.starts_with("ok replaying"), "{status}");
+    kill9(&mut primary);
+    wait_for_line(&mut backup, "going live", Duration::from_secs(10));
+    let end = wait_exit(&mut backup, Duration::from_secs(120));
+    let (p, b) = (primary.log(), backup.log());
+    assert!(end.success(), "the backup ended with {end}:\n{b}");
+    // The guest's loop went on where the primary died, on the backup.
+    assert!(b.contains("restored-done") && b.contains("tick-59 "), "backup:\n{b}");
+    assert!(!b.contains("ready-for-snapshot") && p.contains("tick-20 "), "primary:\n{p}\nbackup:\n{b}");
+    eprintln!("{}", b.lines().find(|l| l.contains("going live")).unwrap_or(""));
 }

@@ -37,6 +37,11 @@ const ACK: u8 = 1;
 const ACK_LEN: usize = 17;
 /// The backup will not follow this primary: kind, length (u16 LE), reason.
 const REFUSE: u8 = 2;
+/// Something the backup asks of the primary before it is ready to follow
+/// (what it asks is the caller's business): kind, length (u32 LE), bytes.
+const REQUEST: u8 = 3;
+/// Largest request a primary takes.
+pub const MAX_REQUEST: usize = 16 << 20;
 /// Default size of each end's buffer (VMware speaks of "a large buffer").
 pub const DEFAULT_BUFFER: usize = 64 << 20;
 
@@ -200,6 +205,8 @@ struct PrimaryShared {
     last_ack_us: AtomicU64,
     failed: Mutex<Option<Failure>>,
     stop: AtomicBool,
+    /// The backup's requests, in the order they came.
+    requests: Mutex<Vec<Vec<u8>>>,
 }
 
 impl PrimaryShared {
@@ -255,6 +262,7 @@ impl LogSender {
             last_ack_us: AtomicU64::new(0),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
+            requests: Mutex::new(Vec::new()),
         });
         let events = Arc::new(events);
         let fail = {
@@ -313,6 +321,23 @@ impl LogSender {
                                 let _ = input.read_exact(&mut text);
                             }
                             return fail(Failure::Refused(String::from_utf8_lossy(&text).into_owned()));
+                        }
+                        if msg[0] == REQUEST {
+                            let mut len = [0u8; 4];
+                            if let Err(e) = input.read_exact(&mut len) {
+                                return fail(Failure::Closed(format!("a request cut short: {e}")));
+                            }
+                            let len = u32::from_le_bytes(len) as usize;
+                            if len > MAX_REQUEST {
+                                return fail(Failure::Closed(format!("a request of {len} bytes from the backup")));
+                            }
+                            let mut request = vec![0u8; len];
+                            if let Err(e) = input.read_exact(&mut request) {
+                                return fail(Failure::Closed(format!("a request cut short: {e}")));
+                            }
+                            shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                            shared.requests.lock().unwrap().push(request);
+                            continue;
                         }
                         if msg[0] != ACK {
                             return fail(Failure::Closed(format!("unknown message kind {} from the backup", msg[0])));
@@ -386,6 +411,13 @@ impl LogSender {
     /// Why the backup was declared failed, once it has been.
     pub fn failure(&self) -> Option<Failure> {
         self.shared.failed.lock().unwrap().clone()
+    }
+
+    /// What the backup asked before it acknowledged anything
+    /// ([`LogReceiver::request`]), oldest first. Every request it made
+    /// before it became ready is here once its first acknowledgement is.
+    pub fn take_requests(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *self.shared.requests.lock().unwrap())
     }
 
     /// Stops sending and lets the backup's end see the stream end.
@@ -560,6 +592,8 @@ struct BackupShared {
     /// A refusal to send instead of acknowledgements, and then stop.
     refusal: Mutex<Option<String>>,
     refused: AtomicBool,
+    /// Requests to send the primary ahead of any acknowledgement of log.
+    requests: Mutex<Vec<Vec<u8>>>,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -587,6 +621,7 @@ impl LogReceiver {
             ready: AtomicBool::new(true),
             refusal: Mutex::new(None),
             refused: AtomicBool::new(false),
+            requests: Mutex::new(Vec::new()),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -658,7 +693,20 @@ impl LogReceiver {
 
     /// Acknowledges the log from now on.
     pub fn ready(&self) {
-        self.shared.ready.store(true, Ordering::Relaxed);
+        // Release: a request made before this goes out before the first
+        // acknowledgement of log (see `receive`).
+        self.shared.ready.store(true, Ordering::Release);
+    }
+
+    /// Sends the primary `request` (at most [`MAX_REQUEST`] bytes) before
+    /// this backup is [`ready`](LogReceiver::ready): it arrives ahead of
+    /// the first acknowledgement of log.
+    pub fn request(&self, request: Vec<u8>) -> Result<(), String> {
+        if request.len() > MAX_REQUEST {
+            return Err(format!("a request of {} bytes to the primary (at most {MAX_REQUEST})", request.len()));
+        }
+        self.shared.requests.lock().unwrap().push(request);
+        Ok(())
     }
 
     /// Tells the primary this backup will not follow it, and why, then
@@ -783,7 +831,18 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
                 released
             }
         };
-        let received = if shared.ready.load(Ordering::Relaxed) {
+        let ready = shared.ready.load(Ordering::Acquire);
+        // Requests go before the acknowledgement that says we are ready:
+        // every one made before `ready` is in the queue if `ready` is seen.
+        for request in std::mem::take(&mut *shared.requests.lock().unwrap()) {
+            let mut msg = vec![REQUEST];
+            msg.extend((request.len() as u32).to_le_bytes());
+            msg.extend(request);
+            if let Err(e) = out.write_all(&msg) {
+                return fail(Failure::Closed(e.to_string()));
+            }
+        }
+        let received = if ready {
             received
         } else {
             // The primary sends nothing until we acknowledge its header:
@@ -940,6 +999,31 @@ mod tests {
         match prx.recv_timeout(Duration::from_secs(5)) {
             Ok(PrimaryEvent::BackupLost(Failure::Refused(why))) => assert_eq!(why, "its disk differs"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
+        for _ in 0..20 {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 1 << 20).unwrap());
+            let stream = connect(addr, Duration::from_secs(5)).unwrap();
+            let mut s = LogSender::over(stream, DEFAULT_BUFFER, Timing::DEFAULT, None, |_| {}).unwrap();
+            let r = acc.join().unwrap();
+            r.hold_acks();
+            r.start(Timing::DEFAULT, |_| {}).unwrap();
+            s.write_all(b"header").unwrap();
+            s.send_now();
+            assert!(s.take_requests().is_empty());
+            r.request(b"first".to_vec()).unwrap();
+            r.request(vec![7u8; 100_000]).unwrap();
+            assert!(r.request(vec![0u8; MAX_REQUEST + 1]).is_err());
+            r.ready();
+            assert!(s.wait_acked(6, Duration::from_secs(5)));
+            assert_eq!(s.take_requests(), vec![b"first".to_vec(), vec![7u8; 100_000]]);
+            assert!(s.take_requests().is_empty());
+            assert!(s.failure().is_none());
         }
     }
 

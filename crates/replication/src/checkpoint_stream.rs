@@ -12,6 +12,9 @@
 //! kind 3, the VM ended:   has status u8 | status u32
 //! kind 4, pages of checkpoint `epoch`, ahead of it:
 //!          epoch u64 | pages
+//! kind 5, a block of a disk as it was when protection started, before
+//!          the first checkpoint (the backup's copy made the same):
+//!          slot u32 | offset u64 | data
 //! ```
 //!
 //! A large checkpoint (the first carries all of RAM) goes as several page
@@ -30,6 +33,7 @@ const DISK_WRITE: u8 = 1;
 const CHECKPOINT: u8 = 2;
 const END: u8 = 3;
 const PAGES: u8 = 4;
+const DISK_SYNC: u8 = 5;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -40,6 +44,7 @@ pub enum Record {
     Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
     End { status: Option<u32> },
     Pages { epoch: u64, pages: Vec<u8> },
+    DiskSync { slot: u32, offset: u64, data: Vec<u8> },
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -71,6 +76,12 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(&epoch.to_le_bytes());
             out.extend_from_slice(pages);
             PAGES
+        }
+        Record::DiskSync { slot, offset, data } => {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(data);
+            DISK_SYNC
         }
     };
     let payload_len = (out.len() - start - 9) as u32;
@@ -178,7 +189,11 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
         }
         END if p.len() == 5 => Ok(Record::End { status: (p[0] != 0).then(|| u32_at(&p, 1)) }),
         PAGES if p.len() >= 8 => Ok(Record::Pages { epoch: u64_at(&p, 0), pages: p.split_off(8) }),
-        DISK_WRITE | CHECKPOINT | END | PAGES => Err(format!("record of kind {kind} has {} bytes", p.len())),
+        DISK_SYNC if p.len() >= 12 => {
+            let (slot, offset) = (u32_at(&p, 0), u64_at(&p, 4));
+            Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
+        }
+        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC => Err(format!("record of kind {kind} has {} bytes", p.len())),
         _ => Err(format!("unknown record kind {kind}")),
     }
 }
@@ -195,6 +210,7 @@ mod tests {
             Record::End { status: Some(3) },
             Record::End { status: None },
             Record::Pages { epoch: 5, pages: vec![1, 2, 3] },
+            Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
         ]
     }
 

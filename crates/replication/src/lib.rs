@@ -6,6 +6,8 @@
 //!   detection on its traffic;
 //! - [`checkpoint_stream`]: what checkpoint mode (Remus) sends instead of
 //!   a log: disk writes and whole checkpoints, in epoch order;
+//! - [`disk_sync`]: the blocks that make the backup's copy of a disk the
+//!   same as the primary's when protection starts;
 //! - [`heartbeat`]: UDP heartbeats between the two hosts;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
 //!   one side go live;
@@ -20,6 +22,7 @@
 pub mod arbiter;
 pub mod channel;
 pub mod checkpoint_stream;
+pub mod disk_sync;
 pub mod heartbeat;
 pub mod lag;
 pub mod output_rule;

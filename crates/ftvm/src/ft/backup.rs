@@ -9,7 +9,7 @@
 use super::backup_disks::BackupDisks;
 use super::checkpoint_backup::{self, Committed, Disks as CheckpointDisks, Followed};
 use super::epochs::{EpochCheck, EpochMode};
-use super::{disk_digest, header_disks, hostname, DiskPolicy, DiskSharing, PairArgs};
+use super::{header_disks, hostname, DiskDigest, DiskPolicy, DiskSharing, PairArgs};
 use crate::control::{self, Command};
 use crate::record::hex;
 use crate::replay::{self, LiveSetup, Outcome, Replayed};
@@ -17,6 +17,7 @@ use clap::Args;
 use ftvm_replay::LogReader;
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::{LogReceiver, DEFAULT_BUFFER};
+use ftvm_replication::disk_sync::{self, DigestList};
 use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -251,7 +252,7 @@ fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Res
         return Err("the primary gave no digest of its disks".into());
     }
     for ((_, path), theirs) in disks.iter().zip(theirs) {
-        if disk_digest(path)? != theirs {
+        if DiskDigest::of(path, None)?.whole() != theirs {
             return Err(format!(
                 "the backup's disk {} is not a copy of the primary's (their contents differ)",
                 path.display()
@@ -259,6 +260,46 @@ fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Res
         }
     }
     Ok(())
+}
+
+/// Checkpoint mode: each copy of a disk that is missing or differs from
+/// the primary's (by the digests in the header) is made the same size,
+/// and the primary is asked for the blocks whose digests differ (Remus
+/// §2.5: the copies start the same). Returns (slot, the primary's digest)
+/// of those.
+fn copies_to_sync(
+    header: &ftvm_replay::Header,
+    disks: &[(usize, PathBuf)],
+    receiver: &LogReceiver,
+) -> Result<Vec<(usize, String)>, String> {
+    let theirs: Vec<&str> = header.get("ft-disk-digests").unwrap_or_default().split(';').collect();
+    if theirs.len() != disks.len() {
+        return Err("the primary gave no digest of its disks".into());
+    }
+    let mut to_sync = Vec::new();
+    for ((slot, path), theirs) in disks.iter().zip(theirs) {
+        let size = DiskDigest::size_in(theirs).ok_or("the primary's disk digests name no size")?;
+        let e = |e: std::io::Error| format!("cannot make the backup's disk {}: {e}", path.display());
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(e)?;
+        if file.metadata().map_err(e)?.len() != size {
+            // A new copy is a sparse file: only the blocks the primary
+            // has data in differ from it.
+            file.set_len(size).map_err(e)?;
+        }
+        let mine = DiskDigest::of(path, Some(size))?;
+        if mine.whole() == theirs {
+            continue;
+        }
+        let list = DigestList { slot: *slot as u32, size, block: disk_sync::block_size(size), digests: mine.blocks };
+        let blocks = list.digests.len();
+        receiver.request(list.encode())?;
+        eprintln!(
+            "ftvm: the backup's disk {} differs from the primary's: asking for the blocks that differ ({blocks} compared)",
+            path.display()
+        );
+        to_sync.push((*slot, theirs.to_string()));
+    }
+    Ok(to_sync)
 }
 
 /// The control socket's answers while the backup follows: only `status`
@@ -334,9 +375,13 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
             return Err("checkpoint mode needs a copy of each disk on each host".into());
         }
         let disks = backup_disk_paths(&header, &args.disks)?;
-        check_copies(&header, &disks)?;
+        let to_sync = copies_to_sync(&header, &disks, &receiver)?;
         let paths: Vec<(usize, &std::path::Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
-        Ok((Committed::new(ram), CheckpointDisks::open(&paths)?, disks))
+        let mut files = CheckpointDisks::open(&paths)?;
+        for (slot, theirs) in to_sync {
+            files.expect_blocks(slot, &theirs);
+        }
+        Ok((Committed::new(ram), files, disks))
     };
     let (mut held, mut files, disks) = prepare().map_err(|e| {
         receiver.refuse(&e);

@@ -11,6 +11,7 @@
 //! after the last whole one are dropped: the VM goes live from the last
 //! committed checkpoint, with this host's disks exactly as they were then.
 
+use super::DiskDigest;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;
@@ -58,6 +59,12 @@ impl Committed {
 /// This host's copies of the VM's disks, written at commits.
 pub struct Disks {
     disks: HashMap<u32, (DiskImage, FileBackend)>,
+    /// Copies that differed from the primary's when protection started
+    /// (slot, the primary's digest): its blocks come ahead of the first
+    /// checkpoint, after which the copy must hash the same.
+    unsynced: Vec<(u32, String)>,
+    /// Blocks and bytes received to make the copies the same.
+    pub synced: (u64, u64),
 }
 
 impl Disks {
@@ -68,7 +75,30 @@ impl Disks {
             let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
             open.insert(slot as u32, (image, backend));
         }
-        Ok(Disks { disks: open })
+        Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0) })
+    }
+
+    /// The copy in `slot` differs from the primary's, whose digest is
+    /// `theirs`: the blocks that make it the same are on their way.
+    pub fn expect_blocks(&mut self, slot: usize, theirs: &str) {
+        self.unsynced.push((slot as u32, theirs.to_string()));
+    }
+
+    /// Once the blocks are in: each copy that differed hashes as the
+    /// primary's now, or the backup cannot follow.
+    fn check_synced(&mut self) -> Result<(), String> {
+        for (slot, theirs) in self.unsynced.drain(..) {
+            let (image, _) = &self.disks[&slot];
+            let mine = DiskDigest::of(image.path(), DiskDigest::size_in(&theirs))?.whole();
+            if mine != theirs {
+                return Err(format!(
+                    "the backup's disk {} still differs from the primary's after its blocks came",
+                    image.path().display()
+                ));
+            }
+            eprintln!("ftvm: the backup's disk {} is now a copy of the primary's", image.path().display());
+        }
+        Ok(())
     }
 }
 
@@ -113,6 +143,24 @@ pub fn follow(
                 }
                 writes.push((slot, offset, data));
             }
+            Record::DiskSync { slot, offset, data } => {
+                if held.state.is_some() {
+                    return Err("disk blocks after the first checkpoint".into());
+                }
+                let Some((image, backend)) = disks.disks.get_mut(&slot) else {
+                    return Err(format!("disk blocks for slot {slot}, which holds no disk"));
+                };
+                if offset.checked_add(data.len() as u64).is_none_or(|end| end > backend.size()) {
+                    return Err(format!("disk blocks past the end of the disk in slot {slot}"));
+                }
+                // The disk as it was before the guest ran: no epoch to
+                // wait for.
+                backend
+                    .write_at(offset, &data)
+                    .map_err(|e| format!("cannot write the backup's disk {}: {e}", image.path().display()))?;
+                disks.synced.0 += 1;
+                disks.synced.1 += data.len() as u64;
+            }
             Record::Pages { epoch, pages } => {
                 if epoch != next(held) {
                     return Err(format!("pages of checkpoint {epoch} when {} was due", next(held)));
@@ -123,6 +171,7 @@ pub fn follow(
                 if epoch != next(held) {
                     return Err(format!("checkpoint {epoch} when {} was due", next(held)));
                 }
+                disks.check_synced()?;
                 let state = zstd::bulk::decompress(&state, MAX_STATE)
                     .map_err(|e| format!("checkpoint {epoch}: machine state: {e}"))?;
                 staged.extend(decode_pages(&held.ram, epoch, &pages)?);

@@ -9,6 +9,9 @@
 //! Output commit (§2.4): frames the guest sends during epoch k wait
 //! behind a barrier until the backup has acknowledged checkpoint k; they
 //! cost the guest nothing meanwhile (a sent frame needs no completion).
+//! Unlike Remus, an epoch with frames waiting ends early when the guest
+//! idles: an answered request then leaves within a few milliseconds
+//! rather than at the end of the interval.
 //! Disk writes go to this host's copy at once and are mirrored into the
 //! stream, ahead of the checkpoint of their epoch (§2.5); the backup
 //! applies them when that checkpoint commits.
@@ -19,6 +22,7 @@ use ftvm_machine::{BlkOp, IoRequest, Machine};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
+use ftvm_replication::disk_sync::{self, DigestList};
 use ftvm_replication::output_rule::OutputGate;
 use ftvm_replication::page_delta::{DeltaStats, PageEncoder, PAGE_SIZE};
 use std::collections::VecDeque;
@@ -43,6 +47,47 @@ const END_ACK_WAIT: Duration = Duration::from_secs(5);
 const PAGES_PER_RECORD: usize = 2048;
 /// Pause times kept for the median and p99 in status.
 const PAUSES_KEPT: usize = 4096;
+/// Least time between an idle checkpoint and the checkpoint before it: a
+/// guest answering many small requests gets at most 500 extra checkpoints
+/// a second, each a pause of some tens of microseconds.
+const IDLE_GAP: Duration = Duration::from_millis(2);
+
+/// Before the first checkpoint: the blocks of this host's disks (`disks`:
+/// slot, path and digest, taken before the guest started) that the
+/// backup's copies lack, as it asked with the digests of its own copies
+/// (Remus §2.5: the copies start the same). Returns the blocks and bytes
+/// sent. Their digests were taken ahead, so the stream flows from the
+/// moment the backup is ready: a silent channel would look like a failure.
+pub fn send_disk_blocks(
+    channel: &mut LogSender,
+    disks: &[(usize, std::path::PathBuf, super::DiskDigest)],
+) -> Result<(usize, u64), String> {
+    let (mut blocks, mut bytes) = (0, 0);
+    let mut out = Vec::new();
+    for request in channel.take_requests() {
+        let theirs = DigestList::decode(&request).map_err(|e| format!("the backup's request: {e}"))?;
+        let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == theirs.slot as u64) else {
+            return Err(format!("the backup asked for blocks of slot {}, which holds no disk", theirs.slot));
+        };
+        if theirs.size != mine.size {
+            return Err(format!("the backup asked for blocks of a {}-byte disk in slot {slot}", theirs.size));
+        }
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+        let mut buf = vec![0u8; theirs.block as usize];
+        for (offset, len) in theirs.differing(&mine.blocks) {
+            disk_sync::read_zero_padded(&file, &mut buf[..len], offset)
+                .map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+            out.clear();
+            let data = buf[..len].to_vec();
+            stream::encode(&mut out, &Record::DiskSync { slot: theirs.slot, offset, data });
+            channel.write_all(&out).map_err(|e| format!("sending the backup its disk blocks: {e}"))?;
+            blocks += 1;
+            bytes += len as u64;
+        }
+    }
+    channel.send_now();
+    Ok((blocks, bytes))
+}
 
 enum Job {
     Write { slot: u32, offset: u64, data: Vec<u8> },
@@ -65,6 +110,13 @@ struct SenderReport {
 pub struct Checkpointer {
     interval: Duration,
     due: Instant,
+    /// Whether to checkpoint at once when the guest idles with frames
+    /// waiting for their epoch to end (see [`Checkpointer::idle_due`]).
+    idle_checkpoints: bool,
+    /// When the last checkpoint was taken, and how many were taken early
+    /// because the guest idled.
+    last: Instant,
+    early: u64,
     /// The epoch in progress: its checkpoint will carry this number.
     epoch: u64,
     /// Frames sent during the epoch in progress.
@@ -91,7 +143,13 @@ pub struct Checkpointer {
 
 impl Checkpointer {
     /// Starts the sender thread on `channel` (the header already written).
-    pub fn new(channel: LogSender, interval: Duration, arbiter: Arbiter, me: String) -> Result<Checkpointer, String> {
+    pub fn new(
+        channel: LogSender,
+        interval: Duration,
+        idle_checkpoints: bool,
+        arbiter: Arbiter,
+        me: String,
+    ) -> Result<Checkpointer, String> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(STAGED);
         let (spare_tx, spare) = mpsc::channel();
         let (ended_tx, ended) = mpsc::channel();
@@ -107,6 +165,9 @@ impl Checkpointer {
         Ok(Checkpointer {
             interval,
             due: Instant::now(),
+            idle_checkpoints,
+            last: Instant::now(),
+            early: 0,
             epoch: 0,
             this_epoch: Vec::new(),
             gate: OutputGate::default(),
@@ -129,6 +190,16 @@ impl Checkpointer {
     /// When the next checkpoint is due.
     pub fn due(&self) -> Instant {
         self.due
+    }
+
+    /// Whether to take a checkpoint now, before it is due, because every
+    /// hart idles while frames of this epoch wait for it: a request has
+    /// been answered and the guest has nothing more to do, so holding the
+    /// reply for the rest of the interval would only add latency (Remus
+    /// holds it; on a request-response load that is most of the added
+    /// latency). At most one every [`IDLE_GAP`].
+    pub fn idle_due(&self, now: Instant) -> bool {
+        self.idle_checkpoints && !self.this_epoch.is_empty() && now >= self.last + IDLE_GAP
     }
 
     /// The machine's new requests: frames wait for the end of their epoch
@@ -211,8 +282,14 @@ impl Checkpointer {
         self.epoch += 1;
         // On the configured beat, not an interval after this one: the
         // checks between machine chunks would otherwise stretch every
-        // interval a little. A late checkpoint does not make a burst.
-        self.due = (self.due + self.interval).max(Instant::now());
+        // interval a little. A late checkpoint does not make a burst; an
+        // early one (the guest idled) leaves the beat where it was.
+        if t0 >= self.due {
+            self.due = (self.due + self.interval).max(Instant::now());
+        } else {
+            self.early += 1;
+        }
+        self.last = t0;
         if self.pauses.len() == PAUSES_KEPT {
             self.pauses.pop_front();
             self.dirty.pop_front();
@@ -266,15 +343,16 @@ impl Checkpointer {
     }
 
     /// Status fields for the control socket: configured and achieved
-    /// rates, pause times against pages dirtied, bytes per checkpoint,
+    /// rates (of the checkpoints on the beat; `idle_checkpoints` counts
+    /// the early ones), pause times against pages dirtied, bytes per checkpoint,
     /// compression, outputs held.
     pub fn status(&mut self) -> String {
         let r = self.report.lock().unwrap();
         let now = Instant::now();
         let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
         if dt >= 0.5 {
-            self.rate = (self.epoch - self.rate_mark.1) as f64 / dt;
-            self.rate_mark = (now, self.epoch);
+            self.rate = (self.epoch - self.early - self.rate_mark.1) as f64 / dt;
+            self.rate_mark = (now, self.epoch - self.early);
         }
         let mut sorted: Vec<Duration> = self.pauses.iter().copied().collect();
         sorted.sort();
@@ -299,15 +377,16 @@ impl Checkpointer {
             by_dirty += &format!("{sep}{lo}-{hi}:{median}/{p99}us/{}", p.len());
         }
         format!(
-            "role=primary backup={} generation={} mode=checkpoint interval={}ms checkpoints={} rate={:.2}/s \
-             rate_overall={:.2}/s committed={} pause_median={}us pause_p99={}us dirty_median={} pause_by_dirty={} \
+            "role=primary backup={} generation={} mode=checkpoint interval={}ms checkpoints={} idle_checkpoints={} \
+             rate={:.2}/s rate_overall={:.2}/s committed={} pause_median={}us pause_p99={}us dirty_median={} pause_by_dirty={} \
              bytes_per_checkpoint={} compression={:.2} log_bytes={} acked={} held={} outputs_held_total={}",
             self.watch.peer(),
             self.arbiter.generation(),
             self.interval.as_millis(),
             self.epoch,
+            if self.idle_checkpoints { self.early.to_string() } else { "off".into() },
             self.rate,
-            self.epoch as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            (self.epoch - self.early) as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
             self.acked_epochs,
             pct(0.5).as_micros(),
             pct(0.99).as_micros(),

@@ -27,6 +27,7 @@ use epochs::{EpochMode, EpochProtocol};
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
+use ftvm_replication::disk_sync;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::Timing;
 use primary::Protection;
@@ -142,15 +143,42 @@ pub fn header_disks(h: &Header) -> Result<Vec<(usize, PathBuf)>, String> {
         .collect())
 }
 
-/// The content digest of a disk image, to check that two copies are
-/// identical before separate disks are protected.
-pub fn disk_digest(path: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    hasher
-        .update_reader(std::io::BufReader::with_capacity(4 << 20, file))
-        .map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
-    Ok(hasher.finalize().to_hex().to_string())
+/// A disk image's content, hashed in blocks ([`disk_sync`]): two copies
+/// are identical when their digests are; where they are not, the blocks
+/// tell what to send to make them so.
+pub struct DiskDigest {
+    pub size: u64,
+    pub blocks: Vec<[u8; 32]>,
+}
+
+impl DiskDigest {
+    /// Hashes the first `size` bytes of the disk at `path` (its whole
+    /// length when None).
+    pub fn of(path: &Path, size: Option<u64>) -> Result<DiskDigest, String> {
+        let e = |e: std::io::Error| format!("cannot read disk {}: {e}", path.display());
+        let file = std::fs::File::open(path).map_err(e)?;
+        let size = match size {
+            Some(s) => s,
+            None => file.metadata().map_err(e)?.len(),
+        };
+        let blocks = disk_sync::digests(&file, size, disk_sync::block_size(size)).map_err(e)?;
+        Ok(DiskDigest { size, blocks })
+    }
+
+    /// The digest of the whole disk, with its size: what the header names.
+    pub fn whole(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.size.to_le_bytes());
+        for b in &self.blocks {
+            h.update(b);
+        }
+        format!("{}:{}", self.size, h.finalize().to_hex())
+    }
+
+    /// The size a header's whole digest names.
+    pub fn size_in(whole: &str) -> Option<u64> {
+        whole.split_once(':')?.0.parse().ok()
+    }
 }
 
 /// How the backup is kept in step.
@@ -206,6 +234,12 @@ pub struct PrimaryArgs {
     /// (Remus: 25, i.e. 40 per second).
     #[arg(long, value_name = "MS", default_value_t = 25)]
     pub interval: u64,
+    /// With --mode checkpoint: take checkpoints only on the beat of
+    /// --interval, as Remus does. By default a checkpoint is also taken
+    /// as soon as the guest idles with frames waiting to leave (at most
+    /// one every 2 ms), so a reply does not wait out the interval.
+    #[arg(long)]
+    pub no_idle_checkpoints: bool,
     #[command(flatten)]
     pub pair: PairArgs,
 }
@@ -285,10 +319,15 @@ pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<Hos
     };
     let disks = DiskPolicy { sharing: args.disk_sharing()?, backup_reads: args.backup_reads };
     disks.to_header(header);
+    let mut digests = Vec::new();
     if disks.sharing == DiskSharing::Separate {
-        // The backup refuses to follow unless its copies hash the same.
-        let digests = header_disks(header)?.iter().map(|(_, p)| disk_digest(p)).collect::<Result<Vec<_>, _>>()?;
-        header.set("ft-disk-digests", digests.join(";"));
+        // In lockstep the backup refuses to follow unless its copies hash
+        // the same; in checkpoint mode it asks for the blocks that differ.
+        for (slot, path) in header_disks(header)? {
+            digests.push((slot, path.clone(), DiskDigest::of(&path, None)?));
+        }
+        let whole: Vec<String> = digests.iter().map(|(_, _, d)| d.whole()).collect();
+        header.set("ft-disk-digests", whole.join(";"));
     }
     let me = format!("primary on {}", hostname());
     let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
@@ -322,8 +361,15 @@ pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<Hos
     }
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
-        let channel = recorder.into_channel().expect("a log to the backup");
-        let c = checkpoint_primary::Checkpointer::new(channel, interval, arbiter, me)?;
+        let mut channel = recorder.into_channel().expect("a log to the backup");
+        let (blocks, bytes) = checkpoint_primary::send_disk_blocks(&mut channel, &digests)?;
+        if blocks > 0 {
+            eprintln!(
+                "ftvm: sending the backup {blocks} blocks ({:.1} MiB) its copies of the disks lack",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+        let c = checkpoint_primary::Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me)?;
         eprintln!(
             "ftvm: protected (checkpoints every {} ms): the backup at {} receives them",
             interval.as_millis(),
