@@ -35,6 +35,8 @@ bench: image
 	bench/ft-network
 	bench/lag-control
 	bench/epoch-table
+	bench/checkpoint
+	bench/failover --mode checkpoint
 
 clean:
 	$(CARGO) clean
