@@ -15,6 +15,8 @@
 //! kind 5, a block of a disk as it was when protection started, before
 //!          the first checkpoint (the backup's copy made the same):
 //!          slot u32 | offset u64 | data
+//! kind 6, nothing: the primary is alive while its machine is busy
+//!          (the first checkpoint's scan of all of RAM, say)
 //! ```
 //!
 //! A large checkpoint (the first carries all of RAM) goes as several page
@@ -34,6 +36,7 @@ const CHECKPOINT: u8 = 2;
 const END: u8 = 3;
 const PAGES: u8 = 4;
 const DISK_SYNC: u8 = 5;
+const KEEP_ALIVE: u8 = 6;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -45,6 +48,7 @@ pub enum Record {
     End { status: Option<u32> },
     Pages { epoch: u64, pages: Vec<u8> },
     DiskSync { slot: u32, offset: u64, data: Vec<u8> },
+    KeepAlive,
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -83,6 +87,7 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(data);
             DISK_SYNC
         }
+        Record::KeepAlive => KEEP_ALIVE,
     };
     let payload_len = (out.len() - start - 9) as u32;
     let crc = crc32fast::hash(&out[start + 9..]);
@@ -193,7 +198,8 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
             let (slot, offset) = (u32_at(&p, 0), u64_at(&p, 4));
             Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
         }
-        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC => Err(format!("record of kind {kind} has {} bytes", p.len())),
+        KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
+        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => Err(format!("record of kind {kind} has {} bytes", p.len())),
         _ => Err(format!("unknown record kind {kind}")),
     }
 }
@@ -211,6 +217,7 @@ mod tests {
             Record::End { status: None },
             Record::Pages { epoch: 5, pages: vec![1, 2, 3] },
             Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
+            Record::KeepAlive,
         ]
     }
 

@@ -197,6 +197,7 @@ pub fn follow(
                 on_commit(held);
             }
             Record::End { status } => return Ok(Followed::Ended(status)),
+            Record::KeepAlive => {}
         }
     }
 }

@@ -51,6 +51,9 @@ const PAUSES_KEPT: usize = 4096;
 /// guest answering many small requests gets at most 500 extra checkpoints
 /// a second, each a pause of some tens of microseconds.
 const IDLE_GAP: Duration = Duration::from_millis(2);
+/// How long the sender waits for a job before it shows the backup the
+/// primary is alive (the heartbeat interval of the default timing).
+const KEEP_ALIVE: Duration = Duration::from_millis(50);
 
 /// Before the first checkpoint: the blocks of this host's disks (`disks`:
 /// slot, path and digest, taken before the guest started) that the
@@ -273,6 +276,13 @@ impl Checkpointer {
         let state = m.checkpoint_state().map_err(|e| format!("checkpoint: {e}"))?;
         let pause = t0.elapsed();
         let n = pfns.len();
+        if self.epoch == 0 {
+            eprintln!(
+                "ftvm: first checkpoint: {n} pages of RAM in use ({} MiB), copied in {} ms",
+                n * PAGE_SIZE >> 20,
+                pause.as_millis()
+            );
+        }
         let _ = self.jobs.send(Job::Checkpoint { epoch: self.epoch, icount: m.icount(), state, pfns, pages });
         // The wait for a busy sender is part of the pause the guest sees.
         let pause = pause.max(t0.elapsed());
@@ -419,7 +429,23 @@ fn send_loop(
     unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
     let mut encoder = PageEncoder::new(PAGE_CACHE);
     let mut buf = Vec::new();
-    while let Ok(job) = jobs.recv() {
+    loop {
+        // The machine's thread may be busy for longer than the failure
+        // timeout between two jobs (the first checkpoint scans all of
+        // RAM): the channel must not fall silent meanwhile.
+        let job = match jobs.recv_timeout(KEEP_ALIVE) {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                buf.clear();
+                stream::encode(&mut buf, &Record::KeepAlive);
+                if channel.write_all(&buf).is_err() {
+                    return;
+                }
+                channel.send_now();
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
         buf.clear();
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
