@@ -649,6 +649,14 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
     let (total, mut backup) = kill_primary_and_check_as(&site, &s, primary, backup, "following");
     let live = backup.log().lines().find(|l| l.contains("going live")).unwrap_or("").to_string();
     assert!(live.contains("going live from checkpoint"), "{live}");
+    // Remus §2.5: the backup's copy, flushed, is marked valid before its
+    // VM runs, with the checkpoint it went live from.
+    let checkpoint = live.split("going live from checkpoint ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
+    let record = std::fs::read_to_string(format!("{theirs}.activation")).expect("the backup's activation record");
+    assert!(
+        record.contains("generation=1\n") && record.contains(&format!("checkpoint={checkpoint}\n")),
+        "{record}"
+    );
     // The guest ends cleanly on the backup: redis exits, the guest syncs,
     // remounts its root read-only and powers off.
     let mut conn = site.client.connect(&format!("{GUEST}:6379")).expect("redis on the backup");

@@ -435,10 +435,15 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
                         summary(&held),
                         detected.elapsed().as_millis()
                     );
+                    let disks: Vec<PathBuf> = disks.into_iter().map(|(_, p)| p).collect();
+                    let me = format!("backup on {}", hostname());
+                    let records = checkpoint_backup::activate(&disks, &held, gen, &me)?;
                     let m = held.into_machine()?;
                     eprintln!("{line}");
+                    for r in records {
+                        eprintln!("ftvm: wrote the activation record {}", r.display());
+                    }
                     drop(status_socket);
-                    let disks = disks.into_iter().map(|(_, p)| p).collect();
                     let setup =
                         LiveSetup { control: args.control.clone(), nets, disks, announce: true, console_input: false };
                     replay::go_live(m, &header, &setup)

@@ -9,7 +9,8 @@
 //!
 //! When the stream is cut, an incomplete checkpoint and the disk writes
 //! after the last whole one are dropped: the VM goes live from the last
-//! committed checkpoint, with this host's disks exactly as they were then.
+//! committed checkpoint, with this host's disks exactly as they were then,
+//! flushed and marked valid by an activation record before it runs.
 
 use super::DiskDigest;
 use ftvm_host::{DiskImage, FileBackend};
@@ -19,8 +20,8 @@ use ftvm_machine::{GuestRam, Machine};
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
 use ftvm_replication::page_delta::{self, PAGE_SIZE};
 use std::collections::HashMap;
-use std::io::Read;
-use std::path::Path;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
@@ -54,6 +55,40 @@ impl Committed {
         let state = self.state.ok_or("no checkpoint was committed: there is nothing to take over")?;
         Machine::from_checkpoint(&state, self.ram).map_err(|e| format!("the last checkpoint: {e}"))
     }
+}
+
+/// Before the backup's VM begins execution (Remus §2.5): each disk the
+/// committed checkpoints wrote is flushed to stable storage, and then an
+/// activation record is written beside it (`DISK.activation`), which marks
+/// this copy as the valid one from `generation` on. After a crash of both
+/// hosts the records tell which copy of the disk to trust. Returns the
+/// records' paths.
+pub fn activate(disks: &[PathBuf], held: &Committed, generation: u64, me: &str) -> Result<Vec<PathBuf>, String> {
+    let mut records = Vec::new();
+    for disk in disks {
+        let e = |what: &str, e: std::io::Error| format!("activating {}: {what}: {e}", disk.display());
+        std::fs::OpenOptions::new().write(true).open(disk).and_then(|f| f.sync_all()).map_err(|x| e("flush", x))?;
+        let record = PathBuf::from(format!("{}.activation", disk.display()));
+        let tmp = PathBuf::from(format!("{}.activation.part", disk.display()));
+        let when = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let text = format!(
+            "ftvm activation record\ngeneration={generation}\nby={me}\ncheckpoint={}\nicount={}\ndisk_writes={}\n\
+             unix_time={}\n",
+            held.epoch,
+            held.icount,
+            held.writes,
+            when.as_secs()
+        );
+        let mut f = std::fs::File::create(&tmp).map_err(|x| e("record", x))?;
+        f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(|x| e("record", x))?;
+        std::fs::rename(&tmp, &record).map_err(|x| e("record", x))?;
+        if let Some(dir) = record.parent() {
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|x| e("record's directory", x))?;
+        }
+        records.push(record);
+    }
+    Ok(records)
 }
 
 /// This host's copies of the VM's disks, written at commits.
