@@ -349,6 +349,15 @@ impl Live {
             // Woke for the keep-alive only: the guest sleeps on.
             return Ok(Next::Continue);
         }
+        // News that is the host's, not the guest's (an acknowledgement
+        // from the backup, a control request), does not move guest time:
+        // it would be logged, acknowledged, and wake us again, a loop
+        // that kept an idle protected guest logging 0.75 Mbit/s.
+        if let Some(ev @ (HostEvent::Replication(PrimaryEvent::Acked) | HostEvent::Control(_))) = got {
+            let next = self.handle(ev)?;
+            self.feed_inputs();
+            return Ok(next);
+        }
         if !self.opts.fast_time {
             let target = match wake_at {
                 Some(t) if got.is_none() => t,
