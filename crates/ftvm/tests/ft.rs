@@ -653,10 +653,7 @@ fn checkpoint_mode_takes_over_with_every_acknowledged_write_and_a_clean_disk() {
     // VM runs, with the checkpoint it went live from.
     let checkpoint = live.split("going live from checkpoint ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
     let record = std::fs::read_to_string(format!("{theirs}.activation")).expect("the backup's activation record");
-    assert!(
-        record.contains("generation=1\n") && record.contains(&format!("checkpoint={checkpoint}\n")),
-        "{record}"
-    );
+    assert!(record.contains("generation=1\n") && record.contains(&format!("checkpoint={checkpoint}\n")), "{record}");
     // The guest ends cleanly on the backup: redis exits, the guest syncs,
     // remounts its root read-only and powers off.
     let mut conn = site.client.connect(&format!("{GUEST}:6379")).expect("redis on the backup");
@@ -743,8 +740,18 @@ fn a_vm_restored_from_a_snapshot_is_protected_and_fails_over() {
     let timeout = TIMEOUT_MS.to_string();
     let sock = path_str(&s.path("primary.sock"));
     let args = [
-        "ft", "primary", "--backup", &backup_addr, "--shared", &shared, "--timeout", &timeout, "--control", &sock,
-        "--restore", &snap,
+        "ft",
+        "primary",
+        "--backup",
+        &backup_addr,
+        "--shared",
+        &shared,
+        "--timeout",
+        &timeout,
+        "--control",
+        &sock,
+        "--restore",
+        &snap,
     ];
     let mut primary = Vm::start(&site.primary, &args, s.path("primary.out"));
     wait_for_line(&mut primary, "tick-20 ", Duration::from_secs(120));

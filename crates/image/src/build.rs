@@ -621,7 +621,9 @@ mod tests {
 fn mirror_mid_sync(apt_output: &str) -> bool {
     apt_output.lines().any(|l| {
         l.starts_with("E: Failed to fetch")
-            && (l.contains("Mirror sync in progress") || l.contains("Hash Sum mismatch") || l.contains("unexpected size"))
+            && (l.contains("Mirror sync in progress")
+                || l.contains("Hash Sum mismatch")
+                || l.contains("unexpected size"))
     })
 }
 

@@ -199,7 +199,9 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
             Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
         }
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
-        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => Err(format!("record of kind {kind} has {} bytes", p.len())),
+        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => {
+            Err(format!("record of kind {kind} has {} bytes", p.len()))
+        }
         _ => Err(format!("unknown record kind {kind}")),
     }
 }

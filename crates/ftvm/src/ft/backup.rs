@@ -245,13 +245,18 @@ fn backup_disk_paths(header: &ftvm_replay::Header, given: &[PathBuf]) -> Result<
     Ok(disks)
 }
 
-/// Separate disks start identical (§4.1), or protection is refused.
-fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Result<(), String> {
+/// The primary's digest of each of `disks`, from the header.
+fn header_digests<'h>(header: &'h ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Result<Vec<&'h str>, String> {
     let theirs: Vec<&str> = header.get("ft-disk-digests").unwrap_or_default().split(';').collect();
     if theirs.len() != disks.len() {
         return Err("the primary gave no digest of its disks".into());
     }
-    for ((_, path), theirs) in disks.iter().zip(theirs) {
+    Ok(theirs)
+}
+
+/// Separate disks start identical (§4.1), or protection is refused.
+fn check_copies(header: &ftvm_replay::Header, disks: &[(usize, PathBuf)]) -> Result<(), String> {
+    for ((_, path), theirs) in disks.iter().zip(header_digests(header, disks)?) {
         if DiskDigest::of(path, None)?.whole() != theirs {
             return Err(format!(
                 "the backup's disk {} is not a copy of the primary's (their contents differ)",
@@ -272,15 +277,12 @@ fn copies_to_sync(
     disks: &[(usize, PathBuf)],
     receiver: &LogReceiver,
 ) -> Result<Vec<(usize, String)>, String> {
-    let theirs: Vec<&str> = header.get("ft-disk-digests").unwrap_or_default().split(';').collect();
-    if theirs.len() != disks.len() {
-        return Err("the primary gave no digest of its disks".into());
-    }
     let mut to_sync = Vec::new();
-    for ((slot, path), theirs) in disks.iter().zip(theirs) {
+    for ((slot, path), theirs) in disks.iter().zip(header_digests(header, disks)?) {
         let size = DiskDigest::size_in(theirs).ok_or("the primary's disk digests name no size")?;
         let e = |e: std::io::Error| format!("cannot make the backup's disk {}: {e}", path.display());
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(e)?;
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(e)?;
         if file.metadata().map_err(e)?.len() != size {
             // A new copy is a sparse file: only the blocks the primary
             // has data in differ from it.

@@ -99,7 +99,7 @@ pub struct Disks {
     /// checkpoint, after which the copy must hash the same.
     unsynced: Vec<(u32, String)>,
     /// Blocks and bytes received to make the copies the same.
-    pub synced: (u64, u64),
+    synced: (u64, u64),
 }
 
 impl Disks {
@@ -119,6 +119,16 @@ impl Disks {
         self.unsynced.push((slot as u32, theirs.to_string()));
     }
 
+    /// The copy in `slot`, checked to hold `len` bytes at `offset`.
+    fn range(&mut self, slot: u32, offset: u64, len: usize) -> Result<&mut (DiskImage, FileBackend), String> {
+        let disk =
+            self.disks.get_mut(&slot).ok_or_else(|| format!("disk data for slot {slot}, which holds no disk"))?;
+        if offset.checked_add(len as u64).is_none_or(|end| end > disk.1.size()) {
+            return Err(format!("disk data past the end of the disk in slot {slot}"));
+        }
+        Ok(disk)
+    }
+
     /// Once the blocks are in: each copy that differed hashes as the
     /// primary's now, or the backup cannot follow.
     fn check_synced(&mut self) -> Result<(), String> {
@@ -131,7 +141,12 @@ impl Disks {
                     image.path().display()
                 ));
             }
-            eprintln!("ftvm: the backup's disk {} is now a copy of the primary's", image.path().display());
+            eprintln!(
+                "ftvm: the backup's disk {} is now a copy of the primary's ({} blocks, {:.1} MiB received)",
+                image.path().display(),
+                self.synced.0,
+                self.synced.1 as f64 / (1 << 20) as f64
+            );
         }
         Ok(())
     }
@@ -170,24 +185,14 @@ pub fn follow(
         };
         match record {
             Record::DiskWrite { slot, offset, data } => {
-                let Some((_, backend)) = disks.disks.get(&slot) else {
-                    return Err(format!("a disk write to slot {slot}, which holds no disk"));
-                };
-                if offset.checked_add(data.len() as u64).is_none_or(|end| end > backend.size()) {
-                    return Err(format!("a disk write past the end of the disk in slot {slot}"));
-                }
+                disks.range(slot, offset, data.len())?;
                 writes.push((slot, offset, data));
             }
             Record::DiskSync { slot, offset, data } => {
                 if held.state.is_some() {
                     return Err("disk blocks after the first checkpoint".into());
                 }
-                let Some((image, backend)) = disks.disks.get_mut(&slot) else {
-                    return Err(format!("disk blocks for slot {slot}, which holds no disk"));
-                };
-                if offset.checked_add(data.len() as u64).is_none_or(|end| end > backend.size()) {
-                    return Err(format!("disk blocks past the end of the disk in slot {slot}"));
-                }
+                let (image, backend) = disks.range(slot, offset, data.len())?;
                 // The disk as it was before the guest ran: no epoch to
                 // wait for.
                 backend

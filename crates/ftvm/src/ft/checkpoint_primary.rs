@@ -69,19 +69,18 @@ pub fn send_disk_blocks(
     let mut out = Vec::new();
     for request in channel.take_requests() {
         let theirs = DigestList::decode(&request).map_err(|e| format!("the backup's request: {e}"))?;
-        let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == theirs.slot as u64) else {
+        let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
             return Err(format!("the backup asked for blocks of slot {}, which holds no disk", theirs.slot));
         };
         if theirs.size != mine.size {
             return Err(format!("the backup asked for blocks of a {}-byte disk in slot {slot}", theirs.size));
         }
         let file = std::fs::File::open(path).map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
-        let mut buf = vec![0u8; theirs.block as usize];
         for (offset, len) in theirs.differing(&mine.blocks) {
-            disk_sync::read_zero_padded(&file, &mut buf[..len], offset)
+            let mut data = vec![0u8; len];
+            disk_sync::read_zero_padded(&file, &mut data, offset)
                 .map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
             out.clear();
-            let data = buf[..len].to_vec();
             stream::encode(&mut out, &Record::DiskSync { slot: theirs.slot, offset, data });
             channel.write_all(&out).map_err(|e| format!("sending the backup its disk blocks: {e}"))?;
             blocks += 1;
@@ -279,7 +278,7 @@ impl Checkpointer {
         if self.epoch == 0 {
             eprintln!(
                 "ftvm: first checkpoint: {n} pages of RAM in use ({} MiB), copied in {} ms",
-                n * PAGE_SIZE >> 20,
+                (n * PAGE_SIZE) >> 20,
                 pause.as_millis()
             );
         }
@@ -352,6 +351,11 @@ impl Checkpointer {
         }
     }
 
+    /// Checkpoints taken on the beat of the interval (not early).
+    fn on_beat(&self) -> u64 {
+        self.epoch - self.early
+    }
+
     /// Status fields for the control socket: configured and achieved
     /// rates (of the checkpoints on the beat; `idle_checkpoints` counts
     /// the early ones), pause times against pages dirtied, bytes per checkpoint,
@@ -361,8 +365,8 @@ impl Checkpointer {
         let now = Instant::now();
         let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
         if dt >= 0.5 {
-            self.rate = (self.epoch - self.early - self.rate_mark.1) as f64 / dt;
-            self.rate_mark = (now, self.epoch - self.early);
+            self.rate = (self.on_beat() - self.rate_mark.1) as f64 / dt;
+            self.rate_mark = (now, self.on_beat());
         }
         let mut sorted: Vec<Duration> = self.pauses.iter().copied().collect();
         sorted.sort();
@@ -396,7 +400,7 @@ impl Checkpointer {
             self.epoch,
             if self.idle_checkpoints { self.early.to_string() } else { "off".into() },
             self.rate,
-            (self.epoch - self.early) as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            self.on_beat() as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
             self.acked_epochs,
             pct(0.5).as_micros(),
             pct(0.99).as_micros(),
