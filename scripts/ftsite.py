@@ -829,7 +829,8 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=500, cores=(0, 1)
         primary = start_primary(site, ftvm, work, shared, REDIS_FT, timeout_ms, core=cores[0] if cores else None,
                                 extra=primary_extra)
         r.logs = {"primary": str(primary.log_path), "backup": str(backup.log_path)}
-        follows = "commits its checkpoints" if "checkpoint" in primary_extra else "replays it in lockstep"
+        follows = ("commits its checkpoints" if "checkpoint" in primary_extra
+                   else "replays it epoch by epoch" if "epoch" in primary_extra else "replays it in lockstep")
         say(f"booting the guest {GUEST_IP} on the primary host; the backup {follows}")
         conn = wait_for_redis(site, [primary, backup], boot_timeout)
         r.boot = time.monotonic() - t_start

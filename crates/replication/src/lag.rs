@@ -4,8 +4,8 @@
 //! executed. The primary keeps a short history of when it was at which
 //! instruction count, so the lag in real time is how long ago the primary
 //! was where the backup is now. When the lag passes a threshold the
-//! primary's CPU share is lowered a few percent at a time, in a slow
-//! feedback loop, and given back as the backup catches up.
+//! primary's CPU share is lowered gradually, in a feedback loop, and
+//! given back as the backup catches up (see [`Throttle`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -54,39 +54,148 @@ impl LagMeter {
     }
 }
 
-/// The primary's CPU share: 1.0 runs flat out.
+/// The primary's CPU share (1.0 runs flat out) and the feedback loop that
+/// sets it.
+///
+/// VMware FT lowers the CPU limit a little at a time while the lag stays
+/// high. A fixed step alone makes the lag swing: the share keeps falling
+/// until the lag has turned, overshoots what the backup can follow, and
+/// the lag then falls far under the threshold before the share climbs
+/// back, over and over. So once the lag has passed the threshold, each
+/// step aims the share at what the backup has shown it can follow (its
+/// measured rate over the primary's), less a proportional term that
+/// drains the lag toward `target` within about [`DRAIN`]; the share moves
+/// toward that aim at most [`MAX_STEP`] per step, so it still changes
+/// gradually. It is given back (and the loop disengaged) once the lag is
+/// under the target and the aim is the whole CPU.
 pub struct Throttle {
     share: f64,
     threshold: Duration,
+    /// The lag the loop steers to once engaged.
+    target: Duration,
+    engaged: bool,
     last_update: Instant,
+    /// Instructions the primary ran and the time it ran them, since the
+    /// last step.
+    ran: (u64, Duration),
+    /// The primary's speed while it runs, in instructions per second.
+    primary_rate: Option<f64>,
+    /// Where the backup was at the last step, and when.
+    backup_mark: Option<(u64, Instant)>,
+    /// The backup's speed, in instructions per second.
+    backup_rate: Option<f64>,
 }
 
 /// How often the share moves.
 const STEP_EVERY: Duration = Duration::from_millis(250);
 const MIN_SHARE: f64 = 0.05;
+/// The most the share moves in one step.
+const MAX_STEP: f64 = 0.15;
+/// The time over which the proportional term means to drain the lag in
+/// excess of the target.
+const DRAIN: Duration = Duration::from_secs(2);
+/// Weight of a new rate measurement in the smoothed rates: a step is
+/// 250 ms, so the rates follow over about a second.
+const SMOOTHING: f64 = 0.3;
+
+fn smooth(old: Option<f64>, new: f64) -> Option<f64> {
+    Some(old.map_or(new, |o| o + SMOOTHING * (new - o)))
+}
 
 impl Throttle {
+    /// A loop that engages when the lag passes `threshold` and then
+    /// steers it to a tenth of that (VMware's typical lag, 100 ms, for
+    /// the default 1 s).
     pub fn new(threshold: Duration) -> Throttle {
-        Throttle { share: 1.0, threshold, last_update: Instant::now() }
+        Throttle {
+            share: 1.0,
+            threshold,
+            target: threshold / 10,
+            engaged: false,
+            last_update: Instant::now(),
+            ran: (0, Duration::ZERO),
+            primary_rate: None,
+            backup_mark: None,
+            backup_rate: None,
+        }
     }
 
     pub fn share(&self) -> f64 {
         self.share
     }
 
-    /// Moves the share a step given the current lag: down a few percent
-    /// while the lag is over the threshold, back up while it is under
-    /// half of it.
-    pub fn update(&mut self, lag: Duration, now: Instant) {
-        if now.duration_since(self.last_update) < STEP_EVERY {
+    /// Whether the loop is holding the primary back (or about to).
+    pub fn engaged(&self) -> bool {
+        self.engaged
+    }
+
+    /// The smoothed speeds, in instructions per second, of the primary
+    /// while it runs and of the backup, once measured.
+    pub fn rates(&self) -> (Option<f64>, Option<f64>) {
+        (self.primary_rate, self.backup_rate)
+    }
+
+    /// The primary ran `instructions` in `busy`.
+    pub fn ran(&mut self, instructions: u64, busy: Duration) {
+        self.ran.0 += instructions;
+        self.ran.1 += busy;
+    }
+
+    /// A step of the loop, at most every [`STEP_EVERY`], given the lag and
+    /// the instruction count the backup has executed.
+    pub fn update(&mut self, lag: Duration, backup_icount: u64, now: Instant) {
+        let dt = now.duration_since(self.last_update);
+        if dt < STEP_EVERY {
             return;
         }
         self.last_update = now;
-        if lag > self.threshold {
-            self.share = (self.share * 0.95).max(MIN_SHARE);
-        } else if lag < self.threshold / 2 {
-            self.share = (self.share * 1.05 + 0.01).min(1.0);
+        self.measure(backup_icount, now);
+        if !self.engaged {
+            if lag <= self.threshold {
+                return;
+            }
+            self.engaged = true;
         }
+        let aim = match (self.backup_rate, self.primary_rate) {
+            (Some(b), Some(p)) if b > 0.0 && p > 0.0 => {
+                let excess = (lag.as_secs_f64() - self.target.as_secs_f64()) / DRAIN.as_secs_f64();
+                // Under the target the primary may outrun the backup, but
+                // not by more than half again.
+                let follow = b / (1.0 + excess.clamp(-1.0 / 3.0, 1.0)) / p;
+                // A backup that has caught up runs no faster than it is
+                // fed, so its rate understates it: give back a little more.
+                if lag < self.target {
+                    follow.max(self.share * 1.1 + 0.02)
+                } else {
+                    follow
+                }
+            }
+            // No rates yet: the plain step of VMware FT.
+            _ if lag > self.threshold => self.share * 0.95,
+            _ => self.share * 1.05 + 0.01,
+        };
+        let aim = aim.clamp(MIN_SHARE, 1.0);
+        self.share = (self.share + (aim - self.share).clamp(-MAX_STEP, MAX_STEP)).clamp(MIN_SHARE, 1.0);
+        if lag < self.target && aim >= 1.0 && self.share >= 1.0 {
+            self.engaged = false;
+        }
+    }
+
+    /// Updates the smoothed rates from what happened since the last step.
+    fn measure(&mut self, backup_icount: u64, now: Instant) {
+        let (instructions, busy) = std::mem::take(&mut self.ran);
+        // A step that ran next to nothing (an idle guest) says nothing of
+        // the primary's speed.
+        if busy >= STEP_EVERY / 10 {
+            self.primary_rate = smooth(self.primary_rate, instructions as f64 / busy.as_secs_f64());
+        }
+        if let Some((was, then)) = self.backup_mark {
+            let secs = now.duration_since(then).as_secs_f64();
+            if secs > 0.0 && backup_icount >= was {
+                self.backup_rate = smooth(self.backup_rate, (backup_icount - was) as f64 / secs);
+            }
+        }
+        self.backup_mark = Some((backup_icount, now));
     }
 
     /// The pause that keeps the primary to its share after it ran for
@@ -134,22 +243,83 @@ mod tests {
         assert_eq!(m.lag(1500, woke + Duration::from_millis(20)), Duration::from_millis(10));
     }
 
+    /// A primary that runs 100 M instructions a second beside a backup
+    /// that can replay `backup_speed(t)` a second, in 10 ms chunks; returns
+    /// (time, lag, share) after each chunk.
+    fn simulate(seconds: f64, backup_speed: impl Fn(f64) -> f64) -> Vec<(f64, Duration, f64)> {
+        const PRIMARY: f64 = 100e6;
+        let t0 = Instant::now();
+        let mut th = Throttle::new(Duration::from_secs(1));
+        let mut meter = LagMeter::default();
+        let (mut t, mut primary, mut backup) = (0.0f64, 0u64, 0f64);
+        let mut out = Vec::new();
+        let busy = Duration::from_millis(10);
+        while t < seconds {
+            let started = t0 + Duration::from_secs_f64(t);
+            let elapsed = busy + th.pause_after(busy);
+            primary += (PRIMARY * busy.as_secs_f64()) as u64;
+            backup = (backup + backup_speed(t) * elapsed.as_secs_f64()).min(primary as f64);
+            t += elapsed.as_secs_f64();
+            let now = t0 + Duration::from_secs_f64(t);
+            meter.note(primary, started, started + busy);
+            let lag = meter.lag(backup as u64, now);
+            th.ran((PRIMARY * busy.as_secs_f64()) as u64, busy);
+            th.update(lag, backup as u64, now);
+            out.push((t, lag, th.share()));
+        }
+        out
+    }
+
     #[test]
-    fn share_falls_under_lag_and_recovers() {
+    fn a_backup_that_keeps_up_is_left_alone() {
+        let run = simulate(30.0, |_| 100e6);
+        assert!(run.iter().all(|&(_, lag, share)| lag < Duration::from_millis(50) && share == 1.0));
+    }
+
+    #[test]
+    fn a_slow_backup_is_followed_without_swinging() {
+        // The backup can replay 40 % of the primary's speed for 60 s, then
+        // all of it.
+        let run = simulate(90.0, |t| if t < 60.0 { 40e6 } else { 100e6 });
+        let during = |from: f64, to: f64| run.iter().filter(move |(t, _, _)| *t >= from && *t < to);
+        // It engages past the threshold. The lag goes on rising a while
+        // after the primary slows (the backup still replays what the
+        // primary ran at full speed), then settles well under it.
+        let worst = during(0.0, 60.0).map(|&(_, lag, _)| lag).max().unwrap();
+        assert!(worst > Duration::from_secs(1) && worst < Duration::from_secs(4), "{worst:?}");
+        let settled: Vec<_> = during(20.0, 60.0).collect();
+        for &&(t, lag, share) in &settled {
+            assert!(lag < Duration::from_millis(300), "lag {lag:?} at {t:.1} s");
+            assert!((0.35..=0.45).contains(&share), "share {share} at {t:.1} s");
+        }
+        // Gradually: no step of more than MAX_STEP.
+        for w in run.windows(2) {
+            assert!((w[1].2 - w[0].2).abs() <= MAX_STEP + 1e-9, "{:?}", w);
+        }
+        // Given back once the backup is fast again, and left alone after.
+        let after: Vec<_> = during(70.0, 90.0).collect();
+        assert!(after.iter().all(|&&(_, lag, share)| share == 1.0 && lag < Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn without_rates_the_share_steps_down_and_back() {
         let t0 = Instant::now();
         let mut th = Throttle::new(Duration::from_secs(1));
         let mut now = t0;
+        // The backup never moves and the primary is never seen to run: no
+        // rates, so the loop falls back to VMware's plain steps.
         for _ in 0..20 {
             now += STEP_EVERY;
-            th.update(Duration::from_secs(3), now);
+            th.update(Duration::from_secs(3), 0, now);
         }
         assert!(th.share() < 0.4 && th.share() >= MIN_SHARE, "{}", th.share());
         assert!(th.pause_after(Duration::from_millis(10)) > Duration::from_millis(10));
         for _ in 0..100 {
             now += STEP_EVERY;
-            th.update(Duration::from_millis(10), now);
+            th.update(Duration::from_millis(10), 0, now);
         }
         assert_eq!(th.share(), 1.0);
+        assert!(!th.engaged());
         assert_eq!(th.pause_after(Duration::from_millis(10)), Duration::ZERO);
     }
 }

@@ -25,6 +25,8 @@ pub struct Protection {
     /// This host's name in the arbiter's record.
     me: String,
     last_lag: Duration,
+    /// The instruction count at the last chunk's end.
+    last_icount: Option<u64>,
     /// For the log bandwidth in status: (when, bytes sent) at the last look.
     rate_mark: (Instant, u64),
     rate: f64,
@@ -69,6 +71,7 @@ impl Protection {
             arbiter,
             me,
             last_lag: Duration::ZERO,
+            last_icount: None,
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
             disks,
@@ -135,8 +138,12 @@ impl Protection {
     pub fn after_chunk(&mut self, icount: u64, busy: Duration, channel: &LogSender) -> Duration {
         let now = Instant::now();
         self.lag.note(icount, now - busy, now);
-        self.last_lag = self.lag.lag(channel.backup_icount(), now);
-        self.throttle.update(self.last_lag, now);
+        let backup = channel.backup_icount();
+        self.last_lag = self.lag.lag(backup, now);
+        let ran = self.last_icount.map_or(0, |last| icount.saturating_sub(last));
+        self.throttle.ran(ran, busy);
+        self.last_icount = Some(icount);
+        self.throttle.update(self.last_lag, backup, now);
         self.throttle.pause_after(busy)
     }
 
@@ -169,12 +176,14 @@ impl Protection {
             self.rate = (channel.sent() - self.rate_mark.1) as f64 * 8.0 / dt / 1e6;
             self.rate_mark = (now, channel.sent());
         }
+        let (primary_rate, backup_rate) = self.throttle.rates();
+        let mips = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.1}", r / 1e6));
         let mode = match &self.epochs {
             Some(e) => e.status(),
             None => EpochMode::describe(None),
         };
         format!(
-            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}%",
+            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}% lag_control={} mips_primary={} mips_backup={}",
             channel.peer(),
             self.arbiter.generation(),
             self.disks.sharing.name(),
@@ -185,7 +194,10 @@ impl Protection {
             channel.acked(),
             self.gate.len(),
             self.gate.total_held(),
-            self.throttle.share() * 100.0
+            self.throttle.share() * 100.0,
+            if self.throttle.engaged() { "engaged" } else { "off" },
+            mips(primary_rate),
+            mips(backup_rate)
         )
     }
 }
