@@ -32,6 +32,13 @@ struct Site {
 
 impl Site {
     fn new(tag: &str) -> Site {
+        // The tag names the namespaces (with the process id): two tests
+        // with one tag would collide whenever they ran at the same time.
+        static TAGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut tags = TAGS.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(!tags.iter().any(|t| t == tag), "two tests build a site tagged {tag:?}: give each its own");
+        tags.push(tag.to_string());
+        drop(tags);
         let site = Site {
             switch: Netns::bare(&format!("{tag}sw")),
             primary: Netns::bare(&format!("{tag}pa")),
@@ -713,7 +720,7 @@ fn checkpoint_mode_frames_leave_only_once_their_checkpoint_is_acknowledged() {
 /// entropy it was given is checked by the state digests as it goes.
 #[test]
 fn a_vm_restored_from_a_snapshot_is_protected_and_fails_over() {
-    let site = Site::new("r");
+    let site = Site::new("v");
     let s = Scratch::new("ft-test", "restored");
     let shared = path_str(&s.path("shared"));
     std::fs::create_dir_all(&shared).unwrap();
