@@ -138,34 +138,35 @@ impl Pipe {
 
     /// Takes up to `max` bytes, waiting for some; empty once closed and drained.
     fn take(&self, max: usize) -> Vec<u8> {
-        let mut s = self.state.lock().unwrap();
-        while s.bytes.is_empty() && !s.closed {
-            s = self.readable.wait(s).unwrap();
-        }
-        let n = max.min(s.bytes.len());
-        let out: Vec<u8> = s.bytes.drain(..n).collect();
-        self.writable.notify_all();
-        out
+        let mut s = self.wait_for_bytes();
+        self.drain(&mut s, max)
     }
 
     /// Takes up to `max` bytes without waiting.
     fn try_take(&self, max: usize) -> Vec<u8> {
+        self.drain(&mut self.state.lock().unwrap(), max)
+    }
+
+    /// Waits until there are bytes to take; false once closed and drained.
+    fn wait_readable(&self) -> bool {
+        !self.wait_for_bytes().bytes.is_empty()
+    }
+
+    fn wait_for_bytes(&self) -> std::sync::MutexGuard<'_, PipeState> {
         let mut s = self.state.lock().unwrap();
+        while s.bytes.is_empty() && !s.closed {
+            s = self.readable.wait(s).unwrap();
+        }
+        s
+    }
+
+    fn drain(&self, s: &mut PipeState, max: usize) -> Vec<u8> {
         let n = max.min(s.bytes.len());
         let out: Vec<u8> = s.bytes.drain(..n).collect();
         if n > 0 {
             self.writable.notify_all();
         }
         out
-    }
-
-    /// Waits until there are bytes to take; false once closed and drained.
-    fn wait_readable(&self) -> bool {
-        let mut s = self.state.lock().unwrap();
-        while s.bytes.is_empty() && !s.closed {
-            s = self.readable.wait(s).unwrap();
-        }
-        !s.bytes.is_empty()
     }
 
     /// Free room, waiting up to `wait` for some.

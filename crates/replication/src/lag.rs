@@ -78,6 +78,8 @@ pub struct Throttle {
     /// Instructions the primary ran and the time it ran them, since the
     /// last step.
     ran: (u64, Duration),
+    /// The primary's instruction count when it last ran.
+    last_icount: Option<u64>,
     /// The primary's speed while it runs, in instructions per second.
     primary_rate: Option<f64>,
     /// Where the backup was at the last step, and when.
@@ -114,6 +116,7 @@ impl Throttle {
             engaged: false,
             last_update: Instant::now(),
             ran: (0, Duration::ZERO),
+            last_icount: None,
             primary_rate: None,
             backup_mark: None,
             backup_rate: None,
@@ -135,17 +138,19 @@ impl Throttle {
         (self.primary_rate, self.backup_rate)
     }
 
-    /// The primary ran `instructions` in `busy`.
-    pub fn ran(&mut self, instructions: u64, busy: Duration) {
-        self.ran.0 += instructions;
+    /// The primary ran for `busy`, to instruction count `icount`.
+    pub fn ran_to(&mut self, icount: u64, busy: Duration) {
+        // The first count only marks where the primary started (a VM
+        // restored from a snapshot starts far from zero).
+        self.ran.0 += self.last_icount.map_or(0, |last| icount.saturating_sub(last));
         self.ran.1 += busy;
+        self.last_icount = Some(icount);
     }
 
     /// A step of the loop, at most every [`STEP_EVERY`], given the lag and
     /// the instruction count the backup has executed.
     pub fn update(&mut self, lag: Duration, backup_icount: u64, now: Instant) {
-        let dt = now.duration_since(self.last_update);
-        if dt < STEP_EVERY {
+        if now.duration_since(self.last_update) < STEP_EVERY {
             return;
         }
         self.last_update = now;
@@ -263,7 +268,7 @@ mod tests {
             let now = t0 + Duration::from_secs_f64(t);
             meter.note(primary, started, started + busy);
             let lag = meter.lag(backup as u64, now);
-            th.ran((PRIMARY * busy.as_secs_f64()) as u64, busy);
+            th.ran_to(primary, busy);
             th.update(lag, backup as u64, now);
             out.push((t, lag, th.share()));
         }

@@ -25,8 +25,6 @@ pub struct Protection {
     /// This host's name in the arbiter's record.
     me: String,
     last_lag: Duration,
-    /// The instruction count at the last chunk's end.
-    last_icount: Option<u64>,
     /// For the log bandwidth in status: (when, bytes sent) at the last look.
     rate_mark: (Instant, u64),
     rate: f64,
@@ -71,7 +69,6 @@ impl Protection {
             arbiter,
             me,
             last_lag: Duration::ZERO,
-            last_icount: None,
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
             disks,
@@ -140,9 +137,7 @@ impl Protection {
         self.lag.note(icount, now - busy, now);
         let backup = channel.backup_icount();
         self.last_lag = self.lag.lag(backup, now);
-        let ran = self.last_icount.map_or(0, |last| icount.saturating_sub(last));
-        self.throttle.ran(ran, busy);
-        self.last_icount = Some(icount);
+        self.throttle.ran_to(icount, busy);
         self.throttle.update(self.last_lag, backup, now);
         self.throttle.pause_after(busy)
     }
