@@ -528,6 +528,9 @@ impl Live {
             epochs.defer(ev);
             return;
         }
+        if let Some(epochs) = self.protection.as_mut().and_then(|p| p.epochs.as_mut()) {
+            epochs.delivered_one();
+        }
         if let Some(r) = &mut self.recorder {
             r.event(self.m.icount(), &ev);
         }

@@ -125,8 +125,12 @@ pub struct Epochs {
     /// Epoch ends passed, and how many of them were idle ends.
     pub ends: u64,
     pub idle_ends: u64,
-    /// Inputs delivered at epoch ends.
+    /// Inputs delivered at epoch ends: those buffered during an epoch and
+    /// those that arrived while the machine stood at an end (an idle one,
+    /// mostly), which need no buffering.
     pub delivered: u64,
+    /// Of them, those that arrived inside an epoch and waited for its end.
+    pub buffered: u64,
     /// Under the original protocol: time spent waiting for the backup's
     /// acknowledgement at epoch ends (what the protocol costs).
     pub ack_wait: Duration,
@@ -134,12 +138,26 @@ pub struct Epochs {
 
 impl Epochs {
     pub fn new(mode: EpochMode) -> Epochs {
-        Epochs { mode, deferred: Vec::new(), ends: 0, idle_ends: 0, delivered: 0, ack_wait: Duration::ZERO }
+        Epochs {
+            mode,
+            deferred: Vec::new(),
+            ends: 0,
+            idle_ends: 0,
+            delivered: 0,
+            buffered: 0,
+            ack_wait: Duration::ZERO,
+        }
     }
 
     /// Buffers an input that arrived inside an epoch (P1).
     pub fn defer(&mut self, ev: Event) {
+        self.buffered += 1;
         self.deferred.push(ev);
+    }
+
+    /// Counts an input delivered at an epoch end.
+    pub fn delivered_one(&mut self) {
+        self.delivered += 1;
     }
 
     /// Notes an epoch end and hands out the inputs to deliver there (P2).
@@ -148,7 +166,6 @@ impl Epochs {
         if matches!(exit, RunExit::Idle { .. }) {
             self.idle_ends += 1;
         }
-        self.delivered += self.deferred.len() as u64;
         std::mem::take(&mut self.deferred)
     }
 
@@ -167,11 +184,12 @@ impl Epochs {
             EpochProtocol::Revised => String::new(),
         };
         format!(
-            "{} epochs={} idle_ends={} inputs_delivered={} inputs_waiting={}{waits}",
+            "{} epochs={} idle_ends={} inputs_delivered={} inputs_buffered={} inputs_waiting={}{waits}",
             EpochMode::describe(Some(self.mode)),
             self.ends,
             self.idle_ends,
             self.delivered,
+            self.buffered,
             self.deferred.len()
         )
     }
@@ -251,6 +269,6 @@ mod tests {
         let out = e.end(&RunExit::Reached);
         assert!(matches!(out[..], [Event::ClockRate(1), Event::ClockRate(2)]));
         assert!(e.end(&RunExit::Idle { wake_at: None }).is_empty());
-        assert_eq!((e.ends, e.idle_ends, e.delivered), (2, 1, 2));
+        assert_eq!((e.ends, e.idle_ends, e.buffered), (2, 1, 2));
     }
 }
