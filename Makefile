@@ -26,6 +26,7 @@ test: image
 
 bench: image
 	bench/vs-qemu
+	bench/cpu-core
 	bench/redis
 	bench/dirty-tracking
 	bench/record-replay

@@ -1,17 +1,9 @@
-//! The decoded-instruction cache: a direct-mapped table, indexed by the
-//! instruction's offset in guest RAM, of instructions already decoded into
-//! an operation and its operands.
-//!
-//! An entry is reused only if the raw bits it was decoded from equal the
-//! bits in memory now. The fetch reads those bits anyway, so the check is
-//! one compare, and no store, DMA transfer or other hart can leave a stale
-//! decoding behind: self-modifying code needs no invalidation at all.
-//! Decoding depends only on the bits (pc-relative targets are computed at
-//! execution), so two locations holding the same bits may share an entry.
+//! The decoder: the raw bits at an instruction's location into an
+//! operation with a fast path and its operands, or `Other` for the general
+//! executor. Decoding depends only on the bits (pc-relative targets are
+//! computed at execution); the block cache keeps what it decodes.
 
 use crate::compressed;
-
-pub(crate) const DCACHE_SIZE: usize = 1 << 15;
 
 /// Operations with a fast path. Everything else is `Other`, executed by
 /// the general decoder from the expanded 32-bit instruction.
@@ -20,6 +12,9 @@ pub(crate) const DCACHE_SIZE: usize = 1 << 15;
 pub(crate) enum Op {
     Other,
     Illegal,
+    /// An operation whose only effect is writing x0 (the block cache
+    /// turns those into this, so that others never write x0).
+    Nop,
     Lui,
     Auipc,
     Jal,
@@ -97,12 +92,6 @@ pub(crate) struct Decoded {
     pub rd: u8,
     pub rs1: u8,
     pub rs2: u8,
-}
-
-impl Decoded {
-    /// Never matches a fetch: an all-zero word is decoded afresh (as an
-    /// illegal instruction) the first time it is met.
-    pub const EMPTY: Decoded = Decoded { raw: 0, insn: 0, imm: 0, op: Op::Illegal, len: 0, rd: 0, rs1: 0, rs2: 0 };
 }
 
 #[inline(always)]

@@ -1,10 +1,12 @@
-//! The interpreter: fetch, decode and execute, one instruction at a time,
-//! with TLB fast paths for fetch, load and store. Interrupts are checked
-//! only at slice entry and after instructions that can change them, never
-//! per instruction.
+//! The interpreter: runs blocks of decoded instructions from the block
+//! cache, with TLB fast paths for fetch, load and store, and a general
+//! executor for the instructions without a fast path. Interrupts are
+//! checked only at slice entry and after instructions that can change
+//! them, never per instruction.
 
+use crate::block::Block;
 use crate::csr;
-use crate::decode::{decode, Decoded, Op, DCACHE_SIZE};
+use crate::decode::{decode, Op};
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, PrivilegeMode};
 use crate::mmu::{index, read_le, tag, write_le};
@@ -12,7 +14,15 @@ use crate::trap::{self, Access, Trap};
 use crate::Bus;
 use ftvm_memory::GuestRam;
 
-/// What the run loop does after an instruction.
+/// What the block loop does after a block.
+enum Then {
+    /// On to the block at the new pc.
+    Next,
+    /// Back to the caller of `execute_block` with this.
+    Leave(Option<Exit>),
+}
+
+/// What the general executor's instruction asks of the loop.
 enum Flow {
     Next,
     /// Interrupt enables or pending bits may have changed.
@@ -94,6 +104,17 @@ impl Hart {
         self.s.x[0] = 0;
     }
 
+    /// A load that hits the load TLB; `None` when the slow path must do it.
+    #[inline(always)]
+    fn load_fast(&self, ram: &GuestRam, vaddr: u64, size: u8) -> Option<u64> {
+        let e = self.tlb.load[index(vaddr)];
+        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
+            let off = e.off + (vaddr & 0xfff) as usize;
+            return Some(read_le(&ram.as_slice()[off..], size));
+        }
+        None
+    }
+
     #[inline(always)]
     fn load(
         &mut self,
@@ -103,12 +124,45 @@ impl Hart {
         size: u8,
         dev: &mut bool,
     ) -> Result<u64, Trap> {
-        let e = self.tlb.load[index(vaddr)];
+        match self.load_fast(ram, vaddr, size) {
+            Some(v) => Ok(v),
+            None => self.load_slow(ram, bus, vaddr, size, dev),
+        }
+    }
+
+    /// The slow path of a load operation of the block executor: the value
+    /// extended as `op` asks, and whether a device answered.
+    #[cold]
+    #[inline(never)]
+    fn load_op_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, op: Op, vaddr: u64) -> Result<(u64, bool), Trap> {
+        let size = match op {
+            Op::Lb | Op::Lbu => 1,
+            Op::Lh | Op::Lhu => 2,
+            Op::Lw | Op::Lwu => 4,
+            _ => 8,
+        };
+        let mut dev = false;
+        let raw = self.load_slow(ram, bus, vaddr, size, &mut dev)?;
+        let v = match op {
+            Op::Lb => raw as i8 as i64 as u64,
+            Op::Lh => raw as i16 as i64 as u64,
+            Op::Lw => raw as i32 as i64 as u64,
+            _ => raw,
+        };
+        Ok((v, dev))
+    }
+
+    /// A store that hits the store TLB, done at once; returns the RAM
+    /// offset written, or `None` when the slow path must do it.
+    #[inline(always)]
+    fn store_fast(&mut self, ram: &mut GuestRam, vaddr: u64, size: u8, value: u64) -> Option<usize> {
+        let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
-            return Ok(read_le(&ram.as_slice()[off..], size));
+            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+            return Some(off);
         }
-        self.load_slow(ram, bus, vaddr, size, dev)
+        None
     }
 
     #[inline(always)]
@@ -121,17 +175,14 @@ impl Hart {
         value: u64,
         dev: &mut bool,
     ) -> Result<(), Trap> {
-        let e = self.tlb.store[index(vaddr)];
-        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
-            let off = e.off + (vaddr & 0xfff) as usize;
-            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+        if self.store_fast(ram, vaddr, size, value).is_some() {
             return Ok(());
         }
         self.store_slow(ram, bus, vaddr, size, value, dev)
     }
 
-    /// Run instructions until the budget is used or something needs the
-    /// outer loop. `None` means "check interrupts and come back".
+    /// Run blocks of instructions until the budget is used or something
+    /// needs the outer loop. `None` means "check interrupts and come back".
     pub(crate) fn execute_block(
         &mut self,
         ram: &mut GuestRam,
@@ -139,200 +190,292 @@ impl Hart {
         budget: u64,
         steps: &mut u64,
     ) -> Option<Exit> {
-        loop {
+        // The executor borrows a block from the cache while it changes the
+        // hart, so the cache leaves the hart for the duration (a pointer
+        // swap, not a copy).
+        let mut cache = std::mem::take(&mut self.blocks);
+        let exit = loop {
             if *steps >= budget {
-                return Some(Exit::Budget);
+                break Some(Exit::Budget);
             }
-            *steps += 1;
-            self.progress = *steps;
-            let result = match self.fetch_decoded(ram) {
-                Ok(d) => self.execute_decoded(ram, bus, d),
-                Err(t) => Err(t),
+            let pc = self.s.pc;
+            let then = match self.fetch_offset(pc) {
+                Some(off) => match cache.get(ram.as_slice(), off) {
+                    Some(block) => self.run_block(ram, bus, block, pc, budget, steps),
+                    None => self.step_uncached(ram, bus, budget, steps),
+                },
+                None => self.step_uncached(ram, bus, budget, steps),
             };
-            match result {
-                Ok(Flow::Next) => self.s.instret = self.s.instret.wrapping_add(1),
-                Ok(Flow::Reeval) => {
-                    self.s.instret = self.s.instret.wrapping_add(1);
-                    return None;
-                }
-                Ok(Flow::Device) => {
-                    self.s.instret = self.s.instret.wrapping_add(1);
-                    return Some(Exit::Device);
-                }
-                Ok(Flow::Idle) => {
-                    self.s.instret = self.s.instret.wrapping_add(1);
-                    self.s.wfi = true;
-                    return None;
-                }
-                Err(t) => self.take_trap(t.cause, t.tval),
+            if let Then::Leave(exit) = then {
+                break exit;
             }
-        }
+        };
+        self.blocks = cache;
+        exit
     }
 
-    /// Fetch through the fetch page cache and the decoded-instruction cache.
+    /// The RAM offset of the instruction at `pc` if its page is in the
+    /// fetch TLB.
     #[inline(always)]
-    fn fetch_decoded(&mut self, ram: &mut GuestRam) -> Result<Decoded, Trap> {
-        let pc = self.s.pc;
+    fn fetch_offset(&mut self, pc: u64) -> Option<usize> {
         let t = tag(pc, self.s.prv);
         if t != self.fetch_tag {
             let e = self.tlb.fetch[index(pc)];
-            if e.tag == t {
-                self.fetch_tag = t;
-                self.fetch_off = e.off;
-            } else {
-                return self.fetch_decoded_slow(ram);
+            if e.tag != t {
+                return None;
             }
+            self.fetch_tag = t;
+            self.fetch_off = e.off;
         }
-        let po = (pc & 0xfff) as usize;
-        if po > 0xffc {
-            return self.fetch_decoded_slow(ram);
-        }
-        let off = self.fetch_off + po;
-        let raw = match ram.as_slice().get(off..off + 4) {
-            Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            None => return self.fetch_decoded_slow(ram),
-        };
-        let slot = &mut self.dcache[(off >> 1) % DCACHE_SIZE];
-        if slot.raw != raw || slot.len == 0 {
-            *slot = decode(raw);
-        }
-        Ok(*slot)
+        Some(self.fetch_off + (pc & 0xfff) as usize)
     }
 
-    /// Instructions at the end of a page, or on pages the fetch cache does
-    /// not hold: fetch halfword by halfword and decode without caching.
+    /// One instruction fetched through the MMU's slow path: the first on a
+    /// page the fetch TLB does not hold yet (this fills it), one that
+    /// crosses a page, or one outside RAM (the fetch faults).
     #[inline(never)]
-    fn fetch_decoded_slow(&mut self, ram: &mut GuestRam) -> Result<Decoded, Trap> {
+    fn step_uncached(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Then {
         let pc = self.s.pc;
         let half = |h: &mut Hart, ram: &mut GuestRam, va: u64| -> Result<u32, Trap> {
             let pa = h.translate_fill(ram, va, Access::Fetch)?;
             ram.read_u16(pa).map(|v| v as u32).map_err(|_| Access::Fetch.access_fault(va))
         };
-        let lo = half(self, ram, pc)?;
-        // Refill the fetch cache for this page if it is RAM.
-        let e = self.tlb.fetch[index(pc)];
-        if e.tag == tag(pc, self.s.prv) {
-            self.fetch_tag = e.tag;
-            self.fetch_off = e.off;
-        }
         // Only a 32-bit instruction may touch the next page.
-        let raw = if lo & 3 != 3 { lo } else { lo | (half(self, ram, pc.wrapping_add(2))? << 16) };
-        Ok(decode(raw))
+        let raw = half(self, ram, pc).and_then(|lo| {
+            if lo & 3 != 3 {
+                Ok(lo)
+            } else {
+                half(self, ram, pc.wrapping_add(2)).map(|hi| lo | hi << 16)
+            }
+        });
+        match raw {
+            Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw)), pc, budget, steps),
+            Err(t) => {
+                *steps += 1;
+                self.take_trap(t.cause, t.tval);
+                Then::Next
+            }
+        }
     }
 
+    /// Executes `block`, which starts at `pc`, or as much of it as the
+    /// budget allows. Instructions before the last do not touch `pc`,
+    /// `steps` or `instret` (what the block executed is added up once at
+    /// its end); any path out of the middle (a trap, a device access, the
+    /// general executor) brings them up to date first.
     #[inline(always)]
-    fn execute_decoded(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, d: Decoded) -> Result<Flow, Trap> {
+    fn run_block(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        block: &Block,
+        pc: u64,
+        budget: u64,
+        steps: &mut u64,
+    ) -> Then {
         use Op::*;
-        let pc = self.s.pc;
-        let next = pc.wrapping_add(d.len as u64);
-        let x1 = self.s.x[d.rs1 as usize];
-        let x2 = self.s.x[d.rs2 as usize];
-        let rd = d.rd as usize;
-        let imm = d.imm;
-        let v = match d.op {
-            Other => {
-                return self.execute(ram, bus, d.insn, d.len as u64, if d.len == 2 { d.raw & 0xffff } else { d.insn })
-            }
-            Illegal => return Err(Trap::illegal(d.insn)),
-            Lui => imm,
-            Auipc => pc.wrapping_add(imm),
-            Jal => {
-                self.set_x(rd, next);
-                self.s.pc = pc.wrapping_add(imm);
-                return Ok(Flow::Next);
-            }
-            Jalr => {
-                let target = x1.wrapping_add(imm) & !1;
-                self.set_x(rd, next);
-                self.s.pc = target;
-                return Ok(Flow::Next);
-            }
-            Beq | Bne | Blt | Bge | Bltu | Bgeu => {
-                let taken = match d.op {
-                    Beq => x1 == x2,
-                    Bne => x1 != x2,
-                    Blt => (x1 as i64) < (x2 as i64),
-                    Bge => (x1 as i64) >= (x2 as i64),
-                    Bltu => x1 < x2,
-                    _ => x1 >= x2,
-                };
-                self.s.pc = if taken { pc.wrapping_add(imm) } else { next };
-                return Ok(Flow::Next);
-            }
-            Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
-                let addr = x1.wrapping_add(imm);
-                let mut dev = false;
-                let v = match d.op {
-                    Lb => self.load(ram, bus, addr, 1, &mut dev)? as i8 as i64 as u64,
-                    Lh => self.load(ram, bus, addr, 2, &mut dev)? as i16 as i64 as u64,
-                    Lw => self.load(ram, bus, addr, 4, &mut dev)? as i32 as i64 as u64,
-                    Ld => self.load(ram, bus, addr, 8, &mut dev)?,
-                    Lbu => self.load(ram, bus, addr, 1, &mut dev)?,
-                    Lhu => self.load(ram, bus, addr, 2, &mut dev)?,
-                    _ => self.load(ram, bus, addr, 4, &mut dev)?,
-                };
-                self.set_x(rd, v);
-                self.s.pc = next;
-                return Ok(if dev { Flow::Device } else { Flow::Next });
-            }
-            Sb | Sh | Sw | Sd => {
-                let addr = x1.wrapping_add(imm);
-                let size = match d.op {
-                    Sb => 1,
-                    Sh => 2,
-                    Sw => 4,
-                    _ => 8,
-                };
-                let mut dev = false;
-                self.store(ram, bus, addr, size, x2, &mut dev)?;
-                self.s.pc = next;
-                return Ok(if dev { Flow::Device } else { Flow::Next });
-            }
-            Addi => x1.wrapping_add(imm),
-            Slti => ((x1 as i64) < (imm as i64)) as u64,
-            Sltiu => (x1 < imm) as u64,
-            Xori => x1 ^ imm,
-            Ori => x1 | imm,
-            Andi => x1 & imm,
-            Slli => x1 << imm,
-            Srli => x1 >> imm,
-            Srai => ((x1 as i64) >> imm) as u64,
-            Addiw => sext32(x1.wrapping_add(imm)),
-            Slliw => sext32(((x1 as u32) << imm) as u64),
-            Srliw => sext32(((x1 as u32) >> imm) as u64),
-            Sraiw => ((x1 as i32) >> imm) as i64 as u64,
-            Add => x1.wrapping_add(x2),
-            Sub => x1.wrapping_sub(x2),
-            Sll => x1 << (x2 & 63),
-            Slt => ((x1 as i64) < (x2 as i64)) as u64,
-            Sltu => (x1 < x2) as u64,
-            Xor => x1 ^ x2,
-            Srl => x1 >> (x2 & 63),
-            Sra => ((x1 as i64) >> (x2 & 63)) as u64,
-            Or => x1 | x2,
-            And => x1 & x2,
-            Addw => sext32((x1 as u32).wrapping_add(x2 as u32) as u64),
-            Subw => sext32((x1 as u32).wrapping_sub(x2 as u32) as u64),
-            Sllw => sext32(((x1 as u32) << (x2 & 31)) as u64),
-            Srlw => sext32(((x1 as u32) >> (x2 & 31)) as u64),
-            Sraw => ((x1 as i32) >> (x2 & 31)) as i64 as u64,
-            Mul => x1.wrapping_mul(x2),
-            Mulh => (((x1 as i64 as i128) * (x2 as i64 as i128)) >> 64) as u64,
-            Mulhsu => (((x1 as i64 as i128) * (x2 as i128)) >> 64) as u64,
-            Mulhu => (((x1 as u128) * (x2 as u128)) >> 64) as u64,
-            Div => div_signed(x1, x2),
-            Divu => x1.checked_div(x2).unwrap_or(u64::MAX),
-            Rem => rem_signed(x1, x2),
-            Remu => x1.checked_rem(x2).unwrap_or(x1),
-            Mulw => sext32((x1 as u32).wrapping_mul(x2 as u32) as u64),
-            Divw => sext32(div_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
-            Divuw => sext32((x1 as u32).checked_div(x2 as u32).unwrap_or(u32::MAX) as u64),
-            Remw => sext32(rem_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
-            Remuw => sext32((x1 as u32).checked_rem(x2 as u32).unwrap_or(x1 as u32) as u64),
-        };
-        self.set_x(rd, v);
+        let limit = (budget - *steps).min(block.n as u64) as usize;
+        for (i, &d) in block.insts[..limit].iter().enumerate() {
+            // The instruction's own pc, for the operations that need it.
+            let at = || pc.wrapping_add(d.at as u64);
+            let x1 = self.s.x[(d.rs1 & 31) as usize];
+            let x2 = self.s.x[(d.rs2 & 31) as usize];
+            let rd = (d.rd & 31) as usize;
+            let imm = d.imm as i64 as u64;
+            // Instructions up to and including this one, once it retires.
+            let done = i as u64 + 1;
+            let v = match d.op {
+                Lui => imm,
+                Auipc => at().wrapping_add(imm),
+                Jal => {
+                    self.set_x(rd, at().wrapping_add(d.len()));
+                    return self.retire(done, at().wrapping_add(imm), steps);
+                }
+                Jalr => {
+                    let target = x1.wrapping_add(imm) & !1;
+                    self.set_x(rd, at().wrapping_add(d.len()));
+                    return self.retire(done, target, steps);
+                }
+                // One arm per condition: a nested match would dispatch twice.
+                Beq => return self.branch(x1 == x2, at(), imm, d.len(), done, steps),
+                Bne => return self.branch(x1 != x2, at(), imm, d.len(), done, steps),
+                Blt => return self.branch((x1 as i64) < (x2 as i64), at(), imm, d.len(), done, steps),
+                Bge => return self.branch((x1 as i64) >= (x2 as i64), at(), imm, d.len(), done, steps),
+                Bltu => return self.branch(x1 < x2, at(), imm, d.len(), done, steps),
+                Bgeu => return self.branch(x1 >= x2, at(), imm, d.len(), done, steps),
+                Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
+                    let addr = x1.wrapping_add(imm);
+                    // One arm per size, so each inlined TLB hit reads its
+                    // size directly.
+                    let hit = match d.op {
+                        Lb => self.load_fast(ram, addr, 1).map(|v| v as i8 as i64 as u64),
+                        Lh => self.load_fast(ram, addr, 2).map(|v| v as i16 as i64 as u64),
+                        Lw => self.load_fast(ram, addr, 4).map(|v| v as i32 as i64 as u64),
+                        Ld => self.load_fast(ram, addr, 8),
+                        Lbu => self.load_fast(ram, addr, 1),
+                        Lhu => self.load_fast(ram, addr, 2),
+                        _ => self.load_fast(ram, addr, 4),
+                    };
+                    if let Some(v) = hit {
+                        self.set_x(rd, v);
+                        continue;
+                    }
+                    self.progress = *steps + done;
+                    match self.load_op_slow(ram, bus, d.op, addr) {
+                        Ok((v, dev)) => {
+                            self.set_x(rd, v);
+                            if dev {
+                                self.retire(done, at().wrapping_add(d.len()), steps);
+                                return Then::Leave(Some(Exit::Device));
+                            }
+                        }
+                        Err(t) => return self.trap_at(i, at(), t, steps),
+                    }
+                    continue;
+                }
+                Sb | Sh | Sw | Sd => {
+                    let addr = x1.wrapping_add(imm);
+                    let size = match d.op {
+                        Sb => 1,
+                        Sh => 2,
+                        Sw => 4,
+                        _ => 8,
+                    };
+                    let hit = match size {
+                        1 => self.store_fast(ram, addr, 1, x2),
+                        2 => self.store_fast(ram, addr, 2, x2),
+                        4 => self.store_fast(ram, addr, 4, x2),
+                        _ => self.store_fast(ram, addr, 8, x2),
+                    };
+                    match hit {
+                        // A store into the block itself: what follows
+                        // must be fetched again.
+                        Some(off) if off.wrapping_sub(block.off) < block.bytes => {
+                            return self.retire(done, at().wrapping_add(d.len()), steps);
+                        }
+                        Some(_) => {}
+                        None => {
+                            let mut dev = false;
+                            self.progress = *steps + done;
+                            if let Err(t) = self.store_slow(ram, bus, addr, size, x2, &mut dev) {
+                                return self.trap_at(i, at(), t, steps);
+                            }
+                            // The slow path may have written anything
+                            // (page-table bits, a device's DMA): end here.
+                            self.retire(done, at().wrapping_add(d.len()), steps);
+                            return if dev { Then::Leave(Some(Exit::Device)) } else { Then::Next };
+                        }
+                    }
+                    continue;
+                }
+                Other | Illegal => {
+                    // Always the last of its block: bring the counters up
+                    // to date for the general executor, which may read
+                    // them, trap, or leave the slice.
+                    self.retire(i as u64, at(), steps);
+                    *steps += 1;
+                    self.progress = *steps;
+                    let result = if d.op == Illegal {
+                        Err(Trap::illegal(d.imm as u32))
+                    } else {
+                        self.execute(ram, bus, d.insn, d.len(), d.imm as u32)
+                    };
+                    return match result {
+                        Ok(flow) => {
+                            self.s.instret = self.s.instret.wrapping_add(1);
+                            match flow {
+                                Flow::Next => Then::Next,
+                                Flow::Reeval => Then::Leave(None),
+                                Flow::Device => Then::Leave(Some(Exit::Device)),
+                                Flow::Idle => {
+                                    self.s.wfi = true;
+                                    Then::Leave(None)
+                                }
+                            }
+                        }
+                        Err(t) => {
+                            self.take_trap(t.cause, t.tval);
+                            Then::Next
+                        }
+                    };
+                }
+                Nop => {
+                    continue;
+                }
+                Addi => x1.wrapping_add(imm),
+                Slti => ((x1 as i64) < (imm as i64)) as u64,
+                Sltiu => (x1 < imm) as u64,
+                Xori => x1 ^ imm,
+                Ori => x1 | imm,
+                Andi => x1 & imm,
+                Slli => x1 << (imm & 63),
+                Srli => x1 >> (imm & 63),
+                Srai => ((x1 as i64) >> (imm & 63)) as u64,
+                Addiw => sext32(x1.wrapping_add(imm)),
+                Slliw => sext32(((x1 as u32) << (imm & 31)) as u64),
+                Srliw => sext32(((x1 as u32) >> (imm & 31)) as u64),
+                Sraiw => ((x1 as i32) >> (imm & 31)) as i64 as u64,
+                Add => x1.wrapping_add(x2),
+                Sub => x1.wrapping_sub(x2),
+                Sll => x1 << (x2 & 63),
+                Slt => ((x1 as i64) < (x2 as i64)) as u64,
+                Sltu => (x1 < x2) as u64,
+                Xor => x1 ^ x2,
+                Srl => x1 >> (x2 & 63),
+                Sra => ((x1 as i64) >> (x2 & 63)) as u64,
+                Or => x1 | x2,
+                And => x1 & x2,
+                Addw => sext32((x1 as u32).wrapping_add(x2 as u32) as u64),
+                Subw => sext32((x1 as u32).wrapping_sub(x2 as u32) as u64),
+                Sllw => sext32(((x1 as u32) << (x2 & 31)) as u64),
+                Srlw => sext32(((x1 as u32) >> (x2 & 31)) as u64),
+                Sraw => ((x1 as i32) >> (x2 & 31)) as i64 as u64,
+                Mul => x1.wrapping_mul(x2),
+                Mulh => (((x1 as i64 as i128) * (x2 as i64 as i128)) >> 64) as u64,
+                Mulhsu => (((x1 as i64 as i128) * (x2 as i128)) >> 64) as u64,
+                Mulhu => (((x1 as u128) * (x2 as u128)) >> 64) as u64,
+                Div => div_signed(x1, x2),
+                Divu => x1.checked_div(x2).unwrap_or(u64::MAX),
+                Rem => rem_signed(x1, x2),
+                Remu => x1.checked_rem(x2).unwrap_or(x1),
+                Mulw => sext32((x1 as u32).wrapping_mul(x2 as u32) as u64),
+                Divw => sext32(div_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
+                Divuw => sext32((x1 as u32).checked_div(x2 as u32).unwrap_or(u32::MAX) as u64),
+                Remw => sext32(rem_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
+                Remuw => sext32((x1 as u32).checked_rem(x2 as u32).unwrap_or(x1 as u32) as u64),
+            };
+            // Operations that reach here never have rd = 0 (the block
+            // cache made those `Nop`), so x0 needs no reset.
+            debug_assert!(rd != 0);
+            self.s.x[rd] = v;
+        }
+        self.retire(limit as u64, pc.wrapping_add(block.insts[limit - 1].next as u64), steps)
+    }
+
+    /// A conditional branch at `pc`, the last of its block, retires.
+    #[inline(always)]
+    fn branch(&mut self, taken: bool, pc: u64, offset: u64, len: u64, n: u64, steps: &mut u64) -> Then {
+        let next = if taken { pc.wrapping_add(offset) } else { pc.wrapping_add(len) };
+        self.retire(n, next, steps)
+    }
+
+    /// Counts `n` instructions retired and moves to `next`.
+    #[inline(always)]
+    fn retire(&mut self, n: u64, next: u64, steps: &mut u64) -> Then {
+        *steps += n;
+        self.s.instret = self.s.instret.wrapping_add(n);
         self.s.pc = next;
-        Ok(Flow::Next)
+        Then::Next
+    }
+
+    /// Instruction `i` of a block, at `pc`, trapped: the ones before it
+    /// retired, the trap itself is a step.
+    #[cold]
+    fn trap_at(&mut self, i: usize, pc: u64, t: Trap, steps: &mut u64) -> Then {
+        self.retire(i as u64, pc, steps);
+        *steps += 1;
+        self.take_trap(t.cause, t.tval);
+        Then::Next
     }
 
     /// Instructions without a fast path: fences, system, atomics and
@@ -344,8 +487,8 @@ impl Hart {
         match i & 0x7f {
             0x0f => match funct3(i) {
                 // FENCE: one thread executes all harts, so memory is always
-                // coherent. FENCE.I: the decode cache checks the bits of
-                // every instruction it hands out, so it is never stale.
+                // coherent. FENCE.I: a block is reused only while RAM holds
+                // the bits it was decoded from, so none is ever stale.
                 0 | 1 => {
                     self.s.pc = next;
                     Ok(Flow::Next)

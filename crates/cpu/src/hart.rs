@@ -1,7 +1,7 @@
 //! One hart: architectural state, the translation caches, and the run loop
 //! that executes a bounded slice of instructions.
 
-use crate::decode::{Decoded, DCACHE_SIZE};
+use crate::block::BlockCache;
 use crate::mmu::Tlb;
 use crate::trap;
 use crate::Bus;
@@ -90,7 +90,7 @@ pub struct Hart {
     pub(crate) fetch_off: usize,
     /// Steps executed so far in the current slice (see `Bus`).
     pub(crate) progress: u64,
-    pub(crate) dcache: Box<[Decoded; DCACHE_SIZE]>,
+    pub(crate) blocks: BlockCache,
 }
 
 impl Hart {
@@ -138,7 +138,7 @@ impl Hart {
             fetch_tag: crate::mmu::NO_TAG,
             fetch_off: 0,
             progress: 0,
-            dcache: vec![Decoded::EMPTY; DCACHE_SIZE].into_boxed_slice().try_into().expect("decode cache size"),
+            blocks: BlockCache::new(),
         }
     }
 

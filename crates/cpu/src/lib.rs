@@ -8,6 +8,7 @@
 //! hart state, RAM, and what the bus returns: no host time, no host floating
 //! point environment, no randomness.
 
+mod block;
 mod compressed;
 pub mod csr;
 mod decode;

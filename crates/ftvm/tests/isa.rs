@@ -46,6 +46,7 @@ isa_tests! {
     paging => "paging.S",
     pmp => "pmp.S",
     smp => "smp.S",
+    smc => "smc.S",
 }
 
 #[test]

@@ -1,0 +1,270 @@
+//! The block cache: straight-line runs of guest instructions, decoded once
+//! into compact operations and kept in a direct-mapped table indexed by
+//! the run's offset in guest RAM.
+//!
+//! A block ends after a jump, a branch, or an instruction without a fast
+//! path (system, fence, atomic, floating point), at the end of its page,
+//! or after `MAX_INSTS`. So the interpreter looks a block up once per
+//! taken branch instead of fetching and checking every instruction, and
+//! executes the block's operations one after the other from the table.
+//!
+//! Blocks are keyed by RAM offset, not by virtual address: the same code
+//! mapped at two addresses (or reached from U and S mode) shares its
+//! decoding, and pc-relative operands are computed when executed.
+//!
+//! Nothing ever invalidates a block. Each keeps a copy of the guest RAM
+//! words it was decoded from and is reused only if they still hold the
+//! same bits: a few word compares per block, in exchange for which no
+//! store, DMA transfer or other hart can leave a stale decoding behind.
+//! Within one run through a block, the executor ends the block early when
+//! the guest stores into its own bytes. (QEMU instead write-protects pages
+//! holding translated code; comparing is cheaper for an interpreter and
+//! needs no hook in the devices' DMA.)
+
+use crate::decode::{decode, Decoded, Op};
+
+/// The longest block, in instructions.
+pub(crate) const MAX_INSTS: usize = 16;
+/// Blocks in the table (a power of two).
+const SLOTS: usize = 1 << 13;
+/// RAM words a block's bytes can span: 4 bytes per instruction, plus the
+/// alignment of its start.
+const WORDS: usize = MAX_INSTS * 4 / 8 + 2;
+/// `Block::off` of an empty slot: no RAM offset is this large.
+const NO_OFFSET: usize = usize::MAX;
+
+/// One decoded instruction of a block.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Inst {
+    pub op: Op,
+    pub rd: u8,
+    pub rs1: u8,
+    pub rs2: u8,
+    /// The immediate (every fast-path immediate fits 32 bits). For `Other`
+    /// and `Illegal`: the instruction's own bits as a trap reports them
+    /// (the 16 bits of a compressed one).
+    pub imm: i32,
+    /// Offsets, from the start of the block, of this instruction and of
+    /// the one after it.
+    pub at: u16,
+    pub next: u16,
+    /// For `Other`: the instruction expanded to 32 bits.
+    pub insn: u32,
+}
+
+impl Inst {
+    fn new(d: &Decoded, at: usize) -> Inst {
+        use Op::*;
+        // Loads keep rd = 0: they still access memory, and may fault.
+        let only_writes_x0 = d.rd == 0
+            && !matches!(d.op, Other | Illegal | Jal | Jalr | Beq | Bne | Blt | Bge | Bltu | Bgeu)
+            && !matches!(d.op, Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Sb | Sh | Sw | Sd);
+        let op = if only_writes_x0 { Nop } else { d.op };
+        let imm = match d.op {
+            Op::Other | Op::Illegal => (if d.len == 2 { d.raw & 0xffff } else { d.insn }) as i32,
+            _ => d.imm as i32,
+        };
+        Inst {
+            op,
+            rd: d.rd,
+            rs1: d.rs1,
+            rs2: d.rs2,
+            imm,
+            at: at as u16,
+            next: (at + d.len as usize) as u16,
+            insn: d.insn,
+        }
+    }
+
+    /// The instruction's length in bytes.
+    pub fn len(&self) -> u64 {
+        (self.next - self.at) as u64
+    }
+
+    /// Whether the block ends after this instruction: control flow leaves
+    /// the straight line, and the general executor's instructions may
+    /// change privilege, translation or memory behind the block's back.
+    fn ends_block(&self) -> bool {
+        use Op::*;
+        matches!(self.op, Jal | Jalr | Beq | Bne | Blt | Bge | Bltu | Bgeu | Other | Illegal)
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Block {
+    /// RAM offset of the first instruction (`NO_OFFSET` when empty).
+    pub off: usize,
+    /// Length of the block's code in bytes.
+    pub bytes: usize,
+    /// The RAM words covering the code, from `off` rounded down to 8, as
+    /// they were when decoded.
+    base: usize,
+    nwords: usize,
+    words: [u64; WORDS],
+    pub n: usize,
+    pub insts: [Inst; MAX_INSTS],
+}
+
+const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
+
+impl Block {
+    const EMPTY: Block =
+        Block { off: NO_OFFSET, bytes: 0, base: 0, nwords: 0, words: [0; WORDS], n: 0, insts: [NOP; MAX_INSTS] };
+
+    /// A block of one instruction that is not in RAM's cache (it crosses a
+    /// page, or its page is not in the fetch TLB). Its empty byte range
+    /// never matches a store.
+    pub fn single(d: &Decoded) -> Block {
+        let mut b = Block::EMPTY;
+        b.insts[0] = Inst::new(d, 0);
+        b.n = 1;
+        b
+    }
+
+    /// Whether RAM still holds the bits this block was decoded from.
+    #[inline(always)]
+    fn still_in(&self, ram: &[u8]) -> bool {
+        let Some(code) = ram.get(self.base..self.base + self.nwords * 8) else { return false };
+        code.chunks_exact(8).zip(&self.words).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
+    }
+
+    /// Decodes the block at RAM offset `off`. `None` if not even its first
+    /// instruction lies wholly within its page.
+    fn decode_at(ram: &[u8], off: usize) -> Option<Block> {
+        let page_end = (off | 0xfff) + 1;
+        let mut b = Block { off, ..Block::EMPTY };
+        let mut at = 0;
+        while b.n < MAX_INSTS {
+            let pos = off + at;
+            let left = page_end - pos;
+            let half = |p: usize| u16::from_le_bytes([ram[p], ram[p + 1]]) as u32;
+            let lo = half(pos);
+            let raw = match (lo & 3 == 3, left >= 4) {
+                (_, true) => lo | half(pos + 2) << 16,
+                (false, false) => lo,
+                (true, false) => break,
+            };
+            let inst = Inst::new(&decode(raw), at);
+            b.insts[b.n] = inst;
+            b.n += 1;
+            at = inst.next as usize;
+            if inst.ends_block() || at + 2 > page_end - off {
+                break;
+            }
+        }
+        if b.n == 0 {
+            return None;
+        }
+        b.bytes = at;
+        b.base = off & !7;
+        b.nwords = (off + at - b.base).div_ceil(8);
+        for (k, w) in b.words[..b.nwords].iter_mut().enumerate() {
+            let p = b.base + 8 * k;
+            *w = u64::from_le_bytes(ram[p..p + 8].try_into().unwrap());
+        }
+        Some(b)
+    }
+}
+
+/// The table of blocks of one hart.
+pub(crate) struct BlockCache {
+    slots: Box<[Block]>,
+}
+
+impl Default for BlockCache {
+    /// An empty stand-in (no slots) for while the executor holds the cache.
+    fn default() -> BlockCache {
+        BlockCache { slots: Box::new([]) }
+    }
+}
+
+impl BlockCache {
+    pub fn new() -> BlockCache {
+        BlockCache { slots: vec![Block::EMPTY; SLOTS].into_boxed_slice() }
+    }
+
+    #[inline(always)]
+    fn slot(off: usize) -> usize {
+        // Code is laid out densely: neighbouring blocks take neighbouring
+        // slots, and the high bits spread distant code over the table.
+        ((off >> 1) ^ (off >> 14)) & (SLOTS - 1)
+    }
+
+    /// The block at RAM offset `off`, decoded afresh if the table holds
+    /// none there or RAM changed under it; `None` if no block can start
+    /// there (its first instruction crosses the page).
+    #[inline(always)]
+    pub fn get(&mut self, ram: &[u8], off: usize) -> Option<&Block> {
+        let i = Self::slot(off);
+        let hit = self.slots[i].off == off && self.slots[i].still_in(ram);
+        if !hit {
+            self.slots[i] = Block::decode_at(ram, off)?;
+        }
+        Some(&self.slots[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ram_with(code: &[u8], at: usize) -> Vec<u8> {
+        let mut ram = vec![0u8; 0x3000];
+        ram[at..at + code.len()].copy_from_slice(code);
+        ram
+    }
+
+    // addi a0, a0, 1 ; c.addi a1, 1 ; beq a0, a1, 0 ; addi a2, a2, 1
+    const CODE: [u8; 14] = [0x13, 0x05, 0x15, 0x00, 0x85, 0x05, 0x63, 0x00, 0xb5, 0x00, 0x13, 0x06, 0x16, 0x00];
+
+    #[test]
+    fn a_block_runs_to_its_branch_and_keeps_offsets() {
+        let ram = ram_with(&CODE, 0x1006);
+        let b = Block::decode_at(&ram, 0x1006).unwrap();
+        assert_eq!(b.n, 3);
+        assert_eq!(b.bytes, 10);
+        let ops: Vec<_> = b.insts[..3].iter().map(|i| (i.op, i.at, i.next)).collect();
+        assert_eq!(ops, [(Op::Addi, 0, 4), (Op::Addi, 4, 6), (Op::Beq, 6, 10)]);
+    }
+
+    #[test]
+    fn a_block_is_decoded_again_when_its_bytes_change() {
+        let mut ram = ram_with(&CODE, 0x1006);
+        let mut cache = BlockCache::new();
+        assert_eq!(cache.get(&ram, 0x1006).unwrap().insts[0].op, Op::Addi);
+        // addi -> xori, one byte changed
+        ram[0x1007] = 0x45;
+        assert_eq!(cache.get(&ram, 0x1006).unwrap().insts[0].op, Op::Xori);
+        // A change in the word beyond the block's end is seen too (the
+        // compare covers whole words); it only costs a decode.
+        ram[0x1010] ^= 1;
+        assert_eq!(cache.get(&ram, 0x1006).unwrap().n, 3);
+    }
+
+    #[test]
+    fn operations_that_only_write_x0_become_nops_but_loads_stay() {
+        // addi x0, a0, 1 ; ld x0, 0(a0) ; jal x0, 0
+        let code = [0x13, 0x00, 0x15, 0x00, 0x03, 0x30, 0x05, 0x00, 0x6f, 0x00, 0x00, 0x00];
+        let ram = ram_with(&code, 0x1000);
+        let b = Block::decode_at(&ram, 0x1000).unwrap();
+        let ops: Vec<_> = b.insts[..b.n].iter().map(|i| i.op).collect();
+        assert_eq!(ops, [Op::Nop, Op::Ld, Op::Jal]);
+    }
+
+    #[test]
+    fn blocks_stop_at_the_page_end() {
+        // Four 32-bit addi, the last starting 2 bytes before the page end.
+        let mut code = Vec::new();
+        for _ in 0..4 {
+            code.extend_from_slice(&[0x13, 0x05, 0x15, 0x00]);
+        }
+        let ram = ram_with(&code, 0x1ff2);
+        let b = Block::decode_at(&ram, 0x1ff2).unwrap();
+        assert_eq!((b.n, b.bytes), (3, 12));
+        // A 32-bit instruction that crosses the page starts no block.
+        assert!(Block::decode_at(&ram, 0x1ffe).is_none());
+        // A compressed one in the last halfword does.
+        let ram = ram_with(&[0x85, 0x05], 0x1ffe);
+        assert_eq!(Block::decode_at(&ram, 0x1ffe).unwrap().n, 1);
+    }
+}
