@@ -7,9 +7,9 @@
 # Header lines of a source adjust the run: "# cpus: N" gives QEMU -smp N
 # (ftvm: --cpus N); "# qemu-args: ..." adds QEMU-only options (counters.S
 # needs -icount shift=0 for an exact instret); "# qemu: skip (why)" leaves
-# out a test of what ftvm promises beyond the spec and QEMU does not. Exit status n of a test is
-# the number of its failing check (255: outside any check); the program's
-# UART output says what was found and expected.
+# out a test of what ftvm promises beyond the spec and QEMU does not. Exit
+# status n of a test is the number of its failing check (255: outside any
+# check); the program's UART output says what was found and expected.
 # Needs qemu-system-riscv64 (qemu-system-misc) and riscv64-linux-gnu-gcc
 # (gcc-riscv64-linux-gnu); scripts/install-deps.sh installs both.
 set -u

@@ -61,7 +61,7 @@ impl Inst {
             && !matches!(d.op, Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Sb | Sh | Sw | Sd);
         let op = if only_writes_x0 { Nop } else { d.op };
         let imm = match d.op {
-            Op::Other | Op::Illegal => (if d.len == 2 { d.raw & 0xffff } else { d.insn }) as i32,
+            Other | Illegal => (if d.len == 2 { d.raw & 0xffff } else { d.insn }) as i32,
             _ => d.imm as i32,
         };
         Inst {

@@ -250,11 +250,7 @@ impl Hart {
         });
         match raw {
             Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw)), pc, budget, steps),
-            Err(t) => {
-                *steps += 1;
-                self.take_trap(t.cause, t.tval);
-                Then::Next
-            }
+            Err(t) => self.trap_at(0, pc, t, steps),
         }
     }
 
@@ -335,17 +331,12 @@ impl Hart {
                 }
                 Sb | Sh | Sw | Sd => {
                     let addr = x1.wrapping_add(imm);
-                    let size = match d.op {
-                        Sb => 1,
-                        Sh => 2,
-                        Sw => 4,
-                        _ => 8,
-                    };
-                    let hit = match size {
-                        1 => self.store_fast(ram, addr, 1, x2),
-                        2 => self.store_fast(ram, addr, 2, x2),
-                        4 => self.store_fast(ram, addr, 4, x2),
-                        _ => self.store_fast(ram, addr, 8, x2),
+                    // One arm per size, as for loads.
+                    let (size, hit) = match d.op {
+                        Sb => (1, self.store_fast(ram, addr, 1, x2)),
+                        Sh => (2, self.store_fast(ram, addr, 2, x2)),
+                        Sw => (4, self.store_fast(ram, addr, 4, x2)),
+                        _ => (8, self.store_fast(ram, addr, 8, x2)),
                     };
                     match hit {
                         // A store into the block itself: what follows
@@ -468,8 +459,8 @@ impl Hart {
         Then::Next
     }
 
-    /// Instruction `i` of a block, at `pc`, trapped: the ones before it
-    /// retired, the trap itself is a step.
+    /// Instruction `i` of a block (or the single one fetched uncached), at
+    /// `pc`, trapped: the ones before it retired, the trap itself is a step.
     #[cold]
     fn trap_at(&mut self, i: usize, pc: u64, t: Trap, steps: &mut u64) -> Then {
         self.retire(i as u64, pc, steps);
