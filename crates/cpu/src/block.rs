@@ -20,8 +20,13 @@
 //! the guest stores into its own bytes. (QEMU instead write-protects pages
 //! holding translated code; comparing is cheaper for an interpreter and
 //! needs no hook in the devices' DMA.)
+//!
+//! A block entered often enough is translated to host code (see `jit`);
+//! the translation lives in the block's slot, so it is dropped with the
+//! decoding whenever the slot's check against RAM fails.
 
 use crate::decode::{decode, Decoded, Op};
+use crate::jit::{self, Arena, JitFn};
 
 /// The longest block, in instructions.
 pub(crate) const MAX_INSTS: usize = 16;
@@ -103,13 +108,28 @@ pub(crate) struct Block {
     words: [u64; WORDS],
     pub n: usize,
     pub insts: [Inst; MAX_INSTS],
+    /// Entries so far, up to the cache's `hot`, when it is translated (or
+    /// found not translatable, and entries stop counting).
+    hits: u32,
+    /// The block's host code, once translated.
+    pub jit: Option<JitFn>,
 }
 
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
 
 impl Block {
     const EMPTY: Block =
-        Block { off: NO_OFFSET, bytes: 0, base: 0, nwords: 0, words: [0; WORDS], n: 0, insts: [NOP; MAX_INSTS] };
+        Block {
+            off: NO_OFFSET,
+            bytes: 0,
+            base: 0,
+            nwords: 0,
+            words: [0; WORDS],
+            n: 0,
+            insts: [NOP; MAX_INSTS],
+            hits: 0,
+            jit: None,
+        };
 
     /// A block of one instruction that is not in RAM's cache (it crosses a
     /// page, or its page is not in the fetch TLB). Its empty byte range
@@ -169,18 +189,90 @@ impl Block {
 /// The table of blocks of one hart.
 pub(crate) struct BlockCache {
     slots: Box<[Block]>,
+    /// The translations' memory; `None` when translation is off.
+    arena: Option<Arena>,
+    /// Entries into a block before it is translated.
+    hot: u32,
 }
 
 impl Default for BlockCache {
     /// An empty stand-in (no slots) for while the executor holds the cache.
     fn default() -> BlockCache {
-        BlockCache { slots: Box::new([]) }
+        BlockCache { slots: Box::new([]), arena: None, hot: 0 }
+    }
+}
+
+/// After how many entries new harts translate a block, 0 for never:
+/// `jit::HOT` unless the environment says `FTVM_JIT=0` (off) or
+/// `FTVM_JIT=hot=N` (after N entries, 1 to translate everything: for
+/// testing the translator). The choice never changes what the guest sees,
+/// only how fast; translation happens only on an x86-64 host.
+fn jit_default() -> u32 {
+    if !cfg!(target_arch = "x86_64") {
+        return 0;
+    }
+    match std::env::var("FTVM_JIT") {
+        Ok(v) if v == "0" => 0,
+        Ok(v) => v.strip_prefix("hot=").and_then(|n| n.parse().ok()).unwrap_or(jit::HOT),
+        Err(_) => jit::HOT,
     }
 }
 
 impl BlockCache {
     pub fn new() -> BlockCache {
-        BlockCache { slots: vec![Block::EMPTY; SLOTS].into_boxed_slice() }
+        let mut cache = BlockCache { slots: vec![Block::EMPTY; SLOTS].into_boxed_slice(), arena: None, hot: 0 };
+        cache.set_jit(jit_default());
+        cache
+    }
+
+    /// Translates blocks after `hot` entries, or never if 0. Forgets every
+    /// translation made so far.
+    pub fn set_jit(&mut self, hot: u32) {
+        self.forget_translations();
+        self.hot = hot;
+        self.arena = (hot > 0).then(Arena::default);
+    }
+
+    /// How many slots hold a translation.
+    pub fn translated(&self) -> usize {
+        self.slots.iter().filter(|b| b.jit.is_some()).count()
+    }
+
+    fn forget_translations(&mut self) {
+        for b in self.slots.iter_mut() {
+            b.jit = None;
+            b.hits = 0;
+        }
+        if let Some(a) = &mut self.arena {
+            a.reset();
+        }
+    }
+
+    /// Counts an entry into slot `i` and translates its block when hot.
+    #[inline(always)]
+    fn count(&mut self, i: usize) {
+        let b = &mut self.slots[i];
+        if b.jit.is_none() && b.hits < self.hot {
+            b.hits += 1;
+            if b.hits == self.hot {
+                self.translate(i);
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn translate(&mut self, i: usize) {
+        let Some(arena) = &mut self.arena else { return };
+        let mut code = jit::translate(arena, &self.slots[i]);
+        if code.is_none() && arena.full() {
+            // Start over: every translation goes, this one goes in first.
+            self.forget_translations();
+            let arena = self.arena.as_mut().expect("translation is on");
+            code = jit::translate(arena, &self.slots[i]);
+            self.slots[i].hits = self.hot;
+        }
+        self.slots[i].jit = code;
     }
 
     #[inline(always)]
@@ -200,6 +292,7 @@ impl BlockCache {
         if !hit {
             self.slots[i] = Block::decode_at(ram, off)?;
         }
+        self.count(i);
         Some(&self.slots[i])
     }
 }

@@ -9,6 +9,7 @@ use crate::csr;
 use crate::decode::{decode, Op};
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, PrivilegeMode};
+use crate::jit::{self, JitCtx, JitFn};
 use crate::mmu::{index, read_le, tag, write_le};
 use crate::trap::{self, Access, Trap};
 use crate::Bus;
@@ -201,7 +202,14 @@ impl Hart {
             let pc = self.s.pc;
             let then = match self.fetch_offset(pc) {
                 Some(off) => match cache.get(ram.as_slice(), off) {
-                    Some(block) => self.run_block(ram, bus, block, pc, budget, steps),
+                    // Translated code only runs whole blocks: the budget
+                    // must not end inside it.
+                    Some(block) => match block.jit {
+                        Some(code) if budget - *steps >= block.n as u64 => {
+                            self.run_translated(ram, bus, block, code, pc, budget, steps)
+                        }
+                        _ => self.run_block(ram, bus, block, pc, budget, steps, 0),
+                    },
                     None => self.step_uncached(ram, bus, budget, steps),
                 },
                 None => self.step_uncached(ram, bus, budget, steps),
@@ -249,17 +257,61 @@ impl Hart {
             }
         });
         match raw {
-            Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw)), pc, budget, steps),
+            Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw)), pc, budget, steps, 0),
             Err(t) => self.trap_at(0, pc, t, steps),
         }
     }
 
-    /// Executes `block`, which starts at `pc`, or as much of it as the
-    /// budget allows. Instructions before the last do not touch `pc`,
-    /// `steps` or `instret` (what the block executed is added up once at
-    /// its end); any path out of the middle (a trap, a device access, the
-    /// general executor) brings them up to date first.
+    /// Runs the translation `code` of `block`, which starts at `pc` and
+    /// fits in the budget. What the code could not do (a TLB miss, an
+    /// instruction it does not handle) the interpreter finishes from where
+    /// the code stopped, as if it had run the block from the start.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn run_translated(
+        &mut self,
+        ram: &mut GuestRam,
+        bus: &mut dyn Bus,
+        block: &Block,
+        code: JitFn,
+        pc: u64,
+        budget: u64,
+        steps: &mut u64,
+    ) -> Then {
+        let mut ctx = JitCtx {
+            pc,
+            pc_out: 0,
+            ram: ram.as_mut_slice_untracked().as_mut_ptr(),
+            load_tlb: self.tlb.load.as_ptr(),
+            store_tlb: self.tlb.store.as_ptr(),
+            prv: self.data_prv() as u64,
+        };
+        // SAFETY: `code` is the translation of `block` (the block cache
+        // keeps the two together and drops the code with the decoding).
+        // It reads and writes the 32 registers behind the first pointer
+        // and the context behind the second, both live and not otherwise
+        // borrowed for the call; through the context it reads the load and
+        // store TLBs and, at the RAM offsets their entries give (pages
+        // inside RAM, accesses checked not to cross them), guest RAM, as
+        // the interpreter's fast paths do.
+        let r = unsafe { code(self.s.x.as_mut_ptr(), &mut ctx) };
+        let k = (r >> 8) as usize;
+        match r & 0xff {
+            jit::END => self.retire(block.n as u64, ctx.pc_out, steps),
+            jit::CUT => self.retire(k as u64, pc.wrapping_add(block.insts[k - 1].next as u64), steps),
+            _ => self.run_block(ram, bus, block, pc, budget, steps, k),
+        }
+    }
+
+    /// Executes `block`, which starts at `pc`, or as much of it as the
+    /// budget allows, from instruction `start` on (those before it were
+    /// executed by translated code but not yet counted). Instructions
+    /// before the last do not touch `pc`, `steps` or `instret` (what the
+    /// block executed is added up once at its end); any path out of the
+    /// middle (a trap, a device access, the general executor) brings them
+    /// up to date first.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn run_block(
         &mut self,
         ram: &mut GuestRam,
@@ -268,10 +320,11 @@ impl Hart {
         pc: u64,
         budget: u64,
         steps: &mut u64,
+        start: usize,
     ) -> Then {
         use Op::*;
         let limit = (budget - *steps).min(block.n as u64) as usize;
-        for (i, &d) in block.insts[..limit].iter().enumerate() {
+        for (i, &d) in block.insts[..limit].iter().enumerate().skip(start) {
             // The instruction's own pc, for the operations that need it.
             let at = || pc.wrapping_add(d.at as u64);
             let x1 = self.s.x[(d.rs1 & 31) as usize];

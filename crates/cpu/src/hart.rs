@@ -148,6 +148,20 @@ impl Hart {
         h
     }
 
+    /// Translates blocks of guest code to host code once entered `hot`
+    /// times, or never if `hot` is 0 (the default comes from `FTVM_JIT`,
+    /// see the block cache). Whatever the setting, the hart executes
+    /// exactly the same instructions with the same results: this is for
+    /// comparing and testing.
+    pub fn set_jit(&mut self, hot: u32) {
+        self.blocks.set_jit(hot);
+    }
+
+    /// How many blocks have host code now.
+    pub fn translated_blocks(&self) -> usize {
+        self.blocks.translated()
+    }
+
     /// Drop every cached translation (after restore, satp change, sfence).
     pub fn flush_tlb(&mut self) {
         self.tlb.flush();

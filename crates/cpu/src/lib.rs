@@ -15,6 +15,7 @@ mod decode;
 mod exec;
 pub mod fpu;
 mod hart;
+mod jit;
 mod mmu;
 mod trap;
 

@@ -19,7 +19,9 @@ pub(crate) const TLB_SIZE: usize = 256;
 /// privilege level is 0, 1 or 3).
 pub(crate) const NO_TAG: u64 = 4;
 
+/// `repr(C)`: translated code reads the fields at fixed offsets (see `jit`).
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub(crate) struct TlbEntry {
     pub tag: u64,
     /// Offset of the page in guest RAM.

@@ -1,0 +1,717 @@
+//! The translation tier: hot blocks of the block cache compiled to x86-64.
+//!
+//! This module owns the translator (a decoded [`Block`] into host code),
+//! the executable memory the code lives in, and the layout of what the
+//! code is given when called ([`JitCtx`]). The block cache owns *when*
+//! to translate (a block entered `HOT` times) and ties each translation
+//! to its block slot, so the code is reused exactly as long as the
+//! decoding it came from: the slot's revalidation against RAM covers both.
+//! The executor owns *whether* to call it (only when the whole block fits
+//! in the remaining budget) and what happens after.
+//!
+//! Translated code keeps the guest registers a block uses in host
+//! registers from its entry to its exits (the most used nine; others are
+//! read and written in place in the hart's register file), runs the
+//! block's operations with no dispatch, and writes the dirty registers
+//! back at every exit. It does only what the interpreter's fast paths do
+//! and returns to Rust for everything else, telling it how far it got:
+//!
+//! - `END`: the last instruction retired and the next pc is in
+//!   `JitCtx::pc_out` (a jump or branch ended the block);
+//! - `CUT | k << 8`: instructions `0..k` retired, the next pc is the one
+//!   after instruction `k - 1` (the block ran out, or a store wrote into
+//!   the block's own bytes and what follows must be fetched again, as the
+//!   interpreter does);
+//! - `RESUME | k << 8`: instructions `0..k` executed but nothing was
+//!   counted yet, and the interpreter carries on from instruction `k`:
+//!   a load or store whose TLB fast path missed, or an instruction the
+//!   translator does not handle (the general executor's, always the last
+//!   of its block). The interpreter then does exactly what it would have
+//!   done had it run the block from the start, so slow paths, device
+//!   accesses and traps (precise: pc, tval, registers, counts) need no
+//!   second implementation here.
+//!
+//! The emitter is dynasm-rs (`dynasmrt`): the assembly is written inline
+//! in Intel syntax, checked and encoded at compile time into plain byte
+//! pushes (no run-time assembler to trust or to slow translation), it
+//! supports registers chosen at run time (`Rq(n)`), and its runtime crate
+//! is small and widely used (wasmer's single-pass compiler). iced-x86's
+//! code assembler would do too, but encodes every instruction at run time
+//! through a much larger crate.
+
+use crate::block::Block;
+use crate::decode::Op;
+use crate::mmu::{TlbEntry, TLB_SIZE};
+use dynasmrt::x64::X64Relocation;
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, ExecutableBuffer, VecAssembler};
+use std::mem::offset_of;
+
+/// Entries into a block before it is translated.
+pub(crate) const HOT: u32 = 32;
+
+/// Exit codes of translated code (the low byte of what it returns).
+pub(crate) const END: u64 = 0;
+pub(crate) const CUT: u64 = 1;
+pub(crate) const RESUME: u64 = 2;
+
+/// What translated code reads and writes besides the guest registers
+/// (which it gets as a pointer to `HartState::x`).
+#[repr(C)]
+pub(crate) struct JitCtx {
+    /// The pc of the block's first instruction.
+    pub pc: u64,
+    /// The next pc after an `END` exit.
+    pub pc_out: u64,
+    /// Guest RAM's first byte.
+    pub ram: *mut u8,
+    pub load_tlb: *const TlbEntry,
+    pub store_tlb: *const TlbEntry,
+    /// The privilege level loads and stores are checked at (the low bits
+    /// of a TLB tag).
+    pub prv: u64,
+}
+
+const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
+const CTX_PC_OUT: i32 = offset_of!(JitCtx, pc_out) as i32;
+const CTX_RAM: i32 = offset_of!(JitCtx, ram) as i32;
+const CTX_LOAD_TLB: i32 = offset_of!(JitCtx, load_tlb) as i32;
+const CTX_STORE_TLB: i32 = offset_of!(JitCtx, store_tlb) as i32;
+const CTX_PRV: i32 = offset_of!(JitCtx, prv) as i32;
+const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
+const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
+const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE <= 256);
+
+/// A translated block: the guest registers (`HartState::x`), the context;
+/// returns an exit code.
+pub(crate) type JitFn = unsafe extern "sysv64" fn(*mut u64, *mut JitCtx) -> u64;
+
+/// Host registers (x86-64 encodings). rdi holds the guest register file,
+/// rsi the context; rax, rcx, rdx and r11 are scratch.
+const RAX: u8 = 0;
+const RCX: u8 = 1;
+const RDX: u8 = 2;
+const R11: u8 = 11;
+/// The host registers guest registers live in within a block. rbx, rbp
+/// and r12-r15 are callee-saved: the prologue saves them.
+const POOL: [u8; 9] = [3, 5, 8, 9, 10, 12, 13, 14, 15];
+
+/// Where a guest register is during a block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loc {
+    /// x0.
+    Zero,
+    Host(u8),
+    /// In the hart's register file, at this offset from rdi.
+    Mem(i32),
+}
+
+/// Whether the translator handles `op`.
+fn supported(op: Op) -> bool {
+    !matches!(op, Op::Other | Op::Illegal)
+}
+
+/// Bytes of executable memory allocated at a time. Each is made writable
+/// only while a translation is copied in, so code is never writable and
+/// executable at once.
+const CHUNK: usize = 64 << 10;
+/// Chunks before everything is thrown away and translation starts over.
+const MAX_CHUNKS: usize = 128;
+
+/// The executable memory of one hart's translations: chunks filled in
+/// order, never freed one by one. A translation lives until the whole
+/// arena is reset, when the block cache forgets every translation first.
+#[derive(Default)]
+pub(crate) struct Arena {
+    chunks: Vec<ExecutableBuffer>,
+    /// Bytes used in the last chunk.
+    used: usize,
+}
+
+impl Arena {
+    /// Copies `code` into executable memory and returns its address, or
+    /// `None` when the arena is full (the caller resets it) or the host
+    /// refuses memory.
+    fn place(&mut self, code: &[u8]) -> Option<*const u8> {
+        if code.len() > CHUNK {
+            return None;
+        }
+        if self.chunks.is_empty() || self.used + code.len() > CHUNK {
+            if self.chunks.len() == MAX_CHUNKS {
+                return None;
+            }
+            self.chunks.push(ExecutableBuffer::new(CHUNK).ok()?);
+            self.used = 0;
+        }
+        let chunk = self.chunks.pop()?;
+        // Writable (not executable) while the code is copied in, then
+        // executable again: an mprotect of the chunk each way, in place, so
+        // the addresses of the translations already in it stay valid.
+        let mut w = match chunk.make_mut() {
+            Ok(w) => w,
+            Err(_) => return None,
+        };
+        let at = self.used;
+        w.set_len(at + code.len());
+        w[at..at + code.len()].copy_from_slice(code);
+        let chunk = w.make_exec().expect("mprotect of a chunk this process mapped");
+        let ptr = chunk.ptr(dynasmrt::AssemblyOffset(at));
+        self.chunks.push(chunk);
+        // Keep entries 16-byte aligned.
+        self.used = (at + code.len() + 15) & !15;
+        Some(ptr)
+    }
+
+    /// Whether no more chunks can be added.
+    pub fn full(&self) -> bool {
+        self.chunks.len() == MAX_CHUNKS
+    }
+
+    /// Forget every translation (their blocks must forget them first).
+    pub fn reset(&mut self) {
+        self.chunks.clear();
+        self.used = 0;
+    }
+}
+
+/// Translate `block` into the arena. `None` if its first instruction is
+/// not handled or the arena is full.
+pub(crate) fn translate(arena: &mut Arena, block: &Block) -> Option<JitFn> {
+    let code = assemble(block)?;
+    let ptr = arena.place(&code)?;
+    // SAFETY: `ptr` is the start of the code just assembled for exactly
+    // this signature (System V: rdi = guest registers, rsi = context,
+    // returns rax; it saves the callee-saved registers it uses), copied
+    // into memory that stays mapped and executable until `Arena::reset`,
+    // before which the block cache drops every `JitFn`.
+    Some(unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) })
+}
+
+/// The host code for `block`'s longest prefix of handled operations.
+fn assemble(block: &Block) -> Option<Vec<u8>> {
+    let insts = &block.insts[..block.n];
+    let m = insts.iter().position(|d| !supported(d.op)).unwrap_or(insts.len());
+    if m == 0 {
+        return None;
+    }
+    let insts = &insts[..m];
+
+    // Give host registers to the guest registers used most.
+    let mut uses = [0u32; 32];
+    let mut read = 0u32;
+    for d in insts {
+        let (r1, r2) = reads(d.op);
+        if r1 {
+            uses[d.rs1 as usize] += 1;
+            read |= 1 << d.rs1;
+        }
+        if r2 {
+            uses[d.rs2 as usize] += 1;
+            read |= 1 << d.rs2;
+        }
+        if writes(d.op) {
+            uses[d.rd as usize] += 1;
+        }
+    }
+    uses[0] = 0;
+    let mut order: Vec<usize> = (1..32).filter(|&r| uses[r] > 0).collect();
+    // Stable, so ties go to the lower register: the choice depends only on
+    // the block.
+    order.sort_by_key(|&r| std::cmp::Reverse(uses[r]));
+    let mut loc = [Loc::Zero; 32];
+    for r in 1..32 {
+        loc[r] = Loc::Mem(8 * r as i32);
+    }
+    for (&r, &h) in order.iter().zip(POOL.iter()) {
+        loc[r] = Loc::Host(h);
+    }
+
+    let mut e = Emitter { ops: VecAssembler::new(0), loc, dirty: 0, stubs: Vec::new() };
+    let epilogue = e.ops.new_dynamic_label();
+    dynasm!(e.ops
+        ; .arch x64
+        ; push rbx
+        ; push rbp
+        ; push r12
+        ; push r13
+        ; push r14
+        ; push r15
+    );
+    for r in 1..32 {
+        if let Loc::Host(h) = loc[r] {
+            if read & (1 << r) != 0 {
+                dynasm!(e.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
+            }
+        }
+    }
+    let mut ended = false;
+    for (k, d) in insts.iter().enumerate() {
+        ended = e.inst(block, k, d);
+    }
+    if !ended {
+        // Out of instructions (the block's end, or one the interpreter
+        // must execute).
+        let code = if m < block.n { RESUME | (m as u64) << 8 } else { CUT | (m as u64) << 8 };
+        e.writeback(e.dirty);
+        dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64);
+    } else {
+        e.writeback(e.dirty);
+        dynasm!(e.ops ; .arch x64 ; mov eax, END as i32);
+    }
+    dynasm!(e.ops
+        ; .arch x64
+        ; =>epilogue
+        ; pop r15
+        ; pop r14
+        ; pop r13
+        ; pop r12
+        ; pop rbp
+        ; pop rbx
+        ; ret
+    );
+    // Side exits, out of the straight line.
+    for s in std::mem::take(&mut e.stubs) {
+        dynasm!(e.ops ; .arch x64 ; =>s.label);
+        e.writeback(s.dirty);
+        dynasm!(e.ops ; .arch x64 ; mov rax, QWORD s.code as i64 ; jmp =>epilogue);
+    }
+    e.ops.finalize().ok()
+}
+
+/// Which of rs1 and rs2 an operation reads.
+fn reads(op: Op) -> (bool, bool) {
+    use Op::*;
+    match op {
+        Other | Illegal | Nop | Lui | Auipc | Jal => (false, false),
+        Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => (true, false),
+        Addi | Slti | Sltiu | Xori | Ori | Andi | Slli | Srli | Srai | Addiw | Slliw | Srliw | Sraiw => (true, false),
+        _ => (true, true),
+    }
+}
+
+/// Whether an operation writes rd.
+fn writes(op: Op) -> bool {
+    use Op::*;
+    !matches!(op, Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd)
+}
+
+/// A side exit: where it starts, which registers it writes back, what it
+/// returns.
+struct Stub {
+    label: DynamicLabel,
+    dirty: u32,
+    code: u64,
+}
+
+struct Emitter {
+    ops: VecAssembler<X64Relocation>,
+    loc: [Loc; 32],
+    /// Guest registers held in host registers and written since entry.
+    dirty: u32,
+    stubs: Vec<Stub>,
+}
+
+/// A 64-bit ALU operation `dst op= src` on host registers.
+type Alu = fn(&mut VecAssembler<X64Relocation>, u8, u8);
+/// A 64-bit ALU operation `dst op= imm`.
+type AluImm = fn(&mut VecAssembler<X64Relocation>, u8, i32);
+
+impl Emitter {
+    /// Host register `scratch` := guest register `r`.
+    fn get(&mut self, scratch: u8, r: u8) {
+        match self.loc[r as usize] {
+            Loc::Zero => dynasm!(self.ops ; .arch x64 ; xor Rd(scratch), Rd(scratch)),
+            Loc::Host(h) => {
+                if h != scratch {
+                    dynasm!(self.ops ; .arch x64 ; mov Rq(scratch), Rq(h))
+                }
+            }
+            Loc::Mem(o) => dynasm!(self.ops ; .arch x64 ; mov Rq(scratch), QWORD [rdi + o]),
+        }
+    }
+
+    /// A host register holding guest register `r`: its own, or `scratch`
+    /// loaded with it.
+    fn src(&mut self, r: u8, scratch: u8) -> u8 {
+        match self.loc[r as usize] {
+            Loc::Host(h) => h,
+            _ => {
+                self.get(scratch, r);
+                scratch
+            }
+        }
+    }
+
+    /// Guest register `r` := host register `v`. Writes to x0 are dropped.
+    fn put(&mut self, r: u8, v: u8) {
+        match self.loc[r as usize] {
+            Loc::Zero => {}
+            Loc::Host(h) => {
+                if h != v {
+                    dynasm!(self.ops ; .arch x64 ; mov Rq(h), Rq(v));
+                }
+                self.dirty |= 1 << r;
+            }
+            Loc::Mem(o) => dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + o], Rq(v)),
+        }
+    }
+
+    /// Where to compute a result for rd without a copy: rd's own host
+    /// register unless the second operand lives there, else rax.
+    fn dest(&self, rd: u8, other: Option<u8>) -> u8 {
+        match self.loc[rd as usize] {
+            Loc::Host(h) if Some(h) != other => h,
+            _ => RAX,
+        }
+    }
+
+    /// Stores the registers of `dirty` to the register file.
+    fn writeback(&mut self, dirty: u32) {
+        for r in 1..32 {
+            if dirty & (1 << r) != 0 {
+                if let Loc::Host(h) = self.loc[r] {
+                    dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * r as i32], Rq(h));
+                }
+            }
+        }
+    }
+
+    /// A side exit returning `code` with the registers dirty now.
+    fn stub(&mut self, code: u64) -> DynamicLabel {
+        let label = self.ops.new_dynamic_label();
+        self.stubs.push(Stub { label, dirty: self.dirty, code });
+        label
+    }
+
+    /// rd := rs1 op rs2.
+    fn alu(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
+        let b = self.src(rs2, RCX);
+        let dst = self.dest(rd, Some(b));
+        self.get(dst, rs1);
+        f(&mut self.ops, dst, b);
+        self.put(rd, dst);
+    }
+
+    /// rd := rs1 op imm.
+    fn alu_imm(&mut self, rd: u8, rs1: u8, imm: i32, f: AluImm) {
+        let dst = self.dest(rd, None);
+        self.get(dst, rs1);
+        f(&mut self.ops, dst, imm);
+        self.put(rd, dst);
+    }
+
+    /// rd := sext32(eax) after `f` computed the low 32 bits in eax from
+    /// eax = rs1 and `b` = rs2.
+    fn alu_w(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
+        let b = self.src(rs2, RCX);
+        self.get(RAX, rs1);
+        f(&mut self.ops, RAX, b);
+        dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
+        self.put(rd, RAX);
+    }
+
+    fn alu_imm_w(&mut self, rd: u8, rs1: u8, imm: i32, f: AluImm) {
+        self.get(RAX, rs1);
+        f(&mut self.ops, RAX, imm);
+        dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
+        self.put(rd, RAX);
+    }
+
+    /// rd := (rs1 op rs2) as 0/1, `f` setting al from the flags of a compare.
+    fn set_if(&mut self, rd: u8, rs1: u8, rs2: Option<u8>, imm: i32, f: fn(&mut VecAssembler<X64Relocation>)) {
+        let a = self.src(rs1, RAX);
+        match rs2 {
+            Some(rs2) => {
+                let b = self.src(rs2, RCX);
+                dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
+            }
+            None => dynasm!(self.ops ; .arch x64 ; cmp Rq(a), DWORD imm),
+        }
+        f(&mut self.ops);
+        dynasm!(self.ops ; .arch x64 ; movzx eax, al);
+        self.put(rd, RAX);
+    }
+
+    /// rdx := the pc of the instruction at `at` plus `add`.
+    fn pc_plus(&mut self, reg: u8, at: u16, add: i64) {
+        dynasm!(self.ops ; .arch x64 ; mov Rq(reg), QWORD [rsi + CTX_PC]);
+        let total = at as i64 + add;
+        if total != 0 {
+            if let Ok(t) = i32::try_from(total) {
+                dynasm!(self.ops ; .arch x64 ; add Rq(reg), DWORD t);
+            } else {
+                dynasm!(self.ops ; .arch x64 ; add Rq(reg), DWORD at as i32 ; add Rq(reg), DWORD add as i32);
+            }
+        }
+    }
+
+    /// Emits instruction `k` of `block`. True if it ends the translated
+    /// code (a jump or branch, which wrote `pc_out` and the registers).
+    fn inst(&mut self, block: &Block, k: usize, d: &crate::block::Inst) -> bool {
+        use Op::*;
+        let (rd, rs1, rs2, imm) = (d.rd, d.rs1, d.rs2, d.imm);
+        let len = (d.next - d.at) as i64;
+        match d.op {
+            Nop => {}
+            Lui => {
+                let dst = self.dest(rd, None);
+                dynasm!(self.ops ; .arch x64 ; mov Rq(dst), QWORD imm as i64);
+                self.put(rd, dst);
+            }
+            Auipc => {
+                let dst = self.dest(rd, None);
+                self.pc_plus(dst, d.at, imm as i64);
+                self.put(rd, dst);
+            }
+            Jal => {
+                self.pc_plus(R11, d.at, imm as i64);
+                dynasm!(self.ops ; .arch x64 ; mov QWORD [rsi + CTX_PC_OUT], r11);
+                self.pc_plus(RAX, d.at, len);
+                self.put(rd, RAX);
+                return true;
+            }
+            Jalr => {
+                self.get(R11, rs1);
+                dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm ; and r11, BYTE -2 ; mov QWORD [rsi + CTX_PC_OUT], r11);
+                self.pc_plus(RAX, d.at, len);
+                self.put(rd, RAX);
+                return true;
+            }
+            Beq | Bne | Blt | Bge | Bltu | Bgeu => {
+                self.pc_plus(RDX, d.at, len);
+                self.pc_plus(R11, d.at, imm as i64);
+                let a = self.src(rs1, RAX);
+                let b = self.src(rs2, RCX);
+                dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
+                match d.op {
+                    Beq => dynasm!(self.ops ; .arch x64 ; cmove rdx, r11),
+                    Bne => dynasm!(self.ops ; .arch x64 ; cmovne rdx, r11),
+                    Blt => dynasm!(self.ops ; .arch x64 ; cmovl rdx, r11),
+                    Bge => dynasm!(self.ops ; .arch x64 ; cmovge rdx, r11),
+                    Bltu => dynasm!(self.ops ; .arch x64 ; cmovb rdx, r11),
+                    _ => dynasm!(self.ops ; .arch x64 ; cmovae rdx, r11),
+                }
+                dynasm!(self.ops ; .arch x64 ; mov QWORD [rsi + CTX_PC_OUT], rdx);
+                return true;
+            }
+            Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
+                let size = match d.op {
+                    Lb | Lbu => 1,
+                    Lh | Lhu => 2,
+                    Lw | Lwu => 4,
+                    _ => 8,
+                };
+                let miss = self.stub(RESUME | (k as u64) << 8);
+                self.tlb_lookup(rs1, imm, size, CTX_LOAD_TLB, miss);
+                // rdx: the host address.
+                dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+                match d.op {
+                    Lb => dynasm!(self.ops ; .arch x64 ; movsx rax, BYTE [rdx]),
+                    Lbu => dynasm!(self.ops ; .arch x64 ; movzx eax, BYTE [rdx]),
+                    Lh => dynasm!(self.ops ; .arch x64 ; movsx rax, WORD [rdx]),
+                    Lhu => dynasm!(self.ops ; .arch x64 ; movzx eax, WORD [rdx]),
+                    Lw => dynasm!(self.ops ; .arch x64 ; movsxd rax, DWORD [rdx]),
+                    Lwu => dynasm!(self.ops ; .arch x64 ; mov eax, DWORD [rdx]),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov rax, QWORD [rdx]),
+                }
+                self.put(rd, RAX);
+            }
+            Sb | Sh | Sw | Sd => {
+                let size = match d.op {
+                    Sb => 1,
+                    Sh => 2,
+                    Sw => 4,
+                    _ => 8,
+                };
+                let miss = self.stub(RESUME | (k as u64) << 8);
+                self.tlb_lookup(rs1, imm, size, CTX_STORE_TLB, miss);
+                // rdx: the RAM offset; rcx: the host address.
+                dynasm!(self.ops ; .arch x64 ; mov rcx, QWORD [rsi + CTX_RAM] ; add rcx, rdx);
+                let v = self.src(rs2, RAX);
+                match size {
+                    1 => dynasm!(self.ops ; .arch x64 ; mov BYTE [rcx], Rb(v)),
+                    2 => dynasm!(self.ops ; .arch x64 ; mov WORD [rcx], Rw(v)),
+                    4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rcx], Rd(v)),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx], Rq(v)),
+                }
+                // A store into the block itself: what follows must be
+                // fetched again (the interpreter's test, on the offset the
+                // store started at).
+                let cut = self.stub(CUT | (k as u64 + 1) << 8);
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; mov r11, QWORD block.off as i64
+                    ; sub rdx, r11
+                    ; cmp rdx, DWORD block.bytes as i32
+                    ; jb =>cut
+                );
+            }
+            Addi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rq(d), DWORD i)),
+            Slti => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setl al)),
+            Sltiu => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setb al)),
+            Xori => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; xor Rq(d), DWORD i)),
+            Ori => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; or Rq(d), DWORD i)),
+            Andi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; and Rq(d), DWORD i)),
+            Slli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shl Rq(d), i as i8)),
+            Srli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shr Rq(d), i as i8)),
+            Srai => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; sar Rq(d), i as i8)),
+            Addiw => self.alu_imm_w(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rd(d), DWORD i)),
+            Slliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shl Rd(d), i as i8)),
+            Srliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shr Rd(d), i as i8)),
+            Sraiw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; sar Rd(d), i as i8)),
+            Add => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rq(d), Rq(s))),
+            Sub => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; sub Rq(d), Rq(s))),
+            Xor => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s))),
+            Or => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; or Rq(d), Rq(s))),
+            And => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; and Rq(d), Rq(s))),
+            Mul => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; imul Rq(d), Rq(s))),
+            Slt => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setl al)),
+            Sltu => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setb al)),
+            Sll | Srl | Sra => {
+                // The count goes in cl; x86 masks it to 6 bits as RISC-V does.
+                self.get(RCX, rs2);
+                let dst = self.dest(rd, None);
+                self.get(dst, rs1);
+                match d.op {
+                    Sll => dynasm!(self.ops ; .arch x64 ; shl Rq(dst), cl),
+                    Srl => dynasm!(self.ops ; .arch x64 ; shr Rq(dst), cl),
+                    _ => dynasm!(self.ops ; .arch x64 ; sar Rq(dst), cl),
+                }
+                self.put(rd, dst);
+            }
+            Addw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rd(d), Rd(s))),
+            Subw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; sub Rd(d), Rd(s))),
+            Mulw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; imul Rd(d), Rd(s))),
+            Sllw | Srlw | Sraw => {
+                // 32-bit shifts: x86 masks the count to 5 bits, as RISC-V.
+                self.get(RCX, rs2);
+                self.get(RAX, rs1);
+                match d.op {
+                    Sllw => dynasm!(self.ops ; .arch x64 ; shl eax, cl),
+                    Srlw => dynasm!(self.ops ; .arch x64 ; shr eax, cl),
+                    _ => dynasm!(self.ops ; .arch x64 ; sar eax, cl),
+                }
+                dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
+                self.put(rd, RAX);
+            }
+            Mulh | Mulhu | Mulhsu => {
+                self.get(RAX, rs1);
+                let b = self.src(rs2, RCX);
+                match d.op {
+                    Mulh => dynasm!(self.ops ; .arch x64 ; imul Rq(b)),
+                    Mulhu => dynasm!(self.ops ; .arch x64 ; mul Rq(b)),
+                    _ => {
+                        // Signed by unsigned: the unsigned product's high
+                        // half, less rs2 when rs1 is negative.
+                        dynasm!(self.ops
+                            ; .arch x64
+                            ; mov r11, rax
+                            ; sar r11, 63
+                            ; and r11, Rq(b)
+                            ; mul Rq(b)
+                            ; sub rdx, r11
+                        )
+                    }
+                }
+                self.put(rd, RDX);
+            }
+            Div | Divu | Rem | Remu | Divw | Divuw | Remw | Remuw => self.div(d.op, rd, rs1, rs2),
+            Other | Illegal => unreachable!("not translated"),
+        }
+        false
+    }
+
+    /// Division with RISC-V's results for a zero divisor (all ones, or the
+    /// dividend for a remainder) and for MIN / -1 (MIN, remainder 0),
+    /// where x86 would fault.
+    fn div(&mut self, op: Op, rd: u8, rs1: u8, rs2: u8) {
+        use Op::*;
+        self.get(RAX, rs1);
+        self.get(RCX, rs2);
+        let rem = matches!(op, Rem | Remu | Remw | Remuw);
+        match op {
+            Div | Rem => {
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; test rcx, rcx
+                    ; jz >zero
+                    ; cmp rcx, -1
+                    ; jne >divide
+                );
+                // x / -1 = -x (wrapping: MIN stays MIN); x % -1 = 0.
+                if rem {
+                    dynasm!(self.ops ; .arch x64 ; xor eax, eax);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; neg rax);
+                }
+                dynasm!(self.ops ; .arch x64 ; jmp >done ; divide: ; cqo ; idiv rcx);
+            }
+            Divu | Remu => {
+                dynasm!(self.ops ; .arch x64 ; test rcx, rcx ; jz >zero ; xor edx, edx ; div rcx);
+            }
+            Divw | Remw => {
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; test ecx, ecx
+                    ; jz >zero
+                    ; cmp ecx, -1
+                    ; jne >divide
+                );
+                if rem {
+                    dynasm!(self.ops ; .arch x64 ; xor eax, eax);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; neg eax);
+                }
+                dynasm!(self.ops ; .arch x64 ; jmp >done ; divide: ; cdq ; idiv ecx);
+            }
+            _ => {
+                dynasm!(self.ops ; .arch x64 ; test ecx, ecx ; jz >zero ; xor edx, edx ; div ecx);
+            }
+        }
+        if rem {
+            dynasm!(self.ops ; .arch x64 ; mov rax, rdx);
+        }
+        dynasm!(self.ops ; .arch x64 ; jmp >done ; zero:);
+        // Division by zero: all ones; a remainder is the dividend, already
+        // in rax.
+        if !rem {
+            dynasm!(self.ops ; .arch x64 ; mov rax, -1);
+        }
+        dynasm!(self.ops ; .arch x64 ; done:);
+        if matches!(op, Divw | Divuw | Remw | Remuw) {
+            dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
+        }
+        self.put(rd, RAX);
+    }
+
+    /// The inlined TLB hit test of a `size`-byte access at rs1 + imm: on a
+    /// hit rdx is the RAM offset, else it jumps to `miss`. Clobbers rcx
+    /// and r11.
+    fn tlb_lookup(&mut self, rs1: u8, imm: i32, size: i32, tlb: i32, miss: DynamicLabel) {
+        self.get(R11, rs1);
+        if imm != 0 {
+            dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm);
+        }
+        dynasm!(self.ops
+            ; .arch x64
+            // The entry: tlb[(vaddr >> 12) % TLB_SIZE], 16 bytes each.
+            ; mov rcx, r11
+            ; shr rcx, 12
+            ; and ecx, (TLB_SIZE - 1) as i32
+            ; shl ecx, 4
+            ; add rcx, QWORD [rsi + tlb]
+            // The tag: the page and the privilege level.
+            ; mov rdx, r11
+            ; and rdx, -4096
+            ; or rdx, QWORD [rsi + CTX_PRV]
+            ; cmp rdx, QWORD [rcx + TLB_TAG]
+            ; jne =>miss
+            ; mov edx, r11d
+            ; and edx, 0xfff
+        );
+        if size > 1 {
+            // Not across the page.
+            dynasm!(self.ops ; .arch x64 ; cmp edx, 0x1000 - size ; ja =>miss);
+        }
+        dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rcx + TLB_OFF]);
+    }
+}

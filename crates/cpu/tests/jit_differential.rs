@@ -1,0 +1,381 @@
+//! The translation tier against the interpreter: random programs of the
+//! operations it translates (and some it does not: CSR reads, fences,
+//! ecall, illegal instructions), with loads and stores that hit RAM, a
+//! device, nothing (access faults) and the program's own code, run from
+//! the same state with translation off and on, in the same and in
+//! different slices. Everything must come out identical: registers, CSRs,
+//! pc, instret, every slice's step count and exit, what the device saw
+//! and when, and RAM.
+
+use ftvm_cpu::{Bus, Exit, Hart, HartState};
+use ftvm_memory::GuestRam;
+
+const BASE: u64 = 0x8000_0000;
+const RAM: u64 = 1 << 20;
+const DATA: u64 = BASE + 0x18000;
+const HANDLER: u64 = BASE + 0xf000;
+const DEVICE: u64 = 0x1000_0000;
+
+/// A device whose reads return where in the run they happen (so a read
+/// at the wrong step shows) and which logs every write with its step.
+#[derive(Default)]
+struct Device {
+    /// Steps executed before the current slice.
+    slice_start: u64,
+    log: Vec<(u64, u64, u8, u64)>,
+}
+
+impl Bus for Device {
+    fn read(&mut self, _: &mut GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
+        if paddr & !0xfff != DEVICE {
+            return None;
+        }
+        let at = self.slice_start + progress;
+        self.log.push((at, paddr, size, 0));
+        Some((at.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ paddr) & (u64::MAX >> (64 - 8 * size as u32)))
+    }
+    fn write(&mut self, _: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
+        if paddr & !0xfff != DEVICE {
+            return false;
+        }
+        self.log.push((self.slice_start + progress, paddr, size, value));
+        true
+    }
+    fn time(&mut self, progress: u64) -> u64 {
+        self.slice_start + progress
+    }
+}
+
+/// xorshift64*: a small deterministic generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+fn r_type(f7: u32, rs2: u32, rs1: u32, f3: u32, rd: u32, opc: u32) -> u32 {
+    f7 << 25 | rs2 << 20 | rs1 << 15 | f3 << 12 | rd << 7 | opc
+}
+fn i_type(imm: i32, rs1: u32, f3: u32, rd: u32, opc: u32) -> u32 {
+    ((imm as u32) & 0xfff) << 20 | rs1 << 15 | f3 << 12 | rd << 7 | opc
+}
+fn s_type(imm: i32, rs2: u32, rs1: u32, f3: u32) -> u32 {
+    let imm = imm as u32;
+    ((imm >> 5) & 0x7f) << 25 | rs2 << 20 | rs1 << 15 | f3 << 12 | (imm & 31) << 7 | 0x23
+}
+fn b_type(imm: i32, rs2: u32, rs1: u32, f3: u32) -> u32 {
+    let imm = imm as u32;
+    ((imm >> 12) & 1) << 31
+        | ((imm >> 5) & 0x3f) << 25
+        | rs2 << 20
+        | rs1 << 15
+        | f3 << 12
+        | ((imm >> 1) & 0xf) << 8
+        | ((imm >> 11) & 1) << 7
+        | 0x63
+}
+fn j_type(imm: i32, rd: u32) -> u32 {
+    let imm = imm as u32;
+    ((imm >> 20) & 1) << 31 | ((imm >> 1) & 0x3ff) << 21 | ((imm >> 11) & 1) << 20 | ((imm >> 12) & 0xff) << 12 | rd << 7 | 0x6f
+}
+
+/// Registers the generator keeps fixed: x1 = -1, x2 = i64::MIN and x3 =
+/// i32::MIN (the division cases x86 faults on), x4 counts the loop, x5
+/// points at data, x6 at the device, x7 at nothing, x8 at the code.
+const FIXED: u32 = 8;
+
+/// A random program at BASE: a loop over `len` random instructions.
+fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
+    let mut p = Vec::new();
+    let any = |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
+    // Destinations: mostly the free registers, sometimes x0.
+    let dst = |rng: &mut Rng| if rng.below(16) == 0 { 0 } else { 9 + rng.below(23) as u32 };
+    while p.len() < len {
+        let left = len - p.len();
+        let kind = rng.below(100);
+        let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
+        let insn = match kind {
+            // reg-reg, M included
+            0..=29 => {
+                let (f7, f3) = rng.pick(&[
+                    (0, 0), (0x20, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0x20, 5), (0, 6), (0, 7),
+                    (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7),
+                ]);
+                r_type(f7, rs2, rs1, f3, rd, 0x33)
+            }
+            30..=39 => {
+                let (f7, f3) = rng.pick(&[(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)]);
+                r_type(f7, rs2, rs1, f3, rd, 0x3b)
+            }
+            40..=54 => {
+                let imm = rng.below(4096) as i32 - 2048;
+                match rng.below(12) {
+                    f3 @ (0 | 2 | 3 | 4 | 6 | 7) => i_type(imm, rs1, f3 as u32, rd, 0x13),
+                    8 => i_type((rng.below(64)) as i32, rs1, 1, rd, 0x13),
+                    9 => i_type((rng.below(64)) as i32 | (rng.below(2) as i32) << 10, rs1, 5, rd, 0x13),
+                    10 => i_type(imm, rs1, 0, rd, 0x1b),
+                    _ => {
+                        let (f3, hi) = rng.pick(&[(1, 0), (5, 0), (5, 0x20)]);
+                        i_type(rng.below(32) as i32 | hi << 5, rs1, f3, rd, 0x1b)
+                    }
+                }
+            }
+            55..=58 => (rng.next() as u32 & 0xffff_f000) | rd << 7 | if rng.below(2) == 0 { 0x37 } else { 0x17 },
+            // loads and stores
+            59..=74 => {
+                let (base, off) = match rng.below(20) {
+                    0 => (6, rng.below(64) as i32 * 8),
+                    1 => (7, rng.below(64) as i32),
+                    _ => (5, rng.below(4096) as i32 - 2048),
+                };
+                if rng.below(2) == 0 {
+                    i_type(off, base, rng.pick(&[0, 1, 2, 3, 4, 5, 6]), rd, 0x03)
+                } else {
+                    s_type(off, rs2, base, rng.pick(&[0, 1, 2, 3]))
+                }
+            }
+            // The code: reads, or a word written back unchanged, mostly
+            // near here (the store still cuts a block it lands in, which
+            // changes the next block's start).
+            75..=78 => {
+                let off = if rng.below(4) == 0 {
+                    rng.below((len * 4) as u64) as i32 & !3
+                } else {
+                    4 * (p.len() as i32 + 1 - rng.below(6) as i32).max(0)
+                };
+                if rng.below(4) != 0 && left >= 2 {
+                    let t = 9 + rng.below(23) as u32;
+                    p.push(i_type(off, 8, 2, t, 0x03));
+                    s_type(off, t, 8, 2)
+                } else {
+                    i_type(off, 8, rng.pick(&[0, 1, 2, 3, 4, 5, 6]), rd, 0x03)
+                }
+            }
+            // forward branches and jumps within the loop body
+            79..=90 if left > 2 => {
+                let skip = 1 + rng.below((left as u64 - 1).min(6)) as i32;
+                match rng.below(8) {
+                    0 => j_type(4 * skip, dst(rng)),
+                    1 => {
+                        // auipc t; jalr rd, t + 4*skip (t = the auipc's pc)
+                        let t = 9 + rng.below(23) as u32;
+                        p.push(0x17 | t << 7);
+                        i_type(4 * (skip + 1), t, 0, dst(rng), 0x67)
+                    }
+                    _ => b_type(4 * skip, rs2, rs1, rng.pick(&[0, 1, 4, 5, 6, 7])),
+                }
+            }
+            // what the translator leaves to the interpreter
+            91..=93 => i_type(0x340, 0, 2, rd, 0x73), // csrr rd, mscratch
+            94 => 0x0ff0_000f,                         // fence
+            95 => 0x0000_0073,                         // ecall: trap, handler skips it
+            96 => 0,                                   // illegal: likewise
+            97 => i_type(0x340, rs1, 1, 0, 0x73),      // csrw mscratch, rs1
+            _ => r_type(0, rs2, rs1, 0, rd, 0x33),
+        };
+        p.push(insn);
+    }
+    p.truncate(len);
+    // addi x4, x4, -1; bne x4, x0, BASE; j .
+    p.push(i_type(-1, 4, 0, 4, 0x13));
+    let back = -(4 * (len as i32 + 1));
+    p.push(b_type(back, 0, 4, 1));
+    p.push(j_type(0, 0));
+    p
+}
+
+struct Run {
+    hart: Hart,
+    ram: GuestRam,
+    bus: Device,
+    slices: Vec<(u64, Exit)>,
+}
+
+fn setup(seed: u64, len: usize, jit: u32) -> Run {
+    let mut rng = Rng(seed | 1);
+    let prog = program(&mut rng, len);
+    assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
+    let mut ram = GuestRam::new(BASE, RAM);
+    for (i, w) in prog.iter().enumerate() {
+        ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+    }
+    // The handler: skip the instruction (all are 4 bytes, and the illegal
+    // all-zero one is two zero halfwords) and note the cause.
+    let handler = [
+        0x3410_2ff3u32, // csrr x31, mepc
+        i_type(4, 31, 0, 31, 0x13),
+        0x3412_9073, // csrw mepc, x31
+        0x3420_2f73, // csrr x30, mcause
+        0x3020_0073, // mret
+    ];
+    for (i, w) in handler.iter().enumerate() {
+        ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
+    }
+    for i in 0..0x1000u64 {
+        ram.write_u64(DATA - 0x800 + 8 * i, rng.next()).unwrap();
+    }
+    let mut hart = Hart::new(0);
+    hart.set_jit(jit);
+    hart.s.pc = BASE;
+    hart.s.mtvec = HANDLER;
+    let special = [0, 1, u64::MAX, 1 << 63, 0xffff_ffff_8000_0000, 0x7fff_ffff, 0x8000_0000, 63, 64, 31];
+    for r in 1..32 {
+        hart.s.x[r] = if rng.below(3) == 0 { rng.pick(&special) } else { rng.next() };
+    }
+    hart.s.x[1] = u64::MAX;
+    hart.s.x[2] = 1 << 63;
+    hart.s.x[3] = 0xffff_ffff_8000_0000;
+    hart.s.x[4] = 60;
+    hart.s.x[5] = DATA;
+    hart.s.x[6] = DEVICE;
+    hart.s.x[7] = 0;
+    hart.s.x[8] = BASE;
+    Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+}
+
+/// Runs `total` steps in slices of the sizes `slice` picks; `each` sees
+/// the run after every slice.
+fn run(r: &mut Run, total: u64, mut slice: impl FnMut() -> u64, mut each: impl FnMut(&Run)) {
+    let mut done = 0;
+    while done < total {
+        r.bus.slice_start = done;
+        let (n, exit) = r.hart.run(&mut r.ram, &mut r.bus, slice().min(total - done));
+        r.slices.push((n, exit));
+        done += n;
+        assert!(n > 0 || exit != Exit::Idle, "the program never idles");
+        each(r);
+    }
+}
+
+fn check(what: &str, a: &Run, b: &Run) {
+    let (sa, sb): (&HartState, &HartState) = (&a.hart.s, &b.hart.s);
+    assert_eq!(sa, sb, "{what}: hart state");
+    assert_eq!(a.bus.log, b.bus.log, "{what}: device accesses");
+    assert!(a.ram.as_slice() == b.ram.as_slice(), "{what}: RAM");
+}
+
+#[test]
+fn translated_code_matches_the_interpreter() {
+    let mut translated = 0;
+    for seed in 1..=60u64 {
+        let len = 20 + (seed as usize * 37) % 200;
+        let total = 50_000;
+        let slices = |s: u64| {
+            let mut rng = Rng(s * 7919 + 1);
+            move || {
+                let max = if rng.below(2) == 0 { 40 } else { 3000 };
+                1 + rng.below(max)
+            }
+        };
+        // The same slices, interpreted and translated (translating at the
+        // first entry and at the default threshold).
+        // Each slice's end state, interpreted.
+        let mut states = Vec::new();
+        let mut interp = setup(seed, len, 0);
+        run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
+        for hot in [1, 32] {
+            let mut jit = setup(seed, len, hot);
+            let mut i = 0;
+            run(&mut jit, total, slices(seed), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}, same slices"), &interp, &jit);
+            translated += jit.hart.translated_blocks();
+        }
+        // Other slices, interpreted and translated: the same state after
+        // the same number of steps.
+        let mut whole = setup(seed, len, 1);
+        run(&mut whole, total, || 1 << 20, |_| {});
+        let mut interp2 = setup(seed, len, 0);
+        run(&mut interp2, total, slices(seed + 1000), |_| {});
+        check(&format!("seed {seed}, one slice against others"), &interp2, &whole);
+    }
+    assert!(translated > 100, "only {translated} blocks were translated");
+}
+
+/// Every translated ALU operation on operands chosen for their edge cases
+/// (zero, ±1, the extremes of 64 and 32 bits, shift counts around 31, 32
+/// and 63) and random ones, interpreted and translated.
+#[test]
+fn each_operation_on_edge_operands() {
+    let mut ops = Vec::new();
+    for (f7, f3) in [
+        (0, 0), (0x20, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0x20, 5), (0, 6), (0, 7),
+        (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7),
+    ] {
+        ops.push(r_type(f7, 12, 11, f3, 10, 0x33));
+    }
+    for (f7, f3) in [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)] {
+        ops.push(r_type(f7, 12, 11, f3, 10, 0x3b));
+    }
+    for imm in [0, 1, -1, 2047, -2048, 0x7ff, 0x555] {
+        for f3 in [0, 2, 3, 4, 6, 7] {
+            ops.push(i_type(imm, 11, f3, 10, 0x13));
+        }
+        ops.push(i_type(imm, 11, 0, 10, 0x1b));
+    }
+    for sh in [0, 1, 31, 32, 63] {
+        ops.push(i_type(sh, 11, 1, 10, 0x13));
+        ops.push(i_type(sh, 11, 5, 10, 0x13));
+        ops.push(i_type(sh | 0x400, 11, 5, 10, 0x13));
+        if sh < 32 {
+            ops.push(i_type(sh, 11, 1, 10, 0x1b));
+            ops.push(i_type(sh, 11, 5, 10, 0x1b));
+            ops.push(i_type(sh | 0x400, 11, 5, 10, 0x1b));
+        }
+    }
+    // rd = rs1 = rs2 and rd = rs2 alias cases.
+    ops.push(r_type(0x20, 10, 11, 0, 10, 0x33)); // sub x10, x11, x10
+    ops.push(r_type(0, 10, 10, 1, 10, 0x33)); // sll x10, x10, x10
+    ops.push(r_type(1, 10, 11, 4, 10, 0x33)); // div x10, x11, x10
+    let edge = [
+        0u64, 1, 2, u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) - 1, 0xffff_ffff, 0x8000_0000, 0x7fff_ffff,
+        0xffff_ffff_8000_0000, 31, 32, 33, 63, 64, 0x1234_5678_9abc_def0,
+    ];
+    let mut rng = Rng(99);
+    let mut pairs = Vec::new();
+    for &a in &edge {
+        for &b in &edge {
+            pairs.push((a, b));
+        }
+    }
+    for _ in 0..200 {
+        pairs.push((rng.next(), rng.next()));
+    }
+    let mut ram = GuestRam::new(BASE, RAM);
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    for &op in &ops {
+        ram.write_u32(BASE, op).unwrap();
+        ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+        for &(a, b) in &pairs {
+            let mut out = [0u64; 2];
+            for (h, o) in harts.iter_mut().zip(out.iter_mut()) {
+                h.s.pc = BASE;
+                h.s.x[10] = 0x5555;
+                h.s.x[11] = a;
+                h.s.x[12] = b;
+                // Two instructions: the whole block, so translated code runs.
+                assert_eq!(h.run(&mut ram, &mut bus, 2), (2, Exit::Budget));
+                *o = h.s.x[10];
+            }
+            assert_eq!(out[0], out[1], "{op:#010x} with {a:#x}, {b:#x}: interpreted, translated");
+        }
+    }
+    assert!(harts[1].translated_blocks() > 0);
+}
