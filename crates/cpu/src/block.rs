@@ -103,16 +103,18 @@ pub(crate) struct Block {
     pub bytes: usize,
     /// The RAM words covering the code, from `off` rounded down to 8, as
     /// they were when decoded.
-    base: usize,
-    nwords: usize,
-    words: [u64; WORDS],
+    pub base: usize,
+    pub nwords: usize,
+    pub words: [u64; WORDS],
     pub n: usize,
     pub insts: [Inst; MAX_INSTS],
     /// Entries so far, up to the cache's `hot`, when it is translated (or
     /// found not translatable, and entries stop counting).
     hits: u32,
-    /// The block's host code, once translated.
+    /// The block's host code, once translated: where Rust calls it...
     pub jit: Option<JitFn>,
+    /// ... and where other blocks' code jumps to it (0 if none).
+    pub chain: usize,
 }
 
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
@@ -129,6 +131,7 @@ impl Block {
             insts: [NOP; MAX_INSTS],
             hits: 0,
             jit: None,
+            chain: 0,
         };
 
     /// A block of one instruction that is not in RAM's cache (it crosses a
@@ -186,6 +189,14 @@ impl Block {
     }
 }
 
+/// The slot of the block at RAM offset `off`.
+#[inline(always)]
+pub(crate) fn slot_of(off: usize) -> usize {
+    // Code is laid out densely: neighbouring blocks take neighbouring
+    // slots, and the high bits spread distant code over the table.
+    ((off >> 1) ^ (off >> 14)) & (SLOTS - 1)
+}
+
 /// The table of blocks of one hart.
 pub(crate) struct BlockCache {
     slots: Box<[Block]>,
@@ -241,6 +252,7 @@ impl BlockCache {
     fn forget_translations(&mut self) {
         for b in self.slots.iter_mut() {
             b.jit = None;
+            b.chain = 0;
             b.hits = 0;
         }
         if let Some(a) = &mut self.arena {
@@ -264,30 +276,32 @@ impl BlockCache {
     #[inline(never)]
     fn translate(&mut self, i: usize) {
         let Some(arena) = &mut self.arena else { return };
-        let mut code = jit::translate(arena, &self.slots[i]);
+        let mut code = jit::translate(arena, &self.slots[i], i, &self.slots);
         if code.is_none() && arena.full() {
             // Start over: every translation goes, this one goes in first.
             self.forget_translations();
             let arena = self.arena.as_mut().expect("translation is on");
-            code = jit::translate(arena, &self.slots[i]);
+            code = jit::translate(arena, &self.slots[i], i, &self.slots);
             self.slots[i].hits = self.hot;
         }
-        self.slots[i].jit = code;
+        if let Some(t) = code {
+            self.slots[i].jit = Some(t.entry);
+            self.slots[i].chain = t.chain;
+        }
     }
 
-    #[inline(always)]
-    fn slot(off: usize) -> usize {
-        // Code is laid out densely: neighbouring blocks take neighbouring
-        // slots, and the high bits spread distant code over the table.
-        ((off >> 1) ^ (off >> 14)) & (SLOTS - 1)
+    /// The block in slot `i`.
+    pub fn slot(&self, i: usize) -> &Block {
+        &self.slots[i]
     }
+
 
     /// The block at RAM offset `off`, decoded afresh if the table holds
     /// none there or RAM changed under it; `None` if no block can start
     /// there (its first instruction crosses the page).
     #[inline(always)]
     pub fn get(&mut self, ram: &[u8], off: usize) -> Option<&Block> {
-        let i = Self::slot(off);
+        let i = slot_of(off);
         let hit = self.slots[i].off == off && self.slots[i].still_in(ram);
         if !hit {
             self.slots[i] = Block::decode_at(ram, off)?;

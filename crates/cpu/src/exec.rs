@@ -4,7 +4,7 @@
 //! checked only at slice entry and after instructions that can change
 //! them, never per instruction.
 
-use crate::block::Block;
+use crate::block::{Block, BlockCache};
 use crate::csr;
 use crate::decode::{decode, Op};
 use crate::fpu::{self, Rm};
@@ -206,7 +206,7 @@ impl Hart {
                     // must not end inside it.
                     Some(block) => match block.jit {
                         Some(code) if budget - *steps >= block.n as u64 => {
-                            self.run_translated(ram, bus, block, code, pc, budget, steps)
+                            self.run_translated(ram, bus, &cache, code, pc, budget, steps)
                         }
                         _ => self.run_block(ram, bus, block, pc, budget, steps, 0),
                     },
@@ -262,45 +262,51 @@ impl Hart {
         }
     }
 
-    /// Runs the translation `code` of `block`, which starts at `pc` and
-    /// fits in the budget. What the code could not do (a TLB miss, an
-    /// instruction it does not handle) the interpreter finishes from where
-    /// the code stopped, as if it had run the block from the start.
-    #[inline(always)]
+    /// Runs the translation `code` of the block at `pc`, which fits in the
+    /// budget, and the blocks it goes on to. What the code could not do (a
+    /// TLB miss, an instruction it does not handle) the interpreter
+    /// finishes from where the code stopped, as if it had run the block
+    /// from the start. Not inlined: the interpreter's loop stays as small
+    /// as without translation.
+    #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn run_translated(
         &mut self,
         ram: &mut GuestRam,
         bus: &mut dyn Bus,
-        block: &Block,
+        cache: &BlockCache,
         code: JitFn,
         pc: u64,
         budget: u64,
         steps: &mut u64,
     ) -> Then {
+        let left = budget - *steps;
         let mut ctx = JitCtx {
             pc,
-            pc_out: 0,
+            left,
             ram: ram.as_mut_slice_untracked().as_mut_ptr(),
             load_tlb: self.tlb.load.as_ptr(),
             store_tlb: self.tlb.store.as_ptr(),
             prv: self.data_prv() as u64,
         };
-        // SAFETY: `code` is the translation of `block` (the block cache
+        // SAFETY: `code` is the translation of the block (the block cache
         // keeps the two together and drops the code with the decoding).
         // It reads and writes the 32 registers behind the first pointer
         // and the context behind the second, both live and not otherwise
         // borrowed for the call; through the context it reads the load and
         // store TLBs and, at the RAM offsets their entries give (pages
         // inside RAM, accesses checked not to cross them), guest RAM, as
-        // the interpreter's fast paths do.
+        // the interpreter's fast paths do; it reads the block cache's
+        // table, which is borrowed shared for the call.
         let r = unsafe { code(self.s.x.as_mut_ptr(), &mut ctx) };
-        let k = (r >> 8) as usize;
-        match r & 0xff {
-            jit::END => self.retire(block.n as u64, ctx.pc_out, steps),
-            jit::CUT => self.retire(k as u64, pc.wrapping_add(block.insts[k - 1].next as u64), steps),
-            _ => self.run_block(ram, bus, block, pc, budget, steps, k),
+        // What the blocks retired whole, and where they leave off.
+        self.retire(left - ctx.left, ctx.pc, steps);
+        if r & 0xff == jit::END {
+            return Then::Next;
         }
+        let k = (r >> 8 & 0xff) as usize;
+        let block = cache.slot((r >> 16) as usize);
+        self.run_block(ram, bus, block, ctx.pc, budget, steps, k)
     }
 
     /// Executes `block`, which starts at `pc`, or as much of it as the
@@ -324,7 +330,8 @@ impl Hart {
     ) -> Then {
         use Op::*;
         let limit = (budget - *steps).min(block.n as u64) as usize;
-        for (i, &d) in block.insts[..limit].iter().enumerate().skip(start) {
+        for (j, &d) in block.insts[start..limit].iter().enumerate() {
+            let i = start + j;
             // The instruction's own pc, for the operations that need it.
             let at = || pc.wrapping_add(d.at as u64);
             let x1 = self.s.x[(d.rs1 & 31) as usize];

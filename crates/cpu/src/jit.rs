@@ -3,7 +3,7 @@
 //! This module owns the translator (a decoded [`Block`] into host code),
 //! the executable memory the code lives in, and the layout of what the
 //! code is given when called ([`JitCtx`]). The block cache owns *when*
-//! to translate (a block entered `HOT` times) and ties each translation
+//! to translate (a block entered often enough) and ties each translation
 //! to its block slot, so the code is reused exactly as long as the
 //! decoding it came from: the slot's revalidation against RAM covers both.
 //! The executor owns *whether* to call it (only when the whole block fits
@@ -14,22 +14,35 @@
 //! read and written in place in the hart's register file), runs the
 //! block's operations with no dispatch, and writes the dirty registers
 //! back at every exit. It does only what the interpreter's fast paths do
-//! and returns to Rust for everything else, telling it how far it got:
+//! and returns to Rust for everything else.
 //!
-//! - `END`: the last instruction retired and the next pc is in
-//!   `JitCtx::pc_out` (a jump or branch ended the block);
-//! - `CUT | k << 8`: instructions `0..k` retired, the next pc is the one
-//!   after instruction `k - 1` (the block ran out, or a store wrote into
-//!   the block's own bytes and what follows must be fetched again, as the
-//!   interpreter does);
-//! - `RESUME | k << 8`: instructions `0..k` executed but nothing was
-//!   counted yet, and the interpreter carries on from instruction `k`:
-//!   a load or store whose TLB fast path missed, or an instruction the
-//!   translator does not handle (the general executor's, always the last
-//!   of its block). The interpreter then does exactly what it would have
-//!   done had it run the block from the start, so slow paths, device
+//! A block whose next pc is known (a branch either way, `jal`, the
+//! straight line running on) and lies on the same page goes on to that
+//! block's translation directly, without returning, doing what the
+//! executor's loop would: the target's code first checks that the budget
+//! holds the whole block and that RAM still holds the bits it was
+//! translated from (the block cache's check, compiled in), and returns
+//! to Rust if not. The virtual page maps to the same RAM page throughout
+//! (nothing in translated code changes the privilege level or the TLB),
+//! so the target's RAM offset is fixed at translation. Each block adds
+//! what it retired to the count in the context, so the instructions
+//! counted and the point the budget stops at are the interpreter's.
+//!
+//! What a call returns:
+//! - `END`: every block it ran retired whole (the count is in
+//!   `JitCtx::left`) and the next pc is `JitCtx::pc`;
+//! - `RESUME | k << 8 | slot << 16`: the blocks before the one in `slot`
+//!   retired; that one, at `JitCtx::pc`, executed its instructions `0..k`
+//!   but counted none, and the interpreter carries on from instruction
+//!   `k`: a load or store whose TLB fast path missed, or an instruction
+//!   the translator does not handle (the general executor's, always the
+//!   last of its block). The interpreter then does exactly what it would
+//!   have done had it run the block from the start, so slow paths, device
 //!   accesses and traps (precise: pc, tval, registers, counts) need no
 //!   second implementation here.
+//!
+//! A store into the running block's own bytes ends the block after the
+//! store, as in the interpreter, and returns to Rust.
 //!
 //! The emitter is dynasm-rs (`dynasmrt`): the assembly is written inline
 //! in Intel syntax, checked and encoded at compile time into plain byte
@@ -39,7 +52,7 @@
 //! code assembler would do too, but encodes every instruction at run time
 //! through a much larger crate.
 
-use crate::block::Block;
+use crate::block::{slot_of, Block};
 use crate::decode::Op;
 use crate::mmu::{TlbEntry, TLB_SIZE};
 use dynasmrt::x64::X64Relocation;
@@ -51,17 +64,17 @@ pub(crate) const HOT: u32 = 32;
 
 /// Exit codes of translated code (the low byte of what it returns).
 pub(crate) const END: u64 = 0;
-pub(crate) const CUT: u64 = 1;
-pub(crate) const RESUME: u64 = 2;
+pub(crate) const RESUME: u64 = 1;
 
 /// What translated code reads and writes besides the guest registers
 /// (which it gets as a pointer to `HartState::x`).
 #[repr(C)]
 pub(crate) struct JitCtx {
-    /// The pc of the block's first instruction.
+    /// The pc of the running block's first instruction; after `END`, the
+    /// next pc.
     pub pc: u64,
-    /// The next pc after an `END` exit.
-    pub pc_out: u64,
+    /// Steps left in the budget: each block subtracts what it retired.
+    pub left: u64,
     /// Guest RAM's first byte.
     pub ram: *mut u8,
     pub load_tlb: *const TlbEntry,
@@ -72,7 +85,7 @@ pub(crate) struct JitCtx {
 }
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
-const CTX_PC_OUT: i32 = offset_of!(JitCtx, pc_out) as i32;
+const CTX_LEFT: i32 = offset_of!(JitCtx, left) as i32;
 const CTX_RAM: i32 = offset_of!(JitCtx, ram) as i32;
 const CTX_LOAD_TLB: i32 = offset_of!(JitCtx, load_tlb) as i32;
 const CTX_STORE_TLB: i32 = offset_of!(JitCtx, store_tlb) as i32;
@@ -80,6 +93,8 @@ const CTX_PRV: i32 = offset_of!(JitCtx, prv) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE <= 256);
+const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
+const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
 
 /// A translated block: the guest registers (`HartState::x`), the context;
 /// returns an exit code.
@@ -173,21 +188,32 @@ impl Arena {
     }
 }
 
-/// Translate `block` into the arena. `None` if its first instruction is
-/// not handled or the arena is full.
-pub(crate) fn translate(arena: &mut Arena, block: &Block) -> Option<JitFn> {
-    let code = assemble(block)?;
+/// A block's host code: where Rust calls it, and where other translated
+/// blocks jump to it.
+pub(crate) struct Translation {
+    pub entry: JitFn,
+    pub chain: usize,
+}
+
+/// Translate `block`, which is in `slots[slot]`, into the arena. `None` if
+/// its first instruction is not handled or the arena is full.
+pub(crate) fn translate(arena: &mut Arena, block: &Block, slot: usize, slots: &[Block]) -> Option<Translation> {
+    let (code, chain) = assemble(block, slot, slots)?;
     let ptr = arena.place(&code)?;
     // SAFETY: `ptr` is the start of the code just assembled for exactly
     // this signature (System V: rdi = guest registers, rsi = context,
     // returns rax; it saves the callee-saved registers it uses), copied
     // into memory that stays mapped and executable until `Arena::reset`,
     // before which the block cache drops every `JitFn`.
-    Some(unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) })
+    let entry = unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) };
+    Some(Translation { entry, chain: ptr as usize + chain })
 }
 
-/// The host code for `block`'s longest prefix of handled operations.
-fn assemble(block: &Block) -> Option<Vec<u8>> {
+/// The host code for `block`'s longest prefix of handled operations, and
+/// the offset in it of the entry for other blocks. `slots` is the block
+/// cache's table, whose address the code keeps (the table does not move
+/// while the cache, and with it the arena, lives).
+fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usize)> {
     let insts = &block.insts[..block.n];
     let m = insts.iter().position(|d| !supported(d.op)).unwrap_or(insts.len());
     if m == 0 {
@@ -225,8 +251,22 @@ fn assemble(block: &Block) -> Option<Vec<u8>> {
         loc[r] = Loc::Host(h);
     }
 
-    let mut e = Emitter { ops: VecAssembler::new(0), loc, dirty: 0, stubs: Vec::new() };
-    let epilogue = e.ops.new_dynamic_label();
+    let mut ops = VecAssembler::<X64Relocation>::new(0);
+    let epilogue = ops.new_dynamic_label();
+    let mut e = Emitter {
+        ops,
+        loc,
+        dirty: 0,
+        stubs: Vec::new(),
+        epilogue,
+        slot,
+        slots: slots.as_ptr() as usize,
+        off: block.off,
+        n: m,
+    };
+    let body = e.ops.new_dynamic_label();
+    let bail = e.ops.new_dynamic_label();
+    // From Rust, which has checked the block and the budget.
     dynasm!(e.ops
         ; .arch x64
         ; push rbx
@@ -235,7 +275,30 @@ fn assemble(block: &Block) -> Option<Vec<u8>> {
         ; push r13
         ; push r14
         ; push r15
+        ; jmp =>body
     );
+    // From another block: the checks of the executor's loop. The whole
+    // block within the budget (else the executor runs it interpreted, as
+    // far as the budget allows)...
+    let chain = e.ops.offset().0;
+    dynasm!(e.ops
+        ; .arch x64
+        ; cmp QWORD [rsi + CTX_LEFT], block.n as i32
+        ; jb =>bail
+        ; mov rdx, QWORD [rsi + CTX_RAM]
+        ; mov rcx, QWORD block.base as i64
+        ; add rdx, rcx
+    );
+    // ... and RAM holding the bits it was decoded from.
+    for (k, &w) in block.words[..block.nwords].iter().enumerate() {
+        dynasm!(e.ops
+            ; .arch x64
+            ; mov rax, QWORD w as i64
+            ; cmp QWORD [rdx + 8 * k as i32], rax
+            ; jne =>bail
+        );
+    }
+    dynasm!(e.ops ; .arch x64 ; =>body);
     for r in 1..32 {
         if let Loc::Host(h) = loc[r] {
             if read & (1 << r) != 0 {
@@ -248,17 +311,20 @@ fn assemble(block: &Block) -> Option<Vec<u8>> {
         ended = e.inst(block, k, d);
     }
     if !ended {
-        // Out of instructions (the block's end, or one the interpreter
-        // must execute).
-        let code = if m < block.n { RESUME | (m as u64) << 8 } else { CUT | (m as u64) << 8 };
         e.writeback(e.dirty);
-        dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64);
-    } else {
-        e.writeback(e.dirty);
-        dynasm!(e.ops ; .arch x64 ; mov eax, END as i32);
+        if m < block.n {
+            // The interpreter executes the rest.
+            let code = e.resume(m);
+            dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
+        } else {
+            // The block ran out: on to the next instruction.
+            e.leave(insts[m - 1].next as i64);
+        }
     }
     dynasm!(e.ops
         ; .arch x64
+        ; =>bail
+        ; xor eax, eax
         ; =>epilogue
         ; pop r15
         ; pop r14
@@ -272,9 +338,25 @@ fn assemble(block: &Block) -> Option<Vec<u8>> {
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
         e.writeback(s.dirty);
-        dynasm!(e.ops ; .arch x64 ; mov rax, QWORD s.code as i64 ; jmp =>epilogue);
+        match s.exit {
+            Exit::Resume(k) => {
+                let code = e.resume(k);
+                dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
+            }
+            Exit::Cut(k) => {
+                // Instructions 0..=k retired; on to the one after k.
+                let next = block.insts[k].next as i32;
+                dynasm!(e.ops
+                    ; .arch x64
+                    ; sub QWORD [rsi + CTX_LEFT], k as i32 + 1
+                    ; add QWORD [rsi + CTX_PC], next
+                    ; xor eax, eax
+                    ; jmp =>epilogue
+                );
+            }
+        }
     }
-    e.ops.finalize().ok()
+    Some((e.ops.finalize().ok()?, chain))
 }
 
 /// Which of rs1 and rs2 an operation reads.
@@ -295,11 +377,18 @@ fn writes(op: Op) -> bool {
 }
 
 /// A side exit: where it starts, which registers it writes back, what it
-/// returns.
+/// does.
 struct Stub {
     label: DynamicLabel,
     dirty: u32,
-    code: u64,
+    exit: Exit,
+}
+
+enum Exit {
+    /// To the interpreter, at this instruction.
+    Resume(usize),
+    /// After this instruction, a store into the block.
+    Cut(usize),
 }
 
 struct Emitter {
@@ -308,6 +397,13 @@ struct Emitter {
     /// Guest registers held in host registers and written since entry.
     dirty: u32,
     stubs: Vec<Stub>,
+    epilogue: DynamicLabel,
+    /// The block's slot, the address of the table of slots, the block's
+    /// RAM offset and the number of instructions translated.
+    slot: usize,
+    slots: usize,
+    off: usize,
+    n: usize,
 }
 
 /// A 64-bit ALU operation `dst op= src` on host registers.
@@ -375,11 +471,47 @@ impl Emitter {
         }
     }
 
-    /// A side exit returning `code` with the registers dirty now.
-    fn stub(&mut self, code: u64) -> DynamicLabel {
+    /// A side exit with the registers dirty now.
+    fn stub(&mut self, exit: Exit) -> DynamicLabel {
         let label = self.ops.new_dynamic_label();
-        self.stubs.push(Stub { label, dirty: self.dirty, code });
+        self.stubs.push(Stub { label, dirty: self.dirty, exit });
         label
+    }
+
+    /// What to return for the interpreter to go on at instruction `k`.
+    fn resume(&self, k: usize) -> u64 {
+        RESUME | (k as u64) << 8 | (self.slot as u64) << 16
+    }
+
+    /// The block retired whole (its registers are written back) and goes
+    /// on at its pc plus `delta`: straight to that block's translation if
+    /// it is on the same page and the slot holds one, else back to Rust.
+    fn leave(&mut self, delta: i64) {
+        let delta32 = i32::try_from(delta).expect("a jump within 1 MiB");
+        dynasm!(self.ops
+            ; .arch x64
+            ; sub QWORD [rsi + CTX_LEFT], self.n as i32
+            ; add QWORD [rsi + CTX_PC], delta32
+        );
+        let target = self.off as i64 + delta;
+        if target >= 0 && (target as usize) >> 12 == self.off >> 12 {
+            let target = target as usize;
+            let slot = self.slots + slot_of(target) * std::mem::size_of::<Block>();
+            let out = self.ops.new_dynamic_label();
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov rax, QWORD slot as i64
+                ; mov rcx, QWORD target as i64
+                ; cmp QWORD [rax + BLOCK_OFF], rcx
+                ; jne =>out
+                ; mov rax, QWORD [rax + BLOCK_CHAIN]
+                ; test rax, rax
+                ; jz =>out
+                ; jmp rax
+                ; =>out
+            );
+        }
+        dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
     }
 
     /// rd := rs1 op rs2.
@@ -444,8 +576,8 @@ impl Emitter {
         }
     }
 
-    /// Emits instruction `k` of `block`. True if it ends the translated
-    /// code (a jump or branch, which wrote `pc_out` and the registers).
+    /// Emits instruction `k` of `block`. True if it ends the block (a jump
+    /// or branch, which left it).
     fn inst(&mut self, block: &Block, k: usize, d: &crate::block::Inst) -> bool {
         use Op::*;
         let (rd, rs1, rs2, imm) = (d.rd, d.rs1, d.rs2, d.imm);
@@ -463,34 +595,46 @@ impl Emitter {
                 self.put(rd, dst);
             }
             Jal => {
-                self.pc_plus(R11, d.at, imm as i64);
-                dynasm!(self.ops ; .arch x64 ; mov QWORD [rsi + CTX_PC_OUT], r11);
                 self.pc_plus(RAX, d.at, len);
                 self.put(rd, RAX);
+                self.writeback(self.dirty);
+                self.leave(d.at as i64 + imm as i64);
                 return true;
             }
             Jalr => {
+                // The target first: rd may be rs1.
                 self.get(R11, rs1);
-                dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm ; and r11, BYTE -2 ; mov QWORD [rsi + CTX_PC_OUT], r11);
+                dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm ; and r11, BYTE -2);
                 self.pc_plus(RAX, d.at, len);
                 self.put(rd, RAX);
+                self.writeback(self.dirty);
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; sub QWORD [rsi + CTX_LEFT], self.n as i32
+                    ; mov QWORD [rsi + CTX_PC], r11
+                    ; xor eax, eax
+                    ; jmp =>self.epilogue
+                );
                 return true;
             }
             Beq | Bne | Blt | Bge | Bltu | Bgeu => {
-                self.pc_plus(RDX, d.at, len);
-                self.pc_plus(R11, d.at, imm as i64);
                 let a = self.src(rs1, RAX);
                 let b = self.src(rs2, RCX);
+                // Only moves between here and the jump: the flags stay.
+                self.writeback(self.dirty);
+                let taken = self.ops.new_dynamic_label();
                 dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
                 match d.op {
-                    Beq => dynasm!(self.ops ; .arch x64 ; cmove rdx, r11),
-                    Bne => dynasm!(self.ops ; .arch x64 ; cmovne rdx, r11),
-                    Blt => dynasm!(self.ops ; .arch x64 ; cmovl rdx, r11),
-                    Bge => dynasm!(self.ops ; .arch x64 ; cmovge rdx, r11),
-                    Bltu => dynasm!(self.ops ; .arch x64 ; cmovb rdx, r11),
-                    _ => dynasm!(self.ops ; .arch x64 ; cmovae rdx, r11),
+                    Beq => dynasm!(self.ops ; .arch x64 ; je =>taken),
+                    Bne => dynasm!(self.ops ; .arch x64 ; jne =>taken),
+                    Blt => dynasm!(self.ops ; .arch x64 ; jl =>taken),
+                    Bge => dynasm!(self.ops ; .arch x64 ; jge =>taken),
+                    Bltu => dynasm!(self.ops ; .arch x64 ; jb =>taken),
+                    _ => dynasm!(self.ops ; .arch x64 ; jae =>taken),
                 }
-                dynasm!(self.ops ; .arch x64 ; mov QWORD [rsi + CTX_PC_OUT], rdx);
+                self.leave(d.next as i64);
+                dynasm!(self.ops ; .arch x64 ; =>taken);
+                self.leave(d.at as i64 + imm as i64);
                 return true;
             }
             Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
@@ -500,7 +644,7 @@ impl Emitter {
                     Lw | Lwu => 4,
                     _ => 8,
                 };
-                let miss = self.stub(RESUME | (k as u64) << 8);
+                let miss = self.stub(Exit::Resume(k));
                 self.tlb_lookup(rs1, imm, size, CTX_LOAD_TLB, miss);
                 // rdx: the host address.
                 dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
@@ -522,7 +666,7 @@ impl Emitter {
                     Sw => 4,
                     _ => 8,
                 };
-                let miss = self.stub(RESUME | (k as u64) << 8);
+                let miss = self.stub(Exit::Resume(k));
                 self.tlb_lookup(rs1, imm, size, CTX_STORE_TLB, miss);
                 // rdx: the RAM offset; rcx: the host address.
                 dynasm!(self.ops ; .arch x64 ; mov rcx, QWORD [rsi + CTX_RAM] ; add rcx, rdx);
@@ -536,7 +680,7 @@ impl Emitter {
                 // A store into the block itself: what follows must be
                 // fetched again (the interpreter's test, on the offset the
                 // store started at).
-                let cut = self.stub(CUT | (k as u64 + 1) << 8);
+                let cut = self.stub(Exit::Cut(k));
                 dynasm!(self.ops
                     ; .arch x64
                     ; mov r11, QWORD block.off as i64

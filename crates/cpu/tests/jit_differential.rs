@@ -154,7 +154,19 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
                 } else {
                     4 * (p.len() as i32 + 1 - rng.below(6) as i32).max(0)
                 };
-                if rng.below(4) != 0 && left >= 2 {
+                let choice = rng.below(8);
+                if choice < 2 && left >= 3 {
+                    // Code that changes: a new instruction (an addi or xori
+                    // into a free register) over one of the loop's.
+                    let off = rng.below(len as u64) as i32 * 4;
+                    let w = i_type(rng.below(4096) as i32 - 2048, any(rng), rng.pick(&[0, 4]), 9 + rng.below(23) as u32, 0x13);
+                    let t = 9 + rng.below(23) as u32;
+                    let lo = ((w & 0xfff) as i32) << 20 >> 20;
+                    let hi = w.wrapping_sub(lo as u32) & 0xffff_f000;
+                    p.push(hi | t << 7 | 0x37);
+                    p.push(i_type(lo, t, 0, t, 0x1b));
+                    s_type(off, t, 8, 2)
+                } else if choice < 6 && left >= 2 {
                     let t = 9 + rng.below(23) as u32;
                     p.push(i_type(off, 8, 2, t, 0x03));
                     s_type(off, t, 8, 2)
@@ -378,4 +390,52 @@ fn each_operation_on_edge_operands() {
         }
     }
     assert!(harts[1].translated_blocks() > 0);
+}
+
+/// A loop whose second block rewrites an instruction of its first (which
+/// it then reaches straight from translated code): every iteration must
+/// run the new instruction. With translation at the first entry, every
+/// iteration translates the changed block again, so the arena also fills
+/// up and starts over many times.
+#[test]
+fn code_changed_under_a_translated_loop() {
+    // x8 = BASE; x12 = the bits that turn `addi x10, x10, 1` into
+    // `addi x10, x10, 2` and back; x4 counts down.
+    let prog = [
+        i_type(1, 10, 0, 10, 0x13), // 0: addi x10, x10, 1 (rewritten)
+        j_type(8, 0),               // 4: j 12
+        0,                          // 8: (never reached)
+        i_type(0, 8, 2, 11, 0x03),  // 12: lw x11, 0(x8)
+        r_type(0, 12, 11, 4, 11, 0x33), // xor x11, x11, x12
+        s_type(0, 11, 8, 2),        // sw x11, 0(x8)
+        i_type(-1, 4, 0, 4, 0x13),  // addi x4, x4, -1
+        b_type(-28, 0, 4, 1),       // bne x4, x0, 0
+        j_type(0, 0),               // j .
+    ];
+    let mut runs = Vec::new();
+    for hot in [0, 1, 2, 32] {
+        let mut ram = GuestRam::new(BASE, RAM);
+        for (i, w) in prog.iter().enumerate() {
+            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(hot);
+        hart.s.pc = BASE;
+        hart.s.x[8] = BASE;
+        hart.s.x[12] = 3 << 20;
+        hart.s.x[4] = 60_000;
+        let mut bus = Device::default();
+        let mut rng = Rng(5);
+        let mut done = 0;
+        while done < 500_000 {
+            let (n, _) = hart.run(&mut ram, &mut bus, 1 + rng.below(5000));
+            done += n;
+        }
+        runs.push(hart.s.clone());
+    }
+    // 30000 iterations adding 1 and 30000 adding 2.
+    assert_eq!(runs[0].x[10], 90_000);
+    for (i, r) in runs.iter().enumerate() {
+        assert_eq!(r, &runs[0], "run {i}");
+    }
 }
