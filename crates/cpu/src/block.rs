@@ -27,6 +27,7 @@
 
 use crate::decode::{decode, Decoded, Op};
 use crate::jit::{self, Arena, JitFn};
+use std::collections::HashMap;
 
 /// The longest block, in instructions.
 pub(crate) const MAX_INSTS: usize = 16;
@@ -204,12 +205,25 @@ pub(crate) struct BlockCache {
     arena: Option<Arena>,
     /// Entries into a block before it is translated.
     hot: u32,
+    /// Every translation in the arena by RAM offset, with the words it
+    /// was made from: a block pushed out of its slot by another (or
+    /// decoded again after its words changed and changed back) gets its
+    /// code back at once instead of being translated again.
+    known: HashMap<usize, Known>,
+}
+
+/// A translation and the code it was made from.
+struct Known {
+    nwords: usize,
+    words: [u64; WORDS],
+    entry: JitFn,
+    chain: usize,
 }
 
 impl Default for BlockCache {
     /// An empty stand-in (no slots) for while the executor holds the cache.
     fn default() -> BlockCache {
-        BlockCache { slots: Box::new([]), arena: None, hot: 0 }
+        BlockCache { slots: Box::new([]), arena: None, hot: 0, known: HashMap::new() }
     }
 }
 
@@ -231,7 +245,12 @@ fn jit_default() -> u32 {
 
 impl BlockCache {
     pub fn new() -> BlockCache {
-        let mut cache = BlockCache { slots: vec![Block::EMPTY; SLOTS].into_boxed_slice(), arena: None, hot: 0 };
+        let mut cache = BlockCache {
+            slots: vec![Block::EMPTY; SLOTS].into_boxed_slice(),
+            arena: None,
+            hot: 0,
+            known: HashMap::new(),
+        };
         cache.set_jit(jit_default());
         cache
     }
@@ -255,6 +274,7 @@ impl BlockCache {
             b.chain = 0;
             b.hits = 0;
         }
+        self.known.clear();
         if let Some(a) = &mut self.arena {
             a.reset();
         }
@@ -285,8 +305,27 @@ impl BlockCache {
             self.slots[i].hits = self.hot;
         }
         if let Some(t) = code {
-            self.slots[i].jit = Some(t.entry);
-            self.slots[i].chain = t.chain;
+            let b = &mut self.slots[i];
+            b.jit = Some(t.entry);
+            b.chain = t.chain;
+            self.known.insert(b.off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain });
+        }
+    }
+
+    /// Gives the block just decoded into slot `i` the translation made
+    /// earlier from the same words at the same place, if there is one.
+    /// The code depends on nothing else (the slots it refers to are those
+    /// of fixed RAM offsets), so it is exactly the code translating the
+    /// block again would make.
+    #[cold]
+    fn reuse(&mut self, i: usize) {
+        let b = &mut self.slots[i];
+        if let Some(k) = self.known.get(&b.off) {
+            if k.nwords == b.nwords && k.words[..k.nwords] == b.words[..b.nwords] {
+                b.jit = Some(k.entry);
+                b.chain = k.chain;
+                b.hits = self.hot;
+            }
         }
     }
 
@@ -305,6 +344,7 @@ impl BlockCache {
         let hit = self.slots[i].off == off && self.slots[i].still_in(ram);
         if !hit {
             self.slots[i] = Block::decode_at(ram, off)?;
+            self.reuse(i);
         }
         self.count(i);
         Some(&self.slots[i])
