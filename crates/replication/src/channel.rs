@@ -186,6 +186,10 @@ impl Pipe {
     fn len(&self) -> usize {
         self.state.lock().unwrap().bytes.len()
     }
+
+    fn is_closed(&self) -> bool {
+        self.state.lock().unwrap().closed
+    }
 }
 
 /// Connects to the backup's logging address, retrying for `wait` while it
@@ -275,8 +279,9 @@ pub struct LogSender {
 
 /// Longest a written byte waits before the sender thread is woken for it.
 pub const SEND_DELAY: Duration = Duration::from_millis(1);
-/// How long [`LogSender::wait_acked`] yields the core in a loop before it
-/// sleeps: about a round trip on a loaded host.
+/// How long [`LogSender::wait_acked`], and the backup's VM reading the
+/// log, yield the core in a loop before they sleep: about a round trip on
+/// a loaded host.
 const SPIN_FOR: Duration = Duration::from_micros(200);
 /// Bytes that make the sender thread be woken at once.
 const SEND_BATCH: u64 = 64 << 10;
@@ -933,8 +938,20 @@ pub struct LogPipe {
 }
 
 impl Read for LogPipe {
+    /// Takes what the primary sent, waiting for some. Before it sleeps the
+    /// VM's thread yields its core for a moment: the bytes of a short
+    /// round trip (an output waiting for its acknowledgement, an epoch end
+    /// under the original protocol) come within it, and a core that never
+    /// went idle takes the receiving thread's wake-up several times faster
+    /// than a halted one (on this VM host, 105 us against 40 us a round
+    /// trip).
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let got = self.shared.pipe.take(buf.len());
+        let pipe = &self.shared.pipe;
+        let spin_until = Instant::now() + SPIN_FOR;
+        while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
+            std::thread::yield_now();
+        }
+        let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);
         Ok(got.len())
     }
