@@ -25,6 +25,7 @@
 //! the channel or the UDP heartbeats have been silent for the timeout.
 
 use crate::heartbeat::Heartbeat;
+use crate::poll::{self, PollWindow, PollingReader};
 use crate::Timing;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -232,6 +233,9 @@ struct PrimaryShared {
     stop: AtomicBool,
     /// The backup's requests, in the order they came.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// Open while a caller waits for an acknowledgement: the thread that
+    /// reads them polls meanwhile.
+    ack_window: PollWindow,
     /// The socket's writing end. Whoever takes bytes from `pipe` holds it
     /// until they are written, so the stream keeps the pipe's order
     /// whether the sender thread writes them or a waiting caller does.
@@ -310,6 +314,10 @@ impl LogSender {
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            // The primary's VM thread waits at every epoch end under the
+            // original epoch protocol, a few microseconds of guest work
+            // apart: the reader keeps polling across them.
+            ack_window: PollWindow::new(Duration::from_millis(1)),
             out: Mutex::new(stream.try_clone().map_err(|e| format!("logging channel: {e}"))?),
         });
         let events = Arc::new(events);
@@ -348,7 +356,8 @@ impl LogSender {
             spawn(
                 "ft-ack-read",
                 Box::new(move || {
-                    let mut input = std::io::BufReader::new(input);
+                    let window = shared.ack_window.clone();
+                    let mut input = std::io::BufReader::new(PollingReader { stream: input, window });
                     let mut msg = [0u8; ACK_LEN];
                     loop {
                         if let Err(e) = input.read_exact(&mut msg[..1]).and_then(|_| match msg[0] {
@@ -484,6 +493,13 @@ impl LogSender {
         // than wake the sender thread for them: at an epoch end under the
         // original protocol this is on the path of every round trip.
         self.unsent_since.set(None);
+        self.shared.ack_window.open();
+        let acked = self.wait_acked_inner(total, wait);
+        self.shared.ack_window.close();
+        acked
+    }
+
+    fn wait_acked_inner(&self, total: u64, wait: Duration) -> bool {
         if let Err(e) = self.shared.write_pending(usize::MAX) {
             (self.fail)(Failure::Closed(e.to_string()));
         }
@@ -656,6 +672,9 @@ struct BackupShared {
     refused: AtomicBool,
     /// Requests to send the primary ahead of any acknowledgement of log.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// Open while the replaying VM waits for log: the receiving thread
+    /// polls the socket meanwhile.
+    log_window: PollWindow,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -684,6 +703,9 @@ impl LogReceiver {
             refusal: Mutex::new(None),
             refused: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            // The receiving thread shares its core with the replaying VM:
+            // it polls only while the VM waits.
+            log_window: PollWindow::new(Duration::ZERO),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -853,7 +875,7 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
         let room = shared.pipe.room(timing.interval).min(buf.len());
         let mut wake_replay = false;
         if room > 0 {
-            match input.read(&mut buf[..room]) {
+            match poll::read(input, &mut buf[..room], &shared.log_window) {
                 Ok(0) => return fail(Failure::Closed("end of stream".into())),
                 Ok(n) => {
                     shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
@@ -939,17 +961,21 @@ pub struct LogPipe {
 
 impl Read for LogPipe {
     /// Takes what the primary sent, waiting for some. Before it sleeps the
-    /// VM's thread yields its core for a moment: the bytes of a short
-    /// round trip (an output waiting for its acknowledgement, an epoch end
-    /// under the original protocol) come within it, and a core that never
-    /// went idle takes the receiving thread's wake-up several times faster
-    /// than a halted one (on this VM host, 105 us against 40 us a round
-    /// trip).
+    /// VM's thread yields its core for a moment, while the receiving
+    /// thread polls the socket (see `poll`): the bytes of a short round
+    /// trip (an output waiting for its acknowledgement, an epoch end under
+    /// the original protocol) come within it, and neither thread then
+    /// needs a wake-up through a halted core.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let pipe = &self.shared.pipe;
-        let spin_until = Instant::now() + SPIN_FOR;
-        while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
-            std::thread::yield_now();
+        if pipe.len() == 0 {
+            let window = &self.shared.log_window;
+            window.open();
+            let spin_until = Instant::now() + SPIN_FOR;
+            while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
+                std::thread::yield_now();
+            }
+            window.close();
         }
         let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);
