@@ -8,58 +8,37 @@
 //! sender waiting on a reader thread as the primary does: 99-124 us with
 //! both ends asleep in `read()`, 90 us with one end polling, 14 us with
 //! both (20 000 round trips each, a throwaway C program). So the
-//! channel's reading threads poll without blocking, yielding their core
-//! between tries, while someone waits on a round trip, and sleep in
-//! `read()` otherwise: polling costs a core's spare time, and only while
-//! a wait is on.
+//! channel's ends read without blocking while someone waits on a round
+//! trip (the waiter itself, or a thread polling for it, yielding its core
+//! between tries), and sleep otherwise: polling costs a core's spare time,
+//! and only while a wait is on.
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Until when the reader of a socket polls, shared between the threads
-/// that wait on a round trip and the one that reads its answer.
-#[derive(Clone)]
-pub struct PollWindow {
-    epoch: Instant,
-    /// Microseconds since `epoch`; `u64::MAX` while a wait is on.
-    until_us: Arc<AtomicU64>,
-    /// How long the reader keeps polling after a wait ended.
-    grace_us: u64,
-}
+/// Whether the reader of a socket polls: open while another thread waits
+/// for what it reads. Only while: a polling thread that yields to a busy
+/// one sharing its core runs again only at the scheduler's next tick,
+/// while one asleep in `read()` is woken, and preempts, as soon as bytes
+/// come.
+#[derive(Clone, Default)]
+pub struct PollWindow(Arc<AtomicBool>);
 
 impl PollWindow {
-    /// A window that stays open `grace` after each wait. A grace bridges a
-    /// run of waits (the epoch ends of the original epoch protocol come
-    /// every few microseconds of guest work) where the waiter's core has
-    /// time to spare; where it has not (a thread that shares its core with
-    /// a busy one), none: a polling thread that yields to a busy one runs
-    /// again only at the scheduler's next tick, while one asleep in
-    /// `read()` is woken, and preempts, as soon as bytes come.
-    pub fn new(grace: Duration) -> PollWindow {
-        PollWindow { epoch: Instant::now(), until_us: Arc::new(AtomicU64::new(0)), grace_us: grace.as_micros() as u64 }
-    }
-
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
-    }
-
-    /// A wait starts: poll until it ends.
     pub fn open(&self) {
-        self.until_us.store(u64::MAX, Ordering::Relaxed);
+        self.0.store(true, Ordering::Relaxed);
     }
 
-    /// The wait ended: poll a little longer, for the next one.
     pub fn close(&self) {
-        self.until_us.store(self.now_us() + self.grace_us, Ordering::Relaxed);
+        self.0.store(false, Ordering::Relaxed);
     }
 
     pub fn is_open(&self) -> bool {
-        let until = self.until_us.load(Ordering::Relaxed);
-        until == u64::MAX || self.now_us() < until
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -71,30 +50,45 @@ pub fn read(stream: &TcpStream, buf: &mut [u8], window: &PollWindow) -> std::io:
         if !window.is_open() {
             return (&*stream).read(buf);
         }
+        match try_read(stream, buf)? {
+            Some(n) => return Ok(n),
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
+/// Reads what has come, without waiting: `None` if nothing has.
+pub fn try_read(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    loop {
         // SAFETY: recv writes at most buf.len() bytes into buf, which we
         // borrow mutably for the call; the descriptor is the stream's own.
         let n = unsafe { libc::recv(stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if n >= 0 {
-            return Ok(n as usize);
+            return Ok(Some(n as usize));
         }
         let e = std::io::Error::last_os_error();
         match e.kind() {
-            ErrorKind::WouldBlock => std::thread::yield_now(),
+            ErrorKind::WouldBlock => return Ok(None),
             ErrorKind::Interrupted => {}
             _ => return Err(e),
         }
     }
 }
 
-/// A stream read through [`read`], for a `BufReader`.
-pub struct PollingReader {
-    pub stream: TcpStream,
-    pub window: PollWindow,
-}
-
-impl Read for PollingReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        read(&self.stream, buf, &self.window)
+/// Sleeps until `stream` has something to read (or its end, or an error),
+/// or for `timeout`.
+pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    loop {
+        // SAFETY: one pollfd, valid for the call.
+        if unsafe { libc::poll(&mut fd, 1, ms) } >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
@@ -109,8 +103,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
-        let grace = Duration::from_millis(1);
-        let window = PollWindow::new(grace);
+        let window = PollWindow::default();
         let mut buf = [0u8; 8];
         client.write_all(b"asleep").unwrap();
         assert!(!window.is_open());
@@ -125,9 +118,18 @@ mod tests {
         assert_eq!(&buf[..6], b"polled");
         drop(writer.join().unwrap());
         assert_eq!(read(&server, &mut buf, &window).unwrap(), 0, "the end of the stream");
-        window.close();
-        assert!(window.is_open(), "open a little after the wait");
-        std::thread::sleep(2 * grace);
-        assert!(!window.is_open());
+        assert_eq!(try_read(&server, &mut buf).unwrap(), Some(0));
+    }
+
+    #[test]
+    fn try_read_says_when_nothing_has_come() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(try_read(&server, &mut buf).unwrap(), None);
+        client.write_all(b"ack").unwrap();
+        wait_readable(&server, Duration::from_secs(5)).unwrap();
+        assert_eq!(try_read(&server, &mut buf).unwrap(), Some(3));
     }
 }
