@@ -249,8 +249,8 @@ impl Live {
 
     fn run_target(&self) -> u64 {
         let chunk_end = self.m.icount() + CHUNK;
-        match self.epoch_mode() {
-            Some(mode) => chunk_end.min(mode.next_end(self.m.icount())),
+        match self.protection.as_ref().and_then(|p| p.epochs.as_ref()) {
+            Some(e) => e.mode.run_target(self.m.icount(), chunk_end, e.inputs_waiting()),
             None => chunk_end,
         }
     }
@@ -261,8 +261,9 @@ impl Live {
         let Some(mode) = self.epoch_mode() else { return };
         self.at_epoch_end = mode.is_end(self.m.icount(), exit);
         if self.at_epoch_end {
+            let icount = self.m.icount();
             let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("epoch mode");
-            for ev in epochs.end(exit) {
+            for ev in epochs.end(icount, exit) {
                 self.inject(ev);
             }
         }

@@ -144,8 +144,9 @@ pub fn replay_log<R: std::io::Read>(
                 return Ok(Outcome::Cut(e));
             }
         };
-        let powered_off = run_to(m, io, rec.icount, show_console)?;
-        progress(m.icount(), reader.last_go_live());
+        let end = reader.last_go_live();
+        let powered_off = run_to(m, io, rec.icount, show_console, &mut |i| progress(i, end))?;
+        progress(m.icount(), end);
         match rec.entry {
             Entry::Event(mut ev) => {
                 if let Some(check) = &mut replayed.epochs {
@@ -186,16 +187,32 @@ pub fn replay_log<R: std::io::Read>(
     }
 }
 
-/// Runs to `icount`, where the next entry applies. The recorded machine
-/// was at that instruction when the entry was logged, so stopping early
-/// (idle, powered off) means the replay has diverged. Returns the exit
-/// status if the guest powers off exactly there.
-fn run_to(m: &mut Machine, io: &mut dyn ReplayIo, icount: u64, show_console: bool) -> Result<Option<u32>, String> {
+/// Instructions between two reports of progress within one run: entries
+/// of a log can be tens of millions of instructions apart (a busy guest
+/// logs little more than its keep-alives), and a backup that told the
+/// primary its position only at each would look that much further behind
+/// (the primary measures the backup's lag on what it is told).
+const PROGRESS_EVERY: u64 = 2_000_000;
+
+/// Runs to `icount`, where the next entry applies, telling `progress` its
+/// instruction count on the way. The recorded machine was at that
+/// instruction when the entry was logged, so stopping early (idle,
+/// powered off) means the replay has diverged. Returns the exit status if
+/// the guest powers off exactly there.
+fn run_to(
+    m: &mut Machine,
+    io: &mut dyn ReplayIo,
+    icount: u64,
+    show_console: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Option<u32>, String> {
     loop {
-        let exit = m.run_until(icount);
+        let target = icount.min(m.icount().saturating_add(PROGRESS_EVERY));
+        let exit = m.run_until(target);
         io.requests(m.icount(), m.take_io_requests())?;
         show(m, show_console);
         match exit {
+            RunExit::Reached if m.icount() < icount => progress(m.icount()),
             RunExit::Reached => return Ok(None),
             RunExit::Io => continue,
             RunExit::PowerOff(code) if m.icount() == icount => return Ok(Some(code)),

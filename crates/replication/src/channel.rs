@@ -25,6 +25,7 @@
 //! the channel or the UDP heartbeats have been silent for the timeout.
 
 use crate::heartbeat::Heartbeat;
+use crate::poll::{self, PollWindow};
 use crate::Timing;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -186,6 +187,10 @@ impl Pipe {
     fn len(&self) -> usize {
         self.state.lock().unwrap().bytes.len()
     }
+
+    fn is_closed(&self) -> bool {
+        self.state.lock().unwrap().closed
+    }
 }
 
 /// Connects to the backup's logging address, retrying for `wait` while it
@@ -228,6 +233,16 @@ struct PrimaryShared {
     stop: AtomicBool,
     /// The backup's requests, in the order they came.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// The backup's messages, read by the reader thread or by a caller
+    /// waiting for an acknowledgement, whoever gets there first.
+    acks: Mutex<AckStream>,
+    /// Until when (µs on `clock`) a caller reads the acknowledgements
+    /// itself: `u64::MAX` while one waits, and [`WAITER_GRACE`] after, for
+    /// the next wait of a run of them. Meanwhile the reader thread keeps
+    /// off the socket: asleep on it, it would be woken for every
+    /// acknowledgement, through a cross-core interrupt that costs the
+    /// backup's core and ours more than the round trip itself.
+    waiter_until_us: AtomicU64,
     /// The socket's writing end. Whoever takes bytes from `pipe` holds it
     /// until they are written, so the stream keeps the pipe's order
     /// whether the sender thread writes them or a waiting caller does.
@@ -253,6 +268,87 @@ impl PrimaryShared {
     }
 }
 
+/// The backup's messages as the primary reads them, without blocking, by
+/// whichever thread comes first.
+struct AckStream {
+    input: TcpStream,
+    /// The bytes of a message that has not all come yet.
+    partial: Vec<u8>,
+}
+
+impl AckStream {
+    /// Reads what has come and applies every whole message; an error is
+    /// the failure to declare.
+    fn pump(&mut self, shared: &PrimaryShared, events: &dyn Fn(PrimaryEvent)) -> Result<(), Failure> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match poll::try_read(&self.input, &mut chunk) {
+                Ok(Some(0)) => {
+                    self.apply(shared, events)?;
+                    return Err(self.at_end());
+                }
+                Ok(Some(n)) => self.partial.extend_from_slice(&chunk[..n]),
+                Ok(None) => return self.apply(shared, events),
+                Err(e) => return Err(Failure::Closed(e.to_string())),
+            }
+        }
+    }
+
+    fn apply(&mut self, shared: &PrimaryShared, events: &dyn Fn(PrimaryEvent)) -> Result<(), Failure> {
+        let mut at = 0;
+        while let Some(&kind) = self.partial.get(at) {
+            let msg = &self.partial[at..];
+            match kind {
+                ACK if msg.len() >= ACK_LEN => {
+                    let received = u64::from_le_bytes(msg[1..9].try_into().unwrap());
+                    let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
+                    shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
+                    if received > shared.acked.fetch_max(received, Ordering::Relaxed) {
+                        shared.signal_ack_waiters();
+                        events(PrimaryEvent::Acked);
+                    }
+                    at += ACK_LEN;
+                }
+                REQUEST if msg.len() >= 5 => {
+                    let len = u32::from_le_bytes(msg[1..5].try_into().unwrap()) as usize;
+                    if len > MAX_REQUEST {
+                        return Err(Failure::Closed(format!("a request of {len} bytes from the backup")));
+                    }
+                    if msg.len() < 5 + len {
+                        break;
+                    }
+                    shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    shared.requests.lock().unwrap().push(msg[5..5 + len].to_vec());
+                    at += 5 + len;
+                }
+                REFUSE if msg.len() >= 3 => {
+                    let len = u16::from_le_bytes([msg[1], msg[2]]) as usize;
+                    if msg.len() < 3 + len {
+                        break;
+                    }
+                    return Err(Failure::Refused(String::from_utf8_lossy(&msg[3..3 + len]).into_owned()));
+                }
+                ACK | REQUEST | REFUSE => break,
+                other => return Err(Failure::Closed(format!("unknown message kind {other} from the backup"))),
+            }
+        }
+        self.partial.drain(..at);
+        Ok(())
+    }
+
+    /// What the end of the stream means: a refusal cut short is still one.
+    fn at_end(&self) -> Failure {
+        match self.partial.first() {
+            Some(&REFUSE) => {
+                Failure::Refused(String::from_utf8_lossy(self.partial.get(3..).unwrap_or(&[])).into_owned())
+            }
+            Some(_) => Failure::Closed("end of stream inside a message".into()),
+            None => Failure::Closed("end of stream".into()),
+        }
+    }
+}
+
 /// The primary's end. Implements [`Write`] for the log writer.
 ///
 /// Written bytes are batched: the sender thread is woken when someone
@@ -271,13 +367,21 @@ pub struct LogSender {
     unsent_since: std::cell::Cell<Option<Instant>>,
     /// Declares the backup failed (a write of ours failed).
     fail: Arc<dyn Fn(Failure) + Send + Sync>,
+    /// Whoever listens to the backup's acknowledgements.
+    events: Arc<dyn Fn(PrimaryEvent) + Send + Sync>,
 }
 
 /// Longest a written byte waits before the sender thread is woken for it.
 pub const SEND_DELAY: Duration = Duration::from_millis(1);
-/// How long [`LogSender::wait_acked`] yields the core in a loop before it
-/// sleeps: about a round trip on a loaded host.
+/// How long [`LogSender::wait_acked`] reads acknowledgements itself, and
+/// the backup's VM waits for log yielding its core, before they sleep:
+/// about a round trip on a loaded host.
 const SPIN_FOR: Duration = Duration::from_micros(200);
+/// How long after a wait for an acknowledgement its caller is counted on
+/// to read the next one itself (see `PrimaryShared::waiter_until_us`): the
+/// epoch ends of the original epoch protocol come a few microseconds of
+/// guest work apart.
+const WAITER_GRACE: Duration = Duration::from_millis(1);
 /// Bytes that make the sender thread be woken at once.
 const SEND_BATCH: u64 = 64 << 10;
 
@@ -305,9 +409,14 @@ impl LogSender {
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            waiter_until_us: AtomicU64::new(0),
+            acks: Mutex::new(AckStream {
+                input: stream.try_clone().map_err(|e| format!("logging channel: {e}"))?,
+                partial: Vec::new(),
+            }),
             out: Mutex::new(stream.try_clone().map_err(|e| format!("logging channel: {e}"))?),
         });
-        let events = Arc::new(events);
+        let events: Arc<dyn Fn(PrimaryEvent) + Send + Sync> = Arc::new(events);
         let fail = {
             let (shared, events) = (shared.clone(), events.clone());
             let socket = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
@@ -342,58 +451,19 @@ impl LogSender {
             let input = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
             spawn(
                 "ft-ack-read",
-                Box::new(move || {
-                    let mut input = std::io::BufReader::new(input);
-                    let mut msg = [0u8; ACK_LEN];
-                    loop {
-                        if let Err(e) = input.read_exact(&mut msg[..1]).and_then(|_| match msg[0] {
-                            ACK => input.read_exact(&mut msg[1..]),
-                            _ => Ok(()),
-                        }) {
-                            let why = if e.kind() == ErrorKind::UnexpectedEof {
-                                "end of stream".into()
-                            } else {
-                                e.to_string()
-                            };
-                            return fail(Failure::Closed(why));
-                        }
-                        if msg[0] == REFUSE {
-                            let mut why = [0u8; 2];
-                            let mut text = vec![0u8; 0];
-                            if input.read_exact(&mut why).is_ok() {
-                                text.resize(u16::from_le_bytes(why) as usize, 0);
-                                let _ = input.read_exact(&mut text);
-                            }
-                            return fail(Failure::Refused(String::from_utf8_lossy(&text).into_owned()));
-                        }
-                        if msg[0] == REQUEST {
-                            let mut len = [0u8; 4];
-                            if let Err(e) = input.read_exact(&mut len) {
-                                return fail(Failure::Closed(format!("a request cut short: {e}")));
-                            }
-                            let len = u32::from_le_bytes(len) as usize;
-                            if len > MAX_REQUEST {
-                                return fail(Failure::Closed(format!("a request of {len} bytes from the backup")));
-                            }
-                            let mut request = vec![0u8; len];
-                            if let Err(e) = input.read_exact(&mut request) {
-                                return fail(Failure::Closed(format!("a request cut short: {e}")));
-                            }
-                            shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                            shared.requests.lock().unwrap().push(request);
-                            continue;
-                        }
-                        if msg[0] != ACK {
-                            return fail(Failure::Closed(format!("unknown message kind {} from the backup", msg[0])));
-                        }
-                        let received = u64::from_le_bytes(msg[1..9].try_into().unwrap());
-                        let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
-                        shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                        shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
-                        if received > shared.acked.fetch_max(received, Ordering::Relaxed) {
-                            shared.signal_ack_waiters();
-                            events(PrimaryEvent::Acked);
-                        }
+                Box::new(move || loop {
+                    let now = shared.clock.now_us();
+                    let until = shared.waiter_until_us.load(Ordering::Relaxed);
+                    if now < until {
+                        std::thread::sleep(Duration::from_micros((until - now).min(1000)));
+                        continue;
+                    }
+                    if let Err(e) = poll::wait_readable(&input, Duration::from_secs(1)) {
+                        return fail(Failure::Closed(e.to_string()));
+                    }
+                    let pumped = shared.acks.lock().unwrap().pump(&shared, &*events);
+                    if let Err(f) = pumped {
+                        return fail(f);
                     }
                 }),
             )?;
@@ -415,7 +485,7 @@ impl LogSender {
                 }),
             )?;
         }
-        Ok(LogSender { shared, stream, peer, unsent_since: std::cell::Cell::new(None), fail })
+        Ok(LogSender { shared, stream, peer, unsent_since: std::cell::Cell::new(None), fail, events })
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -483,13 +553,28 @@ impl LogSender {
             (self.fail)(Failure::Closed(e.to_string()));
         }
         let deadline = Instant::now() + wait;
-        // The acknowledgement of a short log comes within a round trip;
-        // yielding the core meanwhile lets the thread that reads it run,
-        // and spares a sleep and a wake-up on the condition variable.
+        // The acknowledgement of a short log comes within a round trip: we
+        // read it ourselves as it comes rather than sleep and have the
+        // reader thread woken for it and wake us in turn, two wake-ups
+        // that cost more than the network here (see `poll`).
         let spin_until = Instant::now() + SPIN_FOR;
+        let waiter = &self.shared.waiter_until_us;
+        waiter.store(u64::MAX, Ordering::Relaxed);
         while self.acked() < total && self.failure().is_none() && Instant::now() < spin_until {
-            std::thread::yield_now();
+            if let Ok(mut acks) = self.shared.acks.try_lock() {
+                if let Err(f) = acks.pump(&self.shared, &*self.events) {
+                    (self.fail)(f);
+                }
+            }
+            std::hint::spin_loop();
         }
+        let grace = WAITER_GRACE.as_micros() as u64;
+        if self.acked() >= total {
+            waiter.store(self.shared.clock.now_us() + grace, Ordering::Relaxed);
+            return true;
+        }
+        // A longer wait: the reader thread takes over.
+        waiter.store(0, Ordering::Relaxed);
         let (lock, signal) = &self.shared.ack_signal;
         let mut guard = lock.lock().unwrap();
         loop {
@@ -651,6 +736,9 @@ struct BackupShared {
     refused: AtomicBool,
     /// Requests to send the primary ahead of any acknowledgement of log.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// Open while the replaying VM waits for log: the receiving thread
+    /// polls the socket meanwhile.
+    log_window: PollWindow,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -679,6 +767,7 @@ impl LogReceiver {
             refusal: Mutex::new(None),
             refused: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            log_window: PollWindow::default(),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -848,7 +937,7 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
         let room = shared.pipe.room(timing.interval).min(buf.len());
         let mut wake_replay = false;
         if room > 0 {
-            match input.read(&mut buf[..room]) {
+            match poll::read(input, &mut buf[..room], &shared.log_window) {
                 Ok(0) => return fail(Failure::Closed("end of stream".into())),
                 Ok(n) => {
                     shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
@@ -933,8 +1022,24 @@ pub struct LogPipe {
 }
 
 impl Read for LogPipe {
+    /// Takes what the primary sent, waiting for some. Before it sleeps the
+    /// VM's thread yields its core for a moment, while the receiving
+    /// thread polls the socket (see `poll`): the bytes of a short round
+    /// trip (an output waiting for its acknowledgement, an epoch end under
+    /// the original protocol) come within it, and neither thread then
+    /// needs a wake-up through a halted core.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let got = self.shared.pipe.take(buf.len());
+        let pipe = &self.shared.pipe;
+        if pipe.len() == 0 {
+            let window = &self.shared.log_window;
+            window.open();
+            let spin_until = Instant::now() + SPIN_FOR;
+            while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
+                std::thread::yield_now();
+            }
+            window.close();
+        }
+        let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);
         Ok(got.len())
     }

@@ -15,7 +15,8 @@
 //!   acknowledged;
 //! - [`lag`]: the backup's execution lag, measured on the primary, and the
 //!   CPU-share feedback loop that bounds it;
-//! - [`page_delta`]: checkpoint pages sent as XOR deltas or zstd (Remus §3.4).
+//! - [`page_delta`]: checkpoint pages sent as XOR deltas or zstd (Remus §3.4);
+//! - [`poll`]: reading a socket by polling while a round trip is awaited.
 //!
 //! The program drives a machine with these; nothing here runs guest code.
 
@@ -27,6 +28,7 @@ pub mod heartbeat;
 pub mod lag;
 pub mod output_rule;
 pub mod page_delta;
+pub mod poll;
 
 use std::time::Duration;
 

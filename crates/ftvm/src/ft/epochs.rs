@@ -10,6 +10,16 @@
 //! acknowledge everything sent before it delivers; the revised one (§4.3)
 //! waits only before an output leaves, which is the Output Rule.
 //!
+//! Under the revised protocol an epoch end with nothing to deliver is a
+//! point where nothing happens, so the primary runs through such ends
+//! without stopping, up to the last end before its next look at the host
+//! (the paper's primary took a recovery-register interrupt at each one).
+//! One end mark then closes all the epochs of that run: the log is an
+//! ordered stream, so [end, E] also says that E-1 and those before it
+//! ended with nothing delivered, and the backup, which replays only up to
+//! the last end mark it holds, still never starts an epoch before the
+//! previous one's end has arrived.
+//!
 //! One departure from the paper: HP-UX's idle loop spun, so its epochs
 //! always ran to their length. A Linux guest waits in WFI, where no
 //! instruction retires and an epoch would never end; so an epoch also ends
@@ -110,6 +120,23 @@ impl EpochMode {
         (icount / self.length + 1) * self.length
     }
 
+    /// Where a run starting at `icount` stops, given where the live loop
+    /// would next look at the host (`look_at`): at the end of the current
+    /// epoch when inputs wait for it or the protocol waits at every end;
+    /// otherwise (revised, nothing waiting) at the last epoch end before
+    /// `look_at`. With epochs longer than that, at `look_at`, inside the
+    /// epoch.
+    pub fn run_target(self, icount: u64, look_at: u64, inputs_waiting: bool) -> u64 {
+        let next = self.next_end(icount);
+        if self.protocol == EpochProtocol::Revised && !inputs_waiting {
+            let last = look_at / self.length * self.length;
+            if last > icount {
+                return last;
+            }
+        }
+        next.min(look_at)
+    }
+
     /// Whether the machine, stopped at its instruction count with `exit`,
     /// stands at an epoch end.
     pub fn is_end(self, icount: u64, exit: &RunExit) -> bool {
@@ -122,7 +149,8 @@ impl EpochMode {
 pub struct Epochs {
     pub mode: EpochMode,
     deferred: Vec<Event>,
-    /// Epoch ends passed, and how many of them were idle ends.
+    /// Epoch ends passed (run through or stopped at), and how many of them
+    /// were idle ends.
     pub ends: u64,
     pub idle_ends: u64,
     /// Inputs delivered at epoch ends: those buffered during an epoch and
@@ -134,6 +162,8 @@ pub struct Epochs {
     /// Under the original protocol: time spent waiting for the backup's
     /// acknowledgement at epoch ends (what the protocol costs).
     pub ack_wait: Duration,
+    /// The epoch the last end stopped at closed (`icount / length`).
+    last_epoch: Option<u64>,
 }
 
 impl Epochs {
@@ -146,6 +176,7 @@ impl Epochs {
             delivered: 0,
             buffered: 0,
             ack_wait: Duration::ZERO,
+            last_epoch: None,
         }
     }
 
@@ -160,9 +191,22 @@ impl Epochs {
         self.delivered += 1;
     }
 
-    /// Notes an epoch end and hands out the inputs to deliver there (P2).
-    pub fn end(&mut self, exit: &RunExit) -> Vec<Event> {
-        self.ends += 1;
+    /// Whether inputs wait for the end of the current epoch.
+    pub fn inputs_waiting(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// Notes an epoch end at `icount` (and those the run went through
+    /// since the last) and hands out the inputs to deliver there (P2).
+    pub fn end(&mut self, icount: u64, exit: &RunExit) -> Vec<Event> {
+        let epoch = icount / self.mode.length;
+        let at_multiple = icount % self.mode.length == 0;
+        let crossed = match self.last_epoch {
+            Some(last) => epoch - last,
+            None => at_multiple as u64,
+        };
+        self.last_epoch = Some(epoch);
+        self.ends += crossed + !at_multiple as u64;
         if matches!(exit, RunExit::Idle { .. }) {
             self.idle_ends += 1;
         }
@@ -266,9 +310,27 @@ mod tests {
         let mut e = Epochs::new(EpochMode::new(1024, EpochProtocol::Revised).unwrap());
         e.defer(Event::ClockRate(1));
         e.defer(Event::ClockRate(2));
-        let out = e.end(&RunExit::Reached);
+        let out = e.end(1024, &RunExit::Reached);
         assert!(matches!(out[..], [Event::ClockRate(1), Event::ClockRate(2)]));
-        assert!(e.end(&RunExit::Idle { wake_at: None }).is_empty());
+        assert!(e.end(1500, &RunExit::Idle { wake_at: None }).is_empty());
         assert_eq!((e.ends, e.idle_ends, e.buffered), (2, 1, 2));
+        // A run through three ends to a fourth counts all four.
+        e.end(5 * 1024, &RunExit::Reached);
+        assert_eq!(e.ends, 6);
+    }
+
+    #[test]
+    fn the_revised_protocol_runs_through_ends_with_nothing_to_deliver() {
+        let revised = EpochMode::new(1000, EpochProtocol::Revised).unwrap();
+        let original = EpochMode::new(1000, EpochProtocol::Original).unwrap();
+        // Nothing waiting: on to the last end before the loop's next look.
+        assert_eq!(revised.run_target(1500, 201_500, false), 201_000);
+        // Inputs waiting, or the original protocol: the current epoch's end.
+        assert_eq!(revised.run_target(1500, 201_500, true), 2000);
+        assert_eq!(original.run_target(1500, 201_500, false), 2000);
+        // No end before the look: stop there, inside the epoch.
+        let long = EpochMode::new(1_000_000, EpochProtocol::Revised).unwrap();
+        assert_eq!(long.run_target(1500, 201_500, false), 201_500);
+        assert_eq!(long.run_target(999_000, 1_199_000, false), 1_000_000);
     }
 }
