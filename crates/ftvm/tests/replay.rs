@@ -76,7 +76,10 @@ fn a_recorded_boot_replays_exactly_and_a_cut_log_stops_at_a_go_live_point() {
         "{}",
         rep.stderr
     );
-    assert!(state_checks(&rep.stderr) > 100, "too few state checks in a whole boot: {}", rep.stderr);
+    // A state check every 0.1 s of guest time, which follows the wall
+    // clock: a boot of 8-25 s (translated or interpreted) makes about a
+    // hundred or more.
+    assert!(state_checks(&rep.stderr) > 50, "too few state checks in a whole boot: {}", rep.stderr);
 
     assert_cut_log_stops_at_a_go_live_point(&log, &s);
 
