@@ -121,19 +121,18 @@ pub(crate) struct Block {
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
 
 impl Block {
-    const EMPTY: Block =
-        Block {
-            off: NO_OFFSET,
-            bytes: 0,
-            base: 0,
-            nwords: 0,
-            words: [0; WORDS],
-            n: 0,
-            insts: [NOP; MAX_INSTS],
-            hits: 0,
-            jit: None,
-            chain: 0,
-        };
+    const EMPTY: Block = Block {
+        off: NO_OFFSET,
+        bytes: 0,
+        base: 0,
+        nwords: 0,
+        words: [0; WORDS],
+        n: 0,
+        insts: [NOP; MAX_INSTS],
+        hits: 0,
+        jit: None,
+        chain: 0,
+    };
 
     /// A block of one instruction that is not in RAM's cache (it crosses a
     /// page, or its page is not in the fetch TLB). Its empty byte range
@@ -333,7 +332,6 @@ impl BlockCache {
     pub fn slot(&self, i: usize) -> &Block {
         &self.slots[i]
     }
-
 
     /// The block at RAM offset `off`, decoded afresh if the table holds
     /// none there or RAM changed under it; `None` if no block can start

@@ -87,7 +87,12 @@ fn b_type(imm: i32, rs2: u32, rs1: u32, f3: u32) -> u32 {
 }
 fn j_type(imm: i32, rd: u32) -> u32 {
     let imm = imm as u32;
-    ((imm >> 20) & 1) << 31 | ((imm >> 1) & 0x3ff) << 21 | ((imm >> 11) & 1) << 20 | ((imm >> 12) & 0xff) << 12 | rd << 7 | 0x6f
+    ((imm >> 20) & 1) << 31
+        | ((imm >> 1) & 0x3ff) << 21
+        | ((imm >> 11) & 1) << 20
+        | ((imm >> 12) & 0xff) << 12
+        | rd << 7
+        | 0x6f
 }
 
 /// Registers the generator keeps fixed: x1 = -1, x2 = i64::MIN and x3 =
@@ -98,7 +103,8 @@ const FIXED: u32 = 8;
 /// A random program at BASE: a loop over `len` random instructions.
 fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
     let mut p = Vec::new();
-    let any = |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
+    let any =
+        |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
     // Destinations: mostly the free registers, sometimes x0.
     let dst = |rng: &mut Rng| if rng.below(16) == 0 { 0 } else { 9 + rng.below(23) as u32 };
     while p.len() < len {
@@ -109,13 +115,30 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
             // reg-reg, M included
             0..=29 => {
                 let (f7, f3) = rng.pick(&[
-                    (0, 0), (0x20, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0x20, 5), (0, 6), (0, 7),
-                    (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7),
+                    (0, 0),
+                    (0x20, 0),
+                    (0, 1),
+                    (0, 2),
+                    (0, 3),
+                    (0, 4),
+                    (0, 5),
+                    (0x20, 5),
+                    (0, 6),
+                    (0, 7),
+                    (1, 0),
+                    (1, 1),
+                    (1, 2),
+                    (1, 3),
+                    (1, 4),
+                    (1, 5),
+                    (1, 6),
+                    (1, 7),
                 ]);
                 r_type(f7, rs2, rs1, f3, rd, 0x33)
             }
             30..=39 => {
-                let (f7, f3) = rng.pick(&[(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)]);
+                let (f7, f3) =
+                    rng.pick(&[(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)]);
                 r_type(f7, rs2, rs1, f3, rd, 0x3b)
             }
             40..=54 => {
@@ -159,7 +182,13 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
                     // Code that changes: a new instruction (an addi or xori
                     // into a free register) over one of the loop's.
                     let off = rng.below(len as u64) as i32 * 4;
-                    let w = i_type(rng.below(4096) as i32 - 2048, any(rng), rng.pick(&[0, 4]), 9 + rng.below(23) as u32, 0x13);
+                    let w = i_type(
+                        rng.below(4096) as i32 - 2048,
+                        any(rng),
+                        rng.pick(&[0, 4]),
+                        9 + rng.below(23) as u32,
+                        0x13,
+                    );
                     let t = 9 + rng.below(23) as u32;
                     let lo = ((w & 0xfff) as i32) << 20 >> 20;
                     let hi = w.wrapping_sub(lo as u32) & 0xffff_f000;
@@ -190,10 +219,10 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
             }
             // what the translator leaves to the interpreter
             91..=93 => i_type(0x340, 0, 2, rd, 0x73), // csrr rd, mscratch
-            94 => 0x0ff0_000f,                         // fence
-            95 => 0x0000_0073,                         // ecall: trap, handler skips it
-            96 => 0,                                   // illegal: likewise
-            97 => i_type(0x340, rs1, 1, 0, 0x73),      // csrw mscratch, rs1
+            94 => 0x0ff0_000f,                        // fence
+            95 => 0x0000_0073,                        // ecall: trap, handler skips it
+            96 => 0,                                  // illegal: likewise
+            97 => i_type(0x340, rs1, 1, 0, 0x73),     // csrw mscratch, rs1
             _ => r_type(0, rs2, rs1, 0, rd, 0x33),
         };
         p.push(insn);
@@ -325,8 +354,24 @@ fn translated_code_matches_the_interpreter() {
 fn each_operation_on_edge_operands() {
     let mut ops = Vec::new();
     for (f7, f3) in [
-        (0, 0), (0x20, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0x20, 5), (0, 6), (0, 7),
-        (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7),
+        (0, 0),
+        (0x20, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (0, 5),
+        (0x20, 5),
+        (0, 6),
+        (0, 7),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (1, 5),
+        (1, 6),
+        (1, 7),
     ] {
         ops.push(r_type(f7, 12, 11, f3, 10, 0x33));
     }
@@ -354,8 +399,23 @@ fn each_operation_on_edge_operands() {
     ops.push(r_type(0, 10, 10, 1, 10, 0x33)); // sll x10, x10, x10
     ops.push(r_type(1, 10, 11, 4, 10, 0x33)); // div x10, x11, x10
     let edge = [
-        0u64, 1, 2, u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) - 1, 0xffff_ffff, 0x8000_0000, 0x7fff_ffff,
-        0xffff_ffff_8000_0000, 31, 32, 33, 63, 64, 0x1234_5678_9abc_def0,
+        0u64,
+        1,
+        2,
+        u64::MAX,
+        u64::MAX - 1,
+        1 << 63,
+        (1 << 63) - 1,
+        0xffff_ffff,
+        0x8000_0000,
+        0x7fff_ffff,
+        0xffff_ffff_8000_0000,
+        31,
+        32,
+        33,
+        63,
+        64,
+        0x1234_5678_9abc_def0,
     ];
     let mut rng = Rng(99);
     let mut pairs = Vec::new();
@@ -402,15 +462,15 @@ fn code_changed_under_a_translated_loop() {
     // x8 = BASE; x12 = the bits that turn `addi x10, x10, 1` into
     // `addi x10, x10, 2` and back; x4 counts down.
     let prog = [
-        i_type(1, 10, 0, 10, 0x13), // 0: addi x10, x10, 1 (rewritten)
-        j_type(8, 0),               // 4: j 12
-        0,                          // 8: (never reached)
-        i_type(0, 8, 2, 11, 0x03),  // 12: lw x11, 0(x8)
+        i_type(1, 10, 0, 10, 0x13),     // 0: addi x10, x10, 1 (rewritten)
+        j_type(8, 0),                   // 4: j 12
+        0,                              // 8: (never reached)
+        i_type(0, 8, 2, 11, 0x03),      // 12: lw x11, 0(x8)
         r_type(0, 12, 11, 4, 11, 0x33), // xor x11, x11, x12
-        s_type(0, 11, 8, 2),        // sw x11, 0(x8)
-        i_type(-1, 4, 0, 4, 0x13),  // addi x4, x4, -1
-        b_type(-28, 0, 4, 1),       // bne x4, x0, 0
-        j_type(0, 0),               // j .
+        s_type(0, 11, 8, 2),            // sw x11, 0(x8)
+        i_type(-1, 4, 0, 4, 0x13),      // addi x4, x4, -1
+        b_type(-28, 0, 4, 1),           // bne x4, x0, 0
+        j_type(0, 0),                   // j .
     ];
     let mut runs = Vec::new();
     for hot in [0, 1, 2, 32] {
