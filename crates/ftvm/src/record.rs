@@ -67,6 +67,8 @@ struct EntrySizes {
     network: u64,
     clock: u64,
     digests: u64,
+    /// State digests logged: a replay that matches them all says so.
+    digest_count: u64,
 }
 
 impl EntrySizes {
@@ -75,7 +77,10 @@ impl EntrySizes {
             Entry::Event(Event::Io { completion: IoCompletion::Disk { .. }, .. }) => &mut self.disk,
             Entry::Event(Event::Io { completion: IoCompletion::NetRx { .. }, .. }) => &mut self.network,
             Entry::Event(Event::ClockRate(_) | Event::ClockAdvance(_)) => &mut self.clock,
-            Entry::StateHash(_) => &mut self.digests,
+            Entry::StateHash(_) => {
+                self.digest_count += 1;
+                &mut self.digests
+            }
             // The rest (console input, entropy, marks) and the framing are
             // what remains of the total.
             _ => return,
@@ -210,13 +215,14 @@ impl Recorder {
         let z = &self.sizes;
         eprintln!(
             "ftvm: recorded {} instructions, {written} bytes of log (disk completions {}, received frames {}, \
-             clock {}, state digests {}, other entries and framing {}), in {}",
+             clock {}, state digests {}, other entries and framing {}), {} state checks, in {}",
             m.icount(),
             z.disk,
             z.network,
             z.clock,
             z.digests,
             written - z.disk - z.network - z.clock - z.digests,
+            z.digest_count,
             path.display()
         );
         Ok(())
