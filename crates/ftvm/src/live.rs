@@ -178,6 +178,9 @@ pub fn run(
     }
     // Writes the guest was told about must be on disk before we go.
     live.io.drain();
+    if let Some(p) = &live.protection {
+        eprintln!("ftvm: {}", p.summary());
+    }
     if let Some(r) = live.recorder.take() {
         let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
         r.finish(&mut live.m, status)?;

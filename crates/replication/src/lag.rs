@@ -86,6 +86,8 @@ pub struct Throttle {
     backup_mark: Option<(u64, Instant)>,
     /// The backup's speed, in instructions per second.
     backup_rate: Option<f64>,
+    /// Times the loop engaged so far.
+    engagements: u64,
 }
 
 /// How often the share moves.
@@ -120,6 +122,7 @@ impl Throttle {
             primary_rate: None,
             backup_mark: None,
             backup_rate: None,
+            engagements: 0,
         }
     }
 
@@ -130,6 +133,11 @@ impl Throttle {
     /// Whether the loop is holding the primary back (or about to).
     pub fn engaged(&self) -> bool {
         self.engaged
+    }
+
+    /// How many times the loop has engaged.
+    pub fn engagements(&self) -> u64 {
+        self.engagements
     }
 
     /// The smoothed speeds, in instructions per second, of the primary
@@ -160,6 +168,7 @@ impl Throttle {
                 return;
             }
             self.engaged = true;
+            self.engagements += 1;
         }
         let aim = match (self.backup_rate, self.primary_rate) {
             (Some(b), Some(p)) if b > 0.0 && p > 0.0 => {

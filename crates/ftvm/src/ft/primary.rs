@@ -25,6 +25,10 @@ pub struct Protection {
     /// This host's name in the arbiter's record.
     me: String,
     last_lag: Duration,
+    /// The largest lag measured so far.
+    lag_max: Duration,
+    /// Time the lag control has kept the primary paused, in total.
+    paused: Duration,
     /// For the log bandwidth in status: (when, bytes sent) at the last look.
     rate_mark: (Instant, u64),
     rate: f64,
@@ -69,6 +73,8 @@ impl Protection {
             arbiter,
             me,
             last_lag: Duration::ZERO,
+            lag_max: Duration::ZERO,
+            paused: Duration::ZERO,
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
             disks,
@@ -138,8 +144,23 @@ impl Protection {
         let backup = channel.backup_icount();
         self.last_lag = self.lag.lag(backup, now);
         self.throttle.ran_to(icount, busy);
+        self.lag_max = self.lag_max.max(self.last_lag);
         self.throttle.update(self.last_lag, backup, now);
-        self.throttle.pause_after(busy)
+        let pause = self.throttle.pause_after(busy);
+        self.paused += pause;
+        pause
+    }
+
+    /// What the lag control did over the whole run, for the primary's
+    /// last words: a slow protected run says whether the backup held it
+    /// back.
+    pub fn summary(&self) -> String {
+        format!(
+            "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all",
+            self.lag_max.as_millis(),
+            self.throttle.engagements(),
+            self.paused.as_millis()
+        )
     }
 
     /// The backup is declared failed: win the test-and-set and go on alone
@@ -178,12 +199,13 @@ impl Protection {
             None => EpochMode::describe(None),
         };
         format!(
-            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}% lag_control={} mips_primary={} mips_backup={}",
+            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms lag_max={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}% lag_control={} lag_control_engaged={} paused_total={}ms mips_primary={} mips_backup={}",
             channel.peer(),
             self.arbiter.generation(),
             self.disks.sharing.name(),
             if self.disks.backup_reads { ",backup-reads" } else { "" },
             self.last_lag.as_millis(),
+            self.lag_max.as_millis(),
             self.rate,
             channel.sent(),
             channel.acked(),
@@ -191,6 +213,8 @@ impl Protection {
             self.gate.total_held(),
             self.throttle.share() * 100.0,
             if self.throttle.engaged() { "engaged" } else { "off" },
+            self.throttle.engagements(),
+            self.paused.as_millis(),
             mips(primary_rate),
             mips(backup_rate)
         )
