@@ -453,7 +453,9 @@ impl Live {
         if let (Some(p), Some(r)) = (&mut self.protection, &self.recorder) {
             let pause = p.after_chunk(self.m.icount(), busy, r.channel().expect("protected"));
             if !pause.is_zero() {
+                let started = Instant::now();
                 std::thread::sleep(pause);
+                p.paused(started.elapsed());
             }
         }
     }

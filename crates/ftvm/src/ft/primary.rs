@@ -137,7 +137,8 @@ impl Protection {
     }
 
     /// After the machine ran for `busy` to `icount`: updates the lag and
-    /// returns how long to pause to keep to the CPU share.
+    /// returns how long to pause to keep to the CPU share (tell
+    /// [`Protection::paused`] how long it was).
     pub fn after_chunk(&mut self, icount: u64, busy: Duration, channel: &LogSender) -> Duration {
         let now = Instant::now();
         self.lag.note(icount, now - busy, now);
@@ -146,9 +147,13 @@ impl Protection {
         self.throttle.ran_to(icount, busy);
         self.lag_max = self.lag_max.max(self.last_lag);
         self.throttle.update(self.last_lag, backup, now);
-        let pause = self.throttle.pause_after(busy);
-        self.paused += pause;
-        pause
+        self.throttle.pause_after(busy)
+    }
+
+    /// The primary paused for `slept` as [`Protection::after_chunk`] asked.
+    pub fn paused(&mut self, slept: Duration) {
+        self.throttle.paused(slept);
+        self.paused += slept;
     }
 
     /// What the lag control did over the whole run, for the primary's
