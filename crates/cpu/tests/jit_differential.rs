@@ -100,6 +100,32 @@ fn j_type(imm: i32, rd: u32) -> u32 {
 /// points at data, x6 at the device, x7 at nothing, x8 at the code.
 const FIXED: u32 = 8;
 
+/// (funct7, funct3) of every OP instruction (RV64I and M): add, sub,
+/// sll, slt, sltu, xor, srl, sra, or, and, then mul to remu.
+const OP_FUNCTS: [(u32, u32); 18] = [
+    (0, 0),
+    (0x20, 0),
+    (0, 1),
+    (0, 2),
+    (0, 3),
+    (0, 4),
+    (0, 5),
+    (0x20, 5),
+    (0, 6),
+    (0, 7),
+    (1, 0),
+    (1, 1),
+    (1, 2),
+    (1, 3),
+    (1, 4),
+    (1, 5),
+    (1, 6),
+    (1, 7),
+];
+/// The same for OP-32: addw, subw, sllw, srlw, sraw, mulw, divw to remuw.
+const OP32_FUNCTS: [(u32, u32); 10] =
+    [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)];
+
 /// A random program at BASE: a loop over `len` random instructions.
 fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
     let mut p = Vec::new();
@@ -114,31 +140,11 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
         let insn = match kind {
             // reg-reg, M included
             0..=29 => {
-                let (f7, f3) = rng.pick(&[
-                    (0, 0),
-                    (0x20, 0),
-                    (0, 1),
-                    (0, 2),
-                    (0, 3),
-                    (0, 4),
-                    (0, 5),
-                    (0x20, 5),
-                    (0, 6),
-                    (0, 7),
-                    (1, 0),
-                    (1, 1),
-                    (1, 2),
-                    (1, 3),
-                    (1, 4),
-                    (1, 5),
-                    (1, 6),
-                    (1, 7),
-                ]);
+                let (f7, f3) = rng.pick(&OP_FUNCTS);
                 r_type(f7, rs2, rs1, f3, rd, 0x33)
             }
             30..=39 => {
-                let (f7, f3) =
-                    rng.pick(&[(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)]);
+                let (f7, f3) = rng.pick(&OP32_FUNCTS);
                 r_type(f7, rs2, rs1, f3, rd, 0x3b)
             }
             40..=54 => {
@@ -353,29 +359,10 @@ fn translated_code_matches_the_interpreter() {
 #[test]
 fn each_operation_on_edge_operands() {
     let mut ops = Vec::new();
-    for (f7, f3) in [
-        (0, 0),
-        (0x20, 0),
-        (0, 1),
-        (0, 2),
-        (0, 3),
-        (0, 4),
-        (0, 5),
-        (0x20, 5),
-        (0, 6),
-        (0, 7),
-        (1, 0),
-        (1, 1),
-        (1, 2),
-        (1, 3),
-        (1, 4),
-        (1, 5),
-        (1, 6),
-        (1, 7),
-    ] {
+    for (f7, f3) in OP_FUNCTS {
         ops.push(r_type(f7, 12, 11, f3, 10, 0x33));
     }
-    for (f7, f3) in [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)] {
+    for (f7, f3) in OP32_FUNCTS {
         ops.push(r_type(f7, 12, 11, f3, 10, 0x3b));
     }
     for imm in [0, 1, -1, 2047, -2048, 0x7ff, 0x555] {
