@@ -88,6 +88,8 @@ pub struct Throttle {
     backup_rate: Option<f64>,
     /// Times the loop engaged so far.
     engagements: u64,
+    /// Time the primary paused for the share, in all.
+    paused_total: Duration,
     /// Pause owed to the share and not yet taken, in seconds; below zero,
     /// time overslept that the next pauses give back.
     owed: f64,
@@ -134,6 +136,7 @@ impl Throttle {
             backup_mark: None,
             backup_rate: None,
             engagements: 0,
+            paused_total: Duration::ZERO,
             owed: 0.0,
         }
     }
@@ -150,6 +153,11 @@ impl Throttle {
     /// How many times the loop has engaged.
     pub fn engagements(&self) -> u64 {
         self.engagements
+    }
+
+    /// How long the primary has paused for its share, in all.
+    pub fn paused_total(&self) -> Duration {
+        self.paused_total
     }
 
     /// The smoothed speeds, in instructions per second, of the primary
@@ -241,6 +249,7 @@ impl Throttle {
 
     /// The primary paused for `slept` (a sleep may overshoot).
     pub fn paused(&mut self, slept: Duration) {
+        self.paused_total += slept;
         self.owed = (self.owed - slept.as_secs_f64()).max(-MAX_CREDIT.as_secs_f64());
     }
 }

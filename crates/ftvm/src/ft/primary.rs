@@ -27,8 +27,6 @@ pub struct Protection {
     last_lag: Duration,
     /// The largest lag measured so far.
     lag_max: Duration,
-    /// Time the lag control has kept the primary paused, in total.
-    paused: Duration,
     /// For the log bandwidth in status: (when, bytes sent) at the last look.
     rate_mark: (Instant, u64),
     rate: f64,
@@ -74,7 +72,6 @@ impl Protection {
             me,
             last_lag: Duration::ZERO,
             lag_max: Duration::ZERO,
-            paused: Duration::ZERO,
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
             disks,
@@ -153,7 +150,6 @@ impl Protection {
     /// The primary paused for `slept` as [`Protection::after_chunk`] asked.
     pub fn paused(&mut self, slept: Duration) {
         self.throttle.paused(slept);
-        self.paused += slept;
     }
 
     /// What the lag control did over the whole run, for the primary's
@@ -164,7 +160,7 @@ impl Protection {
             "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all",
             self.lag_max.as_millis(),
             self.throttle.engagements(),
-            self.paused.as_millis()
+            self.throttle.paused_total().as_millis()
         )
     }
 
@@ -219,7 +215,7 @@ impl Protection {
             self.throttle.share() * 100.0,
             if self.throttle.engaged() { "engaged" } else { "off" },
             self.throttle.engagements(),
-            self.paused.as_millis(),
+            self.throttle.paused_total().as_millis(),
             mips(primary_rate),
             mips(backup_rate)
         )
