@@ -415,6 +415,30 @@ fn cutting_the_link_leaves_exactly_one_vm_live() {
     cut_link_and_check(&site, primary, backup, "replaying");
 }
 
+#[test]
+fn powering_the_vm_off_stops_both_sides_and_fails_nothing_over() {
+    // §3.3: the guest powers itself off (the command ends); the primary's
+    // channel closes just as a killed one's would.
+    let (_site, s, mut primary, mut backup) = protected_vm("p", "power-off", "sleep 3", Extra::default());
+    let p = wait_exit(&mut primary, BOOT_TIMEOUT);
+    assert!(p.success(), "the primary exited with {p}:\n{}", primary.log());
+    let b = wait_exit(&mut backup, Duration::from_secs(30));
+    let log = backup.log();
+    assert!(b.success(), "the backup exited with {b}:\n{log}");
+    assert!(log.contains("ftvm: the primary ended the VM (powered off with status 0)"), "{log}");
+    for word in ["declared failed", "arbiter", "going live"] {
+        assert!(!log.contains(word), "the backup took the power-off for a failure ('{word}'):\n{log}");
+    }
+    assert!(!primary.log().contains("declared failed"), "{}", primary.log());
+    // Nobody claimed the pair's generation: no side went live alone.
+    let claims: Vec<String> = std::fs::read_dir(s.path("shared"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".live"))
+        .collect();
+    assert!(claims.is_empty(), "{claims:?}");
+}
+
 /// Once the backup says it is `following`, cuts the link between the
 /// hosts and checks that exactly one VM stays live.
 fn cut_link_and_check(site: &Site, mut primary: Vm, mut backup: Vm, following: &str) {

@@ -87,6 +87,9 @@ struct Pipe {
     state: Mutex<PipeState>,
     readable: Condvar,
     writable: Condvar,
+    /// Signalled when the reader has taken everything and waits for more,
+    /// or reads no more (see [`Pipe::wait_consumed`]).
+    consumed: Condvar,
     capacity: usize,
 }
 
@@ -95,14 +98,19 @@ struct PipeState {
     /// No more bytes will come (the channel is over): readers drain, then
     /// see the end; writers drop what they write.
     closed: bool,
+    /// The reader took every byte there was and waits in [`Pipe::take`].
+    starved: bool,
+    /// The reader takes no more: it reached what it was reading for.
+    reader_done: bool,
 }
 
 impl Pipe {
     fn new(capacity: usize) -> Pipe {
         Pipe {
-            state: Mutex::new(PipeState { bytes: VecDeque::new(), closed: false }),
+            state: Mutex::new(PipeState { bytes: VecDeque::new(), closed: false, starved: false, reader_done: false }),
             readable: Condvar::new(),
             writable: Condvar::new(),
+            consumed: Condvar::new(),
             capacity,
         }
     }
@@ -139,8 +147,28 @@ impl Pipe {
 
     /// Takes up to `max` bytes, waiting for some; empty once closed and drained.
     fn take(&self, max: usize) -> Vec<u8> {
-        let mut s = self.wait_for_bytes();
+        let mut s = self.state.lock().unwrap();
+        while s.bytes.is_empty() && !s.closed {
+            s.starved = true;
+            self.consumed.notify_all();
+            s = self.readable.wait(s).unwrap();
+        }
+        s.starved = false;
         self.drain(&mut s, max)
+    }
+
+    /// Waits until the reader has taken every byte and waits for more
+    /// (true), or has said it reads no more (false).
+    fn wait_consumed(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        let s = self.consumed.wait_while(s, |s| !s.reader_done && !(s.starved && s.bytes.is_empty())).unwrap();
+        !s.reader_done
+    }
+
+    /// The reader takes no more.
+    fn reader_done(&self) {
+        self.state.lock().unwrap().reader_done = true;
+        self.consumed.notify_all();
     }
 
     /// Takes up to `max` bytes without waiting.
@@ -896,11 +924,33 @@ impl LogReceiver {
         self.shared.failed.lock().unwrap().clone()
     }
 
+    /// Waits until the replaying VM has taken every byte received and
+    /// waits for more (true), or has stopped reading the log
+    /// ([`LogReceiver::reading_done`], false). A primary that powers its
+    /// VM off closes the channel too, once its end is acknowledged: only
+    /// the log read to its last byte tells that close from a failure.
+    pub fn wait_consumed(&self) -> bool {
+        self.shared.pipe.wait_consumed()
+    }
+
+    /// The replaying VM reads no more of the log: it reached its end, or
+    /// cannot follow it.
+    pub fn reading_done(&self) {
+        self.shared.pipe.reader_done();
+    }
+
     /// No more log will be taken: the VM drains what was received, then
     /// sees the log end (its last go-live point is where it goes live).
     pub fn end_log(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
+        self.stop_receiving();
         self.shared.pipe.close();
+    }
+
+    /// Takes no more log (the primary is declared failed): what was
+    /// received stays readable, and the primary, if it still runs, sees
+    /// the channel close.
+    pub fn stop_receiving(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
@@ -1235,6 +1285,35 @@ mod tests {
         let mut all = Vec::new();
         r.pipe().read_to_end(&mut all).unwrap();
         assert_eq!(all, b"last words");
+    }
+
+    #[test]
+    fn after_a_close_the_log_is_consumed_once_the_reader_has_read_it_all() {
+        let (mut s, _prx, r, brx) = pair(1 << 20, Timing::DEFAULT);
+        let r = Arc::new(r);
+        s.write_all(b"0123456789").unwrap();
+        assert!(s.wait_acked(10, Duration::from_secs(5)));
+        drop(s);
+        brx.recv_timeout(Duration::from_secs(2)).expect("failure declared");
+        r.stop_receiving();
+        let waiter = {
+            let r = r.clone();
+            std::thread::spawn(move || r.wait_consumed())
+        };
+        // Ten bytes are still to be read: whoever waits, waits.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished());
+        let mut pipe = r.pipe();
+        let mut buf = [0u8; 10];
+        pipe.read_exact(&mut buf).unwrap();
+        // The reader now waits for more, which is what the waiter hears.
+        let reader = std::thread::spawn(move || pipe.read(&mut [0u8; 1]).unwrap());
+        assert!(waiter.join().unwrap(), "the reader is still reading");
+        r.end_log();
+        assert_eq!(reader.join().unwrap(), 0);
+        // A reader that says it is done answers at once.
+        r.reading_done();
+        assert!(!r.wait_consumed());
     }
 
     #[test]

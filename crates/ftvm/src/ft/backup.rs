@@ -85,6 +85,19 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         let shared = args.pair.shared.clone();
         std::thread::spawn(move || {
             let Ok((failure, detected)) = failed_rx.recv() else { return };
+            // A primary that powers the VM off closes the channel too,
+            // once the backup has acknowledged the log's end: only the
+            // replay, having read all that came, tells the two apart. So
+            // the test-and-set waits for it to drain, which adds the
+            // test-and-set's few milliseconds to a failover (the drain
+            // came before going live anyway) and claims no generation
+            // for a VM that was powered off. A replay that stops reading
+            // (the end reached, or a divergence) leaves nothing to take
+            // over.
+            receiver.stop_receiving();
+            if generation.get().is_some() && !receiver.wait_consumed() {
+                return;
+            }
             eprintln!("ftvm: the primary is declared failed: {failure}");
             if let Some(&generation) = generation.get() {
                 let me = format!("backup on {}", hostname());
@@ -173,6 +186,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         received_end.store(end, Ordering::SeqCst);
         r.set_executed(i)
     });
+    receiver.reading_done();
     // Its locks go before the live VM opens the disks again.
     drop(local_disks);
     let outcome = match outcome {
@@ -410,6 +424,7 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
         // arbiter is left to the primary.
         let _ = generation.set(gen);
     });
+    receiver.reading_done();
     // Their locks go before the live VM opens the disks again.
     drop(files);
     let summary = |h: &Committed| format!("{} checkpoints committed, {} disk writes applied", h.checkpoints, h.writes);
