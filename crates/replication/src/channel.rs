@@ -98,7 +98,7 @@ struct PipeState {
     /// No more bytes will come (the channel is over): readers drain, then
     /// see the end; writers drop what they write.
     closed: bool,
-    /// The reader took every byte there was and waits in [`Pipe::take`].
+    /// The reader took every byte there was and waits for more.
     starved: bool,
     /// The reader takes no more: it reached what it was reading for.
     reader_done: bool,
@@ -147,13 +147,7 @@ impl Pipe {
 
     /// Takes up to `max` bytes, waiting for some; empty once closed and drained.
     fn take(&self, max: usize) -> Vec<u8> {
-        let mut s = self.state.lock().unwrap();
-        while s.bytes.is_empty() && !s.closed {
-            s.starved = true;
-            self.consumed.notify_all();
-            s = self.readable.wait(s).unwrap();
-        }
-        s.starved = false;
+        let mut s = self.wait_for_bytes();
         self.drain(&mut s, max)
     }
 
@@ -161,7 +155,7 @@ impl Pipe {
     /// (true), or has said it reads no more (false).
     fn wait_consumed(&self) -> bool {
         let s = self.state.lock().unwrap();
-        let s = self.consumed.wait_while(s, |s| !s.reader_done && !(s.starved && s.bytes.is_empty())).unwrap();
+        let s = self.consumed.wait_while(s, |s| !(s.reader_done || s.starved && s.bytes.is_empty())).unwrap();
         !s.reader_done
     }
 
@@ -181,11 +175,15 @@ impl Pipe {
         !self.wait_for_bytes().bytes.is_empty()
     }
 
+    /// Waits while the pipe is empty and open, starved meanwhile.
     fn wait_for_bytes(&self) -> std::sync::MutexGuard<'_, PipeState> {
         let mut s = self.state.lock().unwrap();
         while s.bytes.is_empty() && !s.closed {
+            s.starved = true;
+            self.consumed.notify_all();
             s = self.readable.wait(s).unwrap();
         }
+        s.starved = false;
         s
     }
 

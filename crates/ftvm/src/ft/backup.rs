@@ -95,11 +95,12 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             // (the end reached, or a divergence) leaves nothing to take
             // over.
             receiver.stop_receiving();
-            if generation.get().is_some() && !receiver.wait_consumed() {
+            let generation = generation.get().copied();
+            if generation.is_some() && !receiver.wait_consumed() {
                 return;
             }
             eprintln!("ftvm: the primary is declared failed: {failure}");
-            if let Some(&generation) = generation.get() {
+            if let Some(generation) = generation {
                 let me = format!("backup on {}", hostname());
                 let d = match Arbiter::new(&shared, generation).go_live(&me, |m| eprintln!("ftvm: {m}")) {
                     Verdict::Won => Decision::GoLive(format!("won generation {generation} at the arbiter")),
