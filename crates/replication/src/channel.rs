@@ -9,9 +9,10 @@
 //!
 //! Backup end ([`LogReceiver`]): a thread reads the socket into a bounded
 //! buffer that the replaying VM consumes through [`LogPipe`] (an empty
-//! buffer stalls the VM); each read is acknowledged at once, on receipt,
-//! not on execution (§3.2). A full buffer stops the reading, so the
-//! primary's buffer fills and the primary stalls in turn.
+//! buffer stalls the VM, whose thread then reads the socket itself for a
+//! moment); each read is acknowledged at once, on receipt, not on
+//! execution (§3.2). A full buffer stops the reading, so the primary's
+//! buffer fills and the primary stalls in turn.
 //!
 //! An acknowledgement is 17 bytes: kind (1), bytes of log received (u64
 //! LE), instruction count the backup has executed (u64 LE). The latter is
@@ -25,13 +26,13 @@
 //! the channel or the UDP heartbeats have been silent for the timeout.
 
 use crate::heartbeat::Heartbeat;
-use crate::poll::{self, PollWindow};
+use crate::poll;
 use crate::Timing;
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 const ACK: u8 = 1;
@@ -204,6 +205,11 @@ impl Pipe {
         self.capacity.saturating_sub(s.bytes.len())
     }
 
+    /// Free room now.
+    fn free(&self) -> usize {
+        self.capacity.saturating_sub(self.len())
+    }
+
     fn close(&self) {
         self.state.lock().unwrap().closed = true;
         self.readable.notify_all();
@@ -300,20 +306,22 @@ struct AckStream {
     input: TcpStream,
     /// The bytes of a message that has not all come yet.
     partial: Vec<u8>,
+    /// What a read takes, kept: a waiter pumps in a tight loop, and a
+    /// fresh buffer would be zeroed at every turn.
+    chunk: Box<[u8]>,
 }
 
 impl AckStream {
     /// Reads what has come and applies every whole message; an error is
     /// the failure to declare.
     fn pump(&mut self, shared: &PrimaryShared, events: &dyn Fn(PrimaryEvent)) -> Result<(), Failure> {
-        let mut chunk = [0u8; 4096];
         loop {
-            match poll::try_read(&self.input, &mut chunk) {
+            match poll::try_read(&self.input, &mut self.chunk) {
                 Ok(Some(0)) => {
                     self.apply(shared, events)?;
                     return Err(self.at_end());
                 }
-                Ok(Some(n)) => self.partial.extend_from_slice(&chunk[..n]),
+                Ok(Some(n)) => self.partial.extend_from_slice(&self.chunk[..n]),
                 Ok(None) => return self.apply(shared, events),
                 Err(e) => return Err(Failure::Closed(e.to_string())),
             }
@@ -400,11 +408,12 @@ pub struct LogSender {
 /// Longest a written byte waits before the sender thread is woken for it.
 pub const SEND_DELAY: Duration = Duration::from_millis(1);
 /// How long [`LogSender::wait_acked`] reads acknowledgements itself, and
-/// the backup's VM waits for log yielding its core, before they sleep:
-/// about a round trip on a loaded host.
+/// the backup's VM reads the log itself when it has none, before they
+/// sleep: about a round trip on a loaded host.
 const SPIN_FOR: Duration = Duration::from_micros(200);
-/// How long after a wait for an acknowledgement its caller is counted on
-/// to read the next one itself (see `PrimaryShared::waiter_until_us`): the
+/// How long after a wait for an acknowledgement (or, on the backup, for
+/// log) its caller is counted on to read the next one itself (see
+/// `PrimaryShared::waiter_until_us`, `BackupShared::reader_until_us`): the
 /// epoch ends of the original epoch protocol come a few microseconds of
 /// guest work apart.
 const WAITER_GRACE: Duration = Duration::from_millis(1);
@@ -439,6 +448,7 @@ impl LogSender {
             acks: Mutex::new(AckStream {
                 input: stream.try_clone().map_err(|e| format!("logging channel: {e}"))?,
                 partial: Vec::new(),
+                chunk: vec![0u8; 4096].into_boxed_slice(),
             }),
             out: Mutex::new(stream.try_clone().map_err(|e| format!("logging channel: {e}"))?),
         });
@@ -762,9 +772,19 @@ struct BackupShared {
     refused: AtomicBool,
     /// Requests to send the primary ahead of any acknowledgement of log.
     requests: Mutex<Vec<Vec<u8>>>,
-    /// Open while the replaying VM waits for log: the receiving thread
-    /// polls the socket meanwhile.
-    log_window: PollWindow,
+    /// The socket's reading and acknowledging state, taken by the
+    /// receiving thread or by the replaying VM's thread waiting for log,
+    /// whoever holds it. Set by [`LogReceiver::start`].
+    receipt: Mutex<Option<Receipt>>,
+    /// Until when (µs on `clock`) the replaying VM's thread reads the
+    /// socket itself: `u64::MAX` while it waits for log, and
+    /// [`WAITER_GRACE`] after, for its next wait. Meanwhile the receiving
+    /// thread keeps off the socket: sharing the VM's core, it would have
+    /// to be switched to for every frame, and back, which under the
+    /// original epoch protocol is on the path of every epoch end.
+    reader_until_us: AtomicU64,
+    /// The receiving thread, to wake when the VM's thread stops reading.
+    receiving_thread: OnceLock<std::thread::Thread>,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -793,7 +813,9 @@ impl LogReceiver {
             refusal: Mutex::new(None),
             refused: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
-            log_window: PollWindow::default(),
+            receipt: Mutex::new(None),
+            reader_until_us: AtomicU64::new(0),
+            receiving_thread: OnceLock::new(),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -819,15 +841,26 @@ impl LogReceiver {
                 }
             })
         };
-        let mut input = self.stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
-        let mut out = self.stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
-        input.set_read_timeout(Some(timing.interval)).map_err(|e| format!("logging channel: {e}"))?;
+        let clone = || self.stream.try_clone().map_err(|e| format!("logging channel: {e}"));
+        let readable = clone()?;
+        *self.shared.receipt.lock().unwrap() = Some(Receipt {
+            input: clone()?,
+            out: clone()?,
+            timing,
+            buf: vec![0u8; 1 << 16],
+            last_ack: Instant::now(),
+            acked: (u64::MAX, u64::MAX),
+            delayed: VecDeque::new(),
+            released: 0,
+            end: None,
+        });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name("ft-log-receive".into())
-                .spawn(move || receive(&shared, &mut input, &mut out, timing, &*fail))
+                .spawn(move || receive(&shared, &readable, timing, &*fail))
                 .map_err(|e| format!("ft-log-receive: {e}"))?;
+            let _ = self.shared.receiving_thread.set(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
@@ -884,6 +917,9 @@ impl LogReceiver {
     /// Tells the primary this backup will not follow it, and why, then
     /// closes the channel (waiting up to a second for the words to go).
     pub fn refuse(&self, why: &str) {
+        // Not ready: the VM's thread leaves the socket to the receiving
+        // thread, which sends the refusal.
+        self.shared.ready.store(false, Ordering::Release);
         *self.shared.refusal.lock().unwrap() = Some(why.to_string());
         let t0 = Instant::now();
         while !self.shared.refused.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(1) {
@@ -959,70 +995,76 @@ impl Drop for LogReceiver {
     }
 }
 
-fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, timing: Timing, fail: &dyn Fn(Failure)) {
-    let mut buf = vec![0u8; 1 << 16];
-    let mut last_ack = Instant::now();
-    let mut acked = (u64::MAX, u64::MAX);
-    // With an acknowledgement delay: (when, bytes received then), oldest first.
-    let mut delayed: VecDeque<(Instant, u64)> = VecDeque::new();
-    let mut released = 0;
-    loop {
-        if shared.stop.load(Ordering::Relaxed) {
-            return;
+/// The backup's reading of the socket: the log into the pipe, and the
+/// acknowledgements back. One at a time: the receiving thread, or the
+/// replaying VM's thread while it waits for log.
+struct Receipt {
+    input: TcpStream,
+    out: TcpStream,
+    timing: Timing,
+    buf: Vec<u8>,
+    last_ack: Instant,
+    /// (bytes received, instructions executed) as last acknowledged.
+    acked: (u64, u64),
+    /// With an acknowledgement delay: (when, bytes received then), oldest first.
+    delayed: VecDeque<(Instant, u64)>,
+    released: u64,
+    /// Why the channel is over, as the VM's thread found it, for the
+    /// receiving thread to declare.
+    end: Option<Failure>,
+}
+
+/// How a read of the socket ended the receiving.
+enum Stop {
+    /// The primary is declared failed for this.
+    Failed(Failure),
+    /// The pipe was closed: the log is over, nothing to declare.
+    Closed,
+}
+
+impl Receipt {
+    /// Takes what has come, up to `room` bytes, into the pipe without
+    /// waiting; how many (0 when nothing had).
+    fn take_arrived(&mut self, shared: &BackupShared, room: usize) -> Result<usize, Stop> {
+        let room = room.min(self.buf.len());
+        if room == 0 {
+            return Ok(0);
         }
-        if let Some(why) = shared.refusal.lock().unwrap().take() {
-            let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
-            let mut msg = vec![REFUSE];
-            msg.extend((text.len() as u16).to_le_bytes());
-            msg.extend(text);
-            let _ = out.write_all(&msg);
-            let _ = out.shutdown(Shutdown::Write);
-            shared.refused.store(true, Ordering::Relaxed);
-            return;
-        }
-        // A full buffer stops the reading (the primary's buffer fills in
-        // turn) but not the acknowledgements: a slow backup is not a dead one.
-        let room = shared.pipe.room(timing.interval).min(buf.len());
-        let mut wake_replay = false;
-        if room > 0 {
-            match poll::read(input, &mut buf[..room], &shared.log_window) {
-                Ok(0) => return fail(Failure::Closed("end of stream".into())),
-                Ok(n) => {
-                    shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                    // The replay is woken after the acknowledgement is
-                    // written: woken first, it could take the core before
-                    // the primary, which may be waiting, hears from us.
-                    if !shared.pipe.put(&buf[..n], false) {
-                        return;
-                    }
-                    wake_replay = true;
-                    shared.received.fetch_add(n as u64, Ordering::Relaxed);
+        match poll::try_read(&self.input, &mut self.buf[..room]) {
+            Ok(None) => Ok(0),
+            Ok(Some(0)) => Err(Stop::Failed(Failure::Closed("end of stream".into()))),
+            Ok(Some(n)) => {
+                shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                if !shared.pipe.put(&self.buf[..n], false) {
+                    return Err(Stop::Closed);
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return fail(Failure::Closed(e.to_string())),
+                shared.received.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n)
             }
-        } else {
-            // Not reading, so the channel's silence says nothing.
-            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+            Err(e) => Err(Stop::Failed(Failure::Closed(e.to_string()))),
         }
+    }
+
+    /// Sends what is due: the requests, then an acknowledgement if more
+    /// was received (or executed) since the last, or the interval passed.
+    fn acknowledge(&mut self, shared: &BackupShared) -> Result<(), Failure> {
         let received = shared.received.load(Ordering::Relaxed);
         let received = match shared.ack_delay_ms.load(Ordering::Relaxed) {
             0 => received,
             ms => {
-                if delayed.back().map_or(true, |&(_, r)| r != received) {
-                    delayed.push_back((Instant::now(), received));
+                if self.delayed.back().map_or(true, |&(_, r)| r != received) {
+                    self.delayed.push_back((Instant::now(), received));
                 }
                 let due = |t: &Instant| t.elapsed() >= Duration::from_millis(ms);
-                while delayed.len() > 1 && due(&delayed[1].0) {
-                    delayed.pop_front();
+                while self.delayed.len() > 1 && due(&self.delayed[1].0) {
+                    self.delayed.pop_front();
                 }
-                if let Some((t, r)) = delayed.front() {
+                if let Some((t, r)) = self.delayed.front() {
                     if due(t) {
-                        released = *r;
+                        self.released = *r;
                     }
                 }
-                released
+                self.released
             }
         };
         let ready = shared.ready.load(Ordering::Acquire);
@@ -1032,9 +1074,7 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
             let mut msg = vec![REQUEST];
             msg.extend((request.len() as u32).to_le_bytes());
             msg.extend(request);
-            if let Err(e) = out.write_all(&msg) {
-                return fail(Failure::Closed(e.to_string()));
-            }
+            self.out.write_all(&msg).map_err(|e| Failure::Closed(e.to_string()))?;
         }
         let received = if ready {
             received
@@ -1045,18 +1085,124 @@ fn receive(shared: &BackupShared, input: &mut TcpStream, out: &mut TcpStream, ti
             0
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
-        if now.0 != acked.0 || last_ack.elapsed() >= timing.interval {
+        if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
             let mut msg = [0u8; ACK_LEN];
             msg[0] = ACK;
             msg[1..9].copy_from_slice(&now.0.to_le_bytes());
             msg[9..17].copy_from_slice(&now.1.to_le_bytes());
-            if let Err(e) = out.write_all(&msg) {
+            self.out.write_all(&msg).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.acked = now;
+            self.last_ack = Instant::now();
+        }
+        Ok(())
+    }
+
+    fn refuse(&mut self, why: &str) {
+        let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
+        let mut msg = vec![REFUSE];
+        msg.extend((text.len() as u16).to_le_bytes());
+        msg.extend(text);
+        let _ = self.out.write_all(&msg);
+        let _ = self.out.shutdown(Shutdown::Write);
+    }
+}
+
+impl BackupShared {
+    /// The replaying VM's thread, waiting for log, takes what has come
+    /// and acknowledges it, as the receiving thread would. False when it
+    /// must leave that to the receiving thread: the channel is over, or
+    /// the acknowledgements are held (not ready, or delayed), which only
+    /// that thread handles.
+    fn read_while_waiting(&self) -> bool {
+        if !self.ready.load(Ordering::Acquire) || self.ack_delay_ms.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        // Held by the receiving thread: it is taking the bytes for us.
+        let Ok(mut guard) = self.receipt.try_lock() else { return true };
+        let Some(rx) = guard.as_mut() else { return false };
+        if rx.end.is_some() || self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Only the reader makes room: it must not wait for any.
+        let ended = match rx.take_arrived(self, self.pipe.free()) {
+            Ok(0) => return true,
+            Ok(_) => rx.acknowledge(self).err(),
+            Err(Stop::Failed(f)) => Some(f),
+            Err(Stop::Closed) => return false,
+        };
+        match ended {
+            None => true,
+            Some(f) => {
+                rx.end = Some(f);
+                false
+            }
+        }
+    }
+
+    /// The VM's thread reads the socket no more: the receiving thread
+    /// takes it back now (`grace` zero) or once `grace` has passed.
+    fn reader_leaves(&self, grace: Duration) {
+        let until = if grace.is_zero() { 0 } else { self.clock.now_us() + grace.as_micros() as u64 };
+        self.reader_until_us.store(until, Ordering::Relaxed);
+        if grace.is_zero() {
+            if let Some(t) = self.receiving_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// The receiving thread: takes the log as it comes and acknowledges it,
+/// and acknowledges every interval while nothing comes, except while the
+/// VM's thread reads the socket itself. `readable` is the socket, to
+/// wait on without holding the [`Receipt`].
+fn receive(shared: &BackupShared, readable: &TcpStream, timing: Timing, fail: &dyn Fn(Failure)) {
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(why) = shared.refusal.lock().unwrap().take() {
+            if let Some(rx) = shared.receipt.lock().unwrap().as_mut() {
+                rx.refuse(&why);
+            }
+            shared.refused.store(true, Ordering::Relaxed);
+            return;
+        }
+        let now = shared.clock.now_us();
+        let until = shared.reader_until_us.load(Ordering::Relaxed);
+        if now < until {
+            std::thread::park_timeout(Duration::from_micros((until - now).min(1000)));
+            continue;
+        }
+        // A full buffer stops the reading (the primary's buffer fills in
+        // turn) but not the acknowledgements: a slow backup is not a dead one.
+        let room = shared.pipe.room(timing.interval);
+        if room > 0 {
+            if let Err(e) = poll::wait_readable(readable, timing.interval) {
                 return fail(Failure::Closed(e.to_string()));
             }
-            acked = now;
-            last_ack = Instant::now();
+        } else {
+            // Not reading, so the channel's silence says nothing.
+            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
         }
-        if wake_replay {
+        let mut guard = shared.receipt.lock().unwrap();
+        let rx = guard.as_mut().expect("started");
+        if let Some(f) = rx.end.take() {
+            return fail(f);
+        }
+        let got = match rx.take_arrived(shared, room) {
+            Ok(n) => n,
+            Err(Stop::Closed) => return,
+            Err(Stop::Failed(f)) => return fail(f),
+        };
+        if let Err(f) = rx.acknowledge(shared) {
+            return fail(f);
+        }
+        drop(guard);
+        // The replay is woken after the acknowledgement is written: woken
+        // first, it could take the core before the primary, which may be
+        // waiting, hears from us.
+        if got > 0 {
             shared.pipe.wake_reader();
         }
     }
@@ -1071,21 +1217,25 @@ pub struct LogPipe {
 
 impl Read for LogPipe {
     /// Takes what the primary sent, waiting for some. Before it sleeps the
-    /// VM's thread yields its core for a moment, while the receiving
-    /// thread polls the socket (see `poll`): the bytes of a short round
-    /// trip (an output waiting for its acknowledgement, an epoch end under
-    /// the original protocol) come within it, and neither thread then
-    /// needs a wake-up through a halted core.
+    /// VM's thread reads the socket itself for a moment, and acknowledges
+    /// what it reads, while the receiving thread keeps off (see `poll`):
+    /// the bytes of a short round trip (an output waiting for its
+    /// acknowledgement, an epoch end under the original protocol) come
+    /// within it, and no thread needs waking, or switching to, for them.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let pipe = &self.shared.pipe;
+        let (shared, pipe) = (&*self.shared, &self.shared.pipe);
         if pipe.len() == 0 {
-            let window = &self.shared.log_window;
-            window.open();
+            shared.reader_until_us.store(u64::MAX, Ordering::Relaxed);
             let spin_until = Instant::now() + SPIN_FOR;
             while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
-                std::thread::yield_now();
+                if !shared.read_while_waiting() {
+                    break;
+                }
+                std::hint::spin_loop();
             }
-            window.close();
+            // Log came: the next wait is likely as short (the next epoch
+            // end). None: the receiving thread waits for it.
+            shared.reader_leaves(if pipe.len() > 0 { WAITER_GRACE } else { Duration::ZERO });
         }
         let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);
