@@ -218,6 +218,19 @@ impl Epochs {
         std::mem::take(&mut self.deferred)
     }
 
+    /// The epochs of the whole run, for the primary's last words.
+    pub fn summary(&self) -> String {
+        let waits = match self.mode.protocol {
+            EpochProtocol::Original => format!(
+                ", {} ms waiting for acknowledgements ({} us an end)",
+                self.ack_wait.as_millis(),
+                self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000
+            ),
+            EpochProtocol::Revised => String::new(),
+        };
+        format!("{} epochs ended ({} where the guest idled){waits}", self.ends, self.idle_ends)
+    }
+
     pub fn status(&self) -> String {
         let waits = match self.mode.protocol {
             EpochProtocol::Original => format!(

@@ -156,8 +156,9 @@ impl Protection {
     /// last words: a slow protected run says whether the backup held it
     /// back.
     pub fn summary(&self) -> String {
+        let epochs = self.epochs.as_ref().map_or(String::new(), |e| format!("; {}", e.summary()));
         format!(
-            "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all",
+            "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all{epochs}",
             self.lag_max.as_millis(),
             self.throttle.engagements(),
             self.throttle.paused_total().as_millis()
