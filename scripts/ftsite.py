@@ -304,6 +304,16 @@ class Site:
             sh(["ip", "netns", "add", name])
             self.made.append(name)
             sh(["ip", "-n", name, "link", "set", "lo", "up"])
+            # The site's bridges are switches: frames crossing them do not
+            # go through the host's iptables, which a host with
+            # br_netfilter otherwise calls for every bridged frame (three
+            # bridges on the way between the hosts; libvirt's hosts turn
+            # it off likewise). Per namespace since Linux 5.3; an older
+            # kernel, or none of br_netfilter, leaves the default.
+            for table in ("iptables", "ip6tables", "arptables"):
+                key = Path("/proc/sys/net/bridge") / f"bridge-nf-call-{table}"
+                subprocess.run(["ip", "netns", "exec", name, "sh", "-c", f"[ ! -e {key} ] || echo 0 > {key}"],
+                               check=False, capture_output=True)
         sw = self.ns["switch"]
         sh(["ip", "-n", sw, "link", "add", "swbr", "type", "bridge"])
         sh(["ip", "-n", sw, "link", "set", "swbr", "up"])
