@@ -138,6 +138,8 @@ struct Live {
     /// Whether the machine stands where inputs may be delivered: always,
     /// except in epoch mode, where only at an epoch end.
     at_epoch_end: bool,
+    /// In epoch mode, where the last end's frame was logged.
+    last_end_at: Option<u64>,
 }
 
 pub fn run(
@@ -166,6 +168,7 @@ pub fn run(
         powered_off: false,
         injected: 0,
         at_epoch_end: true,
+        last_end_at: None,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -262,7 +265,15 @@ impl Live {
     /// if so, delivers the inputs buffered during the epoch (P2).
     fn note_epoch_end(&mut self, exit: &RunExit) {
         let Some(mode) = self.epoch_mode() else { return };
-        self.at_epoch_end = mode.is_end(self.m.icount(), exit);
+        let at = self.m.icount();
+        // A run that stops again where the last end's frame was logged,
+        // with no instruction run (an I/O request to hand out first), is
+        // still in the epoch that began there: the backup runs on from an
+        // end it has taken (P5), so no second frame may come at that
+        // instruction. An idle machine is the exception: there it has
+        // not run on either.
+        let again = self.last_end_at == Some(at) && !matches!(exit, RunExit::Idle { .. });
+        self.at_epoch_end = mode.is_end(at, exit) && !again;
         if self.at_epoch_end {
             let icount = self.m.icount();
             let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("epoch mode");
@@ -290,6 +301,7 @@ impl Live {
             return Ok(());
         }
         r.end_epoch(&mut self.m)?;
+        self.last_end_at = Some(self.m.icount());
         if waits {
             let channel = r.channel().expect("a protected VM logs to its backup");
             let logged = r.logged();

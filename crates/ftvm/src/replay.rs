@@ -135,7 +135,18 @@ pub fn replay_log<R: std::io::Read>(
     replayed: &mut Replayed,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Outcome, String> {
+    let mut took_a_frame = false;
     loop {
+        if let (Some(check), true) = (&replayed.epochs, took_a_frame && reader.frame_done()) {
+            // P5: with the last end's frame taken, the backup runs the
+            // epoch that began there while the primary runs it, and waits
+            // for the end's frame only at the end: no record can lie
+            // inside an epoch, and the primary logs no second end where
+            // it logged one (unless idle, where neither side runs on).
+            let end = check.mode.next_end(m.icount());
+            run_ahead(m, io, end, show_console, &mut |i| progress(i, reader.last_go_live()))?;
+            progress(m.icount(), reader.last_go_live());
+        }
         let rec = match reader.next_record() {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Outcome::Ended(None)),
@@ -144,6 +155,14 @@ pub fn replay_log<R: std::io::Read>(
                 return Ok(Outcome::Cut(e));
             }
         };
+        took_a_frame = true;
+        if rec.icount < m.icount() {
+            return Err(format!(
+                "replay diverged: the log has an entry at instruction {}, inside the epoch the replay ran on to {}",
+                rec.icount,
+                m.icount()
+            ));
+        }
         let end = reader.last_go_live();
         let powered_off = run_to(m, io, rec.icount, show_console, &mut |i| progress(i, end))?;
         progress(m.icount(), end);
@@ -222,6 +241,29 @@ fn run_to(
                     m.icount()
                 ))
             }
+        }
+    }
+}
+
+/// In epoch mode, runs toward the end of the current epoch, `end`, before
+/// its record has come. Where the machine stops short (idle, powered off)
+/// the record will say the same, or the run to it will find the
+/// divergence.
+fn run_ahead(
+    m: &mut Machine,
+    io: &mut dyn ReplayIo,
+    end: u64,
+    show_console: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), String> {
+    loop {
+        let exit = m.run_until(end.min(m.icount().saturating_add(PROGRESS_EVERY)));
+        io.requests(m.icount(), m.take_io_requests())?;
+        show(m, show_console);
+        match exit {
+            RunExit::Io => continue,
+            RunExit::Reached if m.icount() < end => progress(m.icount()),
+            _ => return Ok(()),
         }
     }
 }

@@ -233,6 +233,12 @@ impl<R: Read> LogReader<R> {
         self.input
     }
 
+    /// Whether every record of the frames read so far was handed out:
+    /// the next comes from a frame not read yet.
+    pub fn frame_done(&self) -> bool {
+        self.ready.is_empty()
+    }
+
     /// Instruction count of the last go-live point handed out.
     pub fn last_go_live(&self) -> u64 {
         self.last_go_live
