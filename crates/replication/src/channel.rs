@@ -785,6 +785,9 @@ struct BackupShared {
     reader_until_us: AtomicU64,
     /// The receiving thread, to wake when the VM's thread stops reading.
     receiving_thread: OnceLock<std::thread::Thread>,
+    /// Whether the VM's thread keeps the socket for [`WAITER_GRACE`]
+    /// after a wait (see [`LogReceiver::short_waits`]).
+    short_waits: AtomicBool,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -816,6 +819,7 @@ impl LogReceiver {
             receipt: Mutex::new(None),
             reader_until_us: AtomicU64::new(0),
             receiving_thread: OnceLock::new(),
+            short_waits: AtomicBool::new(false),
         });
         Ok(LogReceiver { shared, peer, stream })
     }
@@ -894,6 +898,17 @@ impl LogReceiver {
     /// (call before [`LogReceiver::start`]).
     pub fn hold_acks(&self) {
         self.shared.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// The replaying VM comes back for more log within microseconds of
+    /// taking some (at the next epoch end), so after a wait its thread
+    /// keeps reading the socket itself for [`WAITER_GRACE`], and the
+    /// receiving thread keeps off meanwhile, rather than be woken to
+    /// take the socket back for each frame. Not for a VM that replays
+    /// long stretches between its waits: a frame that came meanwhile
+    /// would wait for its acknowledgement until the VM waits again.
+    pub fn short_waits(&self) {
+        self.shared.short_waits.store(true, Ordering::Relaxed);
     }
 
     /// Acknowledges the log from now on.
@@ -1233,9 +1248,11 @@ impl Read for LogPipe {
                 }
                 std::hint::spin_loop();
             }
-            // Log came: the next wait is likely as short (the next epoch
-            // end). None: the receiving thread waits for it.
-            shared.reader_leaves(if pipe.len() > 0 { WAITER_GRACE } else { Duration::ZERO });
+            // Log came, and the next wait is soon (the next epoch end):
+            // keep the socket until then. Otherwise the receiving thread
+            // takes it back now.
+            let keep = pipe.len() > 0 && shared.short_waits.load(Ordering::Relaxed);
+            shared.reader_leaves(if keep { WAITER_GRACE } else { Duration::ZERO });
         }
         let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);

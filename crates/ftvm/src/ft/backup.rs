@@ -174,9 +174,13 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         }
         None => None,
     };
+    let mode = EpochMode::from_header(&header).expect("checked before following");
+    if mode.is_some() {
+        // It waits for log at every epoch end, microseconds apart.
+        receiver.short_waits();
+    }
     receiver.ready();
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), replaying");
-    let mode = EpochMode::from_header(&header).expect("checked before following");
     let mut replayed = Replayed { digests: 0, epochs: mode.map(EpochCheck::new) };
     let r = receiver.clone();
     let io: &mut dyn replay::ReplayIo = match &mut local_disks {

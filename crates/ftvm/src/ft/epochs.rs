@@ -16,9 +16,17 @@
 //! (the paper's primary took a recovery-register interrupt at each one).
 //! One end mark then closes all the epochs of that run: the log is an
 //! ordered stream, so [end, E] also says that E-1 and those before it
-//! ended with nothing delivered, and the backup, which replays only up to
-//! the last end mark it holds, still never starts an epoch before the
-//! previous one's end has arrived.
+//! ended with nothing delivered, and the backup, which replays no further
+//! than the end of the epoch after the last end mark it holds, still
+//! never starts an epoch before the previous one's end has arrived.
+//!
+//! The backup runs each epoch while the primary does (P5): once it has
+//! taken the frame of an end it runs on to the next end and waits there
+//! for that end's frame (`replay::replay_log`). No log entry lies inside
+//! an epoch, and the primary logs no second end at the instruction of
+//! the last one unless the machine is idle there (`live`), so nothing the
+//! backup runs past can come later. A failover goes live at the end of
+//! the failover epoch (P6).
 //!
 //! One departure from the paper: HP-UX's idle loop spun, so its epochs
 //! always ran to their length. A Linux guest waits in WFI, where no
