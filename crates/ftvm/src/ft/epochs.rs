@@ -226,28 +226,25 @@ impl Epochs {
         std::mem::take(&mut self.deferred)
     }
 
+    /// Under the original protocol, the time waited for acknowledgements
+    /// at epoch ends, in all (ms) and per end (µs).
+    fn ack_waits(&self) -> Option<(u128, u128)> {
+        (self.mode.protocol == EpochProtocol::Original)
+            .then(|| (self.ack_wait.as_millis(), self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000))
+    }
+
     /// The epochs of the whole run, for the primary's last words.
     pub fn summary(&self) -> String {
-        let waits = match self.mode.protocol {
-            EpochProtocol::Original => format!(
-                ", {} ms waiting for acknowledgements ({} us an end)",
-                self.ack_wait.as_millis(),
-                self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000
-            ),
-            EpochProtocol::Revised => String::new(),
-        };
+        let waits = self.ack_waits().map_or(String::new(), |(total, mean)| {
+            format!(", {total} ms waiting for acknowledgements ({mean} us an end)")
+        });
         format!("{} epochs ended ({} where the guest idled){waits}", self.ends, self.idle_ends)
     }
 
     pub fn status(&self) -> String {
-        let waits = match self.mode.protocol {
-            EpochProtocol::Original => format!(
-                " ack_wait_total={}ms ack_wait_mean={}us",
-                self.ack_wait.as_millis(),
-                self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000
-            ),
-            EpochProtocol::Revised => String::new(),
-        };
+        let waits = self
+            .ack_waits()
+            .map_or(String::new(), |(total, mean)| format!(" ack_wait_total={total}ms ack_wait_mean={mean}us"));
         format!(
             "{} epochs={} idle_ends={} inputs_delivered={} inputs_buffered={} inputs_waiting={}{waits}",
             EpochMode::describe(Some(self.mode)),
