@@ -275,9 +275,8 @@ impl Live {
         let again = self.last_end_at == Some(at) && !matches!(exit, RunExit::Idle { .. });
         self.at_epoch_end = mode.is_end(at, exit) && !again;
         if self.at_epoch_end {
-            let icount = self.m.icount();
             let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("epoch mode");
-            for ev in epochs.end(icount, exit) {
+            for ev in epochs.end(at, exit) {
                 self.inject(ev);
             }
         }

@@ -143,8 +143,11 @@ pub fn replay_log<R: std::io::Read>(
             // for the end's frame only at the end: no record can lie
             // inside an epoch, and the primary logs no second end where
             // it logged one (unless idle, where neither side runs on).
+            // Where the machine stops short (idle, powered off) the
+            // record will say the same, or the run to it will find the
+            // divergence.
             let end = check.mode.next_end(m.icount());
-            run_ahead(m, io, end, show_console, &mut |i| progress(i, reader.last_go_live()))?;
+            run_toward(m, io, end, show_console, &mut |i| progress(i, reader.last_go_live()))?;
             progress(m.icount(), reader.last_go_live());
         }
         let rec = match reader.next_record() {
@@ -225,45 +228,34 @@ fn run_to(
     show_console: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Option<u32>, String> {
-    loop {
-        let target = icount.min(m.icount().saturating_add(PROGRESS_EVERY));
-        let exit = m.run_until(target);
-        io.requests(m.icount(), m.take_io_requests())?;
-        show(m, show_console);
-        match exit {
-            RunExit::Reached if m.icount() < icount => progress(m.icount()),
-            RunExit::Reached => return Ok(None),
-            RunExit::Io => continue,
-            RunExit::PowerOff(code) if m.icount() == icount => return Ok(Some(code)),
-            other => {
-                return Err(format!(
-                    "replay diverged at instruction {}: the machine stopped ({other:?}) before the next log entry at {icount}",
-                    m.icount()
-                ))
-            }
-        }
+    match run_toward(m, io, icount, show_console, progress)? {
+        RunExit::Reached => Ok(None),
+        RunExit::PowerOff(code) if m.icount() == icount => Ok(Some(code)),
+        other => Err(format!(
+            "replay diverged at instruction {}: the machine stopped ({other:?}) before the next log entry at {icount}",
+            m.icount()
+        )),
     }
 }
 
-/// In epoch mode, runs toward the end of the current epoch, `end`, before
-/// its record has come. Where the machine stops short (idle, powered off)
-/// the record will say the same, or the run to it will find the
-/// divergence.
-fn run_ahead(
+/// Runs toward `target`, handing the machine's requests to `io` and
+/// telling `progress` its instruction count on the way; returns the exit
+/// it stopped with (`Reached` only at `target`).
+fn run_toward(
     m: &mut Machine,
     io: &mut dyn ReplayIo,
-    end: u64,
+    target: u64,
     show_console: bool,
     progress: &mut dyn FnMut(u64),
-) -> Result<(), String> {
+) -> Result<RunExit, String> {
     loop {
-        let exit = m.run_until(end.min(m.icount().saturating_add(PROGRESS_EVERY)));
+        let exit = m.run_until(target.min(m.icount().saturating_add(PROGRESS_EVERY)));
         io.requests(m.icount(), m.take_io_requests())?;
         show(m, show_console);
         match exit {
             RunExit::Io => continue,
-            RunExit::Reached if m.icount() < end => progress(m.icount()),
-            _ => return Ok(()),
+            RunExit::Reached if m.icount() < target => progress(m.icount()),
+            other => return Ok(other),
         }
     }
 }

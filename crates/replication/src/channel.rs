@@ -26,13 +26,13 @@
 //! the channel or the UDP heartbeats have been silent for the timeout.
 
 use crate::heartbeat::Heartbeat;
-use crate::poll;
+use crate::poll::{self, WaiterTurn};
 use crate::Timing;
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const ACK: u8 = 1;
@@ -268,13 +268,10 @@ struct PrimaryShared {
     /// The backup's messages, read by the reader thread or by a caller
     /// waiting for an acknowledgement, whoever gets there first.
     acks: Mutex<AckStream>,
-    /// Until when (µs on `clock`) a caller reads the acknowledgements
-    /// itself: `u64::MAX` while one waits, and [`WAITER_GRACE`] after, for
-    /// the next wait of a run of them. Meanwhile the reader thread keeps
-    /// off the socket: asleep on it, it would be woken for every
-    /// acknowledgement, through a cross-core interrupt that costs the
-    /// backup's core and ours more than the round trip itself.
-    waiter_until_us: AtomicU64,
+    /// Whether a caller waiting for an acknowledgement reads them itself
+    /// (for [`WAITER_GRACE`] after its wait too), the reader thread
+    /// keeping off the socket.
+    acks_turn: WaiterTurn,
     /// The socket's writing end. Whoever takes bytes from `pipe` holds it
     /// until they are written, so the stream keeps the pipe's order
     /// whether the sender thread writes them or a waiting caller does.
@@ -413,9 +410,8 @@ pub const SEND_DELAY: Duration = Duration::from_millis(1);
 const SPIN_FOR: Duration = Duration::from_micros(200);
 /// How long after a wait for an acknowledgement (or, on the backup, for
 /// log) its caller is counted on to read the next one itself (see
-/// `PrimaryShared::waiter_until_us`, `BackupShared::reader_until_us`): the
-/// epoch ends of the original epoch protocol come a few microseconds of
-/// guest work apart.
+/// [`WaiterTurn`]): the epoch ends of the original epoch protocol come a
+/// few microseconds of guest work apart.
 const WAITER_GRACE: Duration = Duration::from_millis(1);
 /// Bytes that make the sender thread be woken at once.
 const SEND_BATCH: u64 = 64 << 10;
@@ -444,7 +440,7 @@ impl LogSender {
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
-            waiter_until_us: AtomicU64::new(0),
+            acks_turn: WaiterTurn::default(),
             acks: Mutex::new(AckStream {
                 input: stream.try_clone().map_err(|e| format!("logging channel: {e}"))?,
                 partial: Vec::new(),
@@ -488,10 +484,7 @@ impl LogSender {
             spawn(
                 "ft-ack-read",
                 Box::new(move || loop {
-                    let now = shared.clock.now_us();
-                    let until = shared.waiter_until_us.load(Ordering::Relaxed);
-                    if now < until {
-                        std::thread::sleep(Duration::from_micros((until - now).min(1000)));
+                    if shared.acks_turn.thread_keeps_off() {
                         continue;
                     }
                     if let Err(e) = poll::wait_readable(&input, Duration::from_secs(1)) {
@@ -594,8 +587,8 @@ impl LogSender {
         // reader thread woken for it and wake us in turn, two wake-ups
         // that cost more than the network here (see `poll`).
         let spin_until = Instant::now() + SPIN_FOR;
-        let waiter = &self.shared.waiter_until_us;
-        waiter.store(u64::MAX, Ordering::Relaxed);
+        let turn = &self.shared.acks_turn;
+        turn.begin();
         while self.acked() < total && self.failure().is_none() && Instant::now() < spin_until {
             if let Ok(mut acks) = self.shared.acks.try_lock() {
                 if let Err(f) = acks.pump(&self.shared, &*self.events) {
@@ -604,13 +597,12 @@ impl LogSender {
             }
             std::hint::spin_loop();
         }
-        let grace = WAITER_GRACE.as_micros() as u64;
         if self.acked() >= total {
-            waiter.store(self.shared.clock.now_us() + grace, Ordering::Relaxed);
+            turn.end(WAITER_GRACE);
             return true;
         }
         // A longer wait: the reader thread takes over.
-        waiter.store(0, Ordering::Relaxed);
+        turn.end(Duration::ZERO);
         let (lock, signal) = &self.shared.ack_signal;
         let mut guard = lock.lock().unwrap();
         loop {
@@ -776,15 +768,13 @@ struct BackupShared {
     /// receiving thread or by the replaying VM's thread waiting for log,
     /// whoever holds it. Set by [`LogReceiver::start`].
     receipt: Mutex<Option<Receipt>>,
-    /// Until when (µs on `clock`) the replaying VM's thread reads the
-    /// socket itself: `u64::MAX` while it waits for log, and
-    /// [`WAITER_GRACE`] after, for its next wait. Meanwhile the receiving
-    /// thread keeps off the socket: sharing the VM's core, it would have
-    /// to be switched to for every frame, and back, which under the
-    /// original epoch protocol is on the path of every epoch end.
-    reader_until_us: AtomicU64,
-    /// The receiving thread, to wake when the VM's thread stops reading.
-    receiving_thread: OnceLock<std::thread::Thread>,
+    /// Whether the replaying VM's thread, waiting for log, reads the
+    /// socket itself (with [`LogReceiver::short_waits`], for
+    /// [`WAITER_GRACE`] after its wait too), the receiving thread keeping
+    /// off: sharing the VM's core, it would have to be switched to for
+    /// every frame, and back, which under the original epoch protocol is
+    /// on the path of every epoch end.
+    log_turn: WaiterTurn,
     /// Whether the VM's thread keeps the socket for [`WAITER_GRACE`]
     /// after a wait (see [`LogReceiver::short_waits`]).
     short_waits: AtomicBool,
@@ -817,8 +807,7 @@ impl LogReceiver {
             refused: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
             receipt: Mutex::new(None),
-            reader_until_us: AtomicU64::new(0),
-            receiving_thread: OnceLock::new(),
+            log_turn: WaiterTurn::default(),
             short_waits: AtomicBool::new(false),
         });
         Ok(LogReceiver { shared, peer, stream })
@@ -864,7 +853,7 @@ impl LogReceiver {
                 .name("ft-log-receive".into())
                 .spawn(move || receive(&shared, &readable, timing, &*fail))
                 .map_err(|e| format!("ft-log-receive: {e}"))?;
-            let _ = self.shared.receiving_thread.set(thread.thread().clone());
+            self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
@@ -1153,18 +1142,6 @@ impl BackupShared {
             }
         }
     }
-
-    /// The VM's thread reads the socket no more: the receiving thread
-    /// takes it back now (`grace` zero) or once `grace` has passed.
-    fn reader_leaves(&self, grace: Duration) {
-        let until = if grace.is_zero() { 0 } else { self.clock.now_us() + grace.as_micros() as u64 };
-        self.reader_until_us.store(until, Ordering::Relaxed);
-        if grace.is_zero() {
-            if let Some(t) = self.receiving_thread.get() {
-                t.unpark();
-            }
-        }
-    }
 }
 
 /// The receiving thread: takes the log as it comes and acknowledges it,
@@ -1183,10 +1160,7 @@ fn receive(shared: &BackupShared, readable: &TcpStream, timing: Timing, fail: &d
             shared.refused.store(true, Ordering::Relaxed);
             return;
         }
-        let now = shared.clock.now_us();
-        let until = shared.reader_until_us.load(Ordering::Relaxed);
-        if now < until {
-            std::thread::park_timeout(Duration::from_micros((until - now).min(1000)));
+        if shared.log_turn.thread_keeps_off() {
             continue;
         }
         // A full buffer stops the reading (the primary's buffer fills in
@@ -1240,7 +1214,7 @@ impl Read for LogPipe {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let (shared, pipe) = (&*self.shared, &self.shared.pipe);
         if pipe.len() == 0 {
-            shared.reader_until_us.store(u64::MAX, Ordering::Relaxed);
+            shared.log_turn.begin();
             let spin_until = Instant::now() + SPIN_FOR;
             while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
                 if !shared.read_while_waiting() {
@@ -1252,7 +1226,7 @@ impl Read for LogPipe {
             // keep the socket until then. Otherwise the receiving thread
             // takes it back now.
             let keep = pipe.len() > 0 && shared.short_waits.load(Ordering::Relaxed);
-            shared.reader_leaves(if keep { WAITER_GRACE } else { Duration::ZERO });
+            shared.log_turn.end(if keep { WAITER_GRACE } else { Duration::ZERO });
         }
         let got = pipe.take(buf.len());
         buf[..got.len()].copy_from_slice(&got);

@@ -16,7 +16,71 @@
 use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Whose turn it is to read a socket that a channel's thread reads
+/// otherwise: a caller waiting on a round trip reads it itself, and the
+/// thread keeps off meanwhile, and for a grace after (the next wait of a
+/// run of them, an epoch end, is as near). Asleep on the socket, the
+/// thread would be woken for every message through a cross-core
+/// interrupt, or switched to on the waiter's own core, which costs more
+/// than the round trip itself.
+pub struct WaiterTurn {
+    start: Instant,
+    /// Until when (µs since `start`) a waiter holds the socket:
+    /// `u64::MAX` while one waits.
+    until_us: AtomicU64,
+    /// The thread to wake when a waiter gives the socket back at once.
+    thread: OnceLock<Thread>,
+}
+
+impl Default for WaiterTurn {
+    fn default() -> Self {
+        WaiterTurn { start: Instant::now(), until_us: AtomicU64::new(0), thread: OnceLock::new() }
+    }
+}
+
+impl WaiterTurn {
+    /// The thread that reads the socket when no waiter does. Unset, it
+    /// notices a socket given back within its next look (1 ms).
+    pub fn set_thread(&self, thread: Thread) {
+        let _ = self.thread.set(thread);
+    }
+
+    /// A caller begins to wait: it reads the socket itself from now on.
+    pub fn begin(&self) {
+        self.until_us.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// The waiter is done, and keeps the socket for `grace` more; with
+    /// none, the thread takes it back now.
+    pub fn end(&self, grace: Duration) {
+        if grace.is_zero() {
+            self.until_us.store(0, Ordering::Relaxed);
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        } else {
+            let now = self.start.elapsed().as_micros() as u64;
+            self.until_us.store(now + grace.as_micros() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// For the thread: while a waiter holds the socket, sleeps a while
+    /// (at most 1 ms) and says so; the thread then looks again.
+    pub fn thread_keeps_off(&self) -> bool {
+        let now = self.start.elapsed().as_micros() as u64;
+        let until = self.until_us.load(Ordering::Relaxed);
+        if now >= until {
+            return false;
+        }
+        std::thread::park_timeout(Duration::from_micros((until - now).min(1000)));
+        true
+    }
+}
 
 /// Reads what has come, without waiting: `None` if nothing has.
 pub fn try_read(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
