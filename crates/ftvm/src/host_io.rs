@@ -9,16 +9,15 @@
 
 use crate::console::Input;
 use crate::control::ControlRequest;
-use ftvm_host::disk::{DiskImage, DiskWorkers};
+use ftvm_host::disk::{DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
 use ftvm_host::tap::Tap;
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
+use std::time::Duration;
 
-/// Disk requests executed at once per image.
-const DISK_THREADS: usize = 4;
 /// Received frames held per NIC while the guest has no buffer (a NIC's
 /// ring): beyond this, new frames are dropped as real hardware does.
 const RX_BACKLOG: usize = 256;
@@ -39,8 +38,18 @@ pub enum HostEvent {
 /// kept in a snapshot so a restore can reattach the same things.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    Disk { path: PathBuf, readonly: bool },
-    Tap { name: String, mac: [u8; 6], bridge: Option<String> },
+    /// `latency`: the least time each request takes (zero: as fast as the
+    /// host's file), to model a slower disk.
+    Disk {
+        path: PathBuf,
+        readonly: bool,
+        latency: Duration,
+    },
+    Tap {
+        name: String,
+        mac: [u8; 6],
+        bridge: Option<String>,
+    },
     Rng,
 }
 
@@ -65,10 +74,10 @@ impl HostIo {
         let mut specs = Vec::new();
         for (slot, b) in backends.iter().enumerate() {
             match b {
-                Backend::Disk { path, readonly } => {
+                Backend::Disk { path, readonly, latency } => {
                     let image = DiskImage::open(path, *readonly)?;
                     let tx = events.clone();
-                    let workers = DiskWorkers::spawn(&image, slot, DISK_THREADS, move |slot, c| {
+                    let workers = DiskWorkers::spawn(&image, slot, DEFAULT_DISK_THREADS, *latency, move |slot, c| {
                         let _ = tx.send(HostEvent::Io(slot, c));
                     })
                     .map_err(|e| format!("cannot start I/O threads for disk {}: {e}", path.display()))?;
@@ -218,8 +227,12 @@ pub fn describe(backends: &[Backend]) -> String {
     let mut out = String::new();
     for b in backends {
         match b {
-            Backend::Disk { path, readonly } => {
-                out += &format!("disk {} {}\n", if *readonly { "ro" } else { "rw" }, path.display())
+            Backend::Disk { path, readonly, latency } => {
+                let mode = if *readonly { "ro" } else { "rw" };
+                match latency.as_micros() {
+                    0 => out += &format!("disk {mode} {}\n", path.display()),
+                    us => out += &format!("disk {mode},latency={us}us {}\n", path.display()),
+                }
             }
             Backend::Tap { name, mac, bridge } => {
                 out += &format!("tap {} {} {}\n", format_mac(mac), bridge.as_deref().unwrap_or("-"), name)
@@ -236,10 +249,17 @@ pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
     for line in text.lines() {
         let w: Vec<&str> = line.splitn(4, ' ').collect();
         let b = match w.as_slice() {
-            ["disk", mode @ ("ro" | "rw"), ..] if w.len() >= 3 => {
+            ["disk", mode, ..] if w.len() >= 3 => {
                 // Paths may contain spaces: the path is the rest of the line.
                 let path = line.splitn(3, ' ').nth(2).unwrap_or_default();
-                Backend::Disk { path: PathBuf::from(path), readonly: *mode == "ro" }
+                let (access, latency) = match mode.split_once(",latency=") {
+                    Some((access, l)) => (access, parse_latency(l)?),
+                    None => (*mode, Duration::ZERO),
+                };
+                if !matches!(access, "ro" | "rw") {
+                    return Err(format!("unreadable device line '{line}'"));
+                }
+                Backend::Disk { path: PathBuf::from(path), readonly: access == "ro", latency }
             }
             ["tap", mac, bridge, name] => Backend::Tap {
                 name: name.to_string(),
@@ -252,6 +272,27 @@ pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
         out.push(b);
     }
     Ok(out)
+}
+
+/// The longest latency a disk may be given: a guest's I/O timeouts are 30 s
+/// and more, and a longer one would only model a broken disk.
+const MAX_DISK_LATENCY: Duration = Duration::from_secs(10);
+
+/// A disk latency: a whole number of `us`, `ms` or `s` (`26ms`).
+pub fn parse_latency(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid disk latency '{s}': use a whole number of us, ms or s (26ms)");
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).ok_or_else(bad)?;
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "us" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(bad()),
+    };
+    if d > MAX_DISK_LATENCY {
+        return Err(format!("disk latency '{s}' is over the limit of {} s", MAX_DISK_LATENCY.as_secs()));
+    }
+    Ok(d)
 }
 
 pub fn format_mac(mac: &[u8; 6]) -> String {
@@ -284,8 +325,9 @@ mod tests {
     #[test]
     fn descriptions_round_trip() {
         let backends = vec![
-            Backend::Disk { path: "/tmp/a b.img".into(), readonly: false },
-            Backend::Disk { path: "/x.img".into(), readonly: true },
+            Backend::Disk { path: "/tmp/a b.img".into(), readonly: false, latency: Duration::ZERO },
+            Backend::Disk { path: "/x.img".into(), readonly: true, latency: Duration::ZERO },
+            Backend::Disk { path: "/slow disk.img".into(), readonly: false, latency: Duration::from_millis(26) },
             Backend::Tap { name: "tap0".into(), mac: [0x52, 0x54, 0, 1, 2, 3], bridge: Some("br0".into()) },
             Backend::Tap { name: "t1".into(), mac: [2, 0, 0, 0, 0, 9], bridge: None },
             Backend::Rng,

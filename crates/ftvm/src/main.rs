@@ -19,6 +19,7 @@ use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
 use host_io::{Backend, HostEvent, HostIo};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "ftvm", version, about = "Fault-tolerant virtual machines")]
@@ -109,7 +110,9 @@ pub struct RunArgs {
     /// Number of harts.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     cpus: usize,
-    /// A raw disk image: PATH[,readonly]. May be repeated; the first is /dev/vda.
+    /// A raw disk image: PATH[,readonly][,latency=26ms]. May be repeated;
+    /// the first is /dev/vda. A latency makes every request take at least
+    /// that long, to model a slower disk than the host's (for benchmarks).
     #[arg(long = "disk")]
     disks: Vec<String>,
     /// A NIC on a TAP: tap=NAME[,mac=52:54:00:12:34:56][,bridge=BR]. The TAP
@@ -257,13 +260,15 @@ fn parse_disk(s: &str) -> Result<Backend, String> {
         return Err("--disk needs a path".into());
     }
     let mut readonly = false;
+    let mut latency = Duration::ZERO;
     for opt in parts {
-        match opt {
-            "readonly" | "ro" => readonly = true,
-            other => return Err(format!("unknown disk option '{other}' in --disk {s}")),
+        match opt.split_once('=') {
+            None if matches!(opt, "readonly" | "ro") => readonly = true,
+            Some(("latency", l)) => latency = host_io::parse_latency(l)?,
+            _ => return Err(format!("unknown disk option '{opt}' in --disk {s}")),
         }
     }
-    Ok(Backend::Disk { path, readonly })
+    Ok(Backend::Disk { path, readonly, latency })
 }
 
 /// `tap=NAME[,mac=..][,bridge=..]`; `index` picks the default MAC.
@@ -295,7 +300,7 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
     let mut out = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         if let Some(path) = default_disk {
-            out.push(Backend::Disk { path, readonly: false });
+            out.push(Backend::Disk { path, readonly: false, latency: Duration::ZERO });
         }
     }
     for (i, n) in args.nets.iter().enumerate() {
@@ -579,7 +584,13 @@ mod tests {
     #[test]
     fn disk_options() {
         let d = parse_disk("/tmp/x.img,readonly").unwrap();
-        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true });
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true, latency: Duration::ZERO });
+        let d = parse_disk("/tmp/x.img,latency=26ms").unwrap();
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: false, latency: Duration::from_millis(26) });
+        assert_eq!(parse_disk("/x,latency=500us,ro").unwrap(), parse_disk("/x,ro,latency=500us").unwrap());
+        assert!(parse_disk("/tmp/x.img,latency=26").unwrap_err().contains("invalid disk latency '26'"));
+        assert!(parse_disk("/tmp/x.img,latency=1min").is_err());
+        assert!(parse_disk("/tmp/x.img,latency=11s").unwrap_err().contains("over the limit"));
         assert!(parse_disk("/tmp/x.img,bogus").is_err());
         assert!(parse_disk("").is_err());
     }

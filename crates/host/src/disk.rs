@@ -8,7 +8,10 @@
 //! * [`DiskWorkers`]: a small pool of threads that executes the disk
 //!   requests of one virtio slot and reports each completion through a
 //!   callback. The machine thread only queues work; it never waits on a
-//!   disk.
+//!   disk. A pool may be given a latency: every request then takes at
+//!   least that long, which models a slower disk than the host's (QEMU's
+//!   null-co driver has `latency-ns` for the same purpose), so benchmarks
+//!   can put the guest on a disk like the one a paper measured.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -18,6 +21,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ftvm_devices::virtio::blk::{execute, BlkOp, BlockBackend, SECTOR_SIZE};
 use ftvm_devices::IoCompletion;
@@ -224,6 +228,8 @@ pub struct DiskWorkers {
 
 struct Shared {
     slot: usize,
+    /// The least time from a worker taking a request to its completion.
+    latency: Duration,
     state: Mutex<State>,
     /// Signalled when a job becomes available or runnable, or at stop.
     work: Condvar,
@@ -273,15 +279,17 @@ impl Shared {
 
 impl DiskWorkers {
     /// Starts `threads` workers (at least one) for the disk in `slot`, each
-    /// with its own [`FileBackend`] on `image`.
+    /// with its own [`FileBackend`] on `image`; each request takes at
+    /// least `latency`.
     pub fn spawn(
         image: &DiskImage,
         slot: usize,
         threads: usize,
+        latency: Duration,
         done: impl Fn(usize, IoCompletion) + Send + Sync + 'static,
     ) -> io::Result<DiskWorkers> {
         let backends = (0..threads.max(1)).map(|_| image.backend()).collect::<io::Result<Vec<_>>>()?;
-        Self::spawn_with(slot, backends, done)
+        Self::spawn_with(slot, backends, latency, done)
     }
 
     /// Starts one worker per backend. The backends must all reach the same
@@ -290,6 +298,7 @@ impl DiskWorkers {
     pub fn spawn_with<B: BlockBackend + 'static>(
         slot: usize,
         backends: Vec<B>,
+        latency: Duration,
         done: impl Fn(usize, IoCompletion) + Send + Sync + 'static,
     ) -> io::Result<DiskWorkers> {
         if backends.is_empty() {
@@ -297,6 +306,7 @@ impl DiskWorkers {
         }
         let shared = Arc::new(Shared {
             slot,
+            latency,
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -412,7 +422,12 @@ fn worker<B: BlockBackend>(shared: Arc<Shared>, mut backend: B) {
         {
             let write_seq = matches!(job.op, BlkOp::Write { .. }).then_some(job.seq);
             let _running = Running { shared: &shared, write_seq };
+            let started = Instant::now();
             let result = execute(&job.op, &mut backend);
+            // A modelled slow disk: the request is done, but not yet.
+            if let Some(rest) = shared.latency.checked_sub(started.elapsed()) {
+                std::thread::sleep(rest);
+            }
             (shared.done)(shared.slot, IoCompletion::Disk { tag: job.tag, result });
         }
         st = shared.lock();

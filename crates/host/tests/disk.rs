@@ -58,9 +58,18 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 type Completions = Receiver<(usize, u32, BlkResult)>;
 
 fn workers_with_channel(image: &DiskImage, slot: usize, threads: usize) -> (DiskWorkers, Completions) {
+    slow_workers_with_channel(image, slot, threads, Duration::ZERO)
+}
+
+fn slow_workers_with_channel(
+    image: &DiskImage,
+    slot: usize,
+    threads: usize,
+    latency: Duration,
+) -> (DiskWorkers, Completions) {
     let (tx, rx) = channel();
     let tx = Mutex::new(tx);
-    let w = DiskWorkers::spawn(image, slot, threads, move |slot, c| {
+    let w = DiskWorkers::spawn(image, slot, threads, latency, move |slot, c| {
         let IoCompletion::Disk { tag, result } = c else { panic!("not a disk completion: {c:?}") };
         tx.lock().unwrap().send((slot, tag, result)).unwrap();
     })
@@ -192,6 +201,37 @@ fn a_partial_trailing_sector_is_never_read_or_written_past() {
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     assert!(be.write_at(512, &[7u8; 512]).is_err());
     assert_eq!(fs::read(&p).unwrap(), content, "a refused write must leave the image as it was");
+}
+
+#[test]
+fn a_slow_disk_completes_each_request_after_its_latency_and_runs_them_side_by_side() {
+    const LATENCY: Duration = Duration::from_millis(200);
+    let s = Scratch::new("latency");
+    let initial = pattern(64 * 512, 3);
+    let p = s.file("d.img", &initial);
+    let img = DiskImage::open(&p, false).unwrap();
+    let (w, rx) = slow_workers_with_channel(&img, 0, 2, LATENCY);
+
+    // One request: no sooner than the latency, and with the right data.
+    let t = Instant::now();
+    w.submit(1, BlkOp::Read { offset: 512, len: 512 });
+    let (_, tag, result) = rx.recv_timeout(WAIT).unwrap();
+    assert!(t.elapsed() >= LATENCY, "completed after {:?}", t.elapsed());
+    assert_eq!((tag, result.status), (1, VIRTIO_BLK_S_OK));
+    assert!(result.data == initial[512..1024]);
+
+    // Two workers serve two requests at once: both done in about one
+    // latency; one after the other would take two.
+    let t = Instant::now();
+    w.submit(2, BlkOp::Write { offset: 0, data: vec![9; 512] });
+    w.submit(3, BlkOp::Read { offset: 1024, len: 512 });
+    for _ in 0..2 {
+        rx.recv_timeout(WAIT).unwrap();
+    }
+    let both = t.elapsed();
+    assert!(both >= LATENCY && both < LATENCY * 2, "two requests took {both:?}");
+    w.drain();
+    assert_eq!(fs::read(&p).unwrap()[..512], [9; 512]);
 }
 
 #[test]
@@ -327,7 +367,7 @@ impl BlockBackend for Probe {
 fn probe_workers(probe: &Probe, threads: usize) -> (DiskWorkers, Receiver<(u32, BlkResult)>) {
     let (tx, rx) = channel();
     let tx = Mutex::new(tx);
-    let w = DiskWorkers::spawn_with(0, vec![probe.clone(); threads], move |_, c| {
+    let w = DiskWorkers::spawn_with(0, vec![probe.clone(); threads], Duration::ZERO, move |_, c| {
         if let IoCompletion::Disk { tag, result } = c {
             tx.lock().unwrap().send((tag, result)).unwrap();
         }
@@ -461,6 +501,6 @@ fn a_read_only_image_serves_reads_and_refuses_writes() {
 
 #[test]
 fn spawning_with_no_backends_is_an_error() {
-    let e = DiskWorkers::spawn_with::<MemBackend>(0, Vec::new(), |_, _| {}).err().unwrap();
+    let e = DiskWorkers::spawn_with::<MemBackend>(0, Vec::new(), Duration::ZERO, |_, _| {}).err().unwrap();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
 }
