@@ -40,8 +40,18 @@ const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
 
-/// How often a protected VM's log carries at least a go-live point.
+/// How often a protected VM whose guest sleeps wakes to log a go-live
+/// point, showing the backup it is alive.
 pub const KEEPALIVE: Duration = Duration::from_millis(50);
+/// How often a protected VM's log carries a go-live point while its guest
+/// runs. A CPU-bound guest logs next to nothing else (its timer is
+/// deterministic), and the backup stops at the last go-live point it has:
+/// at 50 ms a backup as fast as its primary trails it by 55-65 ms. 10 ms
+/// brought that to 14-16 ms, but the sender's and acknowledgement
+/// reader's wake-ups then preempted the VM thread 430 times a second
+/// (185 at 50 ms) and the CPU job ran 3-4 % slower (docs/PERFORMANCE.md):
+/// shorter wants the VM thread to send its frames itself.
+pub const BUSY_GO_LIVE: Duration = Duration::from_millis(50);
 /// How often a primary waiting for an acknowledgement looks whether the
 /// backup failed meanwhile.
 const ACK_POLL: Duration = Duration::from_millis(10);

@@ -50,9 +50,12 @@ pub struct Recorder {
     path: PathBuf,
     next_digest: u64,
     sizes: EntrySizes,
-    /// With a backup: a frame goes out at least this often, so a quiet
-    /// guest still shows the primary is alive.
-    keepalive: Option<Duration>,
+    /// With a backup: a frame (and so a go-live point) goes out at least
+    /// this often while the guest runs. The backup runs no further than
+    /// the last go-live point it has, so a backup as fast as its primary
+    /// trails it by about this much: the lag's floor for a guest that
+    /// computes and logs nothing else.
+    go_live_every: Option<Duration>,
     last_frame: Instant,
     /// The backup performs disk reads itself (VMware FT §4.2): their data
     /// stays out of the log, only their outcome goes in.
@@ -98,19 +101,19 @@ impl Recorder {
     }
 
     /// A recorder whose log streams to a backup over the logging channel.
-    pub fn to_backup(sender: LogSender, header: &Header, keepalive: Duration) -> Result<Recorder, String> {
+    pub fn to_backup(sender: LogSender, header: &Header, go_live_every: Duration) -> Result<Recorder, String> {
         let peer = sender.peer();
         let log = LogWriter::new(Sink::Channel(sender), header).map_err(|e| format!("logging channel: {e}"))?;
-        Ok(Recorder::with(log, PathBuf::from(format!("the backup at {peer}")), Some(keepalive)))
+        Ok(Recorder::with(log, PathBuf::from(format!("the backup at {peer}")), Some(go_live_every)))
     }
 
-    fn with(log: LogWriter<Sink>, path: PathBuf, keepalive: Option<Duration>) -> Recorder {
+    fn with(log: LogWriter<Sink>, path: PathBuf, go_live_every: Option<Duration>) -> Recorder {
         Recorder {
             log,
             path,
             next_digest: 0,
             sizes: EntrySizes::default(),
-            keepalive,
+            go_live_every,
             last_frame: Instant::now(),
             omit_read_data: false,
         }
@@ -165,7 +168,7 @@ impl Recorder {
     /// Called before the machine runs on: a digest when one is due, then
     /// a go-live point if anything was logged since the last one.
     pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
-        let quiet = self.keepalive.is_some_and(|k| self.last_frame.elapsed() >= k);
+        let quiet = self.go_live_every.is_some_and(|k| self.last_frame.elapsed() >= k);
         self.close_frame(m, quiet)
     }
 

@@ -345,7 +345,7 @@ pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<Hos
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
-    let mut recorder = Recorder::to_backup(sender, header, crate::live::KEEPALIVE)?;
+    let mut recorder = Recorder::to_backup(sender, header, crate::live::BUSY_GO_LIVE)?;
     if disks.backup_reads {
         recorder.omit_read_data();
     }
