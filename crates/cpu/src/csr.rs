@@ -268,8 +268,9 @@ impl Hart {
                 // which is how Linux probes Sv57 -> Sv48 -> Sv39.
                 let mode = v >> 60;
                 if matches!(mode, 0 | 8 | 9) {
-                    // 16-bit ASID field; physical addresses up to 56 bits.
-                    s.satp = v & ((0xfu64 << 60) | (0xffffu64 << 44) | ((1u64 << 44) - 1));
+                    // Kept whole: 4-bit mode, 16-bit ASID, 44-bit root PPN
+                    // fill the register.
+                    s.satp = v;
                     effect = WriteEffect::Translation;
                 }
             }

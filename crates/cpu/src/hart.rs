@@ -220,14 +220,9 @@ impl Hart {
         } else {
             return None;
         };
-        for irq in
-            [trap::IRQ_M_EXT, trap::IRQ_M_SOFT, trap::IRQ_M_TIMER, trap::IRQ_S_EXT, trap::IRQ_S_SOFT, trap::IRQ_S_TIMER]
-        {
-            if candidates & (1 << irq) != 0 {
-                return Some(irq);
-            }
-        }
-        None
+        [trap::IRQ_M_EXT, trap::IRQ_M_SOFT, trap::IRQ_M_TIMER, trap::IRQ_S_EXT, trap::IRQ_S_SOFT, trap::IRQ_S_TIMER]
+            .into_iter()
+            .find(|&irq| candidates & (1 << irq) != 0)
     }
 
     /// Enter the trap handler for `cause` (with the interrupt bit for

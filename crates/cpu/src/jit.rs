@@ -244,8 +244,8 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
     // the block.
     order.sort_by_key(|&r| std::cmp::Reverse(uses[r]));
     let mut loc = [Loc::Zero; 32];
-    for r in 1..32 {
-        loc[r] = Loc::Mem(8 * r as i32);
+    for (r, l) in loc.iter_mut().enumerate().skip(1) {
+        *l = Loc::Mem(8 * r as i32);
     }
     for (&r, &h) in order.iter().zip(POOL.iter()) {
         loc[r] = Loc::Host(h);
@@ -299,8 +299,8 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         );
     }
     dynasm!(e.ops ; .arch x64 ; =>body);
-    for r in 1..32 {
-        if let Loc::Host(h) = loc[r] {
+    for (r, &l) in loc.iter().enumerate().skip(1) {
+        if let Loc::Host(h) = l {
             if read & (1 << r) != 0 {
                 dynasm!(e.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
             }

@@ -15,6 +15,8 @@ mod decode;
 mod exec;
 pub mod fpu;
 mod hart;
+// dynasm's macros convert every register operand with `.into()`, u8 to u8.
+#[allow(clippy::useless_conversion)]
 mod jit;
 mod mmu;
 mod trap;

@@ -144,10 +144,10 @@ impl Hart {
         let user_page = pte & PTE_U != 0;
         match prv {
             PrivilegeMode::User if !user_page => return Err(()),
-            PrivilegeMode::Supervisor if user_page => {
-                if access == Access::Fetch || self.s.mstatus & MSTATUS_SUM == 0 {
-                    return Err(());
-                }
+            PrivilegeMode::Supervisor
+                if user_page && (access == Access::Fetch || self.s.mstatus & MSTATUS_SUM == 0) =>
+            {
+                return Err(());
             }
             _ => {}
         }
@@ -241,8 +241,8 @@ impl Hart {
                 }
                 paddrs[i as usize] = p;
             }
-            for i in 0..size64 as usize {
-                let _ = ram.write(paddrs[i], &[(value >> (8 * i)) as u8]);
+            for (i, &p) in paddrs.iter().take(size64 as usize).enumerate() {
+                let _ = ram.write(p, &[(value >> (8 * i)) as u8]);
             }
             return Ok(());
         }

@@ -390,7 +390,7 @@ fn backup_killed_primary_carries_on_unprotected() {
 /// Writes keys, kills the backup at a random moment, and checks that the
 /// primary carried on alone, pausing no longer than the timeout.
 fn kill_backup_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) {
-    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    let mut conn = redis_connection(site, &mut primary, &mut backup);
     let (n1, before) = write_keys(&mut conn, 0, Duration::from_millis(2000 + random_ms(3000)));
     kill9(&mut backup);
     let (n2, after) = write_keys(&mut conn, n1, Duration::from_secs(5));
@@ -497,7 +497,7 @@ fn outputs_leave_the_primary_only_once_the_backup_acknowledged_their_log() {
 /// request, while the VM ran on and status showed the replies held.
 fn outputs_held_and_check(site: &Site, s: &Scratch, mut primary: Vm, mut backup: Vm) {
     let delay = ACK_DELAY;
-    let mut conn = redis_connection(&site, &mut primary, &mut backup);
+    let mut conn = redis_connection(site, &mut primary, &mut backup);
     let capture = Capture::start(&site.primary, "t0");
     let requests = 8;
     let mut held_seen = 0;

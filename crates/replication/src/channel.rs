@@ -1056,7 +1056,7 @@ impl Receipt {
         let received = match shared.ack_delay_ms.load(Ordering::Relaxed) {
             0 => received,
             ms => {
-                if self.delayed.back().map_or(true, |&(_, r)| r != received) {
+                if self.delayed.back().is_none_or(|&(_, r)| r != received) {
                     self.delayed.push_back((Instant::now(), received));
                 }
                 let due = |t: &Instant| t.elapsed() >= Duration::from_millis(ms);

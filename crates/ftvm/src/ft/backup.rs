@@ -9,7 +9,7 @@
 use super::backup_disks::BackupDisks;
 use super::checkpoint_backup::{self, Committed, Disks as CheckpointDisks, Followed};
 use super::epochs::{EpochCheck, EpochMode};
-use super::{header_disks, hostname, DiskDigest, DiskPolicy, DiskSharing, PairArgs};
+use super::{header_disks, hostname, DiskDigest, DiskPolicy, DiskSharing, PairArgs, SlotDisks};
 use crate::control::{self, Command};
 use crate::record::hex;
 use crate::replay::{self, LiveSetup, Outcome, Replayed};
@@ -133,7 +133,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         let pair = Pair { receiver, header, gen, generation, decision, primary, nets };
         return follow_checkpoints(args, pair, reader.into_input());
     }
-    let follow = || -> Result<(ftvm_machine::Machine, Vec<(usize, PathBuf)>, Option<BackupDisks>), String> {
+    let follow = || -> Result<(ftvm_machine::Machine, SlotDisks, Option<BackupDisks>), String> {
         let mut m = replay::machine_from_header(&header).map_err(|e| format!("the primary's log: {e}"))?;
         m.set_dirty_tracking(true);
         if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
@@ -253,7 +253,7 @@ fn epoch_summary(replayed: &Replayed) -> String {
 }
 
 /// The header's disks, at this host's paths where `--disk` gives them.
-fn backup_disk_paths(header: &ftvm_replay::Header, given: &[PathBuf]) -> Result<Vec<(usize, PathBuf)>, String> {
+fn backup_disk_paths(header: &ftvm_replay::Header, given: &[PathBuf]) -> Result<SlotDisks, String> {
     let mut disks = header_disks(header)?;
     if given.len() > disks.len() {
         return Err(format!("{} --disk options given for the VM's {} disks", given.len(), disks.len()));
@@ -390,7 +390,7 @@ struct Pair {
 /// the primary fails and the arbiter agrees, goes live from the last one.
 fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read) -> Result<u32, String> {
     let Pair { receiver, header, gen, generation, decision, primary, nets } = pair;
-    let prepare = || -> Result<(Committed, CheckpointDisks, Vec<(usize, PathBuf)>), String> {
+    let prepare = || -> Result<(Committed, CheckpointDisks, SlotDisks), String> {
         let ram = ram_size(&header)?;
         if DiskPolicy::from_header(&header)?.sharing != DiskSharing::Separate {
             return Err("checkpoint mode needs a copy of each disk on each host".into());

@@ -175,7 +175,7 @@ pub fn follow(
     // Disk writes of the epoch in progress, applied when it commits.
     let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     // Pages of the checkpoint in progress that came ahead of it.
-    let mut staged: Vec<(u64, Box<[u8; PAGE_SIZE]>)> = Vec::new();
+    let mut staged: Pages = Vec::new();
     let next = |held: &Committed| if held.state.is_some() { held.epoch + 1 } else { 0 };
     loop {
         let record = match reader.next_record() {
@@ -244,7 +244,10 @@ pub fn follow(
 
 /// A checkpoint's pages, decoded against the committed copy of RAM (the
 /// pages of one checkpoint are distinct, so pieces of it decode alike).
-fn decode_pages(ram: &GuestRam, epoch: u64, blob: &[u8]) -> Result<Vec<(u64, Box<[u8; PAGE_SIZE]>)>, String> {
+/// Guest pages: (guest-physical address, content).
+type Pages = Vec<(u64, Box<[u8; PAGE_SIZE]>)>;
+
+fn decode_pages(ram: &GuestRam, epoch: u64, blob: &[u8]) -> Result<Pages, String> {
     let ram = ram.as_slice();
     let base_pfn = RAM_BASE / PAGE_SIZE as u64;
     page_delta::decode(blob, |pfn| {

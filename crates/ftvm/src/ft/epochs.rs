@@ -148,7 +148,7 @@ impl EpochMode {
     /// Whether the machine, stopped at its instruction count with `exit`,
     /// stands at an epoch end.
     pub fn is_end(self, icount: u64, exit: &RunExit) -> bool {
-        icount % self.length == 0 || matches!(exit, RunExit::Idle { .. })
+        icount.is_multiple_of(self.length) || matches!(exit, RunExit::Idle { .. })
     }
 }
 
@@ -208,7 +208,7 @@ impl Epochs {
     /// since the last) and hands out the inputs to deliver there (P2).
     pub fn end(&mut self, icount: u64, exit: &RunExit) -> Vec<Event> {
         let epoch = icount / self.mode.length;
-        let at_multiple = icount % self.mode.length == 0;
+        let at_multiple = icount.is_multiple_of(self.mode.length);
         let crossed = match self.last_epoch {
             Some(last) => epoch - last,
             None => at_multiple as u64,
@@ -276,7 +276,7 @@ impl EpochCheck {
     pub fn input(&mut self, m: &Machine) -> Result<(), String> {
         self.inputs += 1;
         let icount = m.icount();
-        if icount % self.mode.length == 0 {
+        if icount.is_multiple_of(self.mode.length) {
             return Ok(());
         }
         if m.harts().iter().all(|h| h.is_idle()) {

@@ -129,8 +129,11 @@ impl DiskPolicy {
     }
 }
 
-/// The disks a log's header names: (virtio slot, path), in order.
-pub fn header_disks(h: &Header) -> Result<Vec<(usize, PathBuf)>, String> {
+/// A VM's disks: (virtio slot, image path), in slot order.
+pub type SlotDisks = Vec<(usize, PathBuf)>;
+
+/// The disks a log's header names.
+pub fn header_disks(h: &Header) -> Result<SlotDisks, String> {
     let backends = h.get("backends").ok_or("the header names no backends")?;
     let backends = crate::host_io::parse_description(&backends.replace(';', "\n"))?;
     Ok(backends
@@ -273,6 +276,8 @@ impl PrimaryArgs {
 }
 
 /// What the live loop runs with on a protected primary.
+// One per VM, made once: the size of its larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Started {
     /// Lockstep or epochs: the log to the backup and the Output Rule.
     Replay(Recorder, Protection),

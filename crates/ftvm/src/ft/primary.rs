@@ -125,7 +125,7 @@ impl Protection {
             }
         }
         let mut out = self.gate.release(channel.acked(), executed);
-        if self.gate.len() > 0 {
+        if !self.gate.is_empty() {
             // Held outputs wait for this log: it goes out now (§3.5).
             channel.send_now();
         }

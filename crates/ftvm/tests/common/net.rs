@@ -235,7 +235,7 @@ impl Capture {
                             &mut flen,
                         );
                         if n > 0 {
-                            let from_host = from.sll_pkttype == libc::PACKET_OUTGOING as u8;
+                            let from_host = from.sll_pkttype == libc::PACKET_OUTGOING;
                             let frame = Frame { at: Instant::now(), from_host, bytes: buf[..n as usize].to_vec() };
                             frames.lock().unwrap().push(frame);
                         }
