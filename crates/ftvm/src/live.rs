@@ -49,8 +49,9 @@ pub const KEEPALIVE: Duration = Duration::from_millis(50);
 /// at 50 ms a backup as fast as its primary trails it by 55-65 ms. 10 ms
 /// brought that to 14-16 ms, but the sender's and acknowledgement
 /// reader's wake-ups then preempted the VM thread 430 times a second
-/// (185 at 50 ms) and the CPU job ran 3-4 % slower (docs/PERFORMANCE.md):
-/// shorter wants the VM thread to send its frames itself.
+/// (185 at 50 ms) and the CPU job ran 3-4 % slower; the VM thread sending
+/// them itself, without those wake-ups, cost the CPU job and redis more
+/// (docs/PERFORMANCE.md).
 pub const BUSY_GO_LIVE: Duration = Duration::from_millis(50);
 /// How often a primary waiting for an acknowledgement looks whether the
 /// backup failed meanwhile.
