@@ -5,7 +5,9 @@
 //! instruction count, so the lag in real time is how long ago the primary
 //! was where the backup is now. When the lag passes a threshold the
 //! primary's CPU share is lowered gradually, in a feedback loop, and
-//! given back as the backup catches up (see [`Throttle`]).
+//! given back as the backup catches up (see [`Throttle`]). Below the
+//! threshold a gentler trim keeps a backup that is only a little slower
+//! from walking the lag up to it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -68,11 +70,27 @@ impl LagMeter {
 /// toward that aim at most [`MAX_STEP`] per step, so it still changes
 /// gradually. It is given back (and the loop disengaged) once the lag is
 /// under the target and the aim is the whole CPU.
+///
+/// Under the threshold the share is trimmed in proportion to how far the
+/// step's mean lag stands above [`Throttle::trim_from`] (three quarters of
+/// the target), by at most [`TRIM_FLOOR`]. Why: a backup that replays
+/// only 1 % slower than its primary (two vCPUs sharing one L3 do that for
+/// tens of seconds) walks the lag from tens of milliseconds to the
+/// threshold within a minute, and the loop above only then brings it
+/// down, so the typical lag would be hundreds of milliseconds. A backup
+/// that keeps up leaves the lag under `trim_from` and costs nothing; a
+/// backup `d` slower holds it about `d / TRIM_GAIN` above, for a cost of
+/// about `d`, which the primary pays anyway once the lag reaches the
+/// threshold.
 pub struct Throttle {
     share: f64,
     threshold: Duration,
     /// The lag the loop steers to once engaged.
     target: Duration,
+    /// The lag above which the share is trimmed while not engaged.
+    trim_from: Duration,
+    /// Lags seen since the last step, summed, and how many.
+    lags: (Duration, u32),
     engaged: bool,
     last_update: Instant,
     /// Instructions the primary ran and the time it ran them, since the
@@ -114,6 +132,15 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Weight of a new rate measurement in the smoothed rates: a step is
 /// 250 ms, so the rates follow over about a second.
 const SMOOTHING: f64 = 0.3;
+/// The trim per second of mean lag above `trim_from`: 25 ms above trims
+/// 5 %, and the lag settles back with a time constant of half a second.
+/// A backup 3 % slower then holds the lag 15 ms above `trim_from`.
+const TRIM_GAIN: f64 = 2.0;
+/// The lowest share the trim sets; a backup slower than that takes the
+/// lag to the threshold, and the loop proper.
+const TRIM_FLOOR: f64 = 0.9;
+/// The most the trim moves in one step.
+const TRIM_STEP: f64 = 0.02;
 
 fn smooth(old: Option<f64>, new: f64) -> Option<f64> {
     Some(old.map_or(new, |o| o + SMOOTHING * (new - o)))
@@ -128,6 +155,8 @@ impl Throttle {
             share: 1.0,
             threshold,
             target: threshold / 10,
+            trim_from: threshold * 3 / 40,
+            lags: (Duration::ZERO, 0),
             engaged: false,
             last_update: Instant::now(),
             ran: (0, Duration::ZERO),
@@ -148,6 +177,11 @@ impl Throttle {
     /// Whether the loop is holding the primary back (or about to).
     pub fn engaged(&self) -> bool {
         self.engaged
+    }
+
+    /// Whether the share is trimmed under the threshold.
+    pub fn trimming(&self) -> bool {
+        !self.engaged && self.share < 1.0
     }
 
     /// How many times the loop has engaged.
@@ -178,13 +212,17 @@ impl Throttle {
     /// A step of the loop, at most every [`STEP_EVERY`], given the lag and
     /// the instruction count the backup has executed.
     pub fn update(&mut self, lag: Duration, backup_icount: u64, now: Instant) {
+        self.lags.0 += lag;
+        self.lags.1 += 1;
         if now.duration_since(self.last_update) < STEP_EVERY {
             return;
         }
         self.last_update = now;
         self.measure(backup_icount, now);
+        let (sum, count) = std::mem::take(&mut self.lags);
         if !self.engaged {
             if lag <= self.threshold {
+                self.trim(sum / count);
                 return;
             }
             self.engaged = true;
@@ -213,6 +251,13 @@ impl Throttle {
         if lag < self.target && aim >= 1.0 && self.share >= 1.0 {
             self.engaged = false;
         }
+    }
+
+    /// A step of the trim under the threshold, given the step's mean lag.
+    fn trim(&mut self, mean_lag: Duration) {
+        let above = mean_lag.saturating_sub(self.trim_from).as_secs_f64();
+        let aim = (1.0 - TRIM_GAIN * above).max(TRIM_FLOOR);
+        self.share = (self.share + (aim - self.share).clamp(-TRIM_STEP, TRIM_STEP)).clamp(MIN_SHARE, 1.0);
     }
 
     /// Updates the smoothed rates from what happened since the last step.
@@ -322,6 +367,23 @@ mod tests {
     fn a_backup_that_keeps_up_is_left_alone() {
         let run = simulate(30.0, |_| 100e6);
         assert!(run.iter().all(|&(_, lag, share)| lag < Duration::from_millis(50) && share == 1.0));
+    }
+
+    #[test]
+    fn a_backup_a_little_slower_is_trimmed_for_without_engaging() {
+        // 2 % slower: left alone, the lag would pass 1 s in 50 s.
+        let run = simulate(120.0, |_| 98e6);
+        let (_, worst, _) = run.iter().max_by_key(|(_, lag, _)| *lag).unwrap();
+        assert!(*worst < Duration::from_millis(100), "{worst:?}");
+        let settled: Vec<_> = run.iter().filter(|(t, _, _)| *t > 30.0).collect();
+        for &&(t, lag, share) in &settled {
+            // About 2 % / TRIM_GAIN = 10 ms above trim_from (75 ms).
+            assert!(lag > Duration::from_millis(78) && lag < Duration::from_millis(95), "lag {lag:?} at {t:.1} s");
+            assert!(share > 0.95, "share {share} at {t:.1} s");
+        }
+        // It costs the primary what the backup lacks, and no more.
+        let mean = settled.iter().map(|(_, _, share)| share).sum::<f64>() / settled.len() as f64;
+        assert!((0.975..=0.985).contains(&mean), "mean share {mean}");
     }
 
     #[test]

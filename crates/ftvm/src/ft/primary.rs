@@ -214,7 +214,13 @@ impl Protection {
             self.gate.len(),
             self.gate.total_held(),
             self.throttle.share() * 100.0,
-            if self.throttle.engaged() { "engaged" } else { "off" },
+            if self.throttle.engaged() {
+                "engaged"
+            } else if self.throttle.trimming() {
+                "trim"
+            } else {
+                "off"
+            },
             self.throttle.engagements(),
             self.throttle.paused_total().as_millis(),
             mips(primary_rate),
