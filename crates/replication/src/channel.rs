@@ -260,6 +260,8 @@ struct PrimaryShared {
     /// must wake within microseconds, not at the next poll.
     ack_signal: (Mutex<()>, Condvar),
     backup_icount: AtomicU64,
+    /// When `backup_icount` was last reported (stored after it).
+    backup_report_us: AtomicU64,
     last_ack_us: AtomicU64,
     failed: Mutex<Option<Failure>>,
     stop: AtomicBool,
@@ -333,8 +335,10 @@ impl AckStream {
                 ACK if msg.len() >= ACK_LEN => {
                     let received = u64::from_le_bytes(msg[1..9].try_into().unwrap());
                     let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
-                    shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    let now = shared.clock.now_us();
+                    shared.last_ack_us.store(now, Ordering::Relaxed);
                     shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
+                    shared.backup_report_us.store(now, Ordering::Release);
                     if received > shared.acked.fetch_max(received, Ordering::Relaxed) {
                         shared.signal_ack_waiters();
                         events(PrimaryEvent::Acked);
@@ -436,6 +440,7 @@ impl LogSender {
             acked: AtomicU64::new(0),
             ack_signal: (Mutex::new(()), Condvar::new()),
             backup_icount: AtomicU64::new(0),
+            backup_report_us: AtomicU64::new(0),
             last_ack_us: AtomicU64::new(0),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -549,6 +554,16 @@ impl LogSender {
     /// The instruction count the backup last reported executing.
     pub fn backup_icount(&self) -> u64 {
         self.shared.backup_icount.load(Ordering::Relaxed)
+    }
+
+    /// The instruction count the backup last reported executing, and how
+    /// long ago that report came. Between reports the backup runs on, so
+    /// its lag is best measured as of the report, not as of now.
+    pub fn backup_report(&self) -> (u64, Duration) {
+        // The time is stored after the count: a report landing between
+        // these loads can only make one sample's age short, never long.
+        let at = self.shared.backup_report_us.load(Ordering::Acquire);
+        (self.backup_icount(), self.shared.clock.since(at))
     }
 
     /// Why the backup was declared failed, once it has been.
@@ -1306,6 +1321,10 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(2), "execution progress never reported");
             std::thread::sleep(Duration::from_millis(5));
         }
+        // The report's age is how long ago it came: after the count was set.
+        let (icount, age) = s.backup_report();
+        assert_eq!(icount, 12345);
+        assert!(age <= t0.elapsed(), "{age:?}");
     }
 
     #[test]

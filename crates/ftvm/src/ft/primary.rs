@@ -17,6 +17,12 @@ use ftvm_replication::lag::{LagMeter, Throttle};
 use ftvm_replication::output_rule::OutputGate;
 use std::time::{Duration, Instant};
 
+/// How old the backup's last report may be before its age counts in the
+/// lag: a report follows every frame, and frames go at least every
+/// [`crate::live::BUSY_GO_LIVE`] (or [`crate::live::KEEPALIVE`] when idle),
+/// so one twice that old means the backup (or the way to it) is slow.
+const REPORT_GRACE: Duration = crate::live::BUSY_GO_LIVE.saturating_mul(2);
+
 pub struct Protection {
     gate: OutputGate<(usize, IoRequest)>,
     lag: LagMeter,
@@ -139,8 +145,13 @@ impl Protection {
     pub fn after_chunk(&mut self, icount: u64, busy: Duration, channel: &LogSender) -> Duration {
         let now = Instant::now();
         self.lag.note(icount, now - busy, now);
-        let backup = channel.backup_icount();
-        self.last_lag = self.lag.lag(backup, now);
+        let (backup, age) = channel.backup_report();
+        // The lag as of the backup's last report: it reports on receipt of
+        // each frame (every BUSY_GO_LIVE at least while the guest runs),
+        // and measuring from now would add the report's age, 0-50 ms, to
+        // every sample. A report later than expected counts again.
+        let reported = now.checked_sub(age).unwrap_or(now);
+        self.last_lag = self.lag.lag(backup, reported) + age.saturating_sub(REPORT_GRACE);
         self.throttle.ran_to(icount, busy);
         self.lag_max = self.lag_max.max(self.last_lag);
         self.throttle.update(self.last_lag, backup, now);
