@@ -72,8 +72,8 @@ impl LagMeter {
 /// under the target and the aim is the whole CPU.
 ///
 /// Under the threshold the share is trimmed in proportion to how far the
-/// step's mean lag stands above [`Throttle::trim_from`] (three quarters of
-/// the target), by at most [`TRIM_FLOOR`]. Why: a backup that replays
+/// step's mean lag stands above `trim_from` (three quarters of the
+/// target), down to no less than [`TRIM_FLOOR`]. Why: a backup that replays
 /// only 1 % slower than its primary (two vCPUs sharing one L3 do that for
 /// tens of seconds) walks the lag from tens of milliseconds to the
 /// threshold within a minute, and the loop above only then brings it
