@@ -21,7 +21,7 @@ pub mod epochs;
 pub mod primary;
 
 use crate::record::Recorder;
-use crate::HostEvent;
+use crate::host_io::HostEvent;
 use clap::Args;
 use epochs::{EpochMode, EpochProtocol};
 use ftvm_replay::Header;

@@ -1,0 +1,472 @@
+//! Starting a VM from run options: the machine's configuration and the
+//! backends of its devices (the default guest image filling in what was
+//! not given), or a snapshot to restore, and where its log goes (nowhere,
+//! a file, or a backup). What `ftvm run`, `ftvm record` and
+//! `ftvm ft primary` share.
+
+use crate::host_io::{self, Backend, HostEvent, HostIo};
+use crate::{console, control, exec, ft, live, record};
+use clap::Args;
+use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct RecordArgs {
+    /// Where to write the log.
+    #[arg(long, value_name = "FILE")]
+    pub log: PathBuf,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// M-mode firmware (OpenSBI fw_dynamic.bin), or `none` to start the kernel itself in M-mode.
+    #[arg(long)]
+    pub bios: Option<String>,
+    /// Kernel Image (or a bare-metal ELF program with --bios none).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk.
+    #[arg(long)]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    #[arg(long)]
+    pub append: Option<String>,
+    /// Guest memory, e.g. 512M or 2G (a plain number is MiB).
+    #[arg(long, default_value = "1G")]
+    pub mem: String,
+    /// Number of harts.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    pub cpus: usize,
+    /// A raw disk image: PATH[,readonly][,latency=26ms]. May be repeated;
+    /// the first is /dev/vda. A latency makes every request take at least
+    /// that long, to model a slower disk than the host's (for benchmarks).
+    #[arg(long = "disk")]
+    pub disks: Vec<String>,
+    /// A NIC on a TAP: tap=NAME[,mac=52:54:00:12:34:56][,bridge=BR]. The TAP
+    /// is created if it does not exist. May be repeated.
+    #[arg(long = "net")]
+    pub nets: Vec<String>,
+    /// Leave out the virtio-rng device (host entropy for the guest).
+    #[arg(long)]
+    pub no_rng: bool,
+    /// Continue the VM saved in this snapshot file instead of booting.
+    #[arg(long, value_name = "FILE")]
+    pub restore: Option<PathBuf>,
+    /// Listen for commands (pause, resume, snapshot, ...) on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Start paused (needs --control): nothing runs until `resume`.
+    #[arg(long, requires = "control")]
+    pub paused: bool,
+    /// Boot, run CMD in the guest with /bin/sh -c, power off, exit with its status.
+    #[arg(long)]
+    pub exec: Option<String>,
+    /// With --exec, also show the boot messages before the command starts.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Let guest time run as fast as the host can go instead of following
+    /// the wall clock (idle periods are skipped at once).
+    #[arg(long)]
+    pub fast_time: bool,
+    /// Record which guest pages are written (what checkpoints and live
+    /// migration need); off, stores cost nothing extra.
+    #[arg(long)]
+    pub dirty_tracking: bool,
+}
+
+/// Guest memory limits (those `Machine::new` enforces), checked here first
+/// so the message can quote the option as the user wrote it.
+const MIN_MEM: u64 = 16 << 20;
+const MAX_MEM: u64 = 64 << 30;
+const MAX_CPUS: usize = 8;
+
+/// Parse and check `--mem`.
+fn guest_memory(s: &str) -> Result<u64, String> {
+    let bytes = parse_mem(s)?;
+    if bytes < MIN_MEM {
+        return Err(format!("--mem {s} is too small: the minimum is {}M", MIN_MEM >> 20));
+    }
+    if bytes > MAX_MEM {
+        return Err(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30));
+    }
+    Ok(bytes)
+}
+
+/// Parse a memory size: `512M`, `2G`, `1048576K`, or a plain number of MiB.
+fn parse_mem(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("invalid memory size '{s}': use a number with K, M or G")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1 << 20),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("invalid memory size '{s}': use a number with K, M or G"))?;
+    n.checked_mul(mult).ok_or(format!("memory size '{s}' is too large"))
+}
+
+fn parse_disk(s: &str) -> Result<Backend, String> {
+    let mut parts = s.split(',');
+    let path = PathBuf::from(parts.next().unwrap_or_default());
+    if path.as_os_str().is_empty() {
+        return Err("--disk needs a path".into());
+    }
+    let mut readonly = false;
+    let mut latency = Duration::ZERO;
+    for opt in parts {
+        match opt.split_once('=') {
+            None if matches!(opt, "readonly" | "ro") => readonly = true,
+            Some(("latency", l)) => latency = host_io::parse_latency(l)?,
+            _ => return Err(format!("unknown disk option '{opt}' in --disk {s}")),
+        }
+    }
+    Ok(Backend::Disk { path, readonly, latency })
+}
+
+/// `tap=NAME[,mac=..][,bridge=..]`; `index` picks the default MAC.
+fn parse_net(s: &str, index: usize) -> Result<Backend, String> {
+    let (mut name, mut mac, mut bridge) = (None, None, None);
+    for opt in s.split(',') {
+        match opt.split_once('=') {
+            Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
+            Some(("mac", v)) => mac = Some(host_io::parse_mac(v)?),
+            Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
+            _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])")),
+        }
+    }
+    let name = name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?;
+    if name.len() > 15 {
+        return Err(format!("TAP name '{name}' is longer than 15 bytes"));
+    }
+    // QEMU's default MAC, so guests and tools see familiar addresses.
+    let mac = mac.unwrap_or([0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(index as u8)]);
+    Ok(Backend::Tap { name, mac, bridge })
+}
+
+fn read_file(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
+
+/// The backends of the virtio slots, in slot order: disks, NICs, rng.
+fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, String> {
+    let mut out = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
+    if out.is_empty() {
+        if let Some(path) = default_disk {
+            out.push(Backend::Disk { path, readonly: false, latency: Duration::ZERO });
+        }
+    }
+    for (i, n) in args.nets.iter().enumerate() {
+        out.push(parse_net(n, i)?);
+    }
+    if !args.no_rng {
+        out.push(Backend::Rng);
+    }
+    if out.len() > ftvm_machine::layout::VIRTIO_SLOTS {
+        return Err(format!(
+            "{} virtio devices (disks, NICs, rng) asked for; the board has {} slots",
+            out.len(),
+            ftvm_machine::layout::VIRTIO_SLOTS
+        ));
+    }
+    Ok(out)
+}
+
+/// Turn run options into a machine configuration (without its devices)
+/// and the backends of its devices, filling in the default guest image
+/// for whatever was not given.
+fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources), String> {
+    // Options first: a typo should not be reported as a missing image, nor
+    // wait for a kernel to be read.
+    if args.cpus == 0 || args.cpus > MAX_CPUS {
+        return Err(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus));
+    }
+    let ram_size = guest_memory(&args.mem)?;
+    // Checked before looking for the image, for the same reason.
+    backends(args, None)?;
+    // The default image supplies the firmware unless --bios is given, and
+    // kernel, initrd and root disk unless --kernel is.
+    let image = if args.bios.is_none() || args.kernel.is_none() {
+        Some(ftvm_image::locate().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let firmware_path = match args.bios.as_deref() {
+        Some("none") => None,
+        Some(p) => Some(PathBuf::from(p)),
+        None => Some(image.as_ref().unwrap().firmware.clone()),
+    };
+    let firmware = firmware_path.as_ref().map(|p| read_file("firmware", p)).transpose()?;
+    let default_kernel = args.kernel.is_none();
+    let kernel_path = args.kernel.clone().unwrap_or_else(|| image.as_ref().unwrap().kernel.clone());
+    let kernel = read_file("kernel", &kernel_path)?;
+    let initrd_path = match (&args.initrd, default_kernel) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(image.as_ref().unwrap().initrd.clone()),
+        (None, false) => None,
+    };
+    let initrd = initrd_path.as_ref().map(|p| read_file("initrd", p)).transpose()?;
+    let backends = backends(args, default_kernel.then(|| image.as_ref().unwrap().rootfs.clone()))?;
+    let mut cmdline = args.append.clone().unwrap_or_else(|| {
+        if default_kernel {
+            "console=ttyS0 root=/dev/vda rw".to_string()
+        } else {
+            String::new()
+        }
+    });
+    if let Some(cmd) = &args.exec {
+        exec::add_to_cmdline(&mut cmdline, cmd, args.verbose);
+    }
+    // Linux copies at most this much of the command line and silently drops
+    // the rest, which would cut an --exec command short.
+    let max = ftvm_image::protocol::KERNEL_CMDLINE_MAX - 1;
+    if cmdline.len() > max {
+        let what = if args.exec.is_some() {
+            " (--exec adds the command base64-encoded: keep it under about 700 bytes, or put it in a script on the disk)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "the kernel command line would be {} bytes, over Linux's limit of {max}{what}",
+            cmdline.len()
+        ));
+    }
+    let cfg = MachineConfig {
+        harts: args.cpus,
+        ram_size,
+        firmware,
+        kernel,
+        initrd,
+        cmdline,
+        devices: Vec::new(),
+        guest_ips: DEFAULT_GUEST_IPS,
+    };
+    Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }))
+}
+
+/// Where a booted machine's firmware, kernel and initrd came from.
+struct Sources {
+    firmware: Option<PathBuf>,
+    kernel: PathBuf,
+    initrd: Option<PathBuf>,
+}
+
+/// Where a running VM's log goes.
+pub enum Target {
+    None,
+    /// `ftvm record`
+    File(PathBuf),
+    /// `ftvm ft primary`
+    Backup(ft::PrimaryArgs),
+}
+
+/// `ftvm run`, `ftvm record` and `ftvm ft primary`.
+pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let mut recorder = None;
+    let mut protection = None;
+    let mut checkpoints = None;
+    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
+        match &target {
+            Target::None => {}
+            Target::File(path) => recorder = Some(record::Recorder::create(path, h)?),
+            Target::Backup(ft) => match ft::start_primary(ft, h, events_tx.clone())? {
+                ft::Started::Replay(r, p) => {
+                    recorder = Some(r);
+                    protection = Some(p);
+                }
+                ft::Started::Checkpoints(c) => checkpoints = Some(c),
+            },
+        }
+        Ok(())
+    };
+    if let Target::Backup(ft) = &target {
+        // A VM restored from a snapshot keeps the snapshot's disks unless
+        // --disk names others: its guest has them mounted.
+        if ft.disk_sharing()? == ft::DiskSharing::Separate && args.disks.is_empty() {
+            return Err(if ft.mode == ft::Mode::Checkpoint {
+                "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk".into()
+            } else {
+                "with --disk-sharing separate, name this host's copy of the disk with --disk".into()
+            });
+        }
+        // The disk lives on the shared storage, where the backup finds it.
+        if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
+            let img = ftvm_image::locate().map_err(|e| e.to_string())?;
+            let disk = ft::default_shared_disk(&ft.pair, &img.rootfs)?;
+            args.disks.push(disk.display().to_string());
+        }
+    }
+    let (mut machine, mut io) = match &args.restore {
+        None => {
+            let (mut cfg, backends, src) = machine_config(&args)?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
+            cfg.devices = devices;
+            let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
+            if !matches!(target, Target::None) {
+                let start = record::Start::Boot {
+                    firmware: src.firmware.as_deref().zip(cfg.firmware.as_deref()),
+                    kernel: (&src.kernel, &cfg.kernel),
+                    initrd: src.initrd.as_deref().zip(cfg.initrd.as_deref()),
+                    cmdline: &cfg.cmdline,
+                };
+                let mut h = record::header(&m, cfg.ram_size, cfg.guest_ips, io.backends(), start);
+                start_log(&mut h)?;
+            }
+            (m, io)
+        }
+        Some(file) => {
+            let (m, io) = restore(&args, file, &events_tx)?;
+            if !matches!(target, Target::None) {
+                let bytes = std::fs::read(file).map_err(|e| format!("cannot read snapshot {}: {e}", file.display()))?;
+                // The header names it for the replay (or the backup) to find,
+                // whatever its working directory.
+                let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+                let start = record::Start::Snapshot { path: &file, bytes: &bytes };
+                let mut h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
+                start_log(&mut h)?;
+            }
+            (m, io)
+        }
+    };
+    // Replay checks digests of the pages written, so recording tracks them.
+    // Checkpoints carry the pages written since the last one.
+    machine.set_dirty_tracking(args.dirty_tracking || recorder.is_some() || checkpoints.is_some());
+    let _control = match &args.control {
+        Some(path) => {
+            io.set_control(true);
+            Some(control::listen(path, events_tx.clone())?)
+        }
+        None => None,
+    };
+    let console_input = args.exec.is_none();
+    if console_input {
+        console::spawn_reader(events_tx.clone(), HostEvent::Console);
+    }
+    drop(events_tx);
+    let options = live::Options {
+        fast_time: args.fast_time,
+        exec: args.exec.is_some(),
+        show_boot: args.verbose,
+        console_input,
+        paused: args.paused,
+        ft_alone: false,
+    };
+    live::run(machine, io, events, options, recorder, protection, checkpoints)
+}
+
+/// A machine from a snapshot file, with its devices attached to the
+/// backends the file names (or to those given with --disk/--net instead).
+fn restore(
+    args: &RunArgs,
+    file: &std::path::Path,
+    events: &std::sync::mpsc::Sender<HostEvent>,
+) -> Result<(Machine, HostIo), String> {
+    let conflicting = [
+        ("--bios", args.bios.is_some()),
+        ("--kernel", args.kernel.is_some()),
+        ("--initrd", args.initrd.is_some()),
+        ("--append", args.append.is_some()),
+        ("--exec", args.exec.is_some()),
+        ("--no-rng", args.no_rng),
+    ];
+    if let Some((opt, _)) = conflicting.iter().find(|(_, given)| *given) {
+        return Err(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine"));
+    }
+    let snap = snapshot_file::read(file)?;
+    let text =
+        String::from_utf8(snap.host).map_err(|_| format!("snapshot {}: unreadable device list", file.display()))?;
+    let mut backends = host_io::parse_description(&text).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    // --disk and --net given on the command line replace the snapshot's, in order.
+    let mut disks = args.disks.iter().map(|d| parse_disk(d));
+    let mut nets = args.nets.iter().enumerate().map(|(i, n)| parse_net(n, i));
+    for b in backends.iter_mut() {
+        let given = match b {
+            Backend::Disk { .. } => disks.next(),
+            Backend::Tap { .. } => nets.next(),
+            Backend::Rng => None,
+        };
+        if let Some(g) = given {
+            let g = g?;
+            // The guest knows its MAC: a replacement NIC keeps it.
+            *b = match (g, &*b) {
+                (Backend::Tap { name, bridge, .. }, Backend::Tap { mac, .. }) => {
+                    Backend::Tap { name, mac: *mac, bridge }
+                }
+                (g, _) => g,
+            };
+        }
+    }
+    if disks.next().is_some() || nets.next().is_some() {
+        return Err(format!("snapshot {} has fewer disks or NICs than given on the command line", file.display()));
+    }
+    let machine = Machine::restore(&snap.machine).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    let (io, devices) = HostIo::open(backends, events.clone())?;
+    for (i, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
+        if want != got {
+            return Err(format!(
+                "snapshot {}: virtio slot {i} was {want:?} but is now {got:?} (a disk must keep its size)",
+                file.display()
+            ));
+        }
+    }
+    if machine.devices().len() != devices.len() {
+        return Err(format!("snapshot {}: device list does not match the machine", file.display()));
+    }
+    Ok((machine, io))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_mem("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_mem("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_mem("256").unwrap(), 256 << 20);
+        assert!(parse_mem("lots").is_err());
+        assert!(parse_mem("12Q").is_err());
+        assert!(parse_mem("99999999999G").is_err());
+        assert_eq!(guest_memory("16M").unwrap(), 16 << 20);
+        assert_eq!(guest_memory("64G").unwrap(), 64 << 30);
+        assert!(guest_memory("1500K").unwrap_err().contains("--mem 1500K is too small"));
+        assert!(guest_memory("65G").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn disk_options() {
+        let d = parse_disk("/tmp/x.img,readonly").unwrap();
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true, latency: Duration::ZERO });
+        let d = parse_disk("/tmp/x.img,latency=26ms").unwrap();
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: false, latency: Duration::from_millis(26) });
+        assert_eq!(parse_disk("/x,latency=500us,ro").unwrap(), parse_disk("/x,ro,latency=500us").unwrap());
+        assert!(parse_disk("/tmp/x.img,latency=26").unwrap_err().contains("invalid disk latency '26'"));
+        assert!(parse_disk("/tmp/x.img,latency=1min").is_err());
+        assert!(parse_disk("/tmp/x.img,latency=11s").unwrap_err().contains("over the limit"));
+        assert!(parse_disk("/tmp/x.img,bogus").is_err());
+        assert!(parse_disk("").is_err());
+    }
+
+    #[test]
+    fn net_options() {
+        assert_eq!(
+            parse_net("tap=t0,bridge=br0", 1).unwrap(),
+            Backend::Tap { name: "t0".into(), mac: [0x52, 0x54, 0, 0x12, 0x34, 0x57], bridge: Some("br0".into()) }
+        );
+        let b = parse_net("mac=02:00:00:00:00:01,tap=x", 0).unwrap();
+        assert_eq!(b, Backend::Tap { name: "x".into(), mac: [2, 0, 0, 0, 0, 1], bridge: None });
+        assert!(parse_net("bridge=br0", 0).unwrap_err().contains("names no TAP"));
+        assert!(parse_net("tap=t0,speed=10G", 0).is_err());
+        assert!(parse_net("tap=averyveryverylongname", 0).unwrap_err().contains("15 bytes"));
+        assert!(parse_net("tap=t0,mac=zz", 0).is_err());
+    }
+}

@@ -1,0 +1,19 @@
+//! ftvm's host side as a library: everything that runs a VM on this host,
+//! for the command line (`crates/ftvm`) and any other front end to drive
+//! in-process.
+//!
+//! `launch` turns run options into a machine and starts it, `live` owns
+//! the host loop of a running VM, `host_io` its backends (disks, TAPs,
+//! entropy), `control` its control socket, `console` the terminal, `exec`
+//! the `--exec` protocol with the guest, `record` and `replay` the replay
+//! log's two ends, and `ft` the fault-tolerant pair.
+
+pub mod console;
+pub mod control;
+pub mod exec;
+pub mod ft;
+pub mod host_io;
+pub mod launch;
+pub mod live;
+pub mod record;
+pub mod replay;
