@@ -5,6 +5,7 @@
 //! drive in-process as well.
 
 use clap::{Args, Parser, Subcommand};
+use ftvm_vmm::api::Response;
 use ftvm_vmm::launch::{RecordArgs, RunArgs, Target};
 use ftvm_vmm::{control, ft, launch, replay};
 use std::path::PathBuf;
@@ -34,6 +35,9 @@ enum Command {
     /// Send a command to a running VM's control socket: status, pause,
     /// resume, snapshot FILE, quit.
     Control {
+        /// Print the VM's answer as the JSON line it came in.
+        #[arg(long)]
+        json: bool,
         /// The socket given to `ftvm run --control`.
         socket: PathBuf,
         /// The command and its argument.
@@ -108,14 +112,7 @@ fn main() -> ExitCode {
         Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b),
         Command::Replay(r) => replay::replay(&r),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
-        Command::Control { socket, command } => control::send(&socket, &command.join(" ")).and_then(|reply| {
-            println!("{reply}");
-            if reply.starts_with("ok") {
-                Ok(0)
-            } else {
-                Err(format!("the VM answered: {reply}"))
-            }
-        }),
+        Command::Control { json, socket, command } => control_command(&socket, &command.join(" "), json),
         Command::Image(ImageCommand::Path) => ftvm_image::locate()
             .map(|img| {
                 println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
@@ -129,6 +126,18 @@ fn main() -> ExitCode {
             eprintln!("ftvm: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `ftvm control`: one request, its answer on stdout (readable, or the
+/// JSON line with `--json`); a refusal is also the exit status.
+fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<u32, String> {
+    let request = control::parse(words)?;
+    let (response, line) = control::send(socket, &request)?;
+    println!("{}", if json { line } else { response.to_string() });
+    match response {
+        Response::Ok(_) => Ok(0),
+        Response::Error(e) => Err(format!("the VM answered: error {e}")),
     }
 }
 

@@ -1,43 +1,43 @@
 //! The control socket of a running VM (`--control PATH`): a Unix socket
-//! taking one command per connection, one line each way. It is how tools
-//! and later the replication modes pause, snapshot and resume a VM that is
-//! running.
+//! taking one request per connection, one JSON line each way (the types
+//! are `api`'s). It is how tools, and a daemon driving VMs, pause,
+//! snapshot, resume and ask the status of a VM that is running.
 //!
-//! Commands: `status`, `pause`, `resume`, `snapshot FILE`, `quit`.
-//! Replies start with `ok` or `error`.
+//! `ftvm control SOCKET status` sends `{"request":"status"}` and prints
+//! the reply's readable form (`--json`: the line itself). A line that is
+//! not JSON is taken as a command in words (`status`, `snapshot FILE`) and
+//! answered in the readable form, for a person at `socat` or a script
+//! that wants the status line.
 
+use crate::api::{ControlError, Request, Response};
 use crate::host_io::HostEvent;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
 use std::time::Duration;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    Status,
-    Pause,
-    Resume,
-    Snapshot(PathBuf),
-    Quit,
-}
+/// Longest request line taken: a snapshot path is the longest thing in one.
+const MAX_REQUEST: u64 = 64 << 10;
 
-/// A command on its way to the live loop, with where its answer goes.
+/// A request on its way to the live loop, with where its answer goes.
 pub struct ControlRequest {
-    pub command: Command,
-    pub reply: Sender<String>,
+    pub request: Request,
+    pub reply: Sender<Response>,
 }
 
-pub fn parse(line: &str) -> Result<Command, String> {
+/// A request as a person writes it on the command line: `status`,
+/// `pause`, `resume`, `snapshot FILE`, `quit`.
+pub fn parse(line: &str) -> Result<Request, String> {
     let line = line.trim();
     let (word, rest) = line.split_once(' ').map_or((line, ""), |(w, r)| (w, r.trim()));
     match (word, rest) {
-        ("status", "") => Ok(Command::Status),
-        ("pause", "") => Ok(Command::Pause),
-        ("resume", "") => Ok(Command::Resume),
-        ("quit", "") => Ok(Command::Quit),
+        ("status", "") => Ok(Request::Status),
+        ("pause", "") => Ok(Request::Pause),
+        ("resume", "") => Ok(Request::Resume),
+        ("quit", "") => Ok(Request::Quit),
         ("snapshot", "") => Err("snapshot needs a file name".into()),
-        ("snapshot", path) => Ok(Command::Snapshot(PathBuf::from(path))),
+        ("snapshot", path) => Ok(Request::Snapshot { path: PathBuf::from(path) }),
         _ => Err(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit)")),
     }
 }
@@ -56,20 +56,23 @@ impl Drop for ControlSocket {
 /// Listens on `path`, forwarding commands to the live loop.
 pub fn listen(path: &Path, events: Sender<HostEvent>) -> Result<ControlSocket, String> {
     let events = std::sync::Mutex::new(events);
-    serve(path, move |command| {
+    serve(path, move |request| {
         let (tx, rx) = mpsc::channel();
-        let request = HostEvent::Control(ControlRequest { command, reply: tx });
+        let request = HostEvent::Control(ControlRequest { request, reply: tx });
         if events.lock().unwrap().send(request).is_err() {
-            return "error the VM has stopped".to_string();
+            return Response::Error(ControlError::Stopped);
         }
-        rx.recv().unwrap_or_else(|_| "error the VM has stopped".to_string())
+        rx.recv().unwrap_or(Response::Error(ControlError::Stopped))
     })
 }
 
 /// Listens on `path`, answering each command with `answer`. The socket
 /// file goes when the returned value is dropped (and with it any way to
 /// connect), so another listener may take the path over.
-pub fn serve(path: &Path, answer: impl Fn(Command) -> String + Send + Sync + 'static) -> Result<ControlSocket, String> {
+pub fn serve(
+    path: &Path,
+    answer: impl Fn(Request) -> Response + Send + Sync + 'static,
+) -> Result<ControlSocket, String> {
     // A socket file left by a VM that was killed would make bind fail; one
     // that still answers belongs to a live VM and must not be taken over.
     if path.exists() {
@@ -90,44 +93,117 @@ pub fn serve(path: &Path, answer: impl Fn(Command) -> String + Send + Sync + 'st
     Ok(ControlSocket { path: path.to_path_buf() })
 }
 
-fn serve_one(conn: UnixStream, answer: &dyn Fn(Command) -> String) {
+fn serve_one(conn: UnixStream, answer: &dyn Fn(Request) -> Response) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let mut line = String::new();
     let Ok(mut writer) = conn.try_clone() else { return };
-    if BufReader::new(conn).read_line(&mut line).is_err() {
+    if BufReader::new(conn).take(MAX_REQUEST).read_line(&mut line).is_err() {
         return;
     }
-    let reply = match parse(&line) {
-        Err(e) => format!("error {e}"),
-        Ok(command) => answer(command),
+    let text = if line.trim_start().starts_with('{') {
+        let response = match serde_json::from_str::<Request>(&line) {
+            Err(e) => Response::Error(ControlError::BadRequest(format!("unreadable request: {e}"))),
+            Ok(request) => answer(request),
+        };
+        serde_json::to_string(&response).expect("a response serializes")
+    } else {
+        match parse(&line) {
+            Err(e) => Response::Error(ControlError::BadRequest(e)),
+            Ok(request) => answer(request),
+        }
+        .to_string()
     };
-    let _ = writeln!(writer, "{reply}");
+    let _ = writeln!(writer, "{text}");
 }
 
-/// The client side (`ftvm control SOCKET COMMAND`): sends one command and
-/// returns the reply line.
-pub fn send(path: &Path, command: &str) -> Result<String, String> {
+/// The client side (`ftvm control SOCKET COMMAND`): sends one request and
+/// returns the response, with the line it came in.
+pub fn send(path: &Path, request: &Request) -> Result<(Response, String), String> {
+    let e = |e: std::io::Error| format!("control socket {}: {e}", path.display());
     let mut s =
         UnixStream::connect(path).map_err(|e| format!("cannot connect to control socket {}: {e}", path.display()))?;
-    writeln!(s, "{command}").map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    let line = serde_json::to_string(request).expect("a request serializes");
+    writeln!(s, "{line}").map_err(e)?;
     let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    BufReader::new(s).read_line(&mut reply).map_err(e)?;
     if reply.is_empty() {
         return Err(format!("control socket {} closed without an answer", path.display()));
     }
-    Ok(reply.trim_end().to_string())
+    let reply = reply.trim_end().to_string();
+    let response = serde_json::from_str(&reply)
+        .map_err(|e| format!("control socket {}: unreadable answer ({e}): {reply}", path.display()))?;
+    Ok((response, reply))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{PairStatus, Reply, RunState, VmStatus};
 
     #[test]
     fn commands() {
-        assert_eq!(parse("status\n").unwrap(), Command::Status);
-        assert_eq!(parse(" snapshot /tmp/a b.snap ").unwrap(), Command::Snapshot("/tmp/a b.snap".into()));
+        assert_eq!(parse("status\n").unwrap(), Request::Status);
+        assert_eq!(parse(" snapshot /tmp/a b.snap ").unwrap(), Request::Snapshot { path: "/tmp/a b.snap".into() });
         assert!(parse("snapshot").is_err());
         assert!(parse("pause now").is_err());
         assert!(parse("reboot").unwrap_err().contains("unknown command"));
+    }
+
+    #[test]
+    fn requests_and_responses_are_json_lines_that_round_trip() {
+        let r = Request::Snapshot { path: "/tmp/x.snap".into() };
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(line, r#"{"request":"snapshot","path":"/tmp/x.snap"}"#);
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        assert_eq!(serde_json::from_str::<Request>(r#"{"request":"status"}"#).unwrap(), Request::Status);
+        assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
+        assert!(serde_json::from_str::<Request>("status").is_err());
+        let status = VmStatus {
+            state: RunState::Running,
+            icount: 42,
+            guest_time_s: Some(1.5),
+            pair: Some(PairStatus::Unprotected),
+        };
+        let response = Response::Ok(Reply::Status(Box::new(status)));
+        let line = serde_json::to_string(&response).unwrap();
+        assert_eq!(serde_json::from_str::<Response>(&line).unwrap(), response);
+        assert_eq!(response.to_string(), "ok running icount=42 time=1.500s role=primary backup=none (unprotected)");
+        let refused = Response::Error(ControlError::ProtectedCannotPause);
+        let line = serde_json::to_string(&refused).unwrap();
+        assert_eq!(line, r#"{"error":{"error":"protected_cannot_pause"}}"#);
+        assert_eq!(refused.to_string(), "error a protected VM cannot be paused (its backup would take over)");
+    }
+
+    #[test]
+    fn the_socket_answers_json_with_json_and_words_with_the_readable_form() {
+        let dir = std::env::temp_dir().join(format!("ftvm-control-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vm.sock");
+        let _socket = serve(&path, |request| match request {
+            Request::Status => Response::Ok(Reply::Status(Box::new(VmStatus {
+                state: RunState::Paused,
+                icount: 7,
+                guest_time_s: Some(0.25),
+                pair: None,
+            }))),
+            _ => Response::Error(ControlError::Stopped),
+        })
+        .unwrap();
+        let ask = |line: &str| {
+            let mut s = UnixStream::connect(&path).unwrap();
+            writeln!(s, "{line}").unwrap();
+            let mut reply = String::new();
+            BufReader::new(s).read_line(&mut reply).unwrap();
+            reply.trim_end().to_string()
+        };
+        assert_eq!(ask("status"), "ok paused icount=7 time=0.250s");
+        assert_eq!(ask("quit"), "error the VM has stopped");
+        assert!(ask("reboot").starts_with("error unknown command 'reboot'"));
+        let (response, line) = send(&path, &Request::Status).unwrap();
+        assert!(line.starts_with(r#"{"ok":{"reply":"status","state":"paused","icount":7,"#), "{line}");
+        assert_eq!(response.to_string(), "ok paused icount=7 time=0.250s");
+        assert!(ask(r#"{"request":"reboot"}"#)
+            .starts_with(r#"{"error":{"error":"bad_request","message":"unreadable request"#));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

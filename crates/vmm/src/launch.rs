@@ -4,6 +4,7 @@
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
 //! `ftvm ft primary` share.
 
+use crate::ft::primary::Primary;
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
@@ -271,21 +272,13 @@ pub enum Target {
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
 pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (events_tx, events) = std::sync::mpsc::channel();
-    let mut recorder = None;
-    let mut protection = None;
-    let mut checkpoints = None;
+    let mut primary: Option<Box<dyn Primary>> = None;
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
-        match &target {
-            Target::None => {}
-            Target::File(path) => recorder = Some(record::Recorder::create(path, h)?),
-            Target::Backup(ft) => match ft::start_primary(ft, h, events_tx.clone())? {
-                ft::Started::Replay(r, p) => {
-                    recorder = Some(r);
-                    protection = Some(p);
-                }
-                ft::Started::Checkpoints(c) => checkpoints = Some(c),
-            },
-        }
+        primary = match &target {
+            Target::None => None,
+            Target::File(path) => Some(Box::new(record::Recording(record::Recorder::create(path, h)?))),
+            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone())?),
+        };
         Ok(())
     };
     if let Target::Backup(ft) = &target {
@@ -339,7 +332,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     };
     // Replay checks digests of the pages written, so recording tracks them.
     // Checkpoints carry the pages written since the last one.
-    machine.set_dirty_tracking(args.dirty_tracking || recorder.is_some() || checkpoints.is_some());
+    machine.set_dirty_tracking(args.dirty_tracking || primary.is_some());
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
@@ -360,7 +353,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         paused: args.paused,
         ft_alone: false,
     };
-    live::run(machine, io, events, options, recorder, protection, checkpoints)
+    live::run(machine, io, events, options, primary)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

@@ -2,12 +2,14 @@
 //! for the command line (`crates/ftvm`) and any other front end to drive
 //! in-process.
 //!
+//! `api` holds the typed control API (requests, replies, status, errors),
 //! `launch` turns run options into a machine and starts it, `live` owns
 //! the host loop of a running VM, `host_io` its backends (disks, TAPs,
 //! entropy), `control` its control socket, `console` the terminal, `exec`
 //! the `--exec` protocol with the guest, `record` and `replay` the replay
 //! log's two ends, and `ft` the fault-tolerant pair.
 
+pub mod api;
 pub mod console;
 pub mod control;
 pub mod exec;

@@ -10,20 +10,18 @@
 //! the guest's next timer deadline or until something arrives: an idle
 //! guest does not burn a host core.
 //!
-//! Under epoch-mode protection the machine runs epoch by epoch: inputs
-//! that come inside an epoch wait for its end, where they are delivered
-//! and logged with the end mark (`ft::epochs`). Under checkpoint-mode
-//! protection the loop stops the machine every interval for a checkpoint
-//! and sent frames wait for theirs (`ft::checkpoint_primary`).
+//! Whatever watches over the run (a recording, or the primary's side of a
+//! fault-tolerant pair) does so through one interface, `ft::primary::Primary`:
+//! it says where each run stops, which inputs may be delivered where the
+//! machine stands, which requests may leave, and what to do between runs.
+//! The loop knows no replication mode by name.
 
+use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
-use crate::control::{Command, ControlRequest};
+use crate::control::ControlRequest;
 use crate::exec::OutputFilter;
-use crate::ft::checkpoint_primary::Checkpointer;
-use crate::ft::epochs::EpochMode;
-use crate::ft::primary::Protection;
+use crate::ft::primary::{Alone, Primary};
 use crate::host_io::{HostEvent, HostIo};
-use crate::record::Recorder;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
 use ftvm_replication::channel::PrimaryEvent;
@@ -53,10 +51,6 @@ pub const KEEPALIVE: Duration = Duration::from_millis(50);
 /// them itself, without those wake-ups, cost the CPU job and redis more
 /// (docs/PERFORMANCE.md).
 pub const BUSY_GO_LIVE: Duration = Duration::from_millis(50);
-/// How often a primary waiting for an acknowledgement looks whether the
-/// backup failed meanwhile.
-const ACK_POLL: Duration = Duration::from_millis(10);
-
 const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
 
 pub struct Options {
@@ -135,22 +129,17 @@ struct Live {
     /// change, so they wait for `resume`.
     held: VecDeque<(usize, IoCompletion)>,
     filter: Option<OutputFilter>,
-    recorder: Option<Recorder>,
-    /// With a backup: the Output Rule and lag control. Always with a
-    /// recorder whose log goes to the backup.
-    protection: Option<Protection>,
-    /// With a backup in checkpoint mode (never with a recorder).
-    checkpoints: Option<Checkpointer>,
+    /// What watches over the run: a recording, or the primary's side of
+    /// a fault-tolerant pair (until the backup is lost).
+    primary: Option<Box<dyn Primary>>,
+    /// The primary lost the arbiter to its backup: it halts, and neither
+    /// its held outputs nor the end of its stream may leave.
+    halted: bool,
     /// The guest powered off (rather than the user quitting).
     powered_off: bool,
     /// Inputs applied so far; an idle machine that just got one must run
     /// before anyone sleeps on its old timer deadline.
     injected: u64,
-    /// Whether the machine stands where inputs may be delivered: always,
-    /// except in epoch mode, where only at an epoch end.
-    at_epoch_end: bool,
-    /// In epoch mode, where the last end's frame was logged.
-    last_end_at: Option<u64>,
 }
 
 pub fn run(
@@ -158,9 +147,7 @@ pub fn run(
     io: HostIo,
     events: Receiver<HostEvent>,
     opts: Options,
-    recorder: Option<Recorder>,
-    protection: Option<Protection>,
-    checkpoints: Option<Checkpointer>,
+    primary: Option<Box<dyn Primary>>,
 ) -> Result<u32, String> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let mut live = Live {
@@ -173,31 +160,29 @@ pub fn run(
         held: VecDeque::new(),
         filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
         opts,
-        recorder,
-        protection,
-        checkpoints,
+        primary,
+        halted: false,
         powered_off: false,
         injected: 0,
-        at_epoch_end: true,
-        last_end_at: None,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
     live.io.dispatch(again);
     let result = live.main_loop(&events);
-    if let Some(c) = live.checkpoints.take() {
-        let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
-        let last = c.finish(&mut live.m, status);
+    let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
+    if let (Some(p), false) = (&mut live.primary, live.halted) {
+        let last = p.end(&mut live.m, status);
         live.io.dispatch(last);
     }
     // Writes the guest was told about must be on disk before we go.
     live.io.drain();
-    if let Some(p) = &live.protection {
-        eprintln!("ftvm: {}", p.summary());
-    }
-    if let Some(r) = live.recorder.take() {
-        let status = result.as_ref().ok().copied().filter(|_| live.powered_off);
-        r.finish(&mut live.m, status)?;
+    if let Some(p) = live.primary.take() {
+        if let Some(summary) = p.summary() {
+            eprintln!("ftvm: {summary}");
+        }
+        if !live.halted {
+            p.finish(&mut live.m, status)?;
+        }
     }
     result
 }
@@ -205,27 +190,30 @@ pub fn run(
 impl Live {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, String> {
         loop {
-            self.close_frame()?;
+            if let Some(p) = &mut self.primary {
+                p.before_run(&mut self.m, self.paused)?;
+            }
             let started = Instant::now();
             let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
             let injected_before = self.injected;
-            if let Some(exit) = &exit {
-                self.note_epoch_end(exit);
+            if let (Some(exit), Some(p)) = (&exit, &mut self.primary) {
+                for ev in p.after_run(&self.m, exit) {
+                    self.inject(ev);
+                }
             }
             let requests = self.m.take_io_requests();
             self.dispatch(requests);
-            if exit.is_some() {
-                self.keep_share(busy);
+            if let Some(exit) = &exit {
+                self.after_slice(busy, matches!(exit, RunExit::Idle { .. }))?;
             }
-            self.checkpoint_if_due(matches!(exit, Some(RunExit::Idle { .. })))?;
             self.show_output();
             while let Ok(ev) = events.try_recv() {
                 if let Next::Exit(code) = self.handle(ev)? {
                     return Ok(code);
                 }
             }
-            if self.at_epoch_end {
+            if self.primary.as_ref().is_none_or(|p| p.accepts_inputs()) {
                 self.feed_inputs();
             }
             match exit {
@@ -260,70 +248,12 @@ impl Live {
         }
     }
 
-    fn epoch_mode(&self) -> Option<EpochMode> {
-        self.protection.as_ref().and_then(|p| p.epochs.as_ref()).map(|e| e.mode)
-    }
-
     fn run_target(&self) -> u64 {
-        let chunk_end = self.m.icount() + CHUNK;
-        match self.protection.as_ref().and_then(|p| p.epochs.as_ref()) {
-            Some(e) => e.mode.run_target(self.m.icount(), chunk_end, e.inputs_waiting()),
-            None => chunk_end,
+        let look_at = self.m.icount() + CHUNK;
+        match &self.primary {
+            Some(p) => p.run_target(self.m.icount(), look_at),
+            None => look_at,
         }
-    }
-
-    /// In epoch mode, after a run: whether it stopped at an epoch end, and
-    /// if so, delivers the inputs buffered during the epoch (P2).
-    fn note_epoch_end(&mut self, exit: &RunExit) {
-        let Some(mode) = self.epoch_mode() else { return };
-        let at = self.m.icount();
-        // A run that stops again where the last end's frame was logged,
-        // with no instruction run (an I/O request to hand out first), is
-        // still in the epoch that began there: the backup runs on from an
-        // end it has taken (P5), so no second frame may come at that
-        // instruction. An idle machine is the exception: there it has
-        // not run on either.
-        let again = self.last_end_at == Some(at) && !matches!(exit, RunExit::Idle { .. });
-        self.at_epoch_end = mode.is_end(at, exit) && !again;
-        if self.at_epoch_end {
-            let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("epoch mode");
-            for ev in epochs.end(at, exit) {
-                self.inject(ev);
-            }
-        }
-    }
-
-    /// Before the machine runs on, closes the log's frame: in lockstep
-    /// when anything was logged (or for a keep-alive), in epoch mode at
-    /// every epoch end, with its end mark. Under the original epoch
-    /// protocol the primary then waits for the backup to acknowledge it.
-    fn close_frame(&mut self) -> Result<(), String> {
-        let epochs = self.epoch_mode().is_some();
-        let waits = self.protection.as_ref().is_some_and(|p| p.waits_at_epoch_ends());
-        let Some(r) = &mut self.recorder else { return Ok(()) };
-        if let Some(channel) = r.channel() {
-            channel.send_if_due();
-        }
-        if !epochs {
-            return r.checkpoint(&mut self.m);
-        }
-        if !self.at_epoch_end || self.paused {
-            return Ok(());
-        }
-        r.end_epoch(&mut self.m)?;
-        self.last_end_at = Some(self.m.icount());
-        if waits {
-            let channel = r.channel().expect("a protected VM logs to its backup");
-            let logged = r.logged();
-            let started = Instant::now();
-            // A failed backup ends the wait; its loss is handled with the
-            // host's events.
-            while !channel.wait_acked(logged, ACK_POLL) && channel.failure().is_none() {}
-            if let Some(e) = self.protection.as_mut().and_then(|p| p.epochs.as_mut()) {
-                e.ack_wait += started.elapsed();
-            }
-        }
-        Ok(())
     }
 
     /// Every hart waits for an interrupt: sleep until the timer deadline
@@ -346,12 +276,7 @@ impl Live {
         let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
         // A protected VM wakes to show the backup it is alive (and to let
         // acknowledged outputs go, which the events also do).
-        let keepalive = match &self.checkpoints {
-            // Checkpoints go on while the guest sleeps: they are what
-            // shows the backup the primary is alive.
-            Some(c) => Some(c.due().saturating_duration_since(Instant::now())),
-            None => self.protection.as_ref().map(|_| KEEPALIVE),
-        };
+        let keepalive = self.primary.as_ref().and_then(|p| p.wake_within(Instant::now()));
         let capped = match (wait, keepalive) {
             (Some(d), Some(k)) if k < d => Some(k),
             (None, Some(k)) => Some(k),
@@ -359,8 +284,8 @@ impl Live {
         };
         let early = capped != wait;
         // Nothing more comes to batch the log with while the guest sleeps.
-        if let Some(channel) = self.recorder.as_ref().and_then(|r| r.channel()) {
-            channel.send_now();
+        if let Some(p) = &mut self.primary {
+            p.before_sleep();
         }
         let got = match capped {
             Some(d) => match events.recv_timeout(d) {
@@ -413,31 +338,20 @@ impl Live {
             HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
             HostEvent::Control(req) => return self.control(req),
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
-            HostEvent::Replication(PrimaryEvent::BackupLost(failure)) if self.checkpoints.is_some() => {
-                let c = self.checkpoints.as_mut().expect("checked");
-                let held = c.backup_lost(&failure)?;
-                self.checkpoints = None;
-                self.opts.ft_alone = true;
-                self.io.dispatch(held);
-            }
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
-                if let Some(p) = &mut self.protection {
-                    let held = p.backup_lost(&failure).inspect_err(|_| {
-                        // Halting: the backup is the VM now. No end goes
-                        // into the log and no held output leaves.
-                        self.recorder = None;
-                    })?;
-                    // Alone now: no more log, outputs go out as they come,
-                    // and inputs buffered for the epoch's end go in now.
-                    let deferred = p.epochs.as_mut().map(|e| e.take_deferred()).unwrap_or_default();
-                    self.protection = None;
-                    self.recorder = None;
-                    self.opts.ft_alone = true;
-                    self.at_epoch_end = true;
-                    self.io.dispatch(held);
-                    for ev in deferred {
-                        self.inject(ev);
-                    }
+                let Some(p) = &mut self.primary else { return Ok(Next::Continue) };
+                let Alone { outputs, inputs } = p.peer_lost(&failure).inspect_err(|_| {
+                    // Halting: the backup is the VM now. Nothing more goes
+                    // into the stream and no held output leaves.
+                    self.halted = true;
+                })?;
+                // Alone now: no more stream, outputs go out as they come,
+                // and inputs held for a point of delivery go in now.
+                self.primary = None;
+                self.opts.ft_alone = true;
+                self.io.dispatch(outputs);
+                for ev in inputs {
+                    self.inject(ev);
                 }
             }
         }
@@ -445,70 +359,56 @@ impl Live {
     }
 
     /// Hands requests to the host; under protection, outputs wait for the
-    /// backup's acknowledgement of the log that produced them.
+    /// backup's acknowledgement of what produced them.
     fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
-        let out = match (&mut self.protection, &self.recorder, &mut self.checkpoints) {
-            (Some(p), Some(r), _) => {
-                let channel = r.channel().expect("a protected VM logs to its backup");
-                p.gate(requests, r.logged(), self.m.icount(), channel)
-            }
-            (_, _, Some(c)) => c.gate(requests),
-            _ => requests,
+        let out = match &mut self.primary {
+            Some(p) => p.gate(requests, self.m.icount()),
+            None => requests,
         };
         if !out.is_empty() {
             self.io.dispatch(out);
         }
     }
 
-    /// In checkpoint mode: the checkpoint, when one is due.
-    fn checkpoint_if_due(&mut self, idle: bool) -> Result<(), String> {
-        let now = Instant::now();
-        match &mut self.checkpoints {
-            Some(c) if !self.paused && (now >= c.due() || (idle && c.idle_due(now))) => c.checkpoint(&mut self.m),
-            _ => Ok(()),
+    /// After a run: a checkpoint when one is due, and the pause the
+    /// primary asks for to keep its backup near.
+    fn after_slice(&mut self, busy: Duration, idle: bool) -> Result<(), String> {
+        let Some(p) = &mut self.primary else { return Ok(()) };
+        let pause = p.after_slice(&mut self.m, busy, idle)?;
+        if !pause.is_zero() {
+            let started = Instant::now();
+            std::thread::sleep(pause);
+            p.paused(started.elapsed());
         }
-    }
-
-    /// Under protection: notes progress for the lag and pauses as the
-    /// CPU share asks.
-    fn keep_share(&mut self, busy: Duration) {
-        if let (Some(p), Some(r)) = (&mut self.protection, &self.recorder) {
-            let pause = p.after_chunk(self.m.icount(), busy, r.channel().expect("protected"));
-            if !pause.is_zero() {
-                let started = Instant::now();
-                std::thread::sleep(pause);
-                p.paused(started.elapsed());
-            }
-        }
+        Ok(())
     }
 
     fn control(&mut self, req: ControlRequest) -> Result<Next, String> {
-        let (reply, next) = match req.command {
-            Command::Status => {
-                let ft = match (&mut self.protection, &self.recorder, &mut self.checkpoints) {
-                    (Some(p), Some(r), _) => p.status(r.channel().expect("protected")),
-                    (_, _, Some(c)) => c.status(),
-                    _ if self.opts.ft_alone => "role=primary backup=none (unprotected)".to_string(),
-                    _ => String::new(),
+        let (response, next) = match req.request {
+            Request::Status => {
+                let pair = match &mut self.primary {
+                    Some(p) => p.status(),
+                    None if self.opts.ft_alone => Some(PairStatus::Unprotected),
+                    None => None,
                 };
-                let line = format!(
-                    "ok {} icount={} time={:.3}s {ft}",
-                    if self.paused { "paused" } else { "running" },
-                    self.m.icount(),
-                    self.m.time() as f64 / TIMEBASE_HZ as f64
-                );
-                (line.trim_end().to_string(), Next::Continue)
+                let status = VmStatus {
+                    state: if self.paused { RunState::Paused } else { RunState::Running },
+                    icount: self.m.icount(),
+                    guest_time_s: Some(self.m.time() as f64 / TIMEBASE_HZ as f64),
+                    pair,
+                };
+                (Ok(Reply::Status(Box::new(status))), Next::Continue)
             }
             // A paused primary falls silent, and its backup would take
             // the silence for a failure and go live.
-            Command::Pause if self.protection.is_some() || self.checkpoints.is_some() => {
-                ("error a protected VM cannot be paused (its backup would take over)".to_string(), Next::Continue)
+            Request::Pause if self.primary.as_ref().is_some_and(|p| !p.may_pause()) => {
+                (Err(ControlError::ProtectedCannotPause), Next::Continue)
             }
-            Command::Pause => {
+            Request::Pause => {
                 self.paused = true;
-                ("ok paused".to_string(), Next::Continue)
+                (Ok(Reply::Paused), Next::Continue)
             }
-            Command::Resume => {
+            Request::Resume => {
                 if self.paused {
                     self.paused = false;
                     // The pause is not guest time: pacing starts afresh.
@@ -517,51 +417,43 @@ impl Live {
                         self.inject(Event::Io { slot, completion });
                     }
                 }
-                ("ok running".to_string(), Next::Continue)
+                (Ok(Reply::Running), Next::Continue)
             }
-            Command::Snapshot(path) => (self.snapshot(&path), Next::Continue),
-            Command::Quit => ("ok quitting".to_string(), Next::Exit(0)),
+            Request::Snapshot { path } => (self.snapshot(&path), Next::Continue),
+            Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
         };
-        let _ = req.reply.send(reply);
+        let _ = req.reply.send(match response {
+            Ok(reply) => Response::Ok(reply),
+            Err(e) => Response::Error(e),
+        });
         Ok(next)
     }
 
-    fn snapshot(&mut self, path: &std::path::Path) -> String {
+    fn snapshot(&mut self, path: &std::path::Path) -> Result<Reply, ControlError> {
         let t0 = Instant::now();
-        let machine = match self.m.snapshot() {
-            Ok(b) => b,
-            Err(e) => return format!("error {e}"),
-        };
-        match snapshot_file::write(path, self.io.describe().as_bytes(), &machine) {
-            Ok(()) => {
-                // The time spent writing is not guest time.
-                self.pacer = Pacer::new(&self.m);
-                format!(
-                    "ok snapshot {} at icount {} in {} ms",
-                    path.display(),
-                    self.m.icount(),
-                    t0.elapsed().as_millis()
-                )
-            }
-            Err(e) => format!("error {e}"),
-        }
+        let failed = |e: String| ControlError::SnapshotFailed(e);
+        let machine = self.m.snapshot().map_err(|e| failed(e.to_string()))?;
+        snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(failed)?;
+        // The time spent writing is not guest time.
+        self.pacer = Pacer::new(&self.m);
+        Ok(Reply::Snapshot {
+            path: path.to_path_buf(),
+            icount: self.m.icount(),
+            millis: t0.elapsed().as_millis() as u64,
+        })
     }
 
     /// Every input goes through here: applied to the machine and, when
-    /// recording, logged at the instruction where it took effect. Inside
-    /// an epoch it waits for the epoch's end instead (P1).
+    /// recording, logged at the instruction where it took effect. Where
+    /// the primary delivers no inputs (inside an epoch) it waits instead.
     fn inject(&mut self, ev: Event) {
-        if !self.at_epoch_end {
-            let epochs = self.protection.as_mut().and_then(|p| p.epochs.as_mut()).expect("inside an epoch");
-            epochs.defer(ev);
-            return;
-        }
-        if let Some(epochs) = self.protection.as_mut().and_then(|p| p.epochs.as_mut()) {
-            epochs.delivered_one();
-        }
-        if let Some(r) = &mut self.recorder {
-            r.event(self.m.icount(), &ev);
-        }
+        let ev = match &mut self.primary {
+            Some(p) => match p.input(self.m.icount(), ev) {
+                Some(ev) => ev,
+                None => return,
+            },
+            None => ev,
+        };
         self.injected += 1;
         self.m.inject(ev);
     }

@@ -7,11 +7,13 @@
 //! guest time it logs the machine's chained state digest for replay to
 //! check against.
 
+use crate::api::PairStatus;
+use crate::ft::primary::{Alone, Primary, Request};
 use crate::host_io::{self, Backend};
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, Machine};
 use ftvm_replay::{Entry, Header, LogWriter, Record};
-use ftvm_replication::channel::LogSender;
+use ftvm_replication::channel::{Failure, LogSender};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -233,6 +235,46 @@ impl Recorder {
 
     fn write_error(&self, e: std::io::Error) -> String {
         format!("cannot write log {}: {e}", self.path.display())
+    }
+}
+
+/// `ftvm record`: the side that runs the VM for a replay to follow, from
+/// a log file. Nothing is held and nobody is waited for.
+pub struct Recording(pub Recorder);
+
+impl Primary for Recording {
+    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), String> {
+        self.0.checkpoint(m)
+    }
+
+    fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
+        self.0.event(icount, &ev);
+        Some(ev)
+    }
+
+    fn gate(&mut self, requests: Vec<Request>, _icount: u64) -> Vec<Request> {
+        requests
+    }
+
+    fn after_slice(&mut self, _m: &mut Machine, _busy: Duration, _idle: bool) -> Result<Duration, String> {
+        Ok(Duration::ZERO)
+    }
+
+    fn may_pause(&self) -> bool {
+        true
+    }
+
+    /// A log file has no peer to lose.
+    fn peer_lost(&mut self, _failure: &Failure) -> Result<Alone, String> {
+        Ok(Alone::default())
+    }
+
+    fn status(&mut self) -> Option<PairStatus> {
+        None
+    }
+
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+        self.0.finish(m, status)
     }
 }
 

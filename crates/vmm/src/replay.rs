@@ -9,7 +9,7 @@
 //! a cut log, `--then-run` hands the machine over to live execution, which
 //! is what a backup does when it goes live.
 
-use crate::ft::epochs::EpochCheck;
+use crate::ft::epoch::backup::EpochCheck;
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::record::{hex, parse_device};
 use crate::{console, control, live};
@@ -406,5 +406,5 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
         paused: false,
         ft_alone: setup.announce,
     };
-    live::run(m, io, events, opts, None, None, None)
+    live::run(m, io, events, opts, None)
 }

@@ -6,11 +6,13 @@
 //! live there (disk I/O in flight is issued again, §3.4), and announces
 //! the VM's MAC from this host. On losing it halts.
 
-use super::backup_disks::BackupDisks;
-use super::checkpoint_backup::{self, Committed, Disks as CheckpointDisks, Followed};
-use super::epochs::{EpochCheck, EpochMode};
+use super::checkpoint::backup::{self as checkpoint_backup, Committed, Disks as CheckpointDisks, Followed};
+use super::epoch::backup::EpochCheck;
+use super::epoch::EpochMode;
+use super::lockstep::backup_disks::BackupDisks;
 use super::{header_disks, hostname, DiskDigest, DiskPolicy, DiskSharing, PairArgs, SlotDisks};
-use crate::control::{self, Command};
+use crate::api::{BackupMode, BackupStatus, ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
+use crate::control;
 use crate::record::hex;
 use crate::replay::{self, LiveSetup, Outcome, Replayed};
 use clap::Args;
@@ -163,13 +165,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let status_socket = match &args.control {
         Some(path) => {
             let (r, end) = (receiver.clone(), received_end.clone());
+            let setting = EpochMode::from_header(&header).ok().flatten().map(EpochMode::setting);
             let progress = move || {
                 // The end first: set in the other order, status never shows
                 // the machine past the end it had.
                 let last_end = end.load(Ordering::SeqCst);
-                format!("replaying icount={} last_end={last_end}", r.executed())
+                let mode = match &setting {
+                    Some(setting) => BackupMode::Epoch { setting: setting.clone(), last_end },
+                    None => BackupMode::Lockstep { last_end },
+                };
+                (RunState::Replaying, r.executed(), mode)
             };
-            let status = replaying_status(receiver.clone(), progress, gen, mode_text(&header));
+            let status = replaying_status(receiver.clone(), progress, gen);
             Some(control::serve(path, status)?)
         }
         None => None,
@@ -325,41 +332,35 @@ fn copies_to_sync(
 
 /// The control socket's answers while the backup follows: only `status`
 /// (the VM is the primary's to stop, pause or snapshot). `progress` tells
-/// how far it is.
+/// how far it is: its state, instruction count and mode's figures.
 fn replaying_status(
     receiver: Arc<LogReceiver>,
-    progress: impl Fn() -> String + Send + Sync,
+    progress: impl Fn() -> (RunState, u64, BackupMode) + Send + Sync,
     generation: u64,
-    mode: String,
-) -> impl Fn(Command) -> String + Send + Sync {
+) -> impl Fn(Request) -> Response + Send + Sync {
     let rate = Mutex::new((Instant::now(), 0u64, 0.0f64));
-    move |command| {
-        if command != Command::Status {
-            return "error the backup is replaying the primary's VM: only status is answered".to_string();
+    move |request| {
+        if request != Request::Status {
+            return Response::Error(ControlError::BackupAnswersStatusOnly);
         }
         let mut rate = rate.lock().unwrap();
         let (received, dt) = (receiver.received(), rate.0.elapsed().as_secs_f64());
         if dt >= 0.5 {
             *rate = (Instant::now(), received, (received - rate.1) as f64 * 8.0 / dt / 1e6);
         }
-        let progress = progress();
-        let progress = if receiver.failure().is_some() {
-            progress.replacen("replaying", "taking-over", 1).replacen("following", "taking-over", 1)
-        } else {
-            progress
+        let (state, icount, mode) = progress();
+        let state = if receiver.failure().is_some() { RunState::TakingOver } else { state };
+        let backup = BackupStatus {
+            primary: receiver.peer().to_string(),
+            generation,
+            mode,
+            log_mbit_s: rate.2,
+            received,
+            buffered: receiver.buffered() as u64,
         };
-        format!(
-            "ok {progress} role=backup primary={} generation={generation} {mode} log={:.3}Mbit/s received={received} buffered={}",
-            receiver.peer(),
-            rate.2,
-            receiver.buffered()
-        )
+        let status = VmStatus { state, icount, guest_time_s: None, pair: Some(PairStatus::Backup(backup)) };
+        Response::Ok(Reply::Status(Box::new(status)))
     }
-}
-
-/// The replication mode as status shows it (checked before following).
-fn mode_text(header: &ftvm_replay::Header) -> String {
-    EpochMode::describe(EpochMode::from_header(header).ok().flatten())
 }
 
 /// `tap=NAME[,bridge=BR]`.
@@ -409,12 +410,16 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
         format!("refusing to follow the primary at {primary}: {e}")
     })?;
     let committed = Arc::new(AtomicU64::new(0));
+    let committed_icount = Arc::new(AtomicU64::new(0));
     let status_socket = match &args.control {
         Some(path) => {
-            let c = committed.clone();
-            let progress = move || format!("following committed={}", c.load(Ordering::Relaxed));
-            let mode = format!("mode=checkpoint interval={}ms", header.get("ft-interval-ms").unwrap_or("?"));
-            Some(control::serve(path, replaying_status(receiver.clone(), progress, gen, mode))?)
+            let (c, at) = (committed.clone(), committed_icount.clone());
+            let interval_ms = header.get("ft-interval-ms").and_then(|i| i.parse().ok()).unwrap_or(0);
+            let progress = move || {
+                let committed = c.load(Ordering::Relaxed);
+                (RunState::Following, at.load(Ordering::Relaxed), BackupMode::Checkpoint { interval_ms, committed })
+            };
+            Some(control::serve(path, replaying_status(receiver.clone(), progress, gen))?)
         }
         None => None,
     };
@@ -422,6 +427,7 @@ fn follow_checkpoints(args: &BackupArgs, pair: Pair, stream: impl std::io::Read)
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), committing checkpoints");
     let r = receiver.clone();
     let outcome = checkpoint_backup::follow(stream, &mut held, &mut files, |c| {
+        committed_icount.store(c.icount, Ordering::Relaxed);
         committed.store(c.checkpoints, Ordering::Relaxed);
         r.set_executed(c.checkpoints);
         // Only with a checkpoint to go live from is there anything to

@@ -9,28 +9,29 @@
 //! one it committed.
 //!
 //! This module owns the options and the setting up of a pair; `primary`
-//! what the live loop does under replay protection, `epochs` the epoch
-//! mode, `checkpoint_primary` and `checkpoint_backup` the two sides of
-//! checkpoint mode, `backup` the backup's run.
+//! the interface of the side that runs the VM, which `lockstep`, `epoch`
+//! and `checkpoint` implement, each in a folder with its two sides;
+//! `backup` the backup's run.
 
 pub mod backup;
-mod backup_disks;
-mod checkpoint_backup;
-pub mod checkpoint_primary;
-pub mod epochs;
+pub mod checkpoint;
+pub mod epoch;
+pub mod lockstep;
 pub mod primary;
 
-use crate::record::Recorder;
 use crate::host_io::HostEvent;
+use crate::record::Recorder;
 use clap::Args;
-use epochs::{EpochMode, EpochProtocol};
+use epoch::primary::Epoch;
+use epoch::{EpochMode, EpochProtocol};
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::disk_sync;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::Timing;
-use primary::Protection;
+use lockstep::primary::Lockstep;
+use primary::Primary;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
@@ -277,16 +278,6 @@ impl PrimaryArgs {
     }
 }
 
-/// What the live loop runs with on a protected primary.
-// One per VM, made once: the size of its larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Started {
-    /// Lockstep or epochs: the log to the backup and the Output Rule.
-    Replay(Recorder, Protection),
-    /// Checkpoints.
-    Checkpoints(checkpoint_primary::Checkpointer),
-}
-
 /// The shared disk a primary uses when given none: `disk.img` in the
 /// shared storage, made from the default guest's root image the first
 /// time (a sparse copy).
@@ -305,7 +296,11 @@ pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, St
 /// Connects to the backup and sets up the primary's half of the pair:
 /// a fresh generation at the arbiter, heartbeats, the logging channel
 /// (the header goes first), and the protection the live loop applies.
-pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<HostEvent>) -> Result<Started, String> {
+pub fn start_primary(
+    args: &PrimaryArgs,
+    header: &mut Header,
+    events: Sender<HostEvent>,
+) -> Result<Box<dyn Primary>, String> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
     let mode = args.epoch_mode()?;
@@ -369,28 +364,31 @@ pub fn start_primary(args: &PrimaryArgs, header: &mut Header, events: Sender<Hos
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
         let mut channel = recorder.into_channel().expect("a log to the backup");
-        let (blocks, bytes) = checkpoint_primary::send_disk_blocks(&mut channel, &digests)?;
+        let (blocks, bytes) = checkpoint::primary::send_disk_blocks(&mut channel, &digests)?;
         if blocks > 0 {
             eprintln!(
                 "ftvm: sending the backup {blocks} blocks ({:.1} MiB) its copies of the disks lack",
                 bytes as f64 / (1 << 20) as f64
             );
         }
-        let c = checkpoint_primary::Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me)?;
+        let c = checkpoint::primary::Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me)?;
         eprintln!(
             "ftvm: protected (checkpoints every {} ms): the backup at {} receives them",
             interval.as_millis(),
             args.backup
         );
-        return Ok(Started::Checkpoints(c));
+        return Ok(Box::new(c));
     }
-    let protection = Protection::new(arbiter, me, Duration::from_millis(args.lag_threshold), disks, mode);
+    let lockstep = Lockstep::new(recorder, arbiter, me, Duration::from_millis(args.lag_threshold), disks);
     eprintln!(
         "ftvm: protected ({}): the backup at {} receives the log",
         EpochMode::describe(mode).replace('_', " "),
         args.backup
     );
-    Ok(Started::Replay(recorder, protection))
+    Ok(match mode {
+        Some(mode) => Box::new(Epoch::new(lockstep, mode)),
+        None => Box::new(lockstep),
+    })
 }
 
 pub fn hostname() -> String {

@@ -1,241 +1,114 @@
-//! The primary's side of lockstep protection, as the live loop sees it:
-//! which requests are outputs held by the Output Rule (VMware FT §2.2),
-//! releasing them as the backup acknowledges, the execution-lag feedback
-//! loop (§3.2), and what to do when the backup is declared failed (§2.3).
-//! Which requests are outputs depends on the disks (§4.1): a write to a
-//! shared disk is one, a write to this host's own copy is not. In epoch
-//! mode it also owns the epochs (see `epochs`); under the original epoch
-//! protocol nothing is held, since every input was acknowledged before
-//! the primary delivered it.
+//! The side that runs the VM, as the live loop sees it: one interface
+//! that recording to a file (`record`), lockstep (`lockstep`), epochs
+//! (`epoch`) and checkpoints (`checkpoint`) implement, so the loop holds
+//! one `Option<Box<dyn Primary>>` and knows no mode by name.
+//!
+//! The loop's turn, and where each method comes in:
+//!
+//! ```text
+//! before_run ─ run the machine to run_target ─ after_run (inputs due now)
+//!   ─ gate (its requests) ─ after_slice (pause, checkpoint) ─ host events
+//!   ─ input, for each input while accepts_inputs ─ (idle: before_sleep,
+//!   wake_within) ─ again
+//! ```
+//!
+//! When the peer is declared failed the loop calls `peer_lost`: the side
+//! either wins the arbiter and hands back what it held (the VM runs on
+//! alone, without it), or reports that the peer went live and this side
+//! must halt, releasing nothing. When the VM ends, `end` says what may
+//! still leave, and `finish` closes the stream once the host has drained.
 
-use super::epochs::{EpochMode, EpochProtocol, Epochs};
-use super::DiskPolicy;
-use ftvm_machine::{BlkOp, IoRequest};
-use ftvm_replication::arbiter::{Arbiter, Verdict};
-use ftvm_replication::channel::{Failure, LogSender};
-use ftvm_replication::lag::{LagMeter, Throttle};
-use ftvm_replication::output_rule::OutputGate;
+use crate::api::PairStatus;
+use ftvm_machine::{Event, IoRequest, Machine, RunExit};
+use ftvm_replication::channel::Failure;
 use std::time::{Duration, Instant};
 
-/// How old the backup's last report may be before its age counts in the
-/// lag: a report follows every frame, and frames go at least every
-/// [`crate::live::BUSY_GO_LIVE`] (or [`crate::live::KEEPALIVE`] when idle),
-/// so one twice that old means the backup (or the way to it) is slow.
-const REPORT_GRACE: Duration = crate::live::BUSY_GO_LIVE.saturating_mul(2);
+/// A request of the machine to the host, with its virtio slot.
+pub type Request = (usize, IoRequest);
 
-pub struct Protection {
-    gate: OutputGate<(usize, IoRequest)>,
-    lag: LagMeter,
-    throttle: Throttle,
-    arbiter: Arbiter,
-    /// This host's name in the arbiter's record.
-    me: String,
-    last_lag: Duration,
-    /// The largest lag measured so far.
-    lag_max: Duration,
-    /// For the log bandwidth in status: (when, bytes sent) at the last look.
-    rate_mark: (Instant, u64),
-    rate: f64,
-    disks: DiskPolicy,
-    /// With the backup reading a shared disk itself (§4.2): reads it may
-    /// not have performed yet, as (instruction count, slot, byte range).
-    backup_reads: Vec<(u64, usize, std::ops::Range<u64>)>,
-    /// In epoch mode: the current epoch's buffered inputs and counts.
-    pub epochs: Option<Epochs>,
+/// What a primary that won the arbiter after its backup failed hands
+/// back to the loop, which runs on without it.
+#[derive(Default)]
+pub struct Alone {
+    /// Outputs it held for the backup's acknowledgement: they go now.
+    pub outputs: Vec<Request>,
+    /// Inputs it held for a point of delivery (an epoch's end): they go in now.
+    pub inputs: Vec<Event>,
 }
 
-/// Whether a request changes the world outside the VM: a sent frame, or a
-/// write to a shared disk (a flush orders writes, so it waits with them).
-fn is_output(req: &IoRequest, disks: DiskPolicy) -> bool {
-    match req {
-        IoRequest::NetTx { .. } => true,
-        IoRequest::Disk { op, .. } => disks.writes_are_outputs() && matches!(op, BlkOp::Write { .. } | BlkOp::Flush),
-        IoRequest::Entropy { .. } => false,
-    }
-}
-
-fn byte_range(op: &BlkOp) -> Option<std::ops::Range<u64>> {
-    match op {
-        BlkOp::Read { offset, len } => Some(*offset..offset + *len as u64),
-        BlkOp::Write { offset, data } => Some(*offset..offset + data.len() as u64),
-        _ => None,
-    }
-}
-
-impl Protection {
-    pub fn new(
-        arbiter: Arbiter,
-        me: String,
-        lag_threshold: Duration,
-        disks: DiskPolicy,
-        mode: Option<EpochMode>,
-    ) -> Protection {
-        Protection {
-            gate: OutputGate::default(),
-            lag: LagMeter::default(),
-            throttle: Throttle::new(lag_threshold),
-            arbiter,
-            me,
-            last_lag: Duration::ZERO,
-            lag_max: Duration::ZERO,
-            rate_mark: (Instant::now(), 0),
-            rate: 0.0,
-            disks,
-            backup_reads: Vec::new(),
-            epochs: mode.map(Epochs::new),
-        }
+/// The side that runs the VM.
+pub trait Primary {
+    /// Where the next run of the machine stops, given where the loop
+    /// would next look at the host (`look_at`).
+    fn run_target(&self, _icount: u64, look_at: u64) -> u64 {
+        look_at
     }
 
-    /// Whether the primary waits at each epoch end for the backup to
-    /// acknowledge everything sent (the original epoch protocol's P2).
-    pub fn waits_at_epoch_ends(&self) -> bool {
-        self.epochs.as_ref().is_some_and(|e| e.mode.protocol == EpochProtocol::Original)
+    /// Before the machine runs on (also while paused): close what the
+    /// stream owes for the instructions run so far.
+    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), String>;
+
+    /// After a run that stopped with `exit`: the inputs to deliver now,
+    /// which waited for this point.
+    fn after_run(&mut self, _m: &Machine, _exit: &RunExit) -> Vec<Event> {
+        Vec::new()
     }
 
-    /// The machine's new requests, made by instruction `icount`: outputs
-    /// are held until the log written so far (`logged` bytes) is
-    /// acknowledged; the rest are returned, to go out now with whatever
-    /// the acknowledgements have let go.
-    pub fn gate(
-        &mut self,
-        requests: Vec<(usize, IoRequest)>,
-        logged: u64,
-        icount: u64,
-        channel: &LogSender,
-    ) -> Vec<(usize, IoRequest)> {
-        let mut now = Vec::new();
-        let executed = channel.backup_icount();
-        self.backup_reads.retain(|(at, _, _)| *at > executed);
-        for (slot, req) in requests {
-            if let (true, IoRequest::Disk { op: op @ BlkOp::Read { .. }, .. }) =
-                (self.disks.writes_wait_for_backup_reads(), &req)
-            {
-                self.backup_reads.push((icount, slot, byte_range(op).expect("a read")));
-            }
-            if is_output(&req, self.disks) && !self.waits_at_epoch_ends() {
-                // A write waits for the backup to have read what the
-                // guest read there before it (§4.2).
-                let after = match &req {
-                    IoRequest::Disk { op, .. } => byte_range(op).map_or(0, |w| {
-                        let overlapping = self
-                            .backup_reads
-                            .iter()
-                            .filter(|(_, s, r)| *s == slot && r.start < w.end && w.start < r.end);
-                        overlapping.map(|(at, _, _)| *at).max().unwrap_or(0)
-                    }),
-                    _ => 0,
-                };
-                self.gate.hold_until(logged, after, (slot, req));
-            } else {
-                now.push((slot, req));
-            }
-        }
-        let mut out = self.gate.release(channel.acked(), executed);
-        if !self.gate.is_empty() {
-            // Held outputs wait for this log: it goes out now (§3.5).
-            channel.send_now();
-        }
-        out.extend(now);
-        out
+    /// Whether inputs may be delivered where the machine stands now.
+    fn accepts_inputs(&self) -> bool {
+        true
     }
 
-    /// After the machine ran for `busy` to `icount`: updates the lag and
-    /// returns how long to pause to keep to the CPU share (tell
-    /// [`Protection::paused`] how long it was).
-    pub fn after_chunk(&mut self, icount: u64, busy: Duration, channel: &LogSender) -> Duration {
-        let now = Instant::now();
-        self.lag.note(icount, now - busy, now);
-        let (backup, age) = channel.backup_report();
-        // The lag as of the backup's last report: it reports on receipt of
-        // each frame (every BUSY_GO_LIVE at least while the guest runs),
-        // and measuring from now would add the report's age, 0-50 ms, to
-        // every sample. A report later than expected counts again.
-        let reported = now.checked_sub(age).unwrap_or(now);
-        self.last_lag = self.lag.lag(backup, reported) + age.saturating_sub(REPORT_GRACE);
-        self.throttle.ran_to(icount, busy);
-        self.lag_max = self.lag_max.max(self.last_lag);
-        self.throttle.update(self.last_lag, backup, now);
-        self.throttle.pause_after(busy)
+    /// An input, at instruction `icount`: returned to be delivered now
+    /// (and logged), or kept until the machine stands where inputs may
+    /// be delivered.
+    fn input(&mut self, icount: u64, ev: Event) -> Option<Event>;
+
+    /// The machine's new requests, made by instruction `icount`: those
+    /// that may go to the host now, with any earlier outputs that may go
+    /// now; outputs that must wait are kept.
+    fn gate(&mut self, requests: Vec<Request>, icount: u64) -> Vec<Request>;
+
+    /// After a run of `busy` host time (`idle`: every hart waits for an
+    /// interrupt): a checkpoint when one is due, and how long the VM
+    /// pauses to keep the backup near (tell [`Primary::paused`]).
+    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, String>;
+
+    /// The VM paused for `slept` as [`Primary::after_slice`] asked.
+    fn paused(&mut self, _slept: Duration) {}
+
+    /// While the guest sleeps: how soon the loop must wake to show the
+    /// backup this side is alive (None: it need not).
+    fn wake_within(&self, _now: Instant) -> Option<Duration> {
+        None
     }
 
-    /// The primary paused for `slept` as [`Protection::after_chunk`] asked.
-    pub fn paused(&mut self, slept: Duration) {
-        self.throttle.paused(slept);
+    /// The guest goes to sleep: nothing more will come to batch the
+    /// stream with.
+    fn before_sleep(&mut self) {}
+
+    /// Whether the VM may be paused (a protected VM may not: its backup
+    /// would take the silence for a failure and go live).
+    fn may_pause(&self) -> bool;
+
+    /// The peer is declared failed: win the arbiter and hand back what
+    /// was held, or an error (halt) because the peer went live first.
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String>;
+
+    /// Its part of the VM's status (None: it is in no pair).
+    fn status(&mut self) -> Option<PairStatus>;
+
+    /// What the run did, for the last words (None: nothing to say).
+    fn summary(&self) -> Option<String> {
+        None
     }
 
-    /// What the lag control did over the whole run, for the primary's
-    /// last words: a slow protected run says whether the backup held it
-    /// back.
-    pub fn summary(&self) -> String {
-        let epochs = self.epochs.as_ref().map_or(String::new(), |e| format!("; {}", e.summary()));
-        format!(
-            "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all{epochs}",
-            self.lag_max.as_millis(),
-            self.throttle.engagements(),
-            self.throttle.paused_total().as_millis()
-        )
+    /// The VM ends (`status`: the guest's exit status when it powered
+    /// off): what may still leave before the host drains.
+    fn end(&mut self, _m: &mut Machine, _status: Option<u32>) -> Vec<Request> {
+        Vec::new()
     }
 
-    /// The backup is declared failed: win the test-and-set and go on alone
-    /// with every held output, or halt (an error) because the backup went
-    /// live first.
-    pub fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<(usize, IoRequest)>, String> {
-        eprintln!("ftvm: the backup is declared failed: {failure}");
-        match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
-            Verdict::Won => {
-                eprintln!(
-                    "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
-                    self.arbiter.generation(),
-                    self.gate.len()
-                );
-                Ok(self.gate.release_all())
-            }
-            Verdict::Lost(who) => Err(format!(
-                "halting: {who} went live for generation {} (the backup took over)",
-                self.arbiter.generation()
-            )),
-        }
-    }
-
-    /// Status fields for the control socket.
-    pub fn status(&mut self, channel: &LogSender) -> String {
-        let now = Instant::now();
-        let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
-        if dt >= 0.5 {
-            self.rate = (channel.sent() - self.rate_mark.1) as f64 * 8.0 / dt / 1e6;
-            self.rate_mark = (now, channel.sent());
-        }
-        let (primary_rate, backup_rate) = self.throttle.rates();
-        let mips = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.1}", r / 1e6));
-        let mode = match &self.epochs {
-            Some(e) => e.status(),
-            None => EpochMode::describe(None),
-        };
-        format!(
-            "role=primary backup={} generation={} {mode} disks={}{} lag={}ms lag_max={}ms log={:.3}Mbit/s log_bytes={} acked={} held={} outputs_held_total={} cpu_share={:.0}% lag_control={} lag_control_engaged={} paused_total={}ms mips_primary={} mips_backup={}",
-            channel.peer(),
-            self.arbiter.generation(),
-            self.disks.sharing.name(),
-            if self.disks.backup_reads { ",backup-reads" } else { "" },
-            self.last_lag.as_millis(),
-            self.lag_max.as_millis(),
-            self.rate,
-            channel.sent(),
-            channel.acked(),
-            self.gate.len(),
-            self.gate.total_held(),
-            self.throttle.share() * 100.0,
-            if self.throttle.engaged() {
-                "engaged"
-            } else if self.throttle.trimming() {
-                "trim"
-            } else {
-                "off"
-            },
-            self.throttle.engagements(),
-            self.throttle.paused_total().as_millis(),
-            mips(primary_rate),
-            mips(backup_rate)
-        )
-    }
+    /// After the host drained: closes the stream.
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String>;
 }

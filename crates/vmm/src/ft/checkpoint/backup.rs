@@ -12,7 +12,7 @@
 //! committed checkpoint, with this host's disks exactly as they were then,
 //! flushed and marked valid by an activation record before it runs.
 
-use super::DiskDigest;
+use super::super::DiskDigest;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;

@@ -37,9 +37,9 @@
 //! the deterministic machine (its clock follows the instruction count and
 //! the logged clock events), where the paper's was the host's.
 
-use ftvm_machine::{Event, Machine, RunExit};
+use crate::api::EpochSetting;
+use ftvm_machine::RunExit;
 use ftvm_replay::Header;
-use std::time::Duration;
 
 /// Whether the primary waits for acknowledgements at every epoch end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -114,11 +114,16 @@ impl EpochMode {
         }
     }
 
-    /// How status shows it.
+    /// The setting, as status shows it.
+    pub fn setting(self) -> EpochSetting {
+        EpochSetting { length: self.length, protocol: self.protocol.name().to_string() }
+    }
+
+    /// How the messages name it.
     pub fn describe(mode: Option<EpochMode>) -> String {
         match mode {
             None => "mode=lockstep".into(),
-            Some(e) => format!("mode=epoch epoch_length={} protocol={}", e.length, e.protocol.name()),
+            Some(e) => e.setting().to_string(),
         }
     }
 
@@ -152,144 +157,8 @@ impl EpochMode {
     }
 }
 
-/// The primary's epochs while it runs: inputs waiting for the end of the
-/// current epoch, and counts for status.
-pub struct Epochs {
-    pub mode: EpochMode,
-    deferred: Vec<Event>,
-    /// Epoch ends passed (run through or stopped at), and how many of them
-    /// were idle ends.
-    pub ends: u64,
-    pub idle_ends: u64,
-    /// Inputs delivered at epoch ends: those buffered during an epoch and
-    /// those that arrived while the machine stood at an end (an idle one,
-    /// mostly), which need no buffering.
-    pub delivered: u64,
-    /// Of them, those that arrived inside an epoch and waited for its end.
-    pub buffered: u64,
-    /// Under the original protocol: time spent waiting for the backup's
-    /// acknowledgement at epoch ends (what the protocol costs).
-    pub ack_wait: Duration,
-    /// The epoch the last end stopped at closed (`icount / length`).
-    last_epoch: Option<u64>,
-}
-
-impl Epochs {
-    pub fn new(mode: EpochMode) -> Epochs {
-        Epochs {
-            mode,
-            deferred: Vec::new(),
-            ends: 0,
-            idle_ends: 0,
-            delivered: 0,
-            buffered: 0,
-            ack_wait: Duration::ZERO,
-            last_epoch: None,
-        }
-    }
-
-    /// Buffers an input that arrived inside an epoch (P1).
-    pub fn defer(&mut self, ev: Event) {
-        self.buffered += 1;
-        self.deferred.push(ev);
-    }
-
-    /// Counts an input delivered at an epoch end.
-    pub fn delivered_one(&mut self) {
-        self.delivered += 1;
-    }
-
-    /// Whether inputs wait for the end of the current epoch.
-    pub fn inputs_waiting(&self) -> bool {
-        !self.deferred.is_empty()
-    }
-
-    /// Notes an epoch end at `icount` (and those the run went through
-    /// since the last) and hands out the inputs to deliver there (P2).
-    pub fn end(&mut self, icount: u64, exit: &RunExit) -> Vec<Event> {
-        let epoch = icount / self.mode.length;
-        let at_multiple = icount.is_multiple_of(self.mode.length);
-        let crossed = match self.last_epoch {
-            Some(last) => epoch - last,
-            None => at_multiple as u64,
-        };
-        self.last_epoch = Some(epoch);
-        self.ends += crossed + !at_multiple as u64;
-        if matches!(exit, RunExit::Idle { .. }) {
-            self.idle_ends += 1;
-        }
-        std::mem::take(&mut self.deferred)
-    }
-
-    /// The inputs still buffered, when epochs stop (the backup is lost).
-    pub fn take_deferred(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.deferred)
-    }
-
-    /// Under the original protocol, the time waited for acknowledgements
-    /// at epoch ends, in all (ms) and per end (µs).
-    fn ack_waits(&self) -> Option<(u128, u128)> {
-        (self.mode.protocol == EpochProtocol::Original)
-            .then(|| (self.ack_wait.as_millis(), self.ack_wait.as_nanos() / self.ends.max(1) as u128 / 1000))
-    }
-
-    /// The epochs of the whole run, for the primary's last words.
-    pub fn summary(&self) -> String {
-        let waits = self.ack_waits().map_or(String::new(), |(total, mean)| {
-            format!(", {total} ms waiting for acknowledgements ({mean} us an end)")
-        });
-        format!("{} epochs ended ({} where the guest idled){waits}", self.ends, self.idle_ends)
-    }
-
-    pub fn status(&self) -> String {
-        let waits = self
-            .ack_waits()
-            .map_or(String::new(), |(total, mean)| format!(" ack_wait_total={total}ms ack_wait_mean={mean}us"));
-        format!(
-            "{} epochs={} idle_ends={} inputs_delivered={} inputs_buffered={} inputs_waiting={}{waits}",
-            EpochMode::describe(Some(self.mode)),
-            self.ends,
-            self.idle_ends,
-            self.delivered,
-            self.buffered,
-            self.deferred.len()
-        )
-    }
-}
-
-/// The backup's check of the epoch rule while it replays: every input the
-/// log carries must fall on an epoch end, where the backup's machine is
-/// either at a multiple of the length or idle. A log that breaks it came
-/// from a primary that delivered inside an epoch.
-pub struct EpochCheck {
-    pub mode: EpochMode,
-    /// Inputs checked, and how many of them at idle ends.
-    pub inputs: u64,
-    pub at_idle: u64,
-}
-
-impl EpochCheck {
-    pub fn new(mode: EpochMode) -> EpochCheck {
-        EpochCheck { mode, inputs: 0, at_idle: 0 }
-    }
-
-    pub fn input(&mut self, m: &Machine) -> Result<(), String> {
-        self.inputs += 1;
-        let icount = m.icount();
-        if icount.is_multiple_of(self.mode.length) {
-            return Ok(());
-        }
-        if m.harts().iter().all(|h| h.is_idle()) {
-            self.at_idle += 1;
-            return Ok(());
-        }
-        Err(format!(
-            "the primary delivered an input at instruction {icount}, inside epoch {} (length {}), with a hart running",
-            icount / self.mode.length,
-            self.mode.length
-        ))
-    }
-}
+pub mod backup;
+pub mod primary;
 
 #[cfg(test)]
 mod tests {
@@ -321,20 +190,6 @@ mod tests {
         h.set("ft-epoch-length", "1024");
         h.set("ft-epoch-protocol", "sometimes");
         assert!(EpochMode::from_header(&h).is_err());
-    }
-
-    #[test]
-    fn deferred_inputs_come_out_at_the_end_in_order() {
-        let mut e = Epochs::new(EpochMode::new(1024, EpochProtocol::Revised).unwrap());
-        e.defer(Event::ClockRate(1));
-        e.defer(Event::ClockRate(2));
-        let out = e.end(1024, &RunExit::Reached);
-        assert!(matches!(out[..], [Event::ClockRate(1), Event::ClockRate(2)]));
-        assert!(e.end(1500, &RunExit::Idle { wake_at: None }).is_empty());
-        assert_eq!((e.ends, e.idle_ends, e.buffered), (2, 1, 2));
-        // A run through three ends to a fourth counts all four.
-        e.end(5 * 1024, &RunExit::Reached);
-        assert_eq!(e.ends, 6);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
-use ftvm_machine::{BlkOp, IoRequest, Machine};
+use super::super::primary::{Alone, Primary, Request};
+use crate::api::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
+use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
@@ -63,7 +65,7 @@ const KEEP_ALIVE: Duration = Duration::from_millis(50);
 /// moment the backup is ready: a silent channel would look like a failure.
 pub fn send_disk_blocks(
     channel: &mut LogSender,
-    disks: &[(usize, std::path::PathBuf, super::DiskDigest)],
+    disks: &[(usize, std::path::PathBuf, super::super::DiskDigest)],
 ) -> Result<(usize, u64), String> {
     let (mut blocks, mut bytes) = (0, 0);
     let mut out = Vec::new();
@@ -189,11 +191,6 @@ impl Checkpointer {
         })
     }
 
-    /// When the next checkpoint is due.
-    pub fn due(&self) -> Instant {
-        self.due
-    }
-
     /// Whether to take a checkpoint now, before it is due, because every
     /// hart idles while frames of this epoch wait for it: a request has
     /// been answered and the guest has nothing more to do, so holding the
@@ -207,7 +204,7 @@ impl Checkpointer {
     /// The machine's new requests: frames wait for the end of their epoch
     /// and its acknowledgement, disk writes are mirrored to the backup;
     /// the rest, and what the acknowledgements let go, are returned.
-    pub fn gate(&mut self, requests: Vec<(usize, IoRequest)>) -> Vec<(usize, IoRequest)> {
+    fn hold_frames(&mut self, requests: Vec<Request>) -> Vec<Request> {
         let mut now = Vec::new();
         for (slot, req) in requests {
             match &req {
@@ -311,7 +308,7 @@ impl Checkpointer {
     /// The VM ends: a last checkpoint (the outputs of the last epoch wait
     /// for it), the end mark, and its acknowledgement, so the backup does
     /// not take the primary's exit for a failure. Returns what may leave.
-    pub fn finish(mut self, m: &mut Machine, status: Option<u32>) -> Vec<(usize, IoRequest)> {
+    fn end_stream(&mut self, m: &mut Machine, status: Option<u32>) -> Vec<Request> {
         if self.watch.failure().is_none() {
             if let Err(e) = self.checkpoint(m) {
                 eprintln!("ftvm: {e}");
@@ -331,7 +328,7 @@ impl Checkpointer {
 
     /// The backup is declared failed: win the test-and-set and go on alone
     /// with every held frame, or halt because the backup went live first.
-    pub fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<(usize, IoRequest)>, String> {
+    fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<Request>, String> {
         eprintln!("ftvm: the backup is declared failed: {failure}");
         match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
             Verdict::Won => {
@@ -360,7 +357,7 @@ impl Checkpointer {
     /// rates (of the checkpoints on the beat; `idle_checkpoints` counts
     /// the early ones), pause times against pages dirtied, bytes per checkpoint,
     /// compression, outputs held.
-    pub fn status(&mut self) -> String {
+    fn pair_status(&mut self) -> PairStatus {
         let r = self.report.lock().unwrap();
         let now = Instant::now();
         let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
@@ -375,9 +372,8 @@ impl Checkpointer {
         dirty.sort();
         let dirty_median = dirty.get(dirty.len() / 2).copied().unwrap_or(0);
         // Remus's Fig. 5: pause time against pages dirtied, as the median
-        // and p99 pause of the checkpoints in each decade of dirty pages
-        // (`lo-hi:median/p99us/checkpoints`).
-        let mut by_dirty = String::new();
+        // and p99 pause of the checkpoints in each decade of dirty pages.
+        let mut pause_by_dirty = Vec::new();
         for (lo, hi) in [(0, 10), (10, 100), (100, 1000), (1000, 10_000), (10_000, usize::MAX)] {
             let mut p: Vec<Duration> =
                 self.dirty.iter().zip(&self.pauses).filter(|(d, _)| (lo..hi).contains(*d)).map(|(_, p)| *p).collect();
@@ -385,34 +381,86 @@ impl Checkpointer {
                 continue;
             }
             p.sort();
-            let hi = if hi == usize::MAX { "".to_string() } else { (hi - 1).to_string() };
-            let (median, p99) = (p[p.len() / 2].as_micros(), p[(p.len() - 1) * 99 / 100].as_micros());
-            let sep = if by_dirty.is_empty() { "" } else { "," };
-            by_dirty += &format!("{sep}{lo}-{hi}:{median}/{p99}us/{}", p.len());
+            pause_by_dirty.push(PauseBucket {
+                lo: lo as u64,
+                hi: (hi != usize::MAX).then(|| hi as u64 - 1),
+                median_us: p[p.len() / 2].as_micros() as u64,
+                p99_us: p[(p.len() - 1) * 99 / 100].as_micros() as u64,
+                checkpoints: p.len() as u64,
+            });
         }
-        format!(
-            "role=primary backup={} generation={} mode=checkpoint interval={}ms checkpoints={} idle_checkpoints={} \
-             rate={:.2}/s rate_overall={:.2}/s committed={} pause_median={}us pause_p99={}us dirty_median={} pause_by_dirty={} \
-             bytes_per_checkpoint={} compression={:.2} log_bytes={} acked={} held={} outputs_held_total={}",
-            self.watch.peer(),
-            self.arbiter.generation(),
-            self.interval.as_millis(),
-            self.epoch,
-            if self.idle_checkpoints { self.early.to_string() } else { "off".into() },
-            self.rate,
-            self.on_beat() as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
-            self.acked_epochs,
-            pct(0.5).as_micros(),
-            pct(0.99).as_micros(),
-            dirty_median,
-            if by_dirty.is_empty() { "none" } else { &by_dirty },
-            r.checkpoint_bytes / r.checkpoints.max(1),
-            r.delta.ratio(),
-            self.watch.sent(),
-            self.watch.acked(),
-            self.gate.len() + self.this_epoch.len(),
-            self.gate.total_held() + self.this_epoch.len() as u64
-        )
+        let status = CheckpointStatus {
+            interval_ms: self.interval.as_millis() as u64,
+            checkpoints: self.epoch,
+            idle_checkpoints: self.idle_checkpoints.then_some(self.early),
+            rate: self.rate,
+            rate_overall: self.on_beat() as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            committed: self.acked_epochs,
+            pause_median_us: pct(0.5).as_micros() as u64,
+            pause_p99_us: pct(0.99).as_micros() as u64,
+            dirty_median: dirty_median as u64,
+            pause_by_dirty,
+            bytes_per_checkpoint: r.checkpoint_bytes / r.checkpoints.max(1),
+            compression: r.delta.ratio(),
+            log_bytes: self.watch.sent(),
+            acked: self.watch.acked(),
+            held: (self.gate.len() + self.this_epoch.len()) as u64,
+            outputs_held_total: self.gate.total_held() + self.this_epoch.len() as u64,
+        };
+        PairStatus::Primary(PrimaryStatus {
+            backup: self.watch.peer().to_string(),
+            generation: self.arbiter.generation(),
+            mode: PrimaryMode::Checkpoint(status),
+        })
+    }
+}
+
+impl Primary for Checkpointer {
+    fn before_run(&mut self, _m: &mut Machine, _paused: bool) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn input(&mut self, _icount: u64, ev: Event) -> Option<Event> {
+        Some(ev)
+    }
+
+    fn gate(&mut self, requests: Vec<Request>, _icount: u64) -> Vec<Request> {
+        self.hold_frames(requests)
+    }
+
+    /// The checkpoint, when one is due.
+    fn after_slice(&mut self, m: &mut Machine, _busy: Duration, idle: bool) -> Result<Duration, String> {
+        let now = Instant::now();
+        if now >= self.due || (idle && self.idle_due(now)) {
+            self.checkpoint(m)?;
+        }
+        Ok(Duration::ZERO)
+    }
+
+    /// Checkpoints go on while the guest sleeps: they are what shows the
+    /// backup the primary is alive.
+    fn wake_within(&self, now: Instant) -> Option<Duration> {
+        Some(self.due.saturating_duration_since(now))
+    }
+
+    fn may_pause(&self) -> bool {
+        false
+    }
+
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
+        Ok(Alone { outputs: self.backup_lost(failure)?, inputs: Vec::new() })
+    }
+
+    fn status(&mut self) -> Option<PairStatus> {
+        Some(self.pair_status())
+    }
+
+    fn end(&mut self, m: &mut Machine, status: Option<u32>) -> Vec<Request> {
+        self.end_stream(m, status)
+    }
+
+    fn finish(self: Box<Self>, _m: &mut Machine, _status: Option<u32>) -> Result<(), String> {
+        Ok(())
     }
 }
 

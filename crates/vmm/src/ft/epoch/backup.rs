@@ -1,0 +1,39 @@
+//! The backup's side of epoch mode: the replay of lockstep, checking the
+//! epoch rule as it goes (every input falls on an epoch end).
+
+use super::EpochMode;
+use ftvm_machine::Machine;
+
+/// The backup's check of the epoch rule while it replays: every input the
+/// log carries must fall on an epoch end, where the backup's machine is
+/// either at a multiple of the length or idle. A log that breaks it came
+/// from a primary that delivered inside an epoch.
+pub struct EpochCheck {
+    pub mode: EpochMode,
+    /// Inputs checked, and how many of them at idle ends.
+    pub inputs: u64,
+    pub at_idle: u64,
+}
+
+impl EpochCheck {
+    pub fn new(mode: EpochMode) -> EpochCheck {
+        EpochCheck { mode, inputs: 0, at_idle: 0 }
+    }
+
+    pub fn input(&mut self, m: &Machine) -> Result<(), String> {
+        self.inputs += 1;
+        let icount = m.icount();
+        if icount.is_multiple_of(self.mode.length) {
+            return Ok(());
+        }
+        if m.harts().iter().all(|h| h.is_idle()) {
+            self.at_idle += 1;
+            return Ok(());
+        }
+        Err(format!(
+            "the primary delivered an input at instruction {icount}, inside epoch {} (length {}), with a hart running",
+            icount / self.mode.length,
+            self.mode.length
+        ))
+    }
+}

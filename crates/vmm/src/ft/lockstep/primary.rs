@@ -1,0 +1,303 @@
+//! The primary's side of lockstep protection (VMware FT): every input is
+//! logged at the instruction where it took effect and the log streams to
+//! the backup (`record::Recorder` over the logging channel); requests
+//! that are outputs are held by the Output Rule (§2.2) and released as
+//! the backup acknowledges the log that produced them; the execution-lag
+//! feedback loop (§3.2) keeps the backup near; and when the backup is
+//! declared failed the arbiter decides who goes on (§2.3). Which requests
+//! are outputs depends on the disks (§4.1): a write to a shared disk is
+//! one, a write to this host's own copy is not. Epoch mode wraps this
+//! (`epoch::primary`); under the original epoch protocol nothing is
+//! held, since every input was acknowledged before the primary delivered
+//! it.
+
+use super::super::primary::{Alone, Primary, Request};
+use super::super::DiskPolicy;
+use crate::api::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
+use crate::live::KEEPALIVE;
+use crate::record::Recorder;
+use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
+use ftvm_replication::arbiter::{Arbiter, Verdict};
+use ftvm_replication::channel::{Failure, LogSender};
+use ftvm_replication::lag::{LagMeter, Throttle};
+use ftvm_replication::output_rule::OutputGate;
+use std::time::{Duration, Instant};
+
+/// How old the backup's last report may be before its age counts in the
+/// lag: a report follows every frame, and frames go at least every
+/// [`crate::live::BUSY_GO_LIVE`] (or [`crate::live::KEEPALIVE`] when idle),
+/// so one twice that old means the backup (or the way to it) is slow.
+const REPORT_GRACE: Duration = crate::live::BUSY_GO_LIVE.saturating_mul(2);
+
+pub struct Lockstep {
+    /// The log, streaming to the backup.
+    recorder: Recorder,
+    gate: OutputGate<(usize, IoRequest)>,
+    lag: LagMeter,
+    throttle: Throttle,
+    arbiter: Arbiter,
+    /// This host's name in the arbiter's record.
+    me: String,
+    last_lag: Duration,
+    /// The largest lag measured so far.
+    lag_max: Duration,
+    /// For the log bandwidth in status: (when, bytes sent) at the last look.
+    rate_mark: (Instant, u64),
+    rate: f64,
+    disks: DiskPolicy,
+    /// With the backup reading a shared disk itself (§4.2): reads it may
+    /// not have performed yet, as (instruction count, slot, byte range).
+    backup_reads: Vec<(u64, usize, std::ops::Range<u64>)>,
+    /// Whether outputs wait for the backup's acknowledgement: always but
+    /// under the original epoch protocol, which waits at every epoch end.
+    hold_outputs: bool,
+}
+
+/// Whether a request changes the world outside the VM: a sent frame, or a
+/// write to a shared disk (a flush orders writes, so it waits with them).
+fn is_output(req: &IoRequest, disks: DiskPolicy) -> bool {
+    match req {
+        IoRequest::NetTx { .. } => true,
+        IoRequest::Disk { op, .. } => disks.writes_are_outputs() && matches!(op, BlkOp::Write { .. } | BlkOp::Flush),
+        IoRequest::Entropy { .. } => false,
+    }
+}
+
+fn byte_range(op: &BlkOp) -> Option<std::ops::Range<u64>> {
+    match op {
+        BlkOp::Read { offset, len } => Some(*offset..offset + *len as u64),
+        BlkOp::Write { offset, data } => Some(*offset..offset + data.len() as u64),
+        _ => None,
+    }
+}
+
+impl Lockstep {
+    /// `recorder` logs to the backup (its header acknowledged).
+    pub fn new(
+        recorder: Recorder,
+        arbiter: Arbiter,
+        me: String,
+        lag_threshold: Duration,
+        disks: DiskPolicy,
+    ) -> Lockstep {
+        Lockstep {
+            recorder,
+            gate: OutputGate::default(),
+            lag: LagMeter::default(),
+            throttle: Throttle::new(lag_threshold),
+            arbiter,
+            me,
+            last_lag: Duration::ZERO,
+            lag_max: Duration::ZERO,
+            rate_mark: (Instant::now(), 0),
+            rate: 0.0,
+            disks,
+            backup_reads: Vec::new(),
+            hold_outputs: true,
+        }
+    }
+
+    /// Under the original epoch protocol: every input was acknowledged
+    /// before it was delivered, so no output waits.
+    pub fn release_outputs_at_once(&mut self) {
+        self.hold_outputs = false;
+    }
+
+    /// The log.
+    pub fn recorder(&mut self) -> &mut Recorder {
+        &mut self.recorder
+    }
+
+    /// The logging channel.
+    pub fn channel(&self) -> &LogSender {
+        self.recorder.channel().expect("a protected VM logs to its backup")
+    }
+
+    /// The machine's new requests, made by instruction `icount`: outputs
+    /// are held until the log written so far (`logged` bytes) is
+    /// acknowledged; the rest are returned, to go out now with whatever
+    /// the acknowledgements have let go.
+    fn hold_outputs(&mut self, requests: Vec<Request>, icount: u64) -> Vec<Request> {
+        let logged = self.recorder.logged();
+        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let mut now = Vec::new();
+        let executed = channel.backup_icount();
+        self.backup_reads.retain(|(at, _, _)| *at > executed);
+        for (slot, req) in requests {
+            if let (true, IoRequest::Disk { op: op @ BlkOp::Read { .. }, .. }) =
+                (self.disks.writes_wait_for_backup_reads(), &req)
+            {
+                self.backup_reads.push((icount, slot, byte_range(op).expect("a read")));
+            }
+            if is_output(&req, self.disks) && self.hold_outputs {
+                // A write waits for the backup to have read what the
+                // guest read there before it (§4.2).
+                let after = match &req {
+                    IoRequest::Disk { op, .. } => byte_range(op).map_or(0, |w| {
+                        let overlapping = self
+                            .backup_reads
+                            .iter()
+                            .filter(|(_, s, r)| *s == slot && r.start < w.end && w.start < r.end);
+                        overlapping.map(|(at, _, _)| *at).max().unwrap_or(0)
+                    }),
+                    _ => 0,
+                };
+                self.gate.hold_until(logged, after, (slot, req));
+            } else {
+                now.push((slot, req));
+            }
+        }
+        let mut out = self.gate.release(channel.acked(), executed);
+        if !self.gate.is_empty() {
+            // Held outputs wait for this log: it goes out now (§3.5).
+            channel.send_now();
+        }
+        out.extend(now);
+        out
+    }
+
+    /// After the machine ran for `busy` to `icount`: updates the lag and
+    /// returns how long to pause to keep to the CPU share.
+    fn after_chunk(&mut self, icount: u64, busy: Duration) -> Duration {
+        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let now = Instant::now();
+        self.lag.note(icount, now - busy, now);
+        let (backup, age) = channel.backup_report();
+        // The lag as of the backup's last report: it reports on receipt of
+        // each frame (every BUSY_GO_LIVE at least while the guest runs),
+        // and measuring from now would add the report's age, 0-50 ms, to
+        // every sample. A report later than expected counts again.
+        let reported = now.checked_sub(age).unwrap_or(now);
+        self.last_lag = self.lag.lag(backup, reported) + age.saturating_sub(REPORT_GRACE);
+        self.throttle.ran_to(icount, busy);
+        self.lag_max = self.lag_max.max(self.last_lag);
+        self.throttle.update(self.last_lag, backup, now);
+        self.throttle.pause_after(busy)
+    }
+
+    /// What the lag control did over the whole run, for the primary's
+    /// last words: a slow protected run says whether the backup held it
+    /// back.
+    pub fn lag_summary(&self) -> String {
+        format!(
+            "the backup's lag reached {} ms at most; the lag control engaged {} times and paused the VM {} ms in all",
+            self.lag_max.as_millis(),
+            self.throttle.engagements(),
+            self.throttle.paused_total().as_millis()
+        )
+    }
+
+    /// The backup is declared failed: win the test-and-set and go on alone
+    /// with every held output, or halt (an error) because the backup went
+    /// live first.
+    fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<Request>, String> {
+        eprintln!("ftvm: the backup is declared failed: {failure}");
+        match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
+            Verdict::Won => {
+                eprintln!(
+                    "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
+                    self.arbiter.generation(),
+                    self.gate.len()
+                );
+                Ok(self.gate.release_all())
+            }
+            Verdict::Lost(who) => Err(format!(
+                "halting: {who} went live for generation {} (the backup took over)",
+                self.arbiter.generation()
+            )),
+        }
+    }
+
+    /// The primary's part of status, with `mode` made of its log's
+    /// figures.
+    pub fn pair_status(&mut self, mode: impl FnOnce(LogStatus) -> PrimaryMode) -> PairStatus {
+        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let now = Instant::now();
+        let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
+        if dt >= 0.5 {
+            self.rate = (channel.sent() - self.rate_mark.1) as f64 * 8.0 / dt / 1e6;
+            self.rate_mark = (now, channel.sent());
+        }
+        let (primary_rate, backup_rate) = self.throttle.rates();
+        let log = LogStatus {
+            disks: self.disks.sharing.name().to_string(),
+            backup_reads: self.disks.backup_reads,
+            lag_ms: self.last_lag.as_millis() as u64,
+            lag_max_ms: self.lag_max.as_millis() as u64,
+            log_mbit_s: self.rate,
+            log_bytes: channel.sent(),
+            acked: channel.acked(),
+            held: self.gate.len() as u64,
+            outputs_held_total: self.gate.total_held(),
+            cpu_share_percent: self.throttle.share() * 100.0,
+            lag_control: if self.throttle.engaged() {
+                LagControl::Engaged
+            } else if self.throttle.trimming() {
+                LagControl::Trim
+            } else {
+                LagControl::Off
+            },
+            lag_control_engaged: self.throttle.engagements(),
+            paused_total_ms: self.throttle.paused_total().as_millis() as u64,
+            mips_primary: primary_rate.map(|r| r / 1e6),
+            mips_backup: backup_rate.map(|r| r / 1e6),
+        };
+        PairStatus::Primary(PrimaryStatus {
+            backup: channel.peer().to_string(),
+            generation: self.arbiter.generation(),
+            mode: mode(log),
+        })
+    }
+}
+
+impl Primary for Lockstep {
+    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), String> {
+        self.channel().send_if_due();
+        self.recorder.checkpoint(m)
+    }
+
+    fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
+        self.recorder.event(icount, &ev);
+        Some(ev)
+    }
+
+    fn gate(&mut self, requests: Vec<Request>, icount: u64) -> Vec<Request> {
+        self.hold_outputs(requests, icount)
+    }
+
+    fn after_slice(&mut self, m: &mut Machine, busy: Duration, _idle: bool) -> Result<Duration, String> {
+        Ok(self.after_chunk(m.icount(), busy))
+    }
+
+    fn paused(&mut self, slept: Duration) {
+        self.throttle.paused(slept);
+    }
+
+    fn wake_within(&self, _now: Instant) -> Option<Duration> {
+        Some(KEEPALIVE)
+    }
+
+    fn before_sleep(&mut self) {
+        self.channel().send_now();
+    }
+
+    fn may_pause(&self) -> bool {
+        false
+    }
+
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
+        Ok(Alone { outputs: self.backup_lost(failure)?, inputs: Vec::new() })
+    }
+
+    fn status(&mut self) -> Option<PairStatus> {
+        Some(self.pair_status(PrimaryMode::Lockstep))
+    }
+
+    fn summary(&self) -> Option<String> {
+        Some(self.lag_summary())
+    }
+
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+        self.recorder.finish(m, status)
+    }
+}
