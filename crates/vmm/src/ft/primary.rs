@@ -20,6 +20,7 @@
 
 use crate::api::PairStatus;
 use ftvm_machine::{Event, IoRequest, Machine, RunExit};
+use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::Failure;
 use std::time::{Duration, Instant};
 
@@ -111,4 +112,32 @@ pub trait Primary {
 
     /// After the host drained: closes the stream.
     fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String>;
+}
+
+/// A primary's backup is declared failed: the test-and-set at the arbiter
+/// (VMware FT §2.3). On winning, `held()` gives up what the primary held
+/// for the backup and it runs on alone with it; on losing, an error: the
+/// backup went live first and this side must halt. `me` names this host
+/// in the arbiter's record.
+pub fn backup_lost(
+    arbiter: &Arbiter,
+    me: &str,
+    failure: &Failure,
+    held: impl FnOnce() -> Vec<Request>,
+) -> Result<Vec<Request>, String> {
+    eprintln!("ftvm: the backup is declared failed: {failure}");
+    match arbiter.go_live(me, |m| eprintln!("ftvm: {m}")) {
+        Verdict::Won => {
+            let out = held();
+            eprintln!(
+                "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
+                arbiter.generation(),
+                out.len()
+            );
+            Ok(out)
+        }
+        Verdict::Lost(who) => {
+            Err(format!("halting: {who} went live for generation {} (the backup took over)", arbiter.generation()))
+        }
+    }
 }

@@ -18,10 +18,10 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
-use super::super::primary::{Alone, Primary, Request};
+use super::super::primary::{backup_lost, Alone, Primary, Request};
 use crate::api::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
-use ftvm_replication::arbiter::{Arbiter, Verdict};
+use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
 use ftvm_replication::disk_sync::{self, DigestList};
@@ -326,28 +326,6 @@ impl Checkpointer {
         out
     }
 
-    /// The backup is declared failed: win the test-and-set and go on alone
-    /// with every held frame, or halt because the backup went live first.
-    fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<Request>, String> {
-        eprintln!("ftvm: the backup is declared failed: {failure}");
-        match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
-            Verdict::Won => {
-                let mut out = self.gate.release_all();
-                out.append(&mut self.this_epoch);
-                eprintln!(
-                    "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
-                    self.arbiter.generation(),
-                    out.len()
-                );
-                Ok(out)
-            }
-            Verdict::Lost(who) => Err(format!(
-                "halting: {who} went live for generation {} (the backup took over)",
-                self.arbiter.generation()
-            )),
-        }
-    }
-
     /// Checkpoints taken on the beat of the interval (not early).
     fn on_beat(&self) -> u64 {
         self.epoch - self.early
@@ -448,7 +426,12 @@ impl Primary for Checkpointer {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
-        Ok(Alone { outputs: self.backup_lost(failure)?, inputs: Vec::new() })
+        let outputs = backup_lost(&self.arbiter, &self.me, failure, || {
+            let mut out = self.gate.release_all();
+            out.append(&mut self.this_epoch);
+            out
+        })?;
+        Ok(Alone { outputs, inputs: Vec::new() })
     }
 
     fn status(&mut self) -> Option<PairStatus> {

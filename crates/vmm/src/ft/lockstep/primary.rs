@@ -11,13 +11,13 @@
 //! held, since every input was acknowledged before the primary delivered
 //! it.
 
-use super::super::primary::{Alone, Primary, Request};
+use super::super::primary::{backup_lost, Alone, Primary, Request};
 use super::super::DiskPolicy;
 use crate::api::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
 use crate::live::KEEPALIVE;
 use crate::record::Recorder;
 use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
-use ftvm_replication::arbiter::{Arbiter, Verdict};
+use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender};
 use ftvm_replication::lag::{LagMeter, Throttle};
 use ftvm_replication::output_rule::OutputGate;
@@ -187,27 +187,6 @@ impl Lockstep {
         )
     }
 
-    /// The backup is declared failed: win the test-and-set and go on alone
-    /// with every held output, or halt (an error) because the backup went
-    /// live first.
-    fn backup_lost(&mut self, failure: &Failure) -> Result<Vec<Request>, String> {
-        eprintln!("ftvm: the backup is declared failed: {failure}");
-        match self.arbiter.go_live(&self.me, |m| eprintln!("ftvm: {m}")) {
-            Verdict::Won => {
-                eprintln!(
-                    "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
-                    self.arbiter.generation(),
-                    self.gate.len()
-                );
-                Ok(self.gate.release_all())
-            }
-            Verdict::Lost(who) => Err(format!(
-                "halting: {who} went live for generation {} (the backup took over)",
-                self.arbiter.generation()
-            )),
-        }
-    }
-
     /// The primary's part of status, with `mode` made of its log's
     /// figures.
     pub fn pair_status(&mut self, mode: impl FnOnce(LogStatus) -> PrimaryMode) -> PairStatus {
@@ -286,7 +265,8 @@ impl Primary for Lockstep {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
-        Ok(Alone { outputs: self.backup_lost(failure)?, inputs: Vec::new() })
+        let outputs = backup_lost(&self.arbiter, &self.me, failure, || self.gate.release_all())?;
+        Ok(Alone { outputs, inputs: Vec::new() })
     }
 
     fn status(&mut self) -> Option<PairStatus> {
