@@ -11,6 +11,7 @@ pub mod digest;
 pub mod fdt;
 pub mod layout;
 pub mod loader;
+pub mod mac;
 mod machine;
 pub mod snapshot;
 pub mod snapshot_file;

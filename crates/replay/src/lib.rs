@@ -11,11 +11,17 @@
 //!   damaged anywhere still replays to its last go-live point, and the error
 //!   names the byte offset and instruction count where it stopped.
 //!
+//! - [`recorder`]: a running VM's inputs written to a log as they come.
+//! - [`replayer`]: a machine rebuilt from a log's header and driven by its
+//!   records, with no host I/O.
+//!
 //! The same writer serves a file (`ftvm record`) and any byte stream (the
 //! logging channel of the lockstep mode).
 
 pub mod codec;
 pub mod log;
+pub mod recorder;
+pub mod replayer;
 
 pub use codec::{Entry, Record};
 pub use log::{Header, LogError, LogReader, LogWriter};

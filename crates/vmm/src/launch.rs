@@ -4,11 +4,13 @@
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
 //! `ftvm ft primary` share.
 
-use crate::ft::primary::Primary;
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use ftvm_protection::pair::{DiskSharing, Mode};
+use ftvm_protection::primary::Primary;
+use ftvm_replay::recorder::{self, Start};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -139,7 +141,7 @@ fn parse_net(s: &str, index: usize) -> Result<Backend, String> {
     for opt in s.split(',') {
         match opt.split_once('=') {
             Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
-            Some(("mac", v)) => mac = Some(host_io::parse_mac(v)?),
+            Some(("mac", v)) => mac = Some(ftvm_machine::mac::parse_mac(v).map_err(|e| e.to_string())?),
             Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
             _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])")),
         }
@@ -276,7 +278,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
         primary = match &target {
             Target::None => None,
-            Target::File(path) => Some(Box::new(record::Recording(record::Recorder::create(path, h)?))),
+            Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
             Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone())?),
         };
         Ok(())
@@ -284,8 +286,8 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     if let Target::Backup(ft) = &target {
         // A VM restored from a snapshot keeps the snapshot's disks unless
         // --disk names others: its guest has them mounted.
-        if ft.disk_sharing()? == ft::DiskSharing::Separate && args.disks.is_empty() {
-            return Err(if ft.mode == ft::Mode::Checkpoint {
+        if ft.disk_sharing()? == DiskSharing::Separate && args.disks.is_empty() {
+            return Err(if ft.mode == Mode::Checkpoint {
                 "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk".into()
             } else {
                 "with --disk-sharing separate, name this host's copy of the disk with --disk".into()
@@ -305,13 +307,13 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
             cfg.devices = devices;
             let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
             if !matches!(target, Target::None) {
-                let start = record::Start::Boot {
+                let start = Start::Boot {
                     firmware: src.firmware.as_deref().zip(cfg.firmware.as_deref()),
                     kernel: (&src.kernel, &cfg.kernel),
                     initrd: src.initrd.as_deref().zip(cfg.initrd.as_deref()),
                     cmdline: &cfg.cmdline,
                 };
-                let mut h = record::header(&m, cfg.ram_size, cfg.guest_ips, io.backends(), start);
+                let mut h = recorder::header(&m, cfg.ram_size, cfg.guest_ips, &io.describe(), start);
                 start_log(&mut h)?;
             }
             (m, io)
@@ -323,8 +325,8 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
                 // The header names it for the replay (or the backup) to find,
                 // whatever its working directory.
                 let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
-                let start = record::Start::Snapshot { path: &file, bytes: &bytes };
-                let mut h = record::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, io.backends(), start);
+                let start = Start::Snapshot { path: &file, bytes: &bytes };
+                let mut h = recorder::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, &io.describe(), start);
                 start_log(&mut h)?;
             }
             (m, io)

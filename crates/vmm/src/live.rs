@@ -20,10 +20,10 @@ use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, V
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
 use crate::exec::OutputFilter;
-use crate::ft::primary::{Alone, Primary};
 use crate::host_io::{HostEvent, HostIo};
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
+use ftvm_protection::primary::{Alone, Primary};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
 use std::io::Write;
@@ -38,19 +38,6 @@ const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
 
-/// How often a protected VM whose guest sleeps wakes to log a go-live
-/// point, showing the backup it is alive.
-pub const KEEPALIVE: Duration = Duration::from_millis(50);
-/// How often a protected VM's log carries a go-live point while its guest
-/// runs. A CPU-bound guest logs next to nothing else (its timer is
-/// deterministic), and the backup stops at the last go-live point it has:
-/// at 50 ms a backup as fast as its primary trails it by 55-65 ms. 10 ms
-/// brought that to 14-16 ms, but the sender's and acknowledgement
-/// reader's wake-ups then preempted the VM thread 430 times a second
-/// (185 at 50 ms) and the CPU job ran 3-4 % slower; the VM thread sending
-/// them itself, without those wake-ups, cost the CPU job and redis more
-/// (docs/PERFORMANCE.md).
-pub const BUSY_GO_LIVE: Duration = Duration::from_millis(50);
 const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
 
 pub struct Options {

@@ -8,30 +8,27 @@
 //! carries whole-VM checkpoints, and the backup goes live from the last
 //! one it committed.
 //!
-//! This module owns the options and the setting up of a pair; `primary`
-//! the interface of the side that runs the VM, which `lockstep`, `epoch`
-//! and `checkpoint` implement, each in a folder with its two sides;
-//! `backup` the backup's run.
+//! The modes themselves are the protection library's (`ftvm_protection`);
+//! this module owns the options and the setting up of a pair on this
+//! host: the primary's (`start_primary`) and the backup's run (`backup`).
 
 pub mod backup;
-pub mod checkpoint;
-pub mod epoch;
-pub mod lockstep;
-pub mod primary;
 
 use crate::host_io::HostEvent;
-use crate::record::Recorder;
 use clap::Args;
-use epoch::primary::Epoch;
-use epoch::{EpochMode, EpochProtocol};
+use ftvm_protection::checkpoint;
+use ftvm_protection::epoch::primary::Epoch;
+use ftvm_protection::epoch::{EpochMode, EpochProtocol};
+use ftvm_protection::lockstep::primary::Lockstep;
+use ftvm_protection::pair::PAIR_HEADER_VERSION;
+use ftvm_protection::pair::{DiskDigest, DiskPolicy, DiskSharing, Mode, ModeSetting, PairDisk, PairHeader, SlotDisks};
+use ftvm_protection::primary::Primary;
+use ftvm_replay::recorder::Recorder;
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
-use ftvm_replication::disk_sync;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::Timing;
-use lockstep::primary::Lockstep;
-use primary::Primary;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
@@ -69,70 +66,6 @@ impl PairArgs {
     }
 }
 
-/// Where the VM's disks live (VMware FT §4.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DiskSharing {
-    /// One disk on the shared storage, written by the primary alone
-    /// under the Output Rule.
-    Shared,
-    /// Each host has its own copy, identical when protection starts; the
-    /// backup performs the writes on its own.
-    Separate,
-}
-
-impl DiskSharing {
-    pub fn name(self) -> &'static str {
-        match self {
-            DiskSharing::Shared => "shared",
-            DiskSharing::Separate => "separate",
-        }
-    }
-}
-
-/// What the pair does about disks, as the header tells the backup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DiskPolicy {
-    pub sharing: DiskSharing,
-    /// The backup performs the guest's disk reads itself (§4.2).
-    pub backup_reads: bool,
-}
-
-impl DiskPolicy {
-    /// Whether a disk write or flush is an output the Output Rule holds:
-    /// only when it changes the shared disk.
-    pub fn writes_are_outputs(self) -> bool {
-        self.sharing == DiskSharing::Shared
-    }
-
-    /// Whether a write must also wait for the backup to have performed
-    /// earlier reads of the same blocks (§4.2 on a shared disk).
-    pub fn writes_wait_for_backup_reads(self) -> bool {
-        self.sharing == DiskSharing::Shared && self.backup_reads
-    }
-
-    fn to_header(self, h: &mut Header) {
-        h.set("ft-disks", self.sharing.name().to_string());
-        h.set("ft-disk-reads", if self.backup_reads { "backup" } else { "logged" }.to_string());
-    }
-
-    pub fn from_header(h: &Header) -> Result<DiskPolicy, String> {
-        let sharing = match h.get("ft-disks") {
-            Some("shared") | None => DiskSharing::Shared,
-            Some("separate") => DiskSharing::Separate,
-            Some(other) => return Err(format!("unknown disk sharing '{other}'")),
-        };
-        let backup_reads = match h.get("ft-disk-reads") {
-            Some("logged") | None => false,
-            Some("backup") => true,
-            Some(other) => return Err(format!("unknown disk reads '{other}'")),
-        };
-        Ok(DiskPolicy { sharing, backup_reads })
-    }
-}
-
-/// A VM's disks: (virtio slot, image path), in slot order.
-pub type SlotDisks = Vec<(usize, PathBuf)>;
-
 /// The disks a log's header names.
 pub fn header_disks(h: &Header) -> Result<SlotDisks, String> {
     let backends = h.get("backends").ok_or("the header names no backends")?;
@@ -145,57 +78,6 @@ pub fn header_disks(h: &Header) -> Result<SlotDisks, String> {
             _ => None,
         })
         .collect())
-}
-
-/// A disk image's content, hashed in blocks ([`disk_sync`]): two copies
-/// are identical when their digests are; where they are not, the blocks
-/// tell what to send to make them so.
-pub struct DiskDigest {
-    pub size: u64,
-    pub blocks: Vec<[u8; 32]>,
-}
-
-impl DiskDigest {
-    /// Hashes the first `size` bytes of the disk at `path` (its whole
-    /// length when None).
-    pub fn of(path: &Path, size: Option<u64>) -> Result<DiskDigest, String> {
-        let e = |e: std::io::Error| format!("cannot read disk {}: {e}", path.display());
-        let file = std::fs::File::open(path).map_err(e)?;
-        let size = match size {
-            Some(s) => s,
-            None => file.metadata().map_err(e)?.len(),
-        };
-        let blocks = disk_sync::digests(&file, size, disk_sync::block_size(size)).map_err(e)?;
-        Ok(DiskDigest { size, blocks })
-    }
-
-    /// The digest of the whole disk, with its size: what the header names.
-    pub fn whole(&self) -> String {
-        let mut h = blake3::Hasher::new();
-        h.update(&self.size.to_le_bytes());
-        for b in &self.blocks {
-            h.update(b);
-        }
-        format!("{}:{}", self.size, h.finalize().to_hex())
-    }
-
-    /// The size a header's whole digest names.
-    pub fn size_in(whole: &str) -> Option<u64> {
-        whole.split_once(':')?.0.parse().ok()
-    }
-}
-
-/// How the backup is kept in step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// VMware FT: each input is logged at the instruction where it arrives.
-    Lockstep,
-    /// Bressoud & Schneider: inputs wait for the end of an epoch of
-    /// --epoch-length instructions.
-    Epoch,
-    /// Remus: the backup does not execute; whole-VM checkpoints every
-    /// --interval, outputs held until their checkpoint is acknowledged.
-    Checkpoint,
 }
 
 /// What `ftvm ft primary` adds to the run options.
@@ -309,31 +191,40 @@ pub fn start_primary(
             if args.backup_reads {
                 return Err("--backup-reads is for the replay modes: a checkpoint backup executes nothing".into());
             }
-            let interval = args.checkpoint_interval()?;
-            header.set("ft-mode", "checkpoint");
-            header.set("ft-interval-ms", args.interval.to_string());
-            Some(interval)
+            Some(args.checkpoint_interval()?)
         }
-        _ => {
-            EpochMode::to_header(mode, header);
-            None
-        }
+        _ => None,
+    };
+    let setting = match (interval, mode) {
+        (Some(interval), _) => ModeSetting::Checkpoint { interval_ms: interval.as_millis() as u64 },
+        (None, Some(mode)) => ModeSetting::Epoch(mode),
+        (None, None) => ModeSetting::Lockstep,
     };
     let disks = DiskPolicy { sharing: args.disk_sharing()?, backup_reads: args.backup_reads };
-    disks.to_header(header);
     let mut digests = Vec::new();
-    if disks.sharing == DiskSharing::Separate {
+    let mut pair_disks = Vec::new();
+    for (slot, path) in header_disks(header)? {
         // In lockstep the backup refuses to follow unless its copies hash
         // the same; in checkpoint mode it asks for the blocks that differ.
-        for (slot, path) in header_disks(header)? {
-            digests.push((slot, path.clone(), DiskDigest::of(&path, None)?));
+        let digest = match disks.sharing {
+            DiskSharing::Separate => Some(DiskDigest::of(&path, None)?),
+            DiskSharing::Shared => None,
+        };
+        pair_disks.push(PairDisk { slot, path: path.clone(), digest: digest.as_ref().map(DiskDigest::whole) });
+        if let Some(d) = digest {
+            digests.push((slot, path, d));
         }
-        let whole: Vec<String> = digests.iter().map(|(_, _, d)| d.whole()).collect();
-        header.set("ft-disk-digests", whole.join(";"));
     }
     let me = format!("primary on {}", hostname());
     let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
-    header.set("ft-generation", arbiter.generation().to_string());
+    let pair = PairHeader {
+        version: PAIR_HEADER_VERSION,
+        generation: arbiter.generation(),
+        mode: setting,
+        disk_policy: disks,
+        disks: pair_disks,
+    };
+    pair.write(header);
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
     let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait))?;
     let local = stream.local_addr().map_err(|e| format!("logging channel: {e}"))?;
@@ -347,13 +238,15 @@ pub fn start_primary(
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
-    let mut recorder = Recorder::to_backup(sender, header, crate::live::BUSY_GO_LIVE)?;
+    let name = format!("the backup at {}", sender.peer());
+    let mut recorder = Recorder::new(sender, header, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE))
+        .map_err(|e| format!("logging channel: {e}"))?;
     if disks.backup_reads {
         recorder.omit_read_data();
     }
     // The backup acknowledges the header once it has checked it can
     // follow: the same machine, and with separate disks the same disks.
-    let channel = recorder.channel().expect("a log to the backup");
+    let channel = recorder.sink();
     if !channel.wait_acked(recorder.logged(), Duration::from_secs(args.connect_wait)) {
         return Err(match channel.failure() {
             Some(Failure::Refused(why)) => format!("the backup at {} refused protection: {why}", args.backup),
@@ -363,7 +256,7 @@ pub fn start_primary(
     }
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
-        let mut channel = recorder.into_channel().expect("a log to the backup");
+        let mut channel = recorder.into_sink();
         let (blocks, bytes) = checkpoint::primary::send_disk_blocks(&mut channel, &digests)?;
         if blocks > 0 {
             eprintln!(

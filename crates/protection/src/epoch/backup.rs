@@ -3,6 +3,7 @@
 
 use super::EpochMode;
 use ftvm_machine::Machine;
+use ftvm_replay::replayer::FrameRule;
 
 /// The backup's check of the epoch rule while it replays: every input the
 /// log carries must fall on an epoch end, where the backup's machine is
@@ -19,8 +20,16 @@ impl EpochCheck {
     pub fn new(mode: EpochMode) -> EpochCheck {
         EpochCheck { mode, inputs: 0, at_idle: 0 }
     }
+}
 
-    pub fn input(&mut self, m: &Machine) -> Result<(), String> {
+impl FrameRule for EpochCheck {
+    /// P5: with the last end's frame taken, the backup runs on to the end
+    /// of the epoch that began there.
+    fn run_ahead_to(&self, icount: u64) -> Option<u64> {
+        Some(self.mode.next_end(icount))
+    }
+
+    fn input(&mut self, m: &Machine) -> Result<(), String> {
         self.inputs += 1;
         let icount = m.icount();
         if icount.is_multiple_of(self.mode.length) {
@@ -35,5 +44,15 @@ impl EpochCheck {
             icount / self.mode.length,
             self.mode.length
         ))
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "; {} inputs, each at an epoch end ({} at multiples of {}, {} where the guest idled)",
+            self.inputs,
+            self.inputs - self.at_idle,
+            self.mode.length,
+            self.at_idle
+        )
     }
 }

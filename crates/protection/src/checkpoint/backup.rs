@@ -12,16 +12,24 @@
 //! committed checkpoint, with this host's disks exactly as they were then,
 //! flushed and marked valid by an activation record before it runs.
 
-use super::super::DiskDigest;
+use crate::backup::{Backup, Followed as Follow, Progress, Report, TakeOver};
+use crate::lockstep::backup::{disk_paths, primary_digests};
+use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
+use crate::status::BackupMode;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;
 use ftvm_machine::{GuestRam, Machine};
+use ftvm_replay::Header;
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
+use ftvm_replication::disk_sync::{self, DigestList};
 use ftvm_replication::page_delta::{self, PAGE_SIZE};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
@@ -255,4 +263,161 @@ fn decode_pages(ram: &GuestRam, epoch: u64, blob: &[u8]) -> Result<Pages, String
         ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
     })
     .map_err(|e| format!("checkpoint {epoch}: pages: {e}"))
+}
+
+/// A backup that commits the primary's checkpoints.
+pub struct CheckpointBackup<R: Read> {
+    stream: R,
+    held: Committed,
+    /// This host's copies of the disks, open while it follows.
+    files: Option<Disks>,
+    disks: SlotDisks,
+    interval_ms: u64,
+    /// Checkpoints committed, and the instruction count of the last.
+    committed: Arc<AtomicU64>,
+    committed_icount: Arc<AtomicU64>,
+}
+
+impl<R: Read> CheckpointBackup<R> {
+    /// Everything a checkpoint backup checks before it acknowledges the
+    /// header: a copy of each disk on this host (made the primary's size
+    /// if missing or different, its differing blocks asked for with
+    /// `request`). `given`: this host's paths of the disks, in order.
+    pub fn prepare(
+        stream: R,
+        header: &Header,
+        pair: &PairHeader,
+        interval_ms: u64,
+        given: &[PathBuf],
+        request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+    ) -> Result<Self, String> {
+        let ram = ram_size(header)?;
+        if pair.disk_policy.sharing != DiskSharing::Separate {
+            return Err("checkpoint mode needs a copy of each disk on each host".into());
+        }
+        let disks = disk_paths(pair, given)?;
+        let to_sync = copies_to_sync(pair, &disks, request)?;
+        let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+        let mut files = Disks::open(&paths)?;
+        for (slot, theirs) in to_sync {
+            files.expect_blocks(slot, &theirs);
+        }
+        Ok(CheckpointBackup {
+            stream,
+            held: Committed::new(ram),
+            files: Some(files),
+            disks,
+            interval_ms,
+            committed: Arc::default(),
+            committed_icount: Arc::default(),
+        })
+    }
+
+    fn committed_summary(&self) -> String {
+        format!("{} checkpoints committed, {} disk writes applied", self.held.checkpoints, self.held.writes)
+    }
+}
+
+impl<R: Read> Backup for CheckpointBackup<R> {
+    /// Only with a checkpoint to go live from is there anything to take
+    /// over: until then a failure just ends the stream, and the arbiter
+    /// is left to the primary.
+    fn ready_to_take_over(&self) -> bool {
+        self.held.state.is_some()
+    }
+
+    fn progress(&self) -> Arc<dyn Fn() -> Progress + Send + Sync> {
+        let (c, at, interval_ms) = (self.committed.clone(), self.committed_icount.clone(), self.interval_ms);
+        Arc::new(move || {
+            let committed = c.load(Ordering::Relaxed);
+            Progress { icount: at.load(Ordering::Relaxed), mode: BackupMode::Checkpoint { interval_ms, committed } }
+        })
+    }
+
+    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Follow, String> {
+        let mut files = self.files.take().expect("a checkpoint backup follows once");
+        let (committed, at) = (&self.committed, &self.committed_icount);
+        let outcome = follow(&mut self.stream, &mut self.held, &mut files, |c| {
+            at.store(c.icount, Ordering::Relaxed);
+            committed.store(c.checkpoints, Ordering::Relaxed);
+            report(Report::Executed(c.checkpoints));
+            report(Report::ReadyToTakeOver);
+        });
+        // Their locks go before the live VM opens the disks again.
+        drop(files);
+        Ok(match outcome? {
+            Followed::Ended(status) => Follow::Ended(status),
+            Followed::Cut => Follow::Cut(format!(
+                "the primary's checkpoint stream ended {}",
+                if self.held.state.is_none() { "before its first checkpoint" } else { "without a failure" }
+            )),
+        })
+    }
+
+    fn summary(&self) -> String {
+        format!("; {}", self.committed_summary())
+    }
+
+    fn take_over(self: Box<Self>, why: &str, since: Duration, generation: u64, me: &str) -> Result<TakeOver, String> {
+        let line = format!(
+            "ftvm: going live from checkpoint {} at instruction {} ({why}; {}; {} ms after the failure was declared)",
+            self.held.epoch,
+            self.held.icount,
+            self.committed_summary(),
+            since.as_millis()
+        );
+        let disks: Vec<PathBuf> = self.disks.into_iter().map(|(_, p)| p).collect();
+        let records = activate(&disks, &self.held, generation, me)?;
+        let machine = self.held.into_machine()?;
+        eprintln!("{line}");
+        for r in records {
+            eprintln!("ftvm: wrote the activation record {}", r.display());
+        }
+        Ok(TakeOver { machine, disks })
+    }
+}
+
+/// Each copy of a disk that is missing or differs from the primary's (by
+/// the digests in the pair's header) is made the same size, and the
+/// primary is asked for the blocks whose digests differ (Remus §2.5: the
+/// copies start the same). Returns (slot, the primary's digest) of those.
+fn copies_to_sync(
+    pair: &PairHeader,
+    disks: &[(usize, PathBuf)],
+    request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+) -> Result<Vec<(usize, String)>, String> {
+    let mut to_sync = Vec::new();
+    for ((slot, path), theirs) in disks.iter().zip(primary_digests(pair)?) {
+        let size = DiskDigest::size_in(theirs).ok_or("the primary's disk digests name no size")?;
+        let e = |e: std::io::Error| format!("cannot make the backup's disk {}: {e}", path.display());
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(e)?;
+        if file.metadata().map_err(e)?.len() != size {
+            // A new copy is a sparse file: only the blocks the primary
+            // has data in differ from it.
+            file.set_len(size).map_err(e)?;
+        }
+        let mine = DiskDigest::of(path, Some(size))?;
+        if mine.whole() == theirs {
+            continue;
+        }
+        let list = DigestList { slot: *slot as u32, size, block: disk_sync::block_size(size), digests: mine.blocks };
+        let blocks = list.digests.len();
+        request(list.encode())?;
+        eprintln!(
+            "ftvm: the backup's disk {} differs from the primary's: asking for the blocks that differ ({blocks} compared)",
+            path.display()
+        );
+        to_sync.push((*slot, theirs.to_string()));
+    }
+    Ok(to_sync)
+}
+
+/// The VM's RAM size, from the header's machine line.
+fn ram_size(header: &Header) -> Result<u64, String> {
+    header
+        .get("machine")
+        .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("ram=")))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "the primary's header gives no RAM size".to_string())
 }

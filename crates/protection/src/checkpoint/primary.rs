@@ -18,8 +18,8 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
-use super::super::primary::{backup_lost, Alone, Primary, Request};
-use crate::api::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
+use crate::primary::{backup_lost, Alone, Primary, Request};
+use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
@@ -65,7 +65,7 @@ const KEEP_ALIVE: Duration = Duration::from_millis(50);
 /// moment the backup is ready: a silent channel would look like a failure.
 pub fn send_disk_blocks(
     channel: &mut LogSender,
-    disks: &[(usize, std::path::PathBuf, super::super::DiskDigest)],
+    disks: &[(usize, std::path::PathBuf, crate::pair::DiskDigest)],
 ) -> Result<(usize, u64), String> {
     let (mut blocks, mut bytes) = (0, 0);
     let mut out = Vec::new();

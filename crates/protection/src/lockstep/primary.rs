@@ -1,6 +1,6 @@
 //! The primary's side of lockstep protection (VMware FT): every input is
 //! logged at the instruction where it took effect and the log streams to
-//! the backup (`record::Recorder` over the logging channel); requests
+//! the backup (`ftvm_replay::recorder` over the logging channel); requests
 //! that are outputs are held by the Output Rule (§2.2) and released as
 //! the backup acknowledges the log that produced them; the execution-lag
 //! feedback loop (§3.2) keeps the backup near; and when the backup is
@@ -11,27 +11,31 @@
 //! held, since every input was acknowledged before the primary delivered
 //! it.
 
-use super::super::primary::{backup_lost, Alone, Primary, Request};
-use super::super::DiskPolicy;
-use crate::api::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
-use crate::live::KEEPALIVE;
-use crate::record::Recorder;
+use crate::lockstep::KEEPALIVE;
+use crate::pair::DiskPolicy;
+use crate::primary::{backup_lost, Alone, Primary, Request};
+use crate::status::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
+use ftvm_replay::recorder::Recorder;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender};
 use ftvm_replication::lag::{LagMeter, Throttle};
 use ftvm_replication::output_rule::OutputGate;
 use std::time::{Duration, Instant};
 
+/// How long a primary waits at the end for the backup to acknowledge the
+/// end of the log.
+const END_ACK_WAIT: Duration = Duration::from_secs(5);
+
 /// How old the backup's last report may be before its age counts in the
 /// lag: a report follows every frame, and frames go at least every
-/// [`crate::live::BUSY_GO_LIVE`] (or [`crate::live::KEEPALIVE`] when idle),
+/// [`crate::lockstep::BUSY_GO_LIVE`] (or [`crate::lockstep::KEEPALIVE`] when idle),
 /// so one twice that old means the backup (or the way to it) is slow.
-const REPORT_GRACE: Duration = crate::live::BUSY_GO_LIVE.saturating_mul(2);
+const REPORT_GRACE: Duration = crate::lockstep::BUSY_GO_LIVE.saturating_mul(2);
 
 pub struct Lockstep {
     /// The log, streaming to the backup.
-    recorder: Recorder,
+    recorder: Recorder<LogSender>,
     gate: OutputGate<(usize, IoRequest)>,
     lag: LagMeter,
     throttle: Throttle,
@@ -74,7 +78,7 @@ fn byte_range(op: &BlkOp) -> Option<std::ops::Range<u64>> {
 impl Lockstep {
     /// `recorder` logs to the backup (its header acknowledged).
     pub fn new(
-        recorder: Recorder,
+        recorder: Recorder<LogSender>,
         arbiter: Arbiter,
         me: String,
         lag_threshold: Duration,
@@ -104,13 +108,13 @@ impl Lockstep {
     }
 
     /// The log.
-    pub fn recorder(&mut self) -> &mut Recorder {
+    pub fn recorder(&mut self) -> &mut Recorder<LogSender> {
         &mut self.recorder
     }
 
     /// The logging channel.
     pub fn channel(&self) -> &LogSender {
-        self.recorder.channel().expect("a protected VM logs to its backup")
+        self.recorder.sink()
     }
 
     /// The machine's new requests, made by instruction `icount`: outputs
@@ -119,7 +123,7 @@ impl Lockstep {
     /// the acknowledgements have let go.
     fn hold_outputs(&mut self, requests: Vec<Request>, icount: u64) -> Vec<Request> {
         let logged = self.recorder.logged();
-        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let channel = self.recorder.sink();
         let mut now = Vec::new();
         let executed = channel.backup_icount();
         self.backup_reads.retain(|(at, _, _)| *at > executed);
@@ -159,7 +163,7 @@ impl Lockstep {
     /// After the machine ran for `busy` to `icount`: updates the lag and
     /// returns how long to pause to keep to the CPU share.
     fn after_chunk(&mut self, icount: u64, busy: Duration) -> Duration {
-        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let channel = self.recorder.sink();
         let now = Instant::now();
         self.lag.note(icount, now - busy, now);
         let (backup, age) = channel.backup_report();
@@ -190,7 +194,7 @@ impl Lockstep {
     /// The primary's part of status, with `mode` made of its log's
     /// figures.
     pub fn pair_status(&mut self, mode: impl FnOnce(LogStatus) -> PrimaryMode) -> PairStatus {
-        let channel = self.recorder.channel().expect("a protected VM logs to its backup");
+        let channel = self.recorder.sink();
         let now = Instant::now();
         let dt = now.duration_since(self.rate_mark.0).as_secs_f64();
         if dt >= 0.5 {
@@ -232,7 +236,7 @@ impl Lockstep {
 impl Primary for Lockstep {
     fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), String> {
         self.channel().send_if_due();
-        self.recorder.checkpoint(m)
+        self.recorder.close_frame(m).map_err(|e| e.to_string())
     }
 
     fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
@@ -278,6 +282,15 @@ impl Primary for Lockstep {
     }
 
     fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
-        self.recorder.finish(m, status)
+        let acknowledged = |channel: LogSender| {
+            // The end must reach the backup, or it would take the
+            // primary's exit for a failure and go live.
+            let end = channel.written();
+            if !channel.wait_acked(end, END_ACK_WAIT) {
+                eprintln!("ftvm: the backup did not acknowledge the end of the log");
+            }
+            Ok(end)
+        };
+        self.recorder.finish(m, status, acknowledged).map_err(|e| e.to_string())
     }
 }

@@ -18,7 +18,7 @@
 //! must halt, releasing nothing. When the VM ends, `end` says what may
 //! still leave, and `finish` closes the stream once the host has drained.
 
-use crate::api::PairStatus;
+use crate::status::PairStatus;
 use ftvm_machine::{Event, IoRequest, Machine, RunExit};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::Failure;

@@ -3,10 +3,10 @@
 //! P2), the end marks in the log, and under the original protocol the
 //! wait for the backup's acknowledgement at every end.
 
-use super::super::lockstep::primary::Lockstep;
-use super::super::primary::{Alone, Primary, Request};
 use super::{EpochMode, EpochProtocol};
-use crate::api::{EpochStatus, PairStatus, PrimaryMode};
+use crate::lockstep::primary::Lockstep;
+use crate::primary::{Alone, Primary, Request};
+use crate::status::{EpochStatus, PairStatus, PrimaryMode};
 use ftvm_machine::{Event, Machine, RunExit};
 use ftvm_replication::channel::Failure;
 use std::time::{Duration, Instant};
@@ -152,7 +152,7 @@ impl Primary for Epoch {
         if !self.at_end || paused {
             return Ok(());
         }
-        self.lockstep.recorder().end_epoch(m)?;
+        self.lockstep.recorder().end_epoch(m).map_err(|e| e.to_string())?;
         self.last_end_at = Some(m.icount());
         if self.epochs.mode.protocol == EpochProtocol::Original {
             let logged = self.lockstep.recorder().logged();

@@ -14,9 +14,9 @@
 //! the guest's buffers on an error, so the guest memory the primary left
 //! is already the backup's.
 
-use crate::replay::ReplayIo;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::{BlkOp, IoCompletion, IoRequest};
+use ftvm_replay::replayer::ReplayIo;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};

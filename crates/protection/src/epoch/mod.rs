@@ -37,12 +37,14 @@
 //! the deterministic machine (its clock follows the instruction count and
 //! the logged clock events), where the paper's was the host's.
 
-use crate::api::EpochSetting;
+use crate::status::EpochSetting;
 use ftvm_machine::RunExit;
-use ftvm_replay::Header;
+use serde::{Deserialize, Serialize};
 
 /// Whether the primary waits for acknowledgements at every epoch end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
 pub enum EpochProtocol {
     /// P2 as first published: wait at every epoch end; outputs then leave
     /// at once.
@@ -68,8 +70,8 @@ impl EpochProtocol {
 pub const MIN_LENGTH: u64 = 256;
 pub const MAX_LENGTH: u64 = 10_000_000;
 
-/// The epoch mode a pair runs in, as the log's header tells the backup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The epoch mode a pair runs in, as the pair's header tells the backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochMode {
     /// Instructions per epoch.
     pub length: u64,
@@ -82,36 +84,6 @@ impl EpochMode {
             return Err(format!("--epoch-length {length} is out of range ({MIN_LENGTH} to {MAX_LENGTH} instructions)"));
         }
         Ok(EpochMode { length, protocol })
-    }
-
-    pub fn to_header(mode: Option<EpochMode>, h: &mut Header) {
-        match mode {
-            None => h.set("ft-mode", "lockstep"),
-            Some(e) => {
-                h.set("ft-mode", "epoch");
-                h.set("ft-epoch-length", e.length.to_string());
-                h.set("ft-epoch-protocol", e.protocol.name());
-            }
-        }
-    }
-
-    pub fn from_header(h: &Header) -> Result<Option<EpochMode>, String> {
-        match h.get("ft-mode") {
-            Some("lockstep") | None => Ok(None),
-            Some("epoch") => {
-                let length = h
-                    .get("ft-epoch-length")
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("the primary's epoch mode names no epoch length")?;
-                let protocol = match h.get("ft-epoch-protocol") {
-                    Some("original") => EpochProtocol::Original,
-                    Some("revised") => EpochProtocol::Revised,
-                    other => return Err(format!("unknown epoch protocol {other:?}")),
-                };
-                EpochMode::new(length, protocol).map(Some)
-            }
-            Some(other) => Err(format!("unknown replication mode '{other}'")),
-        }
     }
 
     /// The setting, as status shows it.
@@ -177,19 +149,12 @@ mod tests {
     }
 
     #[test]
-    fn lengths_out_of_range_are_refused_and_the_header_round_trips() {
+    fn lengths_out_of_range_are_refused() {
         assert!(EpochMode::new(100, EpochProtocol::Original).is_err());
         assert!(EpochMode::new(MAX_LENGTH + 1, EpochProtocol::Original).is_err());
-        for mode in [None, Some(EpochMode::new(1024, EpochProtocol::Original).unwrap())] {
-            let mut h = Header::default();
-            EpochMode::to_header(mode, &mut h);
-            assert_eq!(EpochMode::from_header(&h).unwrap(), mode);
-        }
-        let mut h = Header::default();
-        h.set("ft-mode", "epoch");
-        h.set("ft-epoch-length", "1024");
-        h.set("ft-epoch-protocol", "sometimes");
-        assert!(EpochMode::from_header(&h).is_err());
+        assert!(EpochMode::new(MAX_LENGTH, EpochProtocol::Original).is_ok());
+        // An unknown protocol in a peer's header is refused by serde.
+        assert!(serde_json::from_str::<EpochMode>(r#"{"length":1024,"protocol":"sometimes"}"#).is_err());
     }
 
     #[test]

@@ -1,0 +1,25 @@
+//! Fault tolerance for a VM, apart from any host or front end: the three
+//! designs ftvm implements (VMware FT's lockstep, Bressoud & Schneider's
+//! epochs, Remus's checkpoints), each as its two sides, behind one
+//! interface for the side that runs the VM ([`primary::Primary`]).
+//!
+//! - [`pair`]: what the two sides agree on (mode, disks, generation) and
+//!   the versioned handshake header that carries it.
+//! - [`primary`]: the interface the host's live loop drives, and the
+//!   test-and-set every mode does when its backup is lost.
+//! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
+//! - [`status`]: what each side reports of itself, as serde types.
+//!
+//! The machine-agnostic policies these are made of (the logging channel,
+//! heartbeats, the arbiter, the Output Rule, lag control, the checkpoint
+//! stream) are `ftvm_replication`'s; the replay log and its engines are
+//! `ftvm_replay`'s. Nothing here parses a command line: with the `clap`
+//! feature the option enums derive `clap::ValueEnum` for the CLI.
+
+pub mod backup;
+pub mod checkpoint;
+pub mod epoch;
+pub mod lockstep;
+pub mod pair;
+pub mod primary;
+pub mod status;

@@ -1,0 +1,189 @@
+//! The backup's side of lockstep and epoch mode: the same machine built
+//! from the log's header, replaying the log as it arrives
+//! (`ftvm_replay::replayer`), silent (its outputs are regenerated and
+//! dropped, or with separate disks and backup reads performed on its own
+//! copies, `backup_disks`). Where the stream is cut it stands at the last
+//! go-live point it received, from where it can go live (§2.4); disk I/O
+//! in flight there is issued again when it does (§3.4).
+
+use super::backup_disks::BackupDisks;
+use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
+use crate::epoch::backup::EpochCheck;
+use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
+use crate::status::BackupMode;
+use ftvm_machine::Machine;
+use ftvm_replay::recorder::hex;
+use ftvm_replay::replayer::{self, FrameRule, NoRule, Outcome, Replayed};
+use ftvm_replay::{Header, LogReader};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A backup that replays the primary's log.
+pub struct ReplayBackup<R: Read> {
+    reader: LogReader<R>,
+    m: Machine,
+    /// Its own disk I/O, when it does any.
+    disks_io: Option<BackupDisks>,
+    /// This host's path of each disk.
+    disks: SlotDisks,
+    rule: Box<dyn FrameRule>,
+    replayed: Replayed,
+    show_console: bool,
+    /// The last go-live point received, and the instruction replayed to.
+    received_end: Arc<AtomicU64>,
+    executed: Arc<AtomicU64>,
+    epoch: Option<crate::status::EpochSetting>,
+}
+
+impl<R: Read> ReplayBackup<R> {
+    /// Everything a backup checks before it acknowledges the header: the
+    /// same machine in the same state, and with separate disks the same
+    /// disks. `given`: this host's paths of the disks, in order (default:
+    /// the primary's).
+    pub fn prepare(
+        reader: LogReader<R>,
+        header: &Header,
+        pair: &PairHeader,
+        given: &[PathBuf],
+        show_console: bool,
+    ) -> Result<Self, String> {
+        let mut m = replayer::machine_from_header(header).map_err(|e| format!("the primary's log: {e}"))?;
+        m.set_dirty_tracking(true);
+        if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
+            return Err("the machine built from the primary's header is not in its start state".into());
+        }
+        let policy = pair.disk_policy;
+        let disks = disk_paths(pair, given)?;
+        if policy.sharing == DiskSharing::Separate {
+            check_copies(pair, &disks)?;
+        }
+        let disks_io = match (policy.sharing, policy.backup_reads) {
+            (DiskSharing::Shared, false) => None,
+            (sharing, reads) => {
+                let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+                Some(BackupDisks::open(&paths, sharing == DiskSharing::Separate, reads)?)
+            }
+        };
+        let mode = pair.epoch_mode();
+        let rule: Box<dyn FrameRule> = match mode {
+            Some(mode) => Box::new(EpochCheck::new(mode)),
+            None => Box::new(NoRule),
+        };
+        Ok(ReplayBackup {
+            reader,
+            m,
+            disks_io,
+            disks,
+            rule,
+            replayed: Replayed::default(),
+            show_console,
+            received_end: Arc::default(),
+            executed: Arc::default(),
+            epoch: mode.map(|e| e.setting()),
+        })
+    }
+}
+
+impl<R: Read> Backup for ReplayBackup<R> {
+    /// It holds the primary's starting state from the first.
+    fn ready_to_take_over(&self) -> bool {
+        true
+    }
+
+    fn progress(&self) -> Arc<dyn Fn() -> Progress + Send + Sync> {
+        let (end, executed, epoch) = (self.received_end.clone(), self.executed.clone(), self.epoch.clone());
+        Arc::new(move || {
+            // The end first: read in the other order, status could show
+            // the machine past the end it had.
+            let last_end = end.load(Ordering::SeqCst);
+            let mode = match &epoch {
+                Some(setting) => BackupMode::Epoch { setting: setting.clone(), last_end },
+                None => BackupMode::Lockstep { last_end },
+            };
+            Progress { icount: executed.load(Ordering::SeqCst), mode }
+        })
+    }
+
+    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, String> {
+        let io: &mut dyn replayer::ReplayIo = match &mut self.disks_io {
+            Some(d) => d,
+            None => &mut replayer::Regenerate,
+        };
+        let (end, executed) = (&self.received_end, &self.executed);
+        let outcome = replayer::replay_log(
+            &mut self.reader,
+            &mut self.m,
+            io,
+            self.show_console,
+            &mut self.replayed,
+            self.rule.as_mut(),
+            |i, last_end| {
+                end.store(last_end, Ordering::SeqCst);
+                executed.store(i, Ordering::SeqCst);
+                report(Report::Executed(i));
+            },
+        );
+        // Its locks go before the live VM opens the disks again.
+        self.disks_io = None;
+        Ok(match outcome? {
+            Outcome::Ended(status) => Followed::Ended(status),
+            Outcome::Cut(e) => Followed::Cut(format!("the primary's log is unusable: {e}")),
+        })
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            " at instruction {}; {} state checks matched{}",
+            self.m.icount(),
+            self.replayed.digests,
+            self.rule.summary()
+        )
+    }
+
+    fn take_over(self: Box<Self>, why: &str, since: Duration, _generation: u64, _me: &str) -> Result<TakeOver, String> {
+        eprintln!(
+            "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched{})",
+            self.m.icount(),
+            since.as_millis(),
+            self.replayed.digests,
+            self.rule.summary()
+        );
+        Ok(TakeOver { machine: self.m, disks: self.disks.into_iter().map(|(_, p)| p).collect() })
+    }
+}
+
+/// The pair's disks, at this host's paths where `given` names them.
+pub fn disk_paths(pair: &PairHeader, given: &[PathBuf]) -> Result<SlotDisks, String> {
+    let mut disks = pair.slot_disks();
+    if given.len() > disks.len() {
+        return Err(format!("{} --disk options given for the VM's {} disks", given.len(), disks.len()));
+    }
+    for ((_, path), mine) in disks.iter_mut().zip(given) {
+        *path = mine.clone();
+    }
+    Ok(disks)
+}
+
+/// The primary's digest of each of its disks, from the pair's header.
+pub fn primary_digests(pair: &PairHeader) -> Result<Vec<&str>, String> {
+    pair.disks
+        .iter()
+        .map(|d| d.digest.as_deref().ok_or_else(|| "the primary gave no digest of its disks".into()))
+        .collect()
+}
+
+/// Separate disks start identical (§4.1), or protection is refused.
+fn check_copies(pair: &PairHeader, disks: &[(usize, PathBuf)]) -> Result<(), String> {
+    for ((_, path), theirs) in disks.iter().zip(primary_digests(pair)?) {
+        if DiskDigest::of(path, None)?.whole() != theirs {
+            return Err(format!(
+                "the backup's disk {} is not a copy of the primary's (their contents differ)",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}

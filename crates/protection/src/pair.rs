@@ -1,0 +1,230 @@
+//! What the two sides of a pair agree on, and the handshake that says it:
+//! the primary writes a [`PairHeader`] into the header of the stream it
+//! sends (one versioned JSON field of the replay log's header, beside the
+//! machine's description), and the backup reads it before it follows.
+
+use ftvm_replay::Header;
+use ftvm_replication::disk_sync;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The header field that carries the pair's part of the handshake.
+const FIELD: &str = "ft-pair";
+/// The version of [`PairHeader`] this build writes and reads.
+pub const PAIR_HEADER_VERSION: u32 = 1;
+
+/// How the backup is kept in step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// VMware FT: each input is logged at the instruction where it arrives.
+    Lockstep,
+    /// Bressoud & Schneider: inputs wait for the end of an epoch of
+    /// --epoch-length instructions.
+    Epoch,
+    /// Remus: the backup does not execute; whole-VM checkpoints every
+    /// --interval, outputs held until their checkpoint is acknowledged.
+    Checkpoint,
+}
+
+/// Where the VM's disks live (VMware FT §4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum DiskSharing {
+    /// One disk on the shared storage, written by the primary alone
+    /// under the Output Rule.
+    Shared,
+    /// Each host has its own copy, identical when protection starts; the
+    /// backup performs the writes on its own.
+    Separate,
+}
+
+impl DiskSharing {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskSharing::Shared => "shared",
+            DiskSharing::Separate => "separate",
+        }
+    }
+}
+
+/// What the pair does about disks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskPolicy {
+    pub sharing: DiskSharing,
+    /// The backup performs the guest's disk reads itself (§4.2).
+    pub backup_reads: bool,
+}
+
+impl DiskPolicy {
+    /// Whether a disk write or flush is an output the Output Rule holds:
+    /// only when it changes the shared disk.
+    pub fn writes_are_outputs(self) -> bool {
+        self.sharing == DiskSharing::Shared
+    }
+
+    /// Whether a write must also wait for the backup to have performed
+    /// earlier reads of the same blocks (§4.2 on a shared disk).
+    pub fn writes_wait_for_backup_reads(self) -> bool {
+        self.sharing == DiskSharing::Shared && self.backup_reads
+    }
+}
+
+/// The mode and its settings, as the backup must know them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum ModeSetting {
+    Lockstep,
+    Epoch(crate::epoch::EpochMode),
+    Checkpoint { interval_ms: u64 },
+}
+
+/// One of the VM's disks: its virtio slot, the primary's path, and with
+/// separate disks the digest of the primary's copy ([`DiskDigest::whole`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairDisk {
+    pub slot: usize,
+    pub path: PathBuf,
+    pub digest: Option<String>,
+}
+
+/// The pair's part of the handshake.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairHeader {
+    pub version: u32,
+    /// The pair's generation at the arbiter.
+    pub generation: u64,
+    pub mode: ModeSetting,
+    pub disk_policy: DiskPolicy,
+    pub disks: Vec<PairDisk>,
+}
+
+/// Why a header is no pair's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PairHeaderError {
+    #[error("the primary named no generation (is it `ftvm ft primary`?)")]
+    Missing,
+    #[error("the primary's pair header is unreadable: {0}")]
+    Unreadable(String),
+    #[error("the primary speaks pair header version {0}; this backup speaks {PAIR_HEADER_VERSION}")]
+    Version(u32),
+    #[error("the primary's epoch mode is out of range: {0}")]
+    Epoch(String),
+}
+
+impl PairHeader {
+    /// Writes it into `h`.
+    pub fn write(&self, h: &mut Header) {
+        h.set(FIELD, serde_json::to_string(self).expect("a pair header serializes"));
+    }
+
+    /// Reads it from `h`, checking what a peer could have got wrong.
+    pub fn read(h: &Header) -> Result<PairHeader, PairHeaderError> {
+        let text = h.get(FIELD).ok_or(PairHeaderError::Missing)?;
+        // The version first: a newer primary's header may not parse here.
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: u32,
+        }
+        let v: Versioned = serde_json::from_str(text).map_err(|e| PairHeaderError::Unreadable(e.to_string()))?;
+        if v.version != PAIR_HEADER_VERSION {
+            return Err(PairHeaderError::Version(v.version));
+        }
+        let pair: PairHeader = serde_json::from_str(text).map_err(|e| PairHeaderError::Unreadable(e.to_string()))?;
+        if let ModeSetting::Epoch(e) = pair.mode {
+            crate::epoch::EpochMode::new(e.length, e.protocol).map_err(PairHeaderError::Epoch)?;
+        }
+        Ok(pair)
+    }
+
+    /// The disks as (slot, path), in slot order.
+    pub fn slot_disks(&self) -> SlotDisks {
+        self.disks.iter().map(|d| (d.slot, d.path.clone())).collect()
+    }
+
+    /// The epoch mode, if the pair runs in one.
+    pub fn epoch_mode(&self) -> Option<crate::epoch::EpochMode> {
+        match self.mode {
+            ModeSetting::Epoch(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A VM's disks: (virtio slot, image path), in slot order.
+pub type SlotDisks = Vec<(usize, PathBuf)>;
+
+/// A disk image's content, hashed in blocks ([`disk_sync`]): two copies
+/// are identical when their digests are; where they are not, the blocks
+/// tell what to send to make them so.
+pub struct DiskDigest {
+    pub size: u64,
+    pub blocks: Vec<[u8; 32]>,
+}
+
+impl DiskDigest {
+    /// Hashes the first `size` bytes of the disk at `path` (its whole
+    /// length when None).
+    pub fn of(path: &Path, size: Option<u64>) -> Result<DiskDigest, String> {
+        let e = |e: std::io::Error| format!("cannot read disk {}: {e}", path.display());
+        let file = std::fs::File::open(path).map_err(e)?;
+        let size = match size {
+            Some(s) => s,
+            None => file.metadata().map_err(e)?.len(),
+        };
+        let blocks = disk_sync::digests(&file, size, disk_sync::block_size(size)).map_err(e)?;
+        Ok(DiskDigest { size, blocks })
+    }
+
+    /// The digest of the whole disk, with its size: what the header names.
+    pub fn whole(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.size.to_le_bytes());
+        for b in &self.blocks {
+            h.update(b);
+        }
+        format!("{}:{}", self.size, h.finalize().to_hex())
+    }
+
+    /// The size a header's whole digest names.
+    pub fn size_in(whole: &str) -> Option<u64> {
+        whole.split_once(':')?.0.parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::epoch::{EpochMode, EpochProtocol};
+
+    fn sample() -> PairHeader {
+        PairHeader {
+            version: PAIR_HEADER_VERSION,
+            generation: 7,
+            mode: ModeSetting::Epoch(EpochMode::new(4096, EpochProtocol::Original).unwrap()),
+            disk_policy: DiskPolicy { sharing: DiskSharing::Separate, backup_reads: true },
+            disks: vec![PairDisk { slot: 0, path: "/srv/a.img".into(), digest: Some("1024:ab".into()) }],
+        }
+    }
+
+    #[test]
+    fn the_pair_header_round_trips_and_refuses_what_a_peer_got_wrong() {
+        let mut h = Header::default();
+        sample().write(&mut h);
+        assert_eq!(PairHeader::read(&h).unwrap(), sample());
+        assert_eq!(PairHeader::read(&Header::default()), Err(PairHeaderError::Missing));
+        let mut newer = Header::default();
+        newer.set(FIELD, r#"{"version":2,"something":"new"}"#);
+        assert_eq!(PairHeader::read(&newer), Err(PairHeaderError::Version(2)));
+        let mut garbage = Header::default();
+        garbage.set(FIELD, "{not json");
+        assert!(matches!(PairHeader::read(&garbage), Err(PairHeaderError::Unreadable(_))));
+        let mut short = Header::default();
+        let text = serde_json::to_string(&sample()).unwrap().replace("4096", "7");
+        short.set(FIELD, text);
+        assert!(matches!(PairHeader::read(&short), Err(PairHeaderError::Epoch(_))));
+    }
+}
