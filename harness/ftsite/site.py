@@ -13,9 +13,10 @@ address directly.
     host ns:     br0 = {eth0, t0}, 10.201.0.{1,2}/24
     client ns:   eth0 10.201.0.50/24
 
-Namespaces are named ftvm-TAG-PID-{sw,pa,pb,cl}: sites of different
-processes (benches, pytest workers) never collide, and one process may not
-open two sites with one tag at once. Every other name lives inside the
+Namespaces are named ftvm-TAG-PIDXXXX-{sw,pa,pb,cl} (XXXX random: pids
+repeat across pid namespaces, network namespace names do not): sites of
+different processes (benches, pytest workers) never collide, and one
+process may not open two sites with one tag at once. Every other name lives inside the
 site's namespaces, so nothing appears in the host's root namespace.
 """
 
@@ -85,7 +86,7 @@ class Site:
             assert tag not in _OPEN_TAGS, f"two open sites tagged {tag!r}: give each its own"
             _OPEN_TAGS.add(tag)
         self.tag = tag
-        base = f"ftvm-{tag}-{os.getpid()}"
+        base = f"ftvm-{tag}-{os.getpid()}{os.urandom(2).hex()}"
         self.ns = {role: f"{base}-{short}" for role, short in
                    (("switch", "sw"), ("primary", "pa"), ("backup", "pb"), ("client", "cl"))}
         self.made = []
