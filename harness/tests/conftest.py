@@ -5,7 +5,12 @@ test made (processes, namespaces, captures) however it ends.
 
 Tests run in parallel safely (pytest -n 2, one process per worker): the
 site's namespaces carry the worker's pid and the test's tag, and scratch
-directories the pid and the test's name.
+directories the pid and a random suffix.
+
+Run as `make test` does (as root, after building and `ftvm image build`):
+
+    FTVM=target/release/ftvm PYTHON=/usr/bin/python3 harness/run pytest -n 2 harness/tests
+    PYTHON=/usr/bin/python3 harness/run pytest harness/tests -k checkpoint -s     some, with their output
 """
 
 import atexit
