@@ -4,6 +4,12 @@
 
 CARGO ?= cargo
 FTVM := target/release/ftvm
+# The harness (harness/ftsite: the two-host site, the FT tests, the
+# benches, the demo) runs on Debian's python3, which has pytest once
+# scripts/install-deps.sh has run (a python3 earlier on PATH may not).
+# harness/run, bench/* and scripts/ft-demo take it from the environment.
+PYTHON ?= /usr/bin/python3
+export PYTHON
 
 .PHONY: all deps build image demo test bench clean
 
@@ -21,8 +27,11 @@ image: build
 demo: image
 	@scripts/ft-demo --ftvm $(FTVM)
 
+# cargo's tests, then the FT integration tests (harness/tests), two at a
+# time; either failing fails make.
 test: image
 	$(CARGO) test --release --workspace
+	FTVM=$(abspath $(FTVM)) harness/run pytest -n 2 harness/tests
 
 bench: image
 	bench/vs-qemu

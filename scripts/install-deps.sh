@@ -29,7 +29,9 @@ PACKAGES=(
     redis-tools
     iperf3
     iproute2
-    python3
+    python3               # the harness (harness/ftsite): site, benches, demo
+    python3-pytest        # the FT integration tests (harness/tests), run by Debian's python3
+    python3-pytest-xdist  # ... two at a time (pytest -n)
 )
 
 CHECK_ONLY=

@@ -1,0 +1,120 @@
+"""The host: the one-line refusals (not root, a missing tool, no binary,
+no image), the ftvm binary and the guest image, scratch directories, and
+`sh` for the host's own tools."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cleanup import on_cleanup
+from .errors import SetupError, TrialFailed
+
+# harness/ftsite/host.py -> the repository
+REPO = Path(__file__).resolve().parent.parent.parent
+
+HOST_TOOLS = {
+    "ip": "iproute2",
+    "taskset": "util-linux",
+    "redis-cli": "redis-tools",
+    "redis-benchmark": "redis-tools",
+    "iperf3": "iperf3",
+    "e2fsck": "e2fsprogs",
+    "debugfs": "e2fsprogs",
+}
+
+
+def check_host(tools=("ip", "taskset"), cores=1):
+    """Raises SetupError unless this runs as root with `tools` on PATH and
+    at least `cores` CPUs."""
+    if os.geteuid() != 0:
+        raise SetupError("needs root: it creates network namespaces, bridges and TAP devices")
+    for tool in tools:
+        if not shutil.which(tool):
+            pkg = HOST_TOOLS.get(tool, tool)
+            raise SetupError(f"{tool} not found on the host: install Debian's {pkg} "
+                             f"(apt-get install {pkg}, or scripts/install-deps.sh)")
+    if (os.cpu_count() or 1) < cores:
+        raise SetupError(f"needs at least {cores} cores (this host has {os.cpu_count()})")
+
+
+def default_ftvm():
+    """$FTVM, else the release build: $CARGO_TARGET_DIR/release/ftvm or
+    the repository's target/release/ftvm."""
+    if os.environ.get("FTVM"):
+        return os.environ["FTVM"]
+    target = os.environ.get("CARGO_TARGET_DIR") or str(REPO / "target")
+    return str(Path(target) / "release" / "ftvm")
+
+
+def check_ftvm(path):
+    """The binary's path, or SetupError if it is not there."""
+    src = Path(path)
+    if not (src.is_file() and os.access(src, os.X_OK)):
+        raise SetupError(f"ftvm binary not found at {src}: build it with `cargo build --release -p ftvm` "
+                         f"or pass --ftvm PATH")
+    return str(src)
+
+
+@dataclass
+class Binary:
+    path: str  # the private copy to run
+    source: str  # where it was copied from
+    sha256: str
+    built: str  # the source file's modification time
+    repo_commit: str  # the repository's HEAD when copied (the binary may be older)
+
+
+def private_ftvm(path):
+    """Copies the ftvm binary to a private temporary directory (removed at
+    cleanup): a rebuild during a benchmark must not swap it mid-run."""
+    src = Path(check_ftvm(path))
+    work = tempfile.mkdtemp(prefix="ftvm-bench-bin-")
+    on_cleanup(lambda: shutil.rmtree(work, ignore_errors=True))
+    dst = Path(work) / "ftvm"
+    shutil.copy2(src, dst)
+    digest = hashlib.sha256(dst.read_bytes()).hexdigest()[:12]
+    built = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(src.stat().st_mtime))
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    return Binary(str(dst), str(src), digest, built, head.stdout.strip() or "unknown")
+
+
+def image_dir(ftvm):
+    """The guest image's directory (`ftvm image path`), checked to hold a
+    root filesystem."""
+    r = subprocess.run([ftvm, "image", "path"], capture_output=True, text=True, timeout=60)
+    d = Path(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+    if d is None or not (d / "rootfs.ext4").is_file():
+        raise SetupError("no guest image: build it with `ftvm image build` (or `make image`)")
+    return d
+
+
+def rootfs(ftvm):
+    """The default guest's root filesystem image."""
+    return image_dir(ftvm) / "rootfs.ext4"
+
+
+def sparse_copy(src, dst):
+    """A sparse copy of a disk image."""
+    sh(["cp", "--sparse=always", str(src), str(dst)], timeout=300)
+    return Path(dst)
+
+
+def work_dir(prefix):
+    """A scratch directory removed at cleanup."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    on_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
+    return Path(d)
+
+
+def sh(argv, check=True, timeout=60):
+    """Runs a host tool; TrialFailed (with its message) if it fails."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise TrialFailed(f"`{' '.join(argv)}` failed ({r.returncode}): {(r.stderr or r.stdout).strip()}")
+    return r

@@ -1,0 +1,225 @@
+"""One whole failover trial (protected redis, a writer awaiting each key
+over one connection, fail the primary, check every acknowledged key over
+the same connection), used by bench/failover and the demo."""
+
+import bisect
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConnectionLost, TrialFailed
+from .observe import event
+from .proc import TIMEOUT_MS, disk_options, start_backup, start_primary
+from .resp import BOOT_TIMEOUT, REDIS_FT, RespError, wait_for_redis
+from .site import BACKUP_HOST_IP, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, Site
+
+class KeyWriter(threading.Thread):
+    """Writes key0, key1, ... one SET at a time over one connection, each
+    reply awaited; records when each was sent and acknowledged."""
+
+    def __init__(self, conn):
+        super().__init__(daemon=True)
+        self.conn = conn
+        self.acked = 0
+        self.times = []  # (sent, acknowledged) per acknowledged key
+        self.error = None
+        self.halt = threading.Event()
+
+    @staticmethod
+    def value(i):
+        return f"value-{i}"
+
+    def run(self):
+        i = 0
+        while not self.halt.is_set():
+            sent = time.monotonic()
+            try:
+                reply = self.conn.command("SET", f"key{i}", self.value(i))
+            except (ConnectionLost, RespError) as e:
+                self.error = e
+                return
+            if reply != "OK":
+                self.error = RespError(f"SET key{i} answered {reply!r}")
+                return
+            self.times.append((sent, time.monotonic()))
+            i += 1
+            self.acked = i
+
+    def first_ack_sent_after(self, t):
+        """When the first key sent at or after `t` was acknowledged, or None."""
+        times = self.times[:]  # the writer appends; sent times only grow
+        i = bisect.bisect_left(times, t, key=lambda st: st[0])
+        return times[i][1] if i < len(times) else None
+
+    def stop(self):
+        self.halt.set()
+        self.join(timeout=120)
+
+
+@dataclass
+class TrialResult:
+    kind: str
+    delay: float  # seconds of writing before the failure
+    boot: float = None  # start of the VMs to redis's first PONG
+    failover: float = None  # failure to the first acknowledged key sent after it
+    go_live: float = None  # failure to the backup's "going live" line
+    longest_wait: float = None  # the longest any one SET waited for its reply
+    acked: int = 0
+    acked_before: int = 0
+    dbsize: int = None
+    missing: int = None  # acknowledged keys absent after the failover
+    wrong: int = None  # acknowledged keys with another value
+    dropped: bool = False  # the client's connection broke
+    error: str = None
+    backup_line: str = ""
+    logs: dict = field(default_factory=dict)
+
+    @property
+    def lost(self):
+        if self.missing is None:
+            return None
+        return self.missing + self.wrong
+
+    @property
+    def ok(self):
+        return self.error is None and not self.dropped and self.lost == 0
+
+
+def fail_primary(site, primary, kind):
+    """Fails the primary host; returns the moment of the failure.
+    kill:  kill -9 of the primary's ftvm: the kernel closes its sockets, so
+           the backup sees the logging channel close.
+    crash: the host vanishes without a FIN: its switch port goes down
+           first, then the process is killed, so the backup can only tell
+           by the silence (the --timeout)."""
+    if kind == "kill":
+        return primary.kill9()
+    if kind == "crash":
+        t = time.monotonic()
+        site.port_down("primary")
+        primary.kill9()
+        return t
+    raise ValueError(kind)
+
+
+def check_keys(conn, count, chunk=500):
+    """Reads every key written (MGET in chunks, over the same connection):
+    (missing, wrong)."""
+    missing = wrong = 0
+    for lo in range(0, count, chunk):
+        keys = [f"key{i}" for i in range(lo, min(count, lo + chunk))]
+        for i, v in zip(range(lo, lo + len(keys)), conn.command("MGET", *keys)):
+            if v is None:
+                missing += 1
+            elif v != KeyWriter.value(i):
+                wrong += 1
+    return missing, wrong
+
+
+def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
+                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=()):
+    """One failover trial on a fresh site with fresh shared storage:
+    protected redis (appendonly, fsync always) on the primary host, a
+    client writing keys over one connection, after `delay` s the primary
+    failed (`kind`: kill or crash), then `writes_after` more seconds of
+    writes on the new primary and a check over the same connection that
+    DBSIZE equals the keys acknowledged and every acknowledged key reads
+    back. `say(msg)` narrates. Returns a TrialResult; failures of the run
+    itself land in its `error`."""
+    work = Path(work)
+    shared = work / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    r = TrialResult(kind=kind, delay=delay)
+    site = backup = primary = writer = None
+    try:
+        site = Site(tag)
+        say(f"site up: primary host {PRIMARY_HOST_IP}, backup host {BACKUP_HOST_IP}, client {CLIENT_IP} "
+            f"on one switch")
+        t_start = time.monotonic()
+        primary_extra, backup_extra = disk_options(ftvm, work, primary_extra)
+        backup = start_backup(site, ftvm, work, shared, timeout_ms, core=cores[1] if cores else None,
+                              extra=backup_extra)
+        primary = start_primary(site, ftvm, work, shared, REDIS_FT, timeout_ms, core=cores[0] if cores else None,
+                                extra=primary_extra)
+        r.logs = {"primary": str(primary.log_path), "backup": str(backup.log_path)}
+        follows = ("commits its checkpoints" if "checkpoint" in primary_extra
+                   else "replays it epoch by epoch" if "epoch" in primary_extra else "replays it in lockstep")
+        say(f"booting the guest {GUEST_IP} on the primary host; the backup {follows}")
+        conn = wait_for_redis(site, [primary, backup], boot_timeout)
+        r.boot = time.monotonic() - t_start
+        event(primary, "protected", timeout=10, watch=[backup])
+        say(f"redis answered after {r.boot:.0f} s; the VM is protected; the client writes keys "
+            f"one at a time over one TCP connection")
+        writer = KeyWriter(conn)
+        writer.start()
+        time.sleep(delay)
+        for p in (primary, backup):
+            if not p.alive():
+                raise TrialFailed(f"{p.name} exited (status {p.proc.returncode}) before the failure:\n{p.tail()}")
+        if writer.error:
+            raise TrialFailed(f"the client failed before the failure: {writer.error}")
+        failed_at = fail_primary(site, primary, kind)
+        r.acked_before = writer.acked
+        say(f"{writer.acked} keys acknowledged; primary "
+            + ("killed (kill -9)" if kind == "kill" else "host crashed (switch port down, then kill -9)"))
+        # The failover ends when a key sent after the failure is acknowledged.
+        deadline = failed_at + 60
+        while writer.first_ack_sent_after(failed_at) is None:
+            if writer.error or not writer.is_alive():
+                break
+            if not backup.alive():
+                raise TrialFailed(f"the backup exited (status {backup.proc.returncode}):\n{backup.tail()}")
+            if time.monotonic() > deadline:
+                raise TrialFailed(f"no write acknowledged within 60 s of the failure:\n{backup.tail()}")
+            time.sleep(0.01)
+        first = writer.first_ack_sent_after(failed_at)
+        if first is not None:
+            r.failover = first - failed_at
+        live = event(backup, "going-live")
+        if live is None and backup.alive():
+            live = event(backup, "going-live", timeout=10)
+        if live is not None:
+            r.go_live = live.t - failed_at
+            r.backup_line = live.text
+        if r.failover is not None:
+            say(f"the backup went live {r.go_live:.2f} s after the failure; the client's next key was "
+                f"acknowledged {r.failover:.2f} s after it" if r.go_live is not None else
+                f"the client's next key was acknowledged {r.failover:.2f} s after the failure")
+        time.sleep(writes_after)
+        writer.stop()
+        r.acked = writer.acked
+        r.longest_wait = max((a - s for s, a in writer.times), default=None)
+        if writer.error is not None:
+            r.dropped = isinstance(writer.error, ConnectionLost)
+            raise TrialFailed(f"the client's connection failed: {writer.error}")
+        if not backup.alive():
+            raise TrialFailed(f"the new primary exited (status {backup.proc.returncode}):\n{backup.tail()}")
+        try:
+            r.dbsize = conn.command("DBSIZE")
+            r.missing, r.wrong = check_keys(conn, r.acked)
+        except ConnectionLost as e:
+            r.dropped = True
+            raise TrialFailed(f"the client's connection broke while checking the keys: {e}") from None
+        say(f"over the same connection: DBSIZE {r.dbsize}, {r.acked} keys acknowledged, "
+            f"{r.acked - r.missing - r.wrong} of them read back intact")
+        if r.dbsize != r.acked:
+            raise TrialFailed(f"DBSIZE {r.dbsize} but {r.acked} keys were acknowledged")
+        conn.close()
+    except (TrialFailed, ConnectionLost, RespError, OSError) as e:
+        r.error = str(e)
+        if writer is not None and writer.is_alive():
+            writer.stop()
+    finally:
+        for p in (primary, backup):
+            if p is not None:
+                p.stop()
+        if site is not None:
+            site.close()
+    return r
+
+
+def random_delays(n, lo=2.0, hi=6.0, seed=None):
+    rng = random.Random(seed)
+    return [round(rng.uniform(lo, hi), 2) for _ in range(n)]
