@@ -1,24 +1,23 @@
-"""What a running ftvm says about itself: the ONE place that knows the
-formats of ftvm's status replies and of its messages.
+"""What a running ftvm says about itself: the ONE place that reads ftvm's
+typed API.
 
-  * `status(sock)`: a VM's status, read through its control socket, as a
-    dict (the fields are listed in its doc).
+  * `status(sock)`: a VM's status, asked as JSON through its control
+    socket (`{"request":"status"}`), as a flat dict (the fields are
+    listed in its doc).
   * `event(proc, name, timeout)`: a lifecycle event of a process (the
     backup listening, protection starting, going live, ...), found or
-    awaited.
+    awaited in the journal the process keeps (`--events FILE`: one typed
+    event a JSON line).
 
-Today both read text (the status line `ok running icount=... role=primary
-... held=0 ...` and the "ftvm: ..." lines ftvm writes to stderr). When
-ftvm gets `ftvm control SOCK status --json` and a typed event stream,
-these two functions change and nothing else: no test or bench parses a
-status reply or ftvm's stderr itself.
+No test or bench parses a status line or ftvm's stderr.
 
 `control(sock, command)` sends any other command (pause, snapshot, quit)
-and returns its one-line reply.
+and returns its one-line readable reply.
 """
 
-import re
+import json
 import socket
+import time
 from dataclasses import dataclass, field
 
 from .errors import TrialFailed
@@ -39,56 +38,72 @@ def control(sock, command, timeout=5.0):
     return reply.decode("utf-8", "replace").strip()
 
 
-# Units dropped from a value, longest first; the dict's numbers are in
-# these units (lag, lag_max, interval, paused_total: ms; pause_median,
-# pause_p99: us; cpu_share: %; log: Mbit/s; rate, rate_overall: per s;
-# time: s).
-_UNITS = ("Mbit/s", "/s", "ms", "us", "%", "s")
+def _ask(sock, request, timeout):
+    """One JSON request on a VM's control socket; its JSON answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(json.dumps(request).encode() + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return json.loads(reply) if reply else {"error": {"error": "no_answer"}}
 
 
-def _number(value):
-    for unit in ("",) + _UNITS:
-        if unit and not value.endswith(unit):
-            continue
-        num = value[: len(value) - len(unit)]
-        try:
-            return int(num)
-        except ValueError:
-            pass
-        try:
-            return float(num)
-        except ValueError:
-            pass
-    return value
+# Status fields as the dict names them: the JSON's leaves, with these
+# renamed to the status line's words (their units are the JSON's: ms,
+# us, Mbit/s, %, per s, s).
+_RENAMED = {
+    "guest_time_s": "time", "lag_ms": "lag", "lag_max_ms": "lag_max", "log_mbit_s": "log",
+    "cpu_share_percent": "cpu_share", "paused_total_ms": "paused_total", "ends": "epochs",
+    "length": "epoch_length", "interval_ms": "interval", "pause_median_us": "pause_median",
+    "pause_p99_us": "pause_p99", "ack_wait_total_ms": "ack_wait_total", "ack_wait_mean_us": "ack_wait_mean",
+}
+
+
+def _flatten(obj, into):
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            _flatten(value, into)
+        else:
+            into[_RENAMED.get(key, key)] = value
 
 
 def status(sock, timeout=5.0):
     """A VM's status through its control socket, as a dict:
 
       state        running, paused (a VM), replaying, following (a
-                   backup: lockstep or epoch, checkpoint), taking-over
+                   backup: lockstep or epoch, checkpoint), taking_over
       role         primary or backup (absent without FT)
-      unprotected  True when a primary runs without a backup
-      every key=value field of the reply (icount, time, backup, primary,
-      generation, mode, epoch_length, protocol, epochs, inputs_delivered,
+      unprotected  True when a primary runs without a backup (then
+                   backup="none")
+      mode         lockstep, epoch or checkpoint
+      every other leaf of the JSON status (icount, time, backup, primary,
+      generation, epoch_length, protocol, epochs, inputs_delivered,
       last_end, lag, cpu_share, log, log_bytes, acked, held,
-      outputs_held_total, interval, rate_overall, committed, ...):
-      numbers as int or float in the units listed at _UNITS, the rest
-      as strings (backup="none" when a primary has lost its backup)
-      _raw         the reply as it came, to show in logs and messages only
+      outputs_held_total, interval, rate_overall, committed, ...), named
+      as _RENAMED says
+      _raw         the JSON as it came, to show in logs and messages only
 
     TrialFailed if the VM answers with an error."""
-    line = control(sock, "status", timeout)
-    words = line.split()
-    if not words or words[0] != "ok" or len(words) < 2:
-        raise TrialFailed(f"status on {sock}: {line}")
-    fields = {"_raw": line, "state": words[1]}
-    for word in words[2:]:
-        if "=" in word:
-            key, value = word.split("=", 1)
-            fields[key] = _number(value)
-        elif word == "(unprotected)":
-            fields["unprotected"] = True
+    answer = _ask(sock, {"request": "status"}, timeout)
+    reply = answer.get("ok")
+    if not reply or reply.get("reply") != "status":
+        raise TrialFailed(f"status on {sock}: {json.dumps(answer)}")
+    fields = {"_raw": json.dumps(reply)}
+    pair = reply.pop("pair", None) or {}
+    _flatten(reply, fields)
+    if pair.get("role") == "unprotected":
+        fields.update(role="primary", backup="none", unprotected=True)
+    elif pair:
+        mode = pair.pop("mode")
+        fields["mode"] = mode.pop("name")
+        _flatten(pair, fields)
+        _flatten(mode, fields)
+    fields.pop("reply", None)
     return fields
 
 
@@ -110,7 +125,7 @@ class Event:
     text: str = ""
 
 
-# The events, and the message that reports each today.
+# The events, and the typed event of ftvm's journal each is.
 EVENTS = {
     "listening": "a backup listens for its primary",
     "following": "a backup follows its primary; fields: how (replaying, committing checkpoints)",
@@ -130,54 +145,41 @@ EVENTS = {
 }
 
 
-def _events_in(line):
-    """The events one line of ftvm's stderr reports: [(name, fields)]."""
-    if not line.startswith("ftvm: "):
+def _named(record):
+    """The EVENTS name and fields of one record of ftvm's journal."""
+    kind = record["event"]
+    fields = {k: v for k, v in record.items() if k not in ("event", "seq", "unix_ms") and v is not None}
+    if kind in ("arbiter_won", "arbiter_lost"):
+        return "arbiter", fields
+    if kind == "following":
+        fields["how"] = "committing checkpoints" if record["mode"] == "checkpoint" else "replaying"
+    if kind == "vm_ended":
+        fields.update(powered_off=record["status"] is not None, status=record["status"])
+    if kind == "refused_protection":
+        # What the user is told: the backup's reason, passed on.
+        fields["disk_not_a_copy"] = "is not a copy of the primary's" in record["reason"]
+    return kind.replace("_", "-"), fields
+
+
+def _journal(proc):
+    """The records of `proc`'s journal so far, each with its time as
+    time.monotonic() would have said it."""
+    if proc.events is None:
         return []
-    msg = line[len("ftvm: "):]
-    found = []
-    if msg.startswith("backup waiting for the primary"):
-        found.append(("listening", {}))
-    if msg.startswith("backup of the VM at "):
-        how = "committing checkpoints" if msg.endswith("committing checkpoints") else \
-            "replaying" if msg.endswith("replaying") else msg.rsplit(", ", 1)[-1]
-        found.append(("following", {"how": how}))
-    if msg.startswith("protected ("):
-        found.append(("protected", {}))
-    m = re.match(r"sending the backup (\d+) blocks", msg)
-    if m:
-        found.append(("disk-blocks-sent", {"blocks": int(m.group(1))}))
-    if "differs from the primary's: asking for the blocks" in msg:
-        found.append(("disk-differs", {}))
-    if "is now a copy of the primary's" in msg:
-        found.append(("disk-copied", {}))
-    m = re.match(r"the (primary|backup) is declared failed", msg)
-    if m:
-        found.append(("declared-failed", {"who": m.group(1)}))
-    if "arbiter" in msg:
-        found.append(("arbiter", {}))
-    if "running unprotected" in msg:
-        found.append(("unprotected", {}))
-    m = re.match(r"going live (?:from checkpoint (\d+) )?at instruction (\d+)", msg)
-    if m:
-        f = {"instruction": int(m.group(2))}
-        if m.group(1) is not None:
-            f["checkpoint"] = int(m.group(1))
-        e = re.search(r"; (\d+) inputs, each at an epoch end \((\d+) at multiples of", msg)
-        if e:
-            f["epoch_inputs"], f["epoch_inputs_at_multiples"] = int(e.group(1)), int(e.group(2))
-        found.append(("going-live", f))
-    if msg.startswith("halting:"):
-        found.append(("halting", {"reason": msg[len("halting:"):].strip()}))
-    m = re.match(r"the primary ended the VM \((?:(powered off) with status (-?\d+)|[^)]*)\)", msg)
-    if m:
-        found.append(("vm-ended", {"powered_off": m.group(1) is not None,
-                                   "status": int(m.group(2)) if m.group(2) is not None else None}))
-    if "refused protection" in msg:
-        found.append(("refused-protection", {"disk_not_a_copy": "is not a copy of the primary's" in msg}))
-    if msg.startswith("refusing to follow"):
-        found.append(("refusing-to-follow", {}))
-    return found
+    try:
+        with open(proc.events) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    offset = time.monotonic() - time.time()
+    records = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line being written: the next look has it whole
+        records.append((r["unix_ms"] / 1000 + offset, r, line))
+    return records
 
 
 def event(proc, name, timeout=None, watch=()):
@@ -190,10 +192,10 @@ def event(proc, name, timeout=None, watch=()):
     assert name in EVENTS, f"no such event: {name}"
 
     def find():
-        for t, line in list(proc.messages):
-            for n, fields in _events_in(line):
-                if n == name:
-                    return Event(n, t, fields, line.removeprefix("ftvm: "))
+        for t, record, line in _journal(proc):
+            n, fields = _named(record)
+            if n == name:
+                return Event(n, t, fields, line)
         return None
 
     if timeout is None:

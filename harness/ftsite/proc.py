@@ -9,8 +9,8 @@ marked `|` for the console and `!` for ftvm's messages.
 
 The console is the guest's: tests and benches look for their own markers
 in it (`wait_console`, `console_time`, `console_has`). ftvm's messages are
-not read here: `observe.event()` is the one place that turns them into
-lifecycle events.
+not read here: a pair's sides keep a journal of typed events
+(`--events FILE`, JSON lines), which `observe.event()` reads.
 
 `start_backup`, `start_primary` and `start_plain` start `ftvm ft backup`,
 `ftvm ft primary` and a non-FT `ftvm run` on the primary host's TAP with
@@ -47,6 +47,7 @@ class Proc:
         self.on_line = on_line
         self.killed_at = None
         self.sock = None  # its control socket, if it has one
+        self.events = None  # its journal of events (`--events`), if it keeps one
         cmd = site.argv(role, *(["taskset", "-c", str(core)] if core is not None else []), *argv)
         self._log = open(self.log_path, "w")
         self._log_lock = threading.Lock()
@@ -190,10 +191,11 @@ def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, ext
 
     Path(shared).mkdir(parents=True, exist_ok=True)
     sock = str(Path(work) / "backup.sock")
+    events = _fresh(Path(work) / "backup.events")
     argv = [ftvm, "ft", "backup", "--listen", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(timeout_ms), "--control", sock, *extra]
+            "--timeout", str(timeout_ms), "--control", sock, "--events", events, *extra]
     p = Proc("backup", site, "backup", argv, Path(work) / "backup.out", core=core)
-    p.sock = sock
+    p.sock, p.events = sock, events
     if wait:
         event(p, "listening", timeout=30)
     return p
@@ -214,12 +216,19 @@ def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=TIMEOUT_MS, cor
     running `exec_cmd` in the guest (or restored: see guest_start); its
     stdout is the guest console."""
     sock = str(Path(work) / "primary.sock")
+    events = _fresh(Path(work) / "primary.events")
     argv = [ftvm, "ft", "primary", "--backup", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(timeout_ms), *(["--net", "tap=t0"] if net else []), "--control", sock, *extra,
-            *guest_start(exec_cmd, restore)]
+            "--timeout", str(timeout_ms), *(["--net", "tap=t0"] if net else []), "--control", sock,
+            "--events", events, *extra, *guest_start(exec_cmd, restore)]
     p = Proc("primary", site, "primary", argv, Path(work) / "primary.out", core=core, on_line=on_line)
-    p.sock = sock
+    p.sock, p.events = sock, events
     return p
+
+
+def _fresh(path):
+    """`path` with nothing at it: a journal of this run's events only."""
+    Path(path).unlink(missing_ok=True)
+    return str(path)
 
 
 def disk_options(ftvm, work, primary_extra):

@@ -5,7 +5,7 @@
 //! drive in-process as well.
 
 use clap::{Args, Parser, Subcommand};
-use ftvm_vmm::api::Response;
+use ftvm_vmm::api::{Request, Response};
 use ftvm_vmm::launch::{RecordArgs, RunArgs, Target};
 use ftvm_vmm::{control, ft, launch, replay};
 use std::path::PathBuf;
@@ -33,7 +33,8 @@ enum Command {
     #[command(subcommand)]
     Image(ImageCommand),
     /// Send a command to a running VM's control socket: status, pause,
-    /// resume, snapshot FILE, quit.
+    /// resume, snapshot FILE, quit, events (its events so far and as they
+    /// come, until it ends).
     Control {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]
@@ -133,6 +134,11 @@ fn main() -> ExitCode {
 /// JSON line with `--json`); a refusal is also the exit status.
 fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<u32, String> {
     let request = control::parse(words)?;
+    if request == Request::Events {
+        // A stream: each event as it comes, until the VM ends.
+        control::follow_events(socket, json, |line| println!("{line}"))?;
+        return Ok(0);
+    }
     let (response, line) = control::send(socket, &request)?;
     println!("{}", if json { line } else { response.to_string() });
     match response {

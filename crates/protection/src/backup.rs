@@ -47,6 +47,11 @@ pub struct TakeOver {
     pub machine: Machine,
     /// This host's path of each of the VM's disks, in slot order.
     pub disks: Vec<PathBuf>,
+    /// In checkpoint mode, the checkpoint it goes live from.
+    pub checkpoint: Option<u64>,
+    /// In epoch mode, the inputs it replayed, each at an epoch end, and
+    /// of them those at a multiple of the epoch length.
+    pub epoch_inputs: Option<(u64, u64)>,
 }
 
 /// The side that follows.

@@ -8,7 +8,8 @@
 //! - [`primary`]: the interface the host's live loop drives, and the
 //!   test-and-set every mode does when its backup is lost.
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
-//! - [`status`]: what each side reports of itself, as serde types.
+//! - [`status`]: what each side reports of itself, as serde types;
+//!   [`events`]: what happens to it, as typed events.
 //!
 //! The machine-agnostic policies these are made of (the logging channel,
 //! heartbeats, the arbiter, the Output Rule, lag control, the checkpoint
@@ -19,6 +20,7 @@
 pub mod backup;
 pub mod checkpoint;
 pub mod epoch;
+pub mod events;
 pub mod lockstep;
 pub mod pair;
 pub mod primary;

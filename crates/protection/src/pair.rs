@@ -81,6 +81,17 @@ pub enum ModeSetting {
     Checkpoint { interval_ms: u64 },
 }
 
+impl ModeSetting {
+    /// The mode's name: lockstep, epoch or checkpoint.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModeSetting::Lockstep => "lockstep",
+            ModeSetting::Epoch(_) => "epoch",
+            ModeSetting::Checkpoint { .. } => "checkpoint",
+        }
+    }
+}
+
 /// One of the VM's disks: its virtio slot, the primary's path, and with
 /// separate disks the digest of the primary's copy ([`DiskDigest::whole`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@
 //! must halt, releasing nothing. When the VM ends, `end` says what may
 //! still leave, and `finish` closes the stream once the host has drained.
 
+use crate::events::{Events, PairEvent};
 use crate::status::PairStatus;
 use ftvm_machine::{Event, IoRequest, Machine, RunExit};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
@@ -123,21 +124,28 @@ pub fn backup_lost(
     arbiter: &Arbiter,
     me: &str,
     failure: &Failure,
+    events: &Events,
     held: impl FnOnce() -> Vec<Request>,
 ) -> Result<Vec<Request>, String> {
     eprintln!("ftvm: the backup is declared failed: {failure}");
+    events.emit(PairEvent::DeclaredFailed { who: "backup".into(), reason: failure.to_string() });
+    let generation = arbiter.generation();
     match arbiter.go_live(me, |m| eprintln!("ftvm: {m}")) {
         Verdict::Won => {
+            events.emit(PairEvent::ArbiterWon { generation });
             let out = held();
             eprintln!(
-                "ftvm: won generation {} at the arbiter; running unprotected, {} held outputs released",
-                arbiter.generation(),
+                "ftvm: won generation {generation} at the arbiter; running unprotected, {} held outputs released",
                 out.len()
             );
+            events.emit(PairEvent::Unprotected { released: out.len() as u64 });
             Ok(out)
         }
         Verdict::Lost(who) => {
-            Err(format!("halting: {who} went live for generation {} (the backup took over)", arbiter.generation()))
+            events.emit(PairEvent::ArbiterLost { generation, winner: who.clone() });
+            let reason = format!("{who} went live for generation {generation} (the backup took over)");
+            events.emit(PairEvent::Halting { reason: reason.clone() });
+            Err(format!("halting: {reason}"))
         }
     }
 }

@@ -63,6 +63,12 @@ pub trait FrameRule {
     fn summary(&self) -> String {
         String::new()
     }
+    /// The inputs it checked, and of them those where the rule held by
+    /// its main case (epoch mode: at a multiple of the epoch length, not
+    /// where the guest idled); None for no rule.
+    fn inputs_checked(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// No rule beyond determinism.

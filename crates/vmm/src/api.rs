@@ -20,8 +20,14 @@ pub enum Request {
     Status,
     Pause,
     Resume,
-    Snapshot { path: PathBuf },
+    Snapshot {
+        path: PathBuf,
+    },
     Quit,
+    /// The VM's events so far and then as they happen, one
+    /// `ftvm_protection::events::EventRecord` a line, until the client
+    /// hangs up.
+    Events,
 }
 
 /// The answer to a request: a reply, or why there is none.

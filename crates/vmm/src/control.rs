@@ -11,6 +11,7 @@
 
 use crate::api::{ControlError, Request, Response};
 use crate::host_io::HostEvent;
+use ftvm_protection::events::{EventRecord, Events};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -36,9 +37,10 @@ pub fn parse(line: &str) -> Result<Request, String> {
         ("pause", "") => Ok(Request::Pause),
         ("resume", "") => Ok(Request::Resume),
         ("quit", "") => Ok(Request::Quit),
+        ("events", "") => Ok(Request::Events),
         ("snapshot", "") => Err("snapshot needs a file name".into()),
         ("snapshot", path) => Ok(Request::Snapshot { path: PathBuf::from(path) }),
-        _ => Err(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit)")),
+        _ => Err(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit, events)")),
     }
 }
 
@@ -53,13 +55,14 @@ impl Drop for ControlSocket {
     }
 }
 
-/// Listens on `path`, forwarding commands to the live loop.
-pub fn listen(path: &Path, events: Sender<HostEvent>) -> Result<ControlSocket, String> {
-    let events = std::sync::Mutex::new(events);
-    serve(path, move |request| {
+/// Listens on `path`, forwarding requests to the live loop; `journal`
+/// answers `events`.
+pub fn listen(path: &Path, host_events: Sender<HostEvent>, journal: Events) -> Result<ControlSocket, String> {
+    let host_events = std::sync::Mutex::new(host_events);
+    serve(path, journal, move |request| {
         let (tx, rx) = mpsc::channel();
         let request = HostEvent::Control(ControlRequest { request, reply: tx });
-        if events.lock().unwrap().send(request).is_err() {
+        if host_events.lock().unwrap().send(request).is_err() {
             return Response::Error(ControlError::Stopped);
         }
         rx.recv().unwrap_or(Response::Error(ControlError::Stopped))
@@ -71,6 +74,7 @@ pub fn listen(path: &Path, events: Sender<HostEvent>) -> Result<ControlSocket, S
 /// connect), so another listener may take the path over.
 pub fn serve(
     path: &Path,
+    journal: Events,
     answer: impl Fn(Request) -> Response + Send + Sync + 'static,
 ) -> Result<ControlSocket, String> {
     // A socket file left by a VM that was killed would make bind fail; one
@@ -86,21 +90,29 @@ pub fn serve(
     let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let answer = answer.clone();
-            std::thread::spawn(move || serve_one(conn, &*answer));
+            let (answer, journal) = (answer.clone(), journal.clone());
+            std::thread::spawn(move || serve_one(conn, &journal, &*answer));
         }
     });
     Ok(ControlSocket { path: path.to_path_buf() })
 }
 
-fn serve_one(conn: UnixStream, answer: &dyn Fn(Request) -> Response) {
+fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Response) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let mut line = String::new();
     let Ok(mut writer) = conn.try_clone() else { return };
     if BufReader::new(conn).take(MAX_REQUEST).read_line(&mut line).is_err() {
         return;
     }
-    let text = if line.trim_start().starts_with('{') {
+    let json = line.trim_start().starts_with('{');
+    let wants_events = match json {
+        true => matches!(serde_json::from_str::<Request>(&line), Ok(Request::Events)),
+        false => matches!(parse(&line), Ok(Request::Events)),
+    };
+    if wants_events {
+        return stream_events(writer, journal, json);
+    }
+    let text = if json {
         let response = match serde_json::from_str::<Request>(&line) {
             Err(e) => Response::Error(ControlError::BadRequest(format!("unreadable request: {e}"))),
             Ok(request) => answer(request),
@@ -114,6 +126,36 @@ fn serve_one(conn: UnixStream, answer: &dyn Fn(Request) -> Response) {
         .to_string()
     };
     let _ = writeln!(writer, "{text}");
+}
+
+/// Writes the journal's events so far, then each as it comes, until the
+/// client hangs up: as JSON lines, or in words (`seq time event`).
+fn stream_events(mut writer: UnixStream, journal: &Events, json: bool) {
+    let (history, rx) = journal.subscribe();
+    let line = |r: &EventRecord| match json {
+        true => serde_json::to_string(r).expect("an event serializes"),
+        false => format!("{} {} {r}", r.seq, r.unix_ms),
+    };
+    for r in history.into_iter().chain(rx) {
+        if writeln!(writer, "{}", line(&r)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The client side of `events`: calls `on_line` with each line that
+/// comes, until the VM closes the socket.
+pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> Result<(), String> {
+    let e = |e: std::io::Error| format!("control socket {}: {e}", path.display());
+    let mut s =
+        UnixStream::connect(path).map_err(|e| format!("cannot connect to control socket {}: {e}", path.display()))?;
+    let request =
+        if json { serde_json::to_string(&Request::Events).expect("a request serializes") } else { "events".into() };
+    writeln!(s, "{request}").map_err(e)?;
+    for line in BufReader::new(s).lines() {
+        on_line(&line.map_err(e)?);
+    }
+    Ok(())
 }
 
 /// The client side (`ftvm control SOCKET COMMAND`): sends one request and
@@ -179,7 +221,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ftvm-control-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("vm.sock");
-        let _socket = serve(&path, |request| match request {
+        let _socket = serve(&path, Events::default(), |request| match request {
             Request::Status => Response::Ok(Reply::Status(Box::new(VmStatus {
                 state: RunState::Paused,
                 icount: 7,

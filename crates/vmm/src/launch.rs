@@ -8,6 +8,7 @@ use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use ftvm_protection::events::Events;
 use ftvm_protection::pair::{DiskSharing, Mode};
 use ftvm_protection::primary::Primary;
 use ftvm_replay::recorder::{self, Start};
@@ -274,12 +275,16 @@ pub enum Target {
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
 pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (events_tx, events) = std::sync::mpsc::channel();
+    let journal = match &target {
+        Target::Backup(ft) => ft.pair.journal()?,
+        _ => Events::default(),
+    };
     let mut primary: Option<Box<dyn Primary>> = None;
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
         primary = match &target {
             Target::None => None,
             Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
-            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone())?),
+            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone(), &journal)?),
         };
         Ok(())
     };
@@ -338,7 +343,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
-            Some(control::listen(path, events_tx.clone())?)
+            Some(control::listen(path, events_tx.clone(), journal.clone())?)
         }
         None => None,
     };

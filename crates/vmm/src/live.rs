@@ -408,6 +408,10 @@ impl Live {
             }
             Request::Snapshot { path } => (self.snapshot(&path), Next::Continue),
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
+            // The socket streams events itself, from the journal.
+            Request::Events => {
+                (Err(ControlError::BadRequest("events are streamed by the socket".into())), Next::Continue)
+            }
         };
         let _ = req.reply.send(match response {
             Ok(reply) => Response::Ok(reply),

@@ -13,6 +13,7 @@ use crate::host_io::{self, HostEvent, HostIo};
 use crate::{console, control, live};
 use clap::Args;
 use ftvm_machine::Machine;
+use ftvm_protection::events::Events;
 use ftvm_replay::recorder::hex;
 use ftvm_replay::replayer::{field, machine_from_header, replay_log, NoRule, Outcome, Regenerate, Replayed};
 use ftvm_replay::{Header, LogReader};
@@ -94,6 +95,8 @@ pub struct LiveSetup {
     /// Announce the NICs' MACs from here (a backup taking over).
     pub announce: bool,
     pub console_input: bool,
+    /// The VM's journal of events (a backup's, which goes on).
+    pub events: Events,
 }
 
 impl LiveSetup {
@@ -104,6 +107,7 @@ impl LiveSetup {
             disks: Vec::new(),
             announce: false,
             console_input: true,
+            events: Events::default(),
         }
     }
 }
@@ -151,7 +155,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
     let _control = match &setup.control {
         Some(path) => {
             io.set_control(true);
-            Some(control::listen(path, tx.clone())?)
+            Some(control::listen(path, tx.clone(), setup.events.clone())?)
         }
         None => None,
     };

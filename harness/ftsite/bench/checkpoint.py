@@ -67,6 +67,9 @@ def field(status, key):
         return f"{v}us"
     if key == "compression":
         return f"{v:.2f}"
+    if key == "pause_by_dirty":
+        return ",".join(f"{b['lo']}-{'' if b['hi'] is None else b['hi']}:{b['median_us']}/{b['p99_us']}us/"
+                        f"{b['checkpoints']}" for b in v) or None
     return str(v)
 
 

@@ -13,6 +13,7 @@
 //! flushed and marked valid by an activation record before it runs.
 
 use crate::backup::{Backup, Followed as Follow, Progress, Report, TakeOver};
+use crate::events::{Events, PairEvent};
 use crate::lockstep::backup::{disk_paths, primary_digests};
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::status::BackupMode;
@@ -108,17 +109,18 @@ pub struct Disks {
     unsynced: Vec<(u32, String)>,
     /// Blocks and bytes received to make the copies the same.
     synced: (u64, u64),
+    events: Events,
 }
 
 impl Disks {
-    pub fn open(disks: &[(usize, &Path)]) -> Result<Disks, String> {
+    pub fn open(disks: &[(usize, &Path)], events: Events) -> Result<Disks, String> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {
             let image = DiskImage::open(path, false)?;
             let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
             open.insert(slot as u32, (image, backend));
         }
-        Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0) })
+        Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0), events })
     }
 
     /// The copy in `slot` differs from the primary's, whose digest is
@@ -155,6 +157,8 @@ impl Disks {
                 self.synced.0,
                 self.synced.1 as f64 / (1 << 20) as f64
             );
+            let (blocks, bytes) = self.synced;
+            self.events.emit(PairEvent::DiskCopied { path: image.path().display().to_string(), blocks, bytes });
         }
         Ok(())
     }
@@ -290,15 +294,16 @@ impl<R: Read> CheckpointBackup<R> {
         interval_ms: u64,
         given: &[PathBuf],
         request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+        events: &Events,
     ) -> Result<Self, String> {
         let ram = ram_size(header)?;
         if pair.disk_policy.sharing != DiskSharing::Separate {
             return Err("checkpoint mode needs a copy of each disk on each host".into());
         }
         let disks = disk_paths(pair, given)?;
-        let to_sync = copies_to_sync(pair, &disks, request)?;
+        let to_sync = copies_to_sync(pair, &disks, request, events)?;
         let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
-        let mut files = Disks::open(&paths)?;
+        let mut files = Disks::open(&paths, events.clone())?;
         for (slot, theirs) in to_sync {
             files.expect_blocks(slot, &theirs);
         }
@@ -368,12 +373,13 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         );
         let disks: Vec<PathBuf> = self.disks.into_iter().map(|(_, p)| p).collect();
         let records = activate(&disks, &self.held, generation, me)?;
+        let checkpoint = Some(self.held.epoch);
         let machine = self.held.into_machine()?;
         eprintln!("{line}");
         for r in records {
             eprintln!("ftvm: wrote the activation record {}", r.display());
         }
-        Ok(TakeOver { machine, disks })
+        Ok(TakeOver { machine, disks, checkpoint, epoch_inputs: None })
     }
 }
 
@@ -385,6 +391,7 @@ fn copies_to_sync(
     pair: &PairHeader,
     disks: &[(usize, PathBuf)],
     request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+    events: &Events,
 ) -> Result<Vec<(usize, String)>, String> {
     let mut to_sync = Vec::new();
     for ((slot, path), theirs) in disks.iter().zip(primary_digests(pair)?) {
@@ -408,6 +415,7 @@ fn copies_to_sync(
             "ftvm: the backup's disk {} differs from the primary's: asking for the blocks that differ ({blocks} compared)",
             path.display()
         );
+        events.emit(PairEvent::DiskDiffers { path: path.display().to_string() });
         to_sync.push((*slot, theirs.to_string()));
     }
     Ok(to_sync)

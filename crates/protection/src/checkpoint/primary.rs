@@ -18,6 +18,7 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
+use crate::events::Events;
 use crate::primary::{backup_lost, Alone, Primary, Request};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
@@ -138,6 +139,7 @@ pub struct Checkpointer {
     watch: SenderWatch,
     arbiter: Arbiter,
     me: String,
+    events: Events,
     pauses: VecDeque<Duration>,
     dirty: VecDeque<usize>,
     started: Instant,
@@ -153,6 +155,7 @@ impl Checkpointer {
         idle_checkpoints: bool,
         arbiter: Arbiter,
         me: String,
+        events: Events,
     ) -> Result<Checkpointer, String> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(STAGED);
         let (spare_tx, spare) = mpsc::channel();
@@ -183,6 +186,7 @@ impl Checkpointer {
             watch,
             arbiter,
             me,
+            events,
             pauses: VecDeque::new(),
             dirty: VecDeque::new(),
             started: Instant::now(),
@@ -426,7 +430,7 @@ impl Primary for Checkpointer {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
-        let outputs = backup_lost(&self.arbiter, &self.me, failure, || {
+        let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || {
             let mut out = self.gate.release_all();
             out.append(&mut self.this_epoch);
             out

@@ -46,6 +46,10 @@ impl FrameRule for EpochCheck {
         ))
     }
 
+    fn inputs_checked(&self) -> Option<(u64, u64)> {
+        Some((self.inputs, self.inputs - self.at_idle))
+    }
+
     fn summary(&self) -> String {
         format!(
             "; {} inputs, each at an epoch end ({} at multiples of {}, {} where the guest idled)",

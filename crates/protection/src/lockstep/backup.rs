@@ -151,7 +151,13 @@ impl<R: Read> Backup for ReplayBackup<R> {
             self.replayed.digests,
             self.rule.summary()
         );
-        Ok(TakeOver { machine: self.m, disks: self.disks.into_iter().map(|(_, p)| p).collect() })
+        let epoch_inputs = self.rule.inputs_checked();
+        Ok(TakeOver {
+            machine: self.m,
+            disks: self.disks.into_iter().map(|(_, p)| p).collect(),
+            checkpoint: None,
+            epoch_inputs,
+        })
     }
 }
 

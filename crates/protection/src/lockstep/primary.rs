@@ -11,6 +11,7 @@
 //! held, since every input was acknowledged before the primary delivered
 //! it.
 
+use crate::events::Events;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
 use crate::primary::{backup_lost, Alone, Primary, Request};
@@ -42,6 +43,7 @@ pub struct Lockstep {
     arbiter: Arbiter,
     /// This host's name in the arbiter's record.
     me: String,
+    events: Events,
     last_lag: Duration,
     /// The largest lag measured so far.
     lag_max: Duration,
@@ -81,6 +83,7 @@ impl Lockstep {
         recorder: Recorder<LogSender>,
         arbiter: Arbiter,
         me: String,
+        events: Events,
         lag_threshold: Duration,
         disks: DiskPolicy,
     ) -> Lockstep {
@@ -91,6 +94,7 @@ impl Lockstep {
             throttle: Throttle::new(lag_threshold),
             arbiter,
             me,
+            events,
             last_lag: Duration::ZERO,
             lag_max: Duration::ZERO,
             rate_mark: (Instant::now(), 0),
@@ -269,7 +273,7 @@ impl Primary for Lockstep {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
-        let outputs = backup_lost(&self.arbiter, &self.me, failure, || self.gate.release_all())?;
+        let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || self.gate.release_all())?;
         Ok(Alone { outputs, inputs: Vec::new() })
     }
 

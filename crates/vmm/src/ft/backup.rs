@@ -13,6 +13,7 @@ use crate::replay::{self, LiveSetup};
 use clap::Args;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
+use ftvm_protection::events::PairEvent;
 use ftvm_protection::lockstep::backup::ReplayBackup;
 use ftvm_protection::pair::{ModeSetting, PairHeader};
 use ftvm_replay::LogReader;
@@ -61,8 +62,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let timing = args.pair.timing()?;
     args.pair.check_shared()?;
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
+    let events = args.pair.journal()?;
     let listener = TcpListener::bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
+    events.emit(PairEvent::Listening { address: args.listen.to_string() });
     let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
     drop(listener);
     let primary = receiver.peer();
@@ -81,6 +84,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let decision: Arc<Mutex<Option<(Decision, Instant)>>> = Arc::default();
     {
         let (receiver, decision, generation) = (receiver.clone(), decision.clone(), generation.clone());
+        let events = events.clone();
         let shared = args.pair.shared.clone();
         std::thread::spawn(move || {
             let Ok((failure, detected)) = failed_rx.recv() else { return };
@@ -99,11 +103,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                 return;
             }
             eprintln!("ftvm: the primary is declared failed: {failure}");
+            events.emit(PairEvent::DeclaredFailed { who: "primary".into(), reason: failure.to_string() });
             if let Some(generation) = generation {
                 let me = format!("backup on {}", hostname());
                 let d = match Arbiter::new(&shared, generation).go_live(&me, |m| eprintln!("ftvm: {m}")) {
-                    Verdict::Won => Decision::GoLive(format!("won generation {generation} at the arbiter")),
-                    Verdict::Lost(who) => Decision::Halt(format!("{who} went live for generation {generation}")),
+                    Verdict::Won => {
+                        events.emit(PairEvent::ArbiterWon { generation });
+                        Decision::GoLive(format!("won generation {generation} at the arbiter"))
+                    }
+                    Verdict::Lost(who) => {
+                        events.emit(PairEvent::ArbiterLost { generation, winner: who.clone() });
+                        Decision::Halt(format!("{who} went live for generation {generation}"))
+                    }
                 };
                 *decision.lock().unwrap() = Some((d, detected));
             }
@@ -117,6 +128,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     // hears the reason if the backup refuses.
     let refuse = |e: String| {
         receiver.refuse(&e);
+        events.emit(PairEvent::RefusingToFollow { reason: e.clone() });
         format!("refusing to follow the primary at {primary}: {e}")
     };
     let pair = PairHeader::read(&header).map_err(|e| refuse(e.to_string()))?;
@@ -132,7 +144,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let prepared: Result<Box<dyn Backup>, String> = match pair.mode {
         ModeSetting::Checkpoint { interval_ms } => {
             let request = |digests: Vec<u8>| receiver.request(digests);
-            CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &args.disks, &request)
+            CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &args.disks, &request, &events)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
         ModeSetting::Lockstep | ModeSetting::Epoch(_) => {
@@ -145,7 +157,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
         let _ = generation.set(gen);
     }
     let status_socket = match &args.control {
-        Some(path) => Some(control::serve(path, following_status(receiver.clone(), backup.progress(), gen))?),
+        Some(path) => {
+            let status = following_status(receiver.clone(), backup.progress(), gen);
+            Some(control::serve(path, events.clone(), status)?)
+        }
         None => None,
     };
     if pair.epoch_mode().is_some() {
@@ -156,6 +171,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let doing =
         if matches!(pair.mode, ModeSetting::Checkpoint { .. }) { "committing checkpoints" } else { "replaying" };
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), {doing}");
+    events.emit(PairEvent::Following { primary: primary.to_string(), generation: gen, mode: pair.mode.name().into() });
     let outcome = backup.follow(&mut |report| match report {
         Report::Executed(n) => receiver.set_executed(n),
         Report::ReadyToTakeOver => {
@@ -179,6 +195,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                 status.map_or("stopped".to_string(), |s| format!("powered off with status {s}")),
                 backup.summary()
             );
+            events.emit(PairEvent::VmEnded { status });
             Ok(0)
         }
         Followed::Cut(unusable) => {
@@ -186,13 +203,23 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             match decided {
                 Some((Decision::GoLive(why), detected)) => {
                     let me = format!("backup on {}", hostname());
-                    let TakeOver { machine, disks } = backup.take_over(&why, detected.elapsed(), gen, &me)?;
+                    let TakeOver { machine, disks, checkpoint, epoch_inputs } =
+                        backup.take_over(&why, detected.elapsed(), gen, &me)?;
+                    events.emit(PairEvent::GoingLive {
+                        instruction: machine.icount(),
+                        checkpoint,
+                        epoch_inputs: epoch_inputs.map(|(all, _)| all),
+                        epoch_inputs_at_multiples: epoch_inputs.map(|(_, at_multiples)| at_multiples),
+                    });
                     drop(status_socket);
-                    let setup =
-                        LiveSetup { control: args.control.clone(), nets, disks, announce: true, console_input: false };
+                    let control = args.control.clone();
+                    let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events };
                     replay::go_live(machine, &header, &setup)
                 }
-                Some((Decision::Halt(why), _)) => Err(format!("halting: {why}")),
+                Some((Decision::Halt(why), _)) => {
+                    events.emit(PairEvent::Halting { reason: why.clone() });
+                    Err(format!("halting: {why}"))
+                }
                 None => Err(format!("{unusable}; the backup stops")),
             }
         }

@@ -19,6 +19,7 @@ use clap::Args;
 use ftvm_protection::checkpoint;
 use ftvm_protection::epoch::primary::Epoch;
 use ftvm_protection::epoch::{EpochMode, EpochProtocol};
+use ftvm_protection::events::{Events, PairEvent};
 use ftvm_protection::lockstep::primary::Lockstep;
 use ftvm_protection::pair::PAIR_HEADER_VERSION;
 use ftvm_protection::pair::{DiskDigest, DiskPolicy, DiskSharing, Mode, ModeSetting, PairDisk, PairHeader, SlotDisks};
@@ -48,6 +49,11 @@ pub struct PairArgs {
     /// UDP port of the heartbeats, on the logging channel's addresses.
     #[arg(long, value_name = "PORT", default_value_t = 7701)]
     pub heartbeat_port: u16,
+    /// Append every event of this side's life (protected, failure
+    /// declared, arbiter won, going live, ...) to FILE, a JSON object a
+    /// line; the control socket's `events` streams them too.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
 }
 
 impl PairArgs {
@@ -56,6 +62,14 @@ impl PairArgs {
             return Err(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout));
         }
         Ok(Timing::with_timeout(Duration::from_millis(self.timeout)))
+    }
+
+    /// This side's journal of events (with its file, if asked for).
+    pub fn journal(&self) -> Result<Events, String> {
+        match &self.events {
+            Some(path) => Events::with_file(path),
+            None => Ok(Events::default()),
+        }
     }
 
     fn check_shared(&self) -> Result<(), String> {
@@ -181,7 +195,8 @@ pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, St
 pub fn start_primary(
     args: &PrimaryArgs,
     header: &mut Header,
-    events: Sender<HostEvent>,
+    host_events: Sender<HostEvent>,
+    events: &Events,
 ) -> Result<Box<dyn Primary>, String> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
@@ -234,9 +249,9 @@ pub fn start_primary(
         arbiter.generation(),
         timing.interval,
     )?;
-    let events = Mutex::new(events);
+    let host_events = Mutex::new(host_events);
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
-        let _ = events.lock().unwrap().send(HostEvent::Replication(e));
+        let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
     let name = format!("the backup at {}", sender.peer());
     let mut recorder = Recorder::new(sender, header, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE))
@@ -248,12 +263,16 @@ pub fn start_primary(
     // follow: the same machine, and with separate disks the same disks.
     let channel = recorder.sink();
     if !channel.wait_acked(recorder.logged(), Duration::from_secs(args.connect_wait)) {
-        return Err(match channel.failure() {
+        let reason = match channel.failure() {
             Some(Failure::Refused(why)) => format!("the backup at {} refused protection: {why}", args.backup),
             Some(f) => format!("the backup at {} failed before protection started: {f}", args.backup),
             None => format!("the backup at {} was not ready within {} s", args.backup, args.connect_wait),
-        });
+        };
+        events.emit(PairEvent::RefusedProtection { reason: reason.clone() });
+        return Err(reason);
     }
+    let protected =
+        |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
         let mut channel = recorder.into_sink();
@@ -263,21 +282,29 @@ pub fn start_primary(
                 "ftvm: sending the backup {blocks} blocks ({:.1} MiB) its copies of the disks lack",
                 bytes as f64 / (1 << 20) as f64
             );
+            events.emit(PairEvent::DiskBlocksSent { blocks: blocks as u64, bytes });
         }
-        let c = checkpoint::primary::Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me)?;
+        let protected = protected("checkpoint".into());
+        let idle_checkpoints = !args.no_idle_checkpoints;
+        let c =
+            checkpoint::primary::Checkpointer::new(channel, interval, idle_checkpoints, arbiter, me, events.clone())?;
         eprintln!(
             "ftvm: protected (checkpoints every {} ms): the backup at {} receives them",
             interval.as_millis(),
             args.backup
         );
+        events.emit(protected);
         return Ok(Box::new(c));
     }
-    let lockstep = Lockstep::new(recorder, arbiter, me, Duration::from_millis(args.lag_threshold), disks);
+    let protected = protected(if mode.is_some() { "epoch" } else { "lockstep" }.into());
+    let lag_threshold = Duration::from_millis(args.lag_threshold);
+    let lockstep = Lockstep::new(recorder, arbiter, me, events.clone(), lag_threshold, disks);
     eprintln!(
         "ftvm: protected ({}): the backup at {} receives the log",
         EpochMode::describe(mode).replace('_', " "),
         args.backup
     );
+    events.emit(protected);
     Ok(match mode {
         Some(mode) => Box::new(Epoch::new(lockstep, mode)),
         None => Box::new(lockstep),

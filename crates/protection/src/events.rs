@@ -1,0 +1,163 @@
+//! The lifecycle of a pair as typed events: protected, a side declared
+//! failed, the arbiter's verdict, going live, halting, the VM's end, and
+//! the steps before protection starts. Each side keeps a journal of its
+//! events ([`Events`]): a subscriber (the control socket's `events`
+//! request, a daemon in the same process) gets what happened so far and
+//! then each event as it happens, and a journal file (`--events PATH`)
+//! gets every event as one JSON line, so a script never reads stderr.
+
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Something that happened to a side of a pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum PairEvent {
+    /// A backup listens for its primary.
+    Listening { address: String },
+    /// A backup checked the primary's header and follows its stream.
+    Following { primary: String, generation: u64, mode: String },
+    /// A backup refuses to follow its primary (and tells it why).
+    RefusingToFollow { reason: String },
+    /// A primary's backup refused to follow it, or failed before protection started.
+    RefusedProtection { reason: String },
+    /// A primary sends its backup the disk blocks its copies lack.
+    DiskBlocksSent { blocks: u64, bytes: u64 },
+    /// A backup's copy of a disk differs from the primary's: it asks for the blocks.
+    DiskDiffers { path: String },
+    /// A backup's copy of a disk is now the primary's.
+    DiskCopied { path: String, blocks: u64, bytes: u64 },
+    /// A primary is protected: its backup follows.
+    Protected { backup: String, generation: u64, mode: String },
+    /// This side declared the other failed (`who`: primary or backup).
+    DeclaredFailed { who: String, reason: String },
+    /// This side won the pair's generation at the arbiter.
+    ArbiterWon { generation: u64 },
+    /// The other side had won it.
+    ArbiterLost { generation: u64, winner: String },
+    /// A primary that won runs on alone, its held outputs released.
+    Unprotected { released: u64 },
+    /// A backup goes live: at `instruction` (checkpoint mode: from
+    /// `checkpoint`; epoch mode: having checked `epoch_inputs`, each at an
+    /// epoch end, `epoch_inputs_at_multiples` of them at a multiple of the
+    /// epoch length).
+    GoingLive {
+        instruction: u64,
+        checkpoint: Option<u64>,
+        epoch_inputs: Option<u64>,
+        epoch_inputs_at_multiples: Option<u64>,
+    },
+    /// This side lost at the arbiter and halts.
+    Halting { reason: String },
+    /// The primary ended the VM (`status`: the guest's, if it powered off).
+    VmEnded { status: Option<u32> },
+}
+
+/// An event with when it happened and its place in the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// 1, 2, 3, ... in the order of the journal.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    #[serde(flatten)]
+    pub event: PairEvent,
+}
+
+/// Most events kept for a subscriber that comes late: far more than a
+/// pair's life makes.
+const KEPT: usize = 4096;
+
+#[derive(Default)]
+struct Journal {
+    history: Vec<EventRecord>,
+    subscribers: Vec<Sender<EventRecord>>,
+    file: Option<std::fs::File>,
+}
+
+/// A side's journal of events; cloning shares it.
+#[derive(Clone, Default)]
+pub struct Events(Arc<Mutex<Journal>>);
+
+impl Events {
+    /// A journal that also appends each event to the file at `path` as
+    /// a JSON line.
+    pub fn with_file(path: &Path) -> Result<Events, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open the event journal {}: {e}", path.display()))?;
+        Ok(Events(Arc::new(Mutex::new(Journal { file: Some(file), ..Journal::default() }))))
+    }
+
+    /// Records `event` and hands it to every subscriber.
+    pub fn emit(&self, event: PairEvent) {
+        let mut j = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let record = EventRecord { seq: j.history.len() as u64 + 1, unix_ms, event };
+        if let Some(f) = &mut j.file {
+            let line = serde_json::to_string(&record).expect("an event serializes");
+            // A journal that cannot be written must not stop the VM: the
+            // event still reaches the subscribers.
+            let _ = writeln!(f, "{line}");
+        }
+        j.subscribers.retain(|s| s.send(record.clone()).is_ok());
+        if j.history.len() < KEPT {
+            j.history.push(record);
+        }
+    }
+
+    /// What happened so far, and a receiver of each event from now on.
+    pub fn subscribe(&self) -> (Vec<EventRecord>, Receiver<EventRecord>) {
+        let (tx, rx) = mpsc::channel();
+        let mut j = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        j.subscribers.push(tx);
+        (j.history.clone(), rx)
+    }
+}
+
+impl std::fmt::Display for EventRecord {
+    /// The event's JSON without its place and time: what `ftvm control
+    /// SOCK events` shows after the time.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let v = serde_json::to_value(&self.event).expect("an event serializes");
+        write!(f, "{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_subscriber_gets_the_history_then_each_event_and_the_file_every_line() {
+        let dir = std::env::temp_dir().join(format!("ftvm-events-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.jsonl");
+        let events = Events::with_file(&path).unwrap();
+        events.emit(PairEvent::ArbiterWon { generation: 3 });
+        let (history, rx) = events.subscribe();
+        assert_eq!(history.len(), 1);
+        assert_eq!(history[0].seq, 1);
+        let live = PairEvent::GoingLive {
+            instruction: 42,
+            checkpoint: None,
+            epoch_inputs: None,
+            epoch_inputs_at_multiples: None,
+        };
+        events.emit(live.clone());
+        let next = rx.try_recv().unwrap();
+        assert_eq!((next.seq, next.event.clone()), (2, live));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<EventRecord> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 2);
+        assert!(text.lines().nth(1).unwrap().contains(r#""event":"going_live","instruction":42"#), "{text}");
+        assert_eq!(lines[1], next);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
