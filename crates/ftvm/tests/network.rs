@@ -72,6 +72,14 @@ fn redis_over_tap_survives_snapshot_kill_and_restore() {
     let reply = control(&socket, &format!("snapshot {}", again.display()));
     assert!(reply.starts_with("ok snapshot"), "second snapshot: {reply}");
     assert!(std::fs::read(&snap).unwrap() == std::fs::read(&again).unwrap(), "restore then snapshot changed the file");
+    // The restored VM stands where the first one was paused, and says so
+    // in its typed status too (ftvm control --json: the socket's JSON).
+    let json = Command::new(ftvm()).args(["control", "--json"]).arg(&socket).arg("status").output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status --json is one JSON object");
+    let status = &status["ok"];
+    assert_eq!(status["reply"], "status", "{status}");
+    assert_eq!(status["state"], "paused", "{status}");
+    assert!(status["icount"].as_u64().is_some_and(|i| i > 0) && status["pair"].is_null(), "{status}");
     assert_eq!(control(&socket, "resume"), "ok running");
 
     let keys: Vec<String> = (0..KEYS).map(|i| format!("key{i}")).collect();
