@@ -2,7 +2,6 @@
 //! the first such declaration kept, and the detector that declares one
 //! when the channel or the heartbeats fall silent. Shared by both ends.
 
-use super::pipe::Pipe;
 use crate::heartbeat::Heartbeat;
 use crate::Timing;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,17 +32,15 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// Records the first failure and tells whoever listens, once.
-pub(super) fn declare(failed: &Mutex<Option<Failure>>, pipe: &Pipe, f: Failure, tell: impl FnOnce(Failure)) {
-    {
-        let mut slot = failed.lock().unwrap();
-        if slot.is_some() {
-            return;
-        }
-        *slot = Some(f.clone());
+/// Records `f` as the peer's failure unless one already was: true if it
+/// is the first, whom the caller then tells whoever listens (once).
+pub(super) fn declare(failed: &Mutex<Option<Failure>>, f: &Failure) -> bool {
+    let mut slot = failed.lock().unwrap();
+    if slot.is_some() {
+        return false;
     }
-    pipe.close();
-    tell(f);
+    *slot = Some(f.clone());
+    true
 }
 
 /// The failure detector's loop: watches the peer's channel traffic and

@@ -3,7 +3,7 @@
 //! the replaying VM's view of it ([`LogPipe`]), and the failure detector
 //! for the primary.
 
-use super::failure::{watch, Failure};
+use super::failure::{declare, watch, Failure};
 use super::pipe::Pipe;
 use super::wire::{ACK, ACK_LEN, MAX_REQUEST, REFUSE, REQUEST};
 use super::{Clock, SPIN_FOR, WAITER_GRACE};
@@ -102,10 +102,7 @@ impl LogReceiver {
         let fail = {
             let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
             Arc::new(move |f: Failure| {
-                let mut slot = shared.failed.lock().unwrap();
-                if slot.is_none() {
-                    *slot = Some(f.clone());
-                    drop(slot);
+                if declare(&shared.failed, &f) {
                     on_failure(f);
                 }
             })

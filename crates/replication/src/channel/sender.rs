@@ -185,9 +185,9 @@ impl AckStream {
 /// a system call per frame, which short epochs pay thousands of times a
 /// second; bytes no output depends on lose nothing by waiting a moment.
 pub struct LogSender {
-    shared: Arc<PrimaryShared>,
+    /// The channel's state, and the reads of it other threads make too.
+    watch: SenderWatch,
     stream: TcpStream,
-    peer: SocketAddr,
     /// When the oldest byte the sender thread was not woken for was
     /// written.
     unsent_since: std::cell::Cell<Option<Instant>>,
@@ -240,7 +240,10 @@ impl LogSender {
             let (shared, events) = (shared.clone(), events.clone());
             let socket = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
             move |f: Failure| {
-                declare(&shared.failed, &shared.pipe, f, |f| events(PrimaryEvent::BackupLost(f)));
+                if declare(&shared.failed, &f) {
+                    shared.pipe.close();
+                    events(PrimaryEvent::BackupLost(f));
+                }
                 // A write blocked on a backup that stopped reading (the
                 // sender thread's, or a waiting caller's) returns now.
                 let _ = socket.shutdown(Shutdown::Both);
@@ -301,41 +304,47 @@ impl LogSender {
                 }),
             )?;
         }
-        Ok(LogSender { shared, stream, peer, unsent_since: std::cell::Cell::new(None), fail, events })
+        Ok(LogSender {
+            watch: SenderWatch { shared, peer },
+            stream,
+            unsent_since: std::cell::Cell::new(None),
+            fail,
+            events,
+        })
     }
 
     pub fn peer(&self) -> SocketAddr {
-        self.peer
+        self.watch.peer()
     }
 
     /// A handle for other threads to follow this channel with.
     pub fn watch(&self) -> SenderWatch {
-        SenderWatch { shared: self.shared.clone(), peer: self.peer }
+        self.watch.clone()
     }
 
     /// Bytes of log the backup has acknowledged receiving.
     pub fn acked(&self) -> u64 {
-        self.shared.acked.load(Ordering::Relaxed)
+        self.watch.acked()
     }
 
     /// Bytes handed to the network so far.
     pub fn sent(&self) -> u64 {
-        self.shared.sent.load(Ordering::Relaxed)
+        self.watch.sent()
     }
 
     /// Bytes of log written into the channel so far.
     pub fn written(&self) -> u64 {
-        self.shared.written.load(Ordering::Relaxed)
+        self.watch.written()
     }
 
     /// Bytes waiting in the primary's buffer.
     pub fn buffered(&self) -> usize {
-        self.shared.pipe.len()
+        self.watch.shared.pipe.len()
     }
 
     /// The instruction count the backup last reported executing.
     pub fn backup_icount(&self) -> u64 {
-        self.shared.backup_icount.load(Ordering::Relaxed)
+        self.watch.backup_icount()
     }
 
     /// The instruction count the backup last reported executing, and how
@@ -344,26 +353,26 @@ impl LogSender {
     pub fn backup_report(&self) -> (u64, Duration) {
         // The time is stored after the count: a report landing between
         // these loads can only make one sample's age short, never long.
-        let at = self.shared.backup_report_us.load(Ordering::Acquire);
-        (self.backup_icount(), self.shared.clock.since(at))
+        let at = self.watch.shared.backup_report_us.load(Ordering::Acquire);
+        (self.backup_icount(), self.watch.shared.clock.since(at))
     }
 
     /// Why the backup was declared failed, once it has been.
     pub fn failure(&self) -> Option<Failure> {
-        self.shared.failed.lock().unwrap().clone()
+        self.watch.failure()
     }
 
     /// What the backup asked before it acknowledged anything
     /// ([`LogReceiver::request`](super::LogReceiver::request)), oldest first. Every request it made
     /// before it became ready is here once its first acknowledgement is.
     pub fn take_requests(&self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut *self.shared.requests.lock().unwrap())
+        std::mem::take(&mut *self.watch.shared.requests.lock().unwrap())
     }
 
     /// Stops sending and lets the backup's end see the stream end.
     pub fn close(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.pipe.close();
+        self.watch.shared.stop.store(true, Ordering::Relaxed);
+        self.watch.shared.pipe.close();
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
@@ -375,7 +384,7 @@ impl LogSender {
         // than wake the sender thread for them: at an epoch end under the
         // original protocol this is on the path of every round trip.
         self.unsent_since.set(None);
-        if let Err(e) = self.shared.write_pending(usize::MAX) {
+        if let Err(e) = self.watch.shared.write_pending(usize::MAX) {
             (self.fail)(Failure::Closed(e.to_string()));
         }
         let deadline = Instant::now() + wait;
@@ -384,11 +393,11 @@ impl LogSender {
         // reader thread woken for it and wake us in turn, two wake-ups
         // that cost more than the network here (see `poll`).
         let spin_until = Instant::now() + SPIN_FOR;
-        let turn = &self.shared.acks_turn;
+        let turn = &self.watch.shared.acks_turn;
         turn.begin();
         while self.acked() < total && self.failure().is_none() && Instant::now() < spin_until {
-            if let Ok(mut acks) = self.shared.acks.try_lock() {
-                if let Err(f) = acks.pump(&self.shared, &*self.events) {
+            if let Ok(mut acks) = self.watch.shared.acks.try_lock() {
+                if let Err(f) = acks.pump(&self.watch.shared, &*self.events) {
                     (self.fail)(f);
                 }
             }
@@ -400,7 +409,7 @@ impl LogSender {
         }
         // A longer wait: the reader thread takes over.
         turn.end(Duration::ZERO);
-        let (lock, signal) = &self.shared.ack_signal;
+        let (lock, signal) = &self.watch.shared.ack_signal;
         let mut guard = lock.lock().unwrap();
         loop {
             if self.acked() >= total {
@@ -454,7 +463,7 @@ impl LogSender {
     /// Has everything written so far sent now.
     pub fn send_now(&self) {
         if self.unsent_since.take().is_some() {
-            self.shared.pipe.wake_reader();
+            self.watch.shared.pipe.wake_reader();
         }
     }
 
@@ -475,11 +484,11 @@ impl Write for LogSender {
         let since = *self.unsent_since.get_mut().get_or_insert_with(Instant::now);
         let unsent = self.written() - self.sent();
         let wake = unsent + buf.len() as u64 >= SEND_BATCH || since.elapsed() >= SEND_DELAY;
-        self.shared.pipe.put(buf, wake);
+        self.watch.shared.pipe.put(buf, wake);
         if wake {
             self.unsent_since.set(None);
         }
-        self.shared.written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.watch.shared.written.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(buf.len())
     }
 

@@ -4,25 +4,37 @@ use super::sender::SEND_BATCH;
 use super::*;
 use crate::Timing;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+
+/// A backup's end waiting on a fresh loopback port: the port, and the
+/// end once a primary has connected.
+fn backup_on_loopback(buffer: usize) -> (SocketAddr, std::thread::JoinHandle<LogReceiver>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    (addr, std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap()))
+}
+
+/// A primary's end connected to `addr`, and what it learns.
+fn primary_to(addr: SocketAddr, timing: Timing) -> (LogSender, mpsc::Receiver<PrimaryEvent>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let stream = connect(addr, Duration::from_secs(5)).unwrap();
+    let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
+        let _ = tx.lock().unwrap().send(e);
+    })
+    .unwrap();
+    (sender, rx)
+}
 
 fn pair(
     buffer: usize,
     timing: Timing,
 ) -> (LogSender, mpsc::Receiver<PrimaryEvent>, LogReceiver, mpsc::Receiver<Failure>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let acc = std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap());
-    let (ptx, prx) = mpsc::channel();
-    let ptx = Mutex::new(ptx);
-    let stream = connect(addr, Duration::from_secs(5)).unwrap();
-    let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
-        let _ = ptx.lock().unwrap().send(e);
-    })
-    .unwrap();
+    let (addr, acc) = backup_on_loopback(buffer);
+    let (sender, prx) = primary_to(addr, timing);
     let receiver = acc.join().unwrap();
     let (btx, brx) = mpsc::channel();
     let btx = Mutex::new(btx);
@@ -102,16 +114,8 @@ fn delayed_acknowledgements_arrive_no_sooner_and_the_primary_waits_without_faili
 
 #[test]
 fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 1 << 20).unwrap());
-    let (ptx, prx) = mpsc::channel();
-    let ptx = Mutex::new(ptx);
-    let stream = connect(addr, Duration::from_secs(5)).unwrap();
-    let mut s = LogSender::over(stream, DEFAULT_BUFFER, Timing::DEFAULT, None, move |e| {
-        let _ = ptx.lock().unwrap().send(e);
-    })
-    .unwrap();
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let (mut s, prx) = primary_to(addr, Timing::DEFAULT);
     let r = acc.join().unwrap();
     r.hold_acks();
     r.start(Timing::DEFAULT, |_| {}).unwrap();
@@ -130,11 +134,8 @@ fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
 #[test]
 fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
     for _ in 0..20 {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 1 << 20).unwrap());
-        let stream = connect(addr, Duration::from_secs(5)).unwrap();
-        let mut s = LogSender::over(stream, DEFAULT_BUFFER, Timing::DEFAULT, None, |_| {}).unwrap();
+        let (addr, acc) = backup_on_loopback(1 << 20);
+        let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
         let r = acc.join().unwrap();
         r.hold_acks();
         r.start(Timing::DEFAULT, |_| {}).unwrap();
@@ -156,9 +157,7 @@ fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
 fn full_buffers_stall_the_primary() {
     // 64 KiB at the backup, nobody consuming: the primary's own 64 KiB
     // buffer fills behind the socket buffers, and writes block.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let acc = std::thread::spawn(move || LogReceiver::accept(&listener, 64 << 10).unwrap());
+    let (addr, acc) = backup_on_loopback(64 << 10);
     let stream = TcpStream::connect(addr).unwrap();
     let mut s = LogSender::over(stream, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
     let r = acc.join().unwrap();
@@ -252,13 +251,7 @@ fn a_silent_backup_is_a_failure_for_the_primary() {
         std::thread::sleep(Duration::from_secs(3));
         drop(c);
     });
-    let (tx, rx) = mpsc::channel();
-    let tx = Mutex::new(tx);
-    let stream = connect(addr, Duration::from_secs(5)).unwrap();
-    let _s = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
-        let _ = tx.lock().unwrap().send(e);
-    })
-    .unwrap();
+    let (_s, rx) = primary_to(addr, timing);
     match rx.recv_timeout(Duration::from_secs(2)).unwrap() {
         PrimaryEvent::BackupLost(Failure::ChannelSilent(_)) => {}
         other => panic!("{other:?}"),
