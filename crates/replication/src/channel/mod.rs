@@ -14,12 +14,12 @@
 //! execution (§3.2). A full buffer stops the reading, so the primary's
 //! buffer fills and the primary stalls in turn.
 //!
-//! An acknowledgement is 17 bytes: kind (1), bytes of log received (u64
-//! LE), instruction count the backup has executed (u64 LE). The latter is
-//! what the primary measures the execution lag with. Acknowledgements
-//! also go out every interval while nothing arrives, so they double as
-//! the backup's heartbeat on the channel; the primary's keep-alives are
-//! log frames its VM loop writes when the log is quiet.
+//! An acknowledgement carries the bytes of log received and the
+//! instruction count the backup has executed (`wire` has the format).
+//! The latter is what the primary measures the execution lag with.
+//! Acknowledgements also go out every interval while nothing arrives, so
+//! they double as the backup's heartbeat on the channel; the primary's
+//! keep-alives are log frames its VM loop writes when the log is quiet.
 //!
 //! Each end declares its peer failed (§2.3) when the connection closes
 //! (the peer's process is gone and its kernel said so), or when either

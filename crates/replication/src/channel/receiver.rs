@@ -5,7 +5,7 @@
 
 use super::failure::{declare, watch, Failure};
 use super::pipe::Pipe;
-use super::wire::{ACK, ACK_LEN, MAX_REQUEST, REFUSE, REQUEST};
+use super::wire::{self, MAX_REQUEST};
 use super::{Clock, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
 use crate::poll::{self, WaiterTurn};
@@ -348,10 +348,7 @@ impl Receipt {
         // Requests go before the acknowledgement that says we are ready:
         // every one made before `ready` is in the queue if `ready` is seen.
         for request in std::mem::take(&mut *shared.requests.lock().unwrap()) {
-            let mut msg = vec![REQUEST];
-            msg.extend((request.len() as u32).to_le_bytes());
-            msg.extend(request);
-            self.out.write_all(&msg).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.out.write_all(&wire::request(request)).map_err(|e| Failure::Closed(e.to_string()))?;
         }
         let received = if ready {
             received
@@ -363,11 +360,7 @@ impl Receipt {
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
         if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
-            let mut msg = [0u8; ACK_LEN];
-            msg[0] = ACK;
-            msg[1..9].copy_from_slice(&now.0.to_le_bytes());
-            msg[9..17].copy_from_slice(&now.1.to_le_bytes());
-            self.out.write_all(&msg).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.out.write_all(&wire::ack(now.0, now.1)).map_err(|e| Failure::Closed(e.to_string()))?;
             self.acked = now;
             self.last_ack = Instant::now();
         }
@@ -375,11 +368,7 @@ impl Receipt {
     }
 
     fn refuse(&mut self, why: &str) {
-        let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
-        let mut msg = vec![REFUSE];
-        msg.extend((text.len() as u16).to_le_bytes());
-        msg.extend(text);
-        let _ = self.out.write_all(&msg);
+        let _ = self.out.write_all(&wire::refusal(why));
         let _ = self.out.shutdown(Shutdown::Write);
     }
 }

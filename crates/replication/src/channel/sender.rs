@@ -5,7 +5,7 @@
 
 use super::failure::{declare, watch, Failure};
 use super::pipe::Pipe;
-use super::wire::{ACK, ACK_LEN, MAX_REQUEST, REFUSE, REQUEST};
+use super::wire::{self, Message};
 use super::{Clock, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
 use crate::poll::{self, WaiterTurn};
@@ -109,7 +109,7 @@ impl AckStream {
             match poll::try_read(&self.input, &mut self.chunk) {
                 Ok(Some(0)) => {
                     self.apply(shared, events)?;
-                    return Err(self.at_end());
+                    return Err(wire::at_end(&self.partial));
                 }
                 Ok(Some(n)) => self.partial.extend_from_slice(&self.chunk[..n]),
                 Ok(None) => return self.apply(shared, events),
@@ -120,12 +120,9 @@ impl AckStream {
 
     fn apply(&mut self, shared: &PrimaryShared, events: &dyn Fn(PrimaryEvent)) -> Result<(), Failure> {
         let mut at = 0;
-        while let Some(&kind) = self.partial.get(at) {
-            let msg = &self.partial[at..];
-            match kind {
-                ACK if msg.len() >= ACK_LEN => {
-                    let received = u64::from_le_bytes(msg[1..9].try_into().unwrap());
-                    let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
+        while let Some((msg, len)) = wire::parse(&self.partial[at..])? {
+            match msg {
+                Message::Ack { received, icount } => {
                     let now = shared.clock.now_us();
                     shared.last_ack_us.store(now, Ordering::Relaxed);
                     shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
@@ -134,44 +131,17 @@ impl AckStream {
                         shared.signal_ack_waiters();
                         events(PrimaryEvent::Acked);
                     }
-                    at += ACK_LEN;
                 }
-                REQUEST if msg.len() >= 5 => {
-                    let len = u32::from_le_bytes(msg[1..5].try_into().unwrap()) as usize;
-                    if len > MAX_REQUEST {
-                        return Err(Failure::Closed(format!("a request of {len} bytes from the backup")));
-                    }
-                    if msg.len() < 5 + len {
-                        break;
-                    }
+                Message::Request(request) => {
                     shared.last_ack_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                    shared.requests.lock().unwrap().push(msg[5..5 + len].to_vec());
-                    at += 5 + len;
+                    shared.requests.lock().unwrap().push(request.to_vec());
                 }
-                REFUSE if msg.len() >= 3 => {
-                    let len = u16::from_le_bytes([msg[1], msg[2]]) as usize;
-                    if msg.len() < 3 + len {
-                        break;
-                    }
-                    return Err(Failure::Refused(String::from_utf8_lossy(&msg[3..3 + len]).into_owned()));
-                }
-                ACK | REQUEST | REFUSE => break,
-                other => return Err(Failure::Closed(format!("unknown message kind {other} from the backup"))),
+                Message::Refuse(why) => return Err(Failure::Refused(why)),
             }
+            at += len;
         }
         self.partial.drain(..at);
         Ok(())
-    }
-
-    /// What the end of the stream means: a refusal cut short is still one.
-    fn at_end(&self) -> Failure {
-        match self.partial.first() {
-            Some(&REFUSE) => {
-                Failure::Refused(String::from_utf8_lossy(self.partial.get(3..).unwrap_or(&[])).into_owned())
-            }
-            Some(_) => Failure::Closed("end of stream inside a message".into()),
-            None => Failure::Closed("end of stream".into()),
-        }
     }
 }
 
