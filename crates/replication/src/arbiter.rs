@@ -22,6 +22,30 @@ const RETRY: Duration = Duration::from_millis(100);
 /// Generations tried when claiming one raced with another pair.
 const CLAIM_TRIES: u64 = 1000;
 
+/// Why no generation could be claimed for a new pair.
+#[derive(Debug, thiserror::Error)]
+pub enum ArbiterError {
+    /// The shared storage's directory could not be listed.
+    #[error("cannot read the shared storage {}: {source}", .dir.display())]
+    ReadStorage {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating the record of a free generation failed.
+    #[error("cannot claim a generation in {}: {source}", .dir.display())]
+    Claim {
+        dir: PathBuf,
+        generation: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Every generation tried, `tries` of them from `first` on, was
+    /// claimed by someone else first.
+    #[error("cannot claim a generation in {}: all taken", .dir.display())]
+    AllTaken { dir: PathBuf, first: u64, tries: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// This side may go live.
@@ -46,9 +70,9 @@ impl Arbiter {
 
     /// Claims the next unused generation in `dir` for a new pair: one past
     /// the highest there, taken by creating its `.pair` file exclusively.
-    pub fn claim_generation(dir: &Path, pair: &str) -> Result<Arbiter, String> {
+    pub fn claim_generation(dir: &Path, pair: &str) -> Result<Arbiter, ArbiterError> {
         let entries =
-            std::fs::read_dir(dir).map_err(|e| format!("cannot read the shared storage {}: {e}", dir.display()))?;
+            std::fs::read_dir(dir).map_err(|source| ArbiterError::ReadStorage { dir: dir.to_path_buf(), source })?;
         let highest = entries
             .filter_map(|e| e.ok())
             .filter_map(|e| {
@@ -62,10 +86,10 @@ impl Arbiter {
             match create_exclusive(&path, pair) {
                 Ok(true) => return Ok(Arbiter::new(dir, generation)),
                 Ok(false) => continue,
-                Err(e) => return Err(format!("cannot claim a generation in {}: {e}", dir.display())),
+                Err(source) => return Err(ArbiterError::Claim { dir: dir.to_path_buf(), generation, source }),
             }
         }
-        Err(format!("cannot claim a generation in {}: all taken", dir.display()))
+        Err(ArbiterError::AllTaken { dir: dir.to_path_buf(), first: highest + 1, tries: CLAIM_TRIES })
     }
 
     /// The test-and-set: `Won` if this call created the generation's
@@ -172,6 +196,15 @@ mod tests {
         assert_eq!(g2.go_live("primary", |_| {}), Verdict::Won);
         assert_eq!(g1.go_live("primary", |_| {}), Verdict::Lost("backup".into()));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_storage_that_cannot_be_read_is_an_error_that_names_it() {
+        let gone = scratch("gone").join("not-there");
+        let e = Arbiter::claim_generation(&gone, "p").err().expect("nothing to read");
+        assert!(matches!(&e, ArbiterError::ReadStorage { dir, .. } if *dir == gone), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("cannot read the shared storage {}: ", gone.display())), "{e}");
+        std::fs::remove_dir_all(gone.parent().unwrap()).unwrap();
     }
 
     #[test]

@@ -28,19 +28,22 @@
 //! The module by job: `pipe` is the bounded buffer at each end, `wire`
 //! the messages the backup sends back, `sender` the primary's end,
 //! `receiver` the backup's, `failure` why and when a peer is declared
-//! failed.
+//! failed, `error` what can go wrong opening an end.
 
+mod error;
 mod failure;
 mod pipe;
 mod receiver;
 mod sender;
 mod wire;
 
+pub use error::{ChannelError, RequestTooLarge};
 pub use failure::Failure;
 pub use receiver::{LogPipe, LogReceiver};
 pub use sender::{connect, LogSender, PrimaryEvent, SenderWatch, SEND_DELAY};
 pub use wire::MAX_REQUEST;
 
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Default size of each end's buffer (VMware speaks of "a large buffer").
@@ -66,6 +69,11 @@ impl Clock {
     fn since(&self, us: u64) -> Duration {
         Duration::from_micros(self.now_us().saturating_sub(us))
     }
+}
+
+/// Starts one of the channel's threads.
+fn spawn(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ChannelError> {
+    std::thread::Builder::new().name(thread.into()).spawn(f).map_err(|source| ChannelError::Thread { thread, source })
 }
 
 #[cfg(test)]

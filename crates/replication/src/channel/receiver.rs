@@ -6,7 +6,7 @@
 use super::failure::{declare, watch, Failure};
 use super::pipe::Pipe;
 use super::wire::{self, MAX_REQUEST};
-use super::{Clock, SPIN_FOR, WAITER_GRACE};
+use super::{spawn, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
 use crate::poll::{self, WaiterTurn};
 use crate::Timing;
@@ -65,9 +65,9 @@ pub struct LogReceiver {
 
 impl LogReceiver {
     /// Waits for the primary to connect on `listener` (one connection).
-    pub fn accept(listener: &TcpListener, buffer: usize) -> Result<LogReceiver, String> {
-        let (stream, peer) = listener.accept().map_err(|e| format!("logging channel: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| format!("logging channel: {e}"))?;
+    pub fn accept(listener: &TcpListener, buffer: usize) -> Result<LogReceiver, ChannelError> {
+        let (stream, peer) = listener.accept().map_err(ChannelError::Socket)?;
+        stream.set_nodelay(true).map_err(ChannelError::Socket)?;
         let shared = Arc::new(BackupShared {
             clock: Clock(Instant::now()),
             pipe: Pipe::new(buffer),
@@ -97,7 +97,11 @@ impl LogReceiver {
     /// `timing.interval`; `on_failure` hears once when the primary is
     /// declared failed. The log stays readable through [`LogPipe`] to its
     /// last byte received until [`LogReceiver::end_log`].
-    pub fn start(&self, timing: Timing, on_failure: impl Fn(Failure) + Send + Sync + 'static) -> Result<(), String> {
+    pub fn start(
+        &self,
+        timing: Timing,
+        on_failure: impl Fn(Failure) + Send + Sync + 'static,
+    ) -> Result<(), ChannelError> {
         let on_failure = Arc::new(on_failure);
         let fail = {
             let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
@@ -107,7 +111,7 @@ impl LogReceiver {
                 }
             })
         };
-        let clone = || self.stream.try_clone().map_err(|e| format!("logging channel: {e}"));
+        let clone = || self.stream.try_clone().map_err(ChannelError::Socket);
         let readable = clone()?;
         *self.shared.receipt.lock().unwrap() = Some(Receipt {
             input: clone()?,
@@ -122,21 +126,15 @@ impl LogReceiver {
         });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            let thread = std::thread::Builder::new()
-                .name("ft-log-receive".into())
-                .spawn(move || receive(&shared, &readable, timing, &*fail))
-                .map_err(|e| format!("ft-log-receive: {e}"))?;
+            let thread = spawn("ft-log-receive", move || receive(&shared, &readable, timing, &*fail))?;
             self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
-            std::thread::Builder::new()
-                .name("ft-detect".into())
-                .spawn(move || {
-                    let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
-                    watch(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
-                })
-                .map_err(|e| format!("ft-detect: {e}"))?;
+            spawn("ft-detect", move || {
+                let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                watch(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+            })?;
         }
         Ok(())
     }
@@ -183,9 +181,9 @@ impl LogReceiver {
     /// Sends the primary `request` (at most [`MAX_REQUEST`] bytes) before
     /// this backup is [`ready`](LogReceiver::ready): it arrives ahead of
     /// the first acknowledgement of log.
-    pub fn request(&self, request: Vec<u8>) -> Result<(), String> {
+    pub fn request(&self, request: Vec<u8>) -> Result<(), RequestTooLarge> {
         if request.len() > MAX_REQUEST {
-            return Err(format!("a request of {} bytes to the primary (at most {MAX_REQUEST})", request.len()));
+            return Err(RequestTooLarge { len: request.len() });
         }
         self.shared.requests.lock().unwrap().push(request);
         Ok(())

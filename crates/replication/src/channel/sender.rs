@@ -6,7 +6,7 @@
 use super::failure::{declare, watch, Failure};
 use super::pipe::Pipe;
 use super::wire::{self, Message};
-use super::{Clock, SPIN_FOR, WAITER_GRACE};
+use super::{spawn, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
 use crate::poll::{self, WaiterTurn};
 use crate::Timing;
@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 /// Connects to the backup's logging address, retrying for `wait` while it
 /// is not listening yet.
-pub fn connect(backup: SocketAddr, wait: Duration) -> Result<TcpStream, String> {
+pub fn connect(backup: SocketAddr, wait: Duration) -> Result<TcpStream, ChannelError> {
     let deadline = Instant::now() + wait;
     loop {
         match TcpStream::connect_timeout(&backup, Duration::from_secs(1)) {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => return Err(format!("cannot reach the backup at {backup}: {e}")),
+            Err(source) if Instant::now() >= deadline => return Err(ChannelError::Unreachable { backup, source }),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
@@ -180,10 +180,10 @@ impl LogSender {
         timing: Timing,
         heartbeat: Option<Heartbeat>,
         events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
-    ) -> Result<LogSender, String> {
-        let peer = stream.peer_addr().map_err(|e| format!("logging channel: {e}"))?;
+    ) -> Result<LogSender, ChannelError> {
+        let peer = stream.peer_addr().map_err(ChannelError::Socket)?;
         // Outputs wait for acknowledgements: no Nagle delay on either side.
-        stream.set_nodelay(true).map_err(|e| format!("logging channel: {e}"))?;
+        stream.set_nodelay(true).map_err(ChannelError::Socket)?;
         let shared = Arc::new(PrimaryShared {
             clock: Clock(Instant::now()),
             pipe: Pipe::new(buffer),
@@ -199,16 +199,16 @@ impl LogSender {
             requests: Mutex::new(Vec::new()),
             acks_turn: WaiterTurn::default(),
             acks: Mutex::new(AckStream {
-                input: stream.try_clone().map_err(|e| format!("logging channel: {e}"))?,
+                input: stream.try_clone().map_err(ChannelError::Socket)?,
                 partial: Vec::new(),
                 chunk: vec![0u8; 4096].into_boxed_slice(),
             }),
-            out: Mutex::new(stream.try_clone().map_err(|e| format!("logging channel: {e}"))?),
+            out: Mutex::new(stream.try_clone().map_err(ChannelError::Socket)?),
         });
         let events: Arc<dyn Fn(PrimaryEvent) + Send + Sync> = Arc::new(events);
         let fail = {
             let (shared, events) = (shared.clone(), events.clone());
-            let socket = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
+            let socket = stream.try_clone().map_err(ChannelError::Socket)?;
             move |f: Failure| {
                 if declare(&shared.failed, &f) {
                     shared.pipe.close();
@@ -221,58 +221,46 @@ impl LogSender {
             }
         };
         let fail = Arc::new(fail);
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| format!("{name}: {e}"))
-        };
         {
             let (shared, fail) = (shared.clone(), fail.clone());
-            spawn(
-                "ft-log-send",
-                Box::new(move || {
-                    while shared.pipe.wait_readable() {
-                        // A waiting caller may have written them meanwhile.
-                        if let Err(e) = shared.write_pending(1 << 20) {
-                            return fail(Failure::Closed(e.to_string()));
-                        }
+            spawn("ft-log-send", move || {
+                while shared.pipe.wait_readable() {
+                    // A waiting caller may have written them meanwhile.
+                    if let Err(e) = shared.write_pending(1 << 20) {
+                        return fail(Failure::Closed(e.to_string()));
                     }
-                }),
-            )?;
+                }
+            })?;
         }
         {
             let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
-            let input = stream.try_clone().map_err(|e| format!("logging channel: {e}"))?;
-            spawn(
-                "ft-ack-read",
-                Box::new(move || loop {
-                    if shared.acks_turn.thread_keeps_off() {
-                        continue;
-                    }
-                    if let Err(e) = poll::wait_readable(&input, Duration::from_secs(1)) {
-                        return fail(Failure::Closed(e.to_string()));
-                    }
-                    let pumped = shared.acks.lock().unwrap().pump(&shared, &*events);
-                    if let Err(f) = pumped {
-                        return fail(f);
-                    }
-                }),
-            )?;
+            let input = stream.try_clone().map_err(ChannelError::Socket)?;
+            spawn("ft-ack-read", move || loop {
+                if shared.acks_turn.thread_keeps_off() {
+                    continue;
+                }
+                if let Err(e) = poll::wait_readable(&input, Duration::from_secs(1)) {
+                    return fail(Failure::Closed(e.to_string()));
+                }
+                let pumped = shared.acks.lock().unwrap().pump(&shared, &*events);
+                if let Err(f) = pumped {
+                    return fail(f);
+                }
+            })?;
         }
         {
             let (shared, fail) = (shared.clone(), fail.clone());
-            spawn(
-                "ft-detect",
-                Box::new(move || {
-                    let heartbeat = Mutex::new(heartbeat);
-                    watch(
-                        timing,
-                        &heartbeat,
-                        &shared.stop,
-                        &shared.failed,
-                        || shared.clock.since(shared.last_ack_us.load(Ordering::Relaxed)),
-                        |f| fail(f),
-                    )
-                }),
-            )?;
+            spawn("ft-detect", move || {
+                let heartbeat = Mutex::new(heartbeat);
+                watch(
+                    timing,
+                    &heartbeat,
+                    &shared.stop,
+                    &shared.failed,
+                    || shared.clock.since(shared.last_ack_us.load(Ordering::Relaxed)),
+                    |f| fail(f),
+                )
+            })?;
         }
         Ok(LogSender {
             watch: SenderWatch { shared, peer },

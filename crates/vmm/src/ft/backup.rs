@@ -66,16 +66,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
     let listener = TcpListener::bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
-    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
+    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER).map_err(|e| e.to_string())?);
     drop(listener);
     let primary = receiver.peer();
     let (failed_tx, failed_rx) = mpsc::channel();
     let failed_tx = Mutex::new(failed_tx);
     // The header is acknowledged only once the backup knows it can follow.
     receiver.hold_acks();
-    receiver.start(timing, move |f| {
-        let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
-    })?;
+    receiver
+        .start(timing, move |f| {
+            let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
+        })
+        .map_err(|e| e.to_string())?;
     receiver.delay_acks(Duration::from_millis(args.ack_delay));
     // The arbiter runs beside the replay, which goes on draining the log.
     // Until the header has named the pair's generation there is nothing
@@ -125,12 +127,15 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     };
     // Heartbeats from now on: the checks below may take a while (hashing
     // disks), and the primary must not take them for a failure.
-    receiver.add_heartbeat(Heartbeat::start(
-        SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
-        SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
-        gen,
-        timing.interval,
-    )?);
+    receiver.add_heartbeat(
+        Heartbeat::start(
+            SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
+            SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
+            gen,
+            timing.interval,
+        )
+        .map_err(|e| e.to_string())?,
+    );
     if header.get("ft-mode") == Some("checkpoint") {
         let pair = Pair { receiver, header, gen, generation, decision, primary, nets };
         return follow_checkpoints(args, pair, reader.into_input());
@@ -320,7 +325,7 @@ fn copies_to_sync(
         }
         let list = DigestList { slot: *slot as u32, size, block: disk_sync::block_size(size), digests: mine.blocks };
         let blocks = list.digests.len();
-        receiver.request(list.encode())?;
+        receiver.request(list.encode()).map_err(|e| e.to_string())?;
         eprintln!(
             "ftvm: the backup's disk {} differs from the primary's: asking for the blocks that differ ({blocks} compared)",
             path.display()

@@ -332,21 +332,23 @@ pub fn start_primary(
         header.set("ft-disk-digests", whole.join(";"));
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
+    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me).map_err(|e| e.to_string())?;
     header.set("ft-generation", arbiter.generation().to_string());
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
-    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait))?;
+    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait)).map_err(|e| e.to_string())?;
     let local = stream.local_addr().map_err(|e| format!("logging channel: {e}"))?;
     let heartbeat = Heartbeat::start(
         SocketAddr::new(local.ip(), args.pair.heartbeat_port),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
         timing.interval,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let events = Mutex::new(events);
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = events.lock().unwrap().send(HostEvent::Replication(e));
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     let mut recorder = Recorder::to_backup(sender, header, crate::live::BUSY_GO_LIVE)?;
     if disks.backup_reads {
         recorder.omit_read_data();
