@@ -104,22 +104,40 @@ pub fn write(out: &mut impl Write, r: &Record) -> std::io::Result<()> {
 }
 
 /// How reading stopped short of a record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
     /// The stream ended (cleanly between records, or inside one: an
     /// incomplete record is discarded).
+    #[error("the stream was cut")]
     Cut,
-    /// The bytes are not a checkpoint stream.
-    Corrupt(String),
+    /// The bytes are not a checkpoint stream: the record that starts at
+    /// byte `offset` is not one.
+    #[error("checkpoint stream at byte {offset}: {problem}")]
+    Corrupt {
+        offset: u64,
+        #[source]
+        problem: Corruption,
+    },
 }
 
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Cut => f.write_str("the stream was cut"),
-            ReadError::Corrupt(why) => f.write_str(why),
-        }
-    }
+/// What is wrong with a record that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Corruption {
+    /// Its length is past [`MAX_RECORD`].
+    #[error("a record of {len} bytes")]
+    TooLong { len: u32 },
+    /// Its payload does not have the checksum its head gives.
+    #[error("record checksum mismatch")]
+    Checksum { head: u32, payload: u32 },
+    /// A checkpoint whose state is longer than its record.
+    #[error("checkpoint state of {state_len} bytes in a record of {payload_len}")]
+    StateTooLong { state_len: usize, payload_len: usize },
+    /// A known kind of record whose payload has a length it cannot have.
+    #[error("record of kind {kind} has {payload_len} bytes")]
+    Length { kind: u8, payload_len: usize },
+    /// A kind of record nobody knows.
+    #[error("unknown record kind {kind}")]
+    UnknownKind { kind: u8 },
 }
 
 /// Reads records from a byte stream.
@@ -146,20 +164,21 @@ impl<R: Read> Reader<R> {
         let len = u32::from_le_bytes(head[1..5].try_into().unwrap());
         let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
         if len > MAX_RECORD {
-            return Err(self.corrupt(format!("a record of {len} bytes")));
+            return Err(self.corrupt(Corruption::TooLong { len }));
         }
         let mut payload = vec![0u8; len as usize];
         self.fill(&mut payload)?;
-        if crc32fast::hash(&payload) != crc {
-            return Err(self.corrupt("record checksum mismatch".into()));
+        let actual = crc32fast::hash(&payload);
+        if actual != crc {
+            return Err(self.corrupt(Corruption::Checksum { head: crc, payload: actual }));
         }
-        let record = parse(kind, payload).map_err(|why| self.corrupt(why))?;
+        let record = parse(kind, payload).map_err(|problem| self.corrupt(problem))?;
         self.offset += 9 + len as u64;
         Ok(record)
     }
 
-    fn corrupt(&self, why: String) -> ReadError {
-        ReadError::Corrupt(format!("checkpoint stream at byte {}: {why}", self.offset))
+    fn corrupt(&self, problem: Corruption) -> ReadError {
+        ReadError::Corrupt { offset: self.offset, problem }
     }
 
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
@@ -176,7 +195,7 @@ impl<R: Read> Reader<R> {
     }
 }
 
-fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
+fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
     let u32_at = |p: &[u8], at: usize| u32::from_le_bytes(p[at..at + 4].try_into().unwrap());
     let u64_at = |p: &[u8], at: usize| u64::from_le_bytes(p[at..at + 8].try_into().unwrap());
     match kind {
@@ -187,7 +206,7 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
         CHECKPOINT if p.len() >= 20 => {
             let (epoch, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
             if state_len > p.len() - 20 {
-                return Err(format!("checkpoint state of {state_len} bytes in a record of {}", p.len()));
+                return Err(Corruption::StateTooLong { state_len, payload_len: p.len() });
             }
             let pages = p.split_off(20 + state_len);
             Ok(Record::Checkpoint { epoch, icount, state: p.split_off(20), pages })
@@ -200,9 +219,9 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
         }
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
         DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => {
-            Err(format!("record of kind {kind} has {} bytes", p.len()))
+            Err(Corruption::Length { kind, payload_len: p.len() })
         }
-        _ => Err(format!("unknown record kind {kind}")),
+        _ => Err(Corruption::UnknownKind { kind }),
     }
 }
 
@@ -260,7 +279,7 @@ mod tests {
             let mut bad = buf.clone();
             bad[i] ^= 0x40;
             match Reader::new(&bad[..]).next_record() {
-                Err(ReadError::Corrupt(_)) | Err(ReadError::Cut) => {}
+                Err(ReadError::Corrupt { .. }) | Err(ReadError::Cut) => {}
                 Ok(r) => panic!("byte {i} flipped, yet read {r:?}"),
             }
         }
@@ -268,7 +287,9 @@ mod tests {
         let mut odd = vec![9u8, 1, 0, 0, 0];
         odd.extend_from_slice(&crc32fast::hash(&[0]).to_le_bytes());
         odd.push(0);
-        assert!(matches!(Reader::new(&odd[..]).next_record(), Err(ReadError::Corrupt(m)) if m.contains("kind 9")));
+        let odd = Reader::new(&odd[..]).next_record().unwrap_err();
+        assert_eq!(odd, ReadError::Corrupt { offset: 0, problem: Corruption::UnknownKind { kind: 9 } });
+        assert_eq!(odd.to_string(), "checkpoint stream at byte 0: unknown record kind 9");
         // A state longer than its record.
         let mut payload = vec![0u8; 20];
         payload[16..20].copy_from_slice(&100u32.to_le_bytes());
@@ -276,6 +297,9 @@ mod tests {
         lying.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         lying.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
         lying.extend_from_slice(&payload);
-        assert!(matches!(Reader::new(&lying[..]).next_record(), Err(ReadError::Corrupt(_))));
+        assert!(matches!(
+            Reader::new(&lying[..]).next_record(),
+            Err(ReadError::Corrupt { problem: Corruption::StateTooLong { state_len: 100, payload_len: 20 }, .. })
+        ));
     }
 }

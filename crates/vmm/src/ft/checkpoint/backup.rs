@@ -181,7 +181,7 @@ pub fn follow(
         let record = match reader.next_record() {
             Ok(r) => r,
             Err(ReadError::Cut) => return Ok(Followed::Cut),
-            Err(ReadError::Corrupt(why)) => return Err(why),
+            Err(e @ ReadError::Corrupt { .. }) => return Err(e.to_string()),
         };
         match record {
             Record::DiskWrite { slot, offset, data } => {
