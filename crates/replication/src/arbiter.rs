@@ -7,7 +7,8 @@
 //! later). The winner writes its name into the file; the loser reads it.
 //!
 //! Each start of protection claims a fresh generation number (files
-//! `gen-N.pair`), so the record of an old failover never decides a new one.
+//! `gen-N.pair`), so the `.live` file of an old failover never decides a
+//! new one.
 //! While the directory cannot be reached the caller waits, as the paper
 //! prescribes: a VM whose storage is gone could not do useful work anyway.
 
@@ -32,7 +33,7 @@ pub enum ArbiterError {
         #[source]
         source: std::io::Error,
     },
-    /// Creating the record of a free generation failed.
+    /// Creating the `.pair` file of a free generation failed.
     #[error("cannot claim a generation in {}: {source}", .dir.display())]
     Claim {
         dir: PathBuf,
@@ -93,10 +94,10 @@ impl Arbiter {
     }
 
     /// The test-and-set: `Won` if this call created the generation's
-    /// record, `Lost` if someone else had. Waits, retrying, while the
+    /// `.live` file, `Lost` if someone else had. Waits, retrying, while the
     /// storage cannot be reached; `on_wait` hears about it once.
     pub fn go_live(&self, me: &str, mut on_wait: impl FnMut(&str)) -> Verdict {
-        let path = self.record_path();
+        let path = self.live_path();
         let mut told = false;
         loop {
             let problem = match create_exclusive(&path, me) {
@@ -123,11 +124,11 @@ impl Arbiter {
     /// Who went live in this generation, if anyone has.
     pub fn winner(&self) -> Option<String> {
         let mut s = String::new();
-        std::fs::File::open(self.record_path()).ok()?.read_to_string(&mut s).ok()?;
+        std::fs::File::open(self.live_path()).ok()?.read_to_string(&mut s).ok()?;
         (!s.is_empty()).then(|| s.trim().to_string())
     }
 
-    fn record_path(&self) -> PathBuf {
+    fn live_path(&self) -> PathBuf {
         self.dir.join(format!("gen-{}.live", self.generation))
     }
 }

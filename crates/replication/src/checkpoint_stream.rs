@@ -5,13 +5,13 @@
 //!
 //! ```text
 //! record: kind u8 | payload length u32 | crc32(payload) u32 | payload
-//! kind 1, a disk write of the epoch in progress:
+//! kind 1, a disk write made since the last checkpoint:
 //!          slot u32 | offset u64 | data
-//! kind 2, the end of epoch `epoch`, its checkpoint:
-//!          epoch u64 | icount u64 | state length u32 | state | pages
+//! kind 2, checkpoint `number` (the first is 0):
+//!          number u64 | icount u64 | state length u32 | state | pages
 //! kind 3, the VM ended:   has status u8 | status u32
-//! kind 4, pages of checkpoint `epoch`, ahead of it:
-//!          epoch u64 | pages
+//! kind 4, pages of checkpoint `number`, ahead of it:
+//!          number u64 | pages
 //! kind 5, a block of a disk as it was when protection started, before
 //!          the first checkpoint (the backup's copy made the same):
 //!          slot u32 | offset u64 | data
@@ -24,9 +24,11 @@
 //! channel silent long enough to look like a failure, and hold it all
 //! in memory twice more.
 //!
-//! Stream order is epoch order: the disk writes before checkpoint k were
-//! issued in epoch k, so the backup applies them when k commits and drops
-//! them if k never arrives whole. A checkpoint is whole when its record
+//! Stream order is checkpoint order: the disk writes between checkpoints
+//! k - 1 and k were issued while the guest ran toward k, so the backup
+//! applies them when k commits and drops them if k never arrives whole.
+//! (Remus calls that stretch of the guest's run an epoch; here the word
+//! is kept for Bressoud & Schneider's, and a checkpoint has a number.) A checkpoint is whole when its record
 //! is: the reader hands out only complete records whose checksum matches.
 
 use std::io::{ErrorKind, Read, Write};
@@ -44,9 +46,9 @@ pub const MAX_RECORD: u32 = 1 << 31;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     DiskWrite { slot: u32, offset: u64, data: Vec<u8> },
-    Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
+    Checkpoint { number: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
     End { status: Option<u32> },
-    Pages { epoch: u64, pages: Vec<u8> },
+    Pages { number: u64, pages: Vec<u8> },
     DiskSync { slot: u32, offset: u64, data: Vec<u8> },
     KeepAlive,
 }
@@ -63,8 +65,8 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(data);
             DISK_WRITE
         }
-        Record::Checkpoint { epoch, icount, state, pages } => {
-            out.extend_from_slice(&epoch.to_le_bytes());
+        Record::Checkpoint { number, icount, state, pages } => {
+            out.extend_from_slice(&number.to_le_bytes());
             out.extend_from_slice(&icount.to_le_bytes());
             out.extend_from_slice(&(state.len() as u32).to_le_bytes());
             out.extend_from_slice(state);
@@ -76,8 +78,8 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(&status.unwrap_or(0).to_le_bytes());
             END
         }
-        Record::Pages { epoch, pages } => {
-            out.extend_from_slice(&epoch.to_le_bytes());
+        Record::Pages { number, pages } => {
+            out.extend_from_slice(&number.to_le_bytes());
             out.extend_from_slice(pages);
             PAGES
         }
@@ -204,15 +206,15 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
             Ok(Record::DiskWrite { slot, offset, data: p.split_off(12) })
         }
         CHECKPOINT if p.len() >= 20 => {
-            let (epoch, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
+            let (number, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
             if state_len > p.len() - 20 {
                 return Err(Corruption::StateTooLong { state_len, payload_len: p.len() });
             }
             let pages = p.split_off(20 + state_len);
-            Ok(Record::Checkpoint { epoch, icount, state: p.split_off(20), pages })
+            Ok(Record::Checkpoint { number, icount, state: p.split_off(20), pages })
         }
         END if p.len() == 5 => Ok(Record::End { status: (p[0] != 0).then(|| u32_at(&p, 1)) }),
-        PAGES if p.len() >= 8 => Ok(Record::Pages { epoch: u64_at(&p, 0), pages: p.split_off(8) }),
+        PAGES if p.len() >= 8 => Ok(Record::Pages { number: u64_at(&p, 0), pages: p.split_off(8) }),
         DISK_SYNC if p.len() >= 12 => {
             let (slot, offset) = (u32_at(&p, 0), u64_at(&p, 4));
             Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
@@ -232,11 +234,11 @@ mod tests {
     fn samples() -> Vec<Record> {
         vec![
             Record::DiskWrite { slot: 1, offset: 4096 * 7, data: vec![0xab; 1024] },
-            Record::Checkpoint { epoch: 3, icount: 123_456_789, state: b"state".to_vec(), pages: vec![9; 100] },
-            Record::Checkpoint { epoch: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
+            Record::Checkpoint { number: 3, icount: 123_456_789, state: b"state".to_vec(), pages: vec![9; 100] },
+            Record::Checkpoint { number: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
             Record::End { status: Some(3) },
             Record::End { status: None },
-            Record::Pages { epoch: 5, pages: vec![1, 2, 3] },
+            Record::Pages { number: 5, pages: vec![1, 2, 3] },
             Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
             Record::KeepAlive,
         ]

@@ -45,7 +45,7 @@ pub(super) fn declare(failed: &Mutex<Option<Failure>>, f: &Failure) -> bool {
 
 /// The failure detector's loop: watches the peer's channel traffic and
 /// heartbeats until one is silent for the timeout or the end is stopped.
-pub(super) fn watch(
+pub(super) fn detect(
     timing: Timing,
     heartbeat: &Mutex<Option<Heartbeat>>,
     stop: &AtomicBool,

@@ -3,7 +3,7 @@
 //! the replaying VM's view of it ([`LogPipe`]), and the failure detector
 //! for the primary.
 
-use super::failure::{declare, watch, Failure};
+use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
 use super::wire::{self, MAX_REQUEST};
 use super::{spawn, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
@@ -133,7 +133,7 @@ impl LogReceiver {
             let shared = self.shared.clone();
             spawn("ft-detect", move || {
                 let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
-                watch(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+                detect(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
             })?;
         }
         Ok(())

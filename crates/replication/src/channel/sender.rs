@@ -3,7 +3,7 @@
 //! backup's acknowledgements, requests and refusal read back, and the
 //! failure detector for the backup.
 
-use super::failure::{declare, watch, Failure};
+use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
 use super::wire::{self, Message};
 use super::{spawn, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
@@ -252,7 +252,7 @@ impl LogSender {
             let (shared, fail) = (shared.clone(), fail.clone());
             spawn("ft-detect", move || {
                 let heartbeat = Mutex::new(heartbeat);
-                watch(
+                detect(
                     timing,
                     &heartbeat,
                     &shared.stop,

@@ -201,13 +201,13 @@ pub fn follow(
                 disks.synced.0 += 1;
                 disks.synced.1 += data.len() as u64;
             }
-            Record::Pages { epoch, pages } => {
+            Record::Pages { number: epoch, pages } => {
                 if epoch != next(held) {
                     return Err(format!("pages of checkpoint {epoch} when {} was due", next(held)));
                 }
                 staged.extend(decode_pages(&held.ram, epoch, &pages)?);
             }
-            Record::Checkpoint { epoch, icount, state, pages } => {
+            Record::Checkpoint { number: epoch, icount, state, pages } => {
                 if epoch != next(held) {
                     return Err(format!("checkpoint {epoch} when {} was due", next(held)));
                 }

@@ -494,7 +494,7 @@ fn send_loop(
                     blob = encoder.encode(pfns, data);
                     if i + 1 < pieces {
                         buf.clear();
-                        stream::encode(&mut buf, &Record::Pages { epoch, pages: std::mem::take(&mut blob) });
+                        stream::encode(&mut buf, &Record::Pages { number: epoch, pages: std::mem::take(&mut blob) });
                         if channel.write_all(&buf).is_err() {
                             return;
                         }
@@ -510,7 +510,7 @@ fn send_loop(
                 // The state is mostly device rings and registers that
                 // barely change: zstd takes it to a fraction.
                 let state = zstd::bulk::compress(&state, 1).expect("zstd compresses in memory");
-                stream::encode(&mut buf, &Record::Checkpoint { epoch, icount, state, pages: blob });
+                stream::encode(&mut buf, &Record::Checkpoint { number: epoch, icount, state, pages: blob });
                 if channel.write_all(&buf).is_err() {
                     return;
                 }
