@@ -7,7 +7,8 @@
 //! later). The winner writes its name into the file; the loser reads it.
 //!
 //! Each start of protection claims a fresh generation number (files
-//! `gen-N.pair`), so the record of an old failover never decides a new one.
+//! `gen-N.pair`), so the `.live` file of an old failover never decides a
+//! new one.
 //! While the directory cannot be reached the caller waits, as the paper
 //! prescribes: a VM whose storage is gone could not do useful work anyway.
 
@@ -21,6 +22,30 @@ use std::time::Duration;
 const RETRY: Duration = Duration::from_millis(100);
 /// Generations tried when claiming one raced with another pair.
 const CLAIM_TRIES: u64 = 1000;
+
+/// Why no generation could be claimed for a new pair.
+#[derive(Debug, thiserror::Error)]
+pub enum ArbiterError {
+    /// The shared storage's directory could not be listed.
+    #[error("cannot read the shared storage {}: {source}", .dir.display())]
+    ReadStorage {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating the `.pair` file of a free generation failed.
+    #[error("cannot claim a generation in {}: {source}", .dir.display())]
+    Claim {
+        dir: PathBuf,
+        generation: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Every generation tried, `tries` of them from `first` on, was
+    /// claimed by someone else first.
+    #[error("cannot claim a generation in {}: all taken", .dir.display())]
+    AllTaken { dir: PathBuf, first: u64, tries: u64 },
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -46,9 +71,9 @@ impl Arbiter {
 
     /// Claims the next unused generation in `dir` for a new pair: one past
     /// the highest there, taken by creating its `.pair` file exclusively.
-    pub fn claim_generation(dir: &Path, pair: &str) -> Result<Arbiter, String> {
+    pub fn claim_generation(dir: &Path, pair: &str) -> Result<Arbiter, ArbiterError> {
         let entries =
-            std::fs::read_dir(dir).map_err(|e| format!("cannot read the shared storage {}: {e}", dir.display()))?;
+            std::fs::read_dir(dir).map_err(|source| ArbiterError::ReadStorage { dir: dir.to_path_buf(), source })?;
         let highest = entries
             .filter_map(|e| e.ok())
             .filter_map(|e| {
@@ -62,17 +87,17 @@ impl Arbiter {
             match create_exclusive(&path, pair) {
                 Ok(true) => return Ok(Arbiter::new(dir, generation)),
                 Ok(false) => continue,
-                Err(e) => return Err(format!("cannot claim a generation in {}: {e}", dir.display())),
+                Err(source) => return Err(ArbiterError::Claim { dir: dir.to_path_buf(), generation, source }),
             }
         }
-        Err(format!("cannot claim a generation in {}: all taken", dir.display()))
+        Err(ArbiterError::AllTaken { dir: dir.to_path_buf(), first: highest + 1, tries: CLAIM_TRIES })
     }
 
     /// The test-and-set: `Won` if this call created the generation's
-    /// record, `Lost` if someone else had. Waits, retrying, while the
+    /// `.live` file, `Lost` if someone else had. Waits, retrying, while the
     /// storage cannot be reached; `on_wait` hears about it once.
     pub fn go_live(&self, me: &str, mut on_wait: impl FnMut(&str)) -> Verdict {
-        let path = self.record_path();
+        let path = self.live_path();
         let mut told = false;
         loop {
             let problem = match create_exclusive(&path, me) {
@@ -99,11 +124,11 @@ impl Arbiter {
     /// Who went live in this generation, if anyone has.
     pub fn winner(&self) -> Option<String> {
         let mut s = String::new();
-        std::fs::File::open(self.record_path()).ok()?.read_to_string(&mut s).ok()?;
+        std::fs::File::open(self.live_path()).ok()?.read_to_string(&mut s).ok()?;
         (!s.is_empty()).then(|| s.trim().to_string())
     }
 
-    fn record_path(&self) -> PathBuf {
+    fn live_path(&self) -> PathBuf {
         self.dir.join(format!("gen-{}.live", self.generation))
     }
 }
@@ -172,6 +197,15 @@ mod tests {
         assert_eq!(g2.go_live("primary", |_| {}), Verdict::Won);
         assert_eq!(g1.go_live("primary", |_| {}), Verdict::Lost("backup".into()));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_storage_that_cannot_be_read_is_an_error_that_names_it() {
+        let gone = scratch("gone").join("not-there");
+        let e = Arbiter::claim_generation(&gone, "p").err().expect("nothing to read");
+        assert!(matches!(&e, ArbiterError::ReadStorage { dir, .. } if *dir == gone), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("cannot read the shared storage {}: ", gone.display())), "{e}");
+        std::fs::remove_dir_all(gone.parent().unwrap()).unwrap();
     }
 
     #[test]

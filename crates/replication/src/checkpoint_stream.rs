@@ -5,13 +5,13 @@
 //!
 //! ```text
 //! record: kind u8 | payload length u32 | crc32(payload) u32 | payload
-//! kind 1, a disk write of the epoch in progress:
+//! kind 1, a disk write made since the last checkpoint:
 //!          slot u32 | offset u64 | data
-//! kind 2, the end of epoch `epoch`, its checkpoint:
-//!          epoch u64 | icount u64 | state length u32 | state | pages
+//! kind 2, checkpoint `number` (the first is 0):
+//!          number u64 | icount u64 | state length u32 | state | pages
 //! kind 3, the VM ended:   has status u8 | status u32
-//! kind 4, pages of checkpoint `epoch`, ahead of it:
-//!          epoch u64 | pages
+//! kind 4, pages of checkpoint `number`, ahead of it:
+//!          number u64 | pages
 //! kind 5, a block of a disk as it was when protection started, before
 //!          the first checkpoint (the backup's copy made the same):
 //!          slot u32 | offset u64 | data
@@ -24,9 +24,11 @@
 //! channel silent long enough to look like a failure, and hold it all
 //! in memory twice more.
 //!
-//! Stream order is epoch order: the disk writes before checkpoint k were
-//! issued in epoch k, so the backup applies them when k commits and drops
-//! them if k never arrives whole. A checkpoint is whole when its record
+//! Stream order is checkpoint order: the disk writes between checkpoints
+//! k - 1 and k were issued while the guest ran toward k, so the backup
+//! applies them when k commits and drops them if k never arrives whole.
+//! (Remus calls that stretch of the guest's run an epoch; here the word
+//! is kept for Bressoud & Schneider's, and a checkpoint has a number.) A checkpoint is whole when its record
 //! is: the reader hands out only complete records whose checksum matches.
 
 use std::io::{ErrorKind, Read, Write};
@@ -44,9 +46,9 @@ pub const MAX_RECORD: u32 = 1 << 31;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     DiskWrite { slot: u32, offset: u64, data: Vec<u8> },
-    Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
+    Checkpoint { number: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
     End { status: Option<u32> },
-    Pages { epoch: u64, pages: Vec<u8> },
+    Pages { number: u64, pages: Vec<u8> },
     DiskSync { slot: u32, offset: u64, data: Vec<u8> },
     KeepAlive,
 }
@@ -63,8 +65,8 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(data);
             DISK_WRITE
         }
-        Record::Checkpoint { epoch, icount, state, pages } => {
-            out.extend_from_slice(&epoch.to_le_bytes());
+        Record::Checkpoint { number, icount, state, pages } => {
+            out.extend_from_slice(&number.to_le_bytes());
             out.extend_from_slice(&icount.to_le_bytes());
             out.extend_from_slice(&(state.len() as u32).to_le_bytes());
             out.extend_from_slice(state);
@@ -76,8 +78,8 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             out.extend_from_slice(&status.unwrap_or(0).to_le_bytes());
             END
         }
-        Record::Pages { epoch, pages } => {
-            out.extend_from_slice(&epoch.to_le_bytes());
+        Record::Pages { number, pages } => {
+            out.extend_from_slice(&number.to_le_bytes());
             out.extend_from_slice(pages);
             PAGES
         }
@@ -104,22 +106,40 @@ pub fn write(out: &mut impl Write, r: &Record) -> std::io::Result<()> {
 }
 
 /// How reading stopped short of a record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
     /// The stream ended (cleanly between records, or inside one: an
     /// incomplete record is discarded).
+    #[error("the stream was cut")]
     Cut,
-    /// The bytes are not a checkpoint stream.
-    Corrupt(String),
+    /// The bytes are not a checkpoint stream: the record that starts at
+    /// byte `offset` is not one.
+    #[error("checkpoint stream at byte {offset}: {problem}")]
+    Corrupt {
+        offset: u64,
+        #[source]
+        problem: Corruption,
+    },
 }
 
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Cut => f.write_str("the stream was cut"),
-            ReadError::Corrupt(why) => f.write_str(why),
-        }
-    }
+/// What is wrong with a record that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Corruption {
+    /// Its length is past [`MAX_RECORD`].
+    #[error("a record of {len} bytes")]
+    TooLong { len: u32 },
+    /// Its payload does not have the checksum its head gives.
+    #[error("record checksum mismatch")]
+    Checksum { head: u32, payload: u32 },
+    /// A checkpoint whose state is longer than its record.
+    #[error("checkpoint state of {state_len} bytes in a record of {payload_len}")]
+    StateTooLong { state_len: usize, payload_len: usize },
+    /// A known kind of record whose payload has a length it cannot have.
+    #[error("record of kind {kind} has {payload_len} bytes")]
+    Length { kind: u8, payload_len: usize },
+    /// A kind of record nobody knows.
+    #[error("unknown record kind {kind}")]
+    UnknownKind { kind: u8 },
 }
 
 /// Reads records from a byte stream.
@@ -146,20 +166,21 @@ impl<R: Read> Reader<R> {
         let len = u32::from_le_bytes(head[1..5].try_into().unwrap());
         let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
         if len > MAX_RECORD {
-            return Err(self.corrupt(format!("a record of {len} bytes")));
+            return Err(self.corrupt(Corruption::TooLong { len }));
         }
         let mut payload = vec![0u8; len as usize];
         self.fill(&mut payload)?;
-        if crc32fast::hash(&payload) != crc {
-            return Err(self.corrupt("record checksum mismatch".into()));
+        let actual = crc32fast::hash(&payload);
+        if actual != crc {
+            return Err(self.corrupt(Corruption::Checksum { head: crc, payload: actual }));
         }
-        let record = parse(kind, payload).map_err(|why| self.corrupt(why))?;
+        let record = parse(kind, payload).map_err(|problem| self.corrupt(problem))?;
         self.offset += 9 + len as u64;
         Ok(record)
     }
 
-    fn corrupt(&self, why: String) -> ReadError {
-        ReadError::Corrupt(format!("checkpoint stream at byte {}: {why}", self.offset))
+    fn corrupt(&self, problem: Corruption) -> ReadError {
+        ReadError::Corrupt { offset: self.offset, problem }
     }
 
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
@@ -176,7 +197,7 @@ impl<R: Read> Reader<R> {
     }
 }
 
-fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
+fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
     let u32_at = |p: &[u8], at: usize| u32::from_le_bytes(p[at..at + 4].try_into().unwrap());
     let u64_at = |p: &[u8], at: usize| u64::from_le_bytes(p[at..at + 8].try_into().unwrap());
     match kind {
@@ -185,24 +206,24 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, String> {
             Ok(Record::DiskWrite { slot, offset, data: p.split_off(12) })
         }
         CHECKPOINT if p.len() >= 20 => {
-            let (epoch, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
+            let (number, icount, state_len) = (u64_at(&p, 0), u64_at(&p, 8), u32_at(&p, 16) as usize);
             if state_len > p.len() - 20 {
-                return Err(format!("checkpoint state of {state_len} bytes in a record of {}", p.len()));
+                return Err(Corruption::StateTooLong { state_len, payload_len: p.len() });
             }
             let pages = p.split_off(20 + state_len);
-            Ok(Record::Checkpoint { epoch, icount, state: p.split_off(20), pages })
+            Ok(Record::Checkpoint { number, icount, state: p.split_off(20), pages })
         }
         END if p.len() == 5 => Ok(Record::End { status: (p[0] != 0).then(|| u32_at(&p, 1)) }),
-        PAGES if p.len() >= 8 => Ok(Record::Pages { epoch: u64_at(&p, 0), pages: p.split_off(8) }),
+        PAGES if p.len() >= 8 => Ok(Record::Pages { number: u64_at(&p, 0), pages: p.split_off(8) }),
         DISK_SYNC if p.len() >= 12 => {
             let (slot, offset) = (u32_at(&p, 0), u64_at(&p, 4));
             Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
         }
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
         DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => {
-            Err(format!("record of kind {kind} has {} bytes", p.len()))
+            Err(Corruption::Length { kind, payload_len: p.len() })
         }
-        _ => Err(format!("unknown record kind {kind}")),
+        _ => Err(Corruption::UnknownKind { kind }),
     }
 }
 
@@ -213,11 +234,11 @@ mod tests {
     fn samples() -> Vec<Record> {
         vec![
             Record::DiskWrite { slot: 1, offset: 4096 * 7, data: vec![0xab; 1024] },
-            Record::Checkpoint { epoch: 3, icount: 123_456_789, state: b"state".to_vec(), pages: vec![9; 100] },
-            Record::Checkpoint { epoch: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
+            Record::Checkpoint { number: 3, icount: 123_456_789, state: b"state".to_vec(), pages: vec![9; 100] },
+            Record::Checkpoint { number: 4, icount: 123_456_790, state: Vec::new(), pages: Vec::new() },
             Record::End { status: Some(3) },
             Record::End { status: None },
-            Record::Pages { epoch: 5, pages: vec![1, 2, 3] },
+            Record::Pages { number: 5, pages: vec![1, 2, 3] },
             Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
             Record::KeepAlive,
         ]
@@ -260,7 +281,7 @@ mod tests {
             let mut bad = buf.clone();
             bad[i] ^= 0x40;
             match Reader::new(&bad[..]).next_record() {
-                Err(ReadError::Corrupt(_)) | Err(ReadError::Cut) => {}
+                Err(ReadError::Corrupt { .. }) | Err(ReadError::Cut) => {}
                 Ok(r) => panic!("byte {i} flipped, yet read {r:?}"),
             }
         }
@@ -268,7 +289,9 @@ mod tests {
         let mut odd = vec![9u8, 1, 0, 0, 0];
         odd.extend_from_slice(&crc32fast::hash(&[0]).to_le_bytes());
         odd.push(0);
-        assert!(matches!(Reader::new(&odd[..]).next_record(), Err(ReadError::Corrupt(m)) if m.contains("kind 9")));
+        let odd = Reader::new(&odd[..]).next_record().unwrap_err();
+        assert_eq!(odd, ReadError::Corrupt { offset: 0, problem: Corruption::UnknownKind { kind: 9 } });
+        assert_eq!(odd.to_string(), "checkpoint stream at byte 0: unknown record kind 9");
         // A state longer than its record.
         let mut payload = vec![0u8; 20];
         payload[16..20].copy_from_slice(&100u32.to_le_bytes());
@@ -276,6 +299,9 @@ mod tests {
         lying.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         lying.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
         lying.extend_from_slice(&payload);
-        assert!(matches!(Reader::new(&lying[..]).next_record(), Err(ReadError::Corrupt(_))));
+        assert!(matches!(
+            Reader::new(&lying[..]).next_record(),
+            Err(ReadError::Corrupt { problem: Corruption::StateTooLong { state_len: 100, payload_len: 20 }, .. })
+        ));
     }
 }

@@ -56,6 +56,21 @@ pub fn read_zero_padded(file: &File, buf: &mut [u8], offset: u64) -> std::io::Re
     Ok(())
 }
 
+/// Why a list of disk digests was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DigestListError {
+    /// Shorter than its fixed fields.
+    #[error("a malformed list of disk digests")]
+    Short { len: usize },
+    /// The block size or the count of blocks is not what a disk of its
+    /// size has.
+    #[error("disk digests of {count} blocks of {block} bytes for a disk of {size} bytes")]
+    NotThisDisk { count: u64, block: u64, size: u64 },
+    /// The digests that follow the fixed fields are not `count` of them.
+    #[error("a malformed list of disk digests")]
+    DigestBytes { count: u64, len: usize },
+}
+
 /// What the backup sends for one disk: its slot, the size it expects,
 /// the block size and its digests.
 ///
@@ -85,19 +100,18 @@ impl DigestList {
 
     /// Reads a list the backup sent; a list that does not describe a
     /// disk of its size in blocks of its block size is refused.
-    pub fn decode(bytes: &[u8]) -> Result<DigestList, String> {
-        let bad = || "a malformed list of disk digests".to_string();
-        let head = bytes.get(..24).ok_or_else(bad)?;
+    pub fn decode(bytes: &[u8]) -> Result<DigestList, DigestListError> {
+        let head = bytes.get(..24).ok_or(DigestListError::Short { len: bytes.len() })?;
         let slot = u32::from_le_bytes(head[0..4].try_into().unwrap());
         let size = u64::from_le_bytes(head[4..12].try_into().unwrap());
         let block = u64::from_le_bytes(head[12..20].try_into().unwrap());
         let count = u32::from_le_bytes(head[20..24].try_into().unwrap()) as u64;
         if block != block_size(size) || count != size.div_ceil(block) {
-            return Err(format!("disk digests of {count} blocks of {block} bytes for a disk of {size} bytes"));
+            return Err(DigestListError::NotThisDisk { count, block, size });
         }
         let body = &bytes[24..];
         if body.len() as u64 != count * DIGEST as u64 {
-            return Err(bad());
+            return Err(DigestListError::DigestBytes { count, len: body.len() });
         }
         let digests = body.chunks_exact(DIGEST).map(|c| c.try_into().unwrap()).collect();
         Ok(DigestList { slot, size, block, digests })
@@ -172,11 +186,23 @@ mod tests {
         let list = DigestList { slot: 0, size: 3 * MIN_BLOCK, block: MIN_BLOCK, digests: vec![[1; 32]; 3] };
         let bytes = list.encode();
         assert_eq!(DigestList::decode(&bytes).unwrap(), list);
-        assert!(DigestList::decode(&bytes[..bytes.len() - 1]).is_err());
-        assert!(DigestList::decode(&bytes[..10]).is_err());
+        assert_eq!(
+            DigestList::decode(&bytes[..bytes.len() - 1]),
+            Err(DigestListError::DigestBytes { count: 3, len: 3 * 32 - 1 })
+        );
+        assert_eq!(DigestList::decode(&bytes[..10]), Err(DigestListError::Short { len: 10 }));
         let wrong_count = DigestList { digests: vec![[1; 32]; 2], ..list.clone() }.encode();
-        assert!(DigestList::decode(&wrong_count).is_err());
+        assert_eq!(
+            DigestList::decode(&wrong_count),
+            Err(DigestListError::NotThisDisk { count: 2, block: MIN_BLOCK, size: 3 * MIN_BLOCK })
+        );
         let wrong_block = DigestList { block: 4096, ..list }.encode();
-        assert!(DigestList::decode(&wrong_block).is_err());
+        let refused = DigestList::decode(&wrong_block).unwrap_err();
+        assert!(matches!(refused, DigestListError::NotThisDisk { block: 4096, .. }), "{refused:?}");
+        assert_eq!(
+            refused.to_string(),
+            format!("disk digests of 3 blocks of 4096 bytes for a disk of {} bytes", 3 * MIN_BLOCK)
+        );
+        assert_eq!(DigestListError::Short { len: 10 }.to_string(), "a malformed list of disk digests");
     }
 }

@@ -11,6 +11,24 @@ use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"FTHB";
 
+/// Why the heartbeats could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HeartbeatError {
+    /// The local address to beat from could not be bound.
+    #[error("cannot bind the heartbeat address {local}: {source}")]
+    Bind {
+        local: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bound socket could not be set up.
+    #[error("heartbeat socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// The thread that beats and listens could not be started.
+    #[error("cannot start the heartbeat thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 pub struct Heartbeat {
     shared: Arc<Shared>,
 }
@@ -29,17 +47,16 @@ impl Heartbeat {
         peer: SocketAddr,
         generation: u64,
         interval: Duration,
-    ) -> Result<Heartbeat, String> {
-        let sock = UdpSocket::bind(local).map_err(|e| format!("cannot bind the heartbeat address {local}: {e}"))?;
-        sock.set_read_timeout(Some(interval.max(Duration::from_millis(1))))
-            .map_err(|e| format!("heartbeat socket: {e}"))?;
+    ) -> Result<Heartbeat, HeartbeatError> {
+        let sock = UdpSocket::bind(local).map_err(|source| HeartbeatError::Bind { local, source })?;
+        sock.set_read_timeout(Some(interval.max(Duration::from_millis(1)))).map_err(HeartbeatError::Socket)?;
         let shared =
             Arc::new(Shared { start: Instant::now(), last_heard_us: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let s = shared.clone();
         std::thread::Builder::new()
             .name("ft-heartbeat".into())
             .spawn(move || beat(sock, peer, generation, interval, s))
-            .map_err(|e| format!("cannot start the heartbeat thread: {e}"))?;
+            .map_err(HeartbeatError::Thread)?;
         Ok(Heartbeat { shared })
     }
 
@@ -100,12 +117,31 @@ mod tests {
         let iv = Duration::from_millis(10);
         let a = Heartbeat::start(pa, pb, 7, iv).unwrap();
         let b = Heartbeat::start(pb, pa, 7, iv).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(a.heard() && b.heard());
-        assert!(a.silence() < Duration::from_millis(60), "{:?}", a.silence());
+        // Heartbeats every 10 ms keep the silence short: seen within 5 s,
+        // as a loaded host may not run the heartbeat threads at once.
+        let started = std::time::Instant::now();
+        while !(a.heard() && b.heard() && a.silence() < Duration::from_millis(60)) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "heard {} {}, silence {:?}",
+                a.heard(),
+                b.heard(),
+                a.silence()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         drop(b);
         std::thread::sleep(Duration::from_millis(200));
         assert!(a.silence() >= Duration::from_millis(150), "{:?}", a.silence());
+    }
+
+    #[test]
+    fn an_address_in_use_is_an_error_that_names_it() {
+        let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = taken.local_addr().unwrap();
+        let e = Heartbeat::start(local, local, 1, Duration::from_millis(10)).err().expect("bound twice");
+        assert!(matches!(&e, HeartbeatError::Bind { local: l, .. } if *l == local), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("cannot bind the heartbeat address {local}: ")), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!   with acknowledgements back, bounded buffers on both ends and failure
 //!   detection on its traffic;
 //! - [`checkpoint_stream`]: what checkpoint mode (Remus) sends instead of
-//!   a log: disk writes and whole checkpoints, in epoch order;
+//!   a log: disk writes and whole checkpoints, in checkpoint order;
 //! - [`disk_sync`]: the blocks that make the backup's copy of a disk the
 //!   same as the primary's when protection starts;
 //! - [`heartbeat`]: UDP heartbeats between the two hosts;

@@ -420,22 +420,91 @@ fn xor_rle(old: &[u8; PAGE_SIZE], new: &[u8; PAGE_SIZE], out: &mut Vec<u8>, limi
     true
 }
 
+/// Why a delta does not apply to a page.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeltaError {
+    /// Fewer bytes than a run's header are left.
+    #[error("truncated run header in delta")]
+    RunHeader { left: usize },
+    /// A run says it has more bytes than the delta has left.
+    #[error("run longer than its delta")]
+    RunPastDelta { len: usize, left: usize },
+    /// A run would change bytes past the page's end.
+    #[error("delta runs past the end of the page")]
+    RunPastPage { at: usize, len: usize },
+}
+
+/// Why a blob was refused, before any of its pages was applied.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The blob ends inside its `part` (header, section, entry or delta).
+    #[error("blob truncated in {part}")]
+    Truncated { part: &'static str },
+    #[error("not a page delta blob (bad magic)")]
+    Magic { found: [u8; 4] },
+    #[error("unsupported page delta version {version}")]
+    Version { version: u8 },
+    /// The header counts more pages in the section than in all.
+    #[error("{section_pages} section pages but {pages} pages")]
+    SectionPages { section_pages: usize, pages: usize },
+    #[error("section length {section_len} exceeds the blob")]
+    SectionLength { section_len: u64 },
+    /// More pages than the blob has room for entries of.
+    #[error("{pages} pages cannot fit in the blob")]
+    Pages { pages: usize },
+    /// The zstd section is not a frame that inflates to its pages.
+    #[error("section does not decompress: {0}")]
+    Decompress(#[source] std::io::Error),
+    #[error("unknown section kind {kind}")]
+    SectionKind { kind: u8 },
+    /// The section's content is not the header's count of pages.
+    #[error("section holds {len} bytes, not {section_pages} pages")]
+    SectionSize { len: usize, section_pages: usize },
+    /// `base` has no page of this number.
+    #[error("pfn {pfn:#x} out of range")]
+    PfnOutOfRange { pfn: u64 },
+    /// `base` gave a copy of the page that is not a page long.
+    #[error("backup copy of pfn {pfn:#x} is {len} bytes")]
+    BaseLength { pfn: u64, len: usize },
+    /// The page's delta does not apply.
+    #[error("pfn {pfn:#x}: {source}")]
+    Delta {
+        pfn: u64,
+        #[source]
+        source: DeltaError,
+    },
+    /// More entries take their page from the section than it holds.
+    #[error("more section entries than section pages")]
+    SectionShort,
+    #[error("unknown page tag {tag} for pfn {pfn:#x}")]
+    Tag { tag: u8, pfn: u64 },
+    #[error("{len} bytes after the last page")]
+    Trailing { len: usize },
+    /// The section holds pages no entry takes.
+    #[error("section pages without an entry")]
+    SectionUnused,
+    /// The encoder never repeats a pfn: a repeat would be decoded
+    /// against a base the encoder did not use.
+    #[error("pfn {pfn:#x} appears twice")]
+    Repeated { pfn: u64 },
+}
+
 /// Applies a delta made by [`xor_rle`] to `page`.
-fn apply_rle(page: &mut [u8; PAGE_SIZE], mut delta: &[u8]) -> Result<(), String> {
+fn apply_rle(page: &mut [u8; PAGE_SIZE], mut delta: &[u8]) -> Result<(), DeltaError> {
     let mut pos = 0usize;
     while !delta.is_empty() {
         if delta.len() < RUN_HEADER {
-            return Err("truncated run header in delta".into());
+            return Err(DeltaError::RunHeader { left: delta.len() });
         }
         let skip = u16::from_le_bytes([delta[0], delta[1]]) as usize;
         let len = u16::from_le_bytes([delta[2], delta[3]]) as usize;
         delta = &delta[RUN_HEADER..];
         if len > delta.len() {
-            return Err("run longer than its delta".into());
+            return Err(DeltaError::RunPastDelta { len, left: delta.len() });
         }
         pos += skip;
         if pos + len > PAGE_SIZE {
-            return Err("delta runs past the end of the page".into());
+            return Err(DeltaError::RunPastPage { at: pos, len });
         }
         for (d, s) in page[pos..pos + len].iter_mut().zip(&delta[..len]) {
             *d ^= s;
@@ -447,22 +516,22 @@ fn apply_rle(page: &mut [u8; PAGE_SIZE], mut delta: &[u8]) -> Result<(), String>
 }
 
 /// A cursor that refuses to read past the end of the blob.
-struct Reader<'b> {
+struct Cursor<'b> {
     rest: &'b [u8],
 }
 
-impl<'b> Reader<'b> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'b [u8], String> {
+impl<'b> Cursor<'b> {
+    fn take(&mut self, n: usize, part: &'static str) -> Result<&'b [u8], DecodeError> {
         if n > self.rest.len() {
-            return Err(format!("blob truncated in {what}"));
+            return Err(DecodeError::Truncated { part });
         }
         let (head, tail) = self.rest.split_at(n);
         self.rest = tail;
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
-        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
+    fn array<const N: usize>(&mut self, part: &'static str) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(N, part)?.try_into().expect("took N bytes"))
     }
 }
 
@@ -472,50 +541,50 @@ impl<'b> Reader<'b> {
 /// was last sent of it, i.e. the XOR base), or None if the page number is
 /// out of range; it is asked for every page, so a pfn out of range is an
 /// error whatever its encoding. Returns (pfn, page) pairs in the order
-/// encoded. Never panics on any input: returns Err with a short message
-/// naming the problem.
+/// encoded. Never panics on any input: returns the problem as an Err.
 #[allow(clippy::type_complexity)] // spelled out: an alias would hide what callers get
 pub fn decode<'a>(
     blob: &[u8],
     base: impl Fn(u64) -> Option<&'a [u8]>,
-) -> Result<Vec<(u64, Box<[u8; PAGE_SIZE]>)>, String> {
-    let mut r = Reader { rest: blob };
-    if r.array::<4>("header")? != MAGIC {
-        return Err("not a page delta blob (bad magic)".into());
+) -> Result<Vec<(u64, Box<[u8; PAGE_SIZE]>)>, DecodeError> {
+    let mut r = Cursor { rest: blob };
+    let magic = r.array::<4>("header")?;
+    if magic != MAGIC {
+        return Err(DecodeError::Magic { found: magic });
     }
     let [version] = r.array::<1>("header")?;
     if version != VERSION {
-        return Err(format!("unsupported page delta version {version}"));
+        return Err(DecodeError::Version { version });
     }
     let [kind] = r.array::<1>("header")?;
     let pages = u32::from_le_bytes(r.array("header")?) as usize;
     let section_pages = u32::from_le_bytes(r.array("header")?) as usize;
     let section_len = u64::from_le_bytes(r.array("header")?);
     if section_pages > pages {
-        return Err(format!("{section_pages} section pages but {pages} pages"));
+        return Err(DecodeError::SectionPages { section_pages, pages });
     }
     let section_len = usize::try_from(section_len)
         .ok()
         .filter(|&n| n <= r.rest.len())
-        .ok_or_else(|| format!("section length {section_len} exceeds the blob"))?;
+        .ok_or(DecodeError::SectionLength { section_len })?;
     let stored = r.take(section_len, "section")?;
     // Bounds what the counts below can make us allocate by the blob's
     // own size.
     if pages > r.rest.len() / ENTRY_LEN {
-        return Err(format!("{pages} pages cannot fit in the blob"));
+        return Err(DecodeError::Pages { pages });
     }
     let want = section_pages * PAGE_SIZE;
     let inflated;
     let section: &[u8] = match kind {
         SECTION_RAW => stored,
         SECTION_ZSTD => {
-            inflated = zstd::bulk::decompress(stored, want).map_err(|e| format!("section does not decompress: {e}"))?;
+            inflated = zstd::bulk::decompress(stored, want).map_err(DecodeError::Decompress)?;
             &inflated
         }
-        k => return Err(format!("unknown section kind {k}")),
+        kind => return Err(DecodeError::SectionKind { kind }),
     };
     if section.len() != want {
-        return Err(format!("section holds {} bytes, not {section_pages} pages", section.len()));
+        return Err(DecodeError::SectionSize { len: section.len(), section_pages });
     }
 
     let mut out = Vec::with_capacity(pages);
@@ -523,38 +592,38 @@ pub fn decode<'a>(
     for _ in 0..pages {
         let [tag] = r.array::<1>("entry")?;
         let pfn = u64::from_le_bytes(r.array("entry")?);
-        let current = base(pfn).ok_or_else(|| format!("pfn {pfn:#x} out of range"))?;
+        let current = base(pfn).ok_or(DecodeError::PfnOutOfRange { pfn })?;
         let current: &[u8; PAGE_SIZE] =
-            current.try_into().map_err(|_| format!("backup copy of pfn {pfn:#x} is {} bytes", current.len()))?;
+            current.try_into().map_err(|_| DecodeError::BaseLength { pfn, len: current.len() })?;
         let page: Box<[u8; PAGE_SIZE]> = match tag {
             TAG_ZERO => vec![0u8; PAGE_SIZE].into_boxed_slice().try_into().expect("one page"),
             TAG_XOR => {
                 let len = u16::from_le_bytes(r.array("entry")?) as usize;
                 let delta = r.take(len, "delta")?;
                 let mut page: Box<[u8; PAGE_SIZE]> = Box::<[u8]>::from(&current[..]).try_into().expect("one page");
-                apply_rle(&mut page, delta).map_err(|e| format!("pfn {pfn:#x}: {e}"))?;
+                apply_rle(&mut page, delta).map_err(|source| DecodeError::Delta { pfn, source })?;
                 page
             }
             TAG_SECTION => {
-                let content = section.next().ok_or("more section entries than section pages")?;
+                let content = section.next().ok_or(DecodeError::SectionShort)?;
                 Box::<[u8]>::from(content).try_into().expect("one page")
             }
-            t => return Err(format!("unknown page tag {t} for pfn {pfn:#x}")),
+            tag => return Err(DecodeError::Tag { tag, pfn }),
         };
         out.push((pfn, page));
     }
     if !r.rest.is_empty() {
-        return Err(format!("{} bytes after the last page", r.rest.len()));
+        return Err(DecodeError::Trailing { len: r.rest.len() });
     }
     if section.next().is_some() {
-        return Err("section pages without an entry".into());
+        return Err(DecodeError::SectionUnused);
     }
     // The encoder never repeats a pfn: a repeat would be decoded against
     // a base the encoder did not use.
     let mut pfns: Vec<u64> = out.iter().map(|(pfn, _)| *pfn).collect();
     pfns.sort_unstable();
     if let Some(w) = pfns.windows(2).find(|w| w[0] == w[1]) {
-        return Err(format!("pfn {:#x} appears twice", w[0]));
+        return Err(DecodeError::Repeated { pfn: w[0] });
     }
     Ok(out)
 }
@@ -999,9 +1068,13 @@ mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         huge.extend_from_slice(&u64::MAX.to_le_bytes());
         huge.extend_from_slice(&[0; 64]);
-        assert!(decode(&huge, base).unwrap_err().contains("section length"));
+        let refused = decode(&huge, base).unwrap_err();
+        assert!(matches!(refused, DecodeError::SectionLength { .. }), "{refused:?}");
+        assert!(refused.to_string().contains("section length"), "{refused}");
         huge[14..22].copy_from_slice(&0u64.to_le_bytes());
-        assert!(decode(&huge, base).unwrap_err().contains("pages"));
+        let refused = decode(&huge, base).unwrap_err();
+        assert!(matches!(refused, DecodeError::Pages { pages } if pages == u32::MAX as usize), "{refused:?}");
+        assert!(refused.to_string().contains("pages"), "{refused}");
         // An entry claiming a delta longer than the blob.
         let mut long = MAGIC.to_vec();
         long.extend_from_slice(&[VERSION, SECTION_RAW, 1, 0, 0, 0, 0, 0, 0, 0]);
@@ -1009,7 +1082,9 @@ mod tests {
         long.push(TAG_XOR);
         long.extend_from_slice(&0u64.to_le_bytes());
         long.extend_from_slice(&u16::MAX.to_le_bytes());
-        assert!(decode(&long, base).unwrap_err().contains("truncated"));
+        let refused = decode(&long, base).unwrap_err();
+        assert!(matches!(refused, DecodeError::Truncated { part: "delta" }), "{refused:?}");
+        assert!(refused.to_string().contains("truncated"), "{refused}");
     }
 
     #[test]
@@ -1017,7 +1092,8 @@ mod tests {
         for (blob, backup) in sample_blobs() {
             // Every sample has a pfn past 2, of whatever kind.
             let err = decode(&blob, |pfn| backup[..3].get(pfn as usize).map(|p| &p[..])).unwrap_err();
-            assert!(err.contains("out of range"), "{err}");
+            assert!(matches!(err, DecodeError::PfnOutOfRange { .. }), "{err:?}");
+            assert!(err.to_string().contains("out of range"), "{err}");
             let short = [0u8; 100];
             assert!(decode(&blob, |_| Some(&short[..])).is_err());
         }
@@ -1039,7 +1115,22 @@ mod tests {
         assert!(decode(&blob, |_| Some(&page[..])).is_ok());
         let second = HEADER_LEN + ENTRY_LEN + 1;
         blob[second..second + 8].copy_from_slice(&1u64.to_le_bytes());
-        assert!(decode(&blob, |_| Some(&page[..])).unwrap_err().contains("twice"));
+        let refused = decode(&blob, |_| Some(&page[..])).unwrap_err();
+        assert!(matches!(refused, DecodeError::Repeated { pfn: 1 }), "{refused:?}");
+        assert!(refused.to_string().contains("twice"), "{refused}");
+    }
+
+    #[test]
+    fn errors_read_as_they_always_have() {
+        assert_eq!(decode(b"FTP", |_| None).unwrap_err().to_string(), "blob truncated in header");
+        assert_eq!(decode(b"XXXX", |_| None).unwrap_err().to_string(), "not a page delta blob (bad magic)");
+        assert_eq!(DecodeError::PfnOutOfRange { pfn: 0x10 }.to_string(), "pfn 0x10 out of range");
+        let delta = DecodeError::Delta { pfn: 3, source: DeltaError::RunPastDelta { len: 9, left: 2 } };
+        assert_eq!(delta.to_string(), "pfn 0x3: run longer than its delta");
+        assert_eq!(
+            DecodeError::SectionSize { len: 5, section_pages: 1 }.to_string(),
+            "section holds 5 bytes, not 1 pages"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! §2.2, §2.5, §2.6): it never executes the guest. It keeps a copy of
 //! the VM's RAM and of its latest state, and commits each checkpoint as
 //! it arrives whole: its pages into the RAM copy, then the disk writes of
-//! its epoch onto this host's copy of each disk. The channel acknowledged
+//! its interval onto this host's copy of each disk. The channel acknowledged
 //! the checkpoint's bytes on receipt, so the primary's held frames go as
 //! soon as the backup holds the checkpoint in memory; a backup that dies
 //! before committing it leaves nothing to take over anyway.
@@ -40,7 +40,7 @@ pub struct Committed {
     pub ram: GuestRam,
     /// The machine's state at the last commit; None before the first.
     pub state: Option<Vec<u8>>,
-    pub epoch: u64,
+    pub number: u64,
     pub icount: u64,
     /// Checkpoints committed, and disk writes applied, so far.
     pub checkpoints: u64,
@@ -52,7 +52,7 @@ impl Committed {
         Committed {
             ram: GuestRam::new(RAM_BASE, ram_size),
             state: None,
-            epoch: 0,
+            number: 0,
             icount: 0,
             checkpoints: 0,
             writes: 0,
@@ -83,7 +83,7 @@ pub fn activate(disks: &[PathBuf], held: &Committed, generation: u64, me: &str) 
         let text = format!(
             "ftvm activation record\ngeneration={generation}\nby={me}\ncheckpoint={}\nicount={}\ndisk_writes={}\n\
              unix_time={}\n",
-            held.epoch,
+            held.number,
             held.icount,
             held.writes,
             when.as_secs()
@@ -174,7 +174,7 @@ pub enum Followed {
     Cut,
 }
 
-/// Follows the stream, committing each whole checkpoint; `committed(epoch)`
+/// Follows the stream, committing each whole checkpoint; `committed(number)`
 /// is told of each. An error means the stream cannot be trusted: the
 /// backup must not go live from it.
 pub fn follow(
@@ -184,16 +184,16 @@ pub fn follow(
     mut on_commit: impl FnMut(&Committed),
 ) -> Result<Followed, String> {
     let mut reader = Reader::new(input);
-    // Disk writes of the epoch in progress, applied when it commits.
+    // Disk writes of the interval in progress, applied when it commits.
     let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     // Pages of the checkpoint in progress that came ahead of it.
     let mut staged: Pages = Vec::new();
-    let next = |held: &Committed| if held.state.is_some() { held.epoch + 1 } else { 0 };
+    let next = |held: &Committed| if held.state.is_some() { held.number + 1 } else { 0 };
     loop {
         let record = match reader.next_record() {
             Ok(r) => r,
             Err(ReadError::Cut) => return Ok(Followed::Cut),
-            Err(ReadError::Corrupt(why)) => return Err(why),
+            Err(e @ ReadError::Corrupt { .. }) => return Err(e.to_string()),
         };
         match record {
             Record::DiskWrite { slot, offset, data } => {
@@ -205,7 +205,7 @@ pub fn follow(
                     return Err("disk blocks after the first checkpoint".into());
                 }
                 let (image, backend) = disks.range(slot, offset, data.len())?;
-                // The disk as it was before the guest ran: no epoch to
+                // The disk as it was before the guest ran: no interval to
                 // wait for.
                 backend
                     .write_at(offset, &data)
@@ -213,20 +213,20 @@ pub fn follow(
                 disks.synced.0 += 1;
                 disks.synced.1 += data.len() as u64;
             }
-            Record::Pages { epoch, pages } => {
-                if epoch != next(held) {
-                    return Err(format!("pages of checkpoint {epoch} when {} was due", next(held)));
+            Record::Pages { number, pages } => {
+                if number != next(held) {
+                    return Err(format!("pages of checkpoint {number} when {} was due", next(held)));
                 }
-                staged.extend(decode_pages(&held.ram, epoch, &pages)?);
+                staged.extend(decode_pages(&held.ram, number, &pages)?);
             }
-            Record::Checkpoint { epoch, icount, state, pages } => {
-                if epoch != next(held) {
-                    return Err(format!("checkpoint {epoch} when {} was due", next(held)));
+            Record::Checkpoint { number, icount, state, pages } => {
+                if number != next(held) {
+                    return Err(format!("checkpoint {number} when {} was due", next(held)));
                 }
                 disks.check_synced()?;
                 let state = zstd::bulk::decompress(&state, MAX_STATE)
-                    .map_err(|e| format!("checkpoint {epoch}: machine state: {e}"))?;
-                staged.extend(decode_pages(&held.ram, epoch, &pages)?);
+                    .map_err(|e| format!("checkpoint {number}: machine state: {e}"))?;
+                staged.extend(decode_pages(&held.ram, number, &pages)?);
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
                 let ram = held.ram.as_mut_slice_untracked();
@@ -243,7 +243,7 @@ pub fn follow(
                     held.writes += 1;
                 }
                 held.state = Some(state);
-                held.epoch = epoch;
+                held.number = number;
                 held.icount = icount;
                 held.checkpoints += 1;
                 on_commit(held);
@@ -259,14 +259,14 @@ pub fn follow(
 /// Guest pages: (guest-physical address, content).
 type Pages = Vec<(u64, Box<[u8; PAGE_SIZE]>)>;
 
-fn decode_pages(ram: &GuestRam, epoch: u64, blob: &[u8]) -> Result<Pages, String> {
+fn decode_pages(ram: &GuestRam, number: u64, blob: &[u8]) -> Result<Pages, String> {
     let ram = ram.as_slice();
     let base_pfn = RAM_BASE / PAGE_SIZE as u64;
     page_delta::decode(blob, |pfn| {
         let i = pfn.checked_sub(base_pfn)? as usize;
         ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
     })
-    .map_err(|e| format!("checkpoint {epoch}: pages: {e}"))
+    .map_err(|e| format!("checkpoint {number}: pages: {e}"))
 }
 
 /// A backup that commits the primary's checkpoints.
@@ -366,14 +366,14 @@ impl<R: Read> Backup for CheckpointBackup<R> {
     fn take_over(self: Box<Self>, why: &str, since: Duration, generation: u64, me: &str) -> Result<TakeOver, String> {
         let line = format!(
             "ftvm: going live from checkpoint {} at instruction {} ({why}; {}; {} ms after the failure was declared)",
-            self.held.epoch,
+            self.held.number,
             self.held.icount,
             self.committed_summary(),
             since.as_millis()
         );
         let disks: Vec<PathBuf> = self.disks.into_iter().map(|(_, p)| p).collect();
         let records = activate(&disks, &self.held, generation, me)?;
-        let checkpoint = Some(self.held.epoch);
+        let checkpoint = Some(self.held.number);
         let machine = self.held.into_machine()?;
         eprintln!("{line}");
         for r in records {

@@ -6,14 +6,14 @@
 //! (speculative execution) while a sender thread compresses the pages
 //! (`page_delta`) and writes the checkpoint into the channel.
 //!
-//! Output commit (§2.4): frames the guest sends during epoch k wait
+//! Output commit (§2.4): frames the guest sends during interval k wait
 //! behind a barrier until the backup has acknowledged checkpoint k; they
 //! cost the guest nothing meanwhile (a sent frame needs no completion).
-//! Unlike Remus, an epoch with frames waiting ends early when the guest
+//! Unlike Remus, an interval with frames waiting ends early when the guest
 //! idles: an answered request then leaves within a few milliseconds
 //! rather than at the end of the interval.
 //! Disk writes go to this host's copy at once and are mirrored into the
-//! stream, ahead of the checkpoint of their epoch (§2.5); the backup
+//! stream, ahead of the checkpoint of their interval (§2.5); the backup
 //! applies them when that checkpoint commits.
 //!
 //! Nothing here needs determinism: the backup never executes.
@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 const PAGE_CACHE: usize = 16384;
 /// Checkpoints (with the disk writes between them) staged but not yet
 /// written into the channel before the machine waits for the sender: the
-/// guest may run ahead of the backup by a few epochs, not without bound.
+/// guest may run ahead of the backup by a few intervals, not without bound.
 const STAGED: usize = 3;
 /// How long an ending VM waits for the backup to acknowledge the end.
 const END_ACK_WAIT: Duration = Duration::from_secs(5);
@@ -96,14 +96,14 @@ pub fn send_disk_blocks(
 
 enum Job {
     Write { slot: u32, offset: u64, data: Vec<u8> },
-    Checkpoint { epoch: u64, icount: u64, state: Vec<u8>, pfns: Vec<u64>, pages: Vec<u8> },
+    Checkpoint { number: u64, icount: u64, state: Vec<u8>, pfns: Vec<u64>, pages: Vec<u8> },
     End(Option<u32>),
 }
 
 /// What the sender thread reports back.
 #[derive(Default)]
 struct SenderReport {
-    /// (epoch, bytes of stream up to the end of its checkpoint), for the
+    /// (interval, bytes of stream up to the end of its checkpoint), for the
     /// checkpoints whose acknowledgement has not been seen yet.
     ends: VecDeque<(u64, u64)>,
     delta: DeltaStats,
@@ -116,21 +116,21 @@ pub struct Checkpointer {
     interval: Duration,
     due: Instant,
     /// Whether to checkpoint at once when the guest idles with frames
-    /// waiting for their epoch to end (see [`Checkpointer::idle_due`]).
+    /// waiting for their interval to end (see [`Checkpointer::idle_due`]).
     idle_checkpoints: bool,
     /// When the last checkpoint was taken, and how many were taken early
     /// because the guest idled.
     last: Instant,
     early: u64,
-    /// The epoch in progress: its checkpoint will carry this number.
-    epoch: u64,
-    /// Frames sent during the epoch in progress.
-    this_epoch: Vec<(usize, IoRequest)>,
-    /// Frames of finished epochs, tagged with the epoch count that must be
-    /// acknowledged (k + 1 for epoch k).
+    /// The interval in progress: its checkpoint will carry this number.
+    number: u64,
+    /// Frames sent during the interval in progress.
+    this_interval: Vec<(usize, IoRequest)>,
+    /// Frames of finished intervals, tagged with the interval count that must be
+    /// acknowledged (k + 1 for interval k).
     gate: OutputGate<(usize, IoRequest)>,
     /// Epochs whose checkpoints the backup has acknowledged.
-    acked_epochs: u64,
+    acked_checkpoints: u64,
     jobs: SyncSender<Job>,
     report: Arc<Mutex<SenderReport>>,
     /// Staging buffers the sender is done with, to use again.
@@ -175,10 +175,10 @@ impl Checkpointer {
             idle_checkpoints,
             last: Instant::now(),
             early: 0,
-            epoch: 0,
-            this_epoch: Vec::new(),
+            number: 0,
+            this_interval: Vec::new(),
             gate: OutputGate::default(),
-            acked_epochs: 0,
+            acked_checkpoints: 0,
             jobs,
             report,
             spare,
@@ -196,16 +196,16 @@ impl Checkpointer {
     }
 
     /// Whether to take a checkpoint now, before it is due, because every
-    /// hart idles while frames of this epoch wait for it: a request has
+    /// hart idles while frames of this interval wait for it: a request has
     /// been answered and the guest has nothing more to do, so holding the
     /// reply for the rest of the interval would only add latency (Remus
     /// holds it; on a request-response load that is most of the added
     /// latency). At most one every [`IDLE_GAP`].
     pub fn idle_due(&self, now: Instant) -> bool {
-        self.idle_checkpoints && !self.this_epoch.is_empty() && now >= self.last + IDLE_GAP
+        self.idle_checkpoints && !self.this_interval.is_empty() && now >= self.last + IDLE_GAP
     }
 
-    /// The machine's new requests: frames wait for the end of their epoch
+    /// The machine's new requests: frames wait for the end of their interval
     /// and its acknowledgement, disk writes are mirrored to the backup;
     /// the rest, and what the acknowledgements let go, are returned.
     fn hold_frames(&mut self, requests: Vec<Request>) -> Vec<Request> {
@@ -213,7 +213,7 @@ impl Checkpointer {
         for (slot, req) in requests {
             match &req {
                 IoRequest::NetTx { .. } => {
-                    self.this_epoch.push((slot, req));
+                    self.this_interval.push((slot, req));
                     continue;
                 }
                 IoRequest::Disk { op: BlkOp::Write { offset, data }, .. } => {
@@ -236,18 +236,18 @@ impl Checkpointer {
         let acked = self.watch.acked();
         {
             let mut r = self.report.lock().unwrap();
-            while let Some(&(epoch, end)) = r.ends.front() {
+            while let Some(&(number, end)) = r.ends.front() {
                 if end > acked {
                     break;
                 }
-                self.acked_epochs = epoch + 1;
+                self.acked_checkpoints = number + 1;
                 r.ends.pop_front();
             }
         }
-        self.gate.release(self.acked_epochs, 0)
+        self.gate.release(self.acked_checkpoints, 0)
     }
 
-    /// Ends the epoch in progress with its checkpoint: the machine is
+    /// Ends the interval in progress with its checkpoint: the machine is
     /// stopped at an instruction boundary with its requests taken. The
     /// first checkpoint carries every page that is not zero.
     pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
@@ -256,7 +256,7 @@ impl Checkpointer {
         let base_pfn = m.ram().base() / PAGE_SIZE as u64;
         let ram = m.ram().as_slice();
         let page = PAGE_SIZE;
-        let pfns: Vec<u64> = if self.epoch == 0 {
+        let pfns: Vec<u64> = if self.number == 0 {
             let zero = [0u8; PAGE_SIZE];
             ram.chunks_exact(page)
                 .enumerate()
@@ -276,20 +276,20 @@ impl Checkpointer {
         let state = m.checkpoint_state().map_err(|e| format!("checkpoint: {e}"))?;
         let pause = t0.elapsed();
         let n = pfns.len();
-        if self.epoch == 0 {
+        if self.number == 0 {
             eprintln!(
                 "ftvm: first checkpoint: {n} pages of RAM in use ({} MiB), copied in {} ms",
                 (n * PAGE_SIZE) >> 20,
                 pause.as_millis()
             );
         }
-        let _ = self.jobs.send(Job::Checkpoint { epoch: self.epoch, icount: m.icount(), state, pfns, pages });
+        let _ = self.jobs.send(Job::Checkpoint { number: self.number, icount: m.icount(), state, pfns, pages });
         // The wait for a busy sender is part of the pause the guest sees.
         let pause = pause.max(t0.elapsed());
-        for out in self.this_epoch.drain(..) {
-            self.gate.hold(self.epoch + 1, out);
+        for out in self.this_interval.drain(..) {
+            self.gate.hold(self.number + 1, out);
         }
-        self.epoch += 1;
+        self.number += 1;
         // On the configured beat, not an interval after this one: the
         // checks between machine chunks would otherwise stretch every
         // interval a little. A late checkpoint does not make a burst; an
@@ -309,7 +309,7 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// The VM ends: a last checkpoint (the outputs of the last epoch wait
+    /// The VM ends: a last checkpoint (the outputs of the last interval wait
     /// for it), the end mark, and its acknowledgement, so the backup does
     /// not take the primary's exit for a failure. Returns what may leave.
     fn end_stream(&mut self, m: &mut Machine, status: Option<u32>) -> Vec<Request> {
@@ -332,7 +332,7 @@ impl Checkpointer {
 
     /// Checkpoints taken on the beat of the interval (not early).
     fn on_beat(&self) -> u64 {
-        self.epoch - self.early
+        self.number - self.early
     }
 
     /// Status fields for the control socket: configured and achieved
@@ -373,11 +373,11 @@ impl Checkpointer {
         }
         let status = CheckpointStatus {
             interval_ms: self.interval.as_millis() as u64,
-            checkpoints: self.epoch,
+            checkpoints: self.number,
             idle_checkpoints: self.idle_checkpoints.then_some(self.early),
             rate: self.rate,
             rate_overall: self.on_beat() as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
-            committed: self.acked_epochs,
+            committed: self.acked_checkpoints,
             pause_median_us: pct(0.5).as_micros() as u64,
             pause_p99_us: pct(0.99).as_micros() as u64,
             dirty_median: dirty_median as u64,
@@ -386,8 +386,8 @@ impl Checkpointer {
             compression: r.delta.ratio(),
             log_bytes: self.watch.sent(),
             acked: self.watch.acked(),
-            held: (self.gate.len() + self.this_epoch.len()) as u64,
-            outputs_held_total: self.gate.total_held() + self.this_epoch.len() as u64,
+            held: (self.gate.len() + self.this_interval.len()) as u64,
+            outputs_held_total: self.gate.total_held() + self.this_interval.len() as u64,
         };
         PairStatus::Primary(PrimaryStatus {
             backup: self.watch.peer().to_string(),
@@ -432,7 +432,7 @@ impl Primary for Checkpointer {
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
         let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || {
             let mut out = self.gate.release_all();
-            out.append(&mut self.this_epoch);
+            out.append(&mut self.this_interval);
             out
         })?;
         Ok(Alone { outputs, inputs: Vec::new() })
@@ -488,7 +488,7 @@ fn send_loop(
         buf.clear();
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
-            Job::Checkpoint { epoch, icount, state, pfns, pages } => {
+            Job::Checkpoint { number, icount, state, pfns, pages } => {
                 let mut written = 0;
                 let pieces = pfns.len().div_ceil(PAGES_PER_RECORD).max(1);
                 let mut blob = Vec::new();
@@ -498,7 +498,7 @@ fn send_loop(
                     blob = encoder.encode(pfns, data);
                     if i + 1 < pieces {
                         buf.clear();
-                        stream::encode(&mut buf, &Record::Pages { epoch, pages: std::mem::take(&mut blob) });
+                        stream::encode(&mut buf, &Record::Pages { number, pages: std::mem::take(&mut blob) });
                         if channel.write_all(&buf).is_err() {
                             return;
                         }
@@ -514,13 +514,13 @@ fn send_loop(
                 // The state is mostly device rings and registers that
                 // barely change: zstd takes it to a fraction.
                 let state = zstd::bulk::compress(&state, 1).expect("zstd compresses in memory");
-                stream::encode(&mut buf, &Record::Checkpoint { epoch, icount, state, pages: blob });
+                stream::encode(&mut buf, &Record::Checkpoint { number, icount, state, pages: blob });
                 if channel.write_all(&buf).is_err() {
                     return;
                 }
                 channel.send_now();
                 let mut r = report.lock().unwrap();
-                r.ends.push_back((epoch, channel.written()));
+                r.ends.push_back((number, channel.written()));
                 r.delta = encoder.stats();
                 r.checkpoint_bytes += buf.len() as u64;
                 r.checkpoints += 1;

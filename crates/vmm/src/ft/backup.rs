@@ -66,16 +66,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let listener = TcpListener::bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
     events.emit(PairEvent::Listening { address: args.listen.to_string() });
-    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
+    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER).map_err(|e| e.to_string())?);
     drop(listener);
     let primary = receiver.peer();
     let (failed_tx, failed_rx) = mpsc::channel();
     let failed_tx = Mutex::new(failed_tx);
     // The header is acknowledged only once the backup knows it can follow.
     receiver.hold_acks();
-    receiver.start(timing, move |f| {
-        let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
-    })?;
+    receiver
+        .start(timing, move |f| {
+            let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
+        })
+        .map_err(|e| e.to_string())?;
     receiver.delay_acks(Duration::from_millis(args.ack_delay));
     // The arbiter runs beside the replay, which goes on draining the log.
     // Until the header has named the pair's generation there is nothing
@@ -135,15 +137,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
     let gen = pair.generation;
     // Heartbeats from now on: the checks below may take a while (hashing
     // disks), and the primary must not take them for a failure.
-    receiver.add_heartbeat(Heartbeat::start(
-        SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
-        SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
-        gen,
-        timing.interval,
-    )?);
+    receiver.add_heartbeat(
+        Heartbeat::start(
+            SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
+            SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
+            gen,
+            timing.interval,
+        )
+        .map_err(|e| e.to_string())?,
+    );
     let prepared: Result<Box<dyn Backup>, String> = match pair.mode {
         ModeSetting::Checkpoint { interval_ms } => {
-            let request = |digests: Vec<u8>| receiver.request(digests);
+            let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| e.to_string());
             CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &args.disks, &request, &events)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }

@@ -231,7 +231,7 @@ pub fn start_primary(
         }
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
+    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me).map_err(|e| e.to_string())?;
     let pair = PairHeader {
         version: PAIR_HEADER_VERSION,
         generation: arbiter.generation(),
@@ -241,18 +241,20 @@ pub fn start_primary(
     };
     pair.write(header);
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
-    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait))?;
+    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait)).map_err(|e| e.to_string())?;
     let local = stream.local_addr().map_err(|e| format!("logging channel: {e}"))?;
     let heartbeat = Heartbeat::start(
         SocketAddr::new(local.ip(), args.pair.heartbeat_port),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
         timing.interval,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let host_events = Mutex::new(host_events);
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     let name = format!("the backup at {}", sender.peer());
     let mut recorder = Recorder::new(sender, header, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE))
         .map_err(|e| format!("logging channel: {e}"))?;

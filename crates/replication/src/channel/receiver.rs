@@ -1,0 +1,495 @@
+//! The backup's end of the logging channel ([`LogReceiver`]): the log
+//! read into a bounded pipe and acknowledged on receipt (VMware FT §3.2),
+//! the replaying VM's view of it ([`LogPipe`]), and the failure detector
+//! for the primary.
+
+use super::failure::{declare, detect, Failure};
+use super::pipe::Pipe;
+use super::wire::{self, MAX_REQUEST};
+use super::{spawn, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
+use crate::heartbeat::Heartbeat;
+use crate::poll::{self, WaiterTurn};
+use crate::Timing;
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct BackupShared {
+    clock: Clock,
+    pipe: Pipe,
+    received: AtomicU64,
+    /// Set by the replaying VM: how far it has executed.
+    executed: AtomicU64,
+    last_heard_us: AtomicU64,
+    heartbeat: Mutex<Option<Heartbeat>>,
+    failed: Mutex<Option<Failure>>,
+    /// Failure declared, but the log stays open until the caller decides
+    /// (the arbiter) whether to go live or halt.
+    stop: AtomicBool,
+    /// Milliseconds each acknowledgement is held back (a test aid: it
+    /// makes the Output Rule visible on the primary's wire).
+    ack_delay_ms: AtomicU64,
+    /// Until the backup is ready to follow, acknowledgements say it is
+    /// alive but acknowledge no log.
+    ready: AtomicBool,
+    /// A refusal to send instead of acknowledgements, and then stop.
+    refusal: Mutex<Option<String>>,
+    refused: AtomicBool,
+    /// Requests to send the primary ahead of any acknowledgement of log.
+    requests: Mutex<Vec<Vec<u8>>>,
+    /// The socket's reading and acknowledging state, taken by the
+    /// receiving thread or by the replaying VM's thread waiting for log,
+    /// whoever holds it. Set by [`LogReceiver::start`].
+    receipt: Mutex<Option<Receipt>>,
+    /// Whether the replaying VM's thread, waiting for log, reads the
+    /// socket itself (with [`LogReceiver::short_waits`], for
+    /// [`WAITER_GRACE`] after its wait too), the receiving thread keeping
+    /// off: sharing the VM's core, it would have to be switched to for
+    /// every frame, and back, which under the original epoch protocol is
+    /// on the path of every epoch end.
+    log_turn: WaiterTurn,
+    /// Whether the VM's thread keeps the socket for [`WAITER_GRACE`]
+    /// after a wait (see [`LogReceiver::short_waits`]).
+    short_waits: AtomicBool,
+}
+
+/// The backup's end: receives the log, acknowledges it, detects failure.
+pub struct LogReceiver {
+    shared: Arc<BackupShared>,
+    peer: SocketAddr,
+    stream: TcpStream,
+}
+
+impl LogReceiver {
+    /// Waits for the primary to connect on `listener` (one connection).
+    pub fn accept(listener: &TcpListener, buffer: usize) -> Result<LogReceiver, ChannelError> {
+        let (stream, peer) = listener.accept().map_err(ChannelError::Socket)?;
+        stream.set_nodelay(true).map_err(ChannelError::Socket)?;
+        let shared = Arc::new(BackupShared {
+            clock: Clock(Instant::now()),
+            pipe: Pipe::new(buffer),
+            received: AtomicU64::new(0),
+            executed: AtomicU64::new(0),
+            last_heard_us: AtomicU64::new(0),
+            heartbeat: Mutex::new(None),
+            failed: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            ack_delay_ms: AtomicU64::new(0),
+            ready: AtomicBool::new(true),
+            refusal: Mutex::new(None),
+            refused: AtomicBool::new(false),
+            requests: Mutex::new(Vec::new()),
+            receipt: Mutex::new(None),
+            log_turn: WaiterTurn::default(),
+            short_waits: AtomicBool::new(false),
+        });
+        Ok(LogReceiver { shared, peer, stream })
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Starts receiving: acknowledgements every read and every
+    /// `timing.interval`; `on_failure` hears once when the primary is
+    /// declared failed. The log stays readable through [`LogPipe`] to its
+    /// last byte received until [`LogReceiver::end_log`].
+    pub fn start(
+        &self,
+        timing: Timing,
+        on_failure: impl Fn(Failure) + Send + Sync + 'static,
+    ) -> Result<(), ChannelError> {
+        let on_failure = Arc::new(on_failure);
+        let fail = {
+            let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
+            Arc::new(move |f: Failure| {
+                if declare(&shared.failed, &f) {
+                    on_failure(f);
+                }
+            })
+        };
+        let clone = || self.stream.try_clone().map_err(ChannelError::Socket);
+        let readable = clone()?;
+        *self.shared.receipt.lock().unwrap() = Some(Receipt {
+            input: clone()?,
+            out: clone()?,
+            timing,
+            buf: vec![0u8; 1 << 16],
+            last_ack: Instant::now(),
+            acked: (u64::MAX, u64::MAX),
+            delayed: VecDeque::new(),
+            released: 0,
+            end: None,
+        });
+        {
+            let (shared, fail) = (self.shared.clone(), fail.clone());
+            let thread = spawn("ft-log-receive", move || receive(&shared, &readable, timing, &*fail))?;
+            self.shared.log_turn.set_thread(thread.thread().clone());
+        }
+        {
+            let shared = self.shared.clone();
+            spawn("ft-detect", move || {
+                let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                detect(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Watches the primary's heartbeats too, from now on (they can start
+    /// only once the log's header named the pair's generation).
+    pub fn add_heartbeat(&self, heartbeat: Heartbeat) {
+        *self.shared.heartbeat.lock().unwrap() = Some(heartbeat);
+    }
+
+    /// Acknowledges each byte only `delay` after its receipt: a slow
+    /// network on the way back, for tests of the Output Rule. The
+    /// periodic acknowledgements go on meanwhile, so the primary does not
+    /// take the delay for a failure.
+    pub fn delay_acks(&self, delay: Duration) {
+        self.shared.ack_delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Acknowledges no log until [`LogReceiver::ready`]: a primary that
+    /// waits for its first acknowledgement waits for the backup's checks
+    /// (call before [`LogReceiver::start`]).
+    pub fn hold_acks(&self) {
+        self.shared.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// The replaying VM comes back for more log within microseconds of
+    /// taking some (at the next epoch end), so after a wait its thread
+    /// keeps reading the socket itself for [`WAITER_GRACE`], and the
+    /// receiving thread keeps off meanwhile, rather than be woken to
+    /// take the socket back for each frame. Not for a VM that replays
+    /// long stretches between its waits: a frame that came meanwhile
+    /// would wait for its acknowledgement until the VM waits again.
+    pub fn short_waits(&self) {
+        self.shared.short_waits.store(true, Ordering::Relaxed);
+    }
+
+    /// Acknowledges the log from now on.
+    pub fn ready(&self) {
+        // Release: a request made before this goes out before the first
+        // acknowledgement of log (see `receive`).
+        self.shared.ready.store(true, Ordering::Release);
+    }
+
+    /// Sends the primary `request` (at most [`MAX_REQUEST`] bytes) before
+    /// this backup is [`ready`](LogReceiver::ready): it arrives ahead of
+    /// the first acknowledgement of log.
+    pub fn request(&self, request: Vec<u8>) -> Result<(), RequestTooLarge> {
+        if request.len() > MAX_REQUEST {
+            return Err(RequestTooLarge { len: request.len() });
+        }
+        self.shared.requests.lock().unwrap().push(request);
+        Ok(())
+    }
+
+    /// Tells the primary this backup will not follow it, and why, then
+    /// closes the channel (waiting up to a second for the words to go).
+    pub fn refuse(&self, why: &str) {
+        // Not ready: the VM's thread leaves the socket to the receiving
+        // thread, which sends the refusal.
+        self.shared.ready.store(false, Ordering::Release);
+        *self.shared.refusal.lock().unwrap() = Some(why.to_string());
+        let t0 = Instant::now();
+        while !self.shared.refused.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.end_log();
+    }
+
+    /// The replaying VM's view of the log.
+    pub fn pipe(&self) -> LogPipe {
+        LogPipe { shared: self.shared.clone() }
+    }
+
+    /// The replaying VM reached `icount`.
+    pub fn set_executed(&self, icount: u64) {
+        // Release/Acquire: what the replay published before it (its last
+        // go-live point) is seen by whoever reads this.
+        self.shared.executed.store(icount, Ordering::Release);
+    }
+
+    /// How far the replaying VM has executed, as last set.
+    pub fn executed(&self) -> u64 {
+        self.shared.executed.load(Ordering::Acquire)
+    }
+
+    pub fn received(&self) -> u64 {
+        self.shared.received.load(Ordering::Relaxed)
+    }
+
+    /// Bytes received and not yet consumed by the VM.
+    pub fn buffered(&self) -> usize {
+        self.shared.pipe.len()
+    }
+
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.failed.lock().unwrap().clone()
+    }
+
+    /// Waits until the replaying VM has taken every byte received and
+    /// waits for more (true), or has stopped reading the log
+    /// ([`LogReceiver::reading_done`], false). A primary that powers its
+    /// VM off closes the channel too, once its end is acknowledged: only
+    /// the log read to its last byte tells that close from a failure.
+    pub fn wait_consumed(&self) -> bool {
+        self.shared.pipe.wait_consumed()
+    }
+
+    /// The replaying VM reads no more of the log: it reached its end, or
+    /// cannot follow it.
+    pub fn reading_done(&self) {
+        self.shared.pipe.reader_done();
+    }
+
+    /// No more log will be taken: the VM drains what was received, then
+    /// sees the log end (its last go-live point is where it goes live).
+    pub fn end_log(&self) {
+        self.stop_receiving();
+        self.shared.pipe.close();
+    }
+
+    /// Takes no more log (the primary is declared failed): what was
+    /// received stays readable, and the primary, if it still runs, sees
+    /// the channel close.
+    pub fn stop_receiving(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for LogReceiver {
+    fn drop(&mut self) {
+        self.end_log();
+    }
+}
+
+/// The backup's reading of the socket: the log into the pipe, and the
+/// acknowledgements back. One at a time: the receiving thread, or the
+/// replaying VM's thread while it waits for log.
+struct Receipt {
+    input: TcpStream,
+    out: TcpStream,
+    timing: Timing,
+    buf: Vec<u8>,
+    last_ack: Instant,
+    /// (bytes received, instructions executed) as last acknowledged.
+    acked: (u64, u64),
+    /// With an acknowledgement delay: (when, bytes received then), oldest first.
+    delayed: VecDeque<(Instant, u64)>,
+    released: u64,
+    /// Why the channel is over, as the VM's thread found it, for the
+    /// receiving thread to declare.
+    end: Option<Failure>,
+}
+
+/// How a read of the socket ended the receiving.
+enum Stop {
+    /// The primary is declared failed for this.
+    Failed(Failure),
+    /// The pipe was closed: the log is over, nothing to declare.
+    Closed,
+}
+
+impl Receipt {
+    /// Takes what has come, up to `room` bytes, into the pipe without
+    /// waiting; how many (0 when nothing had).
+    fn take_arrived(&mut self, shared: &BackupShared, room: usize) -> Result<usize, Stop> {
+        let room = room.min(self.buf.len());
+        if room == 0 {
+            return Ok(0);
+        }
+        match poll::try_read(&self.input, &mut self.buf[..room]) {
+            Ok(None) => Ok(0),
+            Ok(Some(0)) => Err(Stop::Failed(Failure::Closed("end of stream".into()))),
+            Ok(Some(n)) => {
+                shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                if !shared.pipe.put(&self.buf[..n], false) {
+                    return Err(Stop::Closed);
+                }
+                shared.received.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n)
+            }
+            Err(e) => Err(Stop::Failed(Failure::Closed(e.to_string()))),
+        }
+    }
+
+    /// Sends what is due: the requests, then an acknowledgement if more
+    /// was received (or executed) since the last, or the interval passed.
+    fn acknowledge(&mut self, shared: &BackupShared) -> Result<(), Failure> {
+        let received = shared.received.load(Ordering::Relaxed);
+        let received = match shared.ack_delay_ms.load(Ordering::Relaxed) {
+            0 => received,
+            ms => {
+                if self.delayed.back().is_none_or(|&(_, r)| r != received) {
+                    self.delayed.push_back((Instant::now(), received));
+                }
+                let due = |t: &Instant| t.elapsed() >= Duration::from_millis(ms);
+                while self.delayed.len() > 1 && due(&self.delayed[1].0) {
+                    self.delayed.pop_front();
+                }
+                if let Some((t, r)) = self.delayed.front() {
+                    if due(t) {
+                        self.released = *r;
+                    }
+                }
+                self.released
+            }
+        };
+        let ready = shared.ready.load(Ordering::Acquire);
+        // Requests go before the acknowledgement that says we are ready:
+        // every one made before `ready` is in the queue if `ready` is seen.
+        for request in std::mem::take(&mut *shared.requests.lock().unwrap()) {
+            self.out.write_all(&wire::request(request)).map_err(|e| Failure::Closed(e.to_string()))?;
+        }
+        let received = if ready {
+            received
+        } else {
+            // The primary sends nothing until we acknowledge its header:
+            // its silence meanwhile says nothing (heartbeats still do).
+            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+            0
+        };
+        let now = (received, shared.executed.load(Ordering::Relaxed));
+        if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
+            self.out.write_all(&wire::ack(now.0, now.1)).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.acked = now;
+            self.last_ack = Instant::now();
+        }
+        Ok(())
+    }
+
+    fn refuse(&mut self, why: &str) {
+        let _ = self.out.write_all(&wire::refusal(why));
+        let _ = self.out.shutdown(Shutdown::Write);
+    }
+}
+
+impl BackupShared {
+    /// The replaying VM's thread, waiting for log, takes what has come
+    /// and acknowledges it, as the receiving thread would. False when it
+    /// must leave that to the receiving thread: the channel is over, or
+    /// the acknowledgements are held (not ready, or delayed), which only
+    /// that thread handles.
+    fn read_while_waiting(&self) -> bool {
+        if !self.ready.load(Ordering::Acquire) || self.ack_delay_ms.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        // Held by the receiving thread: it is taking the bytes for us.
+        let Ok(mut guard) = self.receipt.try_lock() else { return true };
+        let Some(rx) = guard.as_mut() else { return false };
+        if rx.end.is_some() || self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Only the reader makes room: it must not wait for any.
+        let ended = match rx.take_arrived(self, self.pipe.free()) {
+            Ok(0) => return true,
+            Ok(_) => rx.acknowledge(self).err(),
+            Err(Stop::Failed(f)) => Some(f),
+            Err(Stop::Closed) => return false,
+        };
+        match ended {
+            None => true,
+            Some(f) => {
+                rx.end = Some(f);
+                false
+            }
+        }
+    }
+}
+
+/// The receiving thread: takes the log as it comes and acknowledges it,
+/// and acknowledges every interval while nothing comes, except while the
+/// VM's thread reads the socket itself. `readable` is the socket, to
+/// wait on without holding the [`Receipt`].
+fn receive(shared: &BackupShared, readable: &TcpStream, timing: Timing, fail: &dyn Fn(Failure)) {
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(why) = shared.refusal.lock().unwrap().take() {
+            if let Some(rx) = shared.receipt.lock().unwrap().as_mut() {
+                rx.refuse(&why);
+            }
+            shared.refused.store(true, Ordering::Relaxed);
+            return;
+        }
+        if shared.log_turn.thread_keeps_off() {
+            continue;
+        }
+        // A full buffer stops the reading (the primary's buffer fills in
+        // turn) but not the acknowledgements: a slow backup is not a dead one.
+        let room = shared.pipe.room(timing.interval);
+        if room > 0 {
+            if let Err(e) = poll::wait_readable(readable, timing.interval) {
+                return fail(Failure::Closed(e.to_string()));
+            }
+        } else {
+            // Not reading, so the channel's silence says nothing.
+            shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+        }
+        let mut guard = shared.receipt.lock().unwrap();
+        let rx = guard.as_mut().expect("started");
+        if let Some(f) = rx.end.take() {
+            return fail(f);
+        }
+        let got = match rx.take_arrived(shared, room) {
+            Ok(n) => n,
+            Err(Stop::Closed) => return,
+            Err(Stop::Failed(f)) => return fail(f),
+        };
+        if let Err(f) = rx.acknowledge(shared) {
+            return fail(f);
+        }
+        drop(guard);
+        // The replay is woken after the acknowledgement is written: woken
+        // first, it could take the core before the primary, which may be
+        // waiting, hears from us.
+        if got > 0 {
+            shared.pipe.wake_reader();
+        }
+    }
+}
+
+/// The log as the replaying VM reads it: blocks while the buffer is empty
+/// (the backup stalls), ends once the receiver ended the log and every
+/// byte received has been read.
+pub struct LogPipe {
+    shared: Arc<BackupShared>,
+}
+
+impl Read for LogPipe {
+    /// Takes what the primary sent, waiting for some. Before it sleeps the
+    /// VM's thread reads the socket itself for a moment, and acknowledges
+    /// what it reads, while the receiving thread keeps off (see `poll`):
+    /// the bytes of a short round trip (an output waiting for its
+    /// acknowledgement, an epoch end under the original protocol) come
+    /// within it, and no thread needs waking, or switching to, for them.
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let (shared, pipe) = (&*self.shared, &self.shared.pipe);
+        if pipe.len() == 0 {
+            shared.log_turn.begin();
+            let spin_until = Instant::now() + SPIN_FOR;
+            while pipe.len() == 0 && !pipe.is_closed() && Instant::now() < spin_until {
+                if !shared.read_while_waiting() {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            // Log came, and the next wait is soon (the next epoch end):
+            // keep the socket until then. Otherwise the receiving thread
+            // takes it back now.
+            let keep = pipe.len() > 0 && shared.short_waits.load(Ordering::Relaxed);
+            shared.log_turn.end(if keep { WAITER_GRACE } else { Duration::ZERO });
+        }
+        let got = pipe.take(buf.len());
+        buf[..got.len()].copy_from_slice(&got);
+        Ok(got.len())
+    }
+}

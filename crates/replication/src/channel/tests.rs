@@ -1,0 +1,259 @@
+//! The two ends together, over loopback.
+
+use super::sender::SEND_BATCH;
+use super::*;
+use crate::Timing;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+/// A backup's end waiting on a fresh loopback port: the port, and the
+/// end once a primary has connected.
+fn backup_on_loopback(buffer: usize) -> (SocketAddr, std::thread::JoinHandle<LogReceiver>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    (addr, std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap()))
+}
+
+/// A primary's end connected to `addr`, and what it learns.
+fn primary_to(addr: SocketAddr, timing: Timing) -> (LogSender, mpsc::Receiver<PrimaryEvent>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let stream = connect(addr, Duration::from_secs(5)).unwrap();
+    let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
+        let _ = tx.lock().unwrap().send(e);
+    })
+    .unwrap();
+    (sender, rx)
+}
+
+fn pair(
+    buffer: usize,
+    timing: Timing,
+) -> (LogSender, mpsc::Receiver<PrimaryEvent>, LogReceiver, mpsc::Receiver<Failure>) {
+    let (addr, acc) = backup_on_loopback(buffer);
+    let (sender, prx) = primary_to(addr, timing);
+    let receiver = acc.join().unwrap();
+    let (btx, brx) = mpsc::channel();
+    let btx = Mutex::new(btx);
+    receiver
+        .start(timing, move |f| {
+            let _ = btx.lock().unwrap().send(f);
+        })
+        .unwrap();
+    (sender, prx, receiver, brx)
+}
+
+#[test]
+fn small_writes_wait_to_be_batched_until_sent_now_or_due() {
+    let (mut s, _prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+    // The sender thread parks first (until then it takes what it finds).
+    std::thread::sleep(Duration::from_millis(50));
+    s.write_all(b"frame-1").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // Nothing asked for it and nothing followed: it waits.
+    assert_eq!(s.sent(), 0);
+    s.send_now();
+    let mut got = [0u8; 7];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"frame-1");
+    // Due after the delay: the next look sends it.
+    s.write_all(b"frame-2").unwrap();
+    std::thread::sleep(SEND_DELAY * 2);
+    s.send_if_due();
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"frame-2");
+    // A large batch goes by itself.
+    s.write_all(&vec![7u8; SEND_BATCH as usize]).unwrap();
+    let mut big = vec![0u8; SEND_BATCH as usize];
+    r.pipe().read_exact(&mut big).unwrap();
+}
+
+#[test]
+fn bytes_arrive_in_order_and_are_acknowledged_on_receipt() {
+    let (mut s, prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+    s.write_all(&data).unwrap();
+    // Acknowledged without the VM having read anything.
+    assert!(s.wait_acked(data.len() as u64, Duration::from_secs(5)));
+    assert!(matches!(prx.recv_timeout(Duration::from_secs(1)), Ok(PrimaryEvent::Acked)));
+    let mut got = vec![0u8; data.len()];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(got, data);
+    r.set_executed(12345);
+    let t0 = Instant::now();
+    while s.backup_icount() != 12345 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "execution progress never reported");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The report's age is how long ago it came: after the count was set.
+    let (icount, age) = s.backup_report();
+    assert_eq!(icount, 12345);
+    assert!(age <= t0.elapsed(), "{age:?}");
+}
+
+#[test]
+fn delayed_acknowledgements_arrive_no_sooner_and_the_primary_waits_without_failing() {
+    let (mut s, prx, r, _brx) = pair(1 << 20, Timing::DEFAULT);
+    let delay = Duration::from_millis(700);
+    r.delay_acks(delay);
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    s.write_all(b"entry").unwrap();
+    assert!(s.wait_acked(5, Duration::from_secs(5)));
+    let waited = t0.elapsed();
+    assert!(waited >= delay && waited < delay * 2, "acknowledged after {waited:?}");
+    // Longer than the timeout, yet no failure: the periodic
+    // acknowledgements kept coming.
+    assert!(delay > Timing::DEFAULT.timeout);
+    assert!(s.failure().is_none());
+    assert!(prx.try_iter().all(|e| matches!(e, PrimaryEvent::Acked)));
+}
+
+#[test]
+fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let (mut s, prx) = primary_to(addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    r.hold_acks();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"header").unwrap();
+    // Alive (no failure for longer than the timeout), but nothing acknowledged.
+    std::thread::sleep(Timing::DEFAULT.timeout * 2);
+    assert_eq!(s.acked(), 0);
+    assert!(s.failure().is_none());
+    r.refuse("its disk differs");
+    match prx.recv_timeout(Duration::from_secs(5)) {
+        Ok(PrimaryEvent::BackupLost(Failure::Refused(why))) => assert_eq!(why, "its disk differs"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
+    for _ in 0..20 {
+        let (addr, acc) = backup_on_loopback(1 << 20);
+        let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+        let r = acc.join().unwrap();
+        r.hold_acks();
+        r.start(Timing::DEFAULT, |_| {}).unwrap();
+        s.write_all(b"header").unwrap();
+        s.send_now();
+        assert!(s.take_requests().is_empty());
+        r.request(b"first".to_vec()).unwrap();
+        r.request(vec![7u8; 100_000]).unwrap();
+        assert!(r.request(vec![0u8; MAX_REQUEST + 1]).is_err());
+        r.ready();
+        assert!(s.wait_acked(6, Duration::from_secs(5)));
+        assert_eq!(s.take_requests(), vec![b"first".to_vec(), vec![7u8; 100_000]]);
+        assert!(s.take_requests().is_empty());
+        assert!(s.failure().is_none());
+    }
+}
+
+#[test]
+fn full_buffers_stall_the_primary() {
+    // 64 KiB at the backup, nobody consuming: the primary's own 64 KiB
+    // buffer fills behind the socket buffers, and writes block.
+    let (addr, acc) = backup_on_loopback(64 << 10);
+    let stream = TcpStream::connect(addr).unwrap();
+    let mut s = LogSender::over(stream, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
+    let r = acc.join().unwrap();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let w = written.clone();
+    std::thread::spawn(move || {
+        let chunk = vec![1u8; 4096];
+        loop {
+            s.write_all(&chunk).unwrap();
+            w.fetch_add(4096, Ordering::Relaxed);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let stalled_at = written.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(written.load(Ordering::Relaxed), stalled_at, "the primary kept writing");
+    // Consuming at the backup lets it go on.
+    let mut pipe = r.pipe();
+    let mut sink = vec![0u8; 1 << 20];
+    for _ in 0..64 {
+        let _ = pipe.read(&mut sink).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(written.load(Ordering::Relaxed) > stalled_at);
+}
+
+#[test]
+fn a_closed_primary_is_a_failure_and_the_log_drains() {
+    let (mut s, _prx, r, brx) = pair(1 << 20, Timing::DEFAULT);
+    s.write_all(b"last words").unwrap();
+    assert!(s.wait_acked(10, Duration::from_secs(5)));
+    drop(s);
+    let f = brx.recv_timeout(Duration::from_secs(2)).expect("failure declared");
+    assert!(matches!(f, Failure::Closed(_)), "{f:?}");
+    r.end_log();
+    let mut all = Vec::new();
+    r.pipe().read_to_end(&mut all).unwrap();
+    assert_eq!(all, b"last words");
+}
+
+#[test]
+fn after_a_close_the_log_is_consumed_once_the_reader_has_read_it_all() {
+    let (mut s, _prx, r, brx) = pair(1 << 20, Timing::DEFAULT);
+    let r = Arc::new(r);
+    s.write_all(b"0123456789").unwrap();
+    assert!(s.wait_acked(10, Duration::from_secs(5)));
+    drop(s);
+    brx.recv_timeout(Duration::from_secs(2)).expect("failure declared");
+    r.stop_receiving();
+    let waiter = {
+        let r = r.clone();
+        std::thread::spawn(move || r.wait_consumed())
+    };
+    // Ten bytes are still to be read: whoever waits, waits.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!waiter.is_finished());
+    let mut pipe = r.pipe();
+    let mut buf = [0u8; 10];
+    pipe.read_exact(&mut buf).unwrap();
+    // The reader now waits for more, which is what the waiter hears.
+    let reader = std::thread::spawn(move || pipe.read(&mut [0u8; 1]).unwrap());
+    assert!(waiter.join().unwrap(), "the reader is still reading");
+    r.end_log();
+    assert_eq!(reader.join().unwrap(), 0);
+    // A reader that says it is done answers at once.
+    r.reading_done();
+    assert!(!r.wait_consumed());
+}
+
+#[test]
+fn silence_is_a_failure_after_the_timeout() {
+    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let (_s, _prx, r, brx) = pair(1 << 20, timing);
+    // The primary writes nothing (no keep-alives): the backup gives up.
+    let t0 = Instant::now();
+    let f = brx.recv_timeout(Duration::from_secs(3)).expect("failure declared");
+    assert!(matches!(f, Failure::ChannelSilent(_)), "{f:?}");
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+    assert!(r.failure().is_some());
+}
+
+#[test]
+fn a_silent_backup_is_a_failure_for_the_primary() {
+    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Accepts and never acknowledges.
+    let _held = std::thread::spawn(move || {
+        let c = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(c);
+    });
+    let (_s, rx) = primary_to(addr, timing);
+    match rx.recv_timeout(Duration::from_secs(2)).unwrap() {
+        PrimaryEvent::BackupLost(Failure::ChannelSilent(_)) => {}
+        other => panic!("{other:?}"),
+    }
+}
