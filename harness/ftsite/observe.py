@@ -23,33 +23,31 @@ from dataclasses import dataclass, field
 from .errors import TrialFailed
 
 
-def control(sock, command, timeout=5.0):
-    """One command on a VM's control socket; its one-line reply."""
+def _exchange(sock, line, timeout):
+    """One line to a VM's control socket; the line it answers (b"" if
+    it closes without one)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(sock))
-        s.sendall(command.encode() + b"\n")
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
-    return reply.decode("utf-8", "replace").strip()
-
-
-def _ask(sock, request, timeout):
-    """One JSON request on a VM's control socket; its JSON answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(str(sock))
-        s.sendall(json.dumps(request).encode() + b"\n")
+        s.sendall(line.encode() + b"\n")
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = s.recv(65536)
             if not chunk:
                 break
             reply += chunk
+    return reply
+
+
+def control(sock, command, timeout=5.0):
+    """One command in words on a VM's control socket; its one-line
+    readable reply."""
+    return _exchange(sock, command, timeout).decode("utf-8", "replace").strip()
+
+
+def _ask(sock, request, timeout):
+    """One JSON request on a VM's control socket; its JSON answer."""
+    reply = _exchange(sock, json.dumps(request), timeout)
     return json.loads(reply) if reply else {"error": {"error": "no_answer"}}
 
 
