@@ -301,7 +301,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (mut machine, mut io) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
-            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone()).map_err(|e| e.to_string())?;
             cfg.devices = devices;
             let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
             if !matches!(target, Target::None) {
@@ -402,7 +402,7 @@ fn restore(
         return Err(format!("snapshot {} has fewer disks or NICs than given on the command line", file.display()));
     }
     let machine = Machine::restore(&snap.machine).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
-    let (io, devices) = HostIo::open(backends, events.clone())?;
+    let (io, devices) = HostIo::open(backends, events.clone()).map_err(|e| e.to_string())?;
     for (i, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
         if want != got {
             return Err(format!(
