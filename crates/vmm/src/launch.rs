@@ -374,7 +374,7 @@ fn restore(
     if let Some((opt, _)) = conflicting.iter().find(|(_, given)| *given) {
         return Err(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine"));
     }
-    let snap = snapshot_file::read(file)?;
+    let snap = snapshot_file::read(file).map_err(|e| e.to_string())?;
     let text =
         String::from_utf8(snap.host).map_err(|_| format!("snapshot {}: unreadable device list", file.display()))?;
     let mut backends = host_io::parse_description(&text).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
