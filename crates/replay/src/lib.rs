@@ -17,5 +17,5 @@
 pub mod codec;
 pub mod log;
 
-pub use codec::{Entry, Record};
-pub use log::{Header, LogError, LogReader, LogWriter};
+pub use codec::{DecodeError, Entry, Record};
+pub use log::{Header, LogError, LogErrorKind, LogReader, LogWriter};
