@@ -4,7 +4,7 @@
 //! instruction count and passes it in, which keeps the device a pure
 //! function of guest accesses and keeps time policy in one place.
 
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 
 pub const MSIP_BASE: u64 = 0x0;
 pub const MTIMECMP_BASE: u64 = 0x4000;
@@ -104,11 +104,11 @@ impl Clint {
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"CLNT")?;
         if version != 1 {
-            return err(format!("CLINT snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "CLINT", version });
         }
         let n = r.u32()? as usize;
         if n != self.msip.len() {
-            return err(format!("CLINT snapshot has {n} harts, machine has {}", self.msip.len()));
+            return Err(SnapshotError::ClintHarts { saved: n, actual: self.msip.len() });
         }
         let mut msip = Vec::with_capacity(n);
         let mut cmp = Vec::with_capacity(n);

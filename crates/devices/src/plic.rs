@@ -10,7 +10,7 @@
 //! completion; completion re-samples the line. All state is bitmasks over
 //! at most 63 sources because [`IrqLines`] is a `u64`.
 
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 use crate::{DeviceCtx, IrqLines, MmioDevice};
 
 /// Sources 1..=63: every line an [`IrqLines`] can carry (source 0 does not
@@ -206,7 +206,7 @@ impl Plic {
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"PLIC")?;
         if version != 1 {
-            return err(format!("PLIC snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "PLIC", version });
         }
         let mut priority = [0u32; NUM_SOURCES as usize + 1];
         for p in &mut priority[1..] {
@@ -217,7 +217,7 @@ impl Plic {
         let lines = r.u64()? & VALID;
         let n = r.u32()? as usize;
         if n != self.contexts() {
-            return err(format!("PLIC snapshot has {n} contexts, machine has {}", self.contexts()));
+            return Err(SnapshotError::PlicContexts { saved: n, actual: self.contexts() });
         }
         let mut enable = Vec::with_capacity(n);
         let mut threshold = Vec::with_capacity(n);

@@ -7,24 +7,60 @@
 //! snapshot → restore → snapshot must compare equal. Decoding never panics:
 //! a truncated or foreign blob is an error.
 
-use std::fmt;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotError(pub String);
-
-impl fmt::Display for SnapshotError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bad device snapshot: {}", self.0)
-    }
+/// Why a device's saved state cannot be restored: a blob that is cut,
+/// foreign or corrupt, or one saved from a device unlike this one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("bad device snapshot: expected tag {expected:?}, found {found:?}")]
+    Tag { expected: [u8; 4], found: Vec<u8> },
+    #[error("bad device snapshot: truncated")]
+    Truncated,
+    #[error("bad device snapshot: truncated byte string")]
+    TruncatedBytes,
+    #[error("bad device snapshot: bad bool {0}")]
+    Bool(u8),
+    #[error("bad device snapshot: {0} trailing bytes")]
+    Trailing(usize),
+    /// A layout this build does not read; `device` names it ("UART").
+    #[error("bad device snapshot: {device} snapshot version {version}")]
+    Version { device: &'static str, version: u32 },
+    #[error("bad device snapshot: PLIC snapshot has {saved} contexts, machine has {actual}")]
+    PlicContexts { saved: usize, actual: usize },
+    #[error("bad device snapshot: CLINT snapshot has {saved} harts, machine has {actual}")]
+    ClintHarts { saved: usize, actual: usize },
+    #[error("bad device snapshot: UART snapshot drives irq {saved}, this one {actual}")]
+    UartIrq { saved: u32, actual: u32 },
+    #[error("bad device snapshot: UART snapshot receive buffer too large")]
+    UartBuffer,
+    #[error("bad device snapshot: syscon request tag {0}")]
+    SysconRequest(u8),
+    #[error("bad device snapshot: queue max size {saved}, device has {actual}")]
+    QueueMaxSize { saved: u16, actual: u16 },
+    #[error("bad device snapshot: ready queue with invalid size")]
+    QueueSize,
+    #[error(
+        "bad device snapshot: virtio-mmio snapshot is type {saved_type} on irq {saved_irq}, slot is type {slot_type} on irq {slot_irq}"
+    )]
+    MmioSlot { saved_type: u32, saved_irq: u32, slot_type: u32, slot_irq: u32 },
+    #[error("bad device snapshot: virtio-mmio snapshot has {saved} queues, device has {actual}")]
+    MmioQueues { saved: usize, actual: usize },
+    /// A saved request with more buffers than a queue can hold;
+    /// `device` names it ("virtio-blk").
+    #[error("bad device snapshot: {device} request with too many buffers")]
+    TooManyBuffers { device: &'static str },
+    #[error("bad device snapshot: virtio-blk snapshot is for a different disk")]
+    OtherDisk,
+    #[error("bad device snapshot: unknown disk operation {0}")]
+    DiskOperation(u8),
+    #[error("bad device snapshot: virtio-net snapshot is for MAC {}, device has {}", crate::virtio::net::format_mac(.saved), crate::virtio::net::format_mac(.actual))]
+    OtherMac { saved: Vec<u8>, actual: [u8; 6] },
+    #[error("bad device snapshot: virtio-rng snapshot has requests out of tag order")]
+    RngOrder,
+    #[error("bad device snapshot: virtio-rng request of {0} bytes")]
+    RngLength(u32),
 }
-
-impl std::error::Error for SnapshotError {}
 
 pub type SnapResult<T> = Result<T, SnapshotError>;
-
-pub fn err<T>(msg: impl Into<String>) -> SnapResult<T> {
-    Err(SnapshotError(msg.into()))
-}
 
 #[derive(Default)]
 pub struct SnapWriter {
@@ -81,7 +117,7 @@ impl<'a> SnapReader<'a> {
         let mut r = SnapReader { buf, pos: 0 };
         let t = r.take(4)?;
         if t != tag {
-            return err(format!("expected tag {:?}, found {:?}", tag, t));
+            return Err(SnapshotError::Tag { expected: *tag, found: t.to_vec() });
         }
         let v = r.u32()?;
         Ok((r, v))
@@ -89,7 +125,7 @@ impl<'a> SnapReader<'a> {
 
     fn take(&mut self, n: usize) -> SnapResult<&'a [u8]> {
         if self.buf.len() - self.pos < n {
-            return err("truncated");
+            return Err(SnapshotError::Truncated);
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -104,7 +140,7 @@ impl<'a> SnapReader<'a> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
-            b => err(format!("bad bool {b}")),
+            b => Err(SnapshotError::Bool(b)),
         }
     }
 
@@ -129,7 +165,7 @@ impl<'a> SnapReader<'a> {
     pub fn bytes(&mut self) -> SnapResult<&'a [u8]> {
         let n = self.u64()?;
         if n > (self.buf.len() - self.pos) as u64 {
-            return err("truncated byte string");
+            return Err(SnapshotError::TruncatedBytes);
         }
         self.take(n as usize)
     }
@@ -138,7 +174,7 @@ impl<'a> SnapReader<'a> {
     /// with extra fields is rejected rather than half-read.
     pub fn end(&self) -> SnapResult<()> {
         if self.pos != self.buf.len() {
-            return err(format!("{} trailing bytes", self.buf.len() - self.pos));
+            return Err(SnapshotError::Trailing(self.buf.len() - self.pos));
         }
         Ok(())
     }

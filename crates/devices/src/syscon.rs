@@ -3,7 +3,7 @@
 //! records the request; the machine polls it after the access and decides
 //! what stopping means.
 
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 use crate::{DeviceCtx, MmioDevice};
 
 const FINISHER_FAIL: u32 = 0x3333;
@@ -71,14 +71,14 @@ impl Syscon {
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"SYSC")?;
         if version != 1 {
-            return err(format!("syscon snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "syscon", version });
         }
         let req = match r.u8()? {
             0 => None,
             1 => Some(PowerRequest::Poweroff),
             2 => Some(PowerRequest::Reboot),
             3 => Some(PowerRequest::Fail(r.u16()?)),
-            t => return err(format!("syscon request tag {t}")),
+            t => return Err(SnapshotError::SysconRequest(t)),
         };
         r.end()?;
         self.request = req;

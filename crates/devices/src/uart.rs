@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 use crate::{DeviceCtx, MmioDevice};
 
 const RBR_THR: u64 = 0;
@@ -306,11 +306,11 @@ impl Uart {
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"UART")?;
         if version != 1 {
-            return err(format!("UART snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "UART", version });
         }
         let irq = r.u32()?;
         if irq != self.irq {
-            return err(format!("UART snapshot drives irq {irq}, this one {}", self.irq));
+            return Err(SnapshotError::UartIrq { saved: irq, actual: self.irq });
         }
         let mut regs = [0u8; 9];
         for b in &mut regs {
@@ -319,7 +319,7 @@ impl Uart {
         let thr_pending = r.bool()?;
         let rx = r.bytes()?;
         if rx.len() > RX_CAPACITY {
-            return err("UART snapshot receive buffer too large");
+            return Err(SnapshotError::UartBuffer);
         }
         r.end()?;
         let [ier, lcr, mcr, fcr, scr, dll, dlm, lsr_errors, msr_deltas] = regs;

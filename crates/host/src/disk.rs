@@ -28,6 +28,39 @@ use ftvm_devices::IoCompletion;
 
 use crate::describe;
 
+/// Why a disk image could not be opened. Each message names the disk.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("cannot open disk {}: {}", .path.display(), describe(.source))]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot use disk {}: it is a directory", .path.display())]
+    IsDirectory { path: PathBuf },
+    #[error("cannot use disk {}: not a regular file or block device", .path.display())]
+    NotFileOrDevice { path: PathBuf },
+    /// The lock is held: another VM has the image open for writing, or
+    /// (for a writable open) for reading.
+    #[error("disk {} is in use by another VM", .path.display())]
+    InUse { path: PathBuf },
+    #[error("cannot lock disk {}: {}", .path.display(), describe(.source))]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot size disk {}: {}", .path.display(), describe(.source))]
+    Size {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("disk {} is too small: {size} bytes, at least {SECTOR_SIZE} needed", .path.display())]
+    TooSmall { path: PathBuf, size: u64 },
+}
+
 /// Threads per disk unless configured otherwise: enough to overlap a few
 /// requests on an SSD or a network filesystem without a crowd of threads.
 pub const DEFAULT_DISK_THREADS: usize = 4;
@@ -49,7 +82,7 @@ pub struct DiskImage {
 impl DiskImage {
     /// Opens and locks the image at `path`. Regular files and block devices
     /// are accepted; an image needs at least one 512-byte sector.
-    pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, String> {
+    pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
         Self::open_with(path, readonly, true)
     }
 
@@ -57,42 +90,43 @@ impl DiskImage {
     /// fault-tolerant backup reading the disk its primary holds and writes
     /// (VMware FT §4.2). That is safe only because the primary orders its
     /// writes after the backup's reads of the same blocks.
-    pub fn open_beside_writer(path: &Path) -> Result<DiskImage, String> {
+    pub fn open_beside_writer(path: &Path) -> Result<DiskImage, DiskError> {
         Self::open_with(path, true, false)
     }
 
-    fn open_with(path: &Path, readonly: bool, locked: bool) -> Result<DiskImage, String> {
-        let shown = path.display();
+    fn open_with(path: &Path, readonly: bool, locked: bool) -> Result<DiskImage, DiskError> {
+        let path_buf = || path.to_path_buf();
+        let open_failed = |source| DiskError::Open { path: path_buf(), source };
         // O_NONBLOCK so that naming a FIFO fails below instead of hanging in
         // open(2) waiting for a writer; it means nothing for files and block
         // devices, and is cleared again once the type is known.
         let opened = OpenOptions::new().read(true).write(!readonly).custom_flags(libc::O_NONBLOCK).open(path);
         let file = opened.map_err(|e| match e.raw_os_error() {
-            Some(libc::EISDIR) => format!("cannot use disk {shown}: it is a directory"),
-            _ => format!("cannot open disk {shown}: {}", describe(&e)),
+            Some(libc::EISDIR) => DiskError::IsDirectory { path: path_buf() },
+            _ => open_failed(e),
         })?;
         // Checked on the open file, not the path, so a rename in between
         // cannot slip something else in.
-        let meta = file.metadata().map_err(|e| format!("cannot open disk {shown}: {}", describe(&e)))?;
+        let meta = file.metadata().map_err(open_failed)?;
         let ft = meta.file_type();
         if ft.is_dir() {
-            return Err(format!("cannot use disk {shown}: it is a directory"));
+            return Err(DiskError::IsDirectory { path: path_buf() });
         }
         if !ft.is_file() && !ft.is_block_device() {
-            return Err(format!("cannot use disk {shown}: not a regular file or block device"));
+            return Err(DiskError::NotFileOrDevice { path: path_buf() });
         }
-        set_blocking(&file).map_err(|e| format!("cannot open disk {shown}: {}", describe(&e)))?;
+        set_blocking(&file).map_err(open_failed)?;
         if locked {
             lock(&file, readonly).map_err(|e| match e.kind() {
-                io::ErrorKind::WouldBlock => format!("disk {shown} is in use by another VM"),
-                _ => format!("cannot lock disk {shown}: {}", describe(&e)),
+                io::ErrorKind::WouldBlock => DiskError::InUse { path: path_buf() },
+                _ => DiskError::Lock { path: path_buf(), source: e },
             })?;
         }
         // Seeking to the end, unlike the metadata length, also sizes block
         // devices.
-        let size = (&file).seek(SeekFrom::End(0)).map_err(|e| format!("cannot size disk {shown}: {}", describe(&e)))?;
+        let size = (&file).seek(SeekFrom::End(0)).map_err(|e| DiskError::Size { path: path_buf(), source: e })?;
         if size < SECTOR_SIZE {
-            return Err(format!("disk {shown} is too small: {size} bytes, at least {SECTOR_SIZE} needed"));
+            return Err(DiskError::TooSmall { path: path_buf(), size });
         }
         Ok(DiskImage { path: path.to_path_buf(), file, size, readonly })
     }

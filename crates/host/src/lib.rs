@@ -19,8 +19,8 @@ pub mod disk;
 pub mod entropy;
 pub mod tap;
 
-pub use disk::{DiskImage, DiskWorkers, FileBackend, DEFAULT_DISK_THREADS};
-pub use tap::{Tap, IFNAME_MAX, MAX_FRAME};
+pub use disk::{DiskError, DiskImage, DiskWorkers, FileBackend, DEFAULT_DISK_THREADS};
+pub use tap::{IfNameError, Tap, TapError, IFNAME_MAX, MAX_FRAME};
 
 use std::io;
 

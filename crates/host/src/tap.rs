@@ -54,20 +54,109 @@ impl std::fmt::Debug for Tap {
     }
 }
 
+/// An interface name the kernel would refuse. `what` says whose name it
+/// is ("TAP", "bridge").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IfNameError {
+    #[error("{what} name is empty")]
+    Empty { what: &'static str },
+    #[error("{what} name {name} is too long: {} bytes, at most {IFNAME_MAX}", .name.len())]
+    TooLong { what: &'static str, name: String },
+    #[error("{what} name {name} is not allowed")]
+    Reserved { what: &'static str, name: String },
+    #[error("{what} name {name:?} contains '/', ':', a blank or a NUL")]
+    BadCharacter { what: &'static str, name: String },
+}
+
+/// Why a TAP could not be opened or attached to a bridge.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    #[error(transparent)]
+    Name(#[from] IfNameError),
+    #[error("cannot open /dev/net/tun for TAP {name}: {}", describe(.source))]
+    OpenTun {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Another descriptor has the TAP attached (EBUSY).
+    #[error("TAP {name} is in use by another VM or process")]
+    InUse { name: String },
+    #[error("cannot create TAP {name}: {} (needs CAP_NET_ADMIN)", describe(.source))]
+    NotPermitted {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// EINVAL: most likely an interface of that name that is not a TAP.
+    #[error("cannot open TAP {name}: {} (is {name} an interface that is not a TAP?)", describe(.source))]
+    NotATap {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open TAP {name}: {}", describe(.source))]
+    Open {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("TAP name {name:?} has a NUL")]
+    NameHasNul { name: String },
+    #[error("cannot find TAP {name} after creating it: {}", describe(.source))]
+    NotFound {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot bring up TAP {name}: {}", describe(.source))]
+    Up {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create a stop event for TAP {name}: {}", describe(.source))]
+    StopEvent {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot attach TAP {tap} to bridge {bridge}: socket: {}", describe(.source))]
+    BridgeSocket {
+        tap: String,
+        bridge: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot attach TAP {tap}: bridge {bridge} does not exist")]
+    NoSuchBridge { tap: String, bridge: String },
+    #[error("cannot attach TAP {tap}: {bridge} is not a bridge")]
+    NotABridge { tap: String, bridge: String },
+    #[error("cannot attach TAP {tap} to bridge {bridge}: it is already in {other}")]
+    InOtherBridge { tap: String, bridge: String, other: String },
+    #[error("cannot attach TAP {tap} to bridge {bridge}: {}", describe(.source))]
+    Attach {
+        tap: String,
+        bridge: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// Checks a name the way the kernel's dev_valid_name() does, so mistakes
 /// get a clear message instead of an EINVAL from an ioctl.
-fn check_ifname(kind: &str, name: &str) -> Result<(), String> {
+fn check_ifname(what: &'static str, name: &str) -> Result<(), IfNameError> {
     if name.is_empty() {
-        return Err(format!("{kind} name is empty"));
+        return Err(IfNameError::Empty { what });
     }
     if name.len() > IFNAME_MAX {
-        return Err(format!("{kind} name {name} is too long: {} bytes, at most {IFNAME_MAX}", name.len()));
+        return Err(IfNameError::TooLong { what, name: name.to_string() });
     }
     if name == "." || name == ".." {
-        return Err(format!("{kind} name {name} is not allowed"));
+        return Err(IfNameError::Reserved { what, name: name.to_string() });
     }
     if name.chars().any(|c| c == '/' || c == ':' || c == '\0' || c.is_whitespace()) {
-        return Err(format!("{kind} name {name:?} contains '/', ':', a blank or a NUL"));
+        return Err(IfNameError::BadCharacter { what, name: name.to_string() });
     }
     Ok(())
 }
@@ -107,8 +196,9 @@ fn ioctl_ifreq(fd: &impl AsRawFd, request: libc::c_ulong, req: &mut libc::ifreq)
 impl Tap {
     /// Opens the TAP `name`, creating it if there is none, and brings its
     /// link up. Needs CAP_NET_ADMIN, or a persistent TAP owned by the user.
-    pub fn open(name: &str) -> Result<Tap, String> {
+    pub fn open(name: &str) -> Result<Tap, TapError> {
         check_ifname("TAP", name)?;
+        let owned = || name.to_string();
         // Non-blocking: the reader waits in poll(2), where it can also see
         // the stop signal, and a transmit never stalls the caller.
         let tun: File = OpenOptions::new()
@@ -116,35 +206,33 @@ impl Tap {
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open("/dev/net/tun")
-            .map_err(|e| format!("cannot open /dev/net/tun for TAP {name}: {}", describe(&e)))?;
+            .map_err(|source| TapError::OpenTun { name: owned(), source })?;
         let mut req = ifreq(name);
         req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-        ioctl_ifreq(&tun, libc::TUNSETIFF as libc::c_ulong, &mut req).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => format!("TAP {name} is in use by another VM or process"),
-            Some(libc::EPERM) => format!("cannot create TAP {name}: {} (needs CAP_NET_ADMIN)", describe(&e)),
-            Some(libc::EINVAL) => {
-                format!("cannot open TAP {name}: {} (is {name} an interface that is not a TAP?)", describe(&e))
+        ioctl_ifreq(&tun, libc::TUNSETIFF as libc::c_ulong, &mut req).map_err(|source| {
+            match source.raw_os_error() {
+                Some(libc::EBUSY) => TapError::InUse { name: owned() },
+                Some(libc::EPERM) => TapError::NotPermitted { name: owned(), source },
+                Some(libc::EINVAL) => TapError::NotATap { name: owned(), source },
+                _ => TapError::Open { name: owned(), source },
             }
-            _ => format!("cannot open TAP {name}: {}", describe(&e)),
         })?;
         // The kernel writes back the name it used (which differs when the
         // caller asked for a pattern such as "tap%d").
         // SAFETY: ifr_name is zero-initialised and the kernel leaves it
         // NUL-terminated within IFNAMSIZ.
         let real = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }.to_string_lossy().into_owned();
-        let cname = std::ffi::CString::new(real.as_bytes()).map_err(|_| format!("TAP name {real:?} has a NUL"))?;
+        let cname = std::ffi::CString::new(real.as_bytes()).map_err(|_| TapError::NameHasNul { name: real.clone() })?;
         // SAFETY: cname is a valid NUL-terminated string.
         let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
         if ifindex == 0 {
-            let e = io::Error::last_os_error();
-            return Err(format!("cannot find TAP {real} after creating it: {}", describe(&e)));
+            return Err(TapError::NotFound { name: real, source: io::Error::last_os_error() });
         }
-        set_up(&real).map_err(|e| format!("cannot bring up TAP {real}: {}", describe(&e)))?;
+        set_up(&real).map_err(|source| TapError::Up { name: real.clone(), source })?;
         // SAFETY: eventfd(2) with constant flags.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(format!("cannot create a stop event for TAP {real}: {}", describe(&e)));
+            return Err(TapError::StopEvent { name: real, source: io::Error::last_os_error() });
         }
         // SAFETY: efd was just returned to us and is owned by nobody else.
         let stop = unsafe { OwnedFd::from_raw_fd(efd) };
@@ -167,24 +255,26 @@ impl Tap {
 
     /// Adds the TAP to `bridge` as a port. Attaching it again to the bridge
     /// it is already in succeeds.
-    pub fn attach_to_bridge(&self, bridge: &str) -> Result<(), String> {
+    pub fn attach_to_bridge(&self, bridge: &str) -> Result<(), TapError> {
         check_ifname("bridge", bridge)?;
-        let tap = &self.name;
-        let sock = control_socket()
-            .map_err(|e| format!("cannot attach TAP {tap} to bridge {bridge}: socket: {}", describe(&e)))?;
-        let mut req = ifreq(bridge);
+        let (tap, bridge) = (self.name.clone(), bridge.to_string());
+        let sock = match control_socket() {
+            Ok(sock) => sock,
+            Err(source) => return Err(TapError::BridgeSocket { tap, bridge, source }),
+        };
+        let mut req = ifreq(&bridge);
         req.ifr_ifru.ifru_ifindex = self.ifindex as libc::c_int;
         match ioctl_ifreq(&sock, SIOCBRADDIF, &mut req) {
             Ok(()) => Ok(()),
-            Err(e) => Err(match e.raw_os_error() {
-                Some(libc::ENODEV) => format!("cannot attach TAP {tap}: bridge {bridge} does not exist"),
-                Some(libc::EOPNOTSUPP) => format!("cannot attach TAP {tap}: {bridge} is not a bridge"),
+            Err(source) => Err(match source.raw_os_error() {
+                Some(libc::ENODEV) => TapError::NoSuchBridge { tap, bridge },
+                Some(libc::EOPNOTSUPP) => TapError::NotABridge { tap, bridge },
                 Some(libc::EBUSY) => match self.master() {
                     Some(m) if m == bridge => return Ok(()),
-                    Some(m) => format!("cannot attach TAP {tap} to bridge {bridge}: it is already in {m}"),
-                    None => format!("cannot attach TAP {tap} to bridge {bridge}: {}", describe(&e)),
+                    Some(other) => TapError::InOtherBridge { tap, bridge, other },
+                    None => TapError::Attach { tap, bridge, source },
                 },
-                _ => format!("cannot attach TAP {tap} to bridge {bridge}: {}", describe(&e)),
+                _ => TapError::Attach { tap, bridge, source },
             }),
         }
     }
@@ -314,13 +404,14 @@ mod tests {
     #[test]
     fn names_are_checked_before_any_syscall() {
         let e = Tap::open("sixteen-bytes-xx").unwrap_err();
-        assert_eq!(e, "TAP name sixteen-bytes-xx is too long: 16 bytes, at most 15");
-        assert_eq!(Tap::open("").unwrap_err(), "TAP name is empty");
-        assert!(Tap::open("a/b").unwrap_err().contains("contains '/'"), "slash");
-        assert!(Tap::open("tap 0").unwrap_err().contains("a blank"), "blank");
-        assert!(Tap::open("..").unwrap_err().contains("not allowed"));
+        assert_eq!(e.to_string(), "TAP name sixteen-bytes-xx is too long: 16 bytes, at most 15");
+        assert!(matches!(e, TapError::Name(IfNameError::TooLong { what: "TAP", .. })), "{e:?}");
+        assert_eq!(Tap::open("").unwrap_err().to_string(), "TAP name is empty");
+        assert!(Tap::open("a/b").unwrap_err().to_string().contains("contains '/'"), "slash");
+        assert!(Tap::open("tap 0").unwrap_err().to_string().contains("a blank"), "blank");
+        assert!(Tap::open("..").unwrap_err().to_string().contains("not allowed"));
         assert!(check_ifname("TAP", "fifteen-bytes-x").is_ok());
-        assert_eq!(check_ifname("bridge", "").unwrap_err(), "bridge name is empty");
+        assert_eq!(check_ifname("bridge", "").unwrap_err().to_string(), "bridge name is empty");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use ftvm_devices::virtio::blk::{
     BlkDevice, BlkOp, BlkResult, BlockBackend, MemBackend, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
 use ftvm_devices::IoCompletion;
-use ftvm_host::disk::{DiskImage, DiskWorkers, FileBackend, DEFAULT_DISK_THREADS};
+use ftvm_host::disk::{DiskError, DiskImage, DiskWorkers, FileBackend, DEFAULT_DISK_THREADS};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -86,33 +86,33 @@ fn open_errors_name_the_disk() {
     let s = Scratch::new("open-errors");
     let missing = s.0.join("missing.img");
     assert_eq!(
-        DiskImage::open(&missing, false).unwrap_err(),
+        DiskImage::open(&missing, false).unwrap_err().to_string(),
         format!("cannot open disk {}: No such file or directory", path_str(&missing))
     );
     assert_eq!(
-        DiskImage::open(&missing, true).unwrap_err(),
+        DiskImage::open(&missing, true).unwrap_err().to_string(),
         format!("cannot open disk {}: No such file or directory", path_str(&missing))
     );
     for ro in [false, true] {
         assert_eq!(
-            DiskImage::open(&s.0, ro).unwrap_err(),
+            DiskImage::open(&s.0, ro).unwrap_err().to_string(),
             format!("cannot use disk {}: it is a directory", path_str(&s.0)),
             "readonly={ro}"
         );
     }
     let small = s.file("small.img", &[0u8; 511]);
     assert_eq!(
-        DiskImage::open(&small, false).unwrap_err(),
+        DiskImage::open(&small, false).unwrap_err().to_string(),
         format!("disk {} is too small: 511 bytes, at least 512 needed", path_str(&small))
     );
     let empty = s.file("empty.img", &[]);
-    assert!(DiskImage::open(&empty, true).unwrap_err().contains("is too small: 0 bytes"));
+    assert!(DiskImage::open(&empty, true).unwrap_err().to_string().contains("is too small: 0 bytes"));
     // Not a file: a FIFO must be refused, not hang in open(2).
     let fifo = s.0.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     assert_eq!(
-        DiskImage::open(&fifo, true).unwrap_err(),
+        DiskImage::open(&fifo, true).unwrap_err().to_string(),
         format!("cannot use disk {}: not a regular file or block device", path_str(&fifo))
     );
     let ok = s.file("ok.img", &[0u8; 512]);
@@ -125,14 +125,22 @@ fn a_writable_image_is_locked_against_other_vms() {
     let s = Scratch::new("flock");
     let p = s.file("d.img", &[0u8; 4096]);
     let in_use = format!("disk {} is in use by another VM", path_str(&p));
+    // Refused by type, with the disk's path, and in words.
+    let refused = |readonly: bool| match DiskImage::open(&p, readonly).unwrap_err() {
+        e @ DiskError::InUse { .. } => {
+            assert!(matches!(&e, DiskError::InUse { path } if *path == p), "{e:?}");
+            e.to_string()
+        }
+        e => panic!("not refused as in use: {e:?}"),
+    };
 
     let rw = DiskImage::open(&p, false).unwrap();
-    assert_eq!(DiskImage::open(&p, false).unwrap_err(), in_use);
-    assert_eq!(DiskImage::open(&p, true).unwrap_err(), in_use, "a reader must not see a disk being written");
+    assert_eq!(refused(false), in_use);
+    assert_eq!(refused(true), in_use, "a reader must not see a disk being written");
     // A backend shares the image's file, so it holds the lock too.
     let backend = rw.backend().unwrap();
     drop(rw);
-    assert_eq!(DiskImage::open(&p, false).unwrap_err(), in_use);
+    assert_eq!(refused(false), in_use);
     drop(backend);
     let rw = DiskImage::open(&p, false).unwrap();
     drop(rw);
@@ -140,7 +148,7 @@ fn a_writable_image_is_locked_against_other_vms() {
     let ro1 = DiskImage::open(&p, true).unwrap();
     let ro2 = DiskImage::open(&p, true).unwrap();
     assert!(ro1.readonly() && ro2.readonly());
-    assert_eq!(DiskImage::open(&p, false).unwrap_err(), in_use, "a writer must not change a disk being read");
+    assert_eq!(refused(false), in_use, "a writer must not change a disk being read");
     drop((ro1, ro2));
     DiskImage::open(&p, false).unwrap();
 }

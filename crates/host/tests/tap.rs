@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use ftvm_host::tap::Tap;
+use ftvm_host::tap::{Tap, TapError};
 
 const NETNS_ENV: &str = "FTVM_HOST_TEST_NETNS";
 const INNER: &str = "tap_checks_inside_the_namespace";
@@ -176,7 +176,9 @@ fn tap_checks_inside_the_namespace() {
     let flags = u32::from_str_radix(sys("ftvmt0", "flags").trim_start_matches("0x"), 16).unwrap();
     assert_eq!(flags & libc::IFF_UP as u32, libc::IFF_UP as u32, "link is not up");
     assert_eq!(sys("ftvmt0", "tun_flags"), "0x1002", "IFF_TAP | IFF_NO_PI and nothing else");
-    assert_eq!(Tap::open("ftvmt0").unwrap_err(), "TAP ftvmt0 is in use by another VM or process");
+    let busy = Tap::open("ftvmt0").unwrap_err();
+    assert!(matches!(&busy, TapError::InUse { name } if name == "ftvmt0"), "{busy:?}");
+    assert_eq!(busy.to_string(), "TAP ftvmt0 is in use by another VM or process");
 
     // Bridges.
     ip(&["link", "add", "ftvmbr0", "type", "bridge"]);
@@ -185,16 +187,16 @@ fn tap_checks_inside_the_namespace() {
     assert_eq!(fs::read_link("/sys/class/net/ftvmt0/master").unwrap().file_name().unwrap(), "ftvmbr0");
     tap.attach_to_bridge("ftvmbr0").expect("attaching again to the same bridge is not an error");
     assert_eq!(
-        tap.attach_to_bridge("nosuchbr").unwrap_err(),
+        tap.attach_to_bridge("nosuchbr").unwrap_err().to_string(),
         "cannot attach TAP ftvmt0: bridge nosuchbr does not exist"
     );
-    assert_eq!(tap.attach_to_bridge("lo").unwrap_err(), "cannot attach TAP ftvmt0: lo is not a bridge");
+    assert_eq!(tap.attach_to_bridge("lo").unwrap_err().to_string(), "cannot attach TAP ftvmt0: lo is not a bridge");
     assert_eq!(
-        tap.attach_to_bridge("ftvmbr1").unwrap_err(),
+        tap.attach_to_bridge("ftvmbr1").unwrap_err().to_string(),
         "cannot attach TAP ftvmt0 to bridge ftvmbr1: it is already in ftvmbr0"
     );
-    assert!(tap.attach_to_bridge("a-very-long-bridge").unwrap_err().contains("too long"));
-    let e = Tap::open("ftvmbr0").unwrap_err();
+    assert!(tap.attach_to_bridge("a-very-long-bridge").unwrap_err().to_string().contains("too long"));
+    let e = Tap::open("ftvmbr0").unwrap_err().to_string();
     assert!(e.starts_with("cannot open TAP ftvmbr0: "), "{e}");
     drop(tap);
     wait_for("ftvmt0 to go away with its last descriptor", || !exists("ftvmt0"));

@@ -44,7 +44,7 @@ pub fn kernel_format(data: &[u8]) -> KernelFormat {
 /// Applet names compiled into a busybox binary of any architecture: busybox
 /// keeps them as one sorted, NUL-separated string table starting with `[` and
 /// `[[`. Returns the longest plausible table found.
-pub fn busybox_applets(binary: &[u8]) -> Result<Vec<String>, String> {
+pub fn busybox_applets(binary: &[u8]) -> Result<Vec<String>, NoAppletTable> {
     let needle = b"[\0[[\0";
     let mut best: Vec<String> = Vec::new();
     let mut from = 0;
@@ -74,9 +74,17 @@ pub fn busybox_applets(binary: &[u8]) -> Result<Vec<String>, String> {
         from = start + 1;
     }
     if best.len() < 20 || !best.iter().any(|n| n == "sh") {
-        return Err(format!("no applet table found in the busybox binary (best guess had {} names)", best.len()));
+        return Err(NoAppletTable { best_guess: best.len() });
     }
     Ok(best)
+}
+
+/// A binary without a plausible busybox applet table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no applet table found in the busybox binary (best guess had {best_guess} names)")]
+pub struct NoAppletTable {
+    /// Names in the longest table-like run found.
+    pub best_guess: usize,
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

@@ -17,6 +17,14 @@ pub fn module_name(path: &str) -> String {
     stem.replace('-', "_")
 }
 
+/// A module asked for that is neither loadable nor built into the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("module {name} is neither in modules.dep nor built in")]
+pub struct MissingModule {
+    /// With `-` spelled `_`, as modules.dep does.
+    pub name: String,
+}
+
 /// The parsed depmod database.
 #[derive(Debug, Default, Clone)]
 pub struct ModuleDb {
@@ -90,7 +98,7 @@ impl ModuleDb {
     /// `wanted`: hard dependencies from modules.dep plus `pre:` soft
     /// dependencies (through aliases). Built-in modules are skipped. A wanted
     /// module that is neither loadable nor built in is an error.
-    pub fn resolve(&self, wanted: &[&str]) -> Result<Vec<(String, String)>, String> {
+    pub fn resolve(&self, wanted: &[&str]) -> Result<Vec<(String, String)>, MissingModule> {
         let mut order = Vec::new();
         let mut done = HashSet::new();
         for w in wanted {
@@ -99,7 +107,7 @@ impl ModuleDb {
                 continue;
             }
             if !self.modules.contains_key(&name) {
-                return Err(format!("module {name} is neither in modules.dep nor built in"));
+                return Err(MissingModule { name });
             }
             self.visit(&name, &mut done, &mut Vec::new(), &mut order);
         }
@@ -211,7 +219,8 @@ alias virtio:d00000002v* virtio_blk
     fn missing_module_is_an_error() {
         let db = ModuleDb::parse(DEP, "", "", "");
         let err = db.resolve(&["9p"]).unwrap_err();
-        assert!(err.contains("9p"));
+        assert_eq!(err.name, "9p");
+        assert!(err.to_string().contains("9p"));
         // hyphen/underscore equivalence
         assert_eq!(db.resolve(&["hid-generic"]).unwrap()[0].0, "hid_generic");
     }

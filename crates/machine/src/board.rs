@@ -4,10 +4,11 @@
 use crate::clock::VirtualClock;
 use crate::layout::*;
 use crate::machine::DeviceSpec;
+use crate::snapshot::{StateError, StateResult};
 use ftvm_cpu::Bus;
 use ftvm_devices::clint::Clint;
 use ftvm_devices::plic::Plic;
-use ftvm_devices::snapshot::{err as snap_err, SnapReader, SnapResult, SnapWriter};
+use ftvm_devices::snapshot::{SnapReader, SnapWriter};
 use ftvm_devices::syscon::{self, Syscon};
 use ftvm_devices::uart::Uart;
 use ftvm_devices::virtio::blk::BlkDevice;
@@ -23,6 +24,16 @@ pub enum PowerRequest {
     Reset,
 }
 
+/// Why a board cannot be built with the devices asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BoardError {
+    #[error("at most {VIRTIO_SLOTS} virtio devices (disks, NICs, rng) are supported")]
+    TooManyDevices,
+    /// `disk` counts disks only, from 0.
+    #[error("disk {disk} is smaller than one 512-byte sector")]
+    DiskTooSmall { disk: usize },
+}
+
 pub struct Board {
     clint: Clint,
     plic: Plic,
@@ -34,9 +45,9 @@ pub struct Board {
 }
 
 impl Board {
-    pub fn new(harts: usize, devices: &[DeviceSpec]) -> Result<Board, String> {
+    pub fn new(harts: usize, devices: &[DeviceSpec]) -> Result<Board, BoardError> {
         if devices.len() > VIRTIO_SLOTS {
-            return Err(format!("at most {VIRTIO_SLOTS} virtio devices (disks, NICs, rng) are supported"));
+            return Err(BoardError::TooManyDevices);
         }
         let mut virtio = Vec::new();
         let mut disks = 0;
@@ -44,7 +55,7 @@ impl Board {
             let dev: Box<dyn VirtioDevice> = match d {
                 DeviceSpec::Disk { size, readonly } => {
                     if *size < 512 {
-                        return Err(format!("disk {disks} is smaller than one 512-byte sector"));
+                        return Err(BoardError::DiskTooSmall { disk: disks });
                     }
                     disks += 1;
                     Box::new(BlkDevice::new(*size, *readonly, &format!("ftvm-disk{}", disks - 1)))
@@ -196,10 +207,10 @@ impl Board {
     /// Restores what [`Board::snapshot_bytes`] saved into a board built with
     /// the same harts and devices. On error the board is half restored and
     /// must be thrown away.
-    pub fn restore_bytes(&mut self, blob: &[u8]) -> SnapResult<()> {
+    pub fn restore_bytes(&mut self, blob: &[u8]) -> StateResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"BORD")?;
         if version != 1 {
-            return snap_err(format!("board state version {version}"));
+            return Err(StateError::BoardVersion(version));
         }
         self.clint.restore(r.bytes()?)?;
         self.plic.restore(r.bytes()?)?;
@@ -207,13 +218,13 @@ impl Board {
         self.syscon.restore(r.bytes()?)?;
         let n = r.u32()? as usize;
         if n != self.virtio.len() {
-            return snap_err(format!("board state has {n} virtio devices, machine has {}", self.virtio.len()));
+            return Err(StateError::BoardDevices { saved: n, actual: self.virtio.len() });
         }
         for v in &mut self.virtio {
             v.restore(r.bytes()?)?;
         }
         self.irq = IrqLines(r.u64()?);
-        r.end()
+        Ok(r.end()?)
     }
 }
 

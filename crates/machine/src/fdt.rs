@@ -60,22 +60,38 @@ const MAX_HARTS: usize = 1024;
 const SYSCON_POWEROFF: u32 = 0x5555;
 const SYSCON_REBOOT: u32 = 0x7777;
 
-pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, String> {
+/// Why a device tree cannot be built for a configuration.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FdtError {
+    #[error("cannot describe {0} harts")]
+    Harts(usize),
+    #[error("no RAM")]
+    NoRam,
+    #[error("timebase frequency {0} does not fit a cell")]
+    TimebaseFrequency(u64),
+    #[error("initrd ends ({end:#x}) before it starts ({start:#x})")]
+    InitrdRange { start: u64, end: u64 },
+    /// The writer refused the tree.
+    #[error(transparent)]
+    Writer(#[from] vm_fdt::Error),
+}
+
+pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     if cfg.harts == 0 || cfg.harts > MAX_HARTS {
-        return Err(format!("cannot describe {} harts", cfg.harts));
+        return Err(FdtError::Harts(cfg.harts));
     }
     if cfg.ram_size == 0 {
-        return Err("no RAM".into());
+        return Err(FdtError::NoRam);
     }
     if cfg.timebase_freq == 0 || cfg.timebase_freq > u32::MAX as u64 {
-        return Err(format!("timebase frequency {} does not fit a cell", cfg.timebase_freq));
+        return Err(FdtError::TimebaseFrequency(cfg.timebase_freq));
     }
     if let Some((start, end)) = cfg.initrd {
         if end < start {
-            return Err(format!("initrd ends ({end:#x}) before it starts ({start:#x})"));
+            return Err(FdtError::InitrdRange { start, end });
         }
     }
-    build(cfg).map_err(|e| e.to_string())
+    Ok(build(cfg)?)
 }
 
 fn build(cfg: &FdtConfig) -> Result<Vec<u8>, vm_fdt::Error> {

@@ -16,8 +16,13 @@ mod machine;
 pub mod snapshot;
 pub mod snapshot_file;
 
+pub use board::BoardError;
 pub use digest::StateDigest;
+pub use fdt::FdtError;
 pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
 pub use ftvm_devices::{IoCompletion, IoRequest};
 pub use ftvm_memory::GuestRam;
+pub use loader::LoadError;
 pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};
+pub use snapshot::StateError;
+pub use snapshot_file::{SnapshotFileError, SnapshotFormatError};

@@ -12,7 +12,6 @@
 //! around x86 and vm-memory's traits.
 
 use crate::layout::{KERNEL_OFFSET, RAM_BASE};
-use crate::machine::MachineError;
 use ftvm_memory::GuestRam;
 
 const MIB: u64 = 1 << 20;
@@ -24,8 +23,47 @@ const FW_DYNAMIC_MAGIC: u64 = 0x4942_534f;
 const FW_DYNAMIC_VERSION: u64 = 2;
 const NEXT_MODE_S: u64 = 1;
 
-fn err<T>(msg: impl Into<String>) -> Result<T, MachineError> {
-    Err(MachineError(msg.into()))
+/// Why a kernel, firmware or initrd cannot be put in guest RAM: a file
+/// that is not what it must be, or RAM too small for it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("{ram_mib} MiB of RAM is too small to boot anything")]
+    RamTooSmall { ram_mib: u64 },
+    #[error("{ram_mib} MiB of RAM is too small for this kernel")]
+    RamTooSmallForKernel { ram_mib: u64 },
+    #[error("{ram_mib} MiB of RAM is too small for this kernel and initrd (need at least {need_mib} MiB)")]
+    RamTooSmallForInitrd { ram_mib: u64, need_mib: u64 },
+    #[error("firmware of {len} bytes overlaps the kernel at {kernel:#x}")]
+    FirmwareOverlapsKernel { len: usize, kernel: u64 },
+    #[error("device tree is larger than 1 MiB")]
+    DeviceTreeTooLarge,
+    /// `what`: "firmware", "kernel", "initrd", "device tree", "boot info".
+    #[error("{what} does not fit in guest RAM")]
+    DoesNotFit { what: &'static str },
+    #[error("ELF segment at {paddr:#x} is outside guest RAM")]
+    SegmentOutsideRam { paddr: u64 },
+    #[error("kernel file is empty")]
+    EmptyKernel,
+    #[error("ELF program loads at {start:#x}, below RAM at {RAM_BASE:#x}")]
+    BelowRam { start: u64 },
+    #[error("kernel Image asks for an unusable load offset {0:#x}")]
+    LoadOffset(u64),
+    #[error("kernel is gzip-compressed: give the uncompressed Image")]
+    Compressed,
+    #[error("ELF file is truncated: {len} bytes, shorter than its 64-byte header")]
+    ElfTruncated { len: usize },
+    #[error("ELF file is not 64-bit little-endian")]
+    ElfClass,
+    #[error("ELF file is not for RISC-V")]
+    ElfMachine,
+    #[error("ELF program headers are truncated")]
+    ElfProgramHeaders,
+    #[error("ELF segment {0} is truncated or malformed")]
+    ElfSegment(usize),
+    #[error("ELF segment {0} is implausibly large")]
+    ElfSegmentSize(usize),
+    #[error("ELF file has no loadable segments")]
+    ElfNoSegments,
 }
 
 /// Where things landed; what the harts and the device tree need to know.
@@ -46,9 +84,10 @@ pub fn plan(
     firmware: Option<&[u8]>,
     kernel: &[u8],
     initrd: Option<&[u8]>,
-) -> Result<(BootPlan, u64), MachineError> {
+) -> Result<(BootPlan, u64), LoadError> {
+    let ram_mib = ram.size() / MIB;
     if ram.size() < 2 * FDT_REGION {
-        return err(format!("{} MiB of RAM is too small to boot anything", ram.size() / MIB));
+        return Err(LoadError::RamTooSmall { ram_mib });
     }
     let fdt_addr = ram.end() - FDT_REGION;
     let kernel_span = kernel_span(firmware.is_some(), kernel)?;
@@ -56,7 +95,7 @@ pub fn plan(
     if let Some(fw) = firmware {
         let fw_end = RAM_BASE + fw.len() as u64;
         if fw_end > kernel_span.0 {
-            return err(format!("firmware of {} bytes overlaps the kernel at {:#x}", fw.len(), kernel_span.0));
+            return Err(LoadError::FirmwareOverlapsKernel { len: fw.len(), kernel: kernel_span.0 });
         }
         lowest_free = lowest_free.max(fw_end);
     }
@@ -64,18 +103,15 @@ pub fn plan(
         Some(data) => {
             let start = (fdt_addr - data.len() as u64) & !0xfff;
             if data.len() as u64 > fdt_addr || start < lowest_free {
-                return err(format!(
-                    "{} MiB of RAM is too small for this kernel and initrd (need at least {} MiB)",
-                    ram.size() / MIB,
-                    (kernel_span.1 - RAM_BASE + data.len() as u64 + FDT_REGION).div_ceil(MIB) + 1
-                ));
+                let need_mib = (kernel_span.1 - RAM_BASE + data.len() as u64 + FDT_REGION).div_ceil(MIB) + 1;
+                return Err(LoadError::RamTooSmallForInitrd { ram_mib, need_mib });
             }
             Some((start, start + data.len() as u64))
         }
         None => None,
     };
     if lowest_free > fdt_addr {
-        return err(format!("{} MiB of RAM is too small for this kernel", ram.size() / MIB));
+        return Err(LoadError::RamTooSmallForKernel { ram_mib });
     }
     let entry = if firmware.is_some() { RAM_BASE } else { kernel_span.2 };
     let info = firmware.map(|_| fdt_addr + FDT_MAX_SIZE);
@@ -90,10 +126,10 @@ pub fn load(
     kernel: &[u8],
     initrd: Option<&[u8]>,
     fdt: &[u8],
-) -> Result<(), MachineError> {
-    let oom = |what: &str| MachineError(format!("{what} does not fit in guest RAM"));
+) -> Result<(), LoadError> {
+    let oom = |what| LoadError::DoesNotFit { what };
     if fdt.len() as u64 > FDT_MAX_SIZE {
-        return err("device tree is larger than 1 MiB");
+        return Err(LoadError::DeviceTreeTooLarge);
     }
     let kernel_load = if let Some(fw) = firmware {
         ram.write(RAM_BASE, fw).map_err(|_| oom("firmware"))?;
@@ -105,11 +141,10 @@ pub fn load(
     if is_elf(kernel) {
         for seg in elf_segments(kernel)? {
             let data = &kernel[seg.file_off..seg.file_off + seg.file_len];
-            ram.write(seg.paddr, data)
-                .map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            let outside = |_| LoadError::SegmentOutsideRam { paddr: seg.paddr };
+            ram.write(seg.paddr, data).map_err(outside)?;
             let zeros = vec![0u8; (seg.mem_len - seg.file_len as u64) as usize];
-            ram.write(seg.paddr + seg.file_len as u64, &zeros)
-                .map_err(|_| MachineError(format!("ELF segment at {:#x} is outside guest RAM", seg.paddr)))?;
+            ram.write(seg.paddr + seg.file_len as u64, &zeros).map_err(outside)?;
         }
     } else {
         let at = kernel_load.unwrap_or(RAM_BASE);
@@ -130,16 +165,16 @@ pub fn load(
 }
 
 /// (load address, end address, entry) of the kernel or program.
-fn kernel_span(with_firmware: bool, kernel: &[u8]) -> Result<(u64, u64, u64), MachineError> {
+fn kernel_span(with_firmware: bool, kernel: &[u8]) -> Result<(u64, u64, u64), LoadError> {
     if kernel.is_empty() {
-        return err("kernel file is empty");
+        return Err(LoadError::EmptyKernel);
     }
     if is_elf(kernel) {
         let segs = elf_segments(kernel)?;
         let start = segs.iter().map(|s| s.paddr).min().unwrap_or(RAM_BASE);
         let end = segs.iter().map(|s| s.paddr + s.mem_len).max().unwrap_or(RAM_BASE);
         if start < RAM_BASE {
-            return err(format!("ELF program loads at {start:#x}, below RAM at {RAM_BASE:#x}"));
+            return Err(LoadError::BelowRam { start });
         }
         return Ok((start, end, elf_entry(kernel)));
     }
@@ -152,14 +187,14 @@ fn kernel_span(with_firmware: bool, kernel: &[u8]) -> Result<(u64, u64, u64), Ma
         let image_size = u64::from_le_bytes(kernel[16..24].try_into().unwrap());
         let text_offset = if text_offset == 0 { KERNEL_OFFSET } else { text_offset };
         if text_offset % (2 * MIB) != 0 || text_offset > (1 << 32) {
-            return err(format!("kernel Image asks for an unusable load offset {text_offset:#x}"));
+            return Err(LoadError::LoadOffset(text_offset));
         }
         let start = RAM_BASE + text_offset;
         let size = image_size.max(kernel.len() as u64);
         return Ok((start, start + size, start));
     }
     if kernel.starts_with(&[0x1f, 0x8b]) {
-        return err("kernel is gzip-compressed: give the uncompressed Image");
+        return Err(LoadError::Compressed);
     }
     let start = RAM_BASE + KERNEL_OFFSET;
     Ok((start, start + kernel.len() as u64, start))
@@ -190,22 +225,22 @@ fn elf_entry(b: &[u8]) -> u64 {
     rd64(b, 24)
 }
 
-fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, MachineError> {
+fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, LoadError> {
     const EM_RISCV: u16 = 243;
     if b.len() < 64 {
-        return err(format!("ELF file is truncated: {} bytes, shorter than its 64-byte header", b.len()));
+        return Err(LoadError::ElfTruncated { len: b.len() });
     }
     if b[4] != 2 || b[5] != 1 {
-        return err("ELF file is not 64-bit little-endian");
+        return Err(LoadError::ElfClass);
     }
     if rd16(b, 18) != EM_RISCV {
-        return err("ELF file is not for RISC-V");
+        return Err(LoadError::ElfMachine);
     }
     let phoff = rd64(b, 32) as usize;
     let phentsize = rd16(b, 54) as usize;
     let phnum = rd16(b, 56) as usize;
     if phentsize < 56 || phoff.checked_add(phentsize * phnum).is_none_or(|end| end > b.len()) {
-        return err("ELF program headers are truncated");
+        return Err(LoadError::ElfProgramHeaders);
     }
     let mut segs = Vec::new();
     for i in 0..phnum {
@@ -218,15 +253,15 @@ fn elf_segments(b: &[u8]) -> Result<Vec<Segment>, MachineError> {
         let file_len = rd64(b, p + 32) as usize;
         let mem_len = rd64(b, p + 40);
         if file_off.checked_add(file_len).is_none_or(|end| end > b.len()) || (file_len as u64) > mem_len {
-            return err(format!("ELF segment {i} is truncated or malformed"));
+            return Err(LoadError::ElfSegment(i));
         }
         if mem_len > (1 << 32) {
-            return err(format!("ELF segment {i} is implausibly large"));
+            return Err(LoadError::ElfSegmentSize(i));
         }
         segs.push(Segment { paddr, file_off, file_len, mem_len });
     }
     if segs.is_empty() {
-        return err("ELF file has no loadable segments");
+        return Err(LoadError::ElfNoSegments);
     }
     Ok(segs)
 }
@@ -242,7 +277,8 @@ mod tests {
         kernel[56..60].copy_from_slice(b"RSC\x05");
         kernel[16..24].copy_from_slice(&(20 * MIB).to_le_bytes());
         let e = plan(&ram, Some(&[0u8; 4096]), &kernel, None).unwrap_err();
-        assert!(e.0.contains("too small"), "{}", e.0);
+        assert!(matches!(e, LoadError::RamTooSmallForKernel { ram_mib: 8 }), "{e:?}");
+        assert!(e.to_string().contains("too small"), "{e}");
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! The schedule depends only on machine state, never on where a caller
 //! asked `run_until` to stop: a hart's unfinished quantum carries over.
 
-use crate::board::{Board, HartBus, PowerRequest};
+use crate::board::{Board, BoardError, HartBus, PowerRequest};
 use crate::clock::VirtualClock;
 use crate::digest::{first8, StateDigest};
+use crate::fdt::FdtError;
 use crate::layout::{RAM_BASE, TIMEBASE_HZ};
-use crate::loader;
+use crate::loader::{self, LoadError};
+use crate::snapshot::StateError;
 use ftvm_cpu::{Exit, Hart};
 use ftvm_devices::{IoCompletion, IoRequest};
 use ftvm_memory::GuestRam;
@@ -82,16 +84,37 @@ pub enum RunExit {
     Io,
 }
 
-#[derive(Debug)]
-pub struct MachineError(pub String);
-
-impl std::fmt::Display for MachineError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why a machine cannot be built, saved or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("--cpus must be between 1 and 8, not {0}")]
+    Harts(usize),
+    #[error("memory size {} MiB is outside 16 MiB..64 GiB", .0 >> 20)]
+    RamSize(u64),
+    #[error(transparent)]
+    Board(#[from] BoardError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("device tree: {0}")]
+    DeviceTree(#[source] FdtError),
+    /// Requests the host has not taken would be lost; `doing`: "snapshot"
+    /// or "checkpoint".
+    #[error("take the pending I/O requests before a {doing}")]
+    PendingIo { doing: &'static str },
+    #[error("machine state: {0}")]
+    State(#[source] StateError),
+    #[error("machine state has {0} harts")]
+    StateHarts(usize),
+    #[error("machine state: hart {index} has id {id}")]
+    HartId { index: usize, id: u64 },
+    #[error("machine state: scheduler position out of range")]
+    Scheduler,
+    #[error(
+        "machine state wants {} MiB of RAM at {:#x}, given {} MiB at {:#x}",
+        .saved_size >> 20, .saved_base, .given_size >> 20, .given_base
+    )]
+    OtherRam { saved_base: u64, saved_size: u64, given_base: u64, given_size: u64 },
 }
-
-impl std::error::Error for MachineError {}
 
 pub struct Machine {
     /// The RAM hash of the previous [`Machine::state_digest`], chained
@@ -110,13 +133,13 @@ pub struct Machine {
 impl Machine {
     pub fn new(cfg: &MachineConfig) -> Result<Machine, MachineError> {
         if cfg.harts == 0 || cfg.harts > 8 {
-            return Err(MachineError(format!("--cpus must be between 1 and 8, not {}", cfg.harts)));
+            return Err(MachineError::Harts(cfg.harts));
         }
         if cfg.ram_size < 16 << 20 || cfg.ram_size > 64 << 30 {
-            return Err(MachineError(format!("memory size {} MiB is outside 16 MiB..64 GiB", cfg.ram_size >> 20)));
+            return Err(MachineError::RamSize(cfg.ram_size));
         }
         let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size);
-        let board = Board::new(cfg.harts, &cfg.devices).map_err(MachineError)?;
+        let board = Board::new(cfg.harts, &cfg.devices)?;
         let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())?;
         let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {
             harts: cfg.harts,
@@ -127,7 +150,7 @@ impl Machine {
             timebase_freq: TIMEBASE_HZ,
             virtio: board.virtio_windows(),
         })
-        .map_err(|e| MachineError(format!("device tree: {e}")))?;
+        .map_err(MachineError::DeviceTree)?;
         loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)?;
         let mut harts = Vec::with_capacity(cfg.harts);
         for id in 0..cfg.harts {
@@ -164,7 +187,7 @@ impl Machine {
     /// must be taken first. The dirty map is not part of it.
     pub fn snapshot(&self) -> Result<Vec<u8>, MachineError> {
         if self.board.has_io_requests() {
-            return Err(MachineError("take the pending I/O requests before a snapshot".into()));
+            return Err(MachineError::PendingIo { doing: "snapshot" });
         }
         Ok(crate::snapshot::encode_machine(&self.parts()))
     }
@@ -173,8 +196,7 @@ impl Machine {
     /// that was in flight is reported by [`Machine::io_in_flight`] and must
     /// be issued again by the host.
     pub fn restore(bytes: &[u8]) -> Result<Machine, MachineError> {
-        let bad = |e: ftvm_devices::SnapshotError| MachineError(format!("machine state: {e}"));
-        let (d, ram) = crate::snapshot::decode_machine(bytes).map_err(bad)?;
+        let (d, ram) = crate::snapshot::decode_machine(bytes).map_err(MachineError::State)?;
         Machine::assemble(d, ram)
     }
 
@@ -184,7 +206,7 @@ impl Machine {
     /// pending I/O requests must be taken first.
     pub fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
         if self.board.has_io_requests() {
-            return Err(MachineError("take the pending I/O requests before a checkpoint".into()));
+            return Err(MachineError::PendingIo { doing: "checkpoint" });
         }
         Ok(crate::snapshot::encode_state(&self.parts()))
     }
@@ -193,15 +215,14 @@ impl Machine {
     /// what its RAM held then. I/O in flight is issued again, as after
     /// [`Machine::restore`].
     pub fn from_checkpoint(state: &[u8], ram: GuestRam) -> Result<Machine, MachineError> {
-        let d = crate::snapshot::decode_state(state).map_err(|e| MachineError(format!("machine state: {e}")))?;
+        let d = crate::snapshot::decode_state(state).map_err(MachineError::State)?;
         if (d.ram_base, d.ram_size) != (ram.base(), ram.size()) {
-            return Err(MachineError(format!(
-                "machine state wants {} MiB of RAM at {:#x}, given {} MiB at {:#x}",
-                d.ram_size >> 20,
-                d.ram_base,
-                ram.size() >> 20,
-                ram.base()
-            )));
+            return Err(MachineError::OtherRam {
+                saved_base: d.ram_base,
+                saved_size: d.ram_size,
+                given_base: ram.base(),
+                given_size: ram.size(),
+            });
         }
         Machine::assemble(d, ram)
     }
@@ -220,18 +241,18 @@ impl Machine {
     }
 
     fn assemble(d: crate::snapshot::DecodedState, ram: GuestRam) -> Result<Machine, MachineError> {
-        let bad = |e: ftvm_devices::SnapshotError| MachineError(format!("machine state: {e}"));
+        let bad = MachineError::State;
         let nharts = d.harts.len();
         if nharts == 0 || nharts > 8 {
-            return Err(MachineError(format!("machine state has {nharts} harts")));
+            return Err(MachineError::StateHarts(nharts));
         }
-        let mut board = Board::new(nharts, &d.devices).map_err(MachineError)?;
+        let mut board = Board::new(nharts, &d.devices)?;
         board.restore_bytes(&d.board).map_err(bad)?;
         let mut harts = Vec::with_capacity(nharts);
         for (i, hb) in d.harts.iter().enumerate() {
             let st = crate::snapshot::hart_from_bytes(hb).map_err(bad)?;
             if st.id != i as u64 {
-                return Err(MachineError(format!("machine state: hart {i} has id {}", st.id)));
+                return Err(MachineError::HartId { index: i, id: st.id });
             }
             let mut h = Hart::new(i as u64);
             h.s = st;
@@ -239,7 +260,7 @@ impl Machine {
         }
         let (a, b, c) = d.clock;
         if d.current >= nharts as u64 || d.quantum_left > QUANTUM {
-            return Err(MachineError("machine state: scheduler position out of range".into()));
+            return Err(MachineError::Scheduler);
         }
         Ok(Machine {
             last_ram_digest: [0; 8],

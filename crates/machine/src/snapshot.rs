@@ -4,8 +4,42 @@
 
 use crate::machine::DeviceSpec;
 use ftvm_cpu::{HartState, PrivilegeMode};
-use ftvm_devices::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use ftvm_devices::snapshot::{SnapReader, SnapWriter, SnapshotError};
 use ftvm_memory::{GuestRam, PAGE_SIZE};
+
+/// Why saved machine state cannot be decoded: a device's blob is bad
+/// ([`SnapshotError`]), or the machine's own parts are. The messages share
+/// the devices' "bad device snapshot" prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Device(#[from] SnapshotError),
+    /// `what`: "machine" or "hart".
+    #[error("bad device snapshot: {what} state version {found}, expected {expected}")]
+    Version { what: &'static str, found: u32, expected: u32 },
+    #[error("bad device snapshot: {0} virtio devices")]
+    DeviceCount(u32),
+    #[error("bad device snapshot: bad MAC")]
+    Mac,
+    #[error("bad device snapshot: unknown device kind {0}")]
+    DeviceKind(u8),
+    #[error("bad device snapshot: {0} harts")]
+    HartCount(u32),
+    #[error("bad device snapshot: RAM of {size:#x} bytes at {base:#x}")]
+    Ram { base: u64, size: u64 },
+    #[error("bad device snapshot: RAM page map has the wrong size")]
+    PageMap,
+    #[error("bad device snapshot: RAM page data does not match the page map")]
+    PageData,
+    #[error("bad device snapshot: invalid privilege level {0}")]
+    Privilege(u8),
+    #[error("bad device snapshot: board state version {0}")]
+    BoardVersion(u32),
+    #[error("bad device snapshot: board state has {saved} virtio devices, machine has {actual}")]
+    BoardDevices { saved: usize, actual: usize },
+}
+
+pub type StateResult<T> = Result<T, StateError>;
 
 const MACHINE_TAG: &[u8; 4] = b"MACH";
 const MACHINE_VERSION: u32 = 1;
@@ -96,26 +130,26 @@ pub(crate) struct DecodedState {
     pub ram_size: u64,
 }
 
-fn read_state(r: &mut SnapReader) -> SnapResult<DecodedState> {
+fn read_state(r: &mut SnapReader) -> StateResult<DecodedState> {
     let n = r.u32()?;
     if n as usize > crate::layout::VIRTIO_SLOTS {
-        return err(format!("{n} virtio devices"));
+        return Err(StateError::DeviceCount(n));
     }
     let mut devices = Vec::new();
     for _ in 0..n {
         devices.push(match r.u8()? {
             0 => DeviceSpec::Disk { size: r.u64()?, readonly: r.bool()? },
             1 => {
-                let mac: [u8; 6] = r.bytes()?.try_into().map_err(|_| ftvm_devices::SnapshotError("bad MAC".into()))?;
+                let mac: [u8; 6] = r.bytes()?.try_into().map_err(|_| StateError::Mac)?;
                 DeviceSpec::Net { mac }
             }
             2 => DeviceSpec::Rng,
-            k => return err(format!("unknown device kind {k}")),
+            k => return Err(StateError::DeviceKind(k)),
         });
     }
     let nh = r.u32()?;
     if nh > 8 {
-        return err(format!("{nh} harts"));
+        return Err(StateError::HartCount(nh));
     }
     let mut harts = Vec::new();
     for _ in 0..nh {
@@ -129,7 +163,7 @@ fn read_state(r: &mut SnapReader) -> SnapResult<DecodedState> {
     let base = r.u64()?;
     let size = r.u64()?;
     if base != crate::layout::RAM_BASE || !(16 << 20..=64 << 30).contains(&size) || !size.is_multiple_of(PAGE_SIZE) {
-        return err(format!("RAM of {size:#x} bytes at {base:#x}"));
+        return Err(StateError::Ram { base, size });
     }
     Ok(DecodedState {
         devices,
@@ -144,20 +178,20 @@ fn read_state(r: &mut SnapReader) -> SnapResult<DecodedState> {
     })
 }
 
-pub(crate) fn decode_state(buf: &[u8]) -> SnapResult<DecodedState> {
+pub(crate) fn decode_state(buf: &[u8]) -> StateResult<DecodedState> {
     let (mut r, version) = SnapReader::new(buf, STATE_TAG)?;
     if version != STATE_VERSION {
-        return err(format!("machine state version {version}, expected {STATE_VERSION}"));
+        return Err(StateError::Version { what: "machine", found: version, expected: STATE_VERSION });
     }
     let d = read_state(&mut r)?;
     r.end()?;
     Ok(d)
 }
 
-pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<(DecodedState, GuestRam)> {
+pub(crate) fn decode_machine(buf: &[u8]) -> StateResult<(DecodedState, GuestRam)> {
     let (mut r, version) = SnapReader::new(buf, MACHINE_TAG)?;
     if version != MACHINE_VERSION {
-        return err(format!("machine state version {version}, expected {MACHINE_VERSION}"));
+        return Err(StateError::Version { what: "machine", found: version, expected: MACHINE_VERSION });
     }
     let d = read_state(&mut r)?;
     let map = r.bytes()?;
@@ -165,11 +199,11 @@ pub(crate) fn decode_machine(buf: &[u8]) -> SnapResult<(DecodedState, GuestRam)>
     r.end()?;
     let pages = (d.ram_size / PAGE_SIZE) as usize;
     if map.len() != pages.div_ceil(8) {
-        return err("RAM page map has the wrong size");
+        return Err(StateError::PageMap);
     }
     let used: usize = map.iter().map(|b| b.count_ones() as usize).sum();
     if data.len() != used * PAGE_SIZE as usize {
-        return err("RAM page data does not match the page map");
+        return Err(StateError::PageData);
     }
     let mut ram = GuestRam::new(d.ram_base, d.ram_size);
     let mem = ram.as_mut_slice_untracked();
@@ -233,10 +267,10 @@ pub fn hart_bytes(s: &HartState) -> Vec<u8> {
     w.finish()
 }
 
-pub fn hart_from_bytes(buf: &[u8]) -> SnapResult<HartState> {
+pub fn hart_from_bytes(buf: &[u8]) -> StateResult<HartState> {
     let (mut r, version) = SnapReader::new(buf, HART_TAG)?;
     if version != HART_VERSION {
-        return err(format!("hart state version {version}, expected {HART_VERSION}"));
+        return Err(StateError::Version { what: "hart", found: version, expected: HART_VERSION });
     }
     let id = r.u64()?;
     let mut x = [0u64; 32];
@@ -249,7 +283,7 @@ pub fn hart_from_bytes(buf: &[u8]) -> SnapResult<HartState> {
         0 => PrivilegeMode::User,
         1 => PrivilegeMode::Supervisor,
         3 => PrivilegeMode::Machine,
-        p => return err(format!("invalid privilege level {p}")),
+        p => return Err(StateError::Privilege(p)),
     };
     let instret = r.u64()?;
     let wfi = r.bool()?;

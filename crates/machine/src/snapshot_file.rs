@@ -10,7 +10,7 @@
 //! always gives the same file: restore-then-snapshot diffs clean.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"FTVMSNAP";
 /// Bumped whenever the machine state encoding or this layout changes; a
@@ -28,11 +28,60 @@ pub struct SnapshotFile {
     pub machine: Vec<u8>,
 }
 
+/// Why a snapshot file cannot be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    #[error("cannot compress the snapshot: {0}")]
+    Compress(#[source] std::io::Error),
+    #[error("snapshot path {} names no file", .0.display())]
+    NoFileName(PathBuf),
+    #[error("cannot write snapshot {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read snapshot {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read but is not a snapshot this ftvm can use.
+    #[error("snapshot {}: {source}", .path.display())]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: SnapshotFormatError,
+    },
+}
+
+/// Why bytes are not a valid snapshot file.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFormatError {
+    #[error("not an ftvm snapshot")]
+    NotASnapshot,
+    #[error("snapshot format {found}, but this ftvm ({ftvm}) reads format {FORMAT_VERSION}", ftvm = env!("CARGO_PKG_VERSION"))]
+    Version { found: u32 },
+    #[error("truncated")]
+    Truncated,
+    #[error("corrupt or truncated (checksum mismatch)")]
+    Checksum,
+    #[error("trailing bytes after the machine state")]
+    TrailingBytes,
+    #[error("machine state of {0} bytes is implausible")]
+    ImplausibleLength(u64),
+    #[error("machine state: {0}")]
+    Decompress(#[source] std::io::Error),
+    #[error("machine state has the wrong length")]
+    WrongLength,
+}
+
 /// Writes atomically: a crash mid-write leaves the old file (or none),
 /// never a torn one.
-pub fn write(path: &Path, host: &[u8], machine: &[u8]) -> Result<(), String> {
-    let bytes = encode(host, machine).map_err(|e| format!("cannot compress the snapshot: {e}"))?;
-    let name = path.file_name().ok_or_else(|| format!("snapshot path {} names no file", path.display()))?;
+pub fn write(path: &Path, host: &[u8], machine: &[u8]) -> Result<(), SnapshotFileError> {
+    let bytes = encode(host, machine).map_err(SnapshotFileError::Compress)?;
+    let name = path.file_name().ok_or_else(|| SnapshotFileError::NoFileName(path.to_path_buf()))?;
     let tmp = path.with_file_name(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -40,9 +89,9 @@ pub fn write(path: &Path, host: &[u8], machine: &[u8]) -> Result<(), String> {
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
-    write().map_err(|e| {
+    write().map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        format!("cannot write snapshot {}: {e}", path.display())
+        SnapshotFileError::Write { path: path.to_path_buf(), source }
     })
 }
 
@@ -64,29 +113,26 @@ pub fn encode(host: &[u8], machine: &[u8]) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-pub fn read(path: &Path) -> Result<SnapshotFile, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read snapshot {}: {e}", path.display()))?;
-    decode(&bytes).map_err(|e| format!("snapshot {}: {e}", path.display()))
+pub fn read(path: &Path) -> Result<SnapshotFile, SnapshotFileError> {
+    let bytes = std::fs::read(path).map_err(|source| SnapshotFileError::Read { path: path.to_path_buf(), source })?;
+    decode(&bytes).map_err(|source| SnapshotFileError::Format { path: path.to_path_buf(), source })
 }
 
-pub fn decode(bytes: &[u8]) -> Result<SnapshotFile, String> {
+pub fn decode(bytes: &[u8]) -> Result<SnapshotFile, SnapshotFormatError> {
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not an ftvm snapshot".into());
+        return Err(SnapshotFormatError::NotASnapshot);
     }
     let mut r = Cursor { buf: bytes, pos: MAGIC.len() };
     let format = u32::from_le_bytes(r.take(4)?.try_into().unwrap());
     if format != FORMAT_VERSION {
-        return Err(format!(
-            "snapshot format {format}, but this ftvm ({}) reads format {FORMAT_VERSION}",
-            env!("CARGO_PKG_VERSION")
-        ));
+        return Err(SnapshotFormatError::Version { found: format });
     }
     if bytes.len() < 32 + r.pos {
-        return Err("truncated".into());
+        return Err(SnapshotFormatError::Truncated);
     }
     let (content, sum) = bytes.split_at(bytes.len() - 32);
     if blake3::hash(content).as_bytes() != sum {
-        return Err("corrupt or truncated (checksum mismatch)".into());
+        return Err(SnapshotFormatError::Checksum);
     }
     r.buf = content;
     let vlen = u16::from_le_bytes(r.take(2)?.try_into().unwrap()) as usize;
@@ -95,18 +141,18 @@ pub fn decode(bytes: &[u8]) -> Result<SnapshotFile, String> {
     let host = r.take(hlen)?.to_vec();
     let mlen = u64::from_le_bytes(r.take(8)?.try_into().unwrap());
     let blen = u64::from_le_bytes(r.take(8)?.try_into().unwrap());
-    let body = r.take(usize::try_from(blen).map_err(|_| "truncated")?)?;
+    let body = r.take(usize::try_from(blen).map_err(|_| SnapshotFormatError::Truncated)?)?;
     if r.pos != content.len() {
-        return Err("trailing bytes after the machine state".into());
+        return Err(SnapshotFormatError::TrailingBytes);
     }
     // The size is bounded by the largest RAM a machine can have plus its
     // devices, so a corrupt length cannot make us allocate without end.
     if mlen > (64 << 30) + (1 << 30) {
-        return Err(format!("machine state of {mlen} bytes is implausible"));
+        return Err(SnapshotFormatError::ImplausibleLength(mlen));
     }
-    let machine = zstd::bulk::decompress(body, mlen as usize).map_err(|e| format!("machine state: {e}"))?;
+    let machine = zstd::bulk::decompress(body, mlen as usize).map_err(SnapshotFormatError::Decompress)?;
     if machine.len() as u64 != mlen {
-        return Err("machine state has the wrong length".into());
+        return Err(SnapshotFormatError::WrongLength);
     }
     Ok(SnapshotFile { writer, host, machine })
 }
@@ -117,8 +163,8 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or("truncated")?;
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotFormatError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or(SnapshotFormatError::Truncated)?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -136,16 +182,19 @@ mod tests {
         let d = decode(&f).unwrap();
         assert_eq!((d.host.as_slice(), d.machine.as_slice()), (&b"host"[..], &machine[..]));
         assert_eq!(encode(b"host", &machine).unwrap(), f, "encoding is deterministic");
-        assert!(decode(b"hello").unwrap_err().contains("not an ftvm snapshot"));
+        assert!(matches!(decode(b"hello"), Err(SnapshotFormatError::NotASnapshot)));
+        assert!(decode(b"hello").unwrap_err().to_string().contains("not an ftvm snapshot"));
         let mut other = f.clone();
         other[8] = 9;
-        assert!(decode(&other).unwrap_err().contains("format 9"));
+        assert!(matches!(decode(&other), Err(SnapshotFormatError::Version { found: 9 })));
+        assert!(decode(&other).unwrap_err().to_string().contains("format 9"));
         for cut in [9, 12, 40, f.len() / 2, f.len() - 1] {
             assert!(decode(&f[..cut]).is_err(), "cut at {cut}");
         }
         let mut flipped = f.clone();
         let mid = f.len() / 2;
         flipped[mid] ^= 1;
-        assert!(decode(&flipped).unwrap_err().contains("checksum"));
+        assert!(matches!(decode(&flipped), Err(SnapshotFormatError::Checksum)));
+        assert!(decode(&flipped).unwrap_err().to_string().contains("checksum"));
     }
 }

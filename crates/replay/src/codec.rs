@@ -120,6 +120,26 @@ pub fn encode(out: &mut Vec<u8>, prev: u64, r: &Record) {
     }
 }
 
+/// Why a frame's payload does not decode into entries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("entry cut short")]
+    Cut,
+    #[error("varint too long")]
+    VarintTooLong,
+    /// `what` names the field ("virtio slot", "page count", ...).
+    #[error("{what} {value} out of range")]
+    OutOfRange { what: &'static str, value: u64 },
+    #[error("a {len}-byte field with {left} bytes left")]
+    FieldTooLong { len: u64, left: u64 },
+    #[error("instruction count overflows")]
+    IcountOverflow,
+    #[error("bad end flag {0}")]
+    EndFlag(u8),
+    #[error("unknown entry kind {0}")]
+    Kind(u8),
+}
+
 /// Reads entries out of one frame's payload.
 pub struct Decoder<'a> {
     buf: &'a [u8],
@@ -140,13 +160,13 @@ impl<'a> Decoder<'a> {
         self.pos
     }
 
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self.buf.get(self.pos).ok_or("entry cut short")?;
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let b = *self.buf.get(self.pos).ok_or(DecodeError::Cut)?;
         self.pos += 1;
         Ok(b)
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, DecodeError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -158,43 +178,43 @@ impl<'a> Decoder<'a> {
                 return Ok(v);
             }
         }
-        Err("varint too long".into())
+        Err(DecodeError::VarintTooLong)
     }
 
-    fn small(&mut self, what: &str, max: u64) -> Result<u64, String> {
+    fn small(&mut self, what: &'static str, max: u64) -> Result<u64, DecodeError> {
         let v = self.varint()?;
         if v > max {
-            return Err(format!("{what} {v} out of range"));
+            return Err(DecodeError::OutOfRange { what, value: v });
         }
         Ok(v)
     }
 
-    fn bytes(&mut self) -> Result<Vec<u8>, String> {
+    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
         let n = self.varint()?;
         let left = (self.buf.len() - self.pos) as u64;
         if n > left {
-            return Err(format!("a {n}-byte field with {left} bytes left"));
+            return Err(DecodeError::FieldTooLong { len: n, left });
         }
         let b = self.buf[self.pos..self.pos + n as usize].to_vec();
         self.pos += n as usize;
         Ok(b)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        let b = self.buf.get(self.pos..self.pos + N).ok_or("entry cut short")?;
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let b = self.buf.get(self.pos..self.pos + N).ok_or(DecodeError::Cut)?;
         self.pos += N;
         Ok(b.try_into().expect("N bytes"))
     }
 
     /// A count of at most `max`, then that many 8-byte hashes.
-    fn hashes(&mut self, what: &str, max: u64) -> Result<Vec<[u8; 8]>, String> {
+    fn hashes(&mut self, what: &'static str, max: u64) -> Result<Vec<[u8; 8]>, DecodeError> {
         let n = self.small(what, max)?;
         (0..n).map(|_| self.array::<8>()).collect()
     }
 
     /// The next entry; `prev` is the previous entry's instruction count.
-    pub fn next(&mut self, prev: u64) -> Result<Record, String> {
-        let icount = prev.checked_add(self.varint()?).ok_or("instruction count overflows")?;
+    pub fn next(&mut self, prev: u64) -> Result<Record, DecodeError> {
+        let icount = prev.checked_add(self.varint()?).ok_or(DecodeError::IcountOverflow)?;
         let kind = self.byte()?;
         let slot = |d: &mut Self| d.small("virtio slot", 63).map(|v| v as usize);
         let tag = |d: &mut Self| d.small("request tag", u32::MAX as u64).map(|v| v as u32);
@@ -240,9 +260,9 @@ impl<'a> Decoder<'a> {
             END => match self.byte()? {
                 0 => Entry::End(None),
                 1 => Entry::End(Some(self.small("exit status", u32::MAX as u64)? as u32)),
-                f => return Err(format!("bad end flag {f}")),
+                f => return Err(DecodeError::EndFlag(f)),
             },
-            k => return Err(format!("unknown entry kind {k}")),
+            k => return Err(DecodeError::Kind(k)),
         };
         Ok(Record { icount, entry })
     }
@@ -306,8 +326,11 @@ mod tests {
             put_varint(&mut b, v);
             assert_eq!(Decoder::new(&b).varint().unwrap(), v);
         }
-        assert!(Decoder::new(&[0xff; 11]).varint().is_err());
-        assert!(Decoder::new(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]).varint().is_err());
+        assert_eq!(Decoder::new(&[0xff; 11]).varint(), Err(DecodeError::VarintTooLong));
+        assert_eq!(
+            Decoder::new(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]).varint(),
+            Err(DecodeError::VarintTooLong)
+        );
     }
 
     #[test]

@@ -23,5 +23,5 @@ pub mod log;
 pub mod recorder;
 pub mod replayer;
 
-pub use codec::{Entry, Record};
-pub use log::{Header, LogError, LogReader, LogWriter};
+pub use codec::{DecodeError, Entry, Record};
+pub use log::{Header, LogError, LogErrorKind, LogReader, LogWriter};

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 
-use crate::codec::{encode, Decoder, Entry, Record};
+use crate::codec::{encode, DecodeError, Decoder, Entry, Record};
 
 const MAGIC: &[u8; 8] = b"FTVMLOG\n";
 /// Bumped whenever the encoding changes; other formats are refused.
@@ -55,10 +55,10 @@ impl Header {
         s
     }
 
-    fn from_text(text: &str) -> Result<Header, String> {
+    fn from_text(text: &str) -> Result<Header, LogErrorKind> {
         let mut h = Header::default();
         for line in text.lines() {
-            let (k, v) = line.split_once(' ').ok_or_else(|| format!("header line '{line}' has no value"))?;
+            let (k, v) = line.split_once(' ').ok_or_else(|| LogErrorKind::HeaderLine(line.to_string()))?;
             h.fields.push((k.to_string(), v.to_string()));
         }
         Ok(h)
@@ -66,22 +66,69 @@ impl Header {
 }
 
 /// Where reading a log stopped, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} at byte {offset} (last go-live point: instruction {icount})")]
 pub struct LogError {
     /// Byte offset in the stream of the frame (or header) that failed.
     pub offset: u64,
     /// Instruction count of the last go-live point read before it.
     pub icount: u64,
-    pub message: String,
+    #[source]
+    pub kind: LogErrorKind,
 }
 
-impl std::fmt::Display for LogError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} at byte {} (last go-live point: instruction {})", self.message, self.offset, self.icount)
+impl LogError {
+    /// Whether the log just stops (a recorder or a primary that died, a
+    /// file cut short) rather than holding something wrong: everything up
+    /// to [`LogError::icount`] is sound either way.
+    pub fn is_truncated(&self) -> bool {
+        matches!(self.kind, LogErrorKind::NoEnd | LogErrorKind::FrameCut)
     }
 }
 
-impl std::error::Error for LogError {}
+/// What was wrong with a log, its header or a frame.
+#[derive(Debug, thiserror::Error)]
+pub enum LogErrorKind {
+    #[error("not an ftvm log (too short)")]
+    TooShort,
+    #[error("not an ftvm log")]
+    NotALog,
+    #[error("log format {0}, but this ftvm reads format {FORMAT_VERSION}")]
+    Version(u32),
+    #[error("header of {0} bytes is implausible")]
+    HeaderSize(u32),
+    /// The stream ends right after the fixed part of the header.
+    #[error("ends here")]
+    HeaderMissing,
+    #[error("cut short")]
+    HeaderCut,
+    #[error("unreadable: {0}")]
+    HeaderUnreadable(#[source] std::io::Error),
+    #[error("header checksum mismatch")]
+    HeaderChecksum,
+    #[error("header is not text")]
+    HeaderNotText,
+    #[error("header line '{0}' has no value")]
+    HeaderLine(String),
+    /// The stream ends between frames, without the end entry.
+    #[error("the log ends without an end entry (truncated)")]
+    NoEnd,
+    /// The stream ends inside a frame.
+    #[error("the last frame is cut short (truncated)")]
+    FrameCut,
+    #[error("frame header unreadable: {0}")]
+    FrameUnreadable(#[source] std::io::Error),
+    #[error("frame of {0} bytes is implausible (corrupt)")]
+    FrameSize(u32),
+    #[error("frame checksum mismatch (corrupt)")]
+    FrameChecksum,
+    #[error("undecodable entry: {0}")]
+    Entry(#[source] DecodeError),
+    #[error("frame does not end at a go-live point (corrupt)")]
+    FrameEnd,
+    #[error("frame holds a go-live point before its end (corrupt)")]
+    GoLiveInside,
+}
 
 /// Writes a log to any byte stream.
 pub struct LogWriter<W: Write> {
@@ -176,29 +223,38 @@ pub struct LogReader<R: Read> {
 impl<R: Read> LogReader<R> {
     /// Reads and checks the header.
     pub fn open(mut input: R) -> Result<(LogReader<R>, Header), LogError> {
-        let fail = |offset: u64, message: String| LogError { offset, icount: 0, message };
+        let fail = |offset: u64, kind: LogErrorKind| LogError { offset, icount: 0, kind };
         let mut fixed = [0u8; 16];
-        read_exact_or(&mut input, &mut fixed).map_err(|_| fail(0, "not an ftvm log (too short)".into()))?;
+        read_exact_or(&mut input, &mut fixed).map_err(|_| fail(0, LogErrorKind::TooShort))?;
         if &fixed[..8] != MAGIC {
-            return Err(fail(0, "not an ftvm log".into()));
+            return Err(fail(0, LogErrorKind::NotALog));
         }
         let format = u32::from_le_bytes(fixed[8..12].try_into().unwrap());
         if format != FORMAT_VERSION {
-            return Err(fail(8, format!("log format {format}, but this ftvm reads format {FORMAT_VERSION}")));
+            return Err(fail(8, LogErrorKind::Version(format)));
         }
         let len = u32::from_le_bytes(fixed[12..16].try_into().unwrap());
         if len > MAX_HEADER {
-            return Err(fail(12, format!("header of {len} bytes is implausible")));
+            return Err(fail(12, LogErrorKind::HeaderSize(len)));
         }
         let mut text = vec![0u8; len as usize + 4];
-        read_exact_or(&mut input, &mut text).map_err(|m| fail(16, m))?;
+        read_exact_or(&mut input, &mut text).map_err(|e| {
+            fail(
+                16,
+                match e {
+                    ReadFailure::Ended => LogErrorKind::HeaderMissing,
+                    ReadFailure::Cut => LogErrorKind::HeaderCut,
+                    ReadFailure::Io(e) => LogErrorKind::HeaderUnreadable(e),
+                },
+            )
+        })?;
         let crc = u32::from_le_bytes(text[len as usize..].try_into().unwrap());
         text.truncate(len as usize);
         if crc32fast::hash(&text) != crc {
-            return Err(fail(16, "header checksum mismatch".into()));
+            return Err(fail(16, LogErrorKind::HeaderChecksum));
         }
-        let text = String::from_utf8(text).map_err(|_| fail(16, "header is not text".into()))?;
-        let header = Header::from_text(&text).map_err(|m| fail(16, m))?;
+        let text = String::from_utf8(text).map_err(|_| fail(16, LogErrorKind::HeaderNotText))?;
+        let header = Header::from_text(&text).map_err(|kind| fail(16, kind))?;
         let reader = LogReader {
             input,
             offset: 20 + len as u64,
@@ -249,44 +305,43 @@ impl<R: Read> LogReader<R> {
         self.offset
     }
 
-    fn err(&self, message: impl Into<String>) -> LogError {
-        LogError { offset: self.offset, icount: self.last_go_live, message: message.into() }
+    fn err(&self, kind: LogErrorKind) -> LogError {
+        LogError { offset: self.offset, icount: self.last_go_live, kind }
     }
 
     fn read_frame(&mut self) -> Result<(), LogError> {
         let mut head = [0u8; 8];
         match read_exact_or(&mut self.input, &mut head) {
             Ok(()) => {}
-            Err(m) if m == EOF_AT_START => return Err(self.err("the log ends without an end entry (truncated)")),
-            Err(m) if m == "cut short" => return Err(self.err("the last frame is cut short (truncated)")),
-            Err(m) => return Err(self.err(format!("frame header {m}"))),
+            Err(ReadFailure::Ended) => return Err(self.err(LogErrorKind::NoEnd)),
+            Err(ReadFailure::Cut) => return Err(self.err(LogErrorKind::FrameCut)),
+            Err(ReadFailure::Io(e)) => return Err(self.err(LogErrorKind::FrameUnreadable(e))),
         }
         let len = u32::from_le_bytes(head[..4].try_into().unwrap());
         let crc = u32::from_le_bytes(head[4..].try_into().unwrap());
         if len == 0 || len > MAX_FRAME {
-            return Err(self.err(format!("frame of {len} bytes is implausible (corrupt)")));
+            return Err(self.err(LogErrorKind::FrameSize(len)));
         }
         let mut payload = vec![0u8; len as usize];
-        read_exact_or(&mut self.input, &mut payload)
-            .map_err(|_| self.err("the last frame is cut short (truncated)"))?;
+        read_exact_or(&mut self.input, &mut payload).map_err(|_| self.err(LogErrorKind::FrameCut))?;
         if crc32fast::hash(&payload) != crc {
-            return Err(self.err("frame checksum mismatch (corrupt)"));
+            return Err(self.err(LogErrorKind::FrameChecksum));
         }
         let mut d = Decoder::new(&payload);
         let mut prev = self.prev;
         let mut records = Vec::new();
         while !d.at_end() {
-            let r = d.next(prev).map_err(|m| self.err(format!("undecodable entry: {m}")))?;
+            let r = d.next(prev).map_err(|e| self.err(LogErrorKind::Entry(e)))?;
             prev = r.icount;
             records.push(r);
         }
         match records.last().map(|r| &r.entry) {
             Some(Entry::GoLive) => {}
             Some(Entry::End(_)) => self.ended = true,
-            _ => return Err(self.err("frame does not end at a go-live point (corrupt)")),
+            _ => return Err(self.err(LogErrorKind::FrameEnd)),
         }
         if records[..records.len() - 1].iter().any(|r| matches!(r.entry, Entry::GoLive | Entry::End(_))) {
-            return Err(self.err("frame holds a go-live point before its end (corrupt)"));
+            return Err(self.err(LogErrorKind::GoLiveInside));
         }
         self.prev = prev;
         self.last_go_live = prev;
@@ -296,18 +351,25 @@ impl<R: Read> LogReader<R> {
     }
 }
 
-const EOF_AT_START: &str = "ends here";
+/// Why [`read_exact_or`] did not fill its buffer.
+enum ReadFailure {
+    /// The input ended before the first byte.
+    Ended,
+    /// The input ended after some bytes.
+    Cut,
+    Io(std::io::Error),
+}
 
 /// Fills `buf`, telling a clean end of input (nothing read) from a cut.
-fn read_exact_or(r: &mut impl Read, buf: &mut [u8]) -> Result<(), String> {
+fn read_exact_or(r: &mut impl Read, buf: &mut [u8]) -> Result<(), ReadFailure> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Err(EOF_AT_START.into()),
-            Ok(0) => return Err("cut short".into()),
+            Ok(0) if got == 0 => return Err(ReadFailure::Ended),
+            Ok(0) => return Err(ReadFailure::Cut),
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("unreadable: {e}")),
+            Err(e) => return Err(ReadFailure::Io(e)),
         }
     }
     Ok(())
@@ -379,7 +441,8 @@ mod tests {
         for cut in header_len..bytes.len() {
             let (got, res) = read_all(&bytes[..cut]);
             let e = res.expect_err("a cut log must report it");
-            assert!(e.message.contains("truncated"), "cut at {cut}: {e}");
+            assert!(e.to_string().contains("truncated"), "cut at {cut}: {e}");
+            assert!(e.is_truncated(), "cut at {cut}: {e:?}");
             // Whole groups only, ending at a go-live point.
             assert!(got.is_empty() || got.last().unwrap().entry == Entry::GoLive, "cut at {cut}");
             assert_eq!(got[..], all[..got.len()]);
@@ -404,10 +467,14 @@ mod tests {
 
     #[test]
     fn foreign_input_is_refused() {
-        assert!(LogReader::open(&b"hello"[..]).err().unwrap().message.contains("not an ftvm log"));
-        assert!(LogReader::open(&b"FTVMSNAP........"[..]).err().unwrap().message.contains("not an ftvm log"));
+        let kind = |bytes: &[u8]| LogReader::open(bytes).err().unwrap().kind;
+        assert!(matches!(kind(b"hello"), LogErrorKind::TooShort));
+        assert!(kind(b"hello").to_string().contains("not an ftvm log"));
+        assert!(matches!(kind(b"FTVMSNAP........"), LogErrorKind::NotALog));
+        assert!(kind(b"FTVMSNAP........").to_string().contains("not an ftvm log"));
         let (mut bytes, _) = sample(1);
         bytes[8] = 1;
-        assert!(LogReader::open(&bytes[..]).err().unwrap().message.contains("log format 1"));
+        assert!(matches!(kind(&bytes), LogErrorKind::Version(1)));
+        assert!(kind(&bytes).to_string().contains("log format 1"));
     }
 }

@@ -257,7 +257,7 @@ fn checked_file(h: &Header, key: &str) -> Result<Option<Vec<u8>>, String> {
 pub fn machine_from_header(h: &Header) -> Result<Machine, String> {
     if field(h, "start")? == "snapshot" {
         let bytes = checked_file(h, "snapshot")?.ok_or("the header names no snapshot")?;
-        let snap = snapshot_file::decode(&bytes)?;
+        let snap = snapshot_file::decode(&bytes).map_err(|e| e.to_string())?;
         return Machine::restore(&snap.machine).map_err(|e| e.to_string());
     }
     let machine = field(h, "machine")?;

@@ -9,8 +9,8 @@
 
 use crate::console::Input;
 use crate::control::ControlRequest;
-use ftvm_host::disk::{DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
-use ftvm_host::tap::Tap;
+use ftvm_host::disk::{DiskError, DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
+use ftvm_host::tap::{Tap, TapError};
 use ftvm_machine::mac::{format_mac, parse_mac};
 use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine};
 use ftvm_replication::channel::PrimaryEvent;
@@ -60,6 +60,35 @@ enum Slot {
     Rng,
 }
 
+/// Why the backends of a VM could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum HostIoError {
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("cannot start I/O threads for disk {}: {source}", .path.display())]
+    DiskThreads {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tap(#[from] TapError),
+    #[error("cannot read TAP {name}: {source}")]
+    TapReader {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl HostIoError {
+    /// Whether a disk or TAP is held by another VM (or process), which may
+    /// let go of it in a moment.
+    pub fn in_use(&self) -> bool {
+        matches!(self, HostIoError::Disk(DiskError::InUse { .. }) | HostIoError::Tap(TapError::InUse { .. }))
+    }
+}
+
 pub struct HostIo {
     backends: Vec<Backend>,
     slots: Vec<Slot>,
@@ -70,7 +99,7 @@ pub struct HostIo {
 impl HostIo {
     /// Opens every backend. Returns the machine's device list, in slot
     /// order, as the guest will see it.
-    pub fn open(backends: Vec<Backend>, events: Sender<HostEvent>) -> Result<(HostIo, Vec<DeviceSpec>), String> {
+    pub fn open(backends: Vec<Backend>, events: Sender<HostEvent>) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
         let mut slots = Vec::new();
         let mut specs = Vec::new();
         for (slot, b) in backends.iter().enumerate() {
@@ -81,7 +110,7 @@ impl HostIo {
                     let workers = DiskWorkers::spawn(&image, slot, DEFAULT_DISK_THREADS, *latency, move |slot, c| {
                         let _ = tx.send(HostEvent::Io(slot, c));
                     })
-                    .map_err(|e| format!("cannot start I/O threads for disk {}: {e}", path.display()))?;
+                    .map_err(|source| HostIoError::DiskThreads { path: path.clone(), source })?;
                     specs.push(DeviceSpec::Disk { size: image.size(), readonly: *readonly });
                     slots.push(Slot::Disk { workers, _image: image });
                 }
@@ -94,7 +123,7 @@ impl HostIo {
                     tap.spawn_reader(slot, move |slot, frame| {
                         let _ = tx.send(HostEvent::Frame(slot, frame));
                     })
-                    .map_err(|e| format!("cannot read TAP {name}: {e}"))?;
+                    .map_err(|source| HostIoError::TapReader { name: name.clone(), source })?;
                     specs.push(DeviceSpec::Net { mac: *mac });
                     slots.push(Slot::Net { tap, backlog: VecDeque::new(), dropped: 0 });
                 }

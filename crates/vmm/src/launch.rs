@@ -308,7 +308,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (mut machine, mut io) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
-            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone()).map_err(|e| e.to_string())?;
             cfg.devices = devices;
             let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
             if !matches!(target, Target::None) {
@@ -381,7 +381,7 @@ fn restore(
     if let Some((opt, _)) = conflicting.iter().find(|(_, given)| *given) {
         return Err(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine"));
     }
-    let snap = snapshot_file::read(file)?;
+    let snap = snapshot_file::read(file).map_err(|e| e.to_string())?;
     let text =
         String::from_utf8(snap.host).map_err(|_| format!("snapshot {}: unreadable device list", file.display()))?;
     let mut backends = host_io::parse_description(&text).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
@@ -409,7 +409,7 @@ fn restore(
         return Err(format!("snapshot {} has fewer disks or NICs than given on the command line", file.display()));
     }
     let machine = Machine::restore(&snap.machine).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
-    let (io, devices) = HostIo::open(backends, events.clone())?;
+    let (io, devices) = HostIo::open(backends, events.clone()).map_err(|e| e.to_string())?;
     for (i, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
         if want != got {
             return Err(format!(

@@ -424,7 +424,7 @@ impl Live {
         let t0 = Instant::now();
         let failed = |e: String| ControlError::SnapshotFailed(e);
         let machine = self.m.snapshot().map_err(|e| failed(e.to_string()))?;
-        snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(failed)?;
+        snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(|e| failed(e.to_string()))?;
         // The time spent writing is not guest time.
         self.pacer = Pacer::new(&self.m);
         Ok(Reply::Snapshot {

@@ -140,10 +140,8 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
     let (mut io, devices) = loop {
         match HostIo::open(backends.clone(), tx.clone()) {
             Ok(opened) => break opened,
-            Err(e) if e.contains("in use") && Instant::now() < patience => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => return Err(e),
+            Err(e) if e.in_use() && Instant::now() < patience => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.to_string()),
         }
     };
     if devices != m.devices() {

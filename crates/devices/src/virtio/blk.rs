@@ -30,7 +30,7 @@ use ftvm_memory::GuestRam;
 use super::queue::{write_buffers, ChainError, Desc, DescChain, Queue};
 use super::{config_read_bytes, VirtioDevice, VIRTIO_ID_BLOCK};
 use crate::io::{IoCompletion, IoRequest};
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 
 pub const VIRTIO_BLK_F_SIZE_MAX: u64 = 1 << 1;
 pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
@@ -450,7 +450,7 @@ impl VirtioDevice for BlkDevice {
     fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"VBLK")?;
         if version != 2 {
-            return err(format!("virtio-blk snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "virtio-blk", version });
         }
         let capacity = r.u64()?;
         let read_only = r.bool()?;
@@ -464,7 +464,7 @@ impl VirtioDevice for BlkDevice {
         }
         r.end()?;
         if capacity != self.capacity || read_only != self.read_only {
-            return err("virtio-blk snapshot is for a different disk");
+            return Err(SnapshotError::OtherDisk);
         }
         self.features = features;
         self.next_tag = next_tag;
@@ -494,7 +494,7 @@ fn load_request(r: &mut SnapReader) -> SnapResult<BlkRequest> {
     let head = r.u16()?;
     let n = r.u32()?;
     if n > u16::MAX as u32 {
-        return err("virtio-blk request with too many buffers");
+        return Err(SnapshotError::TooManyBuffers { device: "virtio-blk" });
     }
     let mut writable = Vec::with_capacity(n as usize);
     for _ in 0..n {
@@ -531,6 +531,6 @@ pub fn load_op(r: &mut SnapReader) -> SnapResult<BlkOp> {
         1 => BlkOp::Write { offset: r.u64()?, data: r.bytes()?.to_vec() },
         2 => BlkOp::Flush,
         3 => BlkOp::Done { status: r.u8()?, data: r.bytes()?.to_vec() },
-        k => return err(format!("unknown disk operation {k}")),
+        k => return Err(SnapshotError::DiskOperation(k)),
     })
 }

@@ -11,7 +11,7 @@ use ftvm_memory::GuestRam;
 use super::queue::Queue;
 use super::{VirtioDevice, TRANSPORT_FEATURES, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::io::{IoCompletion, IoRequest};
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 use crate::{DeviceCtx, IrqLines, MmioDevice};
 
 pub const MAGIC: u32 = 0x7472_6976; // "virt"
@@ -393,16 +393,17 @@ impl VirtioMmio {
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"VMMI")?;
         if version != 1 {
-            return err(format!("virtio-mmio snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "virtio-mmio", version });
         }
         let irq = r.u32()?;
         let ty = r.u32()?;
         if irq != self.irq || ty != self.device_type() {
-            return err(format!(
-                "virtio-mmio snapshot is type {ty} on irq {irq}, slot is type {} on irq {}",
-                self.device_type(),
-                self.irq
-            ));
+            return Err(SnapshotError::MmioSlot {
+                saved_type: ty,
+                saved_irq: irq,
+                slot_type: self.device_type(),
+                slot_irq: self.irq,
+            });
         }
         let device_features_sel = r.u32()?;
         let driver_features_sel = r.u32()?;
@@ -413,7 +414,7 @@ impl VirtioMmio {
         let config_generation = r.u32()?;
         let nq = r.u32()? as usize;
         if nq != self.queues.len() {
-            return err(format!("virtio-mmio snapshot has {nq} queues, device has {}", self.queues.len()));
+            return Err(SnapshotError::MmioQueues { saved: nq, actual: self.queues.len() });
         }
         let mut queues = self.queues.clone();
         for q in &mut queues {

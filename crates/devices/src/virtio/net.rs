@@ -32,7 +32,7 @@ use ftvm_memory::GuestRam;
 use super::queue::{write_buffers, ChainError, Desc, DescChain, Queue};
 use super::{config_read_bytes, VirtioDevice, VIRTIO_ID_NET};
 use crate::io::{IoCompletion, IoRequest};
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 
 pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
 pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
@@ -145,7 +145,7 @@ fn rx_write(chain: &DescChain, frame: &[u8], ram: &mut GuestRam) -> u32 {
     }
 }
 
-fn format_mac(mac: &[u8]) -> String {
+pub(crate) fn format_mac(mac: &[u8]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
@@ -227,17 +227,13 @@ impl VirtioDevice for NetDevice {
     fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"VNET")?;
         if version != 1 {
-            return err(format!("virtio-net snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "virtio-net", version });
         }
         let mac = r.bytes()?;
         let features = r.u64()?;
         r.end()?;
         if mac != self.mac {
-            return err(format!(
-                "virtio-net snapshot is for MAC {}, device has {}",
-                format_mac(mac),
-                format_mac(&self.mac)
-            ));
+            return Err(SnapshotError::OtherMac { saved: mac.to_vec(), actual: self.mac });
         }
         self.features = features;
         Ok(())

@@ -16,7 +16,7 @@
 
 use ftvm_memory::{GuestRam, OutOfRange};
 
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
 pub const VIRTQ_DESC_F_WRITE: u16 = 2;
@@ -367,7 +367,7 @@ impl Queue {
     pub fn load(&mut self, r: &mut SnapReader) -> SnapResult<()> {
         let max_size = r.u16()?;
         if max_size != self.max_size {
-            return err(format!("queue max size {max_size}, device has {}", self.max_size));
+            return Err(SnapshotError::QueueMaxSize { saved: max_size, actual: self.max_size });
         }
         let q = Queue {
             max_size,
@@ -385,7 +385,7 @@ impl Queue {
         // A ready queue with a zero size would make the ring arithmetic
         // divide by zero; only a corrupt snapshot can say so.
         if q.ready && !q.broken && (q.size == 0 || q.size > q.max_size) {
-            return err("ready queue with invalid size");
+            return Err(SnapshotError::QueueSize);
         }
         *self = q;
         Ok(())

@@ -24,7 +24,7 @@ use ftvm_memory::GuestRam;
 use super::queue::{write_buffers, Desc, Queue};
 use super::{VirtioDevice, VIRTIO_ID_RNG};
 use crate::io::{IoCompletion, IoRequest};
-use crate::snapshot::{err, SnapReader, SnapResult, SnapWriter};
+use crate::snapshot::{SnapReader, SnapResult, SnapWriter, SnapshotError};
 
 pub const QUEUE_SIZE: u16 = 64;
 /// Most bytes one request asks the host for.
@@ -191,7 +191,7 @@ impl VirtioDevice for RngDevice {
     fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"VRNG")?;
         if version != 1 {
-            return err(format!("virtio-rng snapshot version {version}"));
+            return Err(SnapshotError::Version { device: "virtio-rng", version });
         }
         let next_tag = r.u32()?;
         let n = r.u32()?;
@@ -202,17 +202,17 @@ impl VirtioDevice for RngDevice {
             // Tags were saved in order; anything else would not survive
             // snapshot -> restore -> snapshot unchanged.
             if last_tag.is_some_and(|t| tag <= t) {
-                return err("virtio-rng snapshot has requests out of tag order");
+                return Err(SnapshotError::RngOrder);
             }
             last_tag = Some(tag);
             let head = r.u16()?;
             let len = r.u32()?;
             if len == 0 || len > MAX_REQUEST {
-                return err(format!("virtio-rng request of {len} bytes"));
+                return Err(SnapshotError::RngLength(len));
             }
             let nd = r.u32()?;
             if nd > MAX_SAVED_DESCS {
-                return err("virtio-rng request with too many buffers");
+                return Err(SnapshotError::TooManyBuffers { device: "virtio-rng" });
             }
             let mut writable = Vec::new();
             for _ in 0..nd {

@@ -116,7 +116,7 @@ impl Disks {
     pub fn open(disks: &[(usize, &Path)], events: Events) -> Result<Disks, String> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {
-            let image = DiskImage::open(path, false)?;
+            let image = DiskImage::open(path, false).map_err(|e| e.to_string())?;
             let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
             open.insert(slot as u32, (image, backend));
         }

@@ -47,7 +47,8 @@ impl BackupDisks {
     pub fn open(disks: &[(usize, &Path)], writes: bool, reads: bool) -> Result<BackupDisks, String> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {
-            let image = if writes { DiskImage::open(path, false)? } else { DiskImage::open_beside_writer(path)? };
+            let image = if writes { DiskImage::open(path, false) } else { DiskImage::open_beside_writer(path) };
+            let image = image.map_err(|e| e.to_string())?;
             let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
             open.insert(slot, (image, backend));
         }
