@@ -110,6 +110,7 @@ fn open_errors_name_the_disk() {
     // Not a file: a FIFO must be refused, not hang in open(2).
     let fifo = s.0.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     assert_eq!(
         DiskImage::open(&fifo, true).unwrap_err().to_string(),

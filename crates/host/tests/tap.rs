@@ -100,6 +100,7 @@ fn exists(dev: &str) -> bool {
 
 fn ifindex(dev: &str) -> u32 {
     let c = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: `c` is a NUL-terminated name that outlives the call.
     unsafe { libc::if_nametoindex(c.as_ptr()) }
 }
 
