@@ -3,11 +3,14 @@
 //!
 //! [`Machine`] is the only way in: replication protocols and the command
 //! line drive it by running to an instruction count, injecting events at
-//! instruction boundaries, and taking snapshots and dirty pages.
+//! instruction boundaries, and taking snapshots and dirty pages. What of
+//! that an engine must offer, and what only a deterministic one can, is
+//! [`engine`]'s two traits, which `Machine` implements.
 
 mod board;
 pub mod clock;
 pub mod digest;
+pub mod engine;
 pub mod fdt;
 pub mod layout;
 pub mod loader;
@@ -18,6 +21,7 @@ pub mod snapshot_file;
 
 pub use board::BoardError;
 pub use digest::StateDigest;
+pub use engine::{DeterministicEngine, Engine};
 pub use fdt::FdtError;
 pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
 pub use ftvm_devices::{IoCompletion, IoRequest};

@@ -11,7 +11,7 @@
 use crate::{Entry, Header, LogWriter, Record};
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::mac::{format_mac, parse_mac};
-use ftvm_machine::{DeviceSpec, Event, IoCompletion, Machine};
+use ftvm_machine::{DeterministicEngine, DeviceSpec, Event, IoCompletion, Machine};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -136,18 +136,18 @@ impl<W: Write> Recorder<W> {
     /// Called before the machine runs on: a digest when one is due, then
     /// a go-live point if anything was logged since the last one (or if
     /// none went out for `go_live_every`).
-    pub fn close_frame(&mut self, m: &mut Machine) -> Result<(), RecordError> {
+    pub fn close_frame(&mut self, m: &mut dyn DeterministicEngine) -> Result<(), RecordError> {
         let quiet = self.go_live_every.is_some_and(|k| self.last_frame.elapsed() >= k);
         self.close(m, quiet)
     }
 
     /// At the end of an epoch: a digest when one is due, then the epoch's
     /// end mark ([end, E]), a go-live point, whatever the epoch logged.
-    pub fn end_epoch(&mut self, m: &mut Machine) -> Result<(), RecordError> {
+    pub fn end_epoch(&mut self, m: &mut dyn DeterministicEngine) -> Result<(), RecordError> {
         self.close(m, true)
     }
 
-    fn close(&mut self, m: &mut Machine, always: bool) -> Result<(), RecordError> {
+    fn close(&mut self, m: &mut dyn DeterministicEngine, always: bool) -> Result<(), RecordError> {
         if m.time() >= self.next_digest {
             let d = m.state_digest();
             self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
@@ -166,7 +166,7 @@ impl<W: Write> Recorder<W> {
     /// and says how many bytes the log took. Prints what the log holds.
     pub fn finish(
         mut self,
-        m: &mut Machine,
+        m: &mut dyn DeterministicEngine,
         status: Option<u32>,
         end: impl FnOnce(W) -> std::io::Result<u64>,
     ) -> Result<(), RecordError> {

@@ -11,7 +11,9 @@
 
 use crate::recorder::parse_device;
 use crate::{Entry, Header, LogError, LogReader};
-use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit};
+use ftvm_machine::{
+    snapshot_file, DeterministicEngine, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit,
+};
 use std::io::Write;
 
 /// How a replay ended, short of a divergence.
@@ -58,7 +60,7 @@ pub trait FrameRule {
     fn run_ahead_to(&self, icount: u64) -> Option<u64>;
     /// An input from the log is about to be applied where `m` stands:
     /// an error if the log breaks the rule there.
-    fn input(&mut self, m: &Machine) -> Result<(), String>;
+    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), String>;
     /// What the rule saw, for the last words ("" for nothing).
     fn summary(&self) -> String {
         String::new()
@@ -78,7 +80,7 @@ impl FrameRule for NoRule {
     fn run_ahead_to(&self, _icount: u64) -> Option<u64> {
         None
     }
-    fn input(&mut self, _m: &Machine) -> Result<(), String> {
+    fn input(&mut self, _m: &dyn DeterministicEngine) -> Result<(), String> {
         Ok(())
     }
 }
@@ -96,7 +98,7 @@ pub struct Replayed {
 /// is an error.
 pub fn replay_log<R: std::io::Read>(
     reader: &mut LogReader<R>,
-    m: &mut Machine,
+    m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
     show_console: bool,
     replayed: &mut Replayed,
@@ -188,7 +190,7 @@ const PROGRESS_EVERY: u64 = 2_000_000;
 /// powered off) means the replay has diverged. Returns the exit status if
 /// the guest powers off exactly there.
 fn run_to(
-    m: &mut Machine,
+    m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
     icount: u64,
     show_console: bool,
@@ -208,7 +210,7 @@ fn run_to(
 /// telling `progress` its instruction count on the way; returns the exit
 /// it stopped with (`Reached` only at `target`).
 fn run_toward(
-    m: &mut Machine,
+    m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
     target: u64,
     show_console: bool,
@@ -226,7 +228,7 @@ fn run_toward(
     }
 }
 
-fn show(m: &mut Machine, on: bool) {
+fn show(m: &mut dyn DeterministicEngine, on: bool) {
     let out = m.take_console_output();
     if on && !out.is_empty() {
         let mut o = std::io::stdout().lock();

@@ -21,7 +21,7 @@
 use crate::events::Events;
 use crate::primary::{backup_lost, Alone, Primary, Request};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
-use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
+use ftvm_machine::{BlkOp, Engine, Event, IoRequest, Machine};
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
@@ -250,7 +250,7 @@ impl Checkpointer {
     /// Ends the interval in progress with its checkpoint: the machine is
     /// stopped at an instruction boundary with its requests taken. The
     /// first checkpoint carries every page that is not zero.
-    pub fn checkpoint(&mut self, m: &mut Machine) -> Result<(), String> {
+    pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<(), String> {
         let t0 = Instant::now();
         let dirty = m.take_dirty_pages();
         let base_pfn = m.ram().base() / PAGE_SIZE as u64;
@@ -312,7 +312,7 @@ impl Checkpointer {
     /// The VM ends: a last checkpoint (the outputs of the last interval wait
     /// for it), the end mark, and its acknowledgement, so the backup does
     /// not take the primary's exit for a failure. Returns what may leave.
-    fn end_stream(&mut self, m: &mut Machine, status: Option<u32>) -> Vec<Request> {
+    fn end_stream(&mut self, m: &mut dyn Engine, status: Option<u32>) -> Vec<Request> {
         if self.watch.failure().is_none() {
             if let Err(e) = self.checkpoint(m) {
                 eprintln!("ftvm: {e}");

@@ -2,7 +2,7 @@
 //! epoch rule as it goes (every input falls on an epoch end).
 
 use super::EpochMode;
-use ftvm_machine::Machine;
+use ftvm_machine::DeterministicEngine;
 use ftvm_replay::replayer::FrameRule;
 
 /// The backup's check of the epoch rule while it replays: every input the
@@ -29,13 +29,13 @@ impl FrameRule for EpochCheck {
         Some(self.mode.next_end(icount))
     }
 
-    fn input(&mut self, m: &Machine) -> Result<(), String> {
+    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), String> {
         self.inputs += 1;
         let icount = m.icount();
         if icount.is_multiple_of(self.mode.length) {
             return Ok(());
         }
-        if m.harts().iter().all(|h| h.is_idle()) {
+        if m.all_harts_idle() {
             self.at_idle += 1;
             return Ok(());
         }

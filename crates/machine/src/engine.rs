@@ -1,0 +1,95 @@
+//! The seam between a VM's engine and what drives it, in two parts.
+//!
+//! [`Engine`] is what running a VM and checkpointing it need: run a
+//! slice, inject an input, take the I/O requests, the RAM and the pages
+//! written, save the state. Any engine can provide it: this crate's
+//! interpreter and translator ([`Machine`]), or one that runs guest code
+//! on hardware (KVM), whose instruction count is only an estimate.
+//! Checkpoint mode (Remus) needs no more: its backup never executes.
+//!
+//! [`DeterministicEngine`] is what the replay modes need on top: an exact
+//! instruction count, a run that stops exactly at instruction N, and a
+//! digest of the whole state to compare two replicas by. Recording and
+//! replaying a log, lockstep and epochs are written against it; an engine
+//! without exact counts cannot implement it, and so can run plain VMs and
+//! checkpoint mode only.
+
+use crate::machine::{Machine, MachineError, RunExit};
+use crate::{Event, GuestRam, IoRequest, StateDigest};
+
+/// What running and checkpointing a VM need of its engine.
+pub trait Engine {
+    /// Runs toward instruction count `target`; stops sooner when every
+    /// hart idles, when I/O requests wait to be handed out, or when the
+    /// guest powers off.
+    fn run_until(&mut self, target: u64) -> RunExit;
+    /// Instructions executed so far.
+    fn icount(&self) -> u64;
+    /// Applies an input at the current instruction boundary.
+    fn inject(&mut self, ev: Event) -> bool;
+    /// The requests the devices made since the last call, in order.
+    fn take_io_requests(&mut self) -> Vec<(usize, IoRequest)>;
+    /// Guest RAM.
+    fn ram(&self) -> &GuestRam;
+    /// The guest-physical frame numbers written since the last call.
+    fn take_dirty_pages(&mut self) -> Vec<u64>;
+    /// The whole machine but its RAM, to restore beside a copy of RAM.
+    fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError>;
+}
+
+/// What the replay modes need on top: exactness and a state to compare.
+pub trait DeterministicEngine: Engine {
+    /// Guest time, in timebase ticks (a function of the instruction count
+    /// and the logged clock events).
+    fn time(&self) -> u64;
+    /// A digest of the whole state, chained from the last one.
+    fn state_digest(&mut self) -> StateDigest;
+    /// The names of the digest's parts, for a divergence's message.
+    fn digest_part_names(&self) -> Vec<String>;
+    /// Whether every hart waits for an interrupt.
+    fn all_harts_idle(&self) -> bool;
+    /// The guest's console output since the last call.
+    fn take_console_output(&mut self) -> Vec<u8>;
+}
+
+impl Engine for Machine {
+    fn run_until(&mut self, target: u64) -> RunExit {
+        Machine::run_until(self, target)
+    }
+    fn icount(&self) -> u64 {
+        Machine::icount(self)
+    }
+    fn inject(&mut self, ev: Event) -> bool {
+        Machine::inject(self, ev)
+    }
+    fn take_io_requests(&mut self) -> Vec<(usize, IoRequest)> {
+        Machine::take_io_requests(self)
+    }
+    fn ram(&self) -> &GuestRam {
+        Machine::ram(self)
+    }
+    fn take_dirty_pages(&mut self) -> Vec<u64> {
+        Machine::take_dirty_pages(self)
+    }
+    fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
+        Machine::checkpoint_state(self)
+    }
+}
+
+impl DeterministicEngine for Machine {
+    fn time(&self) -> u64 {
+        Machine::time(self)
+    }
+    fn state_digest(&mut self) -> StateDigest {
+        Machine::state_digest(self)
+    }
+    fn digest_part_names(&self) -> Vec<String> {
+        Machine::digest_part_names(self)
+    }
+    fn all_harts_idle(&self) -> bool {
+        self.harts().iter().all(|h| h.is_idle())
+    }
+    fn take_console_output(&mut self) -> Vec<u8> {
+        Machine::take_console_output(self)
+    }
+}
