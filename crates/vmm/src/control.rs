@@ -248,4 +248,38 @@ mod tests {
             .starts_with(r#"{"error":{"error":"bad_request","message":"unreadable request"#));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn events_stream_the_journal_so_far_then_each_event_as_it_comes() {
+        use ftvm_protection::events::PairEvent;
+        let dir = std::env::temp_dir().join(format!("ftvm-control-events-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vm.sock");
+        let journal = Events::default();
+        journal.emit(PairEvent::Listening { address: "10.0.0.2:7700".into() });
+        let _socket = serve(&path, journal.clone(), |_| Response::Error(ControlError::Stopped)).unwrap();
+        let (tx, rx) = mpsc::channel();
+        {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let _ = follow_events(&path, true, |line| {
+                    let _ = tx.send(line.to_string());
+                });
+            });
+        }
+        let first: EventRecord = serde_json::from_str(&rx.recv_timeout(Duration::from_secs(10)).unwrap()).unwrap();
+        assert_eq!((first.seq, first.event), (1, PairEvent::Listening { address: "10.0.0.2:7700".into() }));
+        journal.emit(PairEvent::ArbiterWon { generation: 4 });
+        let next: EventRecord = serde_json::from_str(&rx.recv_timeout(Duration::from_secs(10)).unwrap()).unwrap();
+        assert_eq!((next.seq, next.event), (2, PairEvent::ArbiterWon { generation: 4 }));
+        // In words: place, time, then the event.
+        let mut s = UnixStream::connect(&path).unwrap();
+        writeln!(s, "events").unwrap();
+        let words: Vec<String> = BufReader::new(s).lines().take(2).map(|l| l.unwrap()).collect();
+        assert!(
+            words[1].starts_with("2 ") && words[1].ends_with(r#"{"event":"arbiter_won","generation":4}"#),
+            "{words:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
