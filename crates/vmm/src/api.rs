@@ -141,9 +141,8 @@ impl fmt::Display for Reply {
 impl fmt::Display for VmStatus {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "{}", self.state.word())?;
-        let backup = matches!(self.pair, Some(PairStatus::Backup(_)));
-        match (&self.pair, backup) {
-            (Some(PairStatus::Backup(b)), _) => match &b.mode {
+        match &self.pair {
+            Some(PairStatus::Backup(b)) => match &b.mode {
                 BackupMode::Lockstep { last_end } | BackupMode::Epoch { last_end, .. } => {
                     write!(f, " icount={} last_end={last_end}", self.icount)?
                 }

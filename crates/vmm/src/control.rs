@@ -105,25 +105,18 @@ fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Res
         return;
     }
     let json = line.trim_start().starts_with('{');
-    let wants_events = match json {
-        true => matches!(serde_json::from_str::<Request>(&line), Ok(Request::Events)),
-        false => matches!(parse(&line), Ok(Request::Events)),
+    let request = match json {
+        true => serde_json::from_str::<Request>(&line).map_err(|e| format!("unreadable request: {e}")),
+        false => parse(&line),
     };
-    if wants_events {
-        return stream_events(writer, journal, json);
-    }
-    let text = if json {
-        let response = match serde_json::from_str::<Request>(&line) {
-            Err(e) => Response::Error(ControlError::BadRequest(format!("unreadable request: {e}"))),
-            Ok(request) => answer(request),
-        };
-        serde_json::to_string(&response).expect("a response serializes")
-    } else {
-        match parse(&line) {
-            Err(e) => Response::Error(ControlError::BadRequest(e)),
-            Ok(request) => answer(request),
-        }
-        .to_string()
+    let response = match request {
+        Ok(Request::Events) => return stream_events(writer, journal, json),
+        Ok(request) => answer(request),
+        Err(e) => Response::Error(ControlError::BadRequest(e)),
+    };
+    let text = match json {
+        true => serde_json::to_string(&response).expect("a response serializes"),
+        false => response.to_string(),
     };
     let _ = writeln!(writer, "{text}");
 }
