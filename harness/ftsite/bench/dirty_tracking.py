@@ -40,12 +40,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 from ftsite.host import REPO
-STATUS = "ftvm-exec-status="
+from ftsite.bench.vs_qemu import run_once
 JOB_START = "ftvm-bench-job-start"
 JOB_END = "ftvm-bench-job-end"
 JOBS = {
@@ -96,53 +94,6 @@ def image_disk(ftvm, args):
     if not disk.is_file():
         die(f"root disk not found at {disk}: build the guest image with `ftvm image build`, or pass --disk")
     return disk
-
-
-def run_once(argv, timeout, log_path):
-    """Run ftvm, timestamping the job marker lines. Returns a dict of marks."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
-    marks = {}
-    killed = []
-
-    def watchdog():
-        if proc.poll() is None:
-            killed.append(True)
-            proc.kill()
-
-    timer = threading.Timer(timeout, watchdog)
-    timer.start()
-    lines = []
-    buf = b""
-    try:
-        while True:
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            now = time.monotonic() - t0
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n" in buf:
-                raw, buf = buf.split(b"\n", 1)
-                line = raw.decode("utf-8", "replace").rstrip("\r")
-                lines.append(line)
-                for key, marker in (("job_start", JOB_START), ("job_end", JOB_END)):
-                    if line == marker and key not in marks:
-                        marks[key] = now
-                if line.startswith(STATUS):
-                    marks["status_line"] = line[len(STATUS):]
-        if buf:
-            lines.append(buf.decode("utf-8", "replace"))
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    finally:
-        timer.cancel()
-    marks["exit"] = time.monotonic() - t0
-    marks["rc"] = proc.returncode
-    marks["cpu"] = usage.ru_utime + usage.ru_stime
-    marks["timeout"] = bool(killed)
-    if log_path:
-        Path(log_path).write_text("\n".join(lines) + "\n")
-    return marks
 
 
 def ftvm_argv(ftvm, disk, args, job, tracking):

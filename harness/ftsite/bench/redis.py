@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from ftsite.host import REPO
+from ftsite.bench.vs_qemu import cache_dir
 EXEC_CMD = "redis-server /etc/redis/redis.conf"
 PORT = 6379
 # one TAP and one /24 per emulator inside the namespace: host .1, guest .2
@@ -63,15 +64,6 @@ class Terminated(BaseException):
 def die(msg, code=2):
     print(f"redis: {msg}", file=sys.stderr)
     sys.exit(code)
-
-
-def cache_dir():
-    if os.environ.get("FTVM_CACHE_DIR"):
-        return Path(os.environ["FTVM_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "ftvm"
-    return Path(os.environ.get("HOME", "/root")) / ".cache" / "ftvm"
 
 
 def resolve_image(args):
