@@ -253,7 +253,7 @@ fn setup(seed: u64, len: usize, jit: u32) -> Run {
     let mut rng = Rng(seed | 1);
     let prog = program(&mut rng, len);
     assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
-    let mut ram = GuestRam::new(BASE, RAM);
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
     }
@@ -414,7 +414,7 @@ fn each_operation_on_edge_operands() {
     for _ in 0..200 {
         pairs.push((rng.next(), rng.next()));
     }
-    let mut ram = GuestRam::new(BASE, RAM);
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
     let mut harts = [Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);
@@ -461,7 +461,7 @@ fn code_changed_under_a_translated_loop() {
     ];
     let mut runs = Vec::new();
     for hot in [0, 1, 2, 32] {
-        let mut ram = GuestRam::new(BASE, RAM);
+        let mut ram = GuestRam::new(BASE, RAM).unwrap();
         for (i, w) in prog.iter().enumerate() {
             ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
         }

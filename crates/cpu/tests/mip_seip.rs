@@ -27,7 +27,7 @@ const STIP: u64 = 1 << 5;
 #[test]
 fn setting_stip_does_not_latch_the_external_line() {
     let base = 0x8000_0000;
-    let mut ram = GuestRam::new(base, 1 << 20);
+    let mut ram = GuestRam::new(base, 1 << 20).unwrap();
     // li t0, 0x20; csrs mip, t0; csrr t1, mip
     let prog: [u32; 3] = [0x0200_0293, 0x3442_a073, 0x3440_2373];
     for (i, w) in prog.iter().enumerate() {

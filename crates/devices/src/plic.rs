@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn mmio_resamples_lines_and_ignores_junk() {
         let mut p = Plic::new(1);
-        let mut ram = ftvm_memory::GuestRam::new(0x8000_0000, 4096);
+        let mut ram = ftvm_memory::GuestRam::new(0x8000_0000, 4096).unwrap();
         let mut irq = lines(&[7]);
         let mut ctx = DeviceCtx { ram: &mut ram, irq: &mut irq };
         p.write(4 * 7, 4, 1, &mut ctx);

@@ -367,7 +367,7 @@ mod tests {
 
     impl Rig {
         fn new() -> Self {
-            Rig { ram: GuestRam::new(0x8000_0000, 4096), irq: IrqLines::default(), u: Uart::new(10) }
+            Rig { ram: GuestRam::new(0x8000_0000, 4096).unwrap(), irq: IrqLines::default(), u: Uart::new(10) }
         }
         fn r(&mut self, off: u64) -> u8 {
             let mut ctx = DeviceCtx { ram: &mut self.ram, irq: &mut self.irq };

@@ -106,12 +106,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
-        Command::Run(args) => launch::run(*args, Target::None),
-        Command::Record(r) => launch::run(r.run, Target::File(r.log)),
-        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft)),
-        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b),
-        Command::Replay(r) => replay::replay(&r),
+    // Each library's typed error, printed here as its one-line message.
+    let result: Result<u32, Box<dyn std::error::Error>> = match cli.command {
+        Command::Run(args) => launch::run(*args, Target::None).map_err(Into::into),
+        Command::Record(r) => launch::run(r.run, Target::File(r.log)).map_err(Into::into),
+        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft)).map_err(Into::into),
+        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b).map_err(Into::into),
+        Command::Replay(r) => replay::replay(&r).map_err(Into::into),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
         Command::Control { json, socket, command } => control_command(&socket, &command.join(" "), json),
         Command::Image(ImageCommand::Path) => ftvm_image::locate()
@@ -119,7 +120,7 @@ fn main() -> ExitCode {
                 println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
                 0
             })
-            .map_err(|e| e.to_string()),
+            .map_err(Into::into),
     };
     match result {
         Ok(code) => ExitCode::from(code.min(255) as u8),
@@ -132,7 +133,7 @@ fn main() -> ExitCode {
 
 /// `ftvm control`: one request, its answer on stdout (readable, or the
 /// JSON line with `--json`); a refusal is also the exit status.
-fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<u32, String> {
+fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<u32, Box<dyn std::error::Error>> {
     let request = control::parse(words)?;
     if request == Request::Events {
         // A stream: each event as it comes, until the VM ends.
@@ -143,13 +144,13 @@ fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<
     println!("{}", if json { line } else { response.to_string() });
     match response {
         Response::Ok(_) => Ok(0),
-        Response::Error(e) => Err(format!("the VM answered: error {e}")),
+        Response::Error(e) => Err(format!("the VM answered: error {e}").into()),
     }
 }
 
-fn image_build(force: bool) -> Result<u32, String> {
+fn image_build(force: bool) -> Result<u32, Box<dyn std::error::Error>> {
     let opts = ftvm_image::BuildOptions { force, ..Default::default() };
-    let img = ftvm_image::build(&opts).map_err(|e| e.to_string())?;
+    let img = ftvm_image::build(&opts)?;
     println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
     Ok(0)
 }

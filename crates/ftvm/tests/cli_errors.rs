@@ -248,6 +248,25 @@ fn memory_too_large() {
     assert_error(&["run", "--mem", "99999999999G"], 1, &["99999999999G"]);
 }
 
+/// More guest RAM than the host has (RAM and swap): one line saying so,
+/// where the allocator used to abort the process with a backtrace.
+#[test]
+fn memory_beyond_the_host() {
+    let s = scratch("huge-ram");
+    let k = s.file("kernel.bin", &garbage(4096));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = |key: &str| -> u64 {
+        let line = meminfo.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let host = (kib("MemTotal:") + kib("SwapTotal:")) << 10;
+    assert!(
+        host < 60 << 30,
+        "this test needs a host with less than 60 GiB of RAM and swap, to ask for more than it has"
+    );
+    assert_error(&["run", "--mem", "60G", "--bios", "none", "--kernel", &k], 1, &["61440 MiB", "guest RAM"]);
+}
+
 #[test]
 fn memory_not_a_size() {
     assert_error(&["run", "--mem", "lots"], 1, &["invalid memory size", "'lots'"]);

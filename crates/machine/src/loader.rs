@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn too_small_ram_is_a_clear_error() {
-        let ram = GuestRam::new(RAM_BASE, 8 * MIB);
+        let ram = GuestRam::new(RAM_BASE, 8 * MIB).unwrap();
         let mut kernel = vec![0u8; 64];
         kernel[56..60].copy_from_slice(b"RSC\x05");
         kernel[16..24].copy_from_slice(&(20 * MIB).to_le_bytes());
@@ -291,13 +291,13 @@ mod tests {
         elf[32] = 64; // phoff
         elf[54] = 56; // phentsize
         elf[56] = 4; // phnum, but no room for them
-        let ram = GuestRam::new(RAM_BASE, 16 * MIB);
+        let ram = GuestRam::new(RAM_BASE, 16 * MIB).unwrap();
         assert!(plan(&ram, None, &elf, None).is_err());
     }
 
     #[test]
     fn image_goes_at_its_text_offset_and_initrd_below_fdt() {
-        let ram = GuestRam::new(RAM_BASE, 256 * MIB);
+        let ram = GuestRam::new(RAM_BASE, 256 * MIB).unwrap();
         let mut kernel = vec![0u8; 4096];
         kernel[56..60].copy_from_slice(b"RSC\x05");
         kernel[8..16].copy_from_slice(&(2 * MIB).to_le_bytes());

@@ -17,7 +17,7 @@ use crate::loader::{self, LoadError};
 use crate::snapshot::StateError;
 use ftvm_cpu::{Exit, Hart};
 use ftvm_devices::{IoCompletion, IoRequest};
-use ftvm_memory::GuestRam;
+use ftvm_memory::{GuestRam, RamAllocError};
 
 /// Steps a hart runs before the next one gets its turn.
 pub const QUANTUM: u64 = 10_000;
@@ -92,6 +92,8 @@ pub enum MachineError {
     #[error("memory size {} MiB is outside 16 MiB..64 GiB", .0 >> 20)]
     RamSize(u64),
     #[error(transparent)]
+    Ram(#[from] RamAllocError),
+    #[error(transparent)]
     Board(#[from] BoardError),
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -138,7 +140,7 @@ impl Machine {
         if cfg.ram_size < 16 << 20 || cfg.ram_size > 64 << 30 {
             return Err(MachineError::RamSize(cfg.ram_size));
         }
-        let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size);
+        let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size)?;
         let board = Board::new(cfg.harts, &cfg.devices)?;
         let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())?;
         let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {

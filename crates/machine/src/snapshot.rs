@@ -27,6 +27,8 @@ pub enum StateError {
     HartCount(u32),
     #[error("bad device snapshot: RAM of {size:#x} bytes at {base:#x}")]
     Ram { base: u64, size: u64 },
+    #[error(transparent)]
+    RamAlloc(#[from] ftvm_memory::RamAllocError),
     #[error("bad device snapshot: RAM page map has the wrong size")]
     PageMap,
     #[error("bad device snapshot: RAM page data does not match the page map")]
@@ -205,7 +207,7 @@ pub(crate) fn decode_machine(buf: &[u8]) -> StateResult<(DecodedState, GuestRam)
     if data.len() != used * PAGE_SIZE as usize {
         return Err(StateError::PageData);
     }
-    let mut ram = GuestRam::new(d.ram_base, d.ram_size);
+    let mut ram = GuestRam::new(d.ram_base, d.ram_size)?;
     let mem = ram.as_mut_slice_untracked();
     let mut chunks = data.chunks_exact(PAGE_SIZE as usize);
     for i in 0..pages {

@@ -75,6 +75,8 @@ pub enum SnapshotFormatError {
     Decompress(#[source] std::io::Error),
     #[error("machine state has the wrong length")]
     WrongLength,
+    #[error("cannot allocate {} MiB for the machine state: the host refused the memory", .0 >> 20)]
+    OutOfMemory(u64),
 }
 
 /// Writes atomically: a crash mid-write leaves the old file (or none),
@@ -150,11 +152,37 @@ pub fn decode(bytes: &[u8]) -> Result<SnapshotFile, SnapshotFormatError> {
     if mlen > (64 << 30) + (1 << 30) {
         return Err(SnapshotFormatError::ImplausibleLength(mlen));
     }
-    let machine = zstd::bulk::decompress(body, mlen as usize).map_err(SnapshotFormatError::Decompress)?;
-    if machine.len() as u64 != mlen {
+    let machine = inflate(body, mlen)?;
+    Ok(SnapshotFile { writer, host, machine })
+}
+
+/// Decompresses `body`, which says it holds `len` bytes. The buffer grows
+/// with what the data really holds, fallibly: a corrupt or hostile length
+/// cannot make us reserve tens of GiB up front (`zstd::bulk` would, and
+/// abort when the host refuses), and a host short of memory for a real
+/// snapshot is an error.
+fn inflate(body: &[u8], len: u64) -> Result<Vec<u8>, SnapshotFormatError> {
+    use std::io::Read;
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(body).map_err(SnapshotFormatError::Decompress)?;
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match decoder.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(SnapshotFormatError::Decompress(e)),
+        };
+        if out.len() as u64 + n as u64 > len {
+            return Err(SnapshotFormatError::WrongLength);
+        }
+        out.try_reserve(n).map_err(|_| SnapshotFormatError::OutOfMemory(len))?;
+        out.extend_from_slice(&chunk[..n]);
+    }
+    if out.len() as u64 != len {
         return Err(SnapshotFormatError::WrongLength);
     }
-    Ok(SnapshotFile { writer, host, machine })
+    Ok(out)
 }
 
 struct Cursor<'a> {
@@ -196,5 +224,20 @@ mod tests {
         flipped[mid] ^= 1;
         assert!(matches!(decode(&flipped), Err(SnapshotFormatError::Checksum)));
         assert!(decode(&flipped).unwrap_err().to_string().contains("checksum"));
+    }
+
+    /// A small file that declares a huge machine state (60 GiB, under the
+    /// plausible bound) is refused by what its data holds, without
+    /// reserving the declared size first (which aborted the process).
+    #[test]
+    fn a_declared_length_beyond_the_data_is_refused_without_reserving_it() {
+        let f = encode(b"", b"tiny machine").unwrap();
+        let version = env!("CARGO_PKG_VERSION").len();
+        let at = MAGIC.len() + 4 + 2 + version + 4;
+        let mut forged = f[..f.len() - 32].to_vec();
+        forged[at..at + 8].copy_from_slice(&(60u64 << 30).to_le_bytes());
+        let sum = blake3::hash(&forged);
+        forged.extend_from_slice(sum.as_bytes());
+        assert!(matches!(decode(&forged), Err(SnapshotFormatError::WrongLength)));
     }
 }

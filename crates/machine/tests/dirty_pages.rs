@@ -474,14 +474,14 @@ fn guest_writes_show_up_as_dirty_pages() {
     vm.serve_io();
     vm.checkpoint("before the checkpoint restore");
     let state = vm.m.checkpoint_state().unwrap_or_else(|e| panic!("checkpoint state at MARK-C: {e}"));
-    let mut ram = GuestRam::new(vm.m.ram().base(), vm.m.ram().size());
+    let mut ram = GuestRam::new(vm.m.ram().base(), vm.m.ram().size()).unwrap();
     ram.as_mut_slice_untracked().copy_from_slice(&vm.watch().snap);
     let restored = Machine::from_checkpoint(&state, ram).unwrap_or_else(|e| panic!("from_checkpoint: {e}"));
     assert_eq!(restored.icount(), vm.m.icount());
     assert!(restored.ram().as_slice() == vm.m.ram().as_slice(), "the dirty-page copy of RAM differs from RAM");
     assert!(restored.checkpoint_state().unwrap() == state, "the rebuilt machine's state differs from the checkpoint's");
     assert!(restored.state_hash() == vm.m.state_hash(), "the rebuilt machine's state hash differs from the original's");
-    let small = GuestRam::new(vm.m.ram().base(), vm.m.ram().size() / 2);
+    let small = GuestRam::new(vm.m.ram().base(), vm.m.ram().size() / 2).unwrap();
     assert!(Machine::from_checkpoint(&state, small).is_err(), "a checkpoint took RAM of the wrong size");
     eprintln!("MARK-C: the machine rebuilt from its checkpoint state ({} bytes) has the same state hash", state.len());
 

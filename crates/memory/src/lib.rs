@@ -28,6 +28,42 @@ impl fmt::Display for OutOfRange {
 
 impl std::error::Error for OutOfRange {}
 
+/// Guest RAM the host would not give: too large for the host's memory or
+/// address space. A VMM asked for more than the host has says so and
+/// exits, rather than aborting in the allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RamAllocError {
+    pub size: u64,
+}
+
+impl fmt::Display for RamAllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot allocate {} MiB of guest RAM: the host refused the memory", self.size >> 20)
+    }
+}
+
+impl std::error::Error for RamAllocError {}
+
+/// `len` zero bytes, or None if the allocator refuses. `vec![0; len]`
+/// would abort the process on refusal, and `try_reserve` + `resize` would
+/// write every byte (committing all of RAM at once); `alloc_zeroed` gets
+/// lazily zeroed pages from the kernel and reports refusal as null.
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size (len > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout
+    // of `[u8; len]` (align 1, size len == capacity), and all `len` bytes
+    // are initialised (zeroed).
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
 pub struct GuestRam {
     base: u64,
     bytes: Vec<u8>,
@@ -41,10 +77,14 @@ pub struct GuestRam {
 impl GuestRam {
     /// `size` is rounded up to whole pages. Large zeroed allocations are
     /// backed lazily by the host kernel, so an idle guest costs little.
-    pub fn new(base: u64, size: u64) -> Self {
-        let size = (size + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    /// A size the host will not give (a `--mem` beyond the host, or one a
+    /// log header or snapshot declares) is an error, not an abort.
+    pub fn new(base: u64, size: u64) -> Result<Self, RamAllocError> {
+        let refused = RamAllocError { size };
+        let size = size.checked_add(PAGE_SIZE - 1).ok_or(refused)? & !(PAGE_SIZE - 1);
+        let len = usize::try_from(size).map_err(|_| refused)?;
         let pages = (size >> PAGE_SHIFT) as usize;
-        GuestRam { base, bytes: vec![0u8; size as usize], dirty: vec![0u64; pages.div_ceil(64)], tracking: true }
+        Ok(GuestRam { base, bytes: zeroed(len).ok_or(refused)?, dirty: vec![0u64; pages.div_ceil(64)], tracking: true })
     }
 
     #[inline]
@@ -187,7 +227,7 @@ mod tests {
 
     #[test]
     fn dirty_pages_are_exact_and_reset() {
-        let mut ram = GuestRam::new(0x8000_0000, 64 * PAGE_SIZE);
+        let mut ram = GuestRam::new(0x8000_0000, 64 * PAGE_SIZE).unwrap();
         ram.write_u32(0x8000_0000 + 5 * PAGE_SIZE + 12, 7).unwrap();
         // Straddles pages 9 and 10.
         ram.write(0x8000_0000 + 10 * PAGE_SIZE - 2, &[1, 2, 3, 4]).unwrap();
@@ -199,7 +239,7 @@ mod tests {
 
     #[test]
     fn out_of_range_is_an_error_not_a_panic() {
-        let mut ram = GuestRam::new(0x1000, PAGE_SIZE);
+        let mut ram = GuestRam::new(0x1000, PAGE_SIZE).unwrap();
         assert!(ram.read_u64(0x1000 + PAGE_SIZE - 4).is_err());
         assert!(ram.write_u8_range_check());
         assert!(ram.slice(u64::MAX - 2, 8).is_err());

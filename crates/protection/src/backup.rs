@@ -9,6 +9,7 @@
 //! until it ends or is cut, and after a cut whose arbiter it won hands
 //! back the machine to go live with.
 
+use crate::error::ProtectionError;
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
 use std::path::PathBuf;
@@ -66,7 +67,7 @@ pub trait Backup {
     /// Follows the primary's stream until it ends or is cut, telling
     /// `report` as it goes. An error is a divergence or a stream that
     /// cannot be trusted: this replica must never go live.
-    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, String>;
+    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, ProtectionError>;
 
     /// What it followed, for the last words: the text after "the primary
     /// ended the VM (...)".
@@ -75,5 +76,11 @@ pub trait Backup {
     /// After a cut, with the arbiter won for `generation` (`why`, `since`
     /// the failure was declared): says so and hands back the VM to go
     /// live with. `me` names this host.
-    fn take_over(self: Box<Self>, why: &str, since: Duration, generation: u64, me: &str) -> Result<TakeOver, String>;
+    fn take_over(
+        self: Box<Self>,
+        why: &str,
+        since: Duration,
+        generation: u64,
+        me: &str,
+    ) -> Result<TakeOver, ProtectionError>;
 }

@@ -6,6 +6,7 @@
 //! then each event as it happens, and a journal file (`--events PATH`)
 //! gets every event as one JSON line, so a script never reads stderr.
 
+use crate::error::ProtectionError;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -86,12 +87,12 @@ pub struct Events(Arc<Mutex<Journal>>);
 impl Events {
     /// A journal that also appends each event to the file at `path` as
     /// a JSON line.
-    pub fn with_file(path: &Path) -> Result<Events, String> {
+    pub fn with_file(path: &Path) -> Result<Events, ProtectionError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| format!("cannot open the event journal {}: {e}", path.display()))?;
+            .map_err(crate::error::file("cannot open the event journal", path))?;
         Ok(Events(Arc::new(Mutex::new(Journal { file: Some(file), ..Journal::default() }))))
     }
 

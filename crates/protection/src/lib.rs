@@ -8,6 +8,7 @@
 //! - [`primary`]: the interface the host's live loop drives, and the
 //!   test-and-set every mode does when its backup is lost.
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
+//! - [`error`]: why a side cannot go on, by where the fault lies.
 //! - [`status`]: what each side reports of itself, as serde types;
 //!   [`events`]: what happens to it, as typed events.
 //!
@@ -20,6 +21,7 @@
 pub mod backup;
 pub mod checkpoint;
 pub mod epoch;
+pub mod error;
 pub mod events;
 pub mod lockstep;
 pub mod pair;

@@ -3,6 +3,7 @@
 //! sends (one versioned JSON field of the replay log's header, beside the
 //! machine's description), and the backup reads it before it follows.
 
+use crate::error::{file as file_error, ProtectionError};
 use ftvm_replay::Header;
 use ftvm_replication::disk_sync;
 use serde::{Deserialize, Serialize};
@@ -123,7 +124,7 @@ pub enum PairHeaderError {
     #[error("the primary speaks pair header version {0}; this backup speaks {PAIR_HEADER_VERSION}")]
     Version(u32),
     #[error("the primary's epoch mode is out of range: {0}")]
-    Epoch(String),
+    Epoch(crate::epoch::EpochLengthError),
 }
 
 impl PairHeader {
@@ -179,8 +180,8 @@ pub struct DiskDigest {
 impl DiskDigest {
     /// Hashes the first `size` bytes of the disk at `path` (its whole
     /// length when None).
-    pub fn of(path: &Path, size: Option<u64>) -> Result<DiskDigest, String> {
-        let e = |e: std::io::Error| format!("cannot read disk {}: {e}", path.display());
+    pub fn of(path: &Path, size: Option<u64>) -> Result<DiskDigest, ProtectionError> {
+        let e = |e: std::io::Error| file_error("cannot read disk", path)(e);
         let file = std::fs::File::open(path).map_err(e)?;
         let size = match size {
             Some(s) => s,

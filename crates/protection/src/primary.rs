@@ -18,6 +18,7 @@
 //! must halt, releasing nothing. When the VM ends, `end` says what may
 //! still leave, and `finish` closes the stream once the host has drained.
 
+use crate::error::{Deposed, ProtectionError};
 use crate::events::{Events, PairEvent};
 use crate::status::PairStatus;
 use ftvm_machine::{Event, IoRequest, Machine, RunExit};
@@ -48,7 +49,7 @@ pub trait Primary {
 
     /// Before the machine runs on (also while paused): close what the
     /// stream owes for the instructions run so far.
-    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), String>;
+    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), ProtectionError>;
 
     /// After a run that stopped with `exit`: the inputs to deliver now,
     /// which waited for this point.
@@ -74,7 +75,7 @@ pub trait Primary {
     /// After a run of `busy` host time (`idle`: every hart waits for an
     /// interrupt): a checkpoint when one is due, and how long the VM
     /// pauses to keep the backup near (tell [`Primary::paused`]).
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, String>;
+    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, ProtectionError>;
 
     /// The VM paused for `slept` as [`Primary::after_slice`] asked.
     fn paused(&mut self, _slept: Duration) {}
@@ -95,7 +96,7 @@ pub trait Primary {
 
     /// The peer is declared failed: win the arbiter and hand back what
     /// was held, or an error (halt) because the peer went live first.
-    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String>;
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError>;
 
     /// Its part of the VM's status (None: it is in no pair).
     fn status(&mut self) -> Option<PairStatus>;
@@ -112,7 +113,7 @@ pub trait Primary {
     }
 
     /// After the host drained: closes the stream.
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String>;
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError>;
 }
 
 /// A primary's backup is declared failed: the test-and-set at the arbiter
@@ -126,7 +127,7 @@ pub fn backup_lost(
     failure: &Failure,
     events: &Events,
     held: impl FnOnce() -> Vec<Request>,
-) -> Result<Vec<Request>, String> {
+) -> Result<Vec<Request>, ProtectionError> {
     eprintln!("ftvm: the backup is declared failed: {failure}");
     events.emit(PairEvent::DeclaredFailed { who: "backup".into(), reason: failure.to_string() });
     let generation = arbiter.generation();
@@ -143,9 +144,9 @@ pub fn backup_lost(
         }
         Verdict::Lost(who) => {
             events.emit(PairEvent::ArbiterLost { generation, winner: who.clone() });
-            let reason = format!("{who} went live for generation {generation} (the backup took over)");
-            events.emit(PairEvent::Halting { reason: reason.clone() });
-            Err(format!("halting: {reason}"))
+            let deposed = Deposed { who, generation };
+            events.emit(PairEvent::Halting { reason: deposed.to_string() });
+            Err(deposed.into())
         }
     }
 }

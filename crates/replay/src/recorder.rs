@@ -251,15 +251,20 @@ pub fn device_text(d: &DeviceSpec) -> String {
     }
 }
 
-pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
-    let bad = || format!("unreadable device '{s}'");
+/// A device in a log header that is not one [`device_text`] writes.
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable device '{0}'")]
+pub struct DeviceTextError(pub String);
+
+pub fn parse_device(s: &str) -> Result<DeviceSpec, DeviceTextError> {
+    let bad = || DeviceTextError(s.to_string());
     let mut p = s.splitn(2, ':');
     match (p.next(), p.next()) {
         (Some("disk"), Some(rest)) => {
             let (size, mode) = rest.split_once(':').ok_or_else(bad)?;
             Ok(DeviceSpec::Disk { size: size.parse().map_err(|_| bad())?, readonly: mode == "ro" })
         }
-        (Some("net"), Some(mac)) => Ok(DeviceSpec::Net { mac: parse_mac(mac).map_err(|e| e.to_string())? }),
+        (Some("net"), Some(mac)) => Ok(DeviceSpec::Net { mac: parse_mac(mac).map_err(|_| bad())? }),
         (Some("rng"), None) => Ok(DeviceSpec::Rng),
         _ => Err(bad()),
     }

@@ -9,12 +9,94 @@
 //! which by default drops them: a replay sends nothing and writes no disk.
 //! `ftvm replay` and a lockstep or epoch backup both replay with this.
 
-use crate::recorder::parse_device;
+use crate::recorder::{parse_device, DeviceTextError};
 use crate::{Entry, Header, LogError, LogReader};
+use ftvm_machine::snapshot_file::{self, SnapshotFormatError};
 use ftvm_machine::{
-    snapshot_file, DeterministicEngine, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit,
+    DeterministicEngine, Event, IoCompletion, IoRequest, Machine, MachineConfig, MachineError, RunExit,
 };
 use std::io::Write;
+use std::path::PathBuf;
+
+/// The error a [`ReplayIo`] or [`FrameRule`] gives: each implementation
+/// (a backup's disks, epoch mode's rule) has its own typed error, boxed
+/// here so the replay loop stays generic over them.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a replay stopped short of the recording's end.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("replay diverged{0}")]
+    Diverged(Divergence),
+    /// The replay's I/O (a backup's own disk reads and writes) failed.
+    #[error("{0}")]
+    Io(#[source] HookError),
+    /// The log broke the replication mode's rule.
+    #[error("{0}")]
+    Rule(#[source] HookError),
+}
+
+/// Where and how the replay left the recording.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Divergence {
+    /// An entry lies inside a stretch the rule let the replay run ahead
+    /// through.
+    EntryInsideRunAhead { entry: u64, ran_to: u64 },
+    /// A state digest differs: the names of the parts that differ.
+    State { icount: u64, check: u64, parts: Vec<String>, since_previous: bool },
+    /// The machine stopped before the next entry.
+    StoppedEarly { icount: u64, exit: RunExit, next: u64 },
+    /// The recording and the replay ended differently.
+    End { icount: u64, recorded: Option<u32>, replayed: Option<u32> },
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Divergence::EntryInsideRunAhead { entry, ran_to } => write!(
+                f,
+                ": the log has an entry at instruction {entry}, inside the epoch the replay ran on to {ran_to}"
+            ),
+            Divergence::State { icount, check, parts, since_previous } => write!(
+                f,
+                " at instruction {icount} (state check {check}): {} differ{}",
+                parts.join(", "),
+                if *since_previous { " since the previous check" } else { "" }
+            ),
+            Divergence::StoppedEarly { icount, exit, next } => write!(
+                f,
+                " at instruction {icount}: the machine stopped ({exit:?}) before the next log entry at {next}"
+            ),
+            Divergence::End { icount, recorded, replayed } => write!(
+                f,
+                " at the end, instruction {icount}: the recording ended with {recorded:?}, the replay with {replayed:?}"
+            ),
+        }
+    }
+}
+
+/// Why a log's header does not give a machine.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    #[error("the header has no '{0}'")]
+    Missing(&'static str),
+    #[error("unreadable '{0}' in the header")]
+    Unreadable(&'static str),
+    #[error("unreadable machine '{0}' in the header")]
+    UnreadableMachine(String),
+    #[error("the header names no {0}")]
+    NoFile(&'static str),
+    #[error("cannot read the recorded {key} {}: {source}", .path.display())]
+    Read { key: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("the {key} {} is not the one recorded (its hash differs)", .path.display())]
+    NotRecorded { key: &'static str, path: PathBuf },
+    #[error(transparent)]
+    Device(#[from] DeviceTextError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotFormatError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+}
 
 /// How a replay ended, short of a divergence.
 pub enum Outcome {
@@ -32,19 +114,19 @@ pub enum Outcome {
 /// itself (VMware FT §4.1 and §4.2).
 pub trait ReplayIo {
     /// Requests the machine made, in order, by the time it reached `icount`.
-    fn requests(&mut self, icount: u64, requests: Vec<(usize, IoRequest)>) -> Result<(), String>;
+    fn requests(&mut self, icount: u64, requests: Vec<(usize, IoRequest)>) -> Result<(), HookError>;
     /// A completion from the log, about to be injected into `slot`.
-    fn completion(&mut self, slot: usize, completion: &mut IoCompletion) -> Result<(), String>;
+    fn completion(&mut self, slot: usize, completion: &mut IoCompletion) -> Result<(), HookError>;
 }
 
 /// Outputs are regenerated, never sent; completions come whole from the log.
 pub struct Regenerate;
 
 impl ReplayIo for Regenerate {
-    fn requests(&mut self, _: u64, _: Vec<(usize, IoRequest)>) -> Result<(), String> {
+    fn requests(&mut self, _: u64, _: Vec<(usize, IoRequest)>) -> Result<(), HookError> {
         Ok(())
     }
-    fn completion(&mut self, _: usize, _: &mut IoCompletion) -> Result<(), String> {
+    fn completion(&mut self, _: usize, _: &mut IoCompletion) -> Result<(), HookError> {
         Ok(())
     }
 }
@@ -60,7 +142,7 @@ pub trait FrameRule {
     fn run_ahead_to(&self, icount: u64) -> Option<u64>;
     /// An input from the log is about to be applied where `m` stands:
     /// an error if the log breaks the rule there.
-    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), String>;
+    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), HookError>;
     /// What the rule saw, for the last words ("" for nothing).
     fn summary(&self) -> String {
         String::new()
@@ -80,7 +162,7 @@ impl FrameRule for NoRule {
     fn run_ahead_to(&self, _icount: u64) -> Option<u64> {
         None
     }
-    fn input(&mut self, _m: &dyn DeterministicEngine) -> Result<(), String> {
+    fn input(&mut self, _m: &dyn DeterministicEngine) -> Result<(), HookError> {
         Ok(())
     }
 }
@@ -104,7 +186,7 @@ pub fn replay_log<R: std::io::Read>(
     replayed: &mut Replayed,
     rule: &mut dyn FrameRule,
     mut progress: impl FnMut(u64, u64),
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ReplayError> {
     let mut took_a_frame = false;
     loop {
         let ahead = if took_a_frame && reader.frame_done() { rule.run_ahead_to(m.icount()) } else { None };
@@ -130,45 +212,42 @@ pub fn replay_log<R: std::io::Read>(
         };
         took_a_frame = true;
         if rec.icount < m.icount() {
-            return Err(format!(
-                "replay diverged: the log has an entry at instruction {}, inside the epoch the replay ran on to {}",
-                rec.icount,
-                m.icount()
-            ));
+            return Err(ReplayError::Diverged(Divergence::EntryInsideRunAhead {
+                entry: rec.icount,
+                ran_to: m.icount(),
+            }));
         }
         let end = reader.last_go_live();
         let powered_off = run_to(m, io, rec.icount, show_console, &mut |i| progress(i, end))?;
         progress(m.icount(), end);
         match rec.entry {
             Entry::Event(mut ev) => {
-                rule.input(m)?;
+                rule.input(m).map_err(ReplayError::Rule)?;
                 if let Event::Io { slot, completion } = &mut ev {
-                    io.completion(*slot, completion)?;
+                    io.completion(*slot, completion).map_err(ReplayError::Io)?;
                 }
                 m.inject(ev);
             }
             Entry::StateHash(recorded) => {
                 let mine = m.state_digest();
                 if mine != recorded {
-                    return Err(format!(
-                        "replay diverged at instruction {} (state check {}): {} differ{}",
-                        m.icount(),
-                        replayed.digests + 1,
-                        mine.differences(&recorded, &m.digest_part_names()).join(", "),
-                        if replayed.digests == 0 { "" } else { " since the previous check" }
-                    ));
+                    return Err(ReplayError::Diverged(Divergence::State {
+                        icount: m.icount(),
+                        check: replayed.digests + 1,
+                        parts: mine.differences(&recorded, &m.digest_part_names()),
+                        since_previous: replayed.digests != 0,
+                    }));
                 }
                 replayed.digests += 1;
             }
             Entry::GoLive => {}
             Entry::End(status) => {
                 if powered_off != status {
-                    return Err(format!(
-                        "replay diverged at the end, instruction {}: the recording ended with {:?}, the replay with {:?}",
-                        m.icount(),
-                        status,
-                        powered_off
-                    ));
+                    return Err(ReplayError::Diverged(Divergence::End {
+                        icount: m.icount(),
+                        recorded: status,
+                        replayed: powered_off,
+                    }));
                 }
                 show(m, show_console);
                 return Ok(Outcome::Ended(status));
@@ -195,14 +274,11 @@ fn run_to(
     icount: u64,
     show_console: bool,
     progress: &mut dyn FnMut(u64),
-) -> Result<Option<u32>, String> {
+) -> Result<Option<u32>, ReplayError> {
     match run_toward(m, io, icount, show_console, progress)? {
         RunExit::Reached => Ok(None),
         RunExit::PowerOff(code) if m.icount() == icount => Ok(Some(code)),
-        other => Err(format!(
-            "replay diverged at instruction {}: the machine stopped ({other:?}) before the next log entry at {icount}",
-            m.icount()
-        )),
+        exit => Err(ReplayError::Diverged(Divergence::StoppedEarly { icount: m.icount(), exit, next: icount })),
     }
 }
 
@@ -215,10 +291,10 @@ fn run_toward(
     target: u64,
     show_console: bool,
     progress: &mut dyn FnMut(u64),
-) -> Result<RunExit, String> {
+) -> Result<RunExit, ReplayError> {
     loop {
         let exit = m.run_until(target.min(m.icount().saturating_add(PROGRESS_EVERY)));
-        io.requests(m.icount(), m.take_io_requests())?;
+        io.requests(m.icount(), m.take_io_requests()).map_err(ReplayError::Io)?;
         show(m, show_console);
         match exit {
             RunExit::Io => continue,
@@ -238,37 +314,39 @@ fn show(m: &mut dyn DeterministicEngine, on: bool) {
 }
 
 /// A header field that must be there.
-pub fn field<'a>(h: &'a Header, key: &str) -> Result<&'a str, String> {
-    h.get(key).ok_or_else(|| format!("the header has no '{key}'"))
+pub fn field<'a>(h: &'a Header, key: &'static str) -> Result<&'a str, HeaderError> {
+    h.get(key).ok_or(HeaderError::Missing(key))
 }
 
 /// Reads the file a header field names ("HASH PATH") and checks its hash.
-fn checked_file(h: &Header, key: &str) -> Result<Option<Vec<u8>>, String> {
+fn checked_file(h: &Header, key: &'static str) -> Result<Option<Vec<u8>>, HeaderError> {
     let v = field(h, key)?;
     if v == "none" {
         return Ok(None);
     }
-    let (hash, path) = v.split_once(' ').ok_or_else(|| format!("unreadable '{key}' in the header"))?;
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the recorded {key} {path}: {e}"))?;
+    let (hash, path) = v.split_once(' ').ok_or(HeaderError::Unreadable(key))?;
+    let path = PathBuf::from(path);
+    let bytes = std::fs::read(&path).map_err(|source| HeaderError::Read { key, path: path.clone(), source })?;
     if blake3::hash(&bytes).to_hex().as_str() != hash {
-        return Err(format!("the {key} {path} is not the one recorded (its hash differs)"));
+        return Err(HeaderError::NotRecorded { key, path });
     }
     Ok(Some(bytes))
 }
 
-pub fn machine_from_header(h: &Header) -> Result<Machine, String> {
+/// The machine a log's header names, built in its starting state.
+pub fn machine_from_header(h: &Header) -> Result<Machine, HeaderError> {
     if field(h, "start")? == "snapshot" {
-        let bytes = checked_file(h, "snapshot")?.ok_or("the header names no snapshot")?;
-        let snap = snapshot_file::decode(&bytes).map_err(|e| e.to_string())?;
-        return Machine::restore(&snap.machine).map_err(|e| e.to_string());
+        let bytes = checked_file(h, "snapshot")?.ok_or(HeaderError::NoFile("snapshot"))?;
+        let snap = snapshot_file::decode(&bytes)?;
+        return Ok(Machine::restore(&snap.machine)?);
     }
     let machine = field(h, "machine")?;
-    let num = |key: &str| -> Result<u64, String> {
+    let num = |key: &str| -> Result<u64, HeaderError> {
         machine
             .split(' ')
             .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("unreadable machine '{machine}' in the header"))
+            .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
     };
     let devices = field(h, "devices")?;
     let devices = if devices.is_empty() {
@@ -280,11 +358,11 @@ pub fn machine_from_header(h: &Header) -> Result<Machine, String> {
         harts: num("harts")? as usize,
         ram_size: num("ram")?,
         firmware: checked_file(h, "firmware")?,
-        kernel: checked_file(h, "kernel")?.ok_or("the header names no kernel")?,
+        kernel: checked_file(h, "kernel")?.ok_or(HeaderError::NoFile("kernel"))?,
         initrd: checked_file(h, "initrd")?,
         cmdline: field(h, "cmdline")?.to_string(),
         devices,
         guest_ips: num("ips")?,
     };
-    Machine::new(&cfg).map_err(|e| e.to_string())
+    Ok(Machine::new(&cfg)?)
 }

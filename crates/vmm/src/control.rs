@@ -27,9 +27,44 @@ pub struct ControlRequest {
     pub reply: Sender<Response>,
 }
 
+/// Why the control socket could not be served or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlSocketError {
+    #[error("control socket {} is in use by another VM", .0.display())]
+    InUse(PathBuf),
+    #[error("cannot create control socket {}: {source}", .path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot connect to control socket {}: {source}", .path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket {} closed without an answer", .0.display())]
+    NoAnswer(PathBuf),
+    #[error("control socket {}: unreadable answer ({source}): {reply}", .path.display())]
+    UnreadableAnswer {
+        path: PathBuf,
+        reply: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// A request as a person writes it on the command line: `status`,
 /// `pause`, `resume`, `snapshot FILE`, `quit`.
-pub fn parse(line: &str) -> Result<Request, String> {
+pub fn parse(line: &str) -> Result<Request, ControlError> {
+    let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
     let (word, rest) = line.split_once(' ').map_or((line, ""), |(w, r)| (w, r.trim()));
     match (word, rest) {
@@ -38,9 +73,9 @@ pub fn parse(line: &str) -> Result<Request, String> {
         ("resume", "") => Ok(Request::Resume),
         ("quit", "") => Ok(Request::Quit),
         ("events", "") => Ok(Request::Events),
-        ("snapshot", "") => Err("snapshot needs a file name".into()),
+        ("snapshot", "") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", path) => Ok(Request::Snapshot { path: PathBuf::from(path) }),
-        _ => Err(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit, events)")),
+        _ => Err(bad(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit, events)"))),
     }
 }
 
@@ -57,7 +92,11 @@ impl Drop for ControlSocket {
 
 /// Listens on `path`, forwarding requests to the live loop; `journal`
 /// answers `events`.
-pub fn listen(path: &Path, host_events: Sender<HostEvent>, journal: Events) -> Result<ControlSocket, String> {
+pub fn listen(
+    path: &Path,
+    host_events: Sender<HostEvent>,
+    journal: Events,
+) -> Result<ControlSocket, ControlSocketError> {
     let host_events = std::sync::Mutex::new(host_events);
     serve(path, journal, move |request| {
         let (tx, rx) = mpsc::channel();
@@ -76,17 +115,17 @@ pub fn serve(
     path: &Path,
     journal: Events,
     answer: impl Fn(Request) -> Response + Send + Sync + 'static,
-) -> Result<ControlSocket, String> {
+) -> Result<ControlSocket, ControlSocketError> {
     // A socket file left by a VM that was killed would make bind fail; one
     // that still answers belongs to a live VM and must not be taken over.
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
-            return Err(format!("control socket {} is in use by another VM", path.display()));
+            return Err(ControlSocketError::InUse(path.to_path_buf()));
         }
         let _ = std::fs::remove_file(path);
     }
     let listener =
-        UnixListener::bind(path).map_err(|e| format!("cannot create control socket {}: {e}", path.display()))?;
+        UnixListener::bind(path).map_err(|source| ControlSocketError::Create { path: path.to_path_buf(), source })?;
     let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
@@ -106,13 +145,14 @@ fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Res
     }
     let json = line.trim_start().starts_with('{');
     let request = match json {
-        true => serde_json::from_str::<Request>(&line).map_err(|e| format!("unreadable request: {e}")),
+        true => serde_json::from_str::<Request>(&line)
+            .map_err(|e| ControlError::BadRequest(format!("unreadable request: {e}"))),
         false => parse(&line),
     };
     let response = match request {
         Ok(Request::Events) => return stream_events(writer, journal, json),
         Ok(request) => answer(request),
-        Err(e) => Response::Error(ControlError::BadRequest(e)),
+        Err(e) => Response::Error(e),
     };
     let text = match json {
         true => serde_json::to_string(&response).expect("a response serializes"),
@@ -138,10 +178,9 @@ fn stream_events(mut writer: UnixStream, journal: &Events, json: bool) {
 
 /// The client side of `events`: calls `on_line` with each line that
 /// comes, until the VM closes the socket.
-pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> Result<(), String> {
-    let e = |e: std::io::Error| format!("control socket {}: {e}", path.display());
-    let mut s =
-        UnixStream::connect(path).map_err(|e| format!("cannot connect to control socket {}: {e}", path.display()))?;
+pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> Result<(), ControlSocketError> {
+    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
+    let mut s = connect(path)?;
     let request =
         if json { serde_json::to_string(&Request::Events).expect("a request serializes") } else { "events".into() };
     writeln!(s, "{request}").map_err(e)?;
@@ -153,21 +192,25 @@ pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> 
 
 /// The client side (`ftvm control SOCKET COMMAND`): sends one request and
 /// returns the response, with the line it came in.
-pub fn send(path: &Path, request: &Request) -> Result<(Response, String), String> {
-    let e = |e: std::io::Error| format!("control socket {}: {e}", path.display());
-    let mut s =
-        UnixStream::connect(path).map_err(|e| format!("cannot connect to control socket {}: {e}", path.display()))?;
+pub fn send(path: &Path, request: &Request) -> Result<(Response, String), ControlSocketError> {
+    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
+    let mut s = connect(path)?;
     let line = serde_json::to_string(request).expect("a request serializes");
     writeln!(s, "{line}").map_err(e)?;
     let mut reply = String::new();
     BufReader::new(s).read_line(&mut reply).map_err(e)?;
     if reply.is_empty() {
-        return Err(format!("control socket {} closed without an answer", path.display()));
+        return Err(ControlSocketError::NoAnswer(path.to_path_buf()));
     }
     let reply = reply.trim_end().to_string();
-    let response = serde_json::from_str(&reply)
-        .map_err(|e| format!("control socket {}: unreadable answer ({e}): {reply}", path.display()))?;
-    Ok((response, reply))
+    match serde_json::from_str(&reply) {
+        Ok(response) => Ok((response, reply)),
+        Err(source) => Err(ControlSocketError::UnreadableAnswer { path: path.to_path_buf(), reply, source }),
+    }
+}
+
+fn connect(path: &Path) -> Result<UnixStream, ControlSocketError> {
+    UnixStream::connect(path).map_err(|source| ControlSocketError::Connect { path: path.to_path_buf(), source })
 }
 
 #[cfg(test)]
@@ -181,7 +224,7 @@ mod tests {
         assert_eq!(parse(" snapshot /tmp/a b.snap ").unwrap(), Request::Snapshot { path: "/tmp/a b.snap".into() });
         assert!(parse("snapshot").is_err());
         assert!(parse("pause now").is_err());
-        assert!(parse("reboot").unwrap_err().contains("unknown command"));
+        assert!(parse("reboot").unwrap_err().to_string().contains("unknown command"));
     }
 
     #[test]

@@ -273,8 +273,27 @@ pub fn describe(backends: &[Backend]) -> String {
     out
 }
 
+/// A line of a device list (a snapshot's) that [`HostIo::describe`]
+/// did not write.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceLineError {
+    #[error("unreadable device line '{0}'")]
+    Line(String),
+    #[error(transparent)]
+    Latency(#[from] LatencyError),
+}
+
+/// A disk latency that is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum LatencyError {
+    #[error("invalid disk latency '{0}': use a whole number of us, ms or s (26ms)")]
+    Unreadable(String),
+    #[error("disk latency '{given}' is over the limit of {} s", MAX_DISK_LATENCY.as_secs())]
+    TooLong { given: String },
+}
+
 /// Reads what [`HostIo::describe`] wrote.
-pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
+pub fn parse_description(text: &str) -> Result<Vec<Backend>, DeviceLineError> {
     let mut out = Vec::new();
     for line in text.lines() {
         let w: Vec<&str> = line.splitn(4, ' ').collect();
@@ -287,17 +306,17 @@ pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
                     None => (*mode, Duration::ZERO),
                 };
                 if !matches!(access, "ro" | "rw") {
-                    return Err(format!("unreadable device line '{line}'"));
+                    return Err(DeviceLineError::Line(line.to_string()));
                 }
                 Backend::Disk { path: PathBuf::from(path), readonly: access == "ro", latency }
             }
             ["tap", mac, bridge, name] => Backend::Tap {
                 name: name.to_string(),
-                mac: parse_mac(mac).map_err(|e| e.to_string())?,
+                mac: parse_mac(mac).map_err(|_| DeviceLineError::Line(line.to_string()))?,
                 bridge: (*bridge != "-").then(|| bridge.to_string()),
             },
             ["rng"] => Backend::Rng,
-            _ => return Err(format!("unreadable device line '{line}'")),
+            _ => return Err(DeviceLineError::Line(line.to_string())),
         };
         out.push(b);
     }
@@ -309,8 +328,8 @@ pub fn parse_description(text: &str) -> Result<Vec<Backend>, String> {
 const MAX_DISK_LATENCY: Duration = Duration::from_secs(10);
 
 /// A disk latency: a whole number of `us`, `ms` or `s` (`26ms`).
-pub fn parse_latency(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid disk latency '{s}': use a whole number of us, ms or s (26ms)");
+pub fn parse_latency(s: &str) -> Result<Duration, LatencyError> {
+    let bad = || LatencyError::Unreadable(s.to_string());
     let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).ok_or_else(bad)?;
     let n: u64 = num.parse().map_err(|_| bad())?;
     let d = match unit {
@@ -320,7 +339,7 @@ pub fn parse_latency(s: &str) -> Result<Duration, String> {
         _ => return Err(bad()),
     };
     if d > MAX_DISK_LATENCY {
-        return Err(format!("disk latency '{s}' is over the limit of {} s", MAX_DISK_LATENCY.as_secs()));
+        return Err(LatencyError::TooLong { given: s.to_string() });
     }
     Ok(d)
 }

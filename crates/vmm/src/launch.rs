@@ -4,6 +4,7 @@
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
 //! `ftvm ft primary` share.
 
+use crate::error::{file, usage, SnapshotProblem, VmmError};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
@@ -88,19 +89,20 @@ const MAX_MEM: u64 = 64 << 30;
 const MAX_CPUS: usize = 8;
 
 /// Parse and check `--mem`.
-fn guest_memory(s: &str) -> Result<u64, String> {
+fn guest_memory(s: &str) -> Result<u64, VmmError> {
     let bytes = parse_mem(s)?;
     if bytes < MIN_MEM {
-        return Err(format!("--mem {s} is too small: the minimum is {}M", MIN_MEM >> 20));
+        return Err(usage(format!("--mem {s} is too small: the minimum is {}M", MIN_MEM >> 20)));
     }
     if bytes > MAX_MEM {
-        return Err(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30));
+        return Err(usage(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30)));
     }
     Ok(bytes)
 }
 
 /// Parse a memory size: `512M`, `2G`, `1048576K`, or a plain number of MiB.
-fn parse_mem(s: &str) -> Result<u64, String> {
+fn parse_mem(s: &str) -> Result<u64, VmmError> {
+    let bad = || usage(format!("invalid memory size '{s}': use a number with K, M or G"));
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -108,60 +110,60 @@ fn parse_mem(s: &str) -> Result<u64, String> {
                 'K' => 1u64 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
-                _ => return Err(format!("invalid memory size '{s}': use a number with K, M or G")),
+                _ => return Err(bad()),
             };
             (&t[..i], m)
         }
         _ => (t, 1 << 20),
     };
-    let n: u64 = num.parse().map_err(|_| format!("invalid memory size '{s}': use a number with K, M or G"))?;
-    n.checked_mul(mult).ok_or(format!("memory size '{s}' is too large"))
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    n.checked_mul(mult).ok_or_else(|| usage(format!("memory size '{s}' is too large")))
 }
 
-fn parse_disk(s: &str) -> Result<Backend, String> {
+fn parse_disk(s: &str) -> Result<Backend, VmmError> {
     let mut parts = s.split(',');
     let path = PathBuf::from(parts.next().unwrap_or_default());
     if path.as_os_str().is_empty() {
-        return Err("--disk needs a path".into());
+        return Err(usage("--disk needs a path"));
     }
     let mut readonly = false;
     let mut latency = Duration::ZERO;
     for opt in parts {
         match opt.split_once('=') {
             None if matches!(opt, "readonly" | "ro") => readonly = true,
-            Some(("latency", l)) => latency = host_io::parse_latency(l)?,
-            _ => return Err(format!("unknown disk option '{opt}' in --disk {s}")),
+            Some(("latency", l)) => latency = host_io::parse_latency(l).map_err(|e| usage(e.to_string()))?,
+            _ => return Err(usage(format!("unknown disk option '{opt}' in --disk {s}"))),
         }
     }
     Ok(Backend::Disk { path, readonly, latency })
 }
 
 /// `tap=NAME[,mac=..][,bridge=..]`; `index` picks the default MAC.
-fn parse_net(s: &str, index: usize) -> Result<Backend, String> {
+fn parse_net(s: &str, index: usize) -> Result<Backend, VmmError> {
     let (mut name, mut mac, mut bridge) = (None, None, None);
     for opt in s.split(',') {
         match opt.split_once('=') {
             Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
-            Some(("mac", v)) => mac = Some(ftvm_machine::mac::parse_mac(v).map_err(|e| e.to_string())?),
+            Some(("mac", v)) => mac = Some(ftvm_machine::mac::parse_mac(v).map_err(|e| usage(e.to_string()))?),
             Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
-            _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])")),
+            _ => return Err(usage(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])"))),
         }
     }
-    let name = name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?;
+    let name = name.ok_or_else(|| usage(format!("--net {s} names no TAP (use tap=NAME)")))?;
     if name.len() > 15 {
-        return Err(format!("TAP name '{name}' is longer than 15 bytes"));
+        return Err(usage(format!("TAP name '{name}' is longer than 15 bytes")));
     }
     // QEMU's default MAC, so guests and tools see familiar addresses.
     let mac = mac.unwrap_or([0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(index as u8)]);
     Ok(Backend::Tap { name, mac, bridge })
 }
 
-fn read_file(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+fn read_file(doing: &'static str, path: &std::path::Path) -> Result<Vec<u8>, VmmError> {
+    std::fs::read(path).map_err(file(doing, path))
 }
 
 /// The backends of the virtio slots, in slot order: disks, NICs, rng.
-fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, String> {
+fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, VmmError> {
     let mut out = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         if let Some(path) = default_disk {
@@ -175,11 +177,11 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
         out.push(Backend::Rng);
     }
     if out.len() > ftvm_machine::layout::VIRTIO_SLOTS {
-        return Err(format!(
+        return Err(usage(format!(
             "{} virtio devices (disks, NICs, rng) asked for; the board has {} slots",
             out.len(),
             ftvm_machine::layout::VIRTIO_SLOTS
-        ));
+        )));
     }
     Ok(out)
 }
@@ -187,37 +189,33 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
 /// Turn run options into a machine configuration (without its devices)
 /// and the backends of its devices, filling in the default guest image
 /// for whatever was not given.
-fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources), String> {
+fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources), VmmError> {
     // Options first: a typo should not be reported as a missing image, nor
     // wait for a kernel to be read.
     if args.cpus == 0 || args.cpus > MAX_CPUS {
-        return Err(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus));
+        return Err(usage(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus)));
     }
     let ram_size = guest_memory(&args.mem)?;
     // Checked before looking for the image, for the same reason.
     backends(args, None)?;
     // The default image supplies the firmware unless --bios is given, and
     // kernel, initrd and root disk unless --kernel is.
-    let image = if args.bios.is_none() || args.kernel.is_none() {
-        Some(ftvm_image::locate().map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
+    let image = if args.bios.is_none() || args.kernel.is_none() { Some(ftvm_image::locate()?) } else { None };
     let firmware_path = match args.bios.as_deref() {
         Some("none") => None,
         Some(p) => Some(PathBuf::from(p)),
         None => Some(image.as_ref().unwrap().firmware.clone()),
     };
-    let firmware = firmware_path.as_ref().map(|p| read_file("firmware", p)).transpose()?;
+    let firmware = firmware_path.as_ref().map(|p| read_file("cannot read firmware", p)).transpose()?;
     let default_kernel = args.kernel.is_none();
     let kernel_path = args.kernel.clone().unwrap_or_else(|| image.as_ref().unwrap().kernel.clone());
-    let kernel = read_file("kernel", &kernel_path)?;
+    let kernel = read_file("cannot read kernel", &kernel_path)?;
     let initrd_path = match (&args.initrd, default_kernel) {
         (Some(p), _) => Some(p.clone()),
         (None, true) => Some(image.as_ref().unwrap().initrd.clone()),
         (None, false) => None,
     };
-    let initrd = initrd_path.as_ref().map(|p| read_file("initrd", p)).transpose()?;
+    let initrd = initrd_path.as_ref().map(|p| read_file("cannot read initrd", p)).transpose()?;
     let backends = backends(args, default_kernel.then(|| image.as_ref().unwrap().rootfs.clone()))?;
     let mut cmdline = args.append.clone().unwrap_or_else(|| {
         if default_kernel {
@@ -238,10 +236,10 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         } else {
             ""
         };
-        return Err(format!(
+        return Err(usage(format!(
             "the kernel command line would be {} bytes, over Linux's limit of {max}{what}",
             cmdline.len()
-        ));
+        )));
     }
     let cfg = MachineConfig {
         harts: args.cpus,
@@ -273,14 +271,14 @@ pub enum Target {
 }
 
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
-pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
+pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     let (events_tx, events) = std::sync::mpsc::channel();
     let journal = match &target {
         Target::Backup(ft) => ft.pair.journal()?,
         _ => Events::default(),
     };
     let mut primary: Option<Box<dyn Primary>> = None;
-    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), String> {
+    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), VmmError> {
         primary = match &target {
             Target::None => None,
             Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
@@ -292,15 +290,15 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         // A VM restored from a snapshot keeps the snapshot's disks unless
         // --disk names others: its guest has them mounted.
         if ft.disk_sharing()? == DiskSharing::Separate && args.disks.is_empty() {
-            return Err(if ft.mode == Mode::Checkpoint {
-                "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk".into()
+            return Err(usage(if ft.mode == Mode::Checkpoint {
+                "checkpoint mode keeps a copy of the disk on each host: name this host's with --disk"
             } else {
-                "with --disk-sharing separate, name this host's copy of the disk with --disk".into()
-            });
+                "with --disk-sharing separate, name this host's copy of the disk with --disk"
+            }));
         }
         // The disk lives on the shared storage, where the backup finds it.
         if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
-            let img = ftvm_image::locate().map_err(|e| e.to_string())?;
+            let img = ftvm_image::locate()?;
             let disk = ft::default_shared_disk(&ft.pair, &img.rootfs)?;
             args.disks.push(disk.display().to_string());
         }
@@ -308,9 +306,9 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
     let (mut machine, mut io) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
-            let (io, devices) = HostIo::open(backends, events_tx.clone()).map_err(|e| e.to_string())?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
             cfg.devices = devices;
-            let m = Machine::new(&cfg).map_err(|e| e.to_string())?;
+            let m = Machine::new(&cfg)?;
             if !matches!(target, Target::None) {
                 let start = Start::Boot {
                     firmware: src.firmware.as_deref().zip(cfg.firmware.as_deref()),
@@ -326,7 +324,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, String> {
         Some(file) => {
             let (m, io) = restore(&args, file, &events_tx)?;
             if !matches!(target, Target::None) {
-                let bytes = std::fs::read(file).map_err(|e| format!("cannot read snapshot {}: {e}", file.display()))?;
+                let bytes = std::fs::read(file).map_err(crate::error::file("cannot read snapshot", file))?;
                 // The header names it for the replay (or the backup) to find,
                 // whatever its working directory.
                 let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
@@ -369,7 +367,7 @@ fn restore(
     args: &RunArgs,
     file: &std::path::Path,
     events: &std::sync::mpsc::Sender<HostEvent>,
-) -> Result<(Machine, HostIo), String> {
+) -> Result<(Machine, HostIo), VmmError> {
     let conflicting = [
         ("--bios", args.bios.is_some()),
         ("--kernel", args.kernel.is_some()),
@@ -379,12 +377,12 @@ fn restore(
         ("--no-rng", args.no_rng),
     ];
     if let Some((opt, _)) = conflicting.iter().find(|(_, given)| *given) {
-        return Err(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine"));
+        return Err(usage(format!("{opt} cannot be combined with --restore: the snapshot holds the whole machine")));
     }
-    let snap = snapshot_file::read(file).map_err(|e| e.to_string())?;
-    let text =
-        String::from_utf8(snap.host).map_err(|_| format!("snapshot {}: unreadable device list", file.display()))?;
-    let mut backends = host_io::parse_description(&text).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
+    let bad = |problem: SnapshotProblem| VmmError::Snapshot { path: file.to_path_buf(), problem };
+    let snap = snapshot_file::read(file)?;
+    let text = String::from_utf8(snap.host).map_err(|_| bad(SnapshotProblem::DeviceListText))?;
+    let mut backends = host_io::parse_description(&text).map_err(|e| bad(e.into()))?;
     // --disk and --net given on the command line replace the snapshot's, in order.
     let mut disks = args.disks.iter().map(|d| parse_disk(d));
     let mut nets = args.nets.iter().enumerate().map(|(i, n)| parse_net(n, i));
@@ -406,20 +404,21 @@ fn restore(
         }
     }
     if disks.next().is_some() || nets.next().is_some() {
-        return Err(format!("snapshot {} has fewer disks or NICs than given on the command line", file.display()));
+        return Err(bad(SnapshotProblem::FewerDevices));
     }
-    let machine = Machine::restore(&snap.machine).map_err(|e| format!("snapshot {}: {e}", file.display()))?;
-    let (io, devices) = HostIo::open(backends, events.clone()).map_err(|e| e.to_string())?;
-    for (i, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
+    let machine = Machine::restore(&snap.machine).map_err(|e| bad(e.into()))?;
+    let (io, devices) = HostIo::open(backends, events.clone())?;
+    for (slot, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
         if want != got {
-            return Err(format!(
-                "snapshot {}: virtio slot {i} was {want:?} but is now {got:?} (a disk must keep its size)",
-                file.display()
-            ));
+            return Err(bad(SnapshotProblem::DeviceChanged {
+                slot,
+                was: format!("{want:?}"),
+                now: format!("{got:?}"),
+            }));
         }
     }
     if machine.devices().len() != devices.len() {
-        return Err(format!("snapshot {}: device list does not match the machine", file.display()));
+        return Err(bad(SnapshotProblem::DeviceCount));
     }
     Ok((machine, io))
 }
@@ -438,8 +437,8 @@ mod tests {
         assert!(parse_mem("99999999999G").is_err());
         assert_eq!(guest_memory("16M").unwrap(), 16 << 20);
         assert_eq!(guest_memory("64G").unwrap(), 64 << 30);
-        assert!(guest_memory("1500K").unwrap_err().contains("--mem 1500K is too small"));
-        assert!(guest_memory("65G").unwrap_err().contains("too large"));
+        assert!(guest_memory("1500K").unwrap_err().to_string().contains("--mem 1500K is too small"));
+        assert!(guest_memory("65G").unwrap_err().to_string().contains("too large"));
     }
 
     #[test]
@@ -449,9 +448,9 @@ mod tests {
         let d = parse_disk("/tmp/x.img,latency=26ms").unwrap();
         assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: false, latency: Duration::from_millis(26) });
         assert_eq!(parse_disk("/x,latency=500us,ro").unwrap(), parse_disk("/x,ro,latency=500us").unwrap());
-        assert!(parse_disk("/tmp/x.img,latency=26").unwrap_err().contains("invalid disk latency '26'"));
+        assert!(parse_disk("/tmp/x.img,latency=26").unwrap_err().to_string().contains("invalid disk latency '26'"));
         assert!(parse_disk("/tmp/x.img,latency=1min").is_err());
-        assert!(parse_disk("/tmp/x.img,latency=11s").unwrap_err().contains("over the limit"));
+        assert!(parse_disk("/tmp/x.img,latency=11s").unwrap_err().to_string().contains("over the limit"));
         assert!(parse_disk("/tmp/x.img,bogus").is_err());
         assert!(parse_disk("").is_err());
     }
@@ -464,9 +463,9 @@ mod tests {
         );
         let b = parse_net("mac=02:00:00:00:00:01,tap=x", 0).unwrap();
         assert_eq!(b, Backend::Tap { name: "x".into(), mac: [2, 0, 0, 0, 0, 1], bridge: None });
-        assert!(parse_net("bridge=br0", 0).unwrap_err().contains("names no TAP"));
+        assert!(parse_net("bridge=br0", 0).unwrap_err().to_string().contains("names no TAP"));
         assert!(parse_net("tap=t0,speed=10G", 0).is_err());
-        assert!(parse_net("tap=averyveryverylongname", 0).unwrap_err().contains("15 bytes"));
+        assert!(parse_net("tap=averyveryverylongname", 0).unwrap_err().to_string().contains("15 bytes"));
         assert!(parse_net("tap=t0,mac=zz", 0).is_err());
     }
 }

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod console;
 pub mod control;
+pub mod error;
 pub mod exec;
 pub mod ft;
 pub mod host_io;

@@ -19,6 +19,7 @@
 use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
+use crate::error::VmmError;
 use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
 use ftvm_machine::layout::TIMEBASE_HZ;
@@ -37,8 +38,6 @@ const CHUNK: u64 = 200_000;
 const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
-
-const STUCK_IDLE: &str = "the guest is idle with no timer armed and no input left";
 
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
@@ -135,7 +134,7 @@ pub fn run(
     events: Receiver<HostEvent>,
     opts: Options,
     primary: Option<Box<dyn Primary>>,
-) -> Result<u32, String> {
+) -> Result<u32, VmmError> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let mut live = Live {
         pacer: Pacer::new(&m),
@@ -175,7 +174,7 @@ pub fn run(
 }
 
 impl Live {
-    fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, String> {
+    fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, VmmError> {
         loop {
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
@@ -206,7 +205,7 @@ impl Live {
             match exit {
                 None => {
                     // Paused: nothing runs until a command or an event comes.
-                    let ev = events.recv().map_err(|_| "the host event channel closed".to_string())?;
+                    let ev = events.recv().map_err(|_| VmmError::EventsClosed)?;
                     if let Next::Exit(code) = self.handle(ev)? {
                         return Ok(code);
                     }
@@ -222,7 +221,7 @@ impl Live {
                     self.powered_off = true;
                     return Ok(code);
                 }
-                Some(RunExit::Reset) => return Err("the guest asked to reboot; reboot is not supported yet".into()),
+                Some(RunExit::Reset) => return Err(VmmError::Reboot),
                 // Input arrived since the machine went idle: it may wake it,
                 // so run again rather than sleep on the old deadline.
                 Some(RunExit::Idle { .. }) if self.injected != injected_before => {}
@@ -245,7 +244,7 @@ impl Live {
 
     /// Every hart waits for an interrupt: sleep until the timer deadline
     /// or until something arrives, then move guest time to now.
-    fn idle(&mut self, wake_at: Option<u64>, events: &Receiver<HostEvent>) -> Result<Next, String> {
+    fn idle(&mut self, wake_at: Option<u64>, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
         let io_busy = self.m.io_pending();
         if self.opts.fast_time && !io_busy {
             if let Some(t) = wake_at {
@@ -278,10 +277,10 @@ impl Live {
             Some(d) => match events.recv_timeout(d) {
                 Ok(ev) => Some(ev),
                 Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return Err("the host event channel closed".into()),
+                Err(RecvTimeoutError::Disconnected) => return Err(VmmError::EventsClosed),
             },
-            None if nothing_can_come => return Err(STUCK_IDLE.into()),
-            None => Some(events.recv().map_err(|_| "the host event channel closed".to_string())?),
+            None if nothing_can_come => return Err(VmmError::StuckIdle),
+            None => Some(events.recv().map_err(|_| VmmError::EventsClosed)?),
         };
         if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks() < t) {
             // Woke for the keep-alive only: the guest sleeps on.
@@ -313,7 +312,7 @@ impl Live {
         Ok(Next::Continue)
     }
 
-    fn handle(&mut self, ev: HostEvent) -> Result<Next, String> {
+    fn handle(&mut self, ev: HostEvent) -> Result<Next, VmmError> {
         match ev {
             HostEvent::Console(Input::Bytes(b)) => self.pending.extend(b),
             HostEvent::Console(Input::Quit) => return Ok(Next::Exit(0)),
@@ -359,7 +358,7 @@ impl Live {
 
     /// After a run: a checkpoint when one is due, and the pause the
     /// primary asks for to keep its backup near.
-    fn after_slice(&mut self, busy: Duration, idle: bool) -> Result<(), String> {
+    fn after_slice(&mut self, busy: Duration, idle: bool) -> Result<(), VmmError> {
         let Some(p) = &mut self.primary else { return Ok(()) };
         let pause = p.after_slice(&mut self.m, busy, idle)?;
         if !pause.is_zero() {
@@ -370,7 +369,7 @@ impl Live {
         Ok(())
     }
 
-    fn control(&mut self, req: ControlRequest) -> Result<Next, String> {
+    fn control(&mut self, req: ControlRequest) -> Result<Next, VmmError> {
         let (response, next) = match req.request {
             Request::Status => {
                 let pair = match &mut self.primary {
@@ -422,9 +421,9 @@ impl Live {
 
     fn snapshot(&mut self, path: &std::path::Path) -> Result<Reply, ControlError> {
         let t0 = Instant::now();
-        let failed = |e: String| ControlError::SnapshotFailed(e);
-        let machine = self.m.snapshot().map_err(|e| failed(e.to_string()))?;
-        snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(|e| failed(e.to_string()))?;
+        let failed = |e: &dyn std::error::Error| ControlError::SnapshotFailed(e.to_string());
+        let machine = self.m.snapshot().map_err(|e| failed(&e))?;
+        snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(|e| failed(&e))?;
         // The time spent writing is not guest time.
         self.pacer = Pacer::new(&self.m);
         Ok(Reply::Snapshot {

@@ -3,7 +3,9 @@
 //! follow.
 
 use crate::api::PairStatus;
+use crate::error::{file, VmmError};
 use ftvm_machine::{Event, Machine};
+use ftvm_protection::error::ProtectionError;
 use ftvm_protection::primary::{Alone, Primary, Request};
 use ftvm_replay::recorder::Recorder;
 use ftvm_replay::Header;
@@ -18,18 +20,17 @@ use std::time::Duration;
 pub struct Recording(Recorder<BufWriter<File>>);
 
 impl Recording {
-    pub fn create(path: &Path, header: &Header) -> Result<Recording, String> {
-        let f = File::create(path).map_err(|e| format!("cannot create log {}: {e}", path.display()))?;
+    pub fn create(path: &Path, header: &Header) -> Result<Recording, VmmError> {
+        let f = File::create(path).map_err(file("cannot create log", path))?;
         let name = path.display().to_string();
-        let recorder = Recorder::new(BufWriter::new(f), header, name, None)
-            .map_err(|e| format!("cannot write log {}: {e}", path.display()))?;
+        let recorder = Recorder::new(BufWriter::new(f), header, name, None).map_err(file("cannot write log", path))?;
         Ok(Recording(recorder))
     }
 }
 
 impl Primary for Recording {
-    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), String> {
-        self.0.close_frame(m).map_err(|e| e.to_string())
+    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
+        Ok(self.0.close_frame(m)?)
     }
 
     fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
@@ -41,7 +42,7 @@ impl Primary for Recording {
         requests
     }
 
-    fn after_slice(&mut self, _m: &mut Machine, _busy: Duration, _idle: bool) -> Result<Duration, String> {
+    fn after_slice(&mut self, _m: &mut Machine, _busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
         Ok(Duration::ZERO)
     }
 
@@ -50,7 +51,7 @@ impl Primary for Recording {
     }
 
     /// A log file has no peer to lose.
-    fn peer_lost(&mut self, _failure: &Failure) -> Result<Alone, String> {
+    fn peer_lost(&mut self, _failure: &Failure) -> Result<Alone, ProtectionError> {
         Ok(Alone::default())
     }
 
@@ -58,12 +59,12 @@ impl Primary for Recording {
         None
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
         let synced = |f: BufWriter<File>| {
             let file = f.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;
             Ok(file.metadata()?.len())
         };
-        self.0.finish(m, status, synced).map_err(|e| e.to_string())
+        Ok(self.0.finish(m, status, synced)?)
     }
 }

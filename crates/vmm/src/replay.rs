@@ -9,6 +9,7 @@
 //! a cut log, `--then-run` hands the machine over to live execution, which
 //! is what a backup does when it goes live.
 
+use crate::error::{usage, LogProblem, VmmError};
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::{console, control, live};
 use clap::Args;
@@ -37,16 +38,17 @@ pub struct ReplayArgs {
     control: Option<PathBuf>,
 }
 
-pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
+pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
     let name = args.log.display().to_string();
-    let file = std::fs::File::open(&args.log).map_err(|e| format!("cannot open log {name}: {e}"))?;
+    let bad = |problem: LogProblem| VmmError::Log { name: name.clone(), problem };
+    let file = std::fs::File::open(&args.log).map_err(|e| bad(LogProblem::Open(e)))?;
     let (mut reader, header) =
-        LogReader::open(std::io::BufReader::with_capacity(1 << 20, file)).map_err(|e| format!("log {name}: {e}"))?;
-    let mut m = machine_from_header(&header).map_err(|e| format!("log {name}: {e}"))?;
+        LogReader::open(std::io::BufReader::with_capacity(1 << 20, file)).map_err(|e| bad(e.into()))?;
+    let mut m = machine_from_header(&header).map_err(|e| bad(e.into()))?;
     m.set_dirty_tracking(true);
-    let want = header.get("state").ok_or_else(|| format!("log {name}: the header has no start state"))?;
+    let want = field(&header, "state").map_err(|e| bad(e.into()))?;
     if hex(&m.state_hash()) != want {
-        return Err(format!("log {name}: the machine built from its header is not in the recorded start state"));
+        return Err(bad(LogProblem::NotInStartState));
     }
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
@@ -62,7 +64,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
                 status.map_or(String::new(), |s| format!(", the guest powered off with status {s}"))
             );
             match (status, args.then_run) {
-                (Some(_), true) => Err("the recording ends with the guest powered off: nothing to run".into()),
+                (Some(_), true) => Err(usage("the recording ends with the guest powered off: nothing to run")),
                 (Some(s), false) => Ok(s),
                 (None, true) => go_live(m, &header, &LiveSetup::from_args(args)),
                 (None, false) => Ok(0),
@@ -70,13 +72,13 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, String> {
         }
         Outcome::Cut(e) => {
             // Without --then-run the error alone is the answer: one line.
-            let msg = format!("log {name}: {e}; replayed the valid part to instruction {}", m.icount());
+            let cut = bad(LogProblem::Cut { source: e, replayed_to: m.icount() });
             if args.then_run {
                 eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
-                eprintln!("ftvm: {msg}; going live there");
+                eprintln!("ftvm: {cut}; going live there");
                 go_live(m, &header, &LiveSetup::from_args(args))
             } else {
-                Err(msg)
+                Err(cut)
             }
         }
     }
@@ -113,8 +115,9 @@ impl LiveSetup {
 }
 
 /// Continues the replayed machine as a live VM on the recorded backends.
-pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String> {
-    let mut backends = host_io::parse_description(&field(h, "backends")?.replace(';', "\n"))?;
+pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmError> {
+    let mut backends =
+        host_io::parse_description(&field(h, "backends")?.replace(';', "\n")).map_err(VmmError::Backends)?;
     let (mut nets, mut disks) = (setup.nets.iter(), setup.disks.iter());
     for b in backends.iter_mut() {
         match b {
@@ -141,11 +144,11 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, String>
         match HostIo::open(backends.clone(), tx.clone()) {
             Ok(opened) => break opened,
             Err(e) if e.in_use() && Instant::now() < patience => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     };
     if devices != m.devices() {
-        return Err("the recorded disks or NICs are not what the machine had (a disk changed size?)".into());
+        return Err(VmmError::DevicesChanged);
     }
     if setup.announce {
         io.announce();

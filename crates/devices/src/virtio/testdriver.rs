@@ -62,7 +62,7 @@ pub type Buf = (u64, u32, bool);
 impl TestDriver {
     pub fn new(dev: VirtioMmio) -> Self {
         TestDriver {
-            ram: GuestRam::new(RAM_BASE, RAM_SIZE),
+            ram: GuestRam::new(RAM_BASE, RAM_SIZE).unwrap(),
             irq: IrqLines::default(),
             dev,
             qsize: 0,

@@ -13,6 +13,7 @@
 //! flushed and marked valid by an activation record before it runs.
 
 use crate::backup::{Backup, Followed as Follow, Progress, Report, TakeOver};
+use crate::error::{file, PeerError, ProtectionError};
 use crate::events::{Events, PairEvent};
 use crate::lockstep::backup::{disk_paths, primary_digests};
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
@@ -20,7 +21,7 @@ use crate::status::BackupMode;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;
-use ftvm_machine::{GuestRam, Machine};
+use ftvm_machine::{GuestRam, Machine, MachineError};
 use ftvm_replay::Header;
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
 use ftvm_replication::disk_sync::{self, DigestList};
@@ -48,21 +49,21 @@ pub struct Committed {
 }
 
 impl Committed {
-    pub fn new(ram_size: u64) -> Committed {
-        Committed {
-            ram: GuestRam::new(RAM_BASE, ram_size),
+    pub fn new(ram_size: u64) -> Result<Committed, ProtectionError> {
+        Ok(Committed {
+            ram: GuestRam::new(RAM_BASE, ram_size).map_err(MachineError::from)?,
             state: None,
             number: 0,
             icount: 0,
             checkpoints: 0,
             writes: 0,
-        }
+        })
     }
 
     /// The VM as of the last committed checkpoint.
-    pub fn into_machine(self) -> Result<Machine, String> {
-        let state = self.state.ok_or("no checkpoint was committed: there is nothing to take over")?;
-        Machine::from_checkpoint(&state, self.ram).map_err(|e| format!("the last checkpoint: {e}"))
+    pub fn into_machine(self) -> Result<Machine, ProtectionError> {
+        let state = self.state.ok_or(ProtectionError::NothingToTakeOver)?;
+        Ok(Machine::from_checkpoint(&state, self.ram)?)
     }
 }
 
@@ -72,11 +73,16 @@ impl Committed {
 /// this copy as the valid one from `generation` on. After a crash of both
 /// hosts the records tell which copy of the disk to trust. Returns the
 /// records' paths.
-pub fn activate(disks: &[PathBuf], held: &Committed, generation: u64, me: &str) -> Result<Vec<PathBuf>, String> {
+pub fn activate(
+    disks: &[PathBuf],
+    held: &Committed,
+    generation: u64,
+    me: &str,
+) -> Result<Vec<PathBuf>, ProtectionError> {
     let mut records = Vec::new();
     for disk in disks {
-        let e = |what: &str, e: std::io::Error| format!("activating {}: {what}: {e}", disk.display());
-        std::fs::OpenOptions::new().write(true).open(disk).and_then(|f| f.sync_all()).map_err(|x| e("flush", x))?;
+        let flush = file("activating: cannot flush the disk", disk);
+        std::fs::OpenOptions::new().write(true).open(disk).and_then(|f| f.sync_all()).map_err(flush)?;
         let record = PathBuf::from(format!("{}.activation", disk.display()));
         let tmp = PathBuf::from(format!("{}.activation.part", disk.display()));
         let when = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -88,12 +94,18 @@ pub fn activate(disks: &[PathBuf], held: &Committed, generation: u64, me: &str) 
             held.writes,
             when.as_secs()
         );
-        let mut f = std::fs::File::create(&tmp).map_err(|x| e("record", x))?;
-        f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(|x| e("record", x))?;
-        std::fs::rename(&tmp, &record).map_err(|x| e("record", x))?;
+        let write = |tmp: &Path| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(tmp, &record)
+        };
+        write(&tmp).map_err(file("activating: cannot write the activation record", &record))?;
         if let Some(dir) = record.parent() {
             let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|x| e("record's directory", x))?;
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(file("activating: cannot flush the directory", dir))?;
         }
         records.push(record);
     }
@@ -113,11 +125,11 @@ pub struct Disks {
 }
 
 impl Disks {
-    pub fn open(disks: &[(usize, &Path)], events: Events) -> Result<Disks, String> {
+    pub fn open(disks: &[(usize, &Path)], events: Events) -> Result<Disks, ProtectionError> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {
-            let image = DiskImage::open(path, false).map_err(|e| e.to_string())?;
-            let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
+            let image = DiskImage::open(path, false)?;
+            let backend = image.backend().map_err(file("disk", path))?;
             open.insert(slot as u32, (image, backend));
         }
         Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0), events })
@@ -130,26 +142,22 @@ impl Disks {
     }
 
     /// The copy in `slot`, checked to hold `len` bytes at `offset`.
-    fn range(&mut self, slot: u32, offset: u64, len: usize) -> Result<&mut (DiskImage, FileBackend), String> {
-        let disk =
-            self.disks.get_mut(&slot).ok_or_else(|| format!("disk data for slot {slot}, which holds no disk"))?;
+    fn range(&mut self, slot: u32, offset: u64, len: usize) -> Result<&mut (DiskImage, FileBackend), PeerError> {
+        let disk = self.disks.get_mut(&slot).ok_or(PeerError::NoDiskInSlot(slot))?;
         if offset.checked_add(len as u64).is_none_or(|end| end > disk.1.size()) {
-            return Err(format!("disk data past the end of the disk in slot {slot}"));
+            return Err(PeerError::PastDiskEnd(slot));
         }
         Ok(disk)
     }
 
     /// Once the blocks are in: each copy that differed hashes as the
     /// primary's now, or the backup cannot follow.
-    fn check_synced(&mut self) -> Result<(), String> {
+    fn check_synced(&mut self) -> Result<(), ProtectionError> {
         for (slot, theirs) in self.unsynced.drain(..) {
             let (image, _) = &self.disks[&slot];
             let mine = DiskDigest::of(image.path(), DiskDigest::size_in(&theirs))?.whole();
             if mine != theirs {
-                return Err(format!(
-                    "the backup's disk {} still differs from the primary's after its blocks came",
-                    image.path().display()
-                ));
+                return Err(PeerError::StillDiffers(image.path().to_path_buf()).into());
             }
             eprintln!(
                 "ftvm: the backup's disk {} is now a copy of the primary's ({} blocks, {:.1} MiB received)",
@@ -182,7 +190,7 @@ pub fn follow(
     held: &mut Committed,
     disks: &mut Disks,
     mut on_commit: impl FnMut(&Committed),
-) -> Result<Followed, String> {
+) -> Result<Followed, ProtectionError> {
     let mut reader = Reader::new(input);
     // Disk writes of the interval in progress, applied when it commits.
     let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
@@ -193,7 +201,7 @@ pub fn follow(
         let record = match reader.next_record() {
             Ok(r) => r,
             Err(ReadError::Cut) => return Ok(Followed::Cut),
-            Err(e @ ReadError::Corrupt { .. }) => return Err(e.to_string()),
+            Err(e @ ReadError::Corrupt { .. }) => return Err(PeerError::Stream(e).into()),
         };
         match record {
             Record::DiskWrite { slot, offset, data } => {
@@ -202,30 +210,28 @@ pub fn follow(
             }
             Record::DiskSync { slot, offset, data } => {
                 if held.state.is_some() {
-                    return Err("disk blocks after the first checkpoint".into());
+                    return Err(PeerError::LateDiskBlocks.into());
                 }
                 let (image, backend) = disks.range(slot, offset, data.len())?;
                 // The disk as it was before the guest ran: no interval to
                 // wait for.
-                backend
-                    .write_at(offset, &data)
-                    .map_err(|e| format!("cannot write the backup's disk {}: {e}", image.path().display()))?;
+                backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
                 disks.synced.0 += 1;
                 disks.synced.1 += data.len() as u64;
             }
             Record::Pages { number, pages } => {
                 if number != next(held) {
-                    return Err(format!("pages of checkpoint {number} when {} was due", next(held)));
+                    return Err(PeerError::PagesOutOfOrder { number, due: next(held) }.into());
                 }
                 staged.extend(decode_pages(&held.ram, number, &pages)?);
             }
             Record::Checkpoint { number, icount, state, pages } => {
                 if number != next(held) {
-                    return Err(format!("checkpoint {number} when {} was due", next(held)));
+                    return Err(PeerError::CheckpointOutOfOrder { number, due: next(held) }.into());
                 }
                 disks.check_synced()?;
                 let state = zstd::bulk::decompress(&state, MAX_STATE)
-                    .map_err(|e| format!("checkpoint {number}: machine state: {e}"))?;
+                    .map_err(|source| PeerError::CheckpointState { number, source })?;
                 staged.extend(decode_pages(&held.ram, number, &pages)?);
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
@@ -237,9 +243,7 @@ pub fn follow(
                 }
                 for (slot, offset, data) in writes.drain(..) {
                     let (image, backend) = disks.disks.get_mut(&slot).expect("checked on receipt");
-                    backend
-                        .write_at(offset, &data)
-                        .map_err(|e| format!("cannot write the backup's disk {}: {e}", image.path().display()))?;
+                    backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
                     held.writes += 1;
                 }
                 held.state = Some(state);
@@ -259,14 +263,14 @@ pub fn follow(
 /// Guest pages: (guest-physical address, content).
 type Pages = Vec<(u64, Box<[u8; PAGE_SIZE]>)>;
 
-fn decode_pages(ram: &GuestRam, number: u64, blob: &[u8]) -> Result<Pages, String> {
+fn decode_pages(ram: &GuestRam, number: u64, blob: &[u8]) -> Result<Pages, PeerError> {
     let ram = ram.as_slice();
     let base_pfn = RAM_BASE / PAGE_SIZE as u64;
     page_delta::decode(blob, |pfn| {
         let i = pfn.checked_sub(base_pfn)? as usize;
         ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
     })
-    .map_err(|e| format!("checkpoint {number}: pages: {e}"))
+    .map_err(|source| PeerError::Pages { number, source })
 }
 
 /// A backup that commits the primary's checkpoints.
@@ -293,12 +297,12 @@ impl<R: Read> CheckpointBackup<R> {
         pair: &PairHeader,
         interval_ms: u64,
         given: &[PathBuf],
-        request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+        request: &dyn Fn(Vec<u8>) -> Result<(), ProtectionError>,
         events: &Events,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ProtectionError> {
         let ram = ram_size(header)?;
         if pair.disk_policy.sharing != DiskSharing::Separate {
-            return Err("checkpoint mode needs a copy of each disk on each host".into());
+            return Err(ProtectionError::SharedDisks);
         }
         let disks = disk_paths(pair, given)?;
         let to_sync = copies_to_sync(pair, &disks, request, events)?;
@@ -309,7 +313,7 @@ impl<R: Read> CheckpointBackup<R> {
         }
         Ok(CheckpointBackup {
             stream,
-            held: Committed::new(ram),
+            held: Committed::new(ram)?,
             files: Some(files),
             disks,
             interval_ms,
@@ -339,7 +343,7 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         })
     }
 
-    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Follow, String> {
+    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Follow, ProtectionError> {
         let mut files = self.files.take().expect("a checkpoint backup follows once");
         let (committed, at) = (&self.committed, &self.committed_icount);
         let outcome = follow(&mut self.stream, &mut self.held, &mut files, |c| {
@@ -363,7 +367,13 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         format!("; {}", self.committed_summary())
     }
 
-    fn take_over(self: Box<Self>, why: &str, since: Duration, generation: u64, me: &str) -> Result<TakeOver, String> {
+    fn take_over(
+        self: Box<Self>,
+        why: &str,
+        since: Duration,
+        generation: u64,
+        me: &str,
+    ) -> Result<TakeOver, ProtectionError> {
         let line = format!(
             "ftvm: going live from checkpoint {} at instruction {} ({why}; {}; {} ms after the failure was declared)",
             self.held.number,
@@ -390,13 +400,13 @@ impl<R: Read> Backup for CheckpointBackup<R> {
 fn copies_to_sync(
     pair: &PairHeader,
     disks: &[(usize, PathBuf)],
-    request: &dyn Fn(Vec<u8>) -> Result<(), String>,
+    request: &dyn Fn(Vec<u8>) -> Result<(), ProtectionError>,
     events: &Events,
-) -> Result<Vec<(usize, String)>, String> {
+) -> Result<Vec<(usize, String)>, ProtectionError> {
     let mut to_sync = Vec::new();
     for ((slot, path), theirs) in disks.iter().zip(primary_digests(pair)?) {
-        let size = DiskDigest::size_in(theirs).ok_or("the primary's disk digests name no size")?;
-        let e = |e: std::io::Error| format!("cannot make the backup's disk {}: {e}", path.display());
+        let size = DiskDigest::size_in(theirs).ok_or(PeerError::DigestWithoutSize)?;
+        let e = |e: std::io::Error| file("cannot make the backup's disk", path)(e);
         let file =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(e)?;
         if file.metadata().map_err(e)?.len() != size {
@@ -422,10 +432,10 @@ fn copies_to_sync(
 }
 
 /// The VM's RAM size, from the header's machine line.
-fn ram_size(header: &Header) -> Result<u64, String> {
+fn ram_size(header: &Header) -> Result<u64, PeerError> {
     header
         .get("machine")
         .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("ram=")))
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| "the primary's header gives no RAM size".to_string())
+        .ok_or(PeerError::NoRamSize)
 }

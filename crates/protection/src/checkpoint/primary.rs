@@ -18,6 +18,7 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
+use crate::error::{file, PeerError, ProtectionError};
 use crate::events::Events;
 use crate::primary::{backup_lost, Alone, Primary, Request};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
@@ -67,25 +68,26 @@ const KEEP_ALIVE: Duration = Duration::from_millis(50);
 pub fn send_disk_blocks(
     channel: &mut LogSender,
     disks: &[(usize, std::path::PathBuf, crate::pair::DiskDigest)],
-) -> Result<(usize, u64), String> {
+) -> Result<(usize, u64), ProtectionError> {
     let (mut blocks, mut bytes) = (0, 0);
     let mut out = Vec::new();
     for request in channel.take_requests() {
-        let theirs = DigestList::decode(&request).map_err(|e| format!("the backup's request: {e}"))?;
+        let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
         let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
-            return Err(format!("the backup asked for blocks of slot {}, which holds no disk", theirs.slot));
+            return Err(PeerError::RequestSlot(theirs.slot).into());
         };
         if theirs.size != mine.size {
-            return Err(format!("the backup asked for blocks of a {}-byte disk in slot {slot}", theirs.size));
+            return Err(PeerError::RequestSize { size: theirs.size, slot: *slot }.into());
         }
-        let file = std::fs::File::open(path).map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+        let f = std::fs::File::open(path).map_err(file("cannot read disk", path))?;
         for (offset, len) in theirs.differing(&mine.blocks) {
             let mut data = vec![0u8; len];
-            disk_sync::read_zero_padded(&file, &mut data, offset)
-                .map_err(|e| format!("cannot read disk {}: {e}", path.display()))?;
+            disk_sync::read_zero_padded(&f, &mut data, offset).map_err(file("cannot read disk", path))?;
             out.clear();
             stream::encode(&mut out, &Record::DiskSync { slot: theirs.slot, offset, data });
-            channel.write_all(&out).map_err(|e| format!("sending the backup its disk blocks: {e}"))?;
+            channel
+                .write_all(&out)
+                .map_err(|source| ProtectionError::Channel { doing: "sending the backup its disk blocks", source })?;
             blocks += 1;
             bytes += len as u64;
         }
@@ -156,7 +158,7 @@ impl Checkpointer {
         arbiter: Arbiter,
         me: String,
         events: Events,
-    ) -> Result<Checkpointer, String> {
+    ) -> Result<Checkpointer, ProtectionError> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(STAGED);
         let (spare_tx, spare) = mpsc::channel();
         let (ended_tx, ended) = mpsc::channel();
@@ -167,7 +169,7 @@ impl Checkpointer {
             std::thread::Builder::new()
                 .name("ft-checkpoint-send".into())
                 .spawn(move || send_loop(channel, rx, report, spare_tx, ended_tx))
-                .map_err(|e| format!("checkpoint sender: {e}"))?;
+                .map_err(|e| ProtectionError::Thread("checkpoint sender", e))?;
         }
         Ok(Checkpointer {
             interval,
@@ -250,7 +252,7 @@ impl Checkpointer {
     /// Ends the interval in progress with its checkpoint: the machine is
     /// stopped at an instruction boundary with its requests taken. The
     /// first checkpoint carries every page that is not zero.
-    pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<(), String> {
+    pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<(), ProtectionError> {
         let t0 = Instant::now();
         let dirty = m.take_dirty_pages();
         let base_pfn = m.ram().base() / PAGE_SIZE as u64;
@@ -273,7 +275,7 @@ impl Checkpointer {
             let off = ((pfn - base_pfn) as usize) * page;
             pages.extend_from_slice(&ram[off..off + page]);
         }
-        let state = m.checkpoint_state().map_err(|e| format!("checkpoint: {e}"))?;
+        let state = m.checkpoint_state()?;
         let pause = t0.elapsed();
         let n = pfns.len();
         if self.number == 0 {
@@ -398,7 +400,7 @@ impl Checkpointer {
 }
 
 impl Primary for Checkpointer {
-    fn before_run(&mut self, _m: &mut Machine, _paused: bool) -> Result<(), String> {
+    fn before_run(&mut self, _m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
         Ok(())
     }
 
@@ -411,7 +413,7 @@ impl Primary for Checkpointer {
     }
 
     /// The checkpoint, when one is due.
-    fn after_slice(&mut self, m: &mut Machine, _busy: Duration, idle: bool) -> Result<Duration, String> {
+    fn after_slice(&mut self, m: &mut Machine, _busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
         let now = Instant::now();
         if now >= self.due || (idle && self.idle_due(now)) {
             self.checkpoint(m)?;
@@ -429,7 +431,7 @@ impl Primary for Checkpointer {
         false
     }
 
-    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
         let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || {
             let mut out = self.gate.release_all();
             out.append(&mut self.this_interval);
@@ -446,7 +448,7 @@ impl Primary for Checkpointer {
         self.end_stream(m, status)
     }
 
-    fn finish(self: Box<Self>, _m: &mut Machine, _status: Option<u32>) -> Result<(), String> {
+    fn finish(self: Box<Self>, _m: &mut Machine, _status: Option<u32>) -> Result<(), ProtectionError> {
         Ok(())
     }
 }

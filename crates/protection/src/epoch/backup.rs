@@ -3,7 +3,7 @@
 
 use super::EpochMode;
 use ftvm_machine::DeterministicEngine;
-use ftvm_replay::replayer::FrameRule;
+use ftvm_replay::replayer::{FrameRule, HookError};
 
 /// The backup's check of the epoch rule while it replays: every input the
 /// log carries must fall on an epoch end, where the backup's machine is
@@ -22,6 +22,17 @@ impl EpochCheck {
     }
 }
 
+/// P1 broken: an input delivered inside an epoch while the guest ran.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the primary delivered an input at instruction {icount}, inside epoch {} (length {length}), with a hart running",
+    .icount / .length
+)]
+pub struct InputInsideEpoch {
+    pub icount: u64,
+    pub length: u64,
+}
+
 impl FrameRule for EpochCheck {
     /// P5: with the last end's frame taken, the backup runs on to the end
     /// of the epoch that began there.
@@ -29,7 +40,7 @@ impl FrameRule for EpochCheck {
         Some(self.mode.next_end(icount))
     }
 
-    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), String> {
+    fn input(&mut self, m: &dyn DeterministicEngine) -> Result<(), HookError> {
         self.inputs += 1;
         let icount = m.icount();
         if icount.is_multiple_of(self.mode.length) {
@@ -39,11 +50,7 @@ impl FrameRule for EpochCheck {
             self.at_idle += 1;
             return Ok(());
         }
-        Err(format!(
-            "the primary delivered an input at instruction {icount}, inside epoch {} (length {}), with a hart running",
-            icount / self.mode.length,
-            self.mode.length
-        ))
+        Err(Box::new(InputInsideEpoch { icount, length: self.mode.length }))
     }
 
     fn inputs_checked(&self) -> Option<(u64, u64)> {

@@ -71,6 +71,11 @@ pub const MIN_LENGTH: u64 = 256;
 pub const MAX_LENGTH: u64 = 10_000_000;
 
 /// The epoch mode a pair runs in, as the pair's header tells the backup.
+/// An epoch length outside what either side accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--epoch-length {0} is out of range ({MIN_LENGTH} to {MAX_LENGTH} instructions)")]
+pub struct EpochLengthError(pub u64);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochMode {
     /// Instructions per epoch.
@@ -79,9 +84,9 @@ pub struct EpochMode {
 }
 
 impl EpochMode {
-    pub fn new(length: u64, protocol: EpochProtocol) -> Result<EpochMode, String> {
+    pub fn new(length: u64, protocol: EpochProtocol) -> Result<EpochMode, EpochLengthError> {
         if !(MIN_LENGTH..=MAX_LENGTH).contains(&length) {
-            return Err(format!("--epoch-length {length} is out of range ({MIN_LENGTH} to {MAX_LENGTH} instructions)"));
+            return Err(EpochLengthError(length));
         }
         Ok(EpochMode { length, protocol })
     }

@@ -4,6 +4,7 @@
 //! wait for the backup's acknowledgement at every end.
 
 use super::{EpochMode, EpochProtocol};
+use crate::error::ProtectionError;
 use crate::lockstep::primary::Lockstep;
 use crate::primary::{Alone, Primary, Request};
 use crate::status::{EpochStatus, PairStatus, PrimaryMode};
@@ -147,12 +148,12 @@ impl Primary for Epoch {
     /// At every epoch end, the log's frame closes with its end mark;
     /// under the original protocol the primary then waits for the backup
     /// to acknowledge it.
-    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), String> {
+    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), ProtectionError> {
         self.lockstep.channel().send_if_due();
         if !self.at_end || paused {
             return Ok(());
         }
-        self.lockstep.recorder().end_epoch(m).map_err(|e| e.to_string())?;
+        self.lockstep.recorder().end_epoch(m)?;
         self.last_end_at = Some(m.icount());
         if self.epochs.mode.protocol == EpochProtocol::Original {
             let logged = self.lockstep.recorder().logged();
@@ -203,7 +204,7 @@ impl Primary for Epoch {
         self.lockstep.gate(requests, icount)
     }
 
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, String> {
+    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
         self.lockstep.after_slice(m, busy, idle)
     }
 
@@ -224,7 +225,7 @@ impl Primary for Epoch {
     }
 
     /// Alone now: inputs buffered for the epoch's end go in at once.
-    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
         let mut alone = self.lockstep.peer_lost(failure)?;
         alone.inputs = self.epochs.take_deferred();
         Ok(alone)
@@ -239,7 +240,7 @@ impl Primary for Epoch {
         Some(format!("{}; {}", self.lockstep.lag_summary(), self.epochs.summary()))
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
         Box::new(self.lockstep).finish(m, status)
     }
 }

@@ -9,6 +9,7 @@
 use super::backup_disks::BackupDisks;
 use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
 use crate::epoch::backup::EpochCheck;
+use crate::error::{PeerError, ProtectionError};
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
@@ -49,11 +50,11 @@ impl<R: Read> ReplayBackup<R> {
         pair: &PairHeader,
         given: &[PathBuf],
         show_console: bool,
-    ) -> Result<Self, String> {
-        let mut m = replayer::machine_from_header(header).map_err(|e| format!("the primary's log: {e}"))?;
+    ) -> Result<Self, ProtectionError> {
+        let mut m = replayer::machine_from_header(header)?;
         m.set_dirty_tracking(true);
         if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
-            return Err("the machine built from the primary's header is not in its start state".into());
+            return Err(ProtectionError::NotInStartState);
         }
         let policy = pair.disk_policy;
         let disks = disk_paths(pair, given)?;
@@ -107,7 +108,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
         })
     }
 
-    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, String> {
+    fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, ProtectionError> {
         let io: &mut dyn replayer::ReplayIo = match &mut self.disks_io {
             Some(d) => d,
             None => &mut replayer::Regenerate,
@@ -143,7 +144,13 @@ impl<R: Read> Backup for ReplayBackup<R> {
         )
     }
 
-    fn take_over(self: Box<Self>, why: &str, since: Duration, _generation: u64, _me: &str) -> Result<TakeOver, String> {
+    fn take_over(
+        self: Box<Self>,
+        why: &str,
+        since: Duration,
+        _generation: u64,
+        _me: &str,
+    ) -> Result<TakeOver, ProtectionError> {
         eprintln!(
             "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched{})",
             self.m.icount(),
@@ -162,10 +169,10 @@ impl<R: Read> Backup for ReplayBackup<R> {
 }
 
 /// The pair's disks, at this host's paths where `given` names them.
-pub fn disk_paths(pair: &PairHeader, given: &[PathBuf]) -> Result<SlotDisks, String> {
+pub fn disk_paths(pair: &PairHeader, given: &[PathBuf]) -> Result<SlotDisks, ProtectionError> {
     let mut disks = pair.slot_disks();
     if given.len() > disks.len() {
-        return Err(format!("{} --disk options given for the VM's {} disks", given.len(), disks.len()));
+        return Err(ProtectionError::DiskCount { given: given.len(), disks: disks.len() });
     }
     for ((_, path), mine) in disks.iter_mut().zip(given) {
         *path = mine.clone();
@@ -174,21 +181,15 @@ pub fn disk_paths(pair: &PairHeader, given: &[PathBuf]) -> Result<SlotDisks, Str
 }
 
 /// The primary's digest of each of its disks, from the pair's header.
-pub fn primary_digests(pair: &PairHeader) -> Result<Vec<&str>, String> {
-    pair.disks
-        .iter()
-        .map(|d| d.digest.as_deref().ok_or_else(|| "the primary gave no digest of its disks".into()))
-        .collect()
+pub fn primary_digests(pair: &PairHeader) -> Result<Vec<&str>, PeerError> {
+    pair.disks.iter().map(|d| d.digest.as_deref().ok_or(PeerError::NoDigest)).collect()
 }
 
 /// Separate disks start identical (§4.1), or protection is refused.
-fn check_copies(pair: &PairHeader, disks: &[(usize, PathBuf)]) -> Result<(), String> {
+fn check_copies(pair: &PairHeader, disks: &[(usize, PathBuf)]) -> Result<(), ProtectionError> {
     for ((_, path), theirs) in disks.iter().zip(primary_digests(pair)?) {
         if DiskDigest::of(path, None)?.whole() != theirs {
-            return Err(format!(
-                "the backup's disk {} is not a copy of the primary's (their contents differ)",
-                path.display()
-            ));
+            return Err(ProtectionError::NotACopy(path.clone()));
         }
     }
     Ok(())

@@ -14,9 +14,10 @@
 //! the guest's buffers on an error, so the guest memory the primary left
 //! is already the backup's.
 
+use crate::error::{file, ProtectionError};
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::{BlkOp, IoCompletion, IoRequest};
-use ftvm_replay::replayer::ReplayIo;
+use ftvm_replay::replayer::{HookError, ReplayIo};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -44,19 +45,19 @@ impl BackupDisks {
     /// `disks`: (slot, path) of each disk. With `writes` the backup owns
     /// these copies (separate disks) and locks them; otherwise it only
     /// reads beside the primary, which holds the lock.
-    pub fn open(disks: &[(usize, &Path)], writes: bool, reads: bool) -> Result<BackupDisks, String> {
+    pub fn open(disks: &[(usize, &Path)], writes: bool, reads: bool) -> Result<BackupDisks, ProtectionError> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {
             let image = if writes { DiskImage::open(path, false) } else { DiskImage::open_beside_writer(path) };
-            let image = image.map_err(|e| e.to_string())?;
-            let backend = image.backend().map_err(|e| format!("disk {}: {e}", path.display()))?;
+            let image = image?;
+            let backend = image.backend().map_err(file("disk", path))?;
             open.insert(slot, (image, backend));
         }
         Ok(BackupDisks { disks: open, writes, reads, done_early: HashMap::new(), performed: 0, retries: 0 })
     }
 
     /// Performs `op` on the disk of `slot` until it succeeds, or gives up.
-    fn perform_until_ok(&mut self, slot: usize, op: &BlkOp) -> Result<Vec<u8>, String> {
+    fn perform_until_ok(&mut self, slot: usize, op: &BlkOp) -> Result<Vec<u8>, ProtectionError> {
         let started = Instant::now();
         let (image, backend) = self.disks.get_mut(&slot).expect("a disk slot");
         loop {
@@ -66,11 +67,7 @@ impl BackupDisks {
                 return Ok(r.data);
             }
             if started.elapsed() >= GIVE_UP_AFTER {
-                return Err(format!(
-                    "the backup's disk {} keeps failing ({}) where the primary's succeeded",
-                    image.path().display(),
-                    op_name(op)
-                ));
+                return Err(ProtectionError::DiskKeepsFailing { path: image.path().to_path_buf(), op: op_name(op) });
             }
             self.retries += 1;
             std::thread::sleep(Duration::from_millis(20));
@@ -88,7 +85,7 @@ fn op_name(op: &BlkOp) -> String {
 }
 
 impl ReplayIo for BackupDisks {
-    fn requests(&mut self, _icount: u64, requests: Vec<(usize, IoRequest)>) -> Result<(), String> {
+    fn requests(&mut self, _icount: u64, requests: Vec<(usize, IoRequest)>) -> Result<(), HookError> {
         for (slot, req) in requests {
             let IoRequest::Disk { tag, op } = req else { continue };
             if !self.disks.contains_key(&slot) {
@@ -113,7 +110,7 @@ impl ReplayIo for BackupDisks {
         Ok(())
     }
 
-    fn completion(&mut self, slot: usize, completion: &mut IoCompletion) -> Result<(), String> {
+    fn completion(&mut self, slot: usize, completion: &mut IoCompletion) -> Result<(), HookError> {
         let IoCompletion::Disk { tag, result } = completion else { return Ok(()) };
         let Some((op, status, data)) = self.done_early.remove(&(slot, *tag)) else { return Ok(()) };
         // The primary logged the outcome; the data is ours to supply.

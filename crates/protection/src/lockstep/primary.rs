@@ -11,6 +11,7 @@
 //! held, since every input was acknowledged before the primary delivered
 //! it.
 
+use crate::error::ProtectionError;
 use crate::events::Events;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
@@ -238,9 +239,9 @@ impl Lockstep {
 }
 
 impl Primary for Lockstep {
-    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), String> {
+    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
         self.channel().send_if_due();
-        self.recorder.close_frame(m).map_err(|e| e.to_string())
+        Ok(self.recorder.close_frame(m)?)
     }
 
     fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
@@ -252,7 +253,7 @@ impl Primary for Lockstep {
         self.hold_outputs(requests, icount)
     }
 
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, _idle: bool) -> Result<Duration, String> {
+    fn after_slice(&mut self, m: &mut Machine, busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
         Ok(self.after_chunk(m.icount(), busy))
     }
 
@@ -272,7 +273,7 @@ impl Primary for Lockstep {
         false
     }
 
-    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, String> {
+    fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
         let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || self.gate.release_all())?;
         Ok(Alone { outputs, inputs: Vec::new() })
     }
@@ -285,7 +286,7 @@ impl Primary for Lockstep {
         Some(self.lag_summary())
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), String> {
+    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
         let acknowledged = |channel: LogSender| {
             // The end must reach the backup, or it would take the
             // primary's exit for a failure and go live.
@@ -295,6 +296,6 @@ impl Primary for Lockstep {
             }
             Ok(end)
         };
-        self.recorder.finish(m, status, acknowledged).map_err(|e| e.to_string())
+        Ok(self.recorder.finish(m, status, acknowledged)?)
     }
 }

@@ -9,10 +9,12 @@
 use super::{hostname, PairArgs};
 use crate::api::{BackupMode, BackupStatus, ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::control;
+use crate::error::{usage, VmmError};
 use crate::replay::{self, LiveSetup};
 use clap::Args;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
+use ftvm_protection::error::{Deposed, PeerError, ProtectionError};
 use ftvm_protection::events::PairEvent;
 use ftvm_protection::lockstep::backup::ReplayBackup;
 use ftvm_protection::pair::{ModeSetting, PairHeader};
@@ -55,29 +57,28 @@ pub struct BackupArgs {
 /// What became of the primary, as the arbiter decided.
 enum Decision {
     GoLive(String),
-    Halt(String),
+    /// The primary won.
+    Halt(Deposed),
 }
 
-pub fn run(args: &BackupArgs) -> Result<u32, String> {
+pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let timing = args.pair.timing()?;
     args.pair.check_shared()?;
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
     let events = args.pair.journal()?;
-    let listener = TcpListener::bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let listener = TcpListener::bind(args.listen).map_err(|source| VmmError::Listen { addr: args.listen, source })?;
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
     events.emit(PairEvent::Listening { address: args.listen.to_string() });
-    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER).map_err(|e| e.to_string())?);
+    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
     drop(listener);
     let primary = receiver.peer();
     let (failed_tx, failed_rx) = mpsc::channel();
     let failed_tx = Mutex::new(failed_tx);
     // The header is acknowledged only once the backup knows it can follow.
     receiver.hold_acks();
-    receiver
-        .start(timing, move |f| {
-            let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
-        })
-        .map_err(|e| e.to_string())?;
+    receiver.start(timing, move |f| {
+        let _ = failed_tx.lock().unwrap().send((f, Instant::now()));
+    })?;
     receiver.delay_acks(Duration::from_millis(args.ack_delay));
     // The arbiter runs beside the replay, which goes on draining the log.
     // Until the header has named the pair's generation there is nothing
@@ -115,7 +116,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                     }
                     Verdict::Lost(who) => {
                         events.emit(PairEvent::ArbiterLost { generation, winner: who.clone() });
-                        Decision::Halt(format!("{who} went live for generation {generation}"))
+                        Decision::Halt(Deposed { who, generation })
                     }
                 };
                 *decision.lock().unwrap() = Some((d, detected));
@@ -123,32 +124,29 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             receiver.end_log();
         });
     }
-    let (reader, header) = LogReader::open(receiver.pipe())
-        .map_err(|e| format!("the primary at {primary} sent no usable log header: {e}"))?;
+    let (reader, header) = LogReader::open(receiver.pipe()).map_err(|source| VmmError::NoHeader { primary, source })?;
     // Everything the backup checks before it acknowledges the header; the
     // primary waits for that acknowledgement before its VM starts, and
     // hears the reason if the backup refuses.
-    let refuse = |e: String| {
-        receiver.refuse(&e);
-        events.emit(PairEvent::RefusingToFollow { reason: e.clone() });
-        format!("refusing to follow the primary at {primary}: {e}")
+    let refuse = |reason: ProtectionError| {
+        let why = reason.to_string();
+        receiver.refuse(&why);
+        events.emit(PairEvent::RefusingToFollow { reason: why });
+        VmmError::Refused { primary, reason }
     };
-    let pair = PairHeader::read(&header).map_err(|e| refuse(e.to_string()))?;
+    let pair = PairHeader::read(&header).map_err(|e| refuse(e.into()))?;
     let gen = pair.generation;
     // Heartbeats from now on: the checks below may take a while (hashing
     // disks), and the primary must not take them for a failure.
-    receiver.add_heartbeat(
-        Heartbeat::start(
-            SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
-            SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
-            gen,
-            timing.interval,
-        )
-        .map_err(|e| e.to_string())?,
-    );
-    let prepared: Result<Box<dyn Backup>, String> = match pair.mode {
+    receiver.add_heartbeat(Heartbeat::start(
+        SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
+        SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
+        gen,
+        timing.interval,
+    )?);
+    let prepared: Result<Box<dyn Backup>, ProtectionError> = match pair.mode {
         ModeSetting::Checkpoint { interval_ms } => {
-            let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| e.to_string());
+            let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| PeerError::from(e).into());
             CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &args.disks, &request, &events)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
@@ -190,7 +188,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
             // The replica is wrong: it must never go live. The primary
             // sees the channel close and goes on alone.
             receiver.end_log();
-            return Err(format!("the backup cannot follow the primary: {divergence}"));
+            return Err(VmmError::CannotFollow(divergence));
         }
     };
     match followed {
@@ -221,11 +219,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, String> {
                     let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events };
                     replay::go_live(machine, &header, &setup)
                 }
-                Some((Decision::Halt(why), _)) => {
-                    events.emit(PairEvent::Halting { reason: why.clone() });
-                    Err(format!("halting: {why}"))
+                Some((Decision::Halt(deposed), _)) => {
+                    events.emit(PairEvent::Halting { reason: deposed.to_string() });
+                    Err(VmmError::PrimaryWon(deposed))
                 }
-                None => Err(format!("{unusable}; the backup stops")),
+                None => Err(VmmError::NothingToTakeOver(unusable)),
             }
         }
     }
@@ -269,14 +267,14 @@ fn following_status(
 }
 
 /// `tap=NAME[,bridge=BR]`.
-fn parse_tap(s: &str) -> Result<(String, Option<String>), String> {
+fn parse_tap(s: &str) -> Result<(String, Option<String>), VmmError> {
     let (mut name, mut bridge) = (None, None);
     for opt in s.split(',') {
         match opt.split_once('=') {
             Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
             Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
-            _ => return Err(format!("invalid --net option '{opt}' (use tap=NAME[,bridge=BR])")),
+            _ => return Err(usage(format!("invalid --net option '{opt}' (use tap=NAME[,bridge=BR])"))),
         }
     }
-    Ok((name.ok_or_else(|| format!("--net {s} names no TAP (use tap=NAME)"))?, bridge))
+    Ok((name.ok_or_else(|| usage(format!("--net {s} names no TAP (use tap=NAME)")))?, bridge))
 }

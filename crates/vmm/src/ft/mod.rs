@@ -14,6 +14,7 @@
 
 pub mod backup;
 
+use crate::error::{file, usage, NotReady, VmmError};
 use crate::host_io::HostEvent;
 use clap::Args;
 use ftvm_protection::checkpoint;
@@ -57,33 +58,33 @@ pub struct PairArgs {
 }
 
 impl PairArgs {
-    pub fn timing(&self) -> Result<Timing, String> {
+    pub fn timing(&self) -> Result<Timing, VmmError> {
         if !(20..=60_000).contains(&self.timeout) {
-            return Err(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout));
+            return Err(usage(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout)));
         }
         Ok(Timing::with_timeout(Duration::from_millis(self.timeout)))
     }
 
     /// This side's journal of events (with its file, if asked for).
-    pub fn journal(&self) -> Result<Events, String> {
+    pub fn journal(&self) -> Result<Events, VmmError> {
         match &self.events {
-            Some(path) => Events::with_file(path),
+            Some(path) => Ok(Events::with_file(path)?),
             None => Ok(Events::default()),
         }
     }
 
-    fn check_shared(&self) -> Result<(), String> {
+    fn check_shared(&self) -> Result<(), VmmError> {
         if !self.shared.is_dir() {
-            return Err(format!("the shared storage {} is not a directory", self.shared.display()));
+            return Err(usage(format!("the shared storage {} is not a directory", self.shared.display())));
         }
         Ok(())
     }
 }
 
 /// The disks a log's header names.
-pub fn header_disks(h: &Header) -> Result<SlotDisks, String> {
-    let backends = h.get("backends").ok_or("the header names no backends")?;
-    let backends = crate::host_io::parse_description(&backends.replace(';', "\n"))?;
+pub fn header_disks(h: &Header) -> Result<SlotDisks, VmmError> {
+    let backends = ftvm_replay::replayer::field(h, "backends")?;
+    let backends = crate::host_io::parse_description(&backends.replace(';', "\n")).map_err(VmmError::Backends)?;
     Ok(backends
         .into_iter()
         .enumerate()
@@ -147,28 +148,29 @@ pub struct PrimaryArgs {
 }
 
 impl PrimaryArgs {
-    pub fn epoch_mode(&self) -> Result<Option<EpochMode>, String> {
+    pub fn epoch_mode(&self) -> Result<Option<EpochMode>, VmmError> {
         match self.mode {
             Mode::Lockstep | Mode::Checkpoint => Ok(None),
-            Mode::Epoch => EpochMode::new(self.epoch_length, self.epoch_protocol).map(Some),
+            Mode::Epoch => {
+                EpochMode::new(self.epoch_length, self.epoch_protocol).map(Some).map_err(|e| usage(e.to_string()))
+            }
         }
     }
 
     /// Where the disks live: checkpoint mode keeps a copy on each host.
-    pub fn disk_sharing(&self) -> Result<DiskSharing, String> {
+    pub fn disk_sharing(&self) -> Result<DiskSharing, VmmError> {
         match (self.mode, self.disk_sharing) {
-            (Mode::Checkpoint, Some(DiskSharing::Shared)) => {
-                Err("checkpoint mode keeps a copy of each disk on each host: --disk-sharing shared does not apply"
-                    .into())
-            }
+            (Mode::Checkpoint, Some(DiskSharing::Shared)) => Err(usage(
+                "checkpoint mode keeps a copy of each disk on each host: --disk-sharing shared does not apply",
+            )),
             (Mode::Checkpoint, _) => Ok(DiskSharing::Separate),
             (_, sharing) => Ok(sharing.unwrap_or(DiskSharing::Shared)),
         }
     }
 
-    fn checkpoint_interval(&self) -> Result<Duration, String> {
+    fn checkpoint_interval(&self) -> Result<Duration, VmmError> {
         if !(1..=10_000).contains(&self.interval) {
-            return Err(format!("--interval {} is out of range (1 to 10000 ms)", self.interval));
+            return Err(usage(format!("--interval {} is out of range (1 to 10000 ms)", self.interval)));
         }
         Ok(Duration::from_millis(self.interval))
     }
@@ -177,14 +179,13 @@ impl PrimaryArgs {
 /// The shared disk a primary uses when given none: `disk.img` in the
 /// shared storage, made from the default guest's root image the first
 /// time (a sparse copy).
-pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, String> {
+pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, VmmError> {
     pair.check_shared()?;
     let disk = pair.shared.join("disk.img");
     if !disk.exists() {
         let tmp = pair.shared.join("disk.img.part");
-        ftvm_image::sparse_copy(rootfs, &tmp)
-            .map_err(|e| format!("cannot copy {} to {}: {e}", rootfs.display(), tmp.display()))?;
-        std::fs::rename(&tmp, &disk).map_err(|e| format!("cannot create {}: {e}", disk.display()))?;
+        ftvm_image::sparse_copy(rootfs, &tmp).map_err(file("cannot copy the guest's root disk to", &tmp))?;
+        std::fs::rename(&tmp, &disk).map_err(file("cannot create", &disk))?;
     }
     Ok(disk)
 }
@@ -197,14 +198,14 @@ pub fn start_primary(
     header: &mut Header,
     host_events: Sender<HostEvent>,
     events: &Events,
-) -> Result<Box<dyn Primary>, String> {
+) -> Result<Box<dyn Primary>, VmmError> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
     let mode = args.epoch_mode()?;
     let interval = match args.mode {
         Mode::Checkpoint => {
             if args.backup_reads {
-                return Err("--backup-reads is for the replay modes: a checkpoint backup executes nothing".into());
+                return Err(usage("--backup-reads is for the replay modes: a checkpoint backup executes nothing"));
             }
             Some(args.checkpoint_interval()?)
         }
@@ -231,7 +232,7 @@ pub fn start_primary(
         }
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me).map_err(|e| e.to_string())?;
+    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
     let pair = PairHeader {
         version: PAIR_HEADER_VERSION,
         generation: arbiter.generation(),
@@ -241,23 +242,21 @@ pub fn start_primary(
     };
     pair.write(header);
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
-    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait)).map_err(|e| e.to_string())?;
-    let local = stream.local_addr().map_err(|e| format!("logging channel: {e}"))?;
+    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait))?;
+    let local = stream.local_addr().map_err(VmmError::LoggingChannel)?;
     let heartbeat = Heartbeat::start(
         SocketAddr::new(local.ip(), args.pair.heartbeat_port),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
         timing.interval,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let host_events = Mutex::new(host_events);
     let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     let name = format!("the backup at {}", sender.peer());
     let mut recorder = Recorder::new(sender, header, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE))
-        .map_err(|e| format!("logging channel: {e}"))?;
+        .map_err(VmmError::LoggingChannel)?;
     if disks.backup_reads {
         recorder.omit_read_data();
     }
@@ -266,12 +265,13 @@ pub fn start_primary(
     let channel = recorder.sink();
     if !channel.wait_acked(recorder.logged(), Duration::from_secs(args.connect_wait)) {
         let reason = match channel.failure() {
-            Some(Failure::Refused(why)) => format!("the backup at {} refused protection: {why}", args.backup),
-            Some(f) => format!("the backup at {} failed before protection started: {f}", args.backup),
-            None => format!("the backup at {} was not ready within {} s", args.backup, args.connect_wait),
+            Some(Failure::Refused(why)) => NotReady::Refused(why),
+            Some(f) => NotReady::Failed(f),
+            None => NotReady::Timeout(args.connect_wait),
         };
-        events.emit(PairEvent::RefusedProtection { reason: reason.clone() });
-        return Err(reason);
+        let e = VmmError::BackupNotReady { backup: args.backup, reason };
+        events.emit(PairEvent::RefusedProtection { reason: e.to_string() });
+        return Err(e);
     }
     let protected =
         |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };

@@ -1,0 +1,164 @@
+//! What can stop a VM on this host: one error type for the host library,
+//! by where the fault lies (an option, a file, the image, the machine,
+//! the pair, the control socket), so that a front end (the CLI, a
+//! daemon) can tell a user's mistake from a broken peer without reading
+//! the message. The CLI prints the message on one line and exits non-zero.
+
+use crate::control::ControlSocketError;
+use crate::host_io::{DeviceLineError, HostIoError};
+use ftvm_machine::snapshot_file::SnapshotFileError;
+use ftvm_machine::MachineError;
+use ftvm_protection::error::{Deposed, ProtectionError};
+use ftvm_replay::replayer::{HeaderError, ReplayError};
+use ftvm_replay::LogError;
+use ftvm_replication::arbiter::ArbiterError;
+use ftvm_replication::channel::{ChannelError, Failure};
+use ftvm_replication::heartbeat::HeartbeatError;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Why a VM could not be started, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// An option, or a combination of options, that cannot work. The
+    /// message quotes the option as the user wrote it.
+    #[error("{0}")]
+    Usage(String),
+    /// A file of this host failed: `doing` says what was being done.
+    #[error("{doing} {}: {source}", .path.display())]
+    File {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Image(#[from] ftvm_image::ImageError),
+    #[error(transparent)]
+    HostIo(#[from] HostIoError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error("snapshot {}: {problem}", .path.display())]
+    Snapshot { path: PathBuf, problem: SnapshotProblem },
+    #[error(transparent)]
+    SnapshotFile(#[from] SnapshotFileError),
+    #[error("log {name}: {problem}")]
+    Log { name: String, problem: LogProblem },
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    #[error(transparent)]
+    Protection(#[from] ProtectionError),
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    #[error(transparent)]
+    Arbiter(#[from] ArbiterError),
+    #[error(transparent)]
+    Heartbeat(#[from] HeartbeatError),
+    #[error(transparent)]
+    Control(#[from] ControlSocketError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("logging channel: {0}")]
+    LoggingChannel(#[source] std::io::Error),
+
+    // A backup and its primary.
+    #[error("the primary at {primary} sent no usable log header: {source}")]
+    NoHeader {
+        primary: SocketAddr,
+        #[source]
+        source: LogError,
+    },
+    /// The primary's backup did not start following.
+    #[error("the backup at {backup} {reason}")]
+    BackupNotReady { backup: SocketAddr, reason: NotReady },
+    /// The backup checked the primary's header and cannot follow it.
+    #[error("refusing to follow the primary at {primary}: {reason}")]
+    Refused { primary: SocketAddr, reason: ProtectionError },
+    /// The stream broke the protocol or the replica diverged: this
+    /// replica must never go live.
+    #[error("the backup cannot follow the primary: {0}")]
+    CannotFollow(#[source] ProtectionError),
+    /// The primary won the arbiter after this backup declared it failed.
+    #[error("halting: {0}")]
+    PrimaryWon(#[source] Deposed),
+    /// The stream ended with nothing to take over (why, in words).
+    #[error("{0}; the backup stops")]
+    NothingToTakeOver(String),
+    #[error("the host event channel closed")]
+    EventsClosed,
+    #[error("the guest asked to reboot; reboot is not supported yet")]
+    Reboot,
+    /// Nothing could ever wake the guest: running on would hang.
+    #[error("the guest is idle with no timer armed and no input left")]
+    StuckIdle,
+
+    // Going live at the end of a replay.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("the log's device list: {0}")]
+    Backends(#[source] DeviceLineError),
+    #[error("the recorded disks or NICs are not what the machine had (a disk changed size?)")]
+    DevicesChanged,
+}
+
+/// Why a backup did not start following its primary.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("refused protection: {0}")]
+    Refused(String),
+    #[error("failed before protection started: {0}")]
+    Failed(Failure),
+    #[error("was not ready within {0} s")]
+    Timeout(u64),
+}
+
+/// What is wrong with a snapshot file given to `--restore`.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotProblem {
+    #[error("unreadable device list")]
+    DeviceListText,
+    #[error(transparent)]
+    DeviceList(#[from] DeviceLineError),
+    #[error("it has fewer disks or NICs than given on the command line")]
+    FewerDevices,
+    #[error("virtio slot {slot} was {was} but is now {now} (a disk must keep its size)")]
+    DeviceChanged { slot: usize, was: String, now: String },
+    #[error("device list does not match the machine")]
+    DeviceCount,
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+}
+
+/// What is wrong with a replay log given to `ftvm replay`.
+#[derive(Debug, thiserror::Error)]
+pub enum LogProblem {
+    #[error("cannot open it: {0}")]
+    Open(#[source] std::io::Error),
+    #[error(transparent)]
+    Unreadable(#[from] LogError),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("the machine built from its header is not in the recorded start state")]
+    NotInStartState,
+    #[error("{source}; replayed the valid part to instruction {replayed_to}")]
+    Cut {
+        #[source]
+        source: LogError,
+        replayed_to: u64,
+    },
+}
+
+/// Shorthand for a file error's `map_err`.
+pub(crate) fn file(doing: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> VmmError {
+    let path = path.to_path_buf();
+    move |source| VmmError::File { doing, path, source }
+}
+
+/// Shorthand for a usage error.
+pub(crate) fn usage(message: impl Into<String>) -> VmmError {
+    VmmError::Usage(message.into())
+}
