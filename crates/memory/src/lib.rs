@@ -1,3 +1,5 @@
+#![deny(missing_docs)]
+
 //! Guest physical RAM: one contiguous region at a fixed guest-physical base,
 //! plus a dirty-page bitmap that records every page written since the last
 //! [`GuestRam::take_dirty`], whether by a CPU store or by device DMA.
@@ -10,13 +12,18 @@
 
 use std::fmt;
 
+/// log2 of [`PAGE_SIZE`]: a guest-physical address shifted right by this
+/// is its page number.
 pub const PAGE_SHIFT: u32 = 12;
+/// Bytes in a page, the unit of dirty tracking.
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 
 /// An access that falls outside guest RAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfRange {
+    /// Guest-physical address of the access's first byte.
     pub addr: u64,
+    /// Length of the access in bytes.
     pub len: u64,
 }
 
@@ -33,6 +40,7 @@ impl std::error::Error for OutOfRange {}
 /// exits, rather than aborting in the allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RamAllocError {
+    /// Size of RAM asked for, in bytes.
     pub size: u64,
 }
 
@@ -64,6 +72,8 @@ fn zeroed(len: usize) -> Option<Vec<u8>> {
     Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
+/// The guest's RAM and its dirty-page bitmap. Dirty tracking is on when
+/// created.
 pub struct GuestRam {
     base: u64,
     bytes: Vec<u8>,
@@ -87,16 +97,19 @@ impl GuestRam {
         Ok(GuestRam { base, bytes: zeroed(len).ok_or(refused)?, dirty: vec![0u64; pages.div_ceil(64)], tracking: true })
     }
 
+    /// Guest-physical address of RAM's first byte.
     #[inline]
     pub fn base(&self) -> u64 {
         self.base
     }
 
+    /// Size of RAM in bytes: a whole number of pages.
     #[inline]
     pub fn size(&self) -> u64 {
         self.bytes.len() as u64
     }
 
+    /// Guest-physical address one past RAM's last byte.
     #[inline]
     pub fn end(&self) -> u64 {
         self.base + self.size()
@@ -113,6 +126,7 @@ impl GuestRam {
         }
     }
 
+    /// All of RAM, from [`GuestRam::base`] on, for reading.
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes
     }
@@ -123,15 +137,20 @@ impl GuestRam {
         &mut self.bytes
     }
 
+    /// Whether writes mark pages dirty.
     #[inline]
     pub fn tracking(&self) -> bool {
         self.tracking
     }
 
+    /// Turns dirty tracking on or off. Pages already marked stay marked.
     pub fn set_tracking(&mut self, on: bool) {
         self.tracking = on;
     }
 
+    /// Marks dirty every page that `[off, off+len)` touches, `off` being a
+    /// byte offset into RAM (not a guest address). Does nothing while
+    /// tracking is off.
     #[inline]
     pub fn mark_dirty_offset(&mut self, off: usize, len: usize) {
         if !self.tracking || len == 0 {
@@ -144,12 +163,15 @@ impl GuestRam {
         }
     }
 
+    /// Copies `buf.len()` bytes at guest address `addr` into `buf`.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
         buf.copy_from_slice(&self.bytes[off..off + buf.len()]);
         Ok(())
     }
 
+    /// Copies `buf` to guest address `addr` and marks the pages it
+    /// touches dirty.
     pub fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), OutOfRange> {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
         self.bytes[off..off + buf.len()].copy_from_slice(buf);
@@ -170,32 +192,41 @@ impl GuestRam {
         Ok(&mut self.bytes[off..off + len as usize])
     }
 
+    /// The little-endian u16 at guest address `addr`; any alignment.
     pub fn read_u16(&self, addr: u64) -> Result<u16, OutOfRange> {
         let mut b = [0u8; 2];
         self.read(addr, &mut b)?;
         Ok(u16::from_le_bytes(b))
     }
 
+    /// The little-endian u32 at guest address `addr`; any alignment.
     pub fn read_u32(&self, addr: u64) -> Result<u32, OutOfRange> {
         let mut b = [0u8; 4];
         self.read(addr, &mut b)?;
         Ok(u32::from_le_bytes(b))
     }
 
+    /// The little-endian u64 at guest address `addr`; any alignment.
     pub fn read_u64(&self, addr: u64) -> Result<u64, OutOfRange> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
+    /// Writes `v` little-endian at guest address `addr`, any alignment,
+    /// and marks its pages dirty.
     pub fn write_u16(&mut self, addr: u64, v: u16) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
     }
 
+    /// Writes `v` little-endian at guest address `addr`, any alignment,
+    /// and marks its pages dirty.
     pub fn write_u32(&mut self, addr: u64, v: u32) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
     }
 
+    /// Writes `v` little-endian at guest address `addr`, any alignment,
+    /// and marks its pages dirty.
     pub fn write_u64(&mut self, addr: u64, v: u64) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
     }
@@ -216,6 +247,8 @@ impl GuestRam {
         out
     }
 
+    /// Number of pages written since the last [`GuestRam::take_dirty`],
+    /// without resetting the set.
     pub fn dirty_count(&self) -> usize {
         self.dirty.iter().map(|w| w.count_ones() as usize).sum()
     }
