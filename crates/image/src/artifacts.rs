@@ -11,10 +11,14 @@ pub enum KernelFormat {
     Compressed(&'static str),
     /// An EFI zboot image: a PE wrapper with a compressed payload.
     ZBoot {
+        /// Byte offset of the payload in the file.
         offset: usize,
+        /// Length of the payload in bytes.
         size: usize,
+        /// The payload's compression as the header names it, e.g. `gzip`.
         method: String,
     },
+    /// None of these; the build cannot use it.
     Unknown,
 }
 
@@ -115,6 +119,7 @@ pub fn fnv1a(data: &[u8], mut h: u64) -> u64 {
     }
     h
 }
+/// Starting value of an FNV-1a hash (the 64-bit offset basis).
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub struct CpioWriter<W: Write> {
 }
 
 impl<W: Write> CpioWriter<W> {
+    /// A writer with nothing written yet to `out`.
     pub fn new(out: W) -> Self {
         CpioWriter { out, ino: 1, written: 0 }
     }

@@ -1,3 +1,5 @@
+#![deny(missing_docs)]
+
 //! `ftvm-image`: the default guest for ftvm — Debian trixie riscv64 booted
 //! like QEMU's `virt` board.
 //!
@@ -105,11 +107,14 @@ pub struct BuildOptions {
 /// A failed step: displays as one line `"<step>: <cause>"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageError {
+    /// What was being done, e.g. `locating the guest image`.
     pub step: String,
+    /// Why it failed.
     pub cause: String,
 }
 
 impl ImageError {
+    /// The error of `step` failing because of `cause`.
     pub fn new(step: impl Into<String>, cause: impl Into<String>) -> Self {
         ImageError { step: step.into(), cause: cause.into() }
     }
@@ -147,10 +152,15 @@ pub fn image_dir() -> PathBuf {
 /// The contents of an image's stamp file.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Stamp {
+    /// [`recipe_fingerprint`] of the recipe that built the image.
     pub recipe: String,
+    /// Kernel release, as in [`GuestImage::kernel_version`].
     pub kernel_version: String,
+    /// Debian mirror URL the packages came from.
     pub mirror: String,
+    /// How `initrd.img` is compressed: `zstd`, `gzip` or `none`.
     pub initrd_compression: String,
+    /// Wall-clock time the build took, in seconds.
     pub build_seconds: f64,
     /// Every extracted package with its version, sorted by name.
     pub packages: Vec<(String, String)>,
@@ -267,7 +277,6 @@ pub fn stamp() -> Result<Stamp, ImageError> {
     locate_in(&image_dir()).map(|(_, st)| st)
 }
 
-/// Build the default image (or return the cached one unless `opts.force`).
 /// Copy a disk image, leaving runs of zeros as holes: a fresh copy of the
 /// 1 GiB root disk for one VM run costs only the blocks in use.
 pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
@@ -291,6 +300,7 @@ pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
     output.set_len(len)
 }
 
+/// Build the default image (or return the cached one unless `opts.force`).
 pub fn build(opts: &BuildOptions) -> Result<GuestImage, ImageError> {
     build::build(opts, &image_dir())
 }

@@ -13,8 +13,11 @@ use std::path::Path;
 /// One `deb` source entry (several per deb822 stanza are flattened).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AptSource {
+    /// Archive URI, e.g. `http://deb.debian.org/debian`.
     pub uri: String,
+    /// Suite as written, e.g. `trixie`, `stable` or `trixie-updates`.
     pub suite: String,
+    /// Components as written, e.g. `main` and `contrib`.
     pub components: Vec<String>,
 }
 
