@@ -21,6 +21,7 @@ pub struct Progress {
     /// Instructions replayed (a checkpoint backup: as of its last
     /// committed checkpoint).
     pub icount: u64,
+    /// The mode, with its figures.
     pub mode: BackupMode,
 }
 
@@ -45,6 +46,7 @@ pub enum Followed {
 
 /// The VM a backup goes live with.
 pub struct TakeOver {
+    /// The machine, stopped where it goes live.
     pub machine: Machine,
     /// This host's path of each of the VM's disks, in slot order.
     pub disks: Vec<PathBuf>,

@@ -22,45 +22,76 @@ pub enum ProtectionError {
     /// event journal) failed: `doing` says what was being done with it.
     #[error("{doing} {}: {source}", .path.display())]
     File {
+        /// What was being done, e.g. `cannot read disk`.
         doing: &'static str,
+        /// The file.
         path: PathBuf,
+        /// How it failed.
         #[source]
         source: std::io::Error,
     },
+    /// A disk image could not be opened, locked or hashed.
     #[error(transparent)]
     Disk(#[from] DiskError),
+    /// An operation on the backup's own disk that succeeded on the primary
+    /// still fails here after [`GIVE_UP_AFTER`](crate::lockstep::backup_disks::GIVE_UP_AFTER)
+    /// of retries.
     #[error("the backup's disk {} keeps failing ({op}) where the primary's succeeded", .path.display())]
-    DiskKeepsFailing { path: PathBuf, op: String },
+    DiskKeepsFailing {
+        /// The backup's copy of the disk.
+        path: PathBuf,
+        /// The operation, as the message names it.
+        op: String,
+    },
+    /// The machine could not be built, saved or restored.
     #[error(transparent)]
     Machine(#[from] MachineError),
+    /// The primary could not write its log.
     #[error(transparent)]
     Record(#[from] RecordError),
+    /// The backup's replay stopped short of the log's end.
     #[error(transparent)]
     Replay(#[from] ReplayError),
     /// The machine the primary's header names cannot be built here.
     #[error("the primary's log: {0}")]
     LogHeader(#[from] HeaderError),
+    /// The pair's header is missing, unreadable or of another version.
     #[error(transparent)]
     PairHeader(#[from] PairHeaderError),
+    /// A thread (named first) could not be started.
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, #[source] std::io::Error),
     /// The logging channel failed under the sender.
     #[error("{doing}: {source}")]
     Channel {
+        /// What was being sent, e.g. `sending the backup its disk blocks`.
         doing: &'static str,
+        /// How the channel failed.
         #[source]
         source: std::io::Error,
     },
 
     // The pair's configuration.
+    /// An epoch length outside the accepted range.
     #[error(transparent)]
     EpochLength(#[from] EpochLengthError),
+    /// The backup was given more disk paths than the VM has disks.
     #[error("{given} --disk options given for the VM's {disks} disks")]
-    DiskCount { given: usize, disks: usize },
+    DiskCount {
+        /// Disk paths given to the backup.
+        given: usize,
+        /// Disks the VM has.
+        disks: usize,
+    },
+    /// Checkpoint mode was asked for with disks the two hosts share.
     #[error("checkpoint mode needs a copy of each disk on each host")]
     SharedDisks,
+    /// With separate disks, the backup's copy (its path) differs from the
+    /// primary's disk, so protection is refused.
     #[error("the backup's disk {} is not a copy of the primary's (their contents differ)", .0.display())]
     NotACopy(PathBuf),
+    /// The backup's machine, built from the primary's header, does not hash
+    /// as the header says the primary's did at its start.
     #[error("the machine built from the primary's header is not in its start state")]
     NotInStartState,
 
@@ -73,6 +104,7 @@ pub enum ProtectionError {
     /// nothing more.
     #[error("halting: {0}")]
     Deposed(#[from] Deposed),
+    /// A checkpoint backup was to go live before any checkpoint committed.
     #[error("no checkpoint was committed: there is nothing to take over")]
     NothingToTakeOver,
 }
@@ -82,51 +114,92 @@ pub enum ProtectionError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{who} went live for generation {generation}")]
 pub struct Deposed {
+    /// The host that went live, by its name in the arbiter's record.
     pub who: String,
+    /// The generation it went live for.
     pub generation: u64,
 }
 
 /// What the peer sent that the protocol does not allow.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
+    /// A disk write or block for a virtio slot (given) with no disk in it.
     #[error("disk data for slot {0}, which holds no disk")]
     NoDiskInSlot(u32),
+    /// A disk write or block that ends past the end of the disk in the
+    /// slot given.
     #[error("disk data past the end of the disk in slot {0}")]
     PastDiskEnd(u32),
+    /// Blocks to make the backup's disk a copy (the disk as it was before
+    /// the guest ran) after the first checkpoint, which they must precede.
     #[error("disk blocks after the first checkpoint")]
     LateDiskBlocks,
+    /// Pages for a checkpoint other than the next one.
     #[error("pages of checkpoint {number} when {due} was due")]
-    PagesOutOfOrder { number: u64, due: u64 },
+    PagesOutOfOrder {
+        /// The checkpoint the pages were for.
+        number: u64,
+        /// The checkpoint the backup expected next.
+        due: u64,
+    },
+    /// A checkpoint other than the next one.
     #[error("checkpoint {number} when {due} was due")]
-    CheckpointOutOfOrder { number: u64, due: u64 },
+    CheckpointOutOfOrder {
+        /// The checkpoint received.
+        number: u64,
+        /// The checkpoint the backup expected next.
+        due: u64,
+    },
+    /// A checkpoint's machine state would not decompress.
     #[error("checkpoint {number}: machine state: {source}")]
     CheckpointState {
+        /// The checkpoint.
         number: u64,
+        /// Why it would not decompress.
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint's pages would not decode.
     #[error("checkpoint {number}: pages: {source}")]
     Pages {
+        /// The checkpoint.
         number: u64,
+        /// Why they would not decode.
         #[source]
         source: page_delta::DecodeError,
     },
+    /// The checkpoint stream is corrupt.
     #[error(transparent)]
     Stream(#[from] ReadError),
+    /// The backup's copy (its path) still hashes differently from the
+    /// primary's disk after the blocks that differed were received.
     #[error("the backup's disk {} still differs from the primary's after its blocks came", .0.display())]
     StillDiffers(PathBuf),
+    /// A disk digest in the pair's header without the disk's size.
     #[error("the primary's disk digests name no size")]
     DigestWithoutSize,
+    /// The pair's header has no digest of a disk the backup must check.
     #[error("the primary gave no digest of its disks")]
     NoDigest,
+    /// The log's header has no RAM size in its machine line.
     #[error("the primary's header gives no RAM size")]
     NoRamSize,
+    /// The backup's request for disk blocks would not decode.
     #[error("the backup's request: {0}")]
     BlockRequest(#[source] DigestListError),
+    /// The backup asked for blocks of a virtio slot (given) with no disk
+    /// in it.
     #[error("the backup asked for blocks of slot {0}, which holds no disk")]
     RequestSlot(u32),
+    /// The backup asked for blocks of a disk whose size is not the
+    /// primary's.
     #[error("the backup asked for blocks of a {size}-byte disk in slot {slot}")]
-    RequestSize { size: u64, slot: usize },
+    RequestSize {
+        /// The disk's size in bytes, as the backup gave it.
+        size: u64,
+        /// The disk's virtio slot.
+        slot: usize,
+    },
     /// The backup's own request would not fit the channel.
     #[error(transparent)]
     RequestTooLarge(#[from] RequestTooLarge),

@@ -19,43 +19,107 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum PairEvent {
     /// A backup listens for its primary.
-    Listening { address: String },
+    Listening {
+        /// The address it listens on.
+        address: String,
+    },
     /// A backup checked the primary's header and follows its stream.
-    Following { primary: String, generation: u64, mode: String },
+    Following {
+        /// The primary's address.
+        primary: String,
+        /// The pair's generation at the arbiter.
+        generation: u64,
+        /// The mode's name: lockstep, epoch or checkpoint.
+        mode: String,
+    },
     /// A backup refuses to follow its primary (and tells it why).
-    RefusingToFollow { reason: String },
+    RefusingToFollow {
+        /// Why, as told to the primary.
+        reason: String,
+    },
     /// A primary's backup refused to follow it, or failed before protection started.
-    RefusedProtection { reason: String },
+    RefusedProtection {
+        /// Why: the backup's refusal, its failure, or no answer in time.
+        reason: String,
+    },
     /// A primary sends its backup the disk blocks its copies lack.
-    DiskBlocksSent { blocks: u64, bytes: u64 },
+    DiskBlocksSent {
+        /// Blocks sent, over all disks.
+        blocks: u64,
+        /// Bytes of those blocks.
+        bytes: u64,
+    },
     /// A backup's copy of a disk differs from the primary's: it asks for the blocks.
-    DiskDiffers { path: String },
+    DiskDiffers {
+        /// The backup's copy.
+        path: String,
+    },
     /// A backup's copy of a disk is now the primary's.
-    DiskCopied { path: String, blocks: u64, bytes: u64 },
+    DiskCopied {
+        /// The backup's copy.
+        path: String,
+        /// Blocks received to make it so.
+        blocks: u64,
+        /// Bytes of those blocks.
+        bytes: u64,
+    },
     /// A primary is protected: its backup follows.
-    Protected { backup: String, generation: u64, mode: String },
+    Protected {
+        /// The backup's address.
+        backup: String,
+        /// The pair's generation at the arbiter.
+        generation: u64,
+        /// The mode's name: lockstep, epoch or checkpoint.
+        mode: String,
+    },
     /// This side declared the other failed (`who`: primary or backup).
-    DeclaredFailed { who: String, reason: String },
+    DeclaredFailed {
+        /// The side declared failed: `primary` or `backup`.
+        who: String,
+        /// What showed it: a closed or silent channel, or no heartbeat.
+        reason: String,
+    },
     /// This side won the pair's generation at the arbiter.
-    ArbiterWon { generation: u64 },
+    ArbiterWon {
+        /// The generation it won.
+        generation: u64,
+    },
     /// The other side had won it.
-    ArbiterLost { generation: u64, winner: String },
+    ArbiterLost {
+        /// The generation it asked for.
+        generation: u64,
+        /// The side that won it, by its name in the arbiter's record.
+        winner: String,
+    },
     /// A primary that won runs on alone, its held outputs released.
-    Unprotected { released: u64 },
+    Unprotected {
+        /// Outputs that had been held and were released.
+        released: u64,
+    },
     /// A backup goes live: at `instruction` (checkpoint mode: from
     /// `checkpoint`; epoch mode: having checked `epoch_inputs`, each at an
     /// epoch end, `epoch_inputs_at_multiples` of them at a multiple of the
     /// epoch length).
     GoingLive {
+        /// The instruction count it goes live at.
         instruction: u64,
+        /// In checkpoint mode, the checkpoint it goes live from.
         checkpoint: Option<u64>,
+        /// In epoch mode, the inputs it replayed, each at an epoch end.
         epoch_inputs: Option<u64>,
+        /// In epoch mode, those of them at a multiple of the epoch length.
         epoch_inputs_at_multiples: Option<u64>,
     },
     /// This side lost at the arbiter and halts.
-    Halting { reason: String },
+    Halting {
+        /// Who went live instead, and for which generation.
+        reason: String,
+    },
     /// The primary ended the VM (`status`: the guest's, if it powered off).
-    VmEnded { status: Option<u32> },
+    VmEnded {
+        /// The guest's exit status, if it powered off.
+        status: Option<u32>,
+    },
 }
 
 /// An event with when it happened and its place in the journal.
@@ -65,6 +129,7 @@ pub struct EventRecord {
     pub seq: u64,
     /// Milliseconds since the Unix epoch.
     pub unix_ms: u64,
+    /// What happened.
     #[serde(flatten)]
     pub event: PairEvent,
 }

@@ -1,3 +1,5 @@
+#![deny(missing_docs)]
+
 //! Fault tolerance for a VM, apart from any host or front end: the three
 //! designs ftvm implements (VMware FT's lockstep, Bressoud & Schneider's
 //! epochs, Remus's checkpoints), each as its two sides, behind one

@@ -43,6 +43,7 @@ pub enum DiskSharing {
 }
 
 impl DiskSharing {
+    /// The name the command line and status use: shared or separate.
     pub fn name(self) -> &'static str {
         match self {
             DiskSharing::Shared => "shared",
@@ -54,6 +55,7 @@ impl DiskSharing {
 /// What the pair does about disks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskPolicy {
+    /// Whether the hosts share the disks or each has its own copy.
     pub sharing: DiskSharing,
     /// The backup performs the guest's disk reads itself (§4.2).
     pub backup_reads: bool,
@@ -77,9 +79,15 @@ impl DiskPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum ModeSetting {
+    /// Lockstep, which has no settings.
     Lockstep,
+    /// Epochs of the given length and protocol.
     Epoch(crate::epoch::EpochMode),
-    Checkpoint { interval_ms: u64 },
+    /// Checkpoints at an interval.
+    Checkpoint {
+        /// Time between checkpoints, in ms.
+        interval_ms: u64,
+    },
 }
 
 impl ModeSetting {
@@ -97,8 +105,11 @@ impl ModeSetting {
 /// separate disks the digest of the primary's copy ([`DiskDigest::whole`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairDisk {
+    /// The virtio slot the disk is attached at.
     pub slot: usize,
+    /// The disk's path on the primary's host.
     pub path: PathBuf,
+    /// With separate disks, the digest of the primary's copy; else None.
     pub digest: Option<String>,
 }
 
@@ -106,23 +117,32 @@ pub struct PairDisk {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairHeader {
+    /// [`PAIR_HEADER_VERSION`] of the primary that wrote it.
     pub version: u32,
     /// The pair's generation at the arbiter.
     pub generation: u64,
+    /// The mode, with its settings.
     pub mode: ModeSetting,
+    /// What the pair does about disks.
     pub disk_policy: DiskPolicy,
+    /// The VM's disks, in slot order.
     pub disks: Vec<PairDisk>,
 }
 
 /// Why a header is no pair's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PairHeaderError {
+    /// The header has no pair field: the peer is not an FT primary.
     #[error("the primary named no generation (is it `ftvm ft primary`?)")]
     Missing,
+    /// The pair field is not valid JSON of a pair header (the parser's
+    /// message).
     #[error("the primary's pair header is unreadable: {0}")]
     Unreadable(String),
+    /// The pair field is of another version (the primary's).
     #[error("the primary speaks pair header version {0}; this backup speaks {PAIR_HEADER_VERSION}")]
     Version(u32),
+    /// The epoch length is outside what this side accepts.
     #[error("the primary's epoch mode is out of range: {0}")]
     Epoch(crate::epoch::EpochLengthError),
 }
@@ -173,7 +193,10 @@ pub type SlotDisks = Vec<(usize, PathBuf)>;
 /// are identical when their digests are; where they are not, the blocks
 /// tell what to send to make them so.
 pub struct DiskDigest {
+    /// Bytes hashed: the disk's size.
     pub size: u64,
+    /// BLAKE3 digest of each block, in order; the block size is
+    /// [`disk_sync::block_size`] of `size`.
     pub blocks: Vec<[u8; 32]>,
 }
 

@@ -9,7 +9,9 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum PairStatus {
+    /// It is a protected primary.
     Primary(PrimaryStatus),
+    /// It is a backup following its primary.
     Backup(BackupStatus),
     /// A primary whose backup was lost, or a backup that went live: it
     /// runs alone.
@@ -21,7 +23,9 @@ pub enum PairStatus {
 pub struct PrimaryStatus {
     /// The backup's logging-channel address.
     pub backup: String,
+    /// The pair's generation at the arbiter.
     pub generation: u64,
+    /// The mode, with its figures.
     pub mode: PrimaryMode,
 }
 
@@ -29,8 +33,16 @@ pub struct PrimaryStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum PrimaryMode {
+    /// Lockstep: its log.
     Lockstep(LogStatus),
-    Epoch { epochs: EpochStatus, log: LogStatus },
+    /// Epoch mode: lockstep's log, with inputs held to epoch ends.
+    Epoch {
+        /// The epochs.
+        epochs: EpochStatus,
+        /// The log.
+        log: LogStatus,
+    },
+    /// Checkpoint mode.
     Checkpoint(CheckpointStatus),
 }
 
@@ -41,19 +53,34 @@ pub struct LogStatus {
     pub disks: String,
     /// The backup performs the guest's disk reads itself.
     pub backup_reads: bool,
+    /// The backup's execution lag, in ms: how long ago the primary was
+    /// where the backup is now.
     pub lag_ms: u64,
+    /// The largest lag measured so far, in ms.
     pub lag_max_ms: u64,
+    /// Log bandwidth lately, in Mbit/s.
     pub log_mbit_s: f64,
+    /// Bytes of log sent so far.
     pub log_bytes: u64,
+    /// Bytes of log the backup has acknowledged.
     pub acked: u64,
-    /// Outputs held now, and in all, by the Output Rule.
+    /// Outputs the Output Rule holds now.
     pub held: u64,
+    /// Outputs it has held in all.
     pub outputs_held_total: u64,
+    /// The primary's CPU share under the lag control, in percent.
     pub cpu_share_percent: f64,
+    /// What the lag control does now.
     pub lag_control: LagControl,
+    /// How many times the lag control has engaged.
     pub lag_control_engaged: u64,
+    /// Time the primary has paused for its CPU share, in all, in ms.
     pub paused_total_ms: u64,
+    /// The primary's speed while it runs, in millions of instructions a
+    /// second; None until measured.
     pub mips_primary: Option<f64>,
+    /// The backup's speed, in millions of instructions a second; None
+    /// until measured.
     pub mips_backup: Option<f64>,
 }
 
@@ -61,6 +88,7 @@ pub struct LogStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LagControl {
+    /// Nothing: the primary runs at its full share.
     Off,
     /// Under the threshold: the primary's share trimmed by a few percent.
     Trim,
@@ -71,6 +99,7 @@ pub enum LagControl {
 /// A Bressoud & Schneider epoch mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochSetting {
+    /// Instructions per epoch.
     pub length: u64,
     /// original or revised.
     pub protocol: String,
@@ -79,39 +108,60 @@ pub struct EpochSetting {
 /// The primary's epochs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochStatus {
+    /// The epoch mode.
     pub setting: EpochSetting,
+    /// Epoch ends passed, run through or stopped at.
     pub ends: u64,
+    /// Of them, the ends where every hart waited for an interrupt.
     pub idle_ends: u64,
+    /// Inputs delivered at epoch ends.
     pub inputs_delivered: u64,
+    /// Of them, those that arrived inside an epoch and waited for its end.
     pub inputs_buffered: u64,
+    /// Inputs waiting now for the end of the current epoch.
     pub inputs_waiting: u64,
     /// Under the original protocol: the time waited for acknowledgements
-    /// at epoch ends, in all and per end.
+    /// at epoch ends, in all, in ms.
     pub ack_wait_total_ms: Option<u64>,
+    /// Under the original protocol: the mean wait per epoch end, in µs.
     pub ack_wait_mean_us: Option<u64>,
 }
 
 /// A checkpoint-mode primary (Remus).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointStatus {
+    /// The configured time between checkpoints, in ms.
     pub interval_ms: u64,
+    /// Checkpoints taken so far, early ones included.
     pub checkpoints: u64,
     /// Checkpoints taken early because the guest idled (None: off).
     pub idle_checkpoints: Option<u64>,
-    /// Checkpoints a second on the beat, lately and over the whole run.
+    /// Checkpoints a second on the beat (early ones not counted), lately.
     pub rate: f64,
+    /// Checkpoints a second on the beat, over the whole run.
     pub rate_overall: f64,
+    /// Checkpoints the backup has acknowledged.
     pub committed: u64,
+    /// Median pause of the guest for a checkpoint, in µs, over the last
+    /// few thousand checkpoints.
     pub pause_median_us: u64,
+    /// 99th-percentile pause, in µs, over the same checkpoints.
     pub pause_p99_us: u64,
+    /// Median pages dirtied per checkpoint, over the same checkpoints.
     pub dirty_median: u64,
     /// Pause against pages dirtied (Remus's Fig. 5), per decade of pages.
     pub pause_by_dirty: Vec<PauseBucket>,
+    /// Mean bytes of stream per checkpoint (its pages and state).
     pub bytes_per_checkpoint: u64,
+    /// Page bytes before encoding over bytes after (1.0: none saved).
     pub compression: f64,
+    /// Bytes of stream sent so far.
     pub log_bytes: u64,
+    /// Bytes of stream the backup has acknowledged.
     pub acked: u64,
+    /// Frames held now, until their interval's checkpoint is acknowledged.
     pub held: u64,
+    /// Frames held in all.
     pub outputs_held_total: u64,
 }
 
@@ -119,10 +169,15 @@ pub struct CheckpointStatus {
 /// None: no bound).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PauseBucket {
+    /// Fewest pages dirtied.
     pub lo: u64,
+    /// Most pages dirtied; None for the last bucket, which has no bound.
     pub hi: Option<u64>,
+    /// Median pause, in µs.
     pub median_us: u64,
+    /// 99th-percentile pause, in µs.
     pub p99_us: u64,
+    /// Checkpoints in the bucket.
     pub checkpoints: u64,
 }
 
@@ -131,11 +186,15 @@ pub struct PauseBucket {
 pub struct BackupStatus {
     /// The primary's logging-channel address.
     pub primary: String,
+    /// The pair's generation at the arbiter.
     pub generation: u64,
+    /// The mode, with its figures.
     pub mode: BackupMode,
+    /// Stream bandwidth lately, in Mbit/s.
     pub log_mbit_s: f64,
-    /// Bytes received, and received but not yet taken by the replay.
+    /// Bytes received.
     pub received: u64,
+    /// Bytes received but not yet taken by the replay.
     pub buffered: u64,
 }
 
@@ -143,16 +202,23 @@ pub struct BackupStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum BackupMode {
-    /// `last_end`: the last go-live point received.
+    /// Lockstep: it replays the log.
     Lockstep {
+        /// Instruction count of the last go-live point received.
         last_end: u64,
     },
+    /// Epoch mode: it replays the log, checking the epoch rule.
     Epoch {
+        /// The epoch mode.
         setting: EpochSetting,
+        /// Instruction count of the last go-live point received.
         last_end: u64,
     },
+    /// Checkpoint mode: it commits checkpoints.
     Checkpoint {
+        /// The primary's time between checkpoints, in ms.
         interval_ms: u64,
+        /// Checkpoints committed.
         committed: u64,
     },
 }

@@ -38,17 +38,22 @@ const MAX_STATE: usize = 64 << 20;
 
 /// What the backup holds: the last committed checkpoint.
 pub struct Committed {
+    /// The copy of the VM's RAM, as of the last commit.
     pub ram: GuestRam,
     /// The machine's state at the last commit; None before the first.
     pub state: Option<Vec<u8>>,
+    /// The last committed checkpoint's number (0 before the first).
     pub number: u64,
+    /// The instruction count the last committed checkpoint was taken at.
     pub icount: u64,
-    /// Checkpoints committed, and disk writes applied, so far.
+    /// Checkpoints committed so far.
     pub checkpoints: u64,
+    /// Disk writes applied so far.
     pub writes: u64,
 }
 
 impl Committed {
+    /// Nothing committed yet, with a zeroed copy of `ram_size` bytes of RAM.
     pub fn new(ram_size: u64) -> Result<Committed, ProtectionError> {
         Ok(Committed {
             ram: GuestRam::new(RAM_BASE, ram_size).map_err(MachineError::from)?,
@@ -125,6 +130,7 @@ pub struct Disks {
 }
 
 impl Disks {
+    /// Opens (and locks) this host's copy at each (slot, path) in `disks`.
     pub fn open(disks: &[(usize, &Path)], events: Events) -> Result<Disks, ProtectionError> {
         let mut open = HashMap::new();
         for &(slot, path) in disks {

@@ -114,6 +114,8 @@ struct SenderReport {
     checkpoints: u64,
 }
 
+/// Checkpoint-mode protection, the primary's side: takes the checkpoints,
+/// hands them to the sender thread and holds each interval's frames.
 pub struct Checkpointer {
     interval: Duration,
     due: Instant,

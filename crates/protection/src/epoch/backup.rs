@@ -10,13 +10,16 @@ use ftvm_replay::replayer::{FrameRule, HookError};
 /// either at a multiple of the length or idle. A log that breaks it came
 /// from a primary that delivered inside an epoch.
 pub struct EpochCheck {
+    /// The epoch mode the primary runs in.
     pub mode: EpochMode,
-    /// Inputs checked, and how many of them at idle ends.
+    /// Inputs checked.
     pub inputs: u64,
+    /// Of them, those at idle ends rather than at a multiple of the length.
     pub at_idle: u64,
 }
 
 impl EpochCheck {
+    /// A check of `mode`'s rule, with no inputs checked yet.
     pub fn new(mode: EpochMode) -> EpochCheck {
         EpochCheck { mode, inputs: 0, at_idle: 0 }
     }
@@ -29,7 +32,9 @@ impl EpochCheck {
     .icount / .length
 )]
 pub struct InputInsideEpoch {
+    /// The instruction count the input was delivered at.
     pub icount: u64,
+    /// Instructions per epoch.
     pub length: u64,
 }
 

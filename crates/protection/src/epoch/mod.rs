@@ -55,6 +55,7 @@ pub enum EpochProtocol {
 }
 
 impl EpochProtocol {
+    /// The name the command line and status use: original or revised.
     pub fn name(self) -> &'static str {
         match self {
             EpochProtocol::Original => "original",
@@ -63,27 +64,30 @@ impl EpochProtocol {
     }
 }
 
-/// Shortest and longest epochs accepted. Below the shortest the loop's
-/// own cost dwarfs the guest's; above the longest the primary could be
+/// Shortest epoch accepted, in instructions: below it the loop's own
+/// cost dwarfs the guest's.
+pub const MIN_LENGTH: u64 = 256;
+/// Longest epoch accepted, in instructions: above it the primary could be
 /// silent for longer than a failure timeout (epoch ends are also its
 /// keep-alives), and the guest's inputs would wait that long.
-pub const MIN_LENGTH: u64 = 256;
 pub const MAX_LENGTH: u64 = 10_000_000;
 
-/// The epoch mode a pair runs in, as the pair's header tells the backup.
 /// An epoch length outside what either side accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--epoch-length {0} is out of range ({MIN_LENGTH} to {MAX_LENGTH} instructions)")]
 pub struct EpochLengthError(pub u64);
 
+/// The epoch mode a pair runs in, as the pair's header tells the backup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochMode {
     /// Instructions per epoch.
     pub length: u64,
+    /// When the primary waits for the backup's acknowledgements.
     pub protocol: EpochProtocol,
 }
 
 impl EpochMode {
+    /// The mode, if `length` is within [`MIN_LENGTH`]..=[`MAX_LENGTH`].
     pub fn new(length: u64, protocol: EpochProtocol) -> Result<EpochMode, EpochLengthError> {
         if !(MIN_LENGTH..=MAX_LENGTH).contains(&length) {
             return Err(EpochLengthError(length));

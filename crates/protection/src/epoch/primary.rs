@@ -19,11 +19,12 @@ const ACK_POLL: Duration = Duration::from_millis(10);
 /// The primary's epochs while it runs: inputs waiting for the end of the
 /// current epoch, and counts for status.
 pub struct Epochs {
+    /// The epoch mode.
     pub mode: EpochMode,
     deferred: Vec<Event>,
-    /// Epoch ends passed (run through or stopped at), and how many of them
-    /// were idle ends.
+    /// Epoch ends passed (run through or stopped at).
     pub ends: u64,
+    /// Of them, the idle ends.
     pub idle_ends: u64,
     /// Inputs delivered at epoch ends: those buffered during an epoch and
     /// those that arrived while the machine stood at an end (an idle one,
@@ -39,6 +40,7 @@ pub struct Epochs {
 }
 
 impl Epochs {
+    /// Epochs of `mode`, none ended yet.
     pub fn new(mode: EpochMode) -> Epochs {
         Epochs {
             mode,
@@ -105,6 +107,7 @@ impl Epochs {
         format!("{} epochs ended ({} where the guest idled){waits}", self.ends, self.idle_ends)
     }
 
+    /// The epochs, as status shows them.
     pub fn status(&self) -> EpochStatus {
         let waits = self.ack_waits();
         EpochStatus {
@@ -132,6 +135,8 @@ pub struct Epoch {
 }
 
 impl Epoch {
+    /// Wraps `lockstep` with epochs of `mode`; under the original protocol
+    /// its outputs are released at once.
     pub fn new(mut lockstep: Lockstep, mode: EpochMode) -> Epoch {
         if mode.protocol == EpochProtocol::Original {
             lockstep.release_outputs_at_once();

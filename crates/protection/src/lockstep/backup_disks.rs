@@ -28,6 +28,8 @@ pub const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 /// virtio-blk's "done" status.
 const OK: u8 = 0;
 
+/// The backup's own disk I/O: its writes to its copy of each disk (with
+/// separate disks) and its reads (with `--backup-reads`).
 pub struct BackupDisks {
     /// Per virtio slot of a disk: its image (holding the lock, if any)
     /// and the backend on it.
@@ -36,8 +38,9 @@ pub struct BackupDisks {
     reads: bool,
     /// Reads performed ahead of their logged completion, by (slot, tag).
     done_early: HashMap<(usize, u32), (BlkOp, u8, Vec<u8>)>,
-    /// For status: operations performed, and retries needed.
+    /// For status: disk operations performed.
     pub performed: u64,
+    /// For status: retries they needed.
     pub retries: u64,
 }
 

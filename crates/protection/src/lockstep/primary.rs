@@ -35,6 +35,8 @@ const END_ACK_WAIT: Duration = Duration::from_secs(5);
 /// so one twice that old means the backup (or the way to it) is slow.
 const REPORT_GRACE: Duration = crate::lockstep::BUSY_GO_LIVE.saturating_mul(2);
 
+/// Lockstep protection, the primary's side: the log to the backup, the
+/// outputs it holds, and the execution-lag control.
 pub struct Lockstep {
     /// The log, streaming to the backup.
     recorder: Recorder<LogSender>,
