@@ -126,6 +126,8 @@ class Event:
 # The events, and the typed event of ftvm's journal each is.
 EVENTS = {
     "listening": "a backup listens for its primary",
+    "stranger-refused": "a waiting backup closed a connection that did not prove it holds the pair's key; "
+                        "fields: peer, reason",
     "following": "a backup follows its primary; fields: how (replaying, committing checkpoints)",
     "protected": "a primary is protected: its backup receives the log (or checkpoints)",
     "disk-blocks-sent": "a primary sends its backup the disk blocks its copy lacks; fields: blocks",

@@ -192,8 +192,10 @@ def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, ext
     Path(shared).mkdir(parents=True, exist_ok=True)
     sock = str(Path(work) / "backup.sock")
     events = _fresh(Path(work) / "backup.events")
+    # The backup's own TAP for the VM's NIC (a backup takes no host
+    # resource's name from its primary), named as the primary's.
     argv = [ftvm, "ft", "backup", "--listen", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(timeout_ms), "--control", sock, "--events", events, *extra]
+            "--timeout", str(timeout_ms), "--net", "tap=t0", "--control", sock, "--events", events, *extra]
     p = Proc("backup", site, "backup", argv, Path(work) / "backup.out", core=core)
     p.sock, p.events = sock, events
     if wait:

@@ -53,6 +53,12 @@ enum FtCommand {
     Primary(Box<FtPrimaryArgs>),
     /// Keep the replica of a primary's VM, ready to take over.
     Backup(Box<ft::backup::BackupArgs>),
+    /// Write a new random pair key to FILE (mode 0600), for --pair-key on
+    /// both hosts; it never replaces an existing file.
+    Keygen {
+        /// Where to write it.
+        file: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -112,6 +118,12 @@ fn main() -> ExitCode {
         Command::Record(r) => launch::run(r.run, Target::File(r.log)).map_err(Into::into),
         Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft)).map_err(Into::into),
         Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b).map_err(Into::into),
+        Command::Ft(FtCommand::Keygen { file }) => ftvm_replication::pair_key::PairKey::create(&file)
+            .map(|key| {
+                println!("{} (key {})", file.display(), key.id());
+                0
+            })
+            .map_err(Into::into),
         Command::Replay(r) => replay::replay(&r).map_err(Into::into),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
         Command::Control { json, socket, command } => control_command(&socket, &command.join(" "), json),

@@ -94,6 +94,28 @@ pub enum ProtectionError {
     /// as the header says the primary's did at its start.
     #[error("the machine built from the primary's header is not in its start state")]
     NotInStartState,
+    /// A disk of the VM this host has no path for.
+    #[error("the VM's disk in slot {slot} (the primary's {name}) has no copy here: give this host's with --disk")]
+    DiskNotGiven {
+        /// Its virtio slot.
+        slot: usize,
+        /// The file name the primary gave it.
+        name: String,
+    },
+    /// The VM has more NICs than this host was given TAPs for.
+    #[error("the VM has {nics} NICs and this backup was given {given} TAPs: give one per NIC with --net tap=NAME")]
+    NicNotGiven {
+        /// The VM's NICs.
+        nics: usize,
+        /// The TAPs given.
+        given: usize,
+    },
+    /// The primary's shared storage is not this host's.
+    #[error(
+        "the primary's shared storage is not this host's --shared ({0}): the arbiter could not stop a split \
+         brain, so protection is refused"
+    )]
+    OtherStorage(String),
 
     /// What the peer sent breaks the pair's protocol: the stream cannot
     /// be trusted, and the backup must not go live from it.

@@ -23,6 +23,14 @@ pub enum PairEvent {
         /// The address it listens on.
         address: String,
     },
+    /// A waiting backup closed a connection that did not prove it holds
+    /// the pair's key (garbage, another key, or silence), and listens on.
+    StrangerRefused {
+        /// The connection's source address.
+        peer: String,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// A backup checked the primary's header and follows its stream.
     Following {
         /// The primary's address.
@@ -135,12 +143,16 @@ pub struct EventRecord {
 }
 
 /// Most events kept for a subscriber that comes late: far more than a
-/// pair's life makes.
+/// pair's life makes, and a bound on what a flood of strangers' refused
+/// connections can cost.
 const KEPT: usize = 4096;
 
 #[derive(Default)]
 struct Journal {
-    history: Vec<EventRecord>,
+    /// The last [`KEPT`] events.
+    history: std::collections::VecDeque<EventRecord>,
+    /// Events emitted so far.
+    emitted: u64,
     subscribers: Vec<Sender<EventRecord>>,
     file: Option<std::fs::File>,
 }
@@ -165,7 +177,8 @@ impl Events {
     pub fn emit(&self, event: PairEvent) {
         let mut j = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let record = EventRecord { seq: j.history.len() as u64 + 1, unix_ms, event };
+        j.emitted += 1;
+        let record = EventRecord { seq: j.emitted, unix_ms, event };
         if let Some(f) = &mut j.file {
             let line = serde_json::to_string(&record).expect("an event serializes");
             // A journal that cannot be written must not stop the VM: the
@@ -173,9 +186,10 @@ impl Events {
             let _ = writeln!(f, "{line}");
         }
         j.subscribers.retain(|s| s.send(record.clone()).is_ok());
-        if j.history.len() < KEPT {
-            j.history.push(record);
+        if j.history.len() == KEPT {
+            j.history.pop_front();
         }
+        j.history.push_back(record);
     }
 
     /// What happened so far, and a receiver of each event from now on.
@@ -183,7 +197,7 @@ impl Events {
         let (tx, rx) = mpsc::channel();
         let mut j = self.0.lock().unwrap_or_else(|e| e.into_inner());
         j.subscribers.push(tx);
-        (j.history.clone(), rx)
+        (j.history.iter().cloned().collect(), rx)
     }
 }
 

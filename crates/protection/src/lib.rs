@@ -10,6 +10,8 @@
 //! - [`primary`]: the interface the host's live loop drives, and the
 //!   test-and-set every mode does when its backup is lost.
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
+//! - [`local`]: the disks and files a backup's own host gives a pair:
+//!   nothing a backup touches is named by the wire.
 //! - [`error`]: why a side cannot go on, by where the fault lies.
 //! - [`status`]: what each side reports of itself, as serde types;
 //!   [`events`]: what happens to it, as typed events.
@@ -25,6 +27,7 @@ pub mod checkpoint;
 pub mod epoch;
 pub mod error;
 pub mod events;
+pub mod local;
 pub mod lockstep;
 pub mod pair;
 pub mod primary;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// The header field that carries the pair's part of the handshake.
 const FIELD: &str = "ft-pair";
 /// The version of [`PairHeader`] this build writes and reads.
-pub const PAIR_HEADER_VERSION: u32 = 1;
+pub const PAIR_HEADER_VERSION: u32 = 2;
 
 /// How the backup is kept in step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +127,11 @@ pub struct PairHeader {
     pub disk_policy: DiskPolicy,
     /// The VM's disks, in slot order.
     pub disks: Vec<PairDisk>,
+    /// The random token the primary wrote into its generation's record on
+    /// the shared storage: a backup that reads another there (or none)
+    /// does not see the same storage, and the arbiter could not stop a
+    /// split brain.
+    pub storage_token: String,
 }
 
 /// Why a header is no pair's.
@@ -242,6 +247,7 @@ mod tests {
             mode: ModeSetting::Epoch(EpochMode::new(4096, EpochProtocol::Original).unwrap()),
             disk_policy: DiskPolicy { sharing: DiskSharing::Separate, backup_reads: true },
             disks: vec![PairDisk { slot: 0, path: "/srv/a.img".into(), digest: Some("1024:ab".into()) }],
+            storage_token: "00ff".into(),
         }
     }
 

@@ -16,7 +16,7 @@ use ftvm_machine::{
     DeterministicEngine, Event, IoCompletion, IoRequest, Machine, MachineConfig, MachineError, RunExit,
 };
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The error a [`ReplayIo`] or [`FrameRule`] gives: each implementation
 /// (a backup's disks, epoch mode's rule) has its own typed error, boxed
@@ -90,6 +90,11 @@ pub enum HeaderError {
     Read { key: &'static str, path: PathBuf, source: std::io::Error },
     #[error("the {key} {} is not the one recorded (its hash differs)", .path.display())]
     NotRecorded { key: &'static str, path: PathBuf },
+    /// None of the files this host offers is the one the header names.
+    #[error(
+        "this host has no copy of the {key} {name} (hash {hash}): put it on the shared storage or give it with --image"
+    )]
+    NoLocalCopy { key: &'static str, name: String, hash: String },
     #[error(transparent)]
     Device(#[from] DeviceTextError),
     #[error(transparent)]
@@ -318,25 +323,46 @@ pub fn field<'a>(h: &'a Header, key: &'static str) -> Result<&'a str, HeaderErro
     h.get(key).ok_or(HeaderError::Missing(key))
 }
 
-/// Reads the file a header field names ("HASH PATH") and checks its hash.
-fn checked_file(h: &Header, key: &'static str) -> Result<Option<Vec<u8>>, HeaderError> {
+/// Where the files a header names (firmware, kernel, initrd, snapshot:
+/// each by its hash and the path it had where it was recorded) are read
+/// from. A log of this host's own reads them where they were; a backup
+/// reads only files its own host offers, never a path a peer sent.
+pub trait FileFinder {
+    /// The bytes of the file recorded for `key` at `recorded`, whose
+    /// BLAKE3 hash is `hash`.
+    fn find(&self, key: &'static str, hash: &str, recorded: &Path) -> Result<Vec<u8>, HeaderError>;
+}
+
+/// The files where the header says they were: for a log this host wrote
+/// or was handed by its user (`ftvm replay`).
+pub struct AtRecordedPaths;
+
+impl FileFinder for AtRecordedPaths {
+    fn find(&self, key: &'static str, hash: &str, recorded: &Path) -> Result<Vec<u8>, HeaderError> {
+        let path = recorded.to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| HeaderError::Read { key, path: path.clone(), source })?;
+        if blake3::hash(&bytes).to_hex().as_str() != hash {
+            return Err(HeaderError::NotRecorded { key, path });
+        }
+        Ok(bytes)
+    }
+}
+
+/// Reads the file a header field names ("HASH PATH") through `files`.
+fn checked_file(h: &Header, key: &'static str, files: &dyn FileFinder) -> Result<Option<Vec<u8>>, HeaderError> {
     let v = field(h, key)?;
     if v == "none" {
         return Ok(None);
     }
     let (hash, path) = v.split_once(' ').ok_or(HeaderError::Unreadable(key))?;
-    let path = PathBuf::from(path);
-    let bytes = std::fs::read(&path).map_err(|source| HeaderError::Read { key, path: path.clone(), source })?;
-    if blake3::hash(&bytes).to_hex().as_str() != hash {
-        return Err(HeaderError::NotRecorded { key, path });
-    }
-    Ok(Some(bytes))
+    files.find(key, hash, Path::new(path)).map(Some)
 }
 
-/// The machine a log's header names, built in its starting state.
-pub fn machine_from_header(h: &Header) -> Result<Machine, HeaderError> {
+/// The machine a log's header names, built in its starting state from
+/// the files `files` finds.
+pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine, HeaderError> {
     if field(h, "start")? == "snapshot" {
-        let bytes = checked_file(h, "snapshot")?.ok_or(HeaderError::NoFile("snapshot"))?;
+        let bytes = checked_file(h, "snapshot", files)?.ok_or(HeaderError::NoFile("snapshot"))?;
         let snap = snapshot_file::decode(&bytes)?;
         return Ok(Machine::restore(&snap.machine)?);
     }
@@ -357,9 +383,9 @@ pub fn machine_from_header(h: &Header) -> Result<Machine, HeaderError> {
     let cfg = MachineConfig {
         harts: num("harts")? as usize,
         ram_size: num("ram")?,
-        firmware: checked_file(h, "firmware")?,
-        kernel: checked_file(h, "kernel")?.ok_or(HeaderError::NoFile("kernel"))?,
-        initrd: checked_file(h, "initrd")?,
+        firmware: checked_file(h, "firmware", files)?,
+        kernel: checked_file(h, "kernel", files)?.ok_or(HeaderError::NoFile("kernel"))?,
+        initrd: checked_file(h, "initrd", files)?,
         cmdline: field(h, "cmdline")?.to_string(),
         devices,
         guest_ips: num("ips")?,

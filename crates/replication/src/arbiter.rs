@@ -8,7 +8,11 @@
 //!
 //! Each start of protection claims a fresh generation number (files
 //! `gen-N.pair`), so the `.live` file of an old failover never decides a
-//! new one.
+//! new one. The `.pair` file holds a random *storage token* the primary
+//! also sends its backup: a backup that reads another token (or none)
+//! through its own path to the storage does not see the primary's
+//! storage, the test-and-set would not be one, and it refuses to follow
+//! ([`Arbiter::check_storage`]).
 //! While the directory cannot be reached the caller waits, as the paper
 //! prescribes: a VM whose storage is gone could not do useful work anyway.
 
@@ -47,6 +51,15 @@ pub enum ArbiterError {
     AllTaken { dir: PathBuf, first: u64, tries: u64 },
 }
 
+/// Why a backup does not see its primary's shared storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageMismatch {
+    #[error("{} holds no record of generation {generation}", .dir.display())]
+    NoRecord { dir: PathBuf, generation: u64 },
+    #[error("generation {generation}'s record in {} was written by another primary", .dir.display())]
+    OtherToken { dir: PathBuf, generation: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// This side may go live.
@@ -58,11 +71,35 @@ pub enum Verdict {
 pub struct Arbiter {
     dir: PathBuf,
     generation: u64,
+    /// The storage token of a generation this side claimed ("" otherwise).
+    token: String,
 }
 
 impl Arbiter {
     pub fn new(dir: &Path, generation: u64) -> Arbiter {
-        Arbiter { dir: dir.to_path_buf(), generation }
+        Arbiter { dir: dir.to_path_buf(), generation, token: String::new() }
+    }
+
+    /// The token written into the claimed generation's record.
+    pub fn storage_token(&self) -> &str {
+        &self.token
+    }
+
+    /// Whether `dir` holds the record of `generation` with `token`: the
+    /// backup's proof that it sees the storage its primary claimed on.
+    pub fn check_storage(dir: &Path, generation: u64, token: &str) -> Result<(), StorageMismatch> {
+        let path = dir.join(format!("gen-{generation}.pair"));
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|f| f.take(4096).read_to_string(&mut text));
+        if read.is_err() {
+            return Err(StorageMismatch::NoRecord { dir: dir.to_path_buf(), generation });
+        }
+        let theirs = text.lines().find_map(|l| l.strip_prefix("storage-token "));
+        // An empty token is no proof: it matches nothing.
+        if token.is_empty() || theirs != Some(token) {
+            return Err(StorageMismatch::OtherToken { dir: dir.to_path_buf(), generation });
+        }
+        Ok(())
     }
 
     pub fn generation(&self) -> u64 {
@@ -82,10 +119,17 @@ impl Arbiter {
             })
             .max()
             .unwrap_or(0);
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).map_err(|e| ArbiterError::Claim {
+            dir: dir.to_path_buf(),
+            generation: highest + 1,
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let token: String = token.iter().map(|b| format!("{b:02x}")).collect();
         for generation in highest + 1..highest + 1 + CLAIM_TRIES {
             let path = dir.join(format!("gen-{generation}.pair"));
-            match create_exclusive(&path, pair) {
-                Ok(true) => return Ok(Arbiter::new(dir, generation)),
+            match create_exclusive(&path, &format!("{pair}\nstorage-token {token}\n")) {
+                Ok(true) => return Ok(Arbiter { dir: dir.to_path_buf(), generation, token }),
                 Ok(false) => continue,
                 Err(source) => return Err(ArbiterError::Claim { dir: dir.to_path_buf(), generation, source }),
             }
@@ -184,6 +228,30 @@ mod tests {
             }
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_the_claimed_storage_proves_itself() {
+        let dir = scratch("token");
+        let other = scratch("token-other");
+        let a = Arbiter::claim_generation(&dir, "p").unwrap();
+        let g = a.generation();
+        Arbiter::check_storage(&dir, g, a.storage_token()).unwrap();
+        // Another directory with a record of the same generation, by
+        // another primary: not the same storage.
+        let b = Arbiter::claim_generation(&other, "p").unwrap();
+        assert_eq!(b.generation(), g);
+        assert!(matches!(
+            Arbiter::check_storage(&other, g, a.storage_token()),
+            Err(StorageMismatch::OtherToken { .. })
+        ));
+        assert!(matches!(
+            Arbiter::check_storage(&other, g + 1, a.storage_token()),
+            Err(StorageMismatch::NoRecord { .. })
+        ));
+        assert!(Arbiter::check_storage(&dir, g, "").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&other).unwrap();
     }
 
     #[test]

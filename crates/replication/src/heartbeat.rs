@@ -1,15 +1,31 @@
 //! UDP heartbeats between the two hosts of a pair (VMware FT §2.3). A
 //! thread sends a small datagram to the peer every interval and notes
 //! when the peer's last one arrived; the failure detectors of the logging
-//! channel read that time. Datagrams from other addresses or of another
-//! pair (generation) are ignored.
+//! channel read that time.
+//!
+//! A heartbeat keeps a dead primary's backup from taking over, so one
+//! that anybody could send would let an attacker hold a failover off.
+//! Each carries the pair's generation, a sequence number, and a MAC over
+//! both (keyed BLAKE3 under a key derived from the pair key); a beat is
+//! heard only from the peer's address, with a valid MAC, of this
+//! generation, and with a sequence number above the last one heard, so
+//! forged, altered, replayed or stale beats are all ignored. The sequence
+//! starts at the sender's clock in microseconds, so a restarted sender
+//! does not start below where it was.
+//!
+//! ```text
+//! "FTH2" | generation u64 LE | sequence u64 LE | MAC (32 bytes) over the first 20
+//! ```
 
+use crate::pair_key::PairKey;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 4] = b"FTHB";
+const MAGIC: &[u8; 4] = b"FTH2";
+const SIGNED: usize = 20;
+const BEAT_LEN: usize = SIGNED + 32;
 
 /// Why the heartbeats could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,21 +57,23 @@ struct Shared {
 }
 
 impl Heartbeat {
-    /// Binds `local` and beats to `peer` every `interval`.
+    /// Binds `local` and beats to `peer` every `interval`, under `key`.
     pub fn start(
         local: SocketAddr,
         peer: SocketAddr,
         generation: u64,
         interval: Duration,
+        key: &PairKey,
     ) -> Result<Heartbeat, HeartbeatError> {
         let sock = UdpSocket::bind(local).map_err(|source| HeartbeatError::Bind { local, source })?;
         sock.set_read_timeout(Some(interval.max(Duration::from_millis(1)))).map_err(HeartbeatError::Socket)?;
         let shared =
             Arc::new(Shared { start: Instant::now(), last_heard_us: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let s = shared.clone();
+        let beats = Beats { key: key.heartbeat_key(), generation };
         std::thread::Builder::new()
             .name("ft-heartbeat".into())
-            .spawn(move || beat(sock, peer, generation, interval, s))
+            .spawn(move || beat(sock, peer, beats, interval, s))
             .map_err(HeartbeatError::Thread)?;
         Ok(Heartbeat { shared })
     }
@@ -78,16 +96,50 @@ impl Drop for Heartbeat {
     }
 }
 
-fn beat(sock: UdpSocket, peer: SocketAddr, generation: u64, interval: Duration, s: Arc<Shared>) {
-    let mut msg = [0u8; 12];
-    msg[..4].copy_from_slice(MAGIC);
-    msg[4..].copy_from_slice(&generation.to_le_bytes());
+/// The beats of one pair's generation: made and checked.
+struct Beats {
+    key: [u8; 32],
+    generation: u64,
+}
+
+impl Beats {
+    fn make(&self, seq: u64) -> [u8; BEAT_LEN] {
+        let mut msg = [0u8; BEAT_LEN];
+        msg[..4].copy_from_slice(MAGIC);
+        msg[4..12].copy_from_slice(&self.generation.to_le_bytes());
+        msg[12..20].copy_from_slice(&seq.to_le_bytes());
+        let mac = blake3::keyed_hash(&self.key, &msg[..SIGNED]);
+        msg[SIGNED..].copy_from_slice(mac.as_bytes());
+        msg
+    }
+
+    /// The sequence number of a valid beat of this generation.
+    fn check(&self, msg: &[u8]) -> Option<u64> {
+        if msg.len() != BEAT_LEN || &msg[..4] != MAGIC {
+            return None;
+        }
+        // blake3::Hash compares in constant time.
+        let mac = blake3::Hash::from_bytes(msg[SIGNED..].try_into().ok()?);
+        if blake3::keyed_hash(&self.key, &msg[..SIGNED]) != mac {
+            return None;
+        }
+        let generation = u64::from_le_bytes(msg[4..12].try_into().ok()?);
+        (generation == self.generation).then(|| u64::from_le_bytes(msg[12..20].try_into().expect("8 bytes")))
+    }
+}
+
+fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: Arc<Shared>) {
+    let mut seq =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
+    // The highest sequence number heard: a beat must pass it.
+    let mut heard_seq = 0u64;
     let mut next = Instant::now();
-    let mut buf = [0u8; 64];
+    let mut buf = [0u8; 128];
     while !s.stop.load(Ordering::Relaxed) {
         if Instant::now() >= next {
             // A lost or refused beat is what the peer's detector is for.
-            let _ = sock.send_to(&msg, peer);
+            seq += 1;
+            let _ = sock.send_to(&beats.make(seq), peer);
             next += interval;
             if next < Instant::now() {
                 next = Instant::now() + interval;
@@ -96,7 +148,11 @@ fn beat(sock: UdpSocket, peer: SocketAddr, generation: u64, interval: Duration, 
         let wait = next.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let _ = sock.set_read_timeout(Some(wait));
         if let Ok((n, from)) = sock.recv_from(&mut buf) {
-            if from.ip() == peer.ip() && n == msg.len() && buf[..n] == msg {
+            if from.ip() != peer.ip() {
+                continue;
+            }
+            if let Some(seq) = beats.check(&buf[..n]).filter(|&seq| seq > heard_seq) {
+                heard_seq = seq;
                 let us = s.start.elapsed().as_micros().max(1) as u64;
                 s.last_heard_us.store(us, Ordering::Relaxed);
             }
@@ -108,6 +164,47 @@ fn beat(sock: UdpSocket, peer: SocketAddr, generation: u64, interval: Duration, 
 mod tests {
     use super::*;
 
+    fn key() -> PairKey {
+        PairKey::from_bytes([9; 32])
+    }
+
+    /// What an attacker on the network can send, while the real peer is
+    /// silent: forged beats (no key), a replay of the peer's own beats,
+    /// and beats under another pair's key. None is heard.
+    #[test]
+    fn forged_replayed_or_foreign_beats_are_not_heard() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let pa = UdpSocket::bind(any).unwrap().local_addr().unwrap();
+        let attacker = UdpSocket::bind(any).unwrap();
+        let a = Heartbeat::start(pa, attacker.local_addr().unwrap(), 5, Duration::from_millis(10), &key()).unwrap();
+        let mine = Beats { key: key().heartbeat_key(), generation: 5 };
+        let theirs = Beats { key: PairKey::from_bytes([1; 32]).heartbeat_key(), generation: 5 };
+        // The first valid beat is heard...
+        attacker.send_to(&mine.make(100), pa).unwrap();
+        let t0 = Instant::now();
+        while !a.heard() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "a valid beat was never heard");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // ...then only invalid ones come: the silence must grow.
+        let mut forged = mine.make(101);
+        forged[SIGNED] ^= 1;
+        let mut unsigned = [0u8; BEAT_LEN];
+        unsigned[..4].copy_from_slice(MAGIC);
+        unsigned[4..12].copy_from_slice(&5u64.to_le_bytes());
+        unsigned[12..20].copy_from_slice(&102u64.to_le_bytes());
+        let stop = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < stop {
+            for m in
+                [&mine.make(100)[..], &mine.make(99), &theirs.make(200), &forged, &unsigned, b"FTHB\x05\0\0\0\0\0\0\0"]
+            {
+                attacker.send_to(m, pa).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(a.silence() >= Duration::from_millis(250), "heard something: {:?}", a.silence());
+    }
+
     #[test]
     fn two_ends_hear_each_other_and_notice_silence() {
         let a_addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -115,8 +212,8 @@ mod tests {
         let pa = UdpSocket::bind(a_addr).unwrap().local_addr().unwrap();
         let pb = UdpSocket::bind(a_addr).unwrap().local_addr().unwrap();
         let iv = Duration::from_millis(10);
-        let a = Heartbeat::start(pa, pb, 7, iv).unwrap();
-        let b = Heartbeat::start(pb, pa, 7, iv).unwrap();
+        let a = Heartbeat::start(pa, pb, 7, iv, &key()).unwrap();
+        let b = Heartbeat::start(pb, pa, 7, iv, &key()).unwrap();
         // Heartbeats every 10 ms keep the silence short: seen within 5 s,
         // as a loaded host may not run the heartbeat threads at once.
         let started = std::time::Instant::now();
@@ -139,7 +236,7 @@ mod tests {
     fn an_address_in_use_is_an_error_that_names_it() {
         let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
         let local = taken.local_addr().unwrap();
-        let e = Heartbeat::start(local, local, 1, Duration::from_millis(10)).err().expect("bound twice");
+        let e = Heartbeat::start(local, local, 1, Duration::from_millis(10), &key()).err().expect("bound twice");
         assert!(matches!(&e, HeartbeatError::Bind { local: l, .. } if *l == local), "{e:?}");
         assert!(e.to_string().starts_with(&format!("cannot bind the heartbeat address {local}: ")), "{e}");
     }
@@ -150,8 +247,8 @@ mod tests {
         let pa = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let pb = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let iv = Duration::from_millis(10);
-        let a = Heartbeat::start(pa, pb, 1, iv).unwrap();
-        let _b = Heartbeat::start(pb, pa, 2, iv).unwrap();
+        let a = Heartbeat::start(pa, pb, 1, iv, &key()).unwrap();
+        let _b = Heartbeat::start(pb, pa, 2, iv, &key()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert!(!a.heard());
     }

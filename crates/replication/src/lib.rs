@@ -8,7 +8,9 @@
 //!   a log: disk writes and whole checkpoints, in checkpoint order;
 //! - [`disk_sync`]: the blocks that make the backup's copy of a disk the
 //!   same as the primary's when protection starts;
-//! - [`heartbeat`]: UDP heartbeats between the two hosts;
+//! - [`heartbeat`]: UDP heartbeats between the two hosts, each with a MAC;
+//! - [`pair_key`]: the secret the two hosts share, which keys the
+//!   channel's handshake and the heartbeats;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
 //!   one side go live;
 //! - [`output_rule`]: outputs held until the log that produced them is
@@ -28,6 +30,7 @@ pub mod heartbeat;
 pub mod lag;
 pub mod output_rule;
 pub mod page_delta;
+pub mod pair_key;
 pub mod poll;
 
 use std::time::Duration;

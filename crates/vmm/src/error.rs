@@ -55,6 +55,8 @@ pub enum VmmError {
     #[error(transparent)]
     Heartbeat(#[from] HeartbeatError),
     #[error(transparent)]
+    PairKey(#[from] ftvm_replication::pair_key::PairKeyError),
+    #[error(transparent)]
     Control(#[from] ControlSocketError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {

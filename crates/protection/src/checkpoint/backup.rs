@@ -15,7 +15,8 @@
 use crate::backup::{Backup, Followed as Follow, Progress, Report, TakeOver};
 use crate::error::{file, PeerError, ProtectionError};
 use crate::events::{Events, PairEvent};
-use crate::lockstep::backup::{disk_paths, primary_digests};
+use crate::local::LocalFiles;
+use crate::lockstep::backup::primary_digests;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::status::BackupMode;
 use ftvm_host::{DiskImage, FileBackend};
@@ -302,7 +303,7 @@ impl<R: Read> CheckpointBackup<R> {
         header: &Header,
         pair: &PairHeader,
         interval_ms: u64,
-        given: &[PathBuf],
+        local: &LocalFiles,
         request: &dyn Fn(Vec<u8>) -> Result<(), ProtectionError>,
         events: &Events,
     ) -> Result<Self, ProtectionError> {
@@ -310,7 +311,7 @@ impl<R: Read> CheckpointBackup<R> {
         if pair.disk_policy.sharing != DiskSharing::Separate {
             return Err(ProtectionError::SharedDisks);
         }
-        let disks = disk_paths(pair, given)?;
+        let disks = local.disk_paths(pair)?;
         let to_sync = copies_to_sync(pair, &disks, request, events)?;
         let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
         let mut files = Disks::open(&paths, events.clone())?;

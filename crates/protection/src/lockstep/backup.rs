@@ -10,6 +10,7 @@ use super::backup_disks::BackupDisks;
 use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
 use crate::epoch::backup::EpochCheck;
 use crate::error::{PeerError, ProtectionError};
+use crate::local::LocalFiles;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
@@ -48,16 +49,16 @@ impl<R: Read> ReplayBackup<R> {
         reader: LogReader<R>,
         header: &Header,
         pair: &PairHeader,
-        given: &[PathBuf],
+        local: &LocalFiles,
         show_console: bool,
     ) -> Result<Self, ProtectionError> {
-        let mut m = replayer::machine_from_header(header)?;
+        let mut m = replayer::machine_from_header(header, local)?;
         m.set_dirty_tracking(true);
         if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
             return Err(ProtectionError::NotInStartState);
         }
         let policy = pair.disk_policy;
-        let disks = disk_paths(pair, given)?;
+        let disks = local.disk_paths(pair)?;
         if policy.sharing == DiskSharing::Separate {
             check_copies(pair, &disks)?;
         }
@@ -166,18 +167,6 @@ impl<R: Read> Backup for ReplayBackup<R> {
             epoch_inputs,
         })
     }
-}
-
-/// The pair's disks, at this host's paths where `given` names them.
-pub fn disk_paths(pair: &PairHeader, given: &[PathBuf]) -> Result<SlotDisks, ProtectionError> {
-    let mut disks = pair.slot_disks();
-    if given.len() > disks.len() {
-        return Err(ProtectionError::DiskCount { given: given.len(), disks: disks.len() });
-    }
-    for ((_, path), mine) in disks.iter_mut().zip(given) {
-        *path = mine.clone();
-    }
-    Ok(disks)
 }
 
 /// The primary's digest of each of its disks, from the pair's header.

@@ -21,6 +21,14 @@ pub enum ChannelError {
     /// setting it up, or cloning its handle for another thread.
     #[error("logging channel: {0}")]
     Socket(#[source] std::io::Error),
+    /// The backup's end did not complete the handshake: it does not hold
+    /// the pair's key, or did not answer.
+    #[error("no protected channel with the backup at {peer}: {source}")]
+    Handshake {
+        peer: SocketAddr,
+        #[source]
+        source: super::secure::HandshakeError,
+    },
     /// One of the channel's threads could not be started.
     #[error("{thread}: {source}")]
     Thread {

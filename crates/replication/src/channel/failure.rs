@@ -19,6 +19,9 @@ pub enum Failure {
     HeartbeatSilent(Duration),
     /// The backup refused to follow (its reason).
     Refused(String),
+    /// What came on the channel was not sealed by the peer's key in its
+    /// place: forged, changed, replayed or reordered.
+    Unauthentic,
 }
 
 impl std::fmt::Display for Failure {
@@ -28,6 +31,7 @@ impl std::fmt::Display for Failure {
             Failure::ChannelSilent(d) => write!(f, "nothing on the logging channel for {} ms", d.as_millis()),
             Failure::HeartbeatSilent(d) => write!(f, "no heartbeat for {} ms", d.as_millis()),
             Failure::Refused(why) => write!(f, "the backup refused: {why}"),
+            Failure::Unauthentic => write!(f, "the logging channel carried data not sealed by the pair's key"),
         }
     }
 }

@@ -25,22 +25,30 @@
 //! (the peer's process is gone and its kernel said so), or when either
 //! the channel or the UDP heartbeats have been silent for the timeout.
 //!
+//! Everything either way is authenticated and encrypted under the pair's
+//! key (`secure`): only the pair's primary can connect to a backup, and a
+//! backup that is offered garbage, a stranger's handshake or an idle
+//! connection goes on listening for its primary.
+//!
 //! The module by job: `pipe` is the bounded buffer at each end, `wire`
-//! the messages the backup sends back, `sender` the primary's end,
-//! `receiver` the backup's, `failure` why and when a peer is declared
-//! failed, `error` what can go wrong opening an end.
+//! the messages the backup sends back, `secure` the handshake and the
+//! sealed frames under them, `sender` the primary's end, `receiver` the
+//! backup's, `failure` why and when a peer is declared failed, `error`
+//! what can go wrong opening an end.
 
 mod error;
 mod failure;
 mod pipe;
 mod receiver;
+mod secure;
 mod sender;
 mod wire;
 
 pub use error::{ChannelError, RequestTooLarge};
 pub use failure::Failure;
 pub use receiver::{LogPipe, LogReceiver};
-pub use sender::{connect, LogSender, PrimaryEvent, SenderWatch, SEND_DELAY};
+pub use secure::{HandshakeError, Session};
+pub use sender::{connect, LogSender, PrimaryEvent, SenderWatch, HANDSHAKE_WAIT, SEND_DELAY};
 pub use wire::MAX_REQUEST;
 
 use std::thread::JoinHandle;

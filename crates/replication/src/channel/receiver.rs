@@ -5,16 +5,19 @@
 
 use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
+use super::secure::{self, HandshakeError, Opener, Sealer, Session};
+use super::sender::HANDSHAKE_WAIT;
 use super::wire::{self, MAX_REQUEST};
 use super::{spawn, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
+use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
 use crate::Timing;
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 struct BackupShared {
@@ -61,12 +64,28 @@ pub struct LogReceiver {
     shared: Arc<BackupShared>,
     peer: SocketAddr,
     stream: TcpStream,
+    /// The connection's keys, until [`LogReceiver::start`] takes them.
+    session: Mutex<Option<Session>>,
 }
 
+/// Handshakes a waiting backup runs at once; connections beyond are
+/// closed at once. Each lasts [`HANDSHAKE_WAIT`] at most and holds two
+/// small messages, so a flood costs bounded time and memory, and the real
+/// primary's handshake runs beside any idle ones.
+const MAX_HANDSHAKES: usize = 16;
+
 impl LogReceiver {
-    /// Waits for the primary to connect on `listener` (one connection).
-    pub fn accept(listener: &TcpListener, buffer: usize) -> Result<LogReceiver, ChannelError> {
-        let (stream, peer) = listener.accept().map_err(ChannelError::Socket)?;
+    /// Waits for the pair's primary: the first connection on `listener`
+    /// whose handshake proves it holds `key`. Every other connection
+    /// (garbage, another key, one that says nothing) is closed and told
+    /// to `refused`; the backup goes on listening.
+    pub fn accept(
+        listener: &TcpListener,
+        buffer: usize,
+        key: &PairKey,
+        refused: impl Fn(SocketAddr, HandshakeError) + Send + Sync + 'static,
+    ) -> Result<LogReceiver, ChannelError> {
+        let (stream, peer, session) = first_handshake(listener, key, Arc::new(refused))?;
         stream.set_nodelay(true).map_err(ChannelError::Socket)?;
         let shared = Arc::new(BackupShared {
             clock: Clock(Instant::now()),
@@ -86,7 +105,7 @@ impl LogReceiver {
             log_turn: WaiterTurn::default(),
             short_waits: AtomicBool::new(false),
         });
-        Ok(LogReceiver { shared, peer, stream })
+        Ok(LogReceiver { shared, peer, stream, session: Mutex::new(Some(session)) })
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -113,9 +132,14 @@ impl LogReceiver {
         };
         let clone = || self.stream.try_clone().map_err(ChannelError::Socket);
         let readable = clone()?;
+        let (sealer, opener) = self.session.lock().unwrap().take().expect("a receiver starts once").split();
         *self.shared.receipt.lock().unwrap() = Some(Receipt {
             input: clone()?,
+            opener,
+            plain: Vec::new(),
             out: clone()?,
+            sealer,
+            frames: Vec::new(),
             timing,
             buf: vec![0u8; 1 << 16],
             last_ack: Instant::now(),
@@ -270,12 +294,73 @@ impl Drop for LogReceiver {
     }
 }
 
+/// Accepts connections until one completes the handshake; each runs its
+/// handshake on a thread of its own, so none holds up the others.
+fn first_handshake(
+    listener: &TcpListener,
+    key: &PairKey,
+    refused: Arc<dyn Fn(SocketAddr, HandshakeError) + Send + Sync>,
+) -> Result<(TcpStream, SocketAddr, Session), ChannelError> {
+    listener.set_nonblocking(true).map_err(ChannelError::Socket)?;
+    let (done_tx, done) = mpsc::channel::<(TcpStream, SocketAddr, Session)>();
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let won = loop {
+        if let Ok(won) = done.try_recv() {
+            break won;
+        }
+        match listener.accept() {
+            Ok((mut stream, peer)) => {
+                if in_flight.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+                    refused(peer, HandshakeError::Busy);
+                    continue;
+                }
+                in_flight.fetch_add(1, Ordering::AcqRel);
+                let (key, refused, in_flight, done_tx) =
+                    (key.clone(), refused.clone(), in_flight.clone(), done_tx.clone());
+                spawn("ft-handshake", move || {
+                    let outcome = stream
+                        .set_nonblocking(false)
+                        .map_err(HandshakeError::Io)
+                        .and_then(|()| secure::respond(&mut stream, &key, HANDSHAKE_WAIT));
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                    match outcome {
+                        // Dropped (and so closed) if another won first.
+                        Ok(session) => drop(done_tx.send((stream, peer, session))),
+                        Err(e) => refused(peer, e),
+                    }
+                })?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Ok(won) = done.recv_timeout(Duration::from_millis(20)) {
+                    break won;
+                }
+            }
+            // A connection reset before we took it, or a transient lack
+            // of descriptors: neither is the listener's end.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::EMFILE | libc::ENFILE | libc::EINTR)) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(ChannelError::Socket(e)),
+        }
+    };
+    listener.set_nonblocking(false).map_err(ChannelError::Socket)?;
+    Ok(won)
+}
+
 /// The backup's reading of the socket: the log into the pipe, and the
 /// acknowledgements back. One at a time: the receiving thread, or the
 /// replaying VM's thread while it waits for log.
 struct Receipt {
     input: TcpStream,
+    opener: Opener,
+    /// What the last read opened to, kept to reuse.
+    plain: Vec<u8>,
     out: TcpStream,
+    sealer: Sealer,
+    /// Sealed frames of one write, kept to reuse.
+    frames: Vec<u8>,
     timing: Timing,
     buf: Vec<u8>,
     last_ack: Instant,
@@ -309,11 +394,19 @@ impl Receipt {
             Ok(None) => Ok(0),
             Ok(Some(0)) => Err(Stop::Failed(Failure::Closed("end of stream".into()))),
             Ok(Some(n)) => {
+                self.plain.clear();
+                if self.opener.open(&self.buf[..n], &mut self.plain).is_err() {
+                    return Err(Stop::Failed(Failure::Unauthentic));
+                }
                 shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
-                if !shared.pipe.put(&self.buf[..n], false) {
+                // What opens may pass `room` by one frame (64 KiB) whose
+                // start came in an earlier read: the pipe then waits for
+                // room, which only the receiving thread can have to do
+                // (the VM's thread reads the socket only into an empty pipe).
+                if !shared.pipe.put(&self.plain, false) {
                     return Err(Stop::Closed);
                 }
-                shared.received.fetch_add(n as u64, Ordering::Relaxed);
+                shared.received.fetch_add(self.plain.len() as u64, Ordering::Relaxed);
                 Ok(n)
             }
             Err(e) => Err(Stop::Failed(Failure::Closed(e.to_string()))),
@@ -346,7 +439,7 @@ impl Receipt {
         // Requests go before the acknowledgement that says we are ready:
         // every one made before `ready` is in the queue if `ready` is seen.
         for request in std::mem::take(&mut *shared.requests.lock().unwrap()) {
-            self.out.write_all(&wire::request(request)).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.send(&wire::request(request)).map_err(|e| Failure::Closed(e.to_string()))?;
         }
         let received = if ready {
             received
@@ -358,7 +451,7 @@ impl Receipt {
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
         if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
-            self.out.write_all(&wire::ack(now.0, now.1)).map_err(|e| Failure::Closed(e.to_string()))?;
+            self.send(&wire::ack(now.0, now.1)).map_err(|e| Failure::Closed(e.to_string()))?;
             self.acked = now;
             self.last_ack = Instant::now();
         }
@@ -366,8 +459,15 @@ impl Receipt {
     }
 
     fn refuse(&mut self, why: &str) {
-        let _ = self.out.write_all(&wire::refusal(why));
+        let _ = self.send(&wire::refusal(why));
         let _ = self.out.shutdown(Shutdown::Write);
+    }
+
+    /// Seals one message to the primary and writes it.
+    fn send(&mut self, msg: &[u8]) -> std::io::Result<()> {
+        self.frames.clear();
+        self.sealer.seal(msg, &mut self.frames);
+        self.out.write_all(&self.frames)
     }
 }
 

@@ -5,9 +5,11 @@
 
 use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
+use super::secure::{self, Opener, Sealer, Session};
 use super::wire::{self, Message};
 use super::{spawn, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
+use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
 use crate::Timing;
 use std::io::Write;
@@ -16,17 +18,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// How long each side gives the other to complete the handshake.
+pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
+
 /// Connects to the backup's logging address, retrying for `wait` while it
-/// is not listening yet.
-pub fn connect(backup: SocketAddr, wait: Duration) -> Result<TcpStream, ChannelError> {
+/// is not listening yet, and proves to it (and it to us) that both hold
+/// `key`.
+pub fn connect(backup: SocketAddr, wait: Duration, key: &PairKey) -> Result<(TcpStream, Session), ChannelError> {
     let deadline = Instant::now() + wait;
-    loop {
+    let mut stream = loop {
         match TcpStream::connect_timeout(&backup, Duration::from_secs(1)) {
-            Ok(s) => return Ok(s),
+            Ok(s) => break s,
             Err(source) if Instant::now() >= deadline => return Err(ChannelError::Unreachable { backup, source }),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
-    }
+    };
+    let session = secure::initiate(&mut stream, key, HANDSHAKE_WAIT)
+        .map_err(|source| ChannelError::Handshake { peer: backup, source })?;
+    Ok((stream, session))
 }
 
 /// What a primary learns from its channel, from another thread.
@@ -67,8 +76,17 @@ struct PrimaryShared {
     acks_turn: WaiterTurn,
     /// The socket's writing end. Whoever takes bytes from `pipe` holds it
     /// until they are written, so the stream keeps the pipe's order
-    /// whether the sender thread writes them or a waiting caller does.
-    out: Mutex<TcpStream>,
+    /// whether the sender thread writes them or a waiting caller does
+    /// (and the frames their nonces' order).
+    out: Mutex<SealedOut>,
+}
+
+/// The socket's writing end and what seals for it.
+struct SealedOut {
+    stream: TcpStream,
+    sealer: Sealer,
+    /// The sealed frames of one write, kept to reuse.
+    frames: Vec<u8>,
 }
 
 impl PrimaryShared {
@@ -78,7 +96,10 @@ impl PrimaryShared {
         let mut out = self.out.lock().unwrap();
         let chunk = self.pipe.try_take(max);
         if !chunk.is_empty() {
-            out.write_all(&chunk)?;
+            let SealedOut { stream, sealer, frames } = &mut *out;
+            frames.clear();
+            sealer.seal(&chunk, frames);
+            stream.write_all(frames)?;
             self.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
         Ok(chunk.len())
@@ -94,7 +115,8 @@ impl PrimaryShared {
 /// whichever thread comes first.
 struct AckStream {
     input: TcpStream,
-    /// The bytes of a message that has not all come yet.
+    opener: Opener,
+    /// The bytes of a message that has not all come yet (opened).
     partial: Vec<u8>,
     /// What a read takes, kept: a waiter pumps in a tight loop, and a
     /// fresh buffer would be zeroed at every turn.
@@ -111,7 +133,9 @@ impl AckStream {
                     self.apply(shared, events)?;
                     return Err(wire::at_end(&self.partial));
                 }
-                Ok(Some(n)) => self.partial.extend_from_slice(&self.chunk[..n]),
+                Ok(Some(n)) => {
+                    self.opener.open(&self.chunk[..n], &mut self.partial).map_err(|_| Failure::Unauthentic)?
+                }
                 Ok(None) => return self.apply(shared, events),
                 Err(e) => return Err(Failure::Closed(e.to_string())),
             }
@@ -173,9 +197,10 @@ pub const SEND_DELAY: Duration = Duration::from_millis(1);
 pub(super) const SEND_BATCH: u64 = 64 << 10;
 
 impl LogSender {
-    /// The primary's end over a connected stream.
+    /// The primary's end over a connected stream and its session.
     pub fn over(
         stream: TcpStream,
+        session: Session,
         buffer: usize,
         timing: Timing,
         heartbeat: Option<Heartbeat>,
@@ -184,6 +209,7 @@ impl LogSender {
         let peer = stream.peer_addr().map_err(ChannelError::Socket)?;
         // Outputs wait for acknowledgements: no Nagle delay on either side.
         stream.set_nodelay(true).map_err(ChannelError::Socket)?;
+        let (sealer, opener) = session.split();
         let shared = Arc::new(PrimaryShared {
             clock: Clock(Instant::now()),
             pipe: Pipe::new(buffer),
@@ -200,10 +226,15 @@ impl LogSender {
             acks_turn: WaiterTurn::default(),
             acks: Mutex::new(AckStream {
                 input: stream.try_clone().map_err(ChannelError::Socket)?,
+                opener,
                 partial: Vec::new(),
                 chunk: vec![0u8; 4096].into_boxed_slice(),
             }),
-            out: Mutex::new(stream.try_clone().map_err(ChannelError::Socket)?),
+            out: Mutex::new(SealedOut {
+                stream: stream.try_clone().map_err(ChannelError::Socket)?,
+                sealer,
+                frames: Vec::new(),
+            }),
         });
         let events: Arc<dyn Fn(PrimaryEvent) + Send + Sync> = Arc::new(events);
         let fail = {

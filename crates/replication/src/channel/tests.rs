@@ -2,6 +2,7 @@
 
 use super::sender::SEND_BATCH;
 use super::*;
+use crate::pair_key::PairKey;
 use crate::Timing;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,20 +10,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+fn key() -> PairKey {
+    PairKey::from_bytes([0x5a; 32])
+}
+
 /// A backup's end waiting on a fresh loopback port: the port, and the
 /// end once a primary has connected.
 fn backup_on_loopback(buffer: usize) -> (SocketAddr, std::thread::JoinHandle<LogReceiver>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    (addr, std::thread::spawn(move || LogReceiver::accept(&listener, buffer).unwrap()))
+    (addr, std::thread::spawn(move || LogReceiver::accept(&listener, buffer, &key(), |_, _| {}).unwrap()))
 }
 
 /// A primary's end connected to `addr`, and what it learns.
 fn primary_to(addr: SocketAddr, timing: Timing) -> (LogSender, mpsc::Receiver<PrimaryEvent>) {
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
-    let stream = connect(addr, Duration::from_secs(5)).unwrap();
-    let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, None, move |e| {
+    let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
+    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, None, move |e| {
         let _ = tx.lock().unwrap().send(e);
     })
     .unwrap();
@@ -158,8 +163,8 @@ fn full_buffers_stall_the_primary() {
     // 64 KiB at the backup, nobody consuming: the primary's own 64 KiB
     // buffer fills behind the socket buffers, and writes block.
     let (addr, acc) = backup_on_loopback(64 << 10);
-    let stream = TcpStream::connect(addr).unwrap();
-    let mut s = LogSender::over(stream, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
+    let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
+    let mut s = LogSender::over(stream, session, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
     let r = acc.join().unwrap();
     r.start(Timing::DEFAULT, |_| {}).unwrap();
     let written = Arc::new(AtomicU64::new(0));
@@ -245,9 +250,10 @@ fn a_silent_backup_is_a_failure_for_the_primary() {
     let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    // Accepts and never acknowledges.
+    // Accepts, completes the handshake, and never acknowledges.
     let _held = std::thread::spawn(move || {
-        let c = listener.accept().unwrap();
+        let (mut c, _) = listener.accept().unwrap();
+        let _session = secure::respond(&mut c, &key(), Duration::from_secs(5)).unwrap();
         std::thread::sleep(Duration::from_secs(3));
         drop(c);
     });
@@ -256,4 +262,94 @@ fn a_silent_backup_is_a_failure_for_the_primary() {
         PrimaryEvent::BackupLost(Failure::ChannelSilent(_)) => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// What a stranger on the network can do to a waiting backup: connect and
+/// say nothing, send garbage, or try the handshake with another key. The
+/// backup refuses each (the idle one when its time is up), keeps
+/// listening, and takes its real primary when it comes, beside the idle
+/// connection's pending handshake.
+#[test]
+fn strangers_do_not_stop_a_backup_from_taking_its_primary() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let acc = {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            LogReceiver::accept(&listener, 1 << 20, &key(), move |peer, e| {
+                refused.lock().unwrap().push((peer, e.to_string()));
+            })
+            .unwrap()
+        })
+    };
+    let _idle = TcpStream::connect(addr).unwrap();
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[0xff; 4096]).unwrap();
+    garbage.shutdown(std::net::Shutdown::Write).unwrap();
+    let stranger = connect(addr, Duration::from_secs(5), &PairKey::from_bytes([1; 32]));
+    assert!(matches!(stranger, Err(ChannelError::Handshake { .. })), "{:?}", stranger.err());
+    let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"the real log").unwrap();
+    s.send_now();
+    let mut got = [0u8; 12];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"the real log");
+    let t0 = Instant::now();
+    while refused.lock().unwrap().len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refused = refused.lock().unwrap();
+    assert!(refused.len() >= 2, "the garbage and the wrong key: {refused:?}");
+    assert!(refused.iter().any(|(_, e)| e.contains("does not hold this pair's key")), "{refused:?}");
+}
+
+/// Bytes changed on the wire after the handshake (a man in the middle
+/// without the key) are a failure, not data.
+#[test]
+fn tampered_log_is_a_failure_not_data() {
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let front_addr = front.local_addr().unwrap();
+    // A relay that flips one bit of everything after the first 100 bytes.
+    std::thread::spawn(move || {
+        let (mut a, _) = front.accept().unwrap();
+        let mut b = TcpStream::connect(addr).unwrap();
+        let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut b2, &mut a2);
+        });
+        let mut buf = [0u8; 4096];
+        let mut seen = 0usize;
+        loop {
+            let n = match a.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            for (i, byte) in buf[..n].iter_mut().enumerate() {
+                if seen + i >= 100 {
+                    *byte ^= 0x01;
+                }
+            }
+            seen += n;
+            if b.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    let (mut s, _prx) = primary_to(front_addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    r.start(Timing::DEFAULT, move |f| {
+        let _ = tx.lock().unwrap().send(f);
+    })
+    .unwrap();
+    s.write_all(&[7u8; 1000]).unwrap();
+    s.send_now();
+    let f = rx.recv_timeout(Duration::from_secs(5)).expect("a failure");
+    assert_eq!(f, Failure::Unauthentic);
+    assert_eq!(r.received(), 0, "nothing tampered with reached the log");
 }

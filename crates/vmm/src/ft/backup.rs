@@ -16,11 +16,12 @@ use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
 use ftvm_protection::error::{Deposed, PeerError, ProtectionError};
 use ftvm_protection::events::PairEvent;
+use ftvm_protection::local::LocalFiles;
 use ftvm_protection::lockstep::backup::ReplayBackup;
 use ftvm_protection::pair::{ModeSetting, PairHeader};
 use ftvm_replay::LogReader;
 use ftvm_replication::arbiter::{Arbiter, Verdict};
-use ftvm_replication::channel::{LogReceiver, DEFAULT_BUFFER};
+use ftvm_replication::channel::{HandshakeError, LogReceiver, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -32,8 +33,9 @@ pub struct BackupArgs {
     /// Where to accept the primary's logging channel.
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: SocketAddr,
-    /// The TAP for the VM's NIC once live: tap=NAME[,bridge=BR] (the MAC
-    /// stays the guest's). Default: the primary's TAP and bridge names.
+    /// The TAP for each of the VM's NICs once live, in order:
+    /// tap=NAME[,bridge=BR] (the MAC stays the guest's). One is needed per
+    /// NIC: the names the primary used are not taken from the wire.
     #[arg(long = "net")]
     pub nets: Vec<String>,
     /// The control socket of the VM once live.
@@ -42,10 +44,17 @@ pub struct BackupArgs {
     /// Show the guest's console output as it is replayed (and once live).
     #[arg(long)]
     pub show_console: bool,
-    /// This host's path of each of the VM's disks, in order (default: the
-    /// primary's paths). With separate disks, this host's own copies.
+    /// This host's path of each of the VM's disks, in order. With separate
+    /// disks each copy must be given; a shared disk not given is the file
+    /// of the primary's disk's name on the shared storage.
     #[arg(long = "disk", value_name = "PATH")]
     pub disks: Vec<PathBuf>,
+    /// A firmware, kernel, initrd or snapshot file the primary's VM may
+    /// start from, taken if its hash is the one the primary recorded
+    /// (besides the default guest image's files and those of the same
+    /// name on the shared storage).
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<PathBuf>,
     /// Hold each acknowledgement this many milliseconds after receipt: a
     /// slow way back, to watch the Output Rule hold the primary's outputs.
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -66,10 +75,18 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     args.pair.check_shared()?;
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
     let events = args.pair.journal()?;
+    let key = args.pair.key()?;
     let listener = TcpListener::bind(args.listen).map_err(|source| VmmError::Listen { addr: args.listen, source })?;
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
     events.emit(PairEvent::Listening { address: args.listen.to_string() });
-    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER)?);
+    let refused = {
+        let events = events.clone();
+        move |peer: SocketAddr, why: HandshakeError| {
+            eprintln!("ftvm: refused a connection from {peer}: {why}; still waiting for the primary");
+            events.emit(PairEvent::StrangerRefused { peer: peer.to_string(), reason: why.to_string() });
+        }
+    };
+    let receiver = Arc::new(LogReceiver::accept(&listener, DEFAULT_BUFFER, &key, refused)?);
     drop(listener);
     let primary = receiver.peer();
     let (failed_tx, failed_rx) = mpsc::channel();
@@ -136,6 +153,17 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     };
     let pair = PairHeader::read(&header).map_err(|e| refuse(e.into()))?;
     let gen = pair.generation;
+    Arbiter::check_storage(&args.pair.shared, gen, &pair.storage_token)
+        .map_err(|e| refuse(ProtectionError::OtherStorage(e.to_string())))?;
+    let nics = header_nics(&header).map_err(&refuse)?;
+    if nets.len() < nics {
+        return Err(refuse(ProtectionError::NicNotGiven { nics, given: nets.len() }));
+    }
+    let local = LocalFiles {
+        disks: args.disks.clone(),
+        shared: args.pair.shared.clone(),
+        images: args.images.iter().cloned().chain(default_image_files()).collect(),
+    };
     // Heartbeats from now on: the checks below may take a while (hashing
     // disks), and the primary must not take them for a failure.
     receiver.add_heartbeat(Heartbeat::start(
@@ -143,15 +171,16 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
         gen,
         timing.interval,
+        &key,
     )?);
     let prepared: Result<Box<dyn Backup>, ProtectionError> = match pair.mode {
         ModeSetting::Checkpoint { interval_ms } => {
             let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| PeerError::from(e).into());
-            CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &args.disks, &request, &events)
+            CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &local, &request, &events)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
         ModeSetting::Lockstep | ModeSetting::Epoch(_) => {
-            ReplayBackup::prepare(reader, &header, &pair, &args.disks, args.show_console)
+            ReplayBackup::prepare(reader, &header, &pair, &local, args.show_console)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
     };
@@ -264,6 +293,18 @@ fn following_status(
         let status = VmStatus { state, icount, guest_time_s: None, pair: Some(PairStatus::Backup(backup)) };
         Response::Ok(Reply::Status(Box::new(status)))
     }
+}
+
+/// The default guest image's firmware, kernel and initrd, if this host
+/// has it: the files a primary booted from by default.
+fn default_image_files() -> Vec<PathBuf> {
+    ftvm_image::locate().map_or_else(|_| Vec::new(), |img| vec![img.firmware, img.kernel, img.initrd])
+}
+
+/// How many NICs the VM a header describes has.
+fn header_nics(h: &ftvm_replay::Header) -> Result<usize, ProtectionError> {
+    let backends = ftvm_replay::replayer::field(h, "backends")?;
+    Ok(backends.split(';').filter(|b| b.starts_with("tap ")).count())
 }
 
 /// `tap=NAME[,bridge=BR]`.

@@ -30,6 +30,7 @@ use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
+use ftvm_replication::pair_key::PairKey;
 use ftvm_replication::Timing;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -55,9 +56,27 @@ pub struct PairArgs {
     /// line; the control socket's `events` streams them too.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+    /// The pair's key (`ftvm ft keygen FILE` makes one), which both sides
+    /// must hold: it authenticates and encrypts the channel and the
+    /// heartbeats. Default: pair.key on the shared storage, made by the
+    /// side that comes first.
+    #[arg(long, value_name = "FILE")]
+    pub pair_key: Option<PathBuf>,
 }
 
 impl PairArgs {
+    /// The pair's key: the file given, or the shared storage's (made if
+    /// there is none yet).
+    pub fn key(&self) -> Result<PairKey, VmmError> {
+        Ok(match &self.pair_key {
+            Some(path) => PairKey::read(path)?,
+            None => {
+                self.check_shared()?;
+                PairKey::read_or_create(&self.shared.join("pair.key"))?
+            }
+        })
+    }
+
     pub fn timing(&self) -> Result<Timing, VmmError> {
         if !(20..=60_000).contains(&self.timeout) {
             return Err(usage(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout)));
@@ -239,19 +258,22 @@ pub fn start_primary(
         mode: setting,
         disk_policy: disks,
         disks: pair_disks,
+        storage_token: arbiter.storage_token().to_string(),
     };
     pair.write(header);
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
-    let stream = channel::connect(args.backup, Duration::from_secs(args.connect_wait))?;
+    let key = args.pair.key()?;
+    let (stream, session) = channel::connect(args.backup, Duration::from_secs(args.connect_wait), &key)?;
     let local = stream.local_addr().map_err(VmmError::LoggingChannel)?;
     let heartbeat = Heartbeat::start(
         SocketAddr::new(local.ip(), args.pair.heartbeat_port),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
         timing.interval,
+        &key,
     )?;
     let host_events = Mutex::new(host_events);
-    let sender = LogSender::over(stream, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
+    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
     let name = format!("the backup at {}", sender.peer());

@@ -1,0 +1,169 @@
+"""A pair on a network with strangers on it (issue 26): the logging
+channel and the heartbeats are authenticated under the pair's key, a
+waiting backup cannot be taken over or knocked down by whoever connects
+first, and a backup that does not see its primary's shared storage
+refuses to follow (the arbiter could not stop a split brain).
+
+The strangers connect from the client namespace, as any host on the
+network could; the forged heartbeats come from the primary host's own
+address, the one the backup listens to."""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+import ftsite
+from ftsite import BACKUP_HOST_IP, Site, event
+from ftsite.site import CHANNEL_PORT, in_netns
+
+TIMEOUT_MS = ftsite.TIMEOUT_MS
+HEARTBEAT_PORT = 7701
+
+
+def stranger(site, payload, close=True):
+    """A TCP connection to the waiting backup from the client namespace,
+    sending `payload`; left open unless `close`."""
+    def dial():
+        s = socket.create_connection((BACKUP_HOST_IP, CHANNEL_PORT), timeout=5)
+        if payload:
+            s.sendall(payload)
+        if close:
+            s.close()
+        return s
+    return in_netns(site.ns["client"], dial)
+
+
+def records(proc, kind):
+    return [r for _, r, _ in ftsite.observe._journal(proc) if r["event"] == kind]
+
+
+def test_strangers_do_not_take_over_or_stop_a_waiting_backup(ftvm, scratch):
+    """An idle connection, garbage, and a would-be primary that starts
+    the way a log does (but holds no key): each is refused in one line
+    and the backup listens on; then the real primary protects its VM,
+    which runs to its end."""
+    site = Site("s")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    idle = stranger(site, b"", close=False)
+    stranger(site, os.urandom(8192))
+    # What a forged primary sends first: a log's magic and a header length.
+    stranger(site, b"FTVMLOG\0" + struct.pack("<II", 1, 200) + b"ft-pair={}" + os.urandom(64))
+    # A length prefix that asks for 64 KiB, and stops.
+    stranger(site, b"\xff\xff" + os.urandom(100))
+    deadline = time.monotonic() + 30
+    while len(records(backup, "stranger_refused")) < 2:
+        assert time.monotonic() < deadline, f"strangers not refused:\n{backup.output()}"
+        backup.assert_running()
+        time.sleep(0.2)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo protected-and-running", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    idle.close()
+    assert primary.console_has("protected-and-running")
+    refused = records(backup, "stranger_refused")
+    assert all(r["peer"].startswith(ftsite.CLIENT_IP) for r in refused), refused
+    lines = [line for _, line in backup.messages if "refused a connection from" in line]
+    assert len(lines) >= 2, backup.output()
+    print("\n".join(lines))
+
+
+def test_a_primary_without_the_pairs_key_is_never_followed(ftvm, scratch):
+    """Two hosts that hold different keys (here: each made its own on
+    storage that is not shared) never form a pair: the primary stops
+    before its guest runs, the backup refuses it and listens on."""
+    site = Site("k")
+    backup = ftsite.start_backup(site, ftvm, scratch, scratch / "backup-shared", TIMEOUT_MS)
+    (scratch / "primary-shared").mkdir()
+    primary = ftsite.start_primary(site, ftvm, scratch, scratch / "primary-shared", "echo never", TIMEOUT_MS)
+    rc = primary.wait(60)
+    assert rc != 0, primary.output()
+    assert any("does not hold this pair's key" in line for _, line in primary.messages), primary.output()
+    assert not primary.console_has("never")
+    deadline = time.monotonic() + 10
+    while not records(backup, "stranger_refused"):
+        assert time.monotonic() < deadline, backup.output()
+        time.sleep(0.1)
+    backup.assert_running()
+
+
+def test_a_backup_on_other_shared_storage_refuses_to_follow(ftvm, scratch):
+    """Both hosts hold the pair's key, but the backup's --shared is not
+    the primary's: the arbiter's records there are another storage's, so
+    a failure could leave both sides live. The backup refuses to follow,
+    and the primary stops before its guest runs."""
+    site = Site("t")
+    key = scratch / "pair.key"
+    subprocess.run([ftvm, "ft", "keygen", str(key)], check=True, capture_output=True)
+    backup = ftsite.start_backup(site, ftvm, scratch, scratch / "backup-shared", TIMEOUT_MS,
+                                 extra=["--pair-key", str(key)])
+    (scratch / "primary-shared").mkdir()
+    primary = ftsite.start_primary(site, ftvm, scratch, scratch / "primary-shared", "echo never", TIMEOUT_MS,
+                                   extra=["--pair-key", str(key)])
+    assert primary.wait(60) != 0, primary.output()
+    assert backup.wait(30) != 0, backup.output()
+    refusing = event(backup, "refusing-to-follow")
+    assert refusing is not None and "shared storage" in refusing.fields["reason"], backup.output()
+    assert not primary.console_has("never")
+    print(refusing.text)
+
+
+def test_forged_heartbeats_do_not_hold_off_a_failover(ftvm, scratch):
+    """The primary is stopped (SIGSTOP: no FIN, no heartbeat) while the
+    primary host's address sends the backup heartbeats a forger can make:
+    the old unauthenticated format with the right generation, the new one
+    with a bad MAC, and replays of real ones captured from the wire. The
+    backup declares the primary failed on time and goes live."""
+    site = Site("h")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "i=0; while true; do echo tick-$i; i=$((i+1)); "
+                                   "sleep 0.2; done", TIMEOUT_MS)
+    primary.wait_console("tick-3", ftsite.BOOT_TIMEOUT)
+    generation = max(int(p.name.split("-")[1].split(".")[0]) for p in shared.glob("gen-*.pair"))
+    # Real heartbeats of the primary, as any host on the path could record.
+    cap = site.capture("backup", "eth0")
+    time.sleep(1.0)
+    captured = []
+    for frame in cap.finish():
+        data = frame.data
+        if len(data) < 42 or data[12:14] != b"\x08\x00" or data[23] != 17:
+            continue
+        ihl = (data[14] & 0x0F) * 4
+        udp_at = 14 + ihl
+        if struct.unpack(">H", data[udp_at + 2:udp_at + 4])[0] == HEARTBEAT_PORT and not frame.from_host:
+            payload = data[udp_at + 8:]
+            if payload.startswith(b"FTH2"):
+                captured.append(payload)
+    assert captured, "no heartbeat seen on the wire"
+    forged = [b"FTHB" + struct.pack("<Q", generation),
+              b"FTH2" + struct.pack("<QQ", generation, 2**62) + os.urandom(32)] + captured
+
+    def sender():
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((ftsite.PRIMARY_HOST_IP, 0))
+        return s
+    udp = in_netns(site.ns["primary"], sender)
+    os.kill(primary.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        went_live = None
+        while time.monotonic() - stopped < 10:
+            for m in forged:
+                udp.sendto(m, (BACKUP_HOST_IP, HEARTBEAT_PORT))
+            went_live = event(backup, "going-live")
+            if went_live is not None:
+                break
+            time.sleep(0.01)
+    finally:
+        os.kill(primary.pid, signal.SIGKILL)
+    assert went_live is not None, f"the backup never went live:\n{backup.output()}"
+    declared = event(backup, "declared-failed")
+    took = declared.t - stopped
+    print(f"declared failed {took:.2f} s after the stop (timeout {TIMEOUT_MS} ms), forged beats ignored")
+    assert took < TIMEOUT_MS / 1000 + 2.0, f"{took:.2f} s: the forged beats held the failover off"
+    assert "heartbeat" in declared.fields["reason"] or "nothing on the logging channel" in declared.fields["reason"]
