@@ -39,10 +39,14 @@ enum Command {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]
         json: bool,
+        /// Seconds to wait for the VM's answer (a snapshot of a large VM
+        /// takes a while).
+        #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+        timeout: u64,
         /// The socket given to `ftvm run --control`.
         socket: PathBuf,
         /// The command and its argument.
-        #[arg(required = true, num_args = 1..)]
+        #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
 }
@@ -126,7 +130,9 @@ fn main() -> ExitCode {
             .map_err(Into::into),
         Command::Replay(r) => replay::replay(&r).map_err(Into::into),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
-        Command::Control { json, socket, command } => control_command(&socket, &command.join(" "), json),
+        Command::Control { json, timeout, socket, command } => {
+            control_command(&socket, &command.join(" "), json, std::time::Duration::from_secs(timeout))
+        }
         Command::Image(ImageCommand::Path) => ftvm_image::locate()
             .map(|img| {
                 println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
@@ -145,14 +151,24 @@ fn main() -> ExitCode {
 
 /// `ftvm control`: one request, its answer on stdout (readable, or the
 /// JSON line with `--json`); a refusal is also the exit status.
-fn control_command(socket: &std::path::Path, words: &str, json: bool) -> Result<u32, Box<dyn std::error::Error>> {
-    let request = control::parse(words)?;
+fn control_command(
+    socket: &std::path::Path,
+    words: &str,
+    json: bool,
+    wait: std::time::Duration,
+) -> Result<u32, Box<dyn std::error::Error>> {
+    let mut request = control::parse(words)?;
+    // The VM resolves nothing against our directory: it gets the path
+    // the user meant.
+    if let Request::Snapshot { path, .. } = &mut request {
+        *path = std::path::absolute(&*path)?;
+    }
     if request == Request::Events {
         // A stream: each event as it comes, until the VM ends.
         control::follow_events(socket, json, |line| println!("{line}"))?;
         return Ok(0);
     }
-    let (response, line) = control::send(socket, &request)?;
+    let (response, line) = control::send(socket, &request, wait)?;
     println!("{}", if json { line } else { response.to_string() });
     match response {
         Response::Ok(_) => Ok(0),

@@ -9,7 +9,8 @@
 //!     positioned-I/O [`BlockBackend`](ftvm_devices::virtio::blk::BlockBackend),
 //!     and a pool of threads executing disk requests;
 //!   * [`tap`]: Linux TAP interfaces, a receive thread and frame transmit;
-//!   * [`entropy`]: bytes from the host's entropy pool.
+//!   * [`entropy`]: bytes from the host's entropy pool;
+//!   * [`memory`]: how much memory the host can give a VM.
 //!
 //! Nothing here decides what the guest sees next: every result goes back
 //! through a callback, and the caller (the live loop, a recorder, a
@@ -17,6 +18,7 @@
 
 pub mod disk;
 pub mod entropy;
+pub mod memory;
 pub mod tap;
 
 pub use disk::{DiskError, DiskImage, DiskWorkers, FileBackend, DEFAULT_DISK_THREADS};

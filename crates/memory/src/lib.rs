@@ -284,4 +284,13 @@ mod tests {
             self.write(self.end(), &[0]).is_err()
         }
     }
+
+    /// RAM the host will not give is an error, not an abort.
+    #[test]
+    fn ram_the_host_refuses_is_an_error() {
+        let e = GuestRam::new(0x8000_0000, 1 << 46).err().expect("64 TiB refused");
+        assert_eq!(e, RamAllocError { size: 1 << 46 });
+        assert!(e.to_string().starts_with("cannot allocate 67108864 MiB of guest RAM"), "{e}");
+        assert!(GuestRam::new(0, u64::MAX).is_err());
+    }
 }

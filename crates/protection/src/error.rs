@@ -102,6 +102,14 @@ pub enum ProtectionError {
         /// The file name the primary gave it.
         name: String,
     },
+    /// The VM needs more memory than this host has.
+    #[error("the VM has {} MiB of RAM and this host {} MiB of RAM and swap", .ram >> 20, .host >> 20)]
+    TooLarge {
+        /// The VM's RAM, in bytes.
+        ram: u64,
+        /// This host's RAM and swap, in bytes.
+        host: u64,
+    },
     /// The VM has more NICs than this host was given TAPs for.
     #[error("the VM has {nics} NICs and this backup was given {given} TAPs: give one per NIC with --net tap=NAME")]
     NicNotGiven {

@@ -358,6 +358,17 @@ fn checked_file(h: &Header, key: &'static str, files: &dyn FileFinder) -> Result
     files.find(key, hash, Path::new(path)).map(Some)
 }
 
+/// The guest RAM, in bytes, of the machine a header names (to check
+/// before building it).
+pub fn header_ram(h: &Header) -> Result<u64, HeaderError> {
+    let machine = field(h, "machine")?;
+    machine
+        .split(' ')
+        .find_map(|kv| kv.strip_prefix("ram="))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
+}
+
 /// The machine a log's header names, built in its starting state from
 /// the files `files` finds.
 pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine, HeaderError> {

@@ -20,8 +20,13 @@ pub enum Request {
     Status,
     Pause,
     Resume,
+    /// Write a snapshot to `path`, which must be absolute (the VM's
+    /// working directory is not the client's) and not exist unless
+    /// `overwrite`; never one of the VM's disks.
     Snapshot {
         path: PathBuf,
+        #[serde(default)]
+        overwrite: bool,
     },
     Quit,
     /// The VM's events so far and then as they happen, one
@@ -71,6 +76,17 @@ pub enum ControlError {
     BackupAnswersStatusOnly,
     #[error("{0}")]
     SnapshotFailed(String),
+    #[error("snapshot needs an absolute path (the VM's working directory is not the client's): {}", .0.display())]
+    RelativePath(PathBuf),
+    #[error("{} exists: snapshot to a new file, or ask to overwrite it", .0.display())]
+    WouldOverwrite(PathBuf),
+    #[error("{} is one of the VM's disks: a snapshot there would destroy it", .0.display())]
+    OntoDisk(PathBuf),
+    /// Too many control connections are open at once.
+    #[error("the VM's control socket is busy: too many connections")]
+    Busy,
+    #[error("the request is longer than {0} bytes")]
+    TooLong(u64),
     #[error("the VM has stopped")]
     Stopped,
 }

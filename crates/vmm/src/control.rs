@@ -20,6 +20,14 @@ use std::time::Duration;
 
 /// Longest request line taken: a snapshot path is the longest thing in one.
 const MAX_REQUEST: u64 = 64 << 10;
+/// Connections served at once (each is a thread, and `events` ones last):
+/// beyond, a client is told the socket is busy.
+const MAX_CONNECTIONS: usize = 32;
+/// How long a connection may take to send its request, or to take what
+/// is written to it, before it is closed.
+const CONNECTION_WAIT: Duration = Duration::from_secs(10);
+/// How much of an unknown command an error quotes.
+const QUOTED: usize = 80;
 
 /// A request on its way to the live loop, with where its answer goes.
 pub struct ControlRequest {
@@ -66,6 +74,8 @@ pub enum ControlSocketError {
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
+    let quoted: String = line.chars().take(QUOTED).collect();
+    let quoted = if quoted.len() < line.len() { format!("{quoted}...") } else { quoted };
     let (word, rest) = line.split_once(' ').map_or((line, ""), |(w, r)| (w, r.trim()));
     match (word, rest) {
         ("status", "") => Ok(Request::Status),
@@ -73,9 +83,14 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("resume", "") => Ok(Request::Resume),
         ("quit", "") => Ok(Request::Quit),
         ("events", "") => Ok(Request::Events),
-        ("snapshot", "") => Err(bad("snapshot needs a file name".into())),
-        ("snapshot", path) => Ok(Request::Snapshot { path: PathBuf::from(path) }),
-        _ => Err(bad(format!("unknown command '{line}' (status, pause, resume, snapshot FILE, quit, events)"))),
+        ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
+        ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
+            Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
+            None => Request::Snapshot { path: PathBuf::from(rest), overwrite: false },
+        }),
+        _ => Err(bad(format!(
+            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, events)"
+        ))),
     }
 }
 
@@ -127,23 +142,49 @@ pub fn serve(
     let listener =
         UnixListener::bind(path).map_err(|source| ControlSocketError::Create { path: path.to_path_buf(), source })?;
     let answer = std::sync::Arc::new(answer);
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let (answer, journal) = (answer.clone(), journal.clone());
-            std::thread::spawn(move || serve_one(conn, &journal, &*answer));
+        for mut conn in listener.incoming().flatten() {
+            use std::sync::atomic::Ordering;
+            let _ = conn.set_write_timeout(Some(CONNECTION_WAIT));
+            if open.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                open.fetch_sub(1, Ordering::AcqRel);
+                let busy = serde_json::to_string(&Response::Error(ControlError::Busy)).expect("a response serializes");
+                let _ = writeln!(conn, "{busy}");
+                continue;
+            }
+            let (answer, journal, place) = (answer.clone(), journal.clone(), open.clone());
+            let served = std::thread::Builder::new().name("ftvm-control".into()).spawn(move || {
+                serve_one(conn, &journal, &*answer);
+                place.fetch_sub(1, Ordering::AcqRel);
+            });
+            if served.is_err() {
+                // No thread to be had: the connection was dropped, and
+                // with it its place.
+                open.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     });
     Ok(ControlSocket { path: path.to_path_buf() })
 }
 
 fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Response) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut line = String::new();
+    let _ = conn.set_read_timeout(Some(CONNECTION_WAIT));
+    let mut line = Vec::new();
     let Ok(mut writer) = conn.try_clone() else { return };
-    if BufReader::new(conn).take(MAX_REQUEST).read_line(&mut line).is_err() {
+    // Read to the newline, but never more than a request can be: the
+    // rest of a longer line stays unread in the socket, and goes with it.
+    if BufReader::new(conn).take(MAX_REQUEST + 1).read_until(b'\n', &mut line).is_err() {
         return;
     }
-    let json = line.trim_start().starts_with('{');
+    let json = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    if line.len() as u64 > MAX_REQUEST {
+        let e = Response::Error(ControlError::TooLong(MAX_REQUEST));
+        let text = if json { serde_json::to_string(&e).expect("a response serializes") } else { e.to_string() };
+        let _ = writeln!(writer, "{text}");
+        return;
+    }
+    let line = String::from_utf8_lossy(&line);
     let request = match json {
         true => serde_json::from_str::<Request>(&line)
             .map_err(|e| ControlError::BadRequest(format!("unreadable request: {e}"))),
@@ -191,15 +232,22 @@ pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> 
 }
 
 /// The client side (`ftvm control SOCKET COMMAND`): sends one request and
-/// returns the response, with the line it came in.
-pub fn send(path: &Path, request: &Request) -> Result<(Response, String), ControlSocketError> {
+/// returns the response, with the line it came in; gives up after `wait`
+/// (a VM that is stopped, or wedged, does not hang its client).
+pub fn send(path: &Path, request: &Request, wait: Duration) -> Result<(Response, String), ControlSocketError> {
     let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
     let mut s = connect(path)?;
+    s.set_read_timeout(Some(wait)).map_err(e)?;
+    s.set_write_timeout(Some(wait)).map_err(e)?;
     let line = serde_json::to_string(request).expect("a request serializes");
-    writeln!(s, "{line}").map_err(e)?;
+    // A VM that answers before it reads (a busy socket) may have closed
+    // its end by the time we write: its answer is still there to read.
+    let wrote = writeln!(s, "{line}");
     let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).map_err(e)?;
+    let read = BufReader::new(s).read_line(&mut reply);
     if reply.is_empty() {
+        wrote.map_err(e)?;
+        read.map_err(e)?;
         return Err(ControlSocketError::NoAnswer(path.to_path_buf()));
     }
     let reply = reply.trim_end().to_string();
@@ -221,18 +269,31 @@ mod tests {
     #[test]
     fn commands() {
         assert_eq!(parse("status\n").unwrap(), Request::Status);
-        assert_eq!(parse(" snapshot /tmp/a b.snap ").unwrap(), Request::Snapshot { path: "/tmp/a b.snap".into() });
+        assert_eq!(
+            parse(" snapshot /tmp/a b.snap ").unwrap(),
+            Request::Snapshot { path: "/tmp/a b.snap".into(), overwrite: false }
+        );
+        assert_eq!(
+            parse("snapshot --overwrite /tmp/a.snap").unwrap(),
+            Request::Snapshot { path: "/tmp/a.snap".into(), overwrite: true }
+        );
         assert!(parse("snapshot").is_err());
+        assert!(parse("snapshot --overwrite").is_err());
+        // An unknown command is quoted, but not whole.
+        let long = format!("x{}", "y".repeat(10_000));
+        assert!(parse(&long).unwrap_err().to_string().len() < 300);
         assert!(parse("pause now").is_err());
         assert!(parse("reboot").unwrap_err().to_string().contains("unknown command"));
     }
 
     #[test]
     fn requests_and_responses_are_json_lines_that_round_trip() {
-        let r = Request::Snapshot { path: "/tmp/x.snap".into() };
+        let r = Request::Snapshot { path: "/tmp/x.snap".into(), overwrite: false };
         let line = serde_json::to_string(&r).unwrap();
-        assert_eq!(line, r#"{"request":"snapshot","path":"/tmp/x.snap"}"#);
+        assert_eq!(line, r#"{"request":"snapshot","path":"/tmp/x.snap","overwrite":false}"#);
         assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        // Overwriting is asked for, never assumed.
+        assert_eq!(serde_json::from_str::<Request>(r#"{"request":"snapshot","path":"/tmp/x.snap"}"#).unwrap(), r);
         assert_eq!(serde_json::from_str::<Request>(r#"{"request":"status"}"#).unwrap(), Request::Status);
         assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
         assert!(serde_json::from_str::<Request>("status").is_err());
@@ -277,11 +338,54 @@ mod tests {
         assert_eq!(ask("status"), "ok paused icount=7 time=0.250s");
         assert_eq!(ask("quit"), "error the VM has stopped");
         assert!(ask("reboot").starts_with("error unknown command 'reboot'"));
-        let (response, line) = send(&path, &Request::Status).unwrap();
+        let (response, line) = send(&path, &Request::Status, Duration::from_secs(10)).unwrap();
         assert!(line.starts_with(r#"{"ok":{"reply":"status","state":"paused","icount":7,"#), "{line}");
         assert_eq!(response.to_string(), "ok paused icount=7 time=0.250s");
         assert!(ask(r#"{"request":"reboot"}"#)
             .starts_with(r#"{"error":{"error":"bad_request","message":"unreadable request"#));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What a hostile or broken client can do: a line far over the limit
+    /// (never read whole, never echoed), and more connections than the
+    /// socket serves at once (the rest told it is busy at once, and a
+    /// place freed when one goes).
+    #[test]
+    fn long_lines_and_connection_floods_are_bounded() {
+        let dir = std::env::temp_dir().join(format!("ftvm-control-flood-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vm.sock");
+        let _socket = serve(&path, Events::default(), |_| Response::Ok(Reply::Running)).unwrap();
+        // 4 MiB with no newline: answered after 64 KiB, the rest unread.
+        let mut s = UnixStream::connect(&path).unwrap();
+        let writer = {
+            let mut w = s.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let chunk = vec![b'a'; 1 << 20];
+                (0..4).take_while(|_| w.write_all(&chunk).is_ok()).count()
+            })
+        };
+        let mut reply = String::new();
+        BufReader::new(&mut s).read_line(&mut reply).unwrap();
+        assert_eq!(reply.trim_end(), format!("error the request is longer than {MAX_REQUEST} bytes"));
+        drop(s);
+        assert!(writer.join().unwrap() < 4, "the socket read all 4 MiB");
+        // Connections that say nothing hold their places...
+        let idle: Vec<UnixStream> = (0..MAX_CONNECTIONS).map(|_| UnixStream::connect(&path).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let (response, _) = send(&path, &Request::Resume, Duration::from_secs(10)).unwrap();
+        assert_eq!(response, Response::Error(ControlError::Busy));
+        // ...until they go.
+        drop(idle);
+        let t0 = std::time::Instant::now();
+        loop {
+            let (response, _) = send(&path, &Request::Resume, Duration::from_secs(10)).unwrap();
+            if response == Response::Ok(Reply::Running) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no place freed: {response:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -140,6 +140,14 @@ impl HostIo {
         &self.backends
     }
 
+    /// The paths of the VM's disks.
+    pub fn disk_paths(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.backends.iter().filter_map(|b| match b {
+            Backend::Disk { path, .. } => Some(path.as_path()),
+            _ => None,
+        })
+    }
+
     /// Whether frames can arrive (the VM has a NIC).
     pub fn has_network(&self) -> bool {
         self.slots.iter().any(|s| matches!(s, Slot::Net { .. }))

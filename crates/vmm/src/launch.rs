@@ -97,6 +97,9 @@ fn guest_memory(s: &str) -> Result<u64, VmmError> {
     if bytes > MAX_MEM {
         return Err(usage(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30)));
     }
+    if let Some(host) = ftvm_host::memory::capacity().filter(|&host| bytes > host) {
+        return Err(usage(format!("--mem {s} is more than this host has ({} MiB of RAM and swap)", host >> 20)));
+    }
     Ok(bytes)
 }
 

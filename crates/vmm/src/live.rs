@@ -405,7 +405,7 @@ impl Live {
                 }
                 (Ok(Reply::Running), Next::Continue)
             }
-            Request::Snapshot { path } => (self.snapshot(&path), Next::Continue),
+            Request::Snapshot { path, overwrite } => (self.snapshot(&path, overwrite), Next::Continue),
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.
             Request::Events => {
@@ -419,8 +419,20 @@ impl Live {
         Ok(next)
     }
 
-    fn snapshot(&mut self, path: &std::path::Path) -> Result<Reply, ControlError> {
+    fn snapshot(&mut self, path: &std::path::Path, overwrite: bool) -> Result<Reply, ControlError> {
         let t0 = Instant::now();
+        if !path.is_absolute() {
+            return Err(ControlError::RelativePath(path.to_path_buf()));
+        }
+        // The file goes into place by a rename, which would put a
+        // snapshot where one of the VM's disks was: its data gone.
+        let same = |disk: &std::path::Path| same_file(disk, path);
+        if let Some(disk) = self.io.disk_paths().find(|d| same(d)) {
+            return Err(ControlError::OntoDisk(disk.to_path_buf()));
+        }
+        if path.exists() && !overwrite {
+            return Err(ControlError::WouldOverwrite(path.to_path_buf()));
+        }
         let failed = |e: &dyn std::error::Error| ControlError::SnapshotFailed(e.to_string());
         let machine = self.m.snapshot().map_err(|e| failed(&e))?;
         snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(|e| failed(&e))?;
@@ -474,5 +486,15 @@ impl Live {
         let mut lock = std::io::stdout().lock();
         let _ = lock.write_all(&shown);
         let _ = lock.flush();
+    }
+}
+
+/// Whether `a` and `b` name the same file: by device and inode where both
+/// exist (links and `..` included), else never.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
     }
 }

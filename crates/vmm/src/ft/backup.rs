@@ -155,6 +155,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let gen = pair.generation;
     Arbiter::check_storage(&args.pair.shared, gen, &pair.storage_token)
         .map_err(|e| refuse(ProtectionError::OtherStorage(e.to_string())))?;
+    let ram = ftvm_replay::replayer::header_ram(&header).map_err(|e| refuse(e.into()))?;
+    if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram > host) {
+        return Err(refuse(ProtectionError::TooLarge { ram, host }));
+    }
     let nics = header_nics(&header).map_err(&refuse)?;
     if nets.len() < nics {
         return Err(refuse(ProtectionError::NicNotGiven { nics, given: nets.len() }));
