@@ -19,17 +19,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ProtectionError {
     /// A file of this host (a disk copy, the activation record, the
-    /// event journal) failed: `doing` says what was being done with it.
-    #[error("{doing} {}: {source}", .path.display())]
-    File {
-        /// What was being done, e.g. `cannot read disk`.
-        doing: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// How it failed.
-        #[source]
-        source: std::io::Error,
-    },
+    /// event journal) failed.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A disk image could not be opened, locked or hashed.
     #[error(transparent)]
     Disk(#[from] DiskError),
@@ -235,8 +227,30 @@ pub enum PeerError {
     RequestTooLarge(#[from] RequestTooLarge),
 }
 
+/// A file of this host that failed: what was being done with it, the
+/// file, and how it failed. Shared with the host library's errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{doing} {}: {source}", .path.display())]
+pub struct FileError {
+    /// What was being done, e.g. `cannot read disk`.
+    pub doing: &'static str,
+    /// The file.
+    pub path: PathBuf,
+    /// How it failed.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl FileError {
+    /// For `map_err`: an I/O error of `doing` something with `path`.
+    pub fn on(doing: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> FileError {
+        let path = path.to_path_buf();
+        move |source| FileError { doing, path, source }
+    }
+}
+
 /// Shorthand for a file error's `map_err`.
 pub(crate) fn file(doing: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> ProtectionError {
-    let path = path.to_path_buf();
-    move |source| ProtectionError::File { doing, path, source }
+    let on = FileError::on(doing, path);
+    move |source| on(source).into()
 }

@@ -8,7 +8,7 @@ use crate::control::ControlSocketError;
 use crate::host_io::{DeviceLineError, HostIoError};
 use ftvm_machine::snapshot_file::SnapshotFileError;
 use ftvm_machine::MachineError;
-use ftvm_protection::error::{Deposed, ProtectionError};
+use ftvm_protection::error::{Deposed, FileError, ProtectionError};
 use ftvm_replay::replayer::{HeaderError, ReplayError};
 use ftvm_replay::LogError;
 use ftvm_replication::arbiter::ArbiterError;
@@ -24,14 +24,9 @@ pub enum VmmError {
     /// message quotes the option as the user wrote it.
     #[error("{0}")]
     Usage(String),
-    /// A file of this host failed: `doing` says what was being done.
-    #[error("{doing} {}: {source}", .path.display())]
-    File {
-        doing: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file of this host failed.
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error(transparent)]
     Image(#[from] ftvm_image::ImageError),
     #[error(transparent)]
@@ -156,8 +151,8 @@ pub enum LogProblem {
 
 /// Shorthand for a file error's `map_err`.
 pub(crate) fn file(doing: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> VmmError {
-    let path = path.to_path_buf();
-    move |source| VmmError::File { doing, path, source }
+    let on = FileError::on(doing, path);
+    move |source| on(source).into()
 }
 
 /// Shorthand for a usage error.
