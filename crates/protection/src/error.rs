@@ -83,9 +83,6 @@ pub enum ProtectionError {
     #[error("the backup's disk {} is not a copy of the primary's (their contents differ)", .0.display())]
     NotACopy(PathBuf),
     /// The backup's machine, built from the primary's header, does not hash
-    /// as the header says the primary's did at its start.
-    #[error("the machine built from the primary's header is not in its start state")]
-    NotInStartState,
     /// A disk of the VM this host has no path for.
     #[error("the VM's disk in slot {slot} (the primary's {name}) has no copy here: give this host's with --disk")]
     DiskNotGiven {

@@ -101,6 +101,8 @@ pub enum HeaderError {
     Snapshot(#[from] SnapshotFormatError),
     #[error(transparent)]
     Machine(#[from] MachineError),
+    #[error("the machine built from the header is not in the recorded start state")]
+    NotInStartState,
 }
 
 /// How a replay ended, short of a divergence.
@@ -356,6 +358,18 @@ fn checked_file(h: &Header, key: &'static str, files: &dyn FileFinder) -> Result
     }
     let (hash, path) = v.split_once(' ').ok_or(HeaderError::Unreadable(key))?;
     files.find(key, hash, Path::new(path)).map(Some)
+}
+
+/// The machine a header names, built from the files `files` finds and
+/// checked to be in the recorded start state, ready to replay: with its
+/// dirty pages tracked (the state digests hash the pages written).
+pub fn start_machine(h: &Header, files: &dyn FileFinder) -> Result<Machine, HeaderError> {
+    let mut m = machine_from_header(h, files)?;
+    m.set_dirty_tracking(true);
+    if field(h, "state")? != crate::recorder::hex(&m.state_hash()) {
+        return Err(HeaderError::NotInStartState);
+    }
+    Ok(m)
 }
 
 /// The guest RAM, in bytes, of the machine a header names (to check

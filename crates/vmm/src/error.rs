@@ -139,8 +139,6 @@ pub enum LogProblem {
     Unreadable(#[from] LogError),
     #[error(transparent)]
     Header(#[from] HeaderError),
-    #[error("the machine built from its header is not in the recorded start state")]
-    NotInStartState,
     #[error("{source}; replayed the valid part to instruction {replayed_to}")]
     Cut {
         #[source]

@@ -15,10 +15,7 @@ use crate::{console, control, live};
 use clap::Args;
 use ftvm_machine::Machine;
 use ftvm_protection::events::Events;
-use ftvm_replay::recorder::hex;
-use ftvm_replay::replayer::{
-    field, machine_from_header, replay_log, AtRecordedPaths, NoRule, Outcome, Regenerate, Replayed,
-};
+use ftvm_replay::replayer::{field, replay_log, start_machine, AtRecordedPaths, NoRule, Outcome, Regenerate, Replayed};
 use ftvm_replay::{Header, LogReader};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,12 +43,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
     let file = std::fs::File::open(&args.log).map_err(|e| bad(LogProblem::Open(e)))?;
     let (mut reader, header) =
         LogReader::open(std::io::BufReader::with_capacity(1 << 20, file)).map_err(|e| bad(e.into()))?;
-    let mut m = machine_from_header(&header, &AtRecordedPaths).map_err(|e| bad(e.into()))?;
-    m.set_dirty_tracking(true);
-    let want = field(&header, "state").map_err(|e| bad(e.into()))?;
-    if hex(&m.state_hash()) != want {
-        return Err(bad(LogProblem::NotInStartState));
-    }
+    let mut m = start_machine(&header, &AtRecordedPaths).map_err(|e| bad(e.into()))?;
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
     let outcome =

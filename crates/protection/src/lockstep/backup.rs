@@ -14,7 +14,6 @@ use crate::local::LocalFiles;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
-use ftvm_replay::recorder::hex;
 use ftvm_replay::replayer::{self, FrameRule, NoRule, Outcome, Replayed};
 use ftvm_replay::{Header, LogReader};
 use std::io::Read;
@@ -52,11 +51,7 @@ impl<R: Read> ReplayBackup<R> {
         local: &LocalFiles,
         show_console: bool,
     ) -> Result<Self, ProtectionError> {
-        let mut m = replayer::machine_from_header(header, local)?;
-        m.set_dirty_tracking(true);
-        if header.get("state") != Some(hex(&m.state_hash()).as_str()) {
-            return Err(ProtectionError::NotInStartState);
-        }
+        let m = replayer::start_machine(header, local)?;
         let policy = pair.disk_policy;
         let disks = local.disk_paths(pair)?;
         if policy.sharing == DiskSharing::Separate {
