@@ -258,8 +258,13 @@ mod tests {
         assert_eq!(PairHeader::read(&h).unwrap(), sample());
         assert_eq!(PairHeader::read(&Header::default()), Err(PairHeaderError::Missing));
         let mut newer = Header::default();
-        newer.set(FIELD, r#"{"version":2,"something":"new"}"#);
-        assert_eq!(PairHeader::read(&newer), Err(PairHeaderError::Version(2)));
+        let next = PAIR_HEADER_VERSION + 1;
+        newer.set(FIELD, format!(r#"{{"version":{next},"something":"new"}}"#));
+        assert_eq!(PairHeader::read(&newer), Err(PairHeaderError::Version(next)));
+        // A primary from before the storage token: refused, not half-read.
+        let mut older = Header::default();
+        older.set(FIELD, r#"{"version":1,"generation":1}"#);
+        assert_eq!(PairHeader::read(&older), Err(PairHeaderError::Version(1)));
         let mut garbage = Header::default();
         garbage.set(FIELD, "{not json");
         assert!(matches!(PairHeader::read(&garbage), Err(PairHeaderError::Unreadable(_))));
