@@ -77,13 +77,45 @@ pub struct DiskImage {
     file: File,
     size: u64,
     readonly: bool,
+    /// Opened by [`DiskImage::open_taking_over`] while another process
+    /// still held the lock, which is taken as soon as it lets go.
+    taken_over: bool,
+}
+
+/// How an image is opened with respect to its lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    /// Take it, or fail if another VM holds it.
+    Take,
+    /// Leave it (a backup reading beside its writer).
+    Skip,
+    /// Take it if free, and otherwise as soon as it is freed, in the
+    /// background, opening the image meanwhile.
+    TakeOver,
 }
 
 impl DiskImage {
     /// Opens and locks the image at `path`. Regular files and block devices
     /// are accepted; an image needs at least one 512-byte sector.
     pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
-        Self::open_with(path, readonly, true)
+        Self::open_with(path, readonly, Locking::Take)
+    }
+
+    /// Opens the image writable for a fault-tolerant backup that won the
+    /// arbiter: the primary it replaces may still hold the lock (stopped,
+    /// or on its way to halting), but it is fenced and will write nothing
+    /// more, so the winner does not wait for it. The lock is taken as
+    /// soon as the old primary lets go, keeping other VMs out from then
+    /// on. (Waiting for it instead left no VM serving when the old
+    /// primary stayed stopped.)
+    pub fn open_taking_over(path: &Path) -> Result<DiskImage, DiskError> {
+        Self::open_with(path, false, Locking::TakeOver)
+    }
+
+    /// Whether the lock was still held elsewhere when this image was
+    /// opened by [`DiskImage::open_taking_over`].
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
     }
 
     /// Opens the image at `path` read-only without taking a lock: for a
@@ -91,10 +123,10 @@ impl DiskImage {
     /// (VMware FT §4.2). That is safe only because the primary orders its
     /// writes after the backup's reads of the same blocks.
     pub fn open_beside_writer(path: &Path) -> Result<DiskImage, DiskError> {
-        Self::open_with(path, true, false)
+        Self::open_with(path, true, Locking::Skip)
     }
 
-    fn open_with(path: &Path, readonly: bool, locked: bool) -> Result<DiskImage, DiskError> {
+    fn open_with(path: &Path, readonly: bool, locking: Locking) -> Result<DiskImage, DiskError> {
         let path_buf = || path.to_path_buf();
         let open_failed = |source| DiskError::Open { path: path_buf(), source };
         // O_NONBLOCK so that naming a FIFO fails below instead of hanging in
@@ -116,11 +148,30 @@ impl DiskImage {
             return Err(DiskError::NotFileOrDevice { path: path_buf() });
         }
         set_blocking(&file).map_err(open_failed)?;
-        if locked {
-            lock(&file, readonly).map_err(|e| match e.kind() {
-                io::ErrorKind::WouldBlock => DiskError::InUse { path: path_buf() },
-                _ => DiskError::Lock { path: path_buf(), source: e },
-            })?;
+        let mut taken_over = false;
+        if locking != Locking::Skip {
+            match lock(&file, readonly) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && locking == Locking::TakeOver => {
+                    // flock belongs to the open file description, which a
+                    // duplicate shares: the thread's lock is the image's,
+                    // held as long as the image is open.
+                    let dup = file.try_clone().map_err(|e| DiskError::Lock { path: path_buf(), source: e })?;
+                    std::thread::Builder::new()
+                        .name("disk-lock".into())
+                        .spawn(move || {
+                            // SAFETY: flock on a descriptor this thread owns.
+                            while unsafe { libc::flock(dup.as_raw_fd(), libc::LOCK_EX) } != 0
+                                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+                            {
+                            }
+                        })
+                        .map_err(|e| DiskError::Lock { path: path_buf(), source: e })?;
+                    taken_over = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(DiskError::InUse { path: path_buf() }),
+                Err(e) => return Err(DiskError::Lock { path: path_buf(), source: e }),
+            }
         }
         // Seeking to the end, unlike the metadata length, also sizes block
         // devices.
@@ -128,7 +179,7 @@ impl DiskImage {
         if size < SECTOR_SIZE {
             return Err(DiskError::TooSmall { path: path_buf(), size });
         }
-        Ok(DiskImage { path: path.to_path_buf(), file, size, readonly })
+        Ok(DiskImage { path: path.to_path_buf(), file, size, readonly, taken_over })
     }
 
     pub fn path(&self) -> &Path {
@@ -270,7 +321,17 @@ struct Shared {
     /// Signalled when the pool has nothing queued and nothing running.
     idle: Condvar,
     done: Box<DoneFn>,
+    /// Asked right before each write or flush reaches the disk (see
+    /// [`DiskWorkers::fence_with`]).
+    permit: std::sync::OnceLock<Permit>,
 }
+
+/// Whether the VM's outputs may reach the host now: waits until they may
+/// (true) or never will again (false). A fault-tolerant primary's fence
+/// (`ftvm_replication::fence`), asked at the last moment before a write
+/// or flush, so one queued before its host stalled does not land after
+/// the backup took over.
+pub type Permit = Arc<dyn Fn() -> bool + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -345,6 +406,7 @@ impl DiskWorkers {
             work: Condvar::new(),
             idle: Condvar::new(),
             done: Box::new(done),
+            permit: std::sync::OnceLock::new(),
         });
         // Built before the threads so that, if one fails to start, dropping
         // it stops those already running.
@@ -356,6 +418,13 @@ impl DiskWorkers {
             pool.threads.push(handle);
         }
         Ok(pool)
+    }
+
+    /// From now on every write and flush waits for `permit` just before
+    /// it reaches the disk, and fails (`VIRTIO_BLK_S_IOERR`) if it says
+    /// never. Set once; reads are not outputs and never wait.
+    pub fn fence_with(&self, permit: Permit) {
+        let _ = self.shared.permit.set(permit);
     }
 
     /// Queues a request; returns at once. Its completion arrives through
@@ -457,7 +526,16 @@ fn worker<B: BlockBackend>(shared: Arc<Shared>, mut backend: B) {
             let write_seq = matches!(job.op, BlkOp::Write { .. }).then_some(job.seq);
             let _running = Running { shared: &shared, write_seq };
             let started = Instant::now();
-            let result = execute(&job.op, &mut backend);
+            let output = matches!(job.op, BlkOp::Write { .. } | BlkOp::Flush);
+            let permitted = !output || shared.permit.get().is_none_or(|may| may());
+            let result = if permitted {
+                execute(&job.op, &mut backend)
+            } else {
+                ftvm_devices::virtio::blk::BlkResult {
+                    status: ftvm_devices::virtio::blk::VIRTIO_BLK_S_IOERR,
+                    data: Vec::new(),
+                }
+            };
             // A modelled slow disk: the request is done, but not yet.
             if let Some(rest) = shared.latency.checked_sub(started.elapsed()) {
                 std::thread::sleep(rest);

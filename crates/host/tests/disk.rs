@@ -513,3 +513,45 @@ fn spawning_with_no_backends_is_an_error() {
     let e = DiskWorkers::spawn_with::<MemBackend>(0, Vec::new(), Duration::ZERO, |_, _| {}).err().unwrap();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
 }
+
+/// A fenced disk: a write waits in its worker until the permit allows it
+/// (a primary whose lease ran out waits for a renewal or the arbiter),
+/// fails if the permit says never (deposed), and reads never wait.
+#[test]
+fn writes_wait_for_the_permit_and_fail_when_it_says_never() {
+    let s = Scratch::new("permit");
+    let path = s.0.join("d.img");
+    fs::write(&path, vec![0u8; 1 << 16]).unwrap();
+    let image = DiskImage::open(&path, false).unwrap();
+    let (w, rx) = workers_with_channel(&image, 0, 2);
+    // 0: not yet, 1: yes, 2: never.
+    let verdict = Arc::new((Mutex::new(0u8), Condvar::new()));
+    let v = verdict.clone();
+    w.fence_with(Arc::new(move || {
+        let (lock, cv) = &*v;
+        let mut g = lock.lock().unwrap();
+        while *g == 0 {
+            g = cv.wait(g).unwrap();
+        }
+        *g == 1
+    }));
+    w.submit(1, BlkOp::Write { offset: 0, data: vec![0xaa; 512] });
+    w.submit(2, BlkOp::Read { offset: 4096, len: 512 });
+    let (_, tag, r) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((tag, r.status), (2, VIRTIO_BLK_S_OK), "the read went first");
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "the write did not wait");
+    assert_eq!(fs::read(&path).unwrap()[0], 0);
+    let set = |x: u8| {
+        *verdict.0.lock().unwrap() = x;
+        verdict.1.notify_all();
+    };
+    set(1);
+    let (_, tag, r) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((tag, r.status), (1, VIRTIO_BLK_S_OK));
+    assert_eq!(fs::read(&path).unwrap()[0], 0xaa);
+    set(2);
+    w.submit(3, BlkOp::Write { offset: 0, data: vec![0xbb; 512] });
+    let (_, tag, r) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((tag, r.status), (3, VIRTIO_BLK_S_IOERR));
+    assert_eq!(fs::read(&path).unwrap()[0], 0xaa, "a write landed after the permit said never");
+}

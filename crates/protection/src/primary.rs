@@ -24,6 +24,7 @@ use crate::status::PairStatus;
 use ftvm_machine::{Event, IoRequest, Machine, RunExit};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::Failure;
+use ftvm_replication::fence::Fence;
 use std::time::{Duration, Instant};
 
 /// A request of the machine to the host, with its virtio slot.
@@ -126,6 +127,7 @@ pub fn backup_lost(
     me: &str,
     failure: &Failure,
     events: &Events,
+    fence: &Fence,
     held: impl FnOnce() -> Vec<Request>,
 ) -> Result<Vec<Request>, ProtectionError> {
     eprintln!("ftvm: the backup is declared failed: {failure}");
@@ -133,6 +135,8 @@ pub fn backup_lost(
     let generation = arbiter.generation();
     match arbiter.go_live(me, |m| eprintln!("ftvm: {m}")) {
         Verdict::Won => {
+            // Alone from here: the held outputs, and all after, may go.
+            fence.won();
             events.emit(PairEvent::ArbiterWon { generation });
             let out = held();
             eprintln!(
@@ -143,6 +147,9 @@ pub fn backup_lost(
             Ok(out)
         }
         Verdict::Lost(who) => {
+            // Before anything else: nothing more leaves this side, from
+            // any thread.
+            fence.deposed();
             events.emit(PairEvent::ArbiterLost { generation, winner: who.clone() });
             let deposed = Deposed { who, generation };
             events.emit(PairEvent::Halting { reason: deposed.to_string() });

@@ -18,9 +18,10 @@
 //! ```
 
 use crate::pair_key::PairKey;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"FTH2";
@@ -53,7 +54,35 @@ struct Shared {
     start: Instant,
     /// Microseconds after `start` when the peer was last heard; 0: never.
     last_heard_us: AtomicU64,
+    /// The sequence number of the peer's last beat heard; 0: none.
+    heard_seq: AtomicU64,
+    /// Our recent beats: (sequence number, CLOCK_BOOTTIME ns when sent),
+    /// oldest first, for the fence's lease (see `fence`).
+    sent: Mutex<VecDeque<(u64, u64)>>,
     stop: AtomicBool,
+}
+
+/// Beats remembered with their send times: at 10 a timeout, many
+/// timeouts' worth, far more than an acknowledgement lags behind.
+const SENT_KEPT: usize = 1024;
+
+/// What others may ask of a running heartbeat, without owning it (the
+/// heartbeat stops when its [`Heartbeat`] is dropped, not this).
+#[derive(Clone)]
+pub struct HeartbeatLog(Arc<Shared>);
+
+impl HeartbeatLog {
+    /// The sequence number of the peer's last beat heard (0: none yet).
+    pub fn heard_seq(&self) -> u64 {
+        self.0.heard_seq.load(Ordering::Acquire)
+    }
+
+    /// When we sent our beat `seq` (CLOCK_BOOTTIME ns), if it is recent.
+    pub fn sent_at(&self, seq: u64) -> Option<u64> {
+        let sent = self.0.sent.lock().unwrap_or_else(|e| e.into_inner());
+        let i = sent.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
+        Some(sent[i].1)
+    }
 }
 
 impl Heartbeat {
@@ -67,8 +96,13 @@ impl Heartbeat {
     ) -> Result<Heartbeat, HeartbeatError> {
         let sock = UdpSocket::bind(local).map_err(|source| HeartbeatError::Bind { local, source })?;
         sock.set_read_timeout(Some(interval.max(Duration::from_millis(1)))).map_err(HeartbeatError::Socket)?;
-        let shared =
-            Arc::new(Shared { start: Instant::now(), last_heard_us: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            start: Instant::now(),
+            last_heard_us: AtomicU64::new(0),
+            heard_seq: AtomicU64::new(0),
+            sent: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+        });
         let s = shared.clone();
         let beats = Beats { key: key.heartbeat_key(), generation };
         std::thread::Builder::new()
@@ -87,6 +121,11 @@ impl Heartbeat {
     /// Whether the peer has been heard at all.
     pub fn heard(&self) -> bool {
         self.shared.last_heard_us.load(Ordering::Relaxed) != 0
+    }
+
+    /// A handle on what it has sent and heard.
+    pub fn log(&self) -> HeartbeatLog {
+        HeartbeatLog(self.shared.clone())
     }
 }
 
@@ -139,6 +178,13 @@ fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: 
         if Instant::now() >= next {
             // A lost or refused beat is what the peer's detector is for.
             seq += 1;
+            {
+                let mut sent = s.sent.lock().unwrap_or_else(|e| e.into_inner());
+                if sent.len() == SENT_KEPT {
+                    sent.pop_front();
+                }
+                sent.push_back((seq, crate::fence::now_ns()));
+            }
             let _ = sock.send_to(&beats.make(seq), peer);
             next += interval;
             if next < Instant::now() {
@@ -154,7 +200,10 @@ fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: 
             if let Some(seq) = beats.check(&buf[..n]).filter(|&seq| seq > heard_seq) {
                 heard_seq = seq;
                 let us = s.start.elapsed().as_micros().max(1) as u64;
+                // The time first: whoever reads the sequence number may
+                // rely on the silence it implies.
                 s.last_heard_us.store(us, Ordering::Relaxed);
+                s.heard_seq.store(seq, Ordering::Release);
             }
         }
     }

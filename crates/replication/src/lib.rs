@@ -13,6 +13,8 @@
 //!   channel's handshake and the heartbeats;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
 //!   one side go live;
+//! - [`fence`]: whether this side may let outputs leave now: a lease the
+//!   backup's acknowledgements renew, and the arbiter's verdict;
 //! - [`output_rule`]: outputs held until the log that produced them is
 //!   acknowledged;
 //! - [`lag`]: the backup's execution lag, measured on the primary, and the
@@ -26,6 +28,7 @@ pub mod arbiter;
 pub mod channel;
 pub mod checkpoint_stream;
 pub mod disk_sync;
+pub mod fence;
 pub mod heartbeat;
 pub mod lag;
 pub mod output_rule;

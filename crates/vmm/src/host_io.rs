@@ -12,8 +12,9 @@ use crate::control::ControlRequest;
 use ftvm_host::disk::{DiskError, DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
 use ftvm_host::tap::{Tap, TapError};
 use ftvm_machine::mac::{format_mac, parse_mac};
-use ftvm_machine::{DeviceSpec, Event, IoCompletion, IoRequest, Machine};
+use ftvm_machine::{BlkOp, DeviceSpec, Event, IoCompletion, IoRequest, Machine};
 use ftvm_replication::channel::PrimaryEvent;
+use ftvm_replication::fence::{Fence, Standing};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
@@ -94,23 +95,77 @@ pub struct HostIo {
     slots: Vec<Slot>,
     events: Sender<HostEvent>,
     control: bool,
+    /// Whether outputs may leave now: always on a VM alone, while its
+    /// lease runs on a protected primary (`ftvm_replication::fence`).
+    fence: Fence,
+    /// Outputs the fence held back, in order: they go once it allows,
+    /// and never if this side is deposed.
+    fenced: VecDeque<(usize, IoRequest)>,
+}
+
+/// Whether a request is an output: something the world outside the VM
+/// would see (a frame on the wire, a write or flush on the disk).
+fn is_output(req: &IoRequest) -> bool {
+    matches!(req, IoRequest::NetTx { .. } | IoRequest::Disk { op: BlkOp::Write { .. } | BlkOp::Flush, .. })
 }
 
 impl HostIo {
-    /// Opens every backend. Returns the machine's device list, in slot
-    /// order, as the guest will see it.
-    pub fn open(backends: Vec<Backend>, events: Sender<HostEvent>) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
+    /// Opens every backend, its outputs under `fence`. Returns the
+    /// machine's device list, in slot order, as the guest will see it.
+    pub fn open(
+        backends: Vec<Backend>,
+        events: Sender<HostEvent>,
+        fence: Fence,
+    ) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
+        Self::open_with(backends, events, fence, false)
+    }
+
+    /// Opens every backend for a backup that won the arbiter and goes
+    /// live alone: its writable disks are taken over from the primary it
+    /// replaces, which may still hold their locks but is fenced (see
+    /// `DiskImage::open_taking_over`). Also returns the disks whose lock
+    /// was still held.
+    pub fn take_over(
+        backends: Vec<Backend>,
+        events: Sender<HostEvent>,
+    ) -> Result<(HostIo, Vec<DeviceSpec>, Vec<PathBuf>), HostIoError> {
+        let (io, specs) = Self::open_with(backends, events, Fence::alone(), true)?;
+        let held = io
+            .slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Disk { _image: image, .. } if image.taken_over() => Some(image.path().to_path_buf()),
+                _ => None,
+            })
+            .collect();
+        Ok((io, specs, held))
+    }
+
+    fn open_with(
+        backends: Vec<Backend>,
+        events: Sender<HostEvent>,
+        fence: Fence,
+        take_over: bool,
+    ) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
         let mut slots = Vec::new();
         let mut specs = Vec::new();
         for (slot, b) in backends.iter().enumerate() {
             match b {
                 Backend::Disk { path, readonly, latency } => {
-                    let image = DiskImage::open(path, *readonly)?;
+                    let image = match take_over && !*readonly {
+                        true => DiskImage::open_taking_over(path)?,
+                        false => DiskImage::open(path, *readonly)?,
+                    };
                     let tx = events.clone();
                     let workers = DiskWorkers::spawn(&image, slot, DEFAULT_DISK_THREADS, *latency, move |slot, c| {
                         let _ = tx.send(HostEvent::Io(slot, c));
                     })
                     .map_err(|source| HostIoError::DiskThreads { path: path.clone(), source })?;
+                    // Writes queued before a stall must not land after it
+                    // unless this side may still act: asked in the worker,
+                    // at the last moment.
+                    let permit = fence.clone();
+                    workers.fence_with(std::sync::Arc::new(move || permit.wait()));
                     specs.push(DeviceSpec::Disk { size: image.size(), readonly: *readonly });
                     slots.push(Slot::Disk { workers, _image: image });
                 }
@@ -133,7 +188,7 @@ impl HostIo {
                 }
             }
         }
-        Ok((HostIo { backends, slots, events, control: false }, specs))
+        Ok((HostIo { backends, slots, events, control: false, fence, fenced: VecDeque::new() }, specs))
     }
 
     pub fn backends(&self) -> &[Backend] {
@@ -163,9 +218,46 @@ impl HostIo {
         self.control = on;
     }
 
-    /// Sends the machine's new requests to their backends.
+    /// Sends the machine's new requests to their backends: outputs only
+    /// while the fence allows (held back, in order, until it does), the
+    /// rest at once. Outputs held earlier go first, if they may now.
     pub fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
+        self.release_fenced();
         for (slot, req) in requests {
+            if is_output(&req) {
+                if self.fence.standing() == Standing::Deposed {
+                    continue;
+                }
+                if !self.fenced.is_empty() || !self.fence.allows() {
+                    self.fenced.push_back((slot, req));
+                    continue;
+                }
+            }
+            self.perform(slot, req);
+        }
+    }
+
+    /// Outputs the fence held back go, in order, while it allows; all are
+    /// dropped once this side is deposed (the other side is live, and
+    /// owns the world outside now).
+    pub fn release_fenced(&mut self) {
+        if self.fence.standing() == Standing::Deposed {
+            self.fenced.clear();
+            return;
+        }
+        while !self.fenced.is_empty() && self.fence.allows() {
+            let (slot, req) = self.fenced.pop_front().expect("not empty");
+            self.perform(slot, req);
+        }
+    }
+
+    /// Outputs held back by the fence.
+    pub fn fenced(&self) -> usize {
+        self.fenced.len()
+    }
+
+    fn perform(&mut self, slot: usize, req: IoRequest) {
+        {
             match (self.slots.get_mut(slot), req) {
                 (Some(Slot::Disk { workers, .. }), IoRequest::Disk { tag, op }) => workers.submit(tag, op),
                 (Some(Slot::Net { tap, .. }), IoRequest::NetTx { frame }) => {
@@ -356,6 +448,57 @@ pub fn parse_latency(s: &str) -> Result<Duration, LatencyError> {
 mod tests {
     use super::*;
 
+    /// A protected primary whose lease ran out (it stalled) holds every
+    /// output, here a disk write and a flush, behind its fence, in order,
+    /// while reads go on; they go once the lease is renewed or the
+    /// arbiter is won, and never once it is lost.
+    #[test]
+    fn outputs_wait_for_the_fence_and_die_with_a_lost_arbiter() {
+        let dir = std::env::temp_dir().join(format!("ftvm-host-io-fence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, vec![0u8; 1 << 16]).unwrap();
+        let backends = vec![Backend::Disk { path: disk.clone(), readonly: false, latency: Duration::ZERO }];
+        let recv = |rx: &std::sync::mpsc::Receiver<HostEvent>| match rx.recv_timeout(Duration::from_millis(300)) {
+            Ok(HostEvent::Io(0, IoCompletion::Disk { tag, result })) => Some((tag, result.status)),
+            Ok(_) => panic!("another event"),
+            Err(_) => None,
+        };
+        let write =
+            |tag: u32, byte: u8| (0, IoRequest::Disk { tag, op: BlkOp::Write { offset: 0, data: vec![byte; 512] } });
+        let read = |tag: u32| (0, IoRequest::Disk { tag, op: BlkOp::Read { offset: 4096, len: 512 } });
+
+        // The lease ran out: the write and the flush wait, the read does not.
+        let fence = Fence::leased();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut io, _) = HostIo::open(backends.clone(), tx, fence.clone()).unwrap();
+        io.dispatch(vec![write(1, 0xaa), (0, IoRequest::Disk { tag: 2, op: BlkOp::Flush }), read(3)]);
+        assert_eq!(recv(&rx), Some((3, 0)), "the read waits for nothing");
+        assert_eq!(recv(&rx), None, "an output left without a lease");
+        assert_eq!(io.fenced(), 2);
+        assert_eq!(std::fs::read(&disk).unwrap()[0], 0);
+        // A renewal lets them go, in order.
+        fence.renew(ftvm_replication::fence::now_ns(), Duration::from_secs(5));
+        io.release_fenced();
+        let mut done: Vec<u32> = [recv(&rx), recv(&rx)].into_iter().map(|r| r.expect("released").0).collect();
+        done.sort();
+        assert_eq!(done, [1, 2]);
+        assert_eq!(std::fs::read(&disk).unwrap()[0], 0xaa);
+        drop(io);
+
+        // Deposed: what was held is dropped, and nothing more leaves.
+        let fence = Fence::leased();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut io, _) = HostIo::open(backends, tx, fence.clone()).unwrap();
+        io.dispatch(vec![write(4, 0xbb)]);
+        fence.deposed();
+        io.dispatch(vec![write(5, 0xcc)]);
+        assert_eq!(recv(&rx), None);
+        assert_eq!(io.fenced(), 0);
+        assert_eq!(std::fs::read(&disk).unwrap()[0], 0xaa, "a deposed side wrote the disk");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn descriptions_round_trip() {
         let backends = vec![
@@ -371,6 +514,8 @@ mod tests {
             slots: Vec::new(),
             events: std::sync::mpsc::channel().0,
             control: false,
+            fence: Fence::alone(),
+            fenced: VecDeque::new(),
         };
         assert_eq!(parse_description(&io.describe()).unwrap(), backends);
         assert!(parse_description("floppy /dev/fd0").is_err());

@@ -13,6 +13,7 @@ use ftvm_protection::events::Events;
 use ftvm_protection::pair::{DiskSharing, Mode};
 use ftvm_protection::primary::Primary;
 use ftvm_replay::recorder::{self, Start};
+use ftvm_replication::fence::Fence;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -96,9 +97,6 @@ fn guest_memory(s: &str) -> Result<u64, VmmError> {
     }
     if bytes > MAX_MEM {
         return Err(usage(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30)));
-    }
-    if let Some(host) = ftvm_host::memory::capacity().filter(|&host| bytes > host) {
-        return Err(usage(format!("--mem {s} is more than this host has ({} MiB of RAM and swap)", host >> 20)));
     }
     Ok(bytes)
 }
@@ -199,6 +197,10 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         return Err(usage(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus)));
     }
     let ram_size = guest_memory(&args.mem)?;
+    if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram_size > host) {
+        let s = &args.mem;
+        return Err(usage(format!("--mem {s} is more than this host has ({} MiB of RAM and swap)", host >> 20)));
+    }
     // Checked before looking for the image, for the same reason.
     backends(args, None)?;
     // The default image supplies the firmware unless --bios is given, and
@@ -280,12 +282,18 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         Target::Backup(ft) => ft.pair.journal()?,
         _ => Events::default(),
     };
+    // A protected primary's outputs leave only while its backup's
+    // acknowledgements keep its lease (or the arbiter says it is alone).
+    let fence = match &target {
+        Target::Backup(_) => Fence::leased(),
+        _ => Fence::alone(),
+    };
     let mut primary: Option<Box<dyn Primary>> = None;
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), VmmError> {
         primary = match &target {
             Target::None => None,
             Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
-            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone(), &journal)?),
+            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone(), &journal, fence.clone())?),
         };
         Ok(())
     };
@@ -309,7 +317,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     let (mut machine, mut io) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
-            let (io, devices) = HostIo::open(backends, events_tx.clone())?;
+            let (io, devices) = HostIo::open(backends, events_tx.clone(), fence.clone())?;
             cfg.devices = devices;
             let m = Machine::new(&cfg)?;
             if !matches!(target, Target::None) {
@@ -325,7 +333,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             (m, io)
         }
         Some(file) => {
-            let (m, io) = restore(&args, file, &events_tx)?;
+            let (m, io) = restore(&args, file, &events_tx, fence.clone())?;
             if !matches!(target, Target::None) {
                 let bytes = std::fs::read(file).map_err(crate::error::file("cannot read snapshot", file))?;
                 // The header names it for the replay (or the backup) to find,
@@ -370,6 +378,7 @@ fn restore(
     args: &RunArgs,
     file: &std::path::Path,
     events: &std::sync::mpsc::Sender<HostEvent>,
+    fence: Fence,
 ) -> Result<(Machine, HostIo), VmmError> {
     let conflicting = [
         ("--bios", args.bios.is_some()),
@@ -410,7 +419,7 @@ fn restore(
         return Err(bad(SnapshotProblem::FewerDevices));
     }
     let machine = Machine::restore(&snap.machine).map_err(|e| bad(e.into()))?;
-    let (io, devices) = HostIo::open(backends, events.clone())?;
+    let (io, devices) = HostIo::open(backends, events.clone(), fence)?;
     for (slot, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
         if want != got {
             return Err(bad(SnapshotProblem::DeviceChanged {

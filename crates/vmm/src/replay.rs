@@ -17,8 +17,8 @@ use ftvm_machine::Machine;
 use ftvm_protection::events::Events;
 use ftvm_replay::replayer::{field, replay_log, start_machine, AtRecordedPaths, NoRule, Outcome, Regenerate, Replayed};
 use ftvm_replay::{Header, LogReader};
+use ftvm_replication::fence::Fence;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -78,9 +78,6 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
     }
 }
 
-/// How long a backup going live waits for the old primary to release the disk.
-const DISK_RELEASE_WAIT: Duration = Duration::from_secs(10);
-
 /// What the VM that goes live at the end of a replay gets.
 pub struct LiveSetup {
     pub control: Option<PathBuf>,
@@ -130,16 +127,21 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         }
     }
     let (tx, events) = std::sync::mpsc::channel();
-    // A backup taking over may find the disk still held by the primary it
-    // replaces, which is halting (it lost the arbiter) or dying: give it a
-    // moment to let go.
-    let patience = Instant::now() + if setup.announce { DISK_RELEASE_WAIT } else { Duration::ZERO };
-    let (mut io, devices) = loop {
-        match HostIo::open(backends.clone(), tx.clone()) {
-            Ok(opened) => break opened,
-            Err(e) if e.in_use() && Instant::now() < patience => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.into()),
+    // Live alone: a replay's end, or a backup that won the arbiter. The
+    // winner goes live whatever the primary it replaces is doing: that
+    // one may still hold the disk's lock (stopped, or halting), but it is
+    // fenced, so the disk is taken over rather than waited for.
+    let (mut io, devices) = if setup.announce {
+        let (io, devices, held) = HostIo::take_over(backends, tx.clone())?;
+        for disk in held {
+            eprintln!(
+                "ftvm: the old primary still holds the lock on {}: taken over (it is fenced: it writes nothing more)",
+                disk.display()
+            );
         }
+        (io, devices)
+    } else {
+        HostIo::open(backends, tx.clone(), Fence::alone())?
     };
     if devices != m.devices() {
         return Err(VmmError::DevicesChanged);

@@ -434,7 +434,8 @@ impl Primary for Checkpointer {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
-        let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || {
+        let fence = self.watch.fence();
+        let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, &fence, || {
             let mut out = self.gate.release_all();
             out.append(&mut self.this_interval);
             out

@@ -276,7 +276,10 @@ impl Primary for Lockstep {
     }
 
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
-        let outputs = backup_lost(&self.arbiter, &self.me, failure, &self.events, || self.gate.release_all())?;
+        let outputs =
+            backup_lost(&self.arbiter, &self.me, failure, &self.events, &self.recorder.sink().fence(), || {
+                self.gate.release_all()
+            })?;
         Ok(Alone { outputs, inputs: Vec::new() })
     }
 

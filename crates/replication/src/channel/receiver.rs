@@ -451,7 +451,8 @@ impl Receipt {
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
         if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
-            self.send(&wire::ack(now.0, now.1)).map_err(|e| Failure::Closed(e.to_string()))?;
+            let heard = shared.heartbeat.lock().unwrap().as_ref().map_or(0, |h| h.log().heard_seq());
+            self.send(&wire::ack(now.0, now.1, heard)).map_err(|e| Failure::Closed(e.to_string()))?;
             self.acked = now;
             self.last_ack = Instant::now();
         }

@@ -8,10 +8,12 @@ use super::pipe::Pipe;
 use super::secure::{self, Opener, Sealer, Session};
 use super::wire::{self, Message};
 use super::{spawn, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
-use crate::heartbeat::Heartbeat;
+use crate::fence::{self, Fence};
+use crate::heartbeat::{Heartbeat, HeartbeatLog};
 use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
 use crate::Timing;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,6 +69,14 @@ struct PrimaryShared {
     stop: AtomicBool,
     /// The backup's requests, in the order they came.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// The right to release outputs, renewed by each acknowledgement.
+    fence: Fence,
+    timing: Timing,
+    /// Our heartbeats' send times, if the backup watches them too.
+    heartbeat: Option<HeartbeatLog>,
+    /// (bytes sent once the write was done, CLOCK_BOOTTIME ns as it
+    /// began), oldest first: when a byte the backup acknowledges was sent.
+    write_times: Mutex<VecDeque<(u64, u64)>>,
     /// The backup's messages, read by the reader thread or by a caller
     /// waiting for an acknowledgement, whoever gets there first.
     acks: Mutex<AckStream>,
@@ -99,10 +109,34 @@ impl PrimaryShared {
             let SealedOut { stream, sealer, frames } = &mut *out;
             frames.clear();
             sealer.seal(&chunk, frames);
+            let began = fence::now_ns();
             stream.write_all(frames)?;
-            self.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            let sent = self.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+            self.write_times.lock().unwrap().push_back((sent, began));
         }
         Ok(chunk.len())
+    }
+
+    /// When the backup last heard from us, as an acknowledgement of
+    /// `received` bytes, naming our heartbeat `heartbeat`, proves: the
+    /// start of the write that held the last byte received, or the
+    /// heartbeat's sending if earlier (the backup declares us failed when
+    /// either falls silent). None if it proves nothing (no byte yet, or a
+    /// watched heartbeat it has not heard).
+    fn heard_at(&self, received: u64, heartbeat: u64) -> Option<u64> {
+        let channel = {
+            let mut times = self.write_times.lock().unwrap();
+            // Acknowledgements only grow: writes wholly before this one
+            // are not asked about again.
+            while times.len() > 1 && times[0].0 < received {
+                times.pop_front();
+            }
+            times.front().filter(|&&(end, _)| received > 0 && end >= received).map(|&(_, t)| t)?
+        };
+        match &self.heartbeat {
+            None => Some(channel),
+            Some(log) => log.sent_at(heartbeat).map(|beat| beat.min(channel)),
+        }
     }
 
     fn signal_ack_waiters(&self) {
@@ -146,7 +180,10 @@ impl AckStream {
         let mut at = 0;
         while let Some((msg, len)) = wire::parse(&self.partial[at..])? {
             match msg {
-                Message::Ack { received, icount } => {
+                Message::Ack { received, icount, heartbeat } => {
+                    if let Some(heard) = shared.heard_at(received, heartbeat) {
+                        shared.fence.renew(heard, shared.timing.timeout);
+                    }
                     let now = shared.clock.now_us();
                     shared.last_ack_us.store(now, Ordering::Relaxed);
                     shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
@@ -197,13 +234,15 @@ pub const SEND_DELAY: Duration = Duration::from_millis(1);
 pub(super) const SEND_BATCH: u64 = 64 << 10;
 
 impl LogSender {
-    /// The primary's end over a connected stream and its session.
+    /// The primary's end over a connected stream and its session; each
+    /// acknowledgement renews `fence`'s lease.
     pub fn over(
         stream: TcpStream,
         session: Session,
         buffer: usize,
         timing: Timing,
         heartbeat: Option<Heartbeat>,
+        fence: Fence,
         events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
     ) -> Result<LogSender, ChannelError> {
         let peer = stream.peer_addr().map_err(ChannelError::Socket)?;
@@ -223,6 +262,10 @@ impl LogSender {
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            fence,
+            timing,
+            heartbeat: heartbeat.as_ref().map(Heartbeat::log),
+            write_times: Mutex::new(VecDeque::new()),
             acks_turn: WaiterTurn::default(),
             acks: Mutex::new(AckStream {
                 input: stream.try_clone().map_err(ChannelError::Socket)?,
@@ -347,6 +390,12 @@ impl LogSender {
     }
 
     /// Why the backup was declared failed, once it has been.
+    /// The right to release outputs that this channel's acknowledgements
+    /// renew.
+    pub fn fence(&self) -> Fence {
+        self.watch.shared.fence.clone()
+    }
+
     pub fn failure(&self) -> Option<Failure> {
         self.watch.failure()
     }
@@ -423,6 +472,12 @@ pub struct SenderWatch {
 }
 
 impl SenderWatch {
+    /// The right to release outputs that the channel's acknowledgements
+    /// renew.
+    pub fn fence(&self) -> Fence {
+        self.shared.fence.clone()
+    }
+
     pub fn peer(&self) -> SocketAddr {
         self.peer
     }

@@ -2,6 +2,7 @@
 
 use super::sender::SEND_BATCH;
 use super::*;
+use crate::fence::Fence;
 use crate::pair_key::PairKey;
 use crate::Timing;
 use std::io::{Read, Write};
@@ -27,7 +28,7 @@ fn primary_to(addr: SocketAddr, timing: Timing) -> (LogSender, mpsc::Receiver<Pr
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
     let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
-    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, None, move |e| {
+    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, None, Fence::leased(), move |e| {
         let _ = tx.lock().unwrap().send(e);
     })
     .unwrap();
@@ -164,7 +165,7 @@ fn full_buffers_stall_the_primary() {
     // buffer fills behind the socket buffers, and writes block.
     let (addr, acc) = backup_on_loopback(64 << 10);
     let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
-    let mut s = LogSender::over(stream, session, 64 << 10, Timing::DEFAULT, None, |_| {}).unwrap();
+    let mut s = LogSender::over(stream, session, 64 << 10, Timing::DEFAULT, None, Fence::leased(), |_| {}).unwrap();
     let r = acc.join().unwrap();
     r.start(Timing::DEFAULT, |_| {}).unwrap();
     let written = Arc::new(AtomicU64::new(0));
@@ -352,4 +353,31 @@ fn tampered_log_is_a_failure_not_data() {
     let f = rx.recv_timeout(Duration::from_secs(5)).expect("a failure");
     assert_eq!(f, Failure::Unauthentic);
     assert_eq!(r.received(), 0, "nothing tampered with reached the log");
+}
+
+/// The primary's lease follows the backup's acknowledgements: none
+/// before the first, renewed by each, and run out a timeout (less the
+/// allowances) after the last, whatever the primary does meanwhile.
+#[test]
+fn acknowledgements_renew_the_primarys_lease_and_it_runs_out_without_them() {
+    let timing = Timing { timeout: Duration::from_millis(400), interval: Duration::from_millis(20) };
+    let (mut s, _prx, r, _brx) = pair(1 << 20, timing);
+    let fence = s.fence();
+    assert!(!fence.allows(), "a lease before any acknowledgement");
+    s.write_all(b"some log").unwrap();
+    assert!(s.wait_acked(8, Duration::from_secs(5)));
+    // The acknowledgement renews the lease on the reader thread.
+    let t0 = Instant::now();
+    while !fence.allows() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the acknowledgement did not renew the lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The backup stops acknowledging log (as one that stopped would).
+    r.hold_acks();
+    let held = Instant::now();
+    while fence.allows() {
+        assert!(held.elapsed() < Duration::from_secs(5), "the lease never ran out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(held.elapsed() <= timing.timeout, "ran {:?}, longer than the timeout", held.elapsed());
 }

@@ -29,6 +29,7 @@ use ftvm_replay::recorder::Recorder;
 use ftvm_replay::Header;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
+use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::pair_key::PairKey;
 use ftvm_replication::Timing;
@@ -217,6 +218,7 @@ pub fn start_primary(
     header: &mut Header,
     host_events: Sender<HostEvent>,
     events: &Events,
+    fence: Fence,
 ) -> Result<Box<dyn Primary>, VmmError> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
@@ -273,7 +275,7 @@ pub fn start_primary(
         &key,
     )?;
     let host_events = Mutex::new(host_events);
-    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(heartbeat), move |e| {
+    let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(heartbeat), fence, move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
     let name = format!("the backup at {}", sender.peer());

@@ -1,0 +1,86 @@
+"""Fencing (issue 27): a primary that stalled and comes back says
+nothing once its backup is live, and the backup that won the arbiter
+goes live however long the old primary stays stopped.
+
+The primary's ftvm is stopped with SIGSTOP (a frozen host: no FIN, no
+heartbeat, no system call) while a client writes keys; the frames the
+guest sends are watched on the old primary's TAP."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import ftsite
+from ftsite import BOOT_TIMEOUT, REDIS_FT, Site, event
+from ftsite.trial import KeyWriter, check_keys
+
+TIMEOUT_MS = ftsite.TIMEOUT_MS
+MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
+
+
+def stall(ftvm, scratch, tag, mode, stopped_for):
+    """A protected redis written to without pause; the primary stopped for
+    `stopped_for` s, then let go on. Returns (the old primary's frames
+    after the backup went live, the writer, the new primary's
+    connection, the backup's going-live event, the old primary's exit)."""
+    site = Site(tag)
+    shared = scratch / "shared"
+    shared.mkdir()
+    primary_extra, backup_extra = ftsite.disk_options(ftvm, scratch, MODES[mode])
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=backup_extra)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra)
+    conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
+    event(primary, "protected", timeout=10, watch=[backup])
+    cap = site.capture("primary", "t0")
+    writer = KeyWriter(conn)
+    writer.start()
+    time.sleep(2)
+    assert writer.error is None and writer.acked > 0, writer.error
+    os.kill(primary.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        live = event(backup, "going-live", timeout=30, watch=[backup])
+        time.sleep(max(0.0, stopped + stopped_for - time.monotonic()))
+    finally:
+        os.kill(primary.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    old_exit = primary.wait(60)
+    # Writes go on, on the new primary.
+    time.sleep(2)
+    writer.stop()
+    frames = cap.finish()
+    offset = time.time() - time.monotonic()
+    late = [f for f in frames if not f.from_host and f.at > live.t + offset]
+    print(f"{mode}: stopped {resumed - stopped:.1f} s; the backup went live {live.t - stopped:.2f} s after the stop; "
+          f"{writer.acked} keys acknowledged; {len(frames)} frames on the old TAP, {len(late)} from the guest "
+          f"after the backup went live")
+    return late, writer, conn, live, old_exit, backup
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_frozen_primary_says_nothing_after_its_backup_went_live(ftvm, scratch, mode):
+    late, writer, conn, live, old_exit, backup = stall(ftvm, scratch, f"f{mode[0]}", mode, 1.5)
+    assert not late, f"the old primary sent {len(late)} frames after the backup went live, first at {late[0].at}"
+    assert old_exit != 0, "the old primary should halt once it learns it lost"
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    assert backup.alive(), backup.output()
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
+
+
+def test_a_long_stall_leaves_the_vm_serving(ftvm, scratch):
+    """15 s stopped: the backup wins the arbiter in a fraction of a second
+    and serves while the old primary, still holding the disk's lock, is
+    stopped; it halts when it comes back."""
+    late, writer, conn, live, old_exit, backup = stall(ftvm, scratch, "fl", "lockstep", 15)
+    assert not late
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    # The client was served during the stall, not after it.
+    served = writer.first_ack_sent_after(live.t)
+    assert served is not None and served < live.t + 5, "no write acknowledged soon after the backup went live"
+    assert any("taken over" in line for _, line in backup.messages), backup.output()
+    assert old_exit != 0
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
