@@ -1,0 +1,113 @@
+//! Telling code from data without running it: whether the bytes at a
+//! program's start are RV64GC instructions. The loader uses this to
+//! refuse a file that is not a program before the guest starts; it checks
+//! opcodes and function fields (compressed instructions in full, through
+//! the same expansion the hart uses), not every operand.
+
+use crate::compressed;
+
+/// The instruction at the start of a byte slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peek {
+    /// An instruction of `len` bytes (2 or 4). `ends_flow`: control never
+    /// falls through to the next bytes (a jump that links nothing, `mret`,
+    /// `sret`), so what follows may be data.
+    Instruction { len: usize, ends_flow: bool },
+    /// These bits (16 for a compressed parcel, else 32) are no RV64GC
+    /// instruction.
+    Invalid(u32),
+    /// The slice ends inside the instruction (or is empty).
+    Cut,
+}
+
+/// Looks at the instruction at the start of `bytes`.
+pub fn peek_instruction(bytes: &[u8]) -> Peek {
+    let Some(lo) = bytes.get(..2) else { return Peek::Cut };
+    let half = u16::from_le_bytes([lo[0], lo[1]]) as u32;
+    if half & 3 != 3 {
+        return match compressed::expand(half) {
+            Some(inst) => Peek::Instruction { len: 2, ends_flow: ends_flow(inst) },
+            None => Peek::Invalid(half),
+        };
+    }
+    let Some(word) = bytes.get(..4) else { return Peek::Cut };
+    let inst = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+    if valid32(inst) {
+        Peek::Instruction { len: 4, ends_flow: ends_flow(inst) }
+    } else {
+        Peek::Invalid(inst)
+    }
+}
+
+fn ends_flow(inst: u32) -> bool {
+    let rd = (inst >> 7) & 31;
+    match inst & 0x7f {
+        0x6f | 0x67 => rd == 0,
+        // mret, sret
+        0x73 => inst == 0x3020_0073 || inst == 0x1020_0073,
+        _ => false,
+    }
+}
+
+/// The major opcodes of RV64IMAFD with Zicsr and Zifencei, and their
+/// function fields.
+fn valid32(i: u32) -> bool {
+    let f3 = (i >> 12) & 7;
+    let f7 = i >> 25;
+    let fmt = f7 & 3;
+    match i & 0x7f {
+        0x03 => f3 != 7,                    // loads
+        0x07 | 0x27 => matches!(f3, 2 | 3), // flw, fld, fsw, fsd
+        0x0f => f3 <= 1,                    // fence, fence.i
+        0x13 => match f3 {
+            1 => f7 >> 1 == 0,                // slli (6-bit shamt)
+            5 => matches!(f7 >> 1, 0 | 0x10), // srli, srai
+            _ => true,
+        },
+        0x1b => match f3 {
+            0 => true,                   // addiw
+            1 => f7 == 0,                // slliw
+            5 => matches!(f7, 0 | 0x20), // srliw, sraiw
+            _ => false,
+        },
+        0x23 => f3 <= 3, // stores
+        0x2f => matches!(f3, 2 | 3) && matches!(i >> 27, 0 | 1 | 2 | 3 | 4 | 8 | 12 | 16 | 20 | 24 | 28),
+        0x33 => match f7 {
+            0 | 1 => true,               // base, M
+            0x20 => matches!(f3, 0 | 5), // sub, sra
+            _ => false,
+        },
+        0x3b => match f7 {
+            0 => matches!(f3, 0 | 1 | 5),
+            0x20 => matches!(f3, 0 | 5),
+            1 => matches!(f3, 0 | 4 | 5 | 6 | 7),
+            _ => false,
+        },
+        0x43 | 0x47 | 0x4b | 0x4f | 0x53 => fmt <= 1, // F and D only
+        0x17 | 0x37 | 0x6f => true,                   // auipc, lui, jal
+        0x63 => !matches!(f3, 2 | 3),                 // branches
+        0x67 => f3 == 0,                              // jalr
+        0x73 => f3 != 4,                              // system, CSRs
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_and_data() {
+        // wfi
+        assert_eq!(peek_instruction(&[0x73, 0x00, 0x50, 0x10]), Peek::Instruction { len: 4, ends_flow: false });
+        // c.jr ra (ret)
+        assert_eq!(peek_instruction(&[0x82, 0x80]), Peek::Instruction { len: 2, ends_flow: true });
+        // "MZ", the first parcel of an EFI-stub Linux Image: c.li s4, -13
+        assert_eq!(peek_instruction(b"MZ"), Peek::Instruction { len: 2, ends_flow: false });
+        assert_eq!(peek_instruction(&[0, 0, 0, 0]), Peek::Invalid(0));
+        assert_eq!(peek_instruction(&[0xff; 4]), Peek::Invalid(0xffff_ffff));
+        assert_eq!(peek_instruction(&[0x13]), Peek::Cut);
+        assert_eq!(peek_instruction(&[0x13, 0x05]), Peek::Cut);
+        assert_eq!(peek_instruction(&[]), Peek::Cut);
+    }
+}
