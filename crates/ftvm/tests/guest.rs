@@ -124,6 +124,81 @@ fn commands_run_and_files_persist_across_boots() {
     );
 }
 
+/// ftvm's run ended with an error: exit status `code` and one line on
+/// stderr, `ftvm: ` then `prefix` (and whatever follows it).
+fn assert_failure(o: &Outcome, what: &str, code: i32, prefix: &str) {
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with(&format!("ftvm: {prefix}")),
+        "{what}: expected one line `ftvm: {prefix}...` on stderr, got {:?} (exit status {}, stdout {:?})",
+        o.stderr,
+        o.status,
+        o.stdout
+    );
+    assert_eq!(o.status.code(), Some(code), "{what}: wrong exit status (stderr {:?})", o.stderr);
+}
+
+/// A kernel panic in the guest ends `--exec` with the panic line (it used
+/// to leave ftvm running for ever, silently).
+#[test]
+fn a_kernel_panic_ends_exec_with_its_line() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "panic");
+    let o = exec("echo c > /proc/sysrq-trigger; echo still here", &disk, &[]);
+    assert_failure(
+        &o,
+        "sysrq crash",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: sysrq triggered crash",
+    );
+    assert!(!o.stdout.contains("still here"), "the command went on after the panic: {:?}", o.stdout);
+}
+
+/// A garbage or truncated initrd: the kernel cannot unpack it, finds no
+/// root it can mount (the disk's drivers are modules in the initrd) and
+/// panics; ftvm ends with its line. (Cut late enough that the initrd's
+/// own init runs, the guest reports the missing root disk itself and
+/// powers off with status 255 instead.)
+#[test]
+fn a_bad_initrd_ends_with_the_kernels_panic() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "initrd");
+    let dir = std::env::temp_dir();
+    let garbage = dir.join(format!("ftvm-guest-test-{}-garbage.initrd", std::process::id()));
+    let cut = dir.join(format!("ftvm-guest-test-{}-cut.initrd", std::process::id()));
+    let whole = std::fs::read(&img.initrd).expect("reading the image's initrd");
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let noise: Vec<u8> = (0..2 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&garbage, noise).unwrap();
+    std::fs::write(&cut, &whole[..64 << 10]).unwrap();
+    let run = |initrd: &Path| {
+        let o = exec("true", &disk, &["--initrd", initrd.to_str().unwrap()]);
+        let _ = std::fs::remove_file(initrd);
+        o
+    };
+    let o = run(&garbage);
+    assert_failure(
+        &o,
+        "garbage initrd",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: VFS: Unable to mount root fs",
+    );
+    let o = run(&cut);
+    assert_failure(
+        &o,
+        "truncated initrd",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: VFS: Unable to mount root fs",
+    );
+}
+
 /// With `--cpus 2` the guest boots, sees both harts and runs the command.
 #[test]
 fn two_harts_boot_and_run_a_command() {

@@ -94,6 +94,10 @@ pub enum VmmError {
     EventsClosed,
     #[error("the guest asked to reboot; reboot is not supported yet")]
     Reboot,
+    /// The guest's kernel printed a panic line on its console (the line,
+    /// without its timestamp): it will run nothing more.
+    #[error("the guest kernel panicked: {0}")]
+    GuestPanicked(String),
     /// Nothing could ever wake the guest: running on would hang.
     #[error("the guest is idle with no timer armed and no input left")]
     StuckIdle,

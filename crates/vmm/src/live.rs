@@ -22,6 +22,7 @@ use crate::control::ControlRequest;
 use crate::error::VmmError;
 use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
+use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
 use ftvm_protection::primary::{Alone, Primary};
@@ -38,6 +39,9 @@ const CHUNK: u64 = 200_000;
 const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
+/// After its panic line, how long the guest's kernel may go on printing
+/// (its stack trace, up to the end line) before the run ends.
+const PANIC_GRACE: Duration = Duration::from_secs(2);
 
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
@@ -126,6 +130,11 @@ struct Live {
     /// Inputs applied so far; an idle machine that just got one must run
     /// before anyone sleeps on its old timer deadline.
     injected: u64,
+    /// What the console shows that the host acts on.
+    watch: ConsoleWatch,
+    /// The guest kernel's panic line, when it was seen, and whether the
+    /// kernel has finished reporting it.
+    panicked: Option<(String, Instant, bool)>,
 }
 
 pub fn run(
@@ -150,6 +159,8 @@ pub fn run(
         halted: false,
         powered_off: false,
         injected: 0,
+        watch: ConsoleWatch::new(),
+        panicked: None,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -176,6 +187,7 @@ pub fn run(
 impl Live {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, VmmError> {
         loop {
+            self.check_limits()?;
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
             }
@@ -234,6 +246,22 @@ impl Live {
         }
     }
 
+    /// Ends the run once a guest whose kernel panicked has had its time
+    /// to report it.
+    fn check_limits(&self) -> Result<(), VmmError> {
+        if let Some((line, at, ended)) = &self.panicked {
+            if *ended || at.elapsed() >= PANIC_GRACE {
+                return Err(VmmError::GuestPanicked(line.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next moment `check_limits` may end the run.
+    fn next_limit(&self) -> Option<Instant> {
+        self.panicked.as_ref().map(|(_, at, _)| *at + PANIC_GRACE)
+    }
+
     fn run_target(&self) -> u64 {
         let look_at = self.m.icount() + CHUNK;
         match &self.primary {
@@ -268,6 +296,15 @@ impl Live {
             (None, Some(k)) => Some(k),
             (w, _) => w,
         };
+        if capped.is_none() && nothing_can_come {
+            return Err(VmmError::StuckIdle);
+        }
+        // Wake in time to end a run that is over its limit.
+        let capped = match (capped, self.next_limit().map(|t| t.saturating_duration_since(Instant::now()))) {
+            (Some(d), Some(l)) if l < d => Some(l),
+            (None, Some(l)) => Some(l),
+            (c, _) => c,
+        };
         let early = capped != wait;
         // Nothing more comes to batch the log with while the guest sleeps.
         if let Some(p) = &mut self.primary {
@@ -279,7 +316,6 @@ impl Live {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Err(VmmError::EventsClosed),
             },
-            None if nothing_can_come => return Err(VmmError::StuckIdle),
             None => Some(events.recv().map_err(|_| VmmError::EventsClosed)?),
         };
         if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks() < t) {
@@ -466,6 +502,13 @@ impl Live {
         let out = self.m.take_console_output();
         if out.is_empty() {
             return;
+        }
+        let seen = self.watch.feed(&out);
+        if let (Some(line), None) = (seen.panic, &self.panicked) {
+            self.panicked = Some((line, Instant::now(), false));
+        }
+        if let (true, Some((_, _, ended))) = (seen.panic_ended, &mut self.panicked) {
+            *ended = true;
         }
         let shown = match &mut self.filter {
             Some(f) => f.feed(&out),
