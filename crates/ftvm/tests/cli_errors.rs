@@ -367,6 +367,15 @@ fn exec_command_too_long_for_the_kernel_command_line() {
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--exec", &cmd], 1, &["command line", "1023", "--exec"]);
 }
 
+/// The time limits of `--exec` need `--exec`, and a limit of 0 s would
+/// stop every command.
+#[test]
+fn exec_time_limits_need_exec() {
+    assert_error(&["run", "--exec-timeout", "5"], 2, &["--exec"]);
+    assert_error(&["run", "--boot-timeout", "5"], 2, &["--exec"]);
+    assert_error(&["run", "--exec", "true", "--exec-timeout", "0"], 2, &["--exec-timeout", "'0'"]);
+}
+
 /// A writable disk another VM holds (here: this test, with the same
 /// `flock` ftvm takes) is refused rather than shared.
 #[test]

@@ -199,6 +199,24 @@ fn a_bad_initrd_ends_with_the_kernels_panic() {
     );
 }
 
+/// `--exec-timeout`: a command that outlives it is stopped with one line
+/// and exit status 124 (what it printed before stays on stdout);
+/// `--boot-timeout`: a guest that has not started the command in time
+/// (here: 1 s, less than any boot takes) is stopped the same way.
+#[test]
+fn commands_and_boots_over_their_time_limits_are_stopped() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "timeout");
+    let started = Instant::now();
+    let o = exec("echo started; sleep 600; echo not stopped", &disk, &["--exec-timeout", "5"]);
+    assert_failure(&o, "--exec-timeout 5", 124, "the command did not finish within 5 s (--exec-timeout)");
+    assert_eq!(o.stdout, "started\n", "--exec-timeout 5: output");
+    assert!(started.elapsed() < Duration::from_secs(300), "the 600 s command was not stopped early");
+    let o = exec("echo started", &disk, &["--boot-timeout", "1"]);
+    assert_failure(&o, "--boot-timeout 1", 124, "the guest did not start the command within 1 s of booting");
+    assert_eq!(o.stdout, "", "--boot-timeout 1: output");
+}
+
 /// With `--cpus 2` the guest boots, sees both harts and runs the command.
 #[test]
 fn two_harts_boot_and_run_a_command() {

@@ -98,6 +98,13 @@ pub enum VmmError {
     /// without its timestamp): it will run nothing more.
     #[error("the guest kernel panicked: {0}")]
     GuestPanicked(String),
+    /// `--exec`: the command had not started this many seconds after the
+    /// guest began to boot.
+    #[error("the guest did not start the command within {0} s of booting (--boot-timeout); it was stopped")]
+    BootTimeout(u64),
+    /// `--exec`: the command ran longer than `--exec-timeout` seconds.
+    #[error("the command did not finish within {0} s (--exec-timeout); the guest was stopped")]
+    ExecTimeout(u64),
     /// Nothing could ever wake the guest: running on would hang.
     #[error("the guest is idle with no timer armed and no input left")]
     StuckIdle,
@@ -109,6 +116,17 @@ pub enum VmmError {
     Backends(#[source] DeviceLineError),
     #[error("the recorded disks or NICs are not what the machine had (a disk changed size?)")]
     DevicesChanged,
+}
+
+impl VmmError {
+    /// The exit status a command-line front end gives this error: 124 (as
+    /// `timeout(1)`) when `--exec` ran out of time, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
+            _ => 1,
+        }
+    }
 }
 
 /// Why a backup did not start following its primary.

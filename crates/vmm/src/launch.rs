@@ -72,6 +72,14 @@ pub struct RunArgs {
     /// With --exec, also show the boot messages before the command starts.
     #[arg(long)]
     pub verbose: bool,
+    /// With --exec: stop the guest and fail (exit status 124) if the command
+    /// has not finished SECONDS (wall time) after it started. Default: no limit.
+    #[arg(long, value_name = "SECONDS", requires = "exec", value_parser = clap::value_parser!(u64).range(1..))]
+    pub exec_timeout: Option<u64>,
+    /// With --exec: stop the guest and fail (exit status 124) if the command
+    /// has not started SECONDS (wall time) after the guest began to boot.
+    #[arg(long, value_name = "SECONDS", requires = "exec", default_value_t = DEFAULT_BOOT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..))]
+    pub boot_timeout: u64,
     /// Let guest time run as fast as the host can go instead of following
     /// the wall clock (idle periods are skipped at once).
     #[arg(long)]
@@ -81,6 +89,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub dirty_tracking: bool,
 }
+
+/// `--boot-timeout`'s default: the default guest starts a command in well
+/// under a minute on a busy 2-core host; ten times that is a hang.
+pub const DEFAULT_BOOT_TIMEOUT_S: u64 = 600;
 
 /// Guest memory limits (those `Machine::new` enforces), checked here first
 /// so the message can quote the option as the user wrote it.
@@ -357,6 +369,10 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         console_input,
         paused: args.paused,
         ft_alone: false,
+        limits: args.exec.is_some().then(|| live::ExecLimits {
+            boot: Duration::from_secs(args.boot_timeout),
+            command: args.exec_timeout.map(Duration::from_secs),
+        }),
     };
     live::run(machine, io, events, options, primary)
 }

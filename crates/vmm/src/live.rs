@@ -55,6 +55,18 @@ pub struct Options {
     pub paused: bool,
     /// A fault-tolerant VM running without a backup (status says so).
     pub ft_alone: bool,
+    /// With `--exec`: how long the boot and the command may take.
+    pub limits: Option<ExecLimits>,
+}
+
+/// Wall-time limits of `--exec` (time paused through the control socket
+/// does not count).
+#[derive(Debug, Clone, Copy)]
+pub struct ExecLimits {
+    /// From the start of the boot to the command's start (its marker).
+    pub boot: Duration,
+    /// From the command's start to the end of the run.
+    pub command: Option<Duration>,
 }
 
 struct Pacer {
@@ -135,6 +147,11 @@ struct Live {
     /// The guest kernel's panic line, when it was seen, and whether the
     /// kernel has finished reporting it.
     panicked: Option<(String, Instant, bool)>,
+    /// `--exec`: when the boot, then the command, runs out of time.
+    boot_deadline: Option<Instant>,
+    command_deadline: Option<Instant>,
+    /// When the VM was paused (the deadlines move on by the pause).
+    paused_at: Option<Instant>,
 }
 
 pub fn run(
@@ -145,6 +162,8 @@ pub fn run(
     primary: Option<Box<dyn Primary>>,
 ) -> Result<u32, VmmError> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
+    let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
+    let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
         pacer: Pacer::new(&m),
         m,
@@ -161,6 +180,9 @@ pub fn run(
         injected: 0,
         watch: ConsoleWatch::new(),
         panicked: None,
+        boot_deadline,
+        command_deadline: None,
+        paused_at,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -247,11 +269,25 @@ impl Live {
     }
 
     /// Ends the run once a guest whose kernel panicked has had its time
-    /// to report it.
+    /// to report it, and an `--exec` run that is out of time.
     fn check_limits(&self) -> Result<(), VmmError> {
         if let Some((line, at, ended)) = &self.panicked {
             if *ended || at.elapsed() >= PANIC_GRACE {
                 return Err(VmmError::GuestPanicked(line.clone()));
+            }
+        }
+        if self.paused {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if let (Some(t), Some(l)) = (self.boot_deadline, self.opts.limits) {
+            if now >= t {
+                return Err(VmmError::BootTimeout(l.boot.as_secs()));
+            }
+        }
+        if let (Some(t), Some(ExecLimits { command: Some(c), .. })) = (self.command_deadline, self.opts.limits) {
+            if now >= t {
+                return Err(VmmError::ExecTimeout(c.as_secs()));
             }
         }
         Ok(())
@@ -259,7 +295,10 @@ impl Live {
 
     /// The next moment `check_limits` may end the run.
     fn next_limit(&self) -> Option<Instant> {
-        self.panicked.as_ref().map(|(_, at, _)| *at + PANIC_GRACE)
+        let grace = self.panicked.as_ref().map(|(_, at, _)| *at + PANIC_GRACE);
+        let timeouts =
+            if self.paused { None } else { self.boot_deadline.into_iter().chain(self.command_deadline).min() };
+        grace.into_iter().chain(timeouts).min()
     }
 
     fn run_target(&self) -> u64 {
@@ -427,12 +466,22 @@ impl Live {
                 (Err(ControlError::ProtectedCannotPause), Next::Continue)
             }
             Request::Pause => {
+                if !self.paused {
+                    self.paused_at = Some(Instant::now());
+                }
                 self.paused = true;
                 (Ok(Reply::Paused), Next::Continue)
             }
             Request::Resume => {
                 if self.paused {
                     self.paused = false;
+                    // A pause does not count against --exec's limits.
+                    if let Some(at) = self.paused_at.take() {
+                        let paused = at.elapsed();
+                        for t in [&mut self.boot_deadline, &mut self.command_deadline].into_iter().flatten() {
+                            *t = t.checked_add(paused).unwrap_or(*t);
+                        }
+                    }
                     // The pause is not guest time: pacing starts afresh.
                     self.pacer = Pacer::new(&self.m);
                     while let Some((slot, completion)) = self.held.pop_front() {
@@ -509,6 +558,10 @@ impl Live {
         }
         if let (true, Some((_, _, ended))) = (seen.panic_ended, &mut self.panicked) {
             *ended = true;
+        }
+        if seen.command_began && self.boot_deadline.take().is_some() {
+            self.command_deadline =
+                self.opts.limits.and_then(|l| l.command).and_then(|c| Instant::now().checked_add(c));
         }
         let shown = match &mut self.filter {
             Some(f) => f.feed(&out),

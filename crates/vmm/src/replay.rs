@@ -173,6 +173,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         console_input: setup.console_input,
         paused: false,
         ft_alone: setup.announce,
+        limits: None,
     };
     live::run(m, io, events, opts, None)
 }
