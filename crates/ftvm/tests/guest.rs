@@ -217,6 +217,41 @@ fn commands_and_boots_over_their_time_limits_are_stopped() {
     assert_eq!(o.stdout, "", "--boot-timeout 1: output");
 }
 
+/// A guest that asks to reboot (`reboot -f`) boots again from the firmware
+/// with the same kernel, initrd, command line and disk: the first boot
+/// marks its disk and reboots; the second sees the mark, removes it and
+/// powers off. (It used to end ftvm with "reboot is not supported yet".)
+/// A recorded VM cannot reboot yet: `ftvm record` ends with a line that
+/// says so.
+#[test]
+fn a_reboot_boots_the_same_guest_again() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "reboot");
+    let cmd = "if [ -e /root/ftvm-rebooted ]; then echo second boot; rm /root/ftvm-rebooted; \
+               else echo first boot; touch /root/ftvm-rebooted; sync; reboot -f; sleep 60; echo no reboot; fi";
+    let o = exec(cmd, &disk, &["--exec-timeout", "300"]);
+    assert_eq!(o.status.code(), Some(0), "reboot: exit status (stderr {:?}, stdout {:?})", o.stderr, o.stdout);
+    assert_eq!(o.stderr, "", "reboot: ftvm printed on stderr");
+    let first = o.stdout.find("first boot\n").unwrap_or_else(|| panic!("no first boot in {:?}", o.stdout));
+    let second = o.stdout.find("second boot\n").unwrap_or_else(|| panic!("no second boot in {:?}", o.stdout));
+    assert!(first < second && !o.stdout.contains("no reboot"), "reboot: output {:?}", o.stdout);
+
+    let log = std::env::temp_dir().join(format!("ftvm-guest-test-{}-reboot.log", std::process::id()));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ftvm"));
+    c.args(["record", "--log", log.to_str().unwrap(), "--exec", "reboot -f", "--mem", "512M", "--disk", &disk.arg()]);
+    let run = common::run_with_timeout(c, BOOT_TIMEOUT);
+    let _ = std::fs::remove_file(&log);
+    let status = run.status.expect("ftvm record --exec 'reboot -f' did not finish");
+    // The recording's summary line comes first.
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ftvm: the guest asked to reboot, but a recorded VM cannot reboot yet"),
+        "recorded reboot: stderr {:?}",
+        run.stderr
+    );
+    assert_eq!(status.code(), Some(1), "recorded reboot: exit status");
+}
+
 /// With `--cpus 2` the guest boots, sees both harts and runs the command.
 #[test]
 fn two_harts_boot_and_run_a_command() {

@@ -92,8 +92,8 @@ pub enum VmmError {
     NothingToTakeOver(String),
     #[error("the host event channel closed")]
     EventsClosed,
-    #[error("the guest asked to reboot; reboot is not supported yet")]
-    Reboot,
+    #[error("the guest asked to reboot, but {0}")]
+    Reboot(RebootRefused),
     /// The guest's kernel printed a panic line on its console (the line,
     /// without its timestamp): it will run nothing more.
     #[error("the guest kernel panicked: {0}")]
@@ -127,6 +127,19 @@ impl VmmError {
             _ => 1,
         }
     }
+}
+
+/// Why a guest's reboot request ends its run instead of booting it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RebootRefused {
+    #[error("a recorded VM cannot reboot yet (power it off and record a new run)")]
+    Recorded,
+    #[error("a fault-tolerant VM cannot reboot yet (power it off and start the pair again)")]
+    Protected,
+    #[error("a VM restored from a snapshot cannot reboot (the snapshot does not hold its firmware and kernel)")]
+    Restored,
+    #[error("a VM that went live after a replay or a failover cannot reboot yet")]
+    WentLive,
 }
 
 /// Why a backup did not start following its primary.

@@ -4,7 +4,7 @@
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
 //! `ftvm ft primary` share.
 
-use crate::error::{file, usage, SnapshotProblem, VmmError};
+use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
@@ -315,7 +315,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             args.disks.push(disk.display().to_string());
         }
     }
-    let (mut machine, mut io) = match &args.restore {
+    let (mut machine, mut io, on_reset) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
             let (io, devices) = HostIo::open(backends, events_tx.clone())?;
@@ -331,7 +331,12 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 let mut h = recorder::header(&m, cfg.ram_size, cfg.guest_ips, &io.describe(), start);
                 start_log(&mut h)?;
             }
-            (m, io)
+            let on_reset = match target {
+                Target::None => live::OnReset::Boot { config: Box::new(cfg), dirty_tracking: args.dirty_tracking },
+                Target::File(_) => live::OnReset::Refuse(RebootRefused::Recorded),
+                Target::Backup(_) => live::OnReset::Refuse(RebootRefused::Protected),
+            };
+            (m, io, on_reset)
         }
         Some(file) => {
             let (m, io) = restore(&args, file, &events_tx)?;
@@ -344,7 +349,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 let mut h = recorder::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, &io.describe(), start);
                 start_log(&mut h)?;
             }
-            (m, io)
+            (m, io, live::OnReset::Refuse(RebootRefused::Restored))
         }
     };
     // Replay checks digests of the pages written, so recording tracks them.
@@ -373,6 +378,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             boot: Duration::from_secs(args.boot_timeout),
             command: args.exec_timeout.map(Duration::from_secs),
         }),
+        on_reset,
     };
     live::run(machine, io, events, options, primary)
 }

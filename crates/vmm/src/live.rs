@@ -19,12 +19,12 @@
 use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
-use crate::error::VmmError;
+use crate::error::{RebootRefused, VmmError};
 use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
+use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit};
 use ftvm_protection::primary::{Alone, Primary};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
@@ -57,6 +57,23 @@ pub struct Options {
     pub ft_alone: bool,
     /// With `--exec`: how long the boot and the command may take.
     pub limits: Option<ExecLimits>,
+    /// What the guest's reboot request does.
+    pub on_reset: OnReset,
+}
+
+/// What a guest's reboot request (`RunExit::Reset`) does.
+pub enum OnReset {
+    /// Boot again: a new machine from the same configuration (firmware,
+    /// kernel, initrd, command line, devices), its devices served by the
+    /// same host backends (disks, TAPs; the control socket stays).
+    Boot { config: Box<MachineConfig>, dirty_tracking: bool },
+    /// End the run with this reason. A recorded or protected VM cannot
+    /// reboot yet: the replay log has no record for a reset, so a replayer
+    /// (or a backup) could not follow the run past it; a new machine
+    /// mid-log would need the header's start (firmware, kernel, initrd)
+    /// logged again, and checkpoint mode a checkpoint of the new machine.
+    /// A VM restored from a snapshot has no firmware or kernel to boot.
+    Refuse(RebootRefused),
 }
 
 /// Wall-time limits of `--exec` (time paused through the control socket
@@ -255,7 +272,11 @@ impl Live {
                     self.powered_off = true;
                     return Ok(code);
                 }
-                Some(RunExit::Reset) => return Err(VmmError::Reboot),
+                Some(RunExit::Reset) => {
+                    if let Next::Exit(code) = self.reset(events)? {
+                        return Ok(code);
+                    }
+                }
                 // Input arrived since the machine went idle: it may wake it,
                 // so run again rather than sleep on the old deadline.
                 Some(RunExit::Idle { .. }) if self.injected != injected_before => {}
@@ -299,6 +320,46 @@ impl Live {
         let timeouts =
             if self.paused { None } else { self.boot_deadline.into_iter().chain(self.command_deadline).min() };
         grace.into_iter().chain(timeouts).min()
+    }
+
+    /// The guest asked to reboot: in a plain run, boot a new machine from
+    /// the same configuration with the same host backends.
+    fn reset(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
+        let (config, dirty_tracking) = match &self.opts.on_reset {
+            OnReset::Refuse(why) => return Err(VmmError::Reboot(*why)),
+            // Whatever watches over the run logs or streams this machine.
+            _ if self.primary.is_some() => return Err(VmmError::Reboot(RebootRefused::Protected)),
+            OnReset::Boot { config, dirty_tracking } => (config, *dirty_tracking),
+        };
+        // The old machine's disk requests finish (a write it issued lands,
+        // as on a real disk across a reset); their completions, and any
+        // other the old devices waited for, are dropped. News for the
+        // host (console input, control requests, frames) is kept.
+        self.io.drain();
+        let mut kept = Vec::new();
+        while let Ok(ev) = events.try_recv() {
+            if !matches!(ev, HostEvent::Io(..)) {
+                kept.push(ev);
+            }
+        }
+        self.held.clear();
+        self.m = Machine::new(config)?;
+        self.m.set_dirty_tracking(dirty_tracking);
+        self.pacer = Pacer::new(&self.m);
+        // A new boot: its messages are hidden again until the command
+        // starts, and the boot has its time limit again (the command's
+        // limit runs on from its first start).
+        self.filter = self.opts.exec.then(|| OutputFilter::new(self.opts.show_boot));
+        self.watch = ConsoleWatch::new();
+        if self.command_deadline.is_none() {
+            self.boot_deadline = self.opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
+        }
+        for ev in kept {
+            if let Next::Exit(code) = self.handle(ev)? {
+                return Ok(Next::Exit(code));
+            }
+        }
+        Ok(Next::Continue)
     }
 
     fn run_target(&self) -> u64 {
@@ -559,7 +620,7 @@ impl Live {
         if let (true, Some((_, _, ended))) = (seen.panic_ended, &mut self.panicked) {
             *ended = true;
         }
-        if seen.command_began && self.boot_deadline.take().is_some() {
+        if seen.command_began && self.boot_deadline.take().is_some() && self.command_deadline.is_none() {
             self.command_deadline =
                 self.opts.limits.and_then(|l| l.command).and_then(|c| Instant::now().checked_add(c));
         }
