@@ -24,7 +24,7 @@ mod trap;
 
 use ftvm_memory::GuestRam;
 pub use hart::{Exit, Hart, HartState, PrivilegeMode};
-pub use peek::{peek_instruction, Peek};
+pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;
 
 /// Everything outside RAM, as seen from one hart. RAM is passed along so a

@@ -9,15 +9,26 @@ use crate::compressed;
 /// The instruction at the start of a byte slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peek {
-    /// An instruction of `len` bytes (2 or 4). `ends_flow`: control never
-    /// falls through to the next bytes (a jump that links nothing, `mret`,
-    /// `sret`), so what follows may be data.
-    Instruction { len: usize, ends_flow: bool },
+    /// An instruction of `len` bytes (2 or 4), and where control goes
+    /// after it.
+    Instruction { len: usize, flow: Flow },
     /// These bits (16 for a compressed parcel, else 32) are no RV64GC
     /// instruction.
     Invalid(u32),
     /// The slice ends inside the instruction (or is empty).
     Cut,
+}
+
+/// Where control goes after an instruction, as far as its bits say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// To the next instruction (perhaps also elsewhere: a branch, a call).
+    Next,
+    /// Only to this offset from the instruction (`j`, `jal x0`).
+    Jump(i64),
+    /// Somewhere its bits do not say (`jr`, `ret`, `mret`, `sret`): what
+    /// follows it may be data.
+    Unknown,
 }
 
 /// Looks at the instruction at the start of `bytes`.
@@ -26,26 +37,33 @@ pub fn peek_instruction(bytes: &[u8]) -> Peek {
     let half = u16::from_le_bytes([lo[0], lo[1]]) as u32;
     if half & 3 != 3 {
         return match compressed::expand(half) {
-            Some(inst) => Peek::Instruction { len: 2, ends_flow: ends_flow(inst) },
+            Some(inst) => Peek::Instruction { len: 2, flow: flow(inst) },
             None => Peek::Invalid(half),
         };
     }
     let Some(word) = bytes.get(..4) else { return Peek::Cut };
     let inst = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
     if valid32(inst) {
-        Peek::Instruction { len: 4, ends_flow: ends_flow(inst) }
+        Peek::Instruction { len: 4, flow: flow(inst) }
     } else {
         Peek::Invalid(inst)
     }
 }
 
-fn ends_flow(inst: u32) -> bool {
+fn flow(inst: u32) -> Flow {
     let rd = (inst >> 7) & 31;
     match inst & 0x7f {
-        0x6f | 0x67 => rd == 0,
+        0x6f if rd == 0 => {
+            let imm = ((inst >> 31) << 20)
+                | (((inst >> 12) & 0xff) << 12)
+                | (((inst >> 20) & 1) << 11)
+                | (((inst >> 21) & 0x3ff) << 1);
+            Flow::Jump(((imm << 11) as i32 >> 11) as i64)
+        }
+        0x67 if rd == 0 => Flow::Unknown,
         // mret, sret
-        0x73 => inst == 0x3020_0073 || inst == 0x1020_0073,
-        _ => false,
+        0x73 if inst == 0x3020_0073 || inst == 0x1020_0073 => Flow::Unknown,
+        _ => Flow::Next,
     }
 }
 
@@ -99,11 +117,16 @@ mod tests {
     #[test]
     fn code_and_data() {
         // wfi
-        assert_eq!(peek_instruction(&[0x73, 0x00, 0x50, 0x10]), Peek::Instruction { len: 4, ends_flow: false });
+        assert_eq!(peek_instruction(&[0x73, 0x00, 0x50, 0x10]), Peek::Instruction { len: 4, flow: Flow::Next });
         // c.jr ra (ret)
-        assert_eq!(peek_instruction(&[0x82, 0x80]), Peek::Instruction { len: 2, ends_flow: true });
+        assert_eq!(peek_instruction(&[0x82, 0x80]), Peek::Instruction { len: 2, flow: Flow::Unknown });
         // "MZ", the first parcel of an EFI-stub Linux Image: c.li s4, -13
-        assert_eq!(peek_instruction(b"MZ"), Peek::Instruction { len: 2, ends_flow: false });
+        assert_eq!(peek_instruction(b"MZ"), Peek::Instruction { len: 2, flow: Flow::Next });
+        // j . ; j -8 ; c.j +16 ; jal ra, 8 (a call goes on)
+        assert_eq!(peek_instruction(&[0x6f, 0, 0, 0]), Peek::Instruction { len: 4, flow: Flow::Jump(0) });
+        assert_eq!(peek_instruction(&0xff9f_f06fu32.to_le_bytes()), Peek::Instruction { len: 4, flow: Flow::Jump(-8) });
+        assert_eq!(peek_instruction(&0xa801u16.to_le_bytes()), Peek::Instruction { len: 2, flow: Flow::Jump(16) });
+        assert_eq!(peek_instruction(&0x0080_00efu32.to_le_bytes()), Peek::Instruction { len: 4, flow: Flow::Next });
         assert_eq!(peek_instruction(&[0, 0, 0, 0]), Peek::Invalid(0));
         assert_eq!(peek_instruction(&[0xff; 4]), Peek::Invalid(0xffff_ffff));
         assert_eq!(peek_instruction(&[0x13]), Peek::Cut);
