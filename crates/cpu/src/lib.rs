@@ -19,10 +19,12 @@ mod hart;
 #[allow(clippy::useless_conversion)]
 mod jit;
 mod mmu;
+mod peek;
 mod trap;
 
 use ftvm_memory::GuestRam;
 pub use hart::{Exit, Hart, HartState, PrivilegeMode};
+pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;
 
 /// Everything outside RAM, as seen from one hart. RAM is passed along so a

@@ -144,7 +144,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.min(255) as u8),
         Err(msg) => {
             eprintln!("ftvm: {msg}");
-            ExitCode::FAILURE
+            ExitCode::from(msg.downcast_ref::<ftvm_vmm::error::VmmError>().map_or(1, |e| e.exit_code()))
         }
     }
 }

@@ -138,11 +138,13 @@ fn compressed_kernel_with_firmware() {
     assert_error(&["run", "--bios", &fw, "--kernel", &k], 1, &["gzip", "uncompressed"]);
 }
 
-/// Random bytes as a bare-metal kernel load fine (there is no format to
-/// check) and run in M-mode. With this seed the first instruction is
-/// illegal and the hart then loops on instruction access faults at mtvec 0,
-/// as real hardware would: ftvm keeps running. What must never happen:
-/// a panic, an exit with status 0, or more than one line on stderr.
+/// Random bytes as a bare-metal kernel. A flat binary has no header, but
+/// it must start with code: with this seed the first instruction is
+/// illegal, so the loader refuses the file with one line (it used to run
+/// it, the hart looping on instruction access faults at mtvec 0). Random
+/// bytes that happen to look like code would run as real hardware would,
+/// and ftvm keeps running. What must never happen: a panic, an exit with
+/// status 0, or more than one line on stderr.
 #[test]
 fn random_bytes_as_kernel_do_not_crash_ftvm() {
     let s = scratch("garbage");
@@ -161,6 +163,74 @@ fn random_bytes_as_kernel_do_not_crash_ftvm() {
     } else {
         assert_eq!(o.stderr, "", "ftvm {args:?} printed on stderr while running");
     }
+}
+
+/// The first 64 bytes of a RISC-V Linux Image with an EFI stub, as
+/// Debian's is: "MZ", the Image header ("RSC\x05" at 0x38) and the offset
+/// of the PE header at 0x3c; then a PE header whose one section's data
+/// ends at `data_end` (the file is whole when it is that long).
+fn efi_image(data_end: u32, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len.max(0x100)];
+    b[..2].copy_from_slice(b"MZ");
+    b[2..4].copy_from_slice(&[0x6f, 0x10]); // the rest of a jump, as in Debian's Image
+    b[16..24].copy_from_slice(&(4u64 << 20).to_le_bytes()); // image_size
+    b[0x30..0x38].copy_from_slice(b"RISCV\0\0\0");
+    b[0x38..0x3c].copy_from_slice(b"RSC\x05");
+    b[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+    b[0x40..0x44].copy_from_slice(b"PE\0\0");
+    b[0x46..0x48].copy_from_slice(&1u16.to_le_bytes()); // one section
+    b[0x54..0x56].copy_from_slice(&0u16.to_le_bytes()); // no optional header
+    let sec = 0x40 + 24;
+    b[sec..sec + 5].copy_from_slice(b".text");
+    b[sec + 16..sec + 20].copy_from_slice(&(data_end - 0x100).to_le_bytes()); // SizeOfRawData
+    b[sec + 20..sec + 24].copy_from_slice(&0x100u32.to_le_bytes()); // PointerToRawData
+    b.truncate(len);
+    b
+}
+
+/// Firmware that is no program (random bytes, or nothing at all) is
+/// refused before anything runs; it used to run and hang silently.
+#[test]
+fn garbage_or_empty_firmware() {
+    let s = scratch("bad-bios");
+    let k = s.file("Image", &efi_image(0x1000, 0x1000));
+    let fw = s.file("garbage.bin", &garbage(64 << 10));
+    assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "not a RISC-V program"]);
+    let fw = s.file("empty.bin", b"");
+    assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "empty"]);
+    let fw = s.file("fw.elf", &elf(4, &[0x13, 0, 0, 0]));
+    assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "ELF", "flat binary"]);
+}
+
+/// Random bytes as the kernel the firmware starts: refused, not run.
+#[test]
+fn garbage_kernel_with_firmware() {
+    let s = scratch("bad-kernel");
+    let fw = s.file("fw.bin", &[0x73, 0x00, 0x50, 0x10]); // wfi
+    let k = s.file("garbage", &garbage(64 << 10));
+    assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["kernel", "not a RISC-V program"]);
+}
+
+/// A Linux Image cut short (its PE header says where its data ends) is
+/// refused; the whole file is taken.
+#[test]
+fn truncated_kernel_image() {
+    let s = scratch("cut-image");
+    let fw = s.file("fw.bin", &[0x73, 0x00, 0x50, 0x10]); // wfi
+    let k = s.file("Image", &efi_image(0x2000, 0x1800));
+    assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["kernel Image", "truncated", "6144"]);
+    let whole = s.file("Image.whole", &efi_image(0x2000, 0x2000));
+    let spin = s.file("spin.bin", &[0x6f, 0x00, 0x00, 0x00]); // j .
+    let o = ftvm_with(&["run", "--bios", &spin, "--kernel", &whole, "--mem", "64M"], &[], Duration::from_secs(3));
+    assert!(o.status.is_none() && o.stderr.is_empty(), "a whole Image was not started: {:?} {}", o.status, o.stderr);
+}
+
+/// A flat binary that ends inside its first instruction.
+#[test]
+fn flat_binary_cut_inside_an_instruction() {
+    let s = scratch("cut-flat");
+    let k = s.file("cut.bin", &[0x13, 0x05]); // half of `addi`
+    assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["kernel", "ends inside an instruction"]);
 }
 
 #[test]
@@ -299,6 +369,15 @@ fn exec_command_too_long_for_the_kernel_command_line() {
     let k = s.file("kernel.bin", &garbage(4096));
     let cmd = format!("echo {}; echo end", "a".repeat(800));
     assert_error(&["run", "--bios", "none", "--kernel", &k, "--exec", &cmd], 1, &["command line", "1023", "--exec"]);
+}
+
+/// The time limits of `--exec` need `--exec`, and a limit of 0 s would
+/// stop every command.
+#[test]
+fn exec_time_limits_need_exec() {
+    assert_error(&["run", "--exec-timeout", "5"], 2, &["--exec"]);
+    assert_error(&["run", "--boot-timeout", "5"], 2, &["--exec"]);
+    assert_error(&["run", "--exec", "true", "--exec-timeout", "0"], 2, &["--exec-timeout", "'0'"]);
 }
 
 /// A writable disk another VM holds (here: this test, with the same

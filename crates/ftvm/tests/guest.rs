@@ -124,6 +124,134 @@ fn commands_run_and_files_persist_across_boots() {
     );
 }
 
+/// ftvm's run ended with an error: exit status `code` and one line on
+/// stderr, `ftvm: ` then `prefix` (and whatever follows it).
+fn assert_failure(o: &Outcome, what: &str, code: i32, prefix: &str) {
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with(&format!("ftvm: {prefix}")),
+        "{what}: expected one line `ftvm: {prefix}...` on stderr, got {:?} (exit status {}, stdout {:?})",
+        o.stderr,
+        o.status,
+        o.stdout
+    );
+    assert_eq!(o.status.code(), Some(code), "{what}: wrong exit status (stderr {:?})", o.stderr);
+}
+
+/// A kernel panic in the guest ends `--exec` with the panic line (it used
+/// to leave ftvm running for ever, silently).
+#[test]
+fn a_kernel_panic_ends_exec_with_its_line() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "panic");
+    let o = exec("echo c > /proc/sysrq-trigger; echo still here", &disk, &[]);
+    assert_failure(
+        &o,
+        "sysrq crash",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: sysrq triggered crash",
+    );
+    assert!(!o.stdout.contains("still here"), "the command went on after the panic: {:?}", o.stdout);
+}
+
+/// A garbage or truncated initrd: the kernel cannot unpack it, finds no
+/// root it can mount (the disk's drivers are modules in the initrd) and
+/// panics; ftvm ends with its line. (Cut late enough that the initrd's
+/// own init runs, the guest reports the missing root disk itself and
+/// powers off with status 255 instead.)
+#[test]
+fn a_bad_initrd_ends_with_the_kernels_panic() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "initrd");
+    let dir = std::env::temp_dir();
+    let garbage = dir.join(format!("ftvm-guest-test-{}-garbage.initrd", std::process::id()));
+    let cut = dir.join(format!("ftvm-guest-test-{}-cut.initrd", std::process::id()));
+    let whole = std::fs::read(&img.initrd).expect("reading the image's initrd");
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let noise: Vec<u8> = (0..2 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&garbage, noise).unwrap();
+    std::fs::write(&cut, &whole[..64 << 10]).unwrap();
+    let run = |initrd: &Path| {
+        let o = exec("true", &disk, &["--initrd", initrd.to_str().unwrap()]);
+        let _ = std::fs::remove_file(initrd);
+        o
+    };
+    let o = run(&garbage);
+    assert_failure(
+        &o,
+        "garbage initrd",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: VFS: Unable to mount root fs",
+    );
+    let o = run(&cut);
+    assert_failure(
+        &o,
+        "truncated initrd",
+        1,
+        "the guest kernel panicked: Kernel panic - not syncing: VFS: Unable to mount root fs",
+    );
+}
+
+/// `--exec-timeout`: a command that outlives it is stopped with one line
+/// and exit status 124 (what it printed before stays on stdout);
+/// `--boot-timeout`: a guest that has not started the command in time
+/// (here: 1 s, less than any boot takes) is stopped the same way.
+#[test]
+fn commands_and_boots_over_their_time_limits_are_stopped() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "timeout");
+    let started = Instant::now();
+    let o = exec("echo started; sleep 600; echo not stopped", &disk, &["--exec-timeout", "5"]);
+    assert_failure(&o, "--exec-timeout 5", 124, "the command did not finish within 5 s (--exec-timeout)");
+    assert_eq!(o.stdout, "started\n", "--exec-timeout 5: output");
+    assert!(started.elapsed() < Duration::from_secs(300), "the 600 s command was not stopped early");
+    let o = exec("echo started", &disk, &["--boot-timeout", "1"]);
+    assert_failure(&o, "--boot-timeout 1", 124, "the guest did not start the command within 1 s of booting");
+    assert_eq!(o.stdout, "", "--boot-timeout 1: output");
+}
+
+/// A guest that asks to reboot (`reboot -f`) boots again from the firmware
+/// with the same kernel, initrd, command line and disk: the first boot
+/// marks its disk and reboots; the second sees the mark, removes it and
+/// powers off. (It used to end ftvm with "reboot is not supported yet".)
+/// A recorded VM cannot reboot yet: `ftvm record` ends with a line that
+/// says so.
+#[test]
+fn a_reboot_boots_the_same_guest_again() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "reboot");
+    let cmd = "if [ -e /root/ftvm-rebooted ]; then echo second boot; rm /root/ftvm-rebooted; \
+               else echo first boot; touch /root/ftvm-rebooted; sync; reboot -f; sleep 60; echo no reboot; fi";
+    let o = exec(cmd, &disk, &["--exec-timeout", "300"]);
+    assert_eq!(o.status.code(), Some(0), "reboot: exit status (stderr {:?}, stdout {:?})", o.stderr, o.stdout);
+    assert_eq!(o.stderr, "", "reboot: ftvm printed on stderr");
+    let first = o.stdout.find("first boot\n").unwrap_or_else(|| panic!("no first boot in {:?}", o.stdout));
+    let second = o.stdout.find("second boot\n").unwrap_or_else(|| panic!("no second boot in {:?}", o.stdout));
+    assert!(first < second && !o.stdout.contains("no reboot"), "reboot: output {:?}", o.stdout);
+
+    let log = std::env::temp_dir().join(format!("ftvm-guest-test-{}-reboot.log", std::process::id()));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ftvm"));
+    c.args(["record", "--log", log.to_str().unwrap(), "--exec", "reboot -f", "--mem", "512M", "--disk", &disk.arg()]);
+    let run = common::run_with_timeout(c, BOOT_TIMEOUT);
+    let _ = std::fs::remove_file(&log);
+    let status = run.status.expect("ftvm record --exec 'reboot -f' did not finish");
+    // The recording's summary line comes first.
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ftvm: the guest asked to reboot, but a recorded VM cannot reboot yet"),
+        "recorded reboot: stderr {:?}",
+        run.stderr
+    );
+    assert_eq!(status.code(), Some(1), "recorded reboot: exit status");
+}
+
 /// With `--cpus 2` the guest boots, sees both harts and runs the command.
 #[test]
 fn two_harts_boot_and_run_a_command() {

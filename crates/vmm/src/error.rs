@@ -87,8 +87,19 @@ pub enum VmmError {
     NothingToTakeOver(String),
     #[error("the host event channel closed")]
     EventsClosed,
-    #[error("the guest asked to reboot; reboot is not supported yet")]
-    Reboot,
+    #[error("the guest asked to reboot, but {0}")]
+    Reboot(RebootRefused),
+    /// The guest's kernel printed a panic line on its console (the line,
+    /// without its timestamp): it will run nothing more.
+    #[error("the guest kernel panicked: {0}")]
+    GuestPanicked(String),
+    /// `--exec`: the command had not started this many seconds after the
+    /// guest began to boot.
+    #[error("the guest did not start the command within {0} s of booting (--boot-timeout); it was stopped")]
+    BootTimeout(u64),
+    /// `--exec`: the command ran longer than `--exec-timeout` seconds.
+    #[error("the command did not finish within {0} s (--exec-timeout); the guest was stopped")]
+    ExecTimeout(u64),
     /// Nothing could ever wake the guest: running on would hang.
     #[error("the guest is idle with no timer armed and no input left")]
     StuckIdle,
@@ -100,6 +111,30 @@ pub enum VmmError {
     Backends(#[source] DeviceLineError),
     #[error("the recorded disks or NICs are not what the machine had (a disk changed size?)")]
     DevicesChanged,
+}
+
+impl VmmError {
+    /// The exit status a command-line front end gives this error: 124 (as
+    /// `timeout(1)`) when `--exec` ran out of time, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
+            _ => 1,
+        }
+    }
+}
+
+/// Why a guest's reboot request ends its run instead of booting it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RebootRefused {
+    #[error("a recorded VM cannot reboot yet (power it off and record a new run)")]
+    Recorded,
+    #[error("a fault-tolerant VM cannot reboot yet (power it off and start the pair again)")]
+    Protected,
+    #[error("a VM restored from a snapshot cannot reboot (the snapshot does not hold its firmware and kernel)")]
+    Restored,
+    #[error("a VM that went live after a replay or a failover cannot reboot yet")]
+    WentLive,
 }
 
 /// Why a backup did not start following its primary.

@@ -4,7 +4,7 @@
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
 //! `ftvm ft primary` share.
 
-use crate::error::{file, usage, SnapshotProblem, VmmError};
+use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
@@ -73,6 +73,14 @@ pub struct RunArgs {
     /// With --exec, also show the boot messages before the command starts.
     #[arg(long)]
     pub verbose: bool,
+    /// With --exec: stop the guest and fail (exit status 124) if the command
+    /// has not finished SECONDS (wall time) after it started. Default: no limit.
+    #[arg(long, value_name = "SECONDS", requires = "exec", value_parser = clap::value_parser!(u64).range(1..))]
+    pub exec_timeout: Option<u64>,
+    /// With --exec: stop the guest and fail (exit status 124) if the command
+    /// has not started SECONDS (wall time) after the guest began to boot.
+    #[arg(long, value_name = "SECONDS", requires = "exec", default_value_t = DEFAULT_BOOT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..))]
+    pub boot_timeout: u64,
     /// Let guest time run as fast as the host can go instead of following
     /// the wall clock (idle periods are skipped at once).
     #[arg(long)]
@@ -82,6 +90,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub dirty_tracking: bool,
 }
+
+/// `--boot-timeout`'s default: the default guest starts a command in well
+/// under a minute on a busy 2-core host; ten times that is a hang.
+pub const DEFAULT_BOOT_TIMEOUT_S: u64 = 600;
 
 /// Guest memory limits (those `Machine::new` enforces), checked here first
 /// so the message can quote the option as the user wrote it.
@@ -314,7 +326,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             args.disks.push(disk.display().to_string());
         }
     }
-    let (mut machine, mut io) = match &args.restore {
+    let (mut machine, mut io, on_reset) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;
             let (io, devices) = HostIo::open(backends, events_tx.clone(), fence.clone())?;
@@ -330,7 +342,12 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 let mut h = recorder::header(&m, cfg.ram_size, cfg.guest_ips, &io.describe(), start);
                 start_log(&mut h)?;
             }
-            (m, io)
+            let on_reset = match target {
+                Target::None => live::OnReset::Boot { config: Box::new(cfg), dirty_tracking: args.dirty_tracking },
+                Target::File(_) => live::OnReset::Refuse(RebootRefused::Recorded),
+                Target::Backup(_) => live::OnReset::Refuse(RebootRefused::Protected),
+            };
+            (m, io, on_reset)
         }
         Some(file) => {
             let (m, io) = restore(&args, file, &events_tx, fence.clone())?;
@@ -343,7 +360,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 let mut h = recorder::header(&m, m.ram().size(), DEFAULT_GUEST_IPS, &io.describe(), start);
                 start_log(&mut h)?;
             }
-            (m, io)
+            (m, io, live::OnReset::Refuse(RebootRefused::Restored))
         }
     };
     // Replay checks digests of the pages written, so recording tracks them.
@@ -368,6 +385,11 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         console_input,
         paused: args.paused,
         ft_alone: false,
+        limits: args.exec.is_some().then(|| live::ExecLimits {
+            boot: Duration::from_secs(args.boot_timeout),
+            command: args.exec_timeout.map(Duration::from_secs),
+        }),
+        on_reset,
     };
     live::run(machine, io, events, options, primary)
 }

@@ -6,8 +6,9 @@
 //! `launch` turns run options into a machine and starts it, `live` owns
 //! the host loop of a running VM, `host_io` its backends (disks, TAPs,
 //! entropy), `control` its control socket, `console` the terminal, `exec`
-//! the `--exec` protocol with the guest, `record` and `replay` the replay
-//! log's two ends, and `ft` the fault-tolerant pair.
+//! the `--exec` protocol with the guest, `watch` what the loop looks for
+//! on the console (a kernel panic, the command's start), `record` and
+//! `replay` the replay log's two ends, and `ft` the fault-tolerant pair.
 
 pub mod api;
 pub mod console;
@@ -20,3 +21,4 @@ pub mod launch;
 pub mod live;
 pub mod record;
 pub mod replay;
+pub mod watch;

@@ -19,11 +19,12 @@
 use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
-use crate::error::VmmError;
+use crate::error::{RebootRefused, VmmError};
 use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
+use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, RunExit};
+use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit};
 use ftvm_protection::primary::{Alone, Primary};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
@@ -38,6 +39,9 @@ const CHUNK: u64 = 200_000;
 const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
+/// After its panic line, how long the guest's kernel may go on printing
+/// (its stack trace, up to the end line) before the run ends.
+const PANIC_GRACE: Duration = Duration::from_secs(2);
 
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
@@ -51,6 +55,35 @@ pub struct Options {
     pub paused: bool,
     /// A fault-tolerant VM running without a backup (status says so).
     pub ft_alone: bool,
+    /// With `--exec`: how long the boot and the command may take.
+    pub limits: Option<ExecLimits>,
+    /// What the guest's reboot request does.
+    pub on_reset: OnReset,
+}
+
+/// What a guest's reboot request (`RunExit::Reset`) does.
+pub enum OnReset {
+    /// Boot again: a new machine from the same configuration (firmware,
+    /// kernel, initrd, command line, devices), its devices served by the
+    /// same host backends (disks, TAPs; the control socket stays).
+    Boot { config: Box<MachineConfig>, dirty_tracking: bool },
+    /// End the run with this reason. A recorded or protected VM cannot
+    /// reboot yet: the replay log has no record for a reset, so a replayer
+    /// (or a backup) could not follow the run past it; a new machine
+    /// mid-log would need the header's start (firmware, kernel, initrd)
+    /// logged again, and checkpoint mode a checkpoint of the new machine.
+    /// A VM restored from a snapshot has no firmware or kernel to boot.
+    Refuse(RebootRefused),
+}
+
+/// Wall-time limits of `--exec` (time paused through the control socket
+/// does not count).
+#[derive(Debug, Clone, Copy)]
+pub struct ExecLimits {
+    /// From the start of the boot to the command's start (its marker).
+    pub boot: Duration,
+    /// From the command's start to the end of the run.
+    pub command: Option<Duration>,
 }
 
 struct Pacer {
@@ -126,6 +159,16 @@ struct Live {
     /// Inputs applied so far; an idle machine that just got one must run
     /// before anyone sleeps on its old timer deadline.
     injected: u64,
+    /// What the console shows that the host acts on.
+    watch: ConsoleWatch,
+    /// The guest kernel's panic line, when it was seen, and whether the
+    /// kernel has finished reporting it.
+    panicked: Option<(String, Instant, bool)>,
+    /// `--exec`: when the boot, then the command, runs out of time.
+    boot_deadline: Option<Instant>,
+    command_deadline: Option<Instant>,
+    /// When the VM was paused (the deadlines move on by the pause).
+    paused_at: Option<Instant>,
 }
 
 pub fn run(
@@ -136,6 +179,8 @@ pub fn run(
     primary: Option<Box<dyn Primary>>,
 ) -> Result<u32, VmmError> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
+    let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
+    let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
         pacer: Pacer::new(&m),
         m,
@@ -150,6 +195,11 @@ pub fn run(
         halted: false,
         powered_off: false,
         injected: 0,
+        watch: ConsoleWatch::new(),
+        panicked: None,
+        boot_deadline,
+        command_deadline: None,
+        paused_at,
     };
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
@@ -176,6 +226,7 @@ pub fn run(
 impl Live {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, VmmError> {
         loop {
+            self.check_limits()?;
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
             }
@@ -221,7 +272,11 @@ impl Live {
                     self.powered_off = true;
                     return Ok(code);
                 }
-                Some(RunExit::Reset) => return Err(VmmError::Reboot),
+                Some(RunExit::Reset) => {
+                    if let Next::Exit(code) = self.reset(events)? {
+                        return Ok(code);
+                    }
+                }
                 // Input arrived since the machine went idle: it may wake it,
                 // so run again rather than sleep on the old deadline.
                 Some(RunExit::Idle { .. }) if self.injected != injected_before => {}
@@ -232,6 +287,79 @@ impl Live {
                 }
             }
         }
+    }
+
+    /// Ends the run once a guest whose kernel panicked has had its time
+    /// to report it, and an `--exec` run that is out of time.
+    fn check_limits(&self) -> Result<(), VmmError> {
+        if let Some((line, at, ended)) = &self.panicked {
+            if *ended || at.elapsed() >= PANIC_GRACE {
+                return Err(VmmError::GuestPanicked(line.clone()));
+            }
+        }
+        if self.paused {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if let (Some(t), Some(l)) = (self.boot_deadline, self.opts.limits) {
+            if now >= t {
+                return Err(VmmError::BootTimeout(l.boot.as_secs()));
+            }
+        }
+        if let (Some(t), Some(ExecLimits { command: Some(c), .. })) = (self.command_deadline, self.opts.limits) {
+            if now >= t {
+                return Err(VmmError::ExecTimeout(c.as_secs()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next moment `check_limits` may end the run.
+    fn next_limit(&self) -> Option<Instant> {
+        let grace = self.panicked.as_ref().map(|(_, at, _)| *at + PANIC_GRACE);
+        let timeouts =
+            if self.paused { None } else { self.boot_deadline.into_iter().chain(self.command_deadline).min() };
+        grace.into_iter().chain(timeouts).min()
+    }
+
+    /// The guest asked to reboot: in a plain run, boot a new machine from
+    /// the same configuration with the same host backends.
+    fn reset(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
+        let (config, dirty_tracking) = match &self.opts.on_reset {
+            OnReset::Refuse(why) => return Err(VmmError::Reboot(*why)),
+            // Whatever watches over the run logs or streams this machine.
+            _ if self.primary.is_some() => return Err(VmmError::Reboot(RebootRefused::Protected)),
+            OnReset::Boot { config, dirty_tracking } => (config, *dirty_tracking),
+        };
+        // The old machine's disk requests finish (a write it issued lands,
+        // as on a real disk across a reset); their completions, and any
+        // other the old devices waited for, are dropped. News for the
+        // host (console input, control requests, frames) is kept.
+        self.io.drain();
+        let mut kept = Vec::new();
+        while let Ok(ev) = events.try_recv() {
+            if !matches!(ev, HostEvent::Io(..)) {
+                kept.push(ev);
+            }
+        }
+        self.held.clear();
+        self.m = Machine::new(config)?;
+        self.m.set_dirty_tracking(dirty_tracking);
+        self.pacer = Pacer::new(&self.m);
+        // A new boot: its messages are hidden again until the command
+        // starts, and the boot has its time limit again (the command's
+        // limit runs on from its first start).
+        self.filter = self.opts.exec.then(|| OutputFilter::new(self.opts.show_boot));
+        self.watch = ConsoleWatch::new();
+        if self.command_deadline.is_none() {
+            self.boot_deadline = self.opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
+        }
+        for ev in kept {
+            if let Next::Exit(code) = self.handle(ev)? {
+                return Ok(Next::Exit(code));
+            }
+        }
+        Ok(Next::Continue)
     }
 
     fn run_target(&self) -> u64 {
@@ -268,6 +396,15 @@ impl Live {
             (None, Some(k)) => Some(k),
             (w, _) => w,
         };
+        if capped.is_none() && nothing_can_come {
+            return Err(VmmError::StuckIdle);
+        }
+        // Wake in time to end a run that is over its limit.
+        let capped = match (capped, self.next_limit().map(|t| t.saturating_duration_since(Instant::now()))) {
+            (Some(d), Some(l)) if l < d => Some(l),
+            (None, Some(l)) => Some(l),
+            (c, _) => c,
+        };
         let early = capped != wait;
         // Nothing more comes to batch the log with while the guest sleeps.
         if let Some(p) = &mut self.primary {
@@ -279,7 +416,6 @@ impl Live {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Err(VmmError::EventsClosed),
             },
-            None if nothing_can_come => return Err(VmmError::StuckIdle),
             None => Some(events.recv().map_err(|_| VmmError::EventsClosed)?),
         };
         if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks() < t) {
@@ -391,12 +527,22 @@ impl Live {
                 (Err(ControlError::ProtectedCannotPause), Next::Continue)
             }
             Request::Pause => {
+                if !self.paused {
+                    self.paused_at = Some(Instant::now());
+                }
                 self.paused = true;
                 (Ok(Reply::Paused), Next::Continue)
             }
             Request::Resume => {
                 if self.paused {
                     self.paused = false;
+                    // A pause does not count against --exec's limits.
+                    if let Some(at) = self.paused_at.take() {
+                        let paused = at.elapsed();
+                        for t in [&mut self.boot_deadline, &mut self.command_deadline].into_iter().flatten() {
+                            *t = t.checked_add(paused).unwrap_or(*t);
+                        }
+                    }
                     // The pause is not guest time: pacing starts afresh.
                     self.pacer = Pacer::new(&self.m);
                     while let Some((slot, completion)) = self.held.pop_front() {
@@ -478,6 +624,17 @@ impl Live {
         let out = self.m.take_console_output();
         if out.is_empty() {
             return;
+        }
+        let seen = self.watch.feed(&out);
+        if let (Some(line), None) = (seen.panic, &self.panicked) {
+            self.panicked = Some((line, Instant::now(), false));
+        }
+        if let (true, Some((_, _, ended))) = (seen.panic_ended, &mut self.panicked) {
+            *ended = true;
+        }
+        if seen.command_began && self.boot_deadline.take().is_some() && self.command_deadline.is_none() {
+            self.command_deadline =
+                self.opts.limits.and_then(|l| l.command).and_then(|c| Instant::now().checked_add(c));
         }
         let shown = match &mut self.filter {
             Some(f) => f.feed(&out),

@@ -167,6 +167,8 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         console_input: setup.console_input,
         paused: false,
         ft_alone: setup.announce,
+        limits: None,
+        on_reset: live::OnReset::Refuse(crate::error::RebootRefused::WentLive),
     };
     live::run(m, io, events, opts, None)
 }
