@@ -32,7 +32,7 @@ use std::collections::HashMap;
 /// The longest block, in instructions.
 pub(crate) const MAX_INSTS: usize = 16;
 /// Blocks in the table (a power of two).
-const SLOTS: usize = 1 << 13;
+pub(crate) const SLOTS: usize = 1 << 13;
 /// RAM words a block's bytes can span: 4 bytes per instruction, plus the
 /// alignment of its start.
 const WORDS: usize = MAX_INSTS * 4 / 8 + 2;

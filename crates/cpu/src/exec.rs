@@ -288,6 +288,10 @@ impl Hart {
             load_tlb: self.tlb.load.as_ptr(),
             store_tlb: self.tlb.store.as_ptr(),
             prv: self.data_prv() as u64,
+            fetch_tlb: self.tlb.fetch.as_ptr(),
+            fetch_prv: self.s.prv as u64,
+            fetch_tag: self.fetch_tag,
+            fetch_off: self.fetch_off,
         };
         // SAFETY: `code` is the translation of the block (the block cache
         // keeps the two together and drops the code with the decoding).
@@ -296,9 +300,12 @@ impl Hart {
         // borrowed for the call; through the context it reads the load and
         // store TLBs and, at the RAM offsets their entries give (pages
         // inside RAM, accesses checked not to cross them), guest RAM, as
-        // the interpreter's fast paths do; it reads the block cache's
-        // table, which is borrowed shared for the call.
+        // the interpreter's fast paths do; it reads the fetch TLB and the
+        // block cache's table, which is borrowed shared for the call.
         let r = unsafe { code(self.s.x.as_mut_ptr(), &mut ctx) };
+        // The fetch cache as the jumps through the fetch TLB left it.
+        self.fetch_tag = ctx.fetch_tag;
+        self.fetch_off = ctx.fetch_off;
         // What the blocks retired whole, and where they leave off.
         self.retire(left - ctx.left, ctx.pc, steps);
         if r & 0xff == jit::END {

@@ -28,6 +28,16 @@
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
 //!
+//! A jump through a register (`jalr`: returns, indirect calls) and a
+//! direct jump, branch or fall-through to another page go on the same
+//! way, to a target found at run time as the executor's loop finds it:
+//! the RAM offset of the pc from the interpreter's one-entry fetch cache
+//! or the fetch TLB (refilling the cache as `Hart::fetch_offset` does, so
+//! that translated and interpreted execution always fetch a pc from the
+//! same RAM), then the block cache's slot for that offset. A TLB miss, a
+//! slot holding another block or none translated returns to Rust, which
+//! walks the page tables, decodes or translates.
+//!
 //! What a call returns:
 //! - `END`: every block it ran retired whole (the count is in
 //!   `JitCtx::left`) and the next pc is `JitCtx::pc`;
@@ -52,7 +62,7 @@
 //! code assembler would do too, but encodes every instruction at run time
 //! through a much larger crate.
 
-use crate::block::{slot_of, Block};
+use crate::block::{slot_of, Block, SLOTS};
 use crate::decode::Op;
 use crate::mmu::{TlbEntry, TLB_SIZE};
 use dynasmrt::x64::X64Relocation;
@@ -82,6 +92,15 @@ pub(crate) struct JitCtx {
     /// The privilege level loads and stores are checked at (the low bits
     /// of a TLB tag).
     pub prv: u64,
+    /// The fetch side, for jumps to a pc known only at run time: the fetch
+    /// TLB, the privilege level fetches are checked at, and the
+    /// interpreter's one-entry fetch cache (`Hart::fetch_tag` and
+    /// `fetch_off`), which translated code reads and updates exactly as
+    /// `Hart::fetch_offset` does, so that both find the same RAM for a pc.
+    pub fetch_tlb: *const TlbEntry,
+    pub fetch_prv: u64,
+    pub fetch_tag: u64,
+    pub fetch_off: usize,
 }
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
@@ -90,11 +109,16 @@ const CTX_RAM: i32 = offset_of!(JitCtx, ram) as i32;
 const CTX_LOAD_TLB: i32 = offset_of!(JitCtx, load_tlb) as i32;
 const CTX_STORE_TLB: i32 = offset_of!(JitCtx, store_tlb) as i32;
 const CTX_PRV: i32 = offset_of!(JitCtx, prv) as i32;
+const CTX_FETCH_TLB: i32 = offset_of!(JitCtx, fetch_tlb) as i32;
+const CTX_FETCH_PRV: i32 = offset_of!(JitCtx, fetch_prv) as i32;
+const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
+const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE <= 256);
 const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
 const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
+const BLOCK_SIZE: i32 = std::mem::size_of::<Block>() as i32;
 
 /// A translated block: the guest registers (`HartState::x`), the context;
 /// returns an exit code.
@@ -259,6 +283,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         dirty: 0,
         stubs: Vec::new(),
         epilogue,
+        lookup: None,
         slot,
         slots: slots.as_ptr() as usize,
         off: block.off,
@@ -334,6 +359,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         ; pop rbx
         ; ret
     );
+    e.emit_lookup();
     // Side exits, out of the straight line.
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
@@ -398,6 +424,9 @@ struct Emitter {
     dirty: u32,
     stubs: Vec<Stub>,
     epilogue: DynamicLabel,
+    /// The shared tail of the exits to a pc known only at run time, once
+    /// one needs it (see `Emitter::lookup`).
+    lookup: Option<DynamicLabel>,
     /// The block's slot, the address of the table of slots, the block's
     /// RAM offset and the number of instructions translated.
     slot: usize,
@@ -510,8 +539,85 @@ impl Emitter {
                 ; jmp rax
                 ; =>out
             );
+            dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
+        } else {
+            // Another page, whose RAM only the fetch TLB knows.
+            let lookup = self.lookup();
+            dynasm!(self.ops ; .arch x64 ; mov r11, QWORD [rsi + CTX_PC] ; jmp =>lookup);
         }
-        dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
+    }
+
+    /// The label of the exit to the pc in r11 (already in `JitCtx::pc`,
+    /// with the block's instructions counted and its registers written
+    /// back): on to the translation of the block there if there is one,
+    /// else back to Rust.
+    fn lookup(&mut self) -> DynamicLabel {
+        match self.lookup {
+            Some(l) => l,
+            None => {
+                let l = self.ops.new_dynamic_label();
+                self.lookup = Some(l);
+                l
+            }
+        }
+    }
+
+    /// The code of `lookup`, once per block that uses it, out of the
+    /// straight line. It does what the executor's loop does with the new
+    /// pc: the RAM offset from the fetch cache or, if that holds another
+    /// page, from the fetch TLB, refilling the cache (`Hart::fetch_offset`;
+    /// a miss returns to Rust, which walks the page tables); the block at
+    /// that offset from its slot of the block cache (`BlockCache::get`;
+    /// another block there or none translated returns to Rust). The
+    /// target's chain entry then checks the budget and the RAM words, as
+    /// for the jumps within a page.
+    fn emit_lookup(&mut self) {
+        let Some(l) = self.lookup else { return };
+        dynasm!(self.ops
+            ; .arch x64
+            ; =>l
+            // rdx := the page's tag.
+            ; mov rdx, r11
+            ; and rdx, -4096
+            ; or rdx, QWORD [rsi + CTX_FETCH_PRV]
+            ; cmp rdx, QWORD [rsi + CTX_FETCH_TAG]
+            ; je >cached
+            // The fetch TLB's entry for the page.
+            ; mov rcx, r11
+            ; shr rcx, 12
+            ; and ecx, (TLB_SIZE - 1) as i32
+            ; shl ecx, 4
+            ; add rcx, QWORD [rsi + CTX_FETCH_TLB]
+            ; cmp rdx, QWORD [rcx + TLB_TAG]
+            ; jne >out
+            ; mov QWORD [rsi + CTX_FETCH_TAG], rdx
+            ; mov rcx, QWORD [rcx + TLB_OFF]
+            ; mov QWORD [rsi + CTX_FETCH_OFF], rcx
+            ; cached:
+            // rdx := the RAM offset of the pc.
+            ; mov edx, r11d
+            ; and edx, 0xfff
+            ; add rdx, QWORD [rsi + CTX_FETCH_OFF]
+            // rax := its slot (`slot_of`).
+            ; mov rax, rdx
+            ; shr rax, 1
+            ; mov rcx, rdx
+            ; shr rcx, 14
+            ; xor rax, rcx
+            ; and eax, (SLOTS - 1) as i32
+            ; imul rax, rax, BLOCK_SIZE
+            ; mov rcx, QWORD self.slots as i64
+            ; add rax, rcx
+            ; cmp QWORD [rax + BLOCK_OFF], rdx
+            ; jne >out
+            ; mov rax, QWORD [rax + BLOCK_CHAIN]
+            ; test rax, rax
+            ; jz >out
+            ; jmp rax
+            ; out:
+            ; xor eax, eax
+            ; jmp =>self.epilogue
+        );
     }
 
     /// rd := rs1 op rs2.
@@ -612,9 +718,9 @@ impl Emitter {
                     ; .arch x64
                     ; sub QWORD [rsi + CTX_LEFT], self.n as i32
                     ; mov QWORD [rsi + CTX_PC], r11
-                    ; xor eax, eax
-                    ; jmp =>self.epilogue
                 );
+                let lookup = self.lookup();
+                dynasm!(self.ops ; .arch x64 ; jmp =>lookup);
                 return true;
             }
             Beq | Bne | Blt | Bge | Bltu | Bgeu => {

@@ -486,3 +486,157 @@ fn code_changed_under_a_translated_loop() {
         assert_eq!(r, &runs[0], "run {i}");
     }
 }
+
+/// Calls and returns across pages under Sv39 paging, in S-mode: a loop in
+/// one page calls functions in others, directly (`jal`) and through a
+/// register (`auipc` + `jalr`), each function returns with `jalr`, and
+/// most run on over the end of their page into the next. The virtual pages
+/// map to RAM pages in shuffled order, and two more pages alias the RAM of
+/// two of them at virtual addresses that share their fetch TLB entries,
+/// so jumps between the aliases miss the TLB, refill it, and run the same
+/// blocks (keyed by RAM offset) at two pcs; blocks of different pages
+/// share slots of the block table. Translated code follows these
+/// jumps through the fetch TLB and the block table itself; everything must
+/// come out as interpreted, slice by slice.
+#[test]
+fn jumps_across_pages_and_through_registers() {
+    const VA: u64 = 0x4000_0000;
+    const ROOT: u64 = BASE + 0x20000;
+    const CODE: u64 = BASE + 0x40000;
+    // Virtual pages 0..8 (main, six functions, the last one's tail), and
+    // 256 + 3, 256 + 4 aliasing 3 and 4.
+    const ALIAS: u64 = 256;
+    let mut translated = 0;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed * 31 + 7);
+        let mut perm: Vec<u64> = (0..8).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let phys = |vpage: u64| -> u64 {
+            let p = if vpage >= ALIAS { vpage - ALIAS } else { vpage };
+            // 16 KiB apart: blocks at offset o of one RAM page and o ^ 4
+            // of another share a slot of the block table when the pages'
+            // numbers differ in bit 1 (`block::slot_of`), so jumps
+            // find other blocks in the slots they look in.
+            CODE + 0x4000 * perm[p as usize]
+        };
+        let mut words: Vec<(u64, u32)> = Vec::new();
+        // Functions 1..=6: a random body over x10..x20 ending in `jalr x0,
+        // 0(x9)`, starting `back` words before the end of page k.
+        let mut starts = Vec::new();
+        for k in 1..=6u64 {
+            let len = 4 + rng.below(40) as usize;
+            let back = 1 + rng.below(len as u64 + 4);
+            let start = VA + 0x1000 * (k + 1) - 4 * back;
+            starts.push(start);
+            let reg = |rng: &mut Rng| 10 + rng.below(11) as u32;
+            let mut body = Vec::new();
+            while body.len() < len {
+                let left = len - body.len();
+                let (rd, rs1, rs2) = (reg(&mut rng), reg(&mut rng), reg(&mut rng));
+                body.push(match rng.below(10) {
+                    0..=3 => {
+                        let (f7, f3) = rng.pick(&OP_FUNCTS);
+                        r_type(f7, rs2, rs1, f3, rd, 0x33)
+                    }
+                    4 => {
+                        let (f7, f3) = rng.pick(&OP32_FUNCTS);
+                        r_type(f7, rs2, rs1, f3, rd, 0x3b)
+                    }
+                    5 | 6 => i_type(rng.below(4096) as i32 - 2048, rs1, rng.pick(&[0, 4, 6, 7]), rd, 0x13),
+                    // The pc, which differs between the aliases.
+                    7 => (rng.next() as u32 & 0xffff_f000) | rd << 7 | 0x17,
+                    _ if left > 2 => {
+                        let skip = 1 + rng.below((left as u64 - 1).min(4)) as i32;
+                        b_type(4 * skip, rs2, rs1, rng.pick(&[0, 1, 4, 5, 6, 7]))
+                    }
+                    _ => i_type(1, rs1, 0, rd, 0x13),
+                });
+            }
+            body.push(i_type(0, 9, 0, 0, 0x67));
+            for (i, w) in body.into_iter().enumerate() {
+                words.push((start + 4 * i as u64, w));
+            }
+        }
+        // Main, at the start of page 0: calls, then the loop's end.
+        let mut main = Vec::new();
+        for _ in 0..12 {
+            let f = rng.below(7) as usize;
+            let target = if f == 6 { starts[2] + 0x1000 * ALIAS } else { starts[f] };
+            let at = VA + 4 * main.len() as u64;
+            let off = target.wrapping_sub(at) as i64;
+            if rng.below(2) == 0 && off.abs() < 1 << 20 {
+                main.push(j_type(off as i32, 9));
+            } else {
+                // auipc x21, hi; jalr x9, lo(x21)
+                let lo = ((off as i32) << 20) >> 20;
+                let hi = (off as i32).wrapping_sub(lo) as u32 & 0xffff_f000;
+                main.push(hi | 21 << 7 | 0x17);
+                main.push(i_type(lo, 21, 0, 9, 0x67));
+            }
+        }
+        main.push(i_type(-1, 4, 0, 4, 0x13));
+        main.push(b_type(-4 * (main.len() as i32), 0, 4, 1));
+        main.push(j_type(0, 0));
+        for (i, w) in main.into_iter().enumerate() {
+            words.push((VA + 4 * i as u64, w));
+        }
+
+        let make = |hot: u32| -> Run {
+            let mut ram = GuestRam::new(BASE, RAM);
+            for &(va, w) in &words {
+                let vpage = (va - VA) >> 12;
+                ram.write_u32(phys(vpage) + (va & 0xfff), w).unwrap();
+            }
+            // Sv39: root[1] -> l1[0] -> l0[page] for VA = 1 GiB + page * 4 KiB.
+            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
+            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+            for vpage in (0..8).chain([ALIAS + 3, ALIAS + 4]) {
+                // V, R, W, X, A, D.
+                ram.write_u64(l0 + 8 * vpage, (phys(vpage) >> 12) << 10 | 0xcf).unwrap();
+            }
+            let mut hart = Hart::new(0);
+            hart.set_jit(hot);
+            hart.s.satp = 8 << 60 | ROOT >> 12;
+            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
+            hart.s.pc = VA;
+            let mut r = Rng(seed);
+            for x in 10..=20 {
+                hart.s.x[x] = r.next();
+            }
+            hart.s.x[4] = 200;
+            Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+        };
+        let total = 30_000;
+        let slices = || {
+            let mut rng = Rng(seed * 7919 + 3);
+            move || {
+                let max = if rng.below(2) == 0 { 30 } else { 2000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = make(0);
+        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        assert_eq!(interp.hart.s.mcause, 0, "seed {seed}: the program traps");
+        assert!(interp.hart.s.x[4] < 200, "seed {seed}: the loop does not run");
+        for hot in [1, 2, 32] {
+            let mut jit = make(hot);
+            let mut i = 0;
+            run(&mut jit, total, slices(), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            translated += jit.hart.translated_blocks();
+        }
+        // One slice for everything, against the interpreter's slices.
+        let mut whole = make(1);
+        run(&mut whole, total, || 1 << 20, |_| {});
+        check(&format!("seed {seed}, one slice"), &interp, &whole);
+    }
+    assert!(translated > 100, "only {translated} blocks were translated");
+}
