@@ -127,7 +127,7 @@ const OP32_FUNCTS: [(u32, u32); 10] =
     [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)];
 
 /// A random program at BASE: a loop over `len` random instructions.
-fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
+fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
     let mut p = Vec::new();
     let any =
         |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
@@ -137,6 +137,10 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
         let left = len - p.len();
         let kind = rng.below(100);
         let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
+        if fp && kind < 40 {
+            fp_insns(rng, rd, rs1, &mut p, len);
+            continue;
+        }
         let insn = match kind {
             // reg-reg, M included
             0..=29 => {
@@ -250,8 +254,12 @@ struct Run {
 }
 
 fn setup(seed: u64, len: usize, jit: u32) -> Run {
+    setup_with(seed, len, jit, false)
+}
+
+fn setup_with(seed: u64, len: usize, jit: u32, fp: bool) -> Run {
     let mut rng = Rng(seed | 1);
-    let prog = program(&mut rng, len);
+    let prog = program(&mut rng, len, fp);
     assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
     let mut ram = GuestRam::new(BASE, RAM);
     for (i, w) in prog.iter().enumerate() {
@@ -276,6 +284,19 @@ fn setup(seed: u64, len: usize, jit: u32) -> Run {
     hart.set_jit(jit);
     hart.s.pc = BASE;
     hart.s.mtvec = HANDLER;
+    if fp {
+        // FS initial (off in one run of five: every FP instruction traps);
+        // frm anything, the reserved modes included (dynamic rounding then
+        // traps); some flags already accrued.
+        if !seed.is_multiple_of(5) {
+            hart.s.mstatus |= 1 << 13;
+        }
+        hart.s.frm = rng.below(8) as u8;
+        hart.s.fflags = rng.below(32) as u8;
+        for f in 0..32 {
+            hart.s.f[f] = if rng.below(2) == 0 { rng.pick(&F64_EDGE) } else { rng.pick(&F32_EDGE) };
+        }
+    }
     let special = [0, 1, u64::MAX, 1 << 63, 0xffff_ffff_8000_0000, 0x7fff_ffff, 0x8000_0000, 63, 64, 31];
     for r in 1..32 {
         hart.s.x[r] = if rng.below(3) == 0 { rng.pick(&special) } else { rng.next() };
@@ -639,4 +660,379 @@ fn jumps_across_pages_and_through_registers() {
         check(&format!("seed {seed}, one slice"), &interp, &whole);
     }
     assert!(translated > 100, "only {translated} blocks were translated");
+}
+
+/// Doubles chosen for their edge cases: signed zeros, the smallest and
+/// largest subnormals and normals, infinities, quiet and signaling NaNs
+/// with and without payload, values at integer conversion limits, ties.
+const F64_EDGE: [u64; 24] = [
+    0,
+    1 << 63,
+    0x3ff0_0000_0000_0000, // 1
+    0xbff0_0000_0000_0000, // -1
+    0x3ff8_0000_0000_0000, // 1.5
+    0x4004_0000_0000_0000, // 2.5
+    0x3fb9_9999_9999_999a, // 0.1
+    1,                     // smallest subnormal
+    0x000f_ffff_ffff_ffff, // largest subnormal
+    0x8010_0000_0000_0000, // -smallest normal
+    0x7fef_ffff_ffff_ffff, // largest
+    0x7ff0_0000_0000_0000, // inf
+    0xfff0_0000_0000_0000, // -inf
+    0x7ff8_0000_0000_0000, // canonical NaN
+    0x7ff0_0000_0000_0001, // signaling NaN
+    0xfff8_0000_dead_beef, // quiet NaN with payload
+    0x43e0_0000_0000_0000, // 2^63
+    0xc3e0_0000_0000_0000, // -2^63
+    0x43f0_0000_0000_0000, // 2^64
+    0x41e0_0000_0000_0000, // 2^31
+    0xc1e0_0000_0020_0000, // -2^31 - 1
+    0x3ca0_0000_0000_0000, // 2^-53
+    0x4340_0000_0000_0001, // 2^54 + 2
+    0x7ff4_0000_0000_0000, // signaling NaN
+];
+
+/// The same for singles, NaN-boxed, and a few that are not (upper half
+/// not all ones: read as the canonical NaN).
+const F32_EDGE: [u64; 22] = [
+    0xffff_ffff_0000_0000,
+    0xffff_ffff_8000_0000,
+    0xffff_ffff_3f80_0000, // 1
+    0xffff_ffff_bfc0_0000, // -1.5
+    0xffff_ffff_3dcc_cccd, // 0.1
+    0xffff_ffff_0000_0001, // smallest subnormal
+    0xffff_ffff_807f_ffff, // -largest subnormal
+    0xffff_ffff_0080_0000, // smallest normal
+    0xffff_ffff_7f7f_ffff, // largest
+    0xffff_ffff_7f80_0000, // inf
+    0xffff_ffff_ff80_0000, // -inf
+    0xffff_ffff_7fc0_0000, // canonical NaN
+    0xffff_ffff_7f80_0001, // signaling NaN
+    0xffff_ffff_ffc0_1234, // quiet NaN with payload
+    0xffff_ffff_4f00_0000, // 2^31
+    0xffff_ffff_cf00_0000, // -2^31
+    0xffff_ffff_5f80_0000, // 2^64
+    0xffff_ffff_4b00_0001, // 2^23 + 1
+    0xffff_ffff_3400_0000, // 2^-23
+    0x0000_0000_3f80_0000, // 1, not boxed
+    0xffff_fffe_3f80_0000, // nearly boxed
+    0x3ff0_0000_0000_0000, // a double
+];
+
+/// Every floating-point computation of F and D (opcode, funct7 and rs2
+/// for the encodings that fix them, whether funct3 is a rounding mode, and
+/// the funct3 values otherwise), over f10 := f11 op f12 (op f13), or the x
+/// registers x10 and x11 where the operation takes or gives an integer.
+fn fp_templates() -> Vec<u32> {
+    let mut t = Vec::new();
+    let r = |f7: u32, rs2: u32, f3: u32| r_type(f7, rs2, 11, f3, 10, 0x53);
+    for fmt in [0, 1] {
+        for op in [0x00, 0x04, 0x08, 0x0c] {
+            t.push(r(op | fmt, 12, 0)); // fadd fsub fmul fdiv, rm patched
+        }
+        t.push(r(0x2c | fmt, 0, 0)); // fsqrt
+        for f3 in 0..3 {
+            t.push(r(0x10 | fmt, 12, f3)); // fsgnj, fsgnjn, fsgnjx
+        }
+        for f3 in 0..2 {
+            t.push(r(0x14 | fmt, 12, f3)); // fmin, fmax
+        }
+        for f3 in 0..3 {
+            t.push(r(0x50 | fmt, 12, f3)); // fle, flt, feq
+        }
+        for rs2 in 0..4 {
+            t.push(r(0x60 | fmt, rs2, 0)); // fcvt.{w,wu,l,lu}.fmt
+            t.push(r(0x68 | fmt, rs2, 0)); // fcvt.fmt.{w,wu,l,lu}
+        }
+        t.push(r(0x70 | fmt, 0, 0)); // fmv.x.fmt
+        t.push(r(0x70 | fmt, 0, 1)); // fclass
+        t.push(r(0x78 | fmt, 0, 0)); // fmv.fmt.x
+        for opc in [0x43, 0x47, 0x4b, 0x4f] {
+            // fmadd fmsub fnmsub fnmadd: rs3 = f13
+            t.push(13 << 27 | fmt << 25 | 12 << 20 | 11 << 15 | 10 << 7 | opc);
+        }
+    }
+    t.push(r(0x20, 1, 0)); // fcvt.s.d
+    t.push(r(0x21, 0, 0)); // fcvt.d.s
+                           // Reserved: fmt 2 (Q is not implemented), fsgnj with funct3 3.
+    t.push(r(0x02, 12, 0));
+    t.push(r(0x10, 12, 3));
+    t
+}
+
+/// Whether template `t`'s funct3 is a rounding mode.
+fn has_rm(t: u32) -> bool {
+    let g = t >> 27;
+    t & 0x7f != 0x53 || matches!(g, 0x00..=0x03 | 0x0b | 0x08 | 0x18 | 0x1a)
+}
+
+/// Random floating-point instructions for `program`, pushed onto `p`: a
+/// computation on random registers with a random rounding mode (a
+/// reserved one now and then; an x register it reads is written just
+/// before, so translated code holds a newer value than the register file),
+/// a load or store of an f register to the data, the device, no memory or
+/// the code (a new instruction written through an f register just ahead),
+/// a write of frm or fflags, or FS set back from dirty to initial (so that
+/// the loads that dirty it show).
+fn fp_insns(rng: &mut Rng, rd: u32, rs1: u32, p: &mut Vec<u32>, len: usize) {
+    let f = |rng: &mut Rng| rng.below(32) as u32;
+    let free = |rng: &mut Rng| 9 + rng.below(23) as u32;
+    match rng.below(12) {
+        0..=5 => {
+            let ts = fp_templates();
+            let t = rng.pick(&ts);
+            // Replace the registers: f or x as the operation reads them;
+            // an x destination is a free register (or x0).
+            let g = t >> 27;
+            let x_dst = t & 0x7f == 0x53 && matches!(g, 0x14 | 0x18 | 0x1c);
+            let x_src = t & 0x7f == 0x53 && matches!(g, 0x1a | 0x1e);
+            let mut i = t & !(31 << 7 | 31 << 15);
+            i |= if x_dst { rd } else { f(rng) } << 7;
+            let src = if x_src {
+                let t = free(rng);
+                p.push(i_type(rng.below(4096) as i32 - 2048, rs1, 0, t, 0x13));
+                t
+            } else {
+                f(rng)
+            };
+            i |= src << 15;
+            if (t >> 20) & 31 == 12 {
+                i = (i & !(31 << 20)) | f(rng) << 20;
+            }
+            if t & 0x7f != 0x53 {
+                i = (i & !(31 << 27)) | f(rng) << 27;
+            }
+            if has_rm(t) {
+                let rm = if rng.below(20) == 0 { 5 + rng.below(2) as u32 } else { rng.pick(&[0, 1, 2, 3, 4, 7, 7, 7]) };
+                i = (i & !(7 << 12)) | rm << 12;
+            }
+            p.push(i);
+        }
+        6..=8 => {
+            let (base, off) = match rng.below(12) {
+                0 => (6, rng.below(64) as i32 * 8),
+                1 => (7, rng.below(64) as i32),
+                // The code, read.
+                2 => (8, 4 * rng.below(len as u64) as i32),
+                _ => (5, rng.below(4096) as i32 - 2048),
+            };
+            let f3 = rng.pick(&[2, 3]);
+            if rng.below(2) == 0 || base == 8 {
+                p.push(i_type(off, base, f3, f(rng), 0x07));
+            } else {
+                p.push(s_type(off, f(rng), base, f3) & !0x7f | 0x27);
+            }
+        }
+        9 if p.len() + 6 < len => {
+            // fsw of a new instruction (an addi or xori into a free
+            // register) a little ahead: the block must end after it.
+            let w = i_type(rng.below(4096) as i32 - 2048, free(rng), rng.pick(&[0, 4]), free(rng), 0x13);
+            let t = free(rng);
+            let lo = ((w & 0xfff) as i32) << 20 >> 20;
+            let hi = w.wrapping_sub(lo as u32) & 0xffff_f000;
+            let ft = f(rng);
+            p.push(hi | t << 7 | 0x37);
+            p.push(i_type(lo, t, 0, t, 0x1b));
+            p.push(r_type(0x78, 0, t, 0, ft, 0x53)); // fmv.w.x
+            let off = 4 * (p.len() + 1 + rng.below(3) as usize) as i32;
+            p.push(s_type(off, ft, 8, 2) & !0x7f | 0x27);
+        }
+        10 => {
+            // FS from dirty back to initial: csrc mstatus, (1 << 14).
+            let t = free(rng);
+            p.push(4 << 12 | t << 7 | 0x37);
+            p.push(i_type(0x300, t, 3, 0, 0x73));
+        }
+        // csrw frm, rs1 (a reserved mode now and then) or fsflags.
+        _ => p.push(i_type(rng.pick(&[2, 1]), rs1, 1, 0, 0x73)),
+    }
+}
+
+/// Random programs with floating point in them: computations, loads and
+/// stores of f registers, frm changes, interpreted and translated.
+#[test]
+fn floating_point_translated_matches_the_interpreter() {
+    let mut translated = 0;
+    for seed in 1..=40u64 {
+        let len = 20 + (seed as usize * 53) % 180;
+        let total = 40_000;
+        let slices = |s: u64| {
+            let mut rng = Rng(s * 104729 + 5);
+            move || {
+                let max = if rng.below(2) == 0 { 40 } else { 3000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = setup_with(seed, len, 0, true);
+        run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
+        for hot in [1, 32] {
+            let mut jit = setup_with(seed, len, hot, true);
+            let mut i = 0;
+            run(&mut jit, total, slices(seed), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            translated += jit.hart.translated_blocks();
+        }
+    }
+    assert!(translated > 100, "only {translated} blocks were translated");
+}
+
+/// Every floating-point computation on edge operands (signed zeros,
+/// subnormals, infinities, quiet and signaling NaNs, NaN boxing, values
+/// at the limits of the integer conversions), in every rounding mode,
+/// static and dynamic, the reserved ones included (which trap), with
+/// fflags accrued before, and with FS off (which traps): interpreted and
+/// translated, the whole hart compared.
+#[test]
+fn each_floating_point_operation_on_edge_operands() {
+    let mut values: Vec<u64> = F64_EDGE.iter().chain(F32_EDGE.iter()).copied().collect();
+    let mut rng = Rng(77);
+    for _ in 0..8 {
+        values.push(rng.next());
+    }
+    let ints =
+        [0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1, 0x7fff_ffff, 0xffff_ffff_8000_0000, 0xffff_ffff, 3, 1 << 53 | 1];
+    let mut ram = GuestRam::new(BASE, RAM);
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+    // Traps go to a `j .` of their own.
+    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    let mut runs = 0;
+    for t in fp_templates() {
+        let rms: &[u32] = if has_rm(t) { &[0, 1, 2, 3, 4, 5, 7] } else { &[(t >> 12) & 7] };
+        for &rm in rms {
+            let insn = (t & !(7 << 12)) | rm << 12;
+            ram.write_u32(BASE, insn).unwrap();
+            let mut k = 0u64;
+            for (ai, &a) in values.iter().enumerate() {
+                for (bi, &b) in values.iter().enumerate() {
+                    // All pairs for the two-operand ones; a sample for the
+                    // rest (the second operand only matters to them).
+                    if (t >> 20) & 31 != 12 && bi % 7 != ai % 7 {
+                        continue;
+                    }
+                    k += 1;
+                    let c = values[(ai * 7 + bi * 3) % values.len()];
+                    let x = ints[(ai + bi) % ints.len()];
+                    let frm = [0u8, 1, 2, 3, 4, 5, 6, 7][(k % 8) as usize];
+                    let fs_off = k.is_multiple_of(97);
+                    let mut out = Vec::new();
+                    for h in harts.iter_mut() {
+                        h.s.pc = BASE;
+                        h.s.mtvec = BASE + 8;
+                        h.s.mstatus = if fs_off { 0 } else { 1 << 13 };
+                        h.s.frm = frm;
+                        h.s.fflags = (k % 32) as u8;
+                        h.s.f[10] = 0x5555;
+                        h.s.f[11] = a;
+                        h.s.f[12] = b;
+                        h.s.f[13] = c;
+                        h.s.x[10] = 0x5555;
+                        h.s.x[11] = x;
+                        h.s.mcause = 0;
+                        h.s.mepc = 0;
+                        h.s.mtval = 0;
+                        // Two instructions: the whole block, so translated
+                        // code runs (or a trap and the handler's `j .`).
+                        assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                        out.push(h.s.clone());
+                    }
+                    runs += 1;
+                    assert_eq!(
+                        out[0], out[1],
+                        "{insn:#010x} with {a:#x}, {b:#x}, {c:#x}, x {x:#x}, frm {frm}, FS off {fs_off}: \
+                         interpreted, translated"
+                    );
+                }
+            }
+        }
+    }
+    assert!(runs > 50_000, "{runs}");
+    // Loads and stores: flw, fld, fsw, fsd of every value, aligned,
+    // misaligned, across a page and to no memory, with FS off, initial
+    // (a load makes it dirty) and dirty.
+    let data = BASE + 0x3000;
+    let loads_stores = [
+        i_type(0, 11, 2, 10, 0x07),
+        i_type(8, 11, 3, 10, 0x07),
+        s_type(0, 12, 11, 2) & !0x7f | 0x27,
+        s_type(-8, 12, 11, 3) & !0x7f | 0x27,
+    ];
+    for insn in loads_stores {
+        ram.write_u32(BASE, insn).unwrap();
+        for (k, &v) in values.iter().enumerate() {
+            for (j, addr) in [data, data + 3, data + 0xffc, data + 0x800, 0].into_iter().enumerate() {
+                let fs = [0u64, 1, 3][(k + j) % 3];
+                ram.write_u64(data + 0x800, v.rotate_left(k as u32)).unwrap();
+                let mut out = Vec::new();
+                for h in harts.iter_mut() {
+                    h.s.pc = BASE;
+                    h.s.mtvec = BASE + 8;
+                    h.s.mstatus = fs << 13;
+                    h.s.f[10] = 0x5555;
+                    h.s.f[12] = v;
+                    h.s.x[11] = addr;
+                    h.s.mcause = 0;
+                    h.s.mtval = 0;
+                    assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                    out.push((h.s.clone(), ram.read_u64(data + 0x800).unwrap(), ram.read_u64(data).unwrap()));
+                }
+                assert_eq!(out[0], out[1], "{insn:#010x} at {addr:#x} with {v:#x}, FS {fs}: interpreted, translated");
+            }
+        }
+    }
+    assert!(harts[1].translated_blocks() > 0);
+}
+
+/// A store of an f register into the block it is in (a new instruction
+/// just ahead, then the old one back) ends the block, as the interpreter
+/// does: every iteration must run the new instruction.
+#[test]
+fn fp_store_into_its_own_block() {
+    let new = i_type(2, 10, 0, 10, 0x13);
+    let old = i_type(1, 10, 0, 10, 0x13);
+    let prog = [
+        r_type(0x78, 0, 12, 0, 1, 0x53),    // 0: fmv.w.x f1, x12 (new)
+        s_type(12, 1, 8, 2) & !0x7f | 0x27, // 4: fsw f1, 12(x8)
+        r_type(0x78, 0, 13, 0, 2, 0x53),    // 8: fmv.w.x f2, x13 (old)
+        old,                                // 12: addi x10, x10, 1 (rewritten)
+        s_type(12, 2, 8, 2) & !0x7f | 0x27, // 16: fsw f2, 12(x8)
+        i_type(-1, 4, 0, 4, 0x13),          // 20: addi x4, x4, -1
+        b_type(-24, 0, 4, 1),               // 24: bne x4, x0, 0
+        j_type(0, 0),                       // 28: j .
+    ];
+    let mut runs = Vec::new();
+    for hot in [0, 1, 2, 32] {
+        let mut ram = GuestRam::new(BASE, RAM);
+        for (i, w) in prog.iter().enumerate() {
+            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(hot);
+        hart.s.pc = BASE;
+        hart.s.mstatus = 1 << 13;
+        hart.s.x[8] = BASE;
+        hart.s.x[12] = new as u64;
+        hart.s.x[13] = old as u64;
+        hart.s.x[4] = 10_000;
+        let mut bus = Device::default();
+        let mut rng = Rng(9);
+        let mut done = 0;
+        while done < 100_000 {
+            let (n, _) = hart.run(&mut ram, &mut bus, 1 + rng.below(3000));
+            done += n;
+        }
+        runs.push(hart.s.clone());
+    }
+    assert_eq!(runs[0].x[10], 20_000);
+    for (i, r) in runs.iter().enumerate() {
+        assert_eq!(r, &runs[0], "run {i}");
+    }
 }
