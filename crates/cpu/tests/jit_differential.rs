@@ -536,9 +536,10 @@ fn jumps_across_pages_and_through_registers() {
         }
         let phys = |vpage: u64| -> u64 {
             let p = if vpage >= ALIAS { vpage - ALIAS } else { vpage };
-            // 16 KiB apart: blocks at offset o of one RAM page and o ^ 4
-            // of another share a slot of the block table when the pages'
-            // numbers differ in bit 1 (`block::slot_of`), so jumps
+            // 16 KiB apart: `block::slot_of` folds the bits from 14 up onto
+            // the low ones, so blocks at nearby offsets of two of these
+            // pages share slots of the block table (at offsets o and o ^ 8
+            // when the pages' numbers differ in bit 2 alone), and jumps
             // find other blocks in the slots they look in.
             CODE + 0x4000 * perm[p as usize]
         };
