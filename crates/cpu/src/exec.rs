@@ -293,16 +293,24 @@ impl Hart {
             fetch_tag: self.fetch_tag,
             fetch_off: self.fetch_off,
         };
+        // The x registers' address, derived from the whole state's: the
+        // code also reaches the f registers and mstatus from it, and hands
+        // the state to `jit::fp_helper`.
+        let state: *mut HartState = &mut self.s;
+        // SAFETY: a place projection of a pointer just made from a
+        // reference, not dereferenced.
+        let regs = unsafe { std::ptr::addr_of_mut!((*state).x) }.cast::<u64>();
         // SAFETY: `code` is the translation of the block (the block cache
         // keeps the two together and drops the code with the decoding).
-        // It reads and writes the 32 registers behind the first pointer
+        // It reads and writes the hart's state (registers, f registers,
+        // mstatus; fflags through `fp_compute`) through the first pointer
         // and the context behind the second, both live and not otherwise
         // borrowed for the call; through the context it reads the load and
         // store TLBs and, at the RAM offsets their entries give (pages
         // inside RAM, accesses checked not to cross them), guest RAM, as
         // the interpreter's fast paths do; it reads the fetch TLB and the
         // block cache's table, which is borrowed shared for the call.
-        let r = unsafe { code(self.s.x.as_mut_ptr(), &mut ctx) };
+        let r = unsafe { code(regs, &mut ctx) };
         // The fetch cache as the jumps through the fetch TLB left it.
         self.fetch_tag = ctx.fetch_tag;
         self.fetch_off = ctx.fetch_off;

@@ -138,8 +138,8 @@ const X_OFF: i32 = offset_of!(HartState, x) as i32;
 const F_REL: i32 = offset_of!(HartState, f) as i32 - X_OFF;
 const MSTATUS_REL: i32 = offset_of!(HartState, mstatus) as i32 - X_OFF;
 
-/// A translated block: the guest registers (`HartState::x`), the context;
-/// returns an exit code.
+/// A translated block: the guest registers (`HartState::x`, a pointer
+/// valid for the whole `HartState`), the context; returns an exit code.
 pub(crate) type JitFn = unsafe extern "sysv64" fn(*mut u64, *mut JitCtx) -> u64;
 
 /// A floating-point computation for translated code: the interpreter's own
