@@ -77,6 +77,13 @@ pub(crate) enum Op {
     Divuw,
     Remw,
     Remuw,
+    /// Floating point: the computational operations (OP-FP and the fused
+    /// multiply-adds), executed by `HartState::fp_compute`, and the loads
+    /// and stores (flw, fld, fsw, fsd). Their `Inst::imm` is the raw bits,
+    /// as for `Other` (the offsets come from `Inst::insn`).
+    Fp,
+    Fload,
+    Fstore,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -196,6 +203,9 @@ pub(crate) fn decode(raw: u32) -> Decoded {
             (1, 7) => (Remu, 0),
             _ => (Other, 0),
         },
+        0x07 if f3 == 2 || f3 == 3 => (Fload, 0),
+        0x27 if f3 == 2 || f3 == 3 => (Fstore, 0),
+        0x53 | 0x43 | 0x47 | 0x4b | 0x4f => (Fp, 0),
         0x3b => match (f7, f3) {
             (0, 0) => (Addw, 0),
             (0x20, 0) => (Subw, 0),

@@ -8,7 +8,7 @@ use crate::block::{Block, BlockCache};
 use crate::csr;
 use crate::decode::{decode, Op};
 use crate::fpu::{self, Rm};
-use crate::hart::{Exit, Hart, PrivilegeMode};
+use crate::hart::{Exit, Hart, HartState, PrivilegeMode};
 use crate::jit::{self, JitCtx, JitFn};
 use crate::mmu::{index, read_le, tag, write_le};
 use crate::trap::{self, Access, Trap};
@@ -288,17 +288,32 @@ impl Hart {
             load_tlb: self.tlb.load.as_ptr(),
             store_tlb: self.tlb.store.as_ptr(),
             prv: self.data_prv() as u64,
+            fetch_tlb: self.tlb.fetch.as_ptr(),
+            fetch_prv: self.s.prv as u64,
+            fetch_tag: self.fetch_tag,
+            fetch_off: self.fetch_off,
         };
+        // The x registers' address, derived from the whole state's: the
+        // code also reaches the f registers and mstatus from it, and hands
+        // the state to `jit::fp_helper`.
+        let state: *mut HartState = &mut self.s;
+        // SAFETY: a place projection of a pointer just made from a
+        // reference, not dereferenced.
+        let regs = unsafe { std::ptr::addr_of_mut!((*state).x) }.cast::<u64>();
         // SAFETY: `code` is the translation of the block (the block cache
         // keeps the two together and drops the code with the decoding).
-        // It reads and writes the 32 registers behind the first pointer
+        // It reads and writes the hart's state (registers, f registers,
+        // mstatus; fflags through `fp_compute`) through the first pointer
         // and the context behind the second, both live and not otherwise
         // borrowed for the call; through the context it reads the load and
         // store TLBs and, at the RAM offsets their entries give (pages
         // inside RAM, accesses checked not to cross them), guest RAM, as
-        // the interpreter's fast paths do; it reads the block cache's
-        // table, which is borrowed shared for the call.
-        let r = unsafe { code(self.s.x.as_mut_ptr(), &mut ctx) };
+        // the interpreter's fast paths do; it reads the fetch TLB and the
+        // block cache's table, which is borrowed shared for the call.
+        let r = unsafe { code(regs, &mut ctx) };
+        // The fetch cache as the jumps through the fetch TLB left it.
+        self.fetch_tag = ctx.fetch_tag;
+        self.fetch_off = ctx.fetch_off;
         // What the blocks retired whole, and where they leave off.
         self.retire(left - ctx.left, ctx.pc, steps);
         if r & 0xff == jit::END {
@@ -453,6 +468,61 @@ impl Hart {
                 Nop => {
                     continue;
                 }
+                Fp => match self.s.fp_compute(d.insn, d.imm as u32) {
+                    Ok(()) => continue,
+                    Err(t) => return self.trap_at(i, at(), t, steps),
+                },
+                Fload | Fstore => {
+                    // As the general executor's `float` does, in the
+                    // block: the same checks in the same order, and the
+                    // loads' and stores' paths of the operations above.
+                    if self.s.mstatus & csr::MSTATUS_FS == 0 {
+                        return self.trap_at(i, at(), Trap::illegal(d.imm as u32), steps);
+                    }
+                    let double = funct3(d.insn) == 3;
+                    let size = if double { 8 } else { 4 };
+                    if d.op == Fload {
+                        let addr = x1.wrapping_add(imm_i(d.insn));
+                        let mut dev = false;
+                        let v = match self.load_fast(ram, addr, size) {
+                            Some(v) => v,
+                            None => {
+                                self.progress = *steps + done;
+                                match self.load_slow(ram, bus, addr, size, &mut dev) {
+                                    Ok(v) => v,
+                                    Err(t) => return self.trap_at(i, at(), t, steps),
+                                }
+                            }
+                        };
+                        self.s.f[(d.rd & 31) as usize] = if double { v } else { BOX32 | v as u32 as u64 };
+                        self.mark_fs_dirty();
+                        if dev {
+                            self.retire(done, at().wrapping_add(d.len()), steps);
+                            return Then::Leave(Some(Exit::Device));
+                        }
+                        continue;
+                    }
+                    let addr = x1.wrapping_add(imm_s(d.insn));
+                    let v = self.s.f[(d.rs2 & 31) as usize];
+                    let v = if double { v } else { v & 0xffff_ffff };
+                    match self.store_fast(ram, addr, size, v) {
+                        // Into the block itself, as for the stores above.
+                        Some(off) if off.wrapping_sub(block.off) < block.bytes => {
+                            return self.retire(done, at().wrapping_add(d.len()), steps);
+                        }
+                        Some(_) => {}
+                        None => {
+                            let mut dev = false;
+                            self.progress = *steps + done;
+                            if let Err(t) = self.store_slow(ram, bus, addr, size, v, &mut dev) {
+                                return self.trap_at(i, at(), t, steps);
+                            }
+                            self.retire(done, at().wrapping_add(d.len()), steps);
+                            return if dev { Then::Leave(Some(Exit::Device)) } else { Then::Next };
+                        }
+                    }
+                    continue;
+                }
                 Addi => x1.wrapping_add(imm),
                 Slti => ((x1 as i64) < (imm as i64)) as u64,
                 Sltiu => (x1 < imm) as u64,
@@ -529,9 +599,10 @@ impl Hart {
         Then::Next
     }
 
-    /// Instructions without a fast path: fences, system, atomics and
-    /// floating point. Encodings of fast-path opcodes that reach here are
-    /// the invalid ones.
+    /// Instructions without a fast path: fences, system, atomics, and the
+    /// floating-point loads and stores of the widths without F or D.
+    /// Encodings of fast-path opcodes that reach here are the invalid
+    /// ones.
     #[inline(never)]
     fn execute(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
         let next = self.s.pc.wrapping_add(len);
@@ -725,17 +796,6 @@ impl Hart {
         Ok(Flow::Next)
     }
 
-    fn rounding(&self, i: u32, raw: u32) -> Result<Rm, Trap> {
-        let f = funct3(i);
-        let f = if f == 7 { self.s.frm as u32 } else { f };
-        Rm::from_bits(f).ok_or(Trap::illegal(raw))
-    }
-
-    #[inline]
-    fn set_f32(&mut self, r: usize, v: u32) {
-        self.s.f[r] = BOX32 | v as u64;
-    }
-
     #[inline(never)]
     fn float(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         if self.s.mstatus & csr::MSTATUS_FS == 0 {
@@ -749,7 +809,7 @@ impl Hart {
                 match funct3(i) {
                     2 => {
                         let v = self.load(ram, bus, addr, 4, &mut dev)?;
-                        self.set_f32(rd(i), v as u32);
+                        self.s.set_f32(rd(i), v as u32);
                     }
                     3 => self.s.f[rd(i)] = self.load(ram, bus, addr, 8, &mut dev)?,
                     _ => return Err(Trap::illegal(raw)),
@@ -765,6 +825,49 @@ impl Hart {
                     _ => return Err(Trap::illegal(raw)),
                 }
             }
+            _ => self.s.fp_compute(i, raw)?,
+        }
+        self.s.pc = next;
+        Ok(if dev { Flow::Device } else { Flow::Next })
+    }
+}
+
+impl HartState {
+    #[inline(always)]
+    fn set_x(&mut self, r: usize, v: u64) {
+        self.x[r] = v;
+        self.x[0] = 0;
+    }
+
+    #[inline(always)]
+    fn mark_fs_dirty(&mut self) {
+        self.mstatus |= csr::MSTATUS_FS_DIRTY | csr::MSTATUS_SD;
+    }
+
+    fn rounding(&self, i: u32, raw: u32) -> Result<Rm, Trap> {
+        let f = funct3(i);
+        let f = if f == 7 { self.frm as u32 } else { f };
+        Rm::from_bits(f).ok_or(Trap::illegal(raw))
+    }
+
+    #[inline]
+    fn set_f32(&mut self, r: usize, v: u32) {
+        self.f[r] = BOX32 | v as u64;
+    }
+
+    /// A floating-point computation: OP-FP or a fused multiply-add, at
+    /// any place in a block (it reads and writes registers, fflags and
+    /// mstatus.FS, nothing else), and from translated code. An `Err`
+    /// leaves the state untouched: every check comes before any write.
+    pub(crate) fn fp_compute(&mut self, i: u32, raw: u32) -> Result<(), Trap> {
+        if self.mstatus & csr::MSTATUS_FS == 0 {
+            return Err(Trap::illegal(raw));
+        }
+        let op = i & 0x7f;
+        if op == 0x53 {
+            return self.op_fp(i, raw);
+        }
+        match op {
             0x43 | 0x47 | 0x4b | 0x4f => {
                 let rm = self.rounding(i, raw)?;
                 let mut fl = 0u8;
@@ -778,9 +881,9 @@ impl Hart {
                 };
                 match (i >> 25) & 3 {
                     0 => {
-                        let mut a = unbox32(self.s.f[rs1(i)]);
-                        let b = unbox32(self.s.f[rs2(i)]);
-                        let mut c = unbox32(self.s.f[rs3(i)]);
+                        let mut a = unbox32(self.f[rs1(i)]);
+                        let b = unbox32(self.f[rs2(i)]);
+                        let mut c = unbox32(self.f[rs3(i)]);
                         if neg_prod {
                             a ^= 1 << 31;
                         }
@@ -791,26 +894,25 @@ impl Hart {
                         self.set_f32(rd(i), r);
                     }
                     1 => {
-                        let mut a = self.s.f[rs1(i)];
-                        let b = self.s.f[rs2(i)];
-                        let mut c = self.s.f[rs3(i)];
+                        let mut a = self.f[rs1(i)];
+                        let b = self.f[rs2(i)];
+                        let mut c = self.f[rs3(i)];
                         if neg_prod {
                             a ^= 1 << 63;
                         }
                         if neg_add {
                             c ^= 1 << 63;
                         }
-                        self.s.f[rd(i)] = fpu::f64_fma(a, b, c, rm, &mut fl);
+                        self.f[rd(i)] = fpu::f64_fma(a, b, c, rm, &mut fl);
                     }
                     _ => return Err(Trap::illegal(raw)),
                 }
-                self.s.fflags |= fl;
+                self.fflags |= fl;
                 self.mark_fs_dirty();
             }
-            _ => self.op_fp(i, raw)?,
+            _ => return Err(Trap::illegal(raw)),
         }
-        self.s.pc = next;
-        Ok(if dev { Flow::Device } else { Flow::Next })
+        Ok(())
     }
 
     fn op_fp(&mut self, i: u32, raw: u32) -> Result<(), Trap> {
@@ -823,15 +925,15 @@ impl Hart {
         let (r1, r2, d) = (rs1(i), rs2(i), rd(i));
         let f3 = funct3(i);
         let mut fl = 0u8;
-        let fa = self.s.f[r1];
-        let fb = self.s.f[r2];
+        let fa = self.f[r1];
+        let fb = self.f[r2];
         let (a32, b32) = (unbox32(fa), unbox32(fb));
         match funct7 >> 2 {
             0x00..=0x03 => {
                 let rm = self.rounding(i, raw)?;
                 if double {
                     let f = [fpu::f64_add, fpu::f64_sub, fpu::f64_mul, fpu::f64_div][(funct7 >> 2) as usize];
-                    self.s.f[d] = f(fa, fb, rm, &mut fl);
+                    self.f[d] = f(fa, fb, rm, &mut fl);
                 } else {
                     let f = [fpu::f32_add, fpu::f32_sub, fpu::f32_mul, fpu::f32_div][(funct7 >> 2) as usize];
                     let r = f(a32, b32, rm, &mut fl);
@@ -844,7 +946,7 @@ impl Hart {
                 }
                 let rm = self.rounding(i, raw)?;
                 if double {
-                    self.s.f[d] = fpu::f64_sqrt(fa, rm, &mut fl);
+                    self.f[d] = fpu::f64_sqrt(fa, rm, &mut fl);
                 } else {
                     let r = fpu::f32_sqrt(a32, rm, &mut fl);
                     self.set_f32(d, r);
@@ -858,7 +960,7 @@ impl Hart {
                         2 => fa ^ fb,
                         _ => return Err(Trap::illegal(raw)),
                     } & (1 << 63);
-                    self.s.f[d] = (fa & !(1 << 63)) | sign;
+                    self.f[d] = (fa & !(1 << 63)) | sign;
                 } else {
                     let sign = match f3 {
                         0 => b32,
@@ -874,7 +976,7 @@ impl Hart {
                     return Err(Trap::illegal(raw));
                 }
                 if double {
-                    self.s.f[d] = if f3 == 0 { fpu::f64_min(fa, fb, &mut fl) } else { fpu::f64_max(fa, fb, &mut fl) };
+                    self.f[d] = if f3 == 0 { fpu::f64_min(fa, fb, &mut fl) } else { fpu::f64_max(fa, fb, &mut fl) };
                 } else {
                     let r = if f3 == 0 { fpu::f32_min(a32, b32, &mut fl) } else { fpu::f32_max(a32, b32, &mut fl) };
                     self.set_f32(d, r);
@@ -887,7 +989,7 @@ impl Hart {
                         let r = fpu::f64_to_f32(fa, rm, &mut fl);
                         self.set_f32(d, r);
                     }
-                    (1, 0) => self.s.f[d] = fpu::f32_to_f64(a32, &mut fl),
+                    (1, 0) => self.f[d] = fpu::f32_to_f64(a32, &mut fl),
                     _ => return Err(Trap::illegal(raw)),
                 }
             }
@@ -920,7 +1022,7 @@ impl Hart {
             }
             0x1a => {
                 let rm = self.rounding(i, raw)?;
-                let x = self.s.x[r1];
+                let x = self.x[r1];
                 match (double, r2) {
                     (false, 0) => {
                         let r = fpu::i32_to_f32(x as i32, rm, &mut fl);
@@ -938,10 +1040,10 @@ impl Hart {
                         let r = fpu::u64_to_f32(x, rm, &mut fl);
                         self.set_f32(d, r)
                     }
-                    (true, 0) => self.s.f[d] = fpu::i32_to_f64(x as i32, rm, &mut fl),
-                    (true, 1) => self.s.f[d] = fpu::u32_to_f64(x as u32, rm, &mut fl),
-                    (true, 2) => self.s.f[d] = fpu::i64_to_f64(x as i64, rm, &mut fl),
-                    (true, 3) => self.s.f[d] = fpu::u64_to_f64(x, rm, &mut fl),
+                    (true, 0) => self.f[d] = fpu::i32_to_f64(x as i32, rm, &mut fl),
+                    (true, 1) => self.f[d] = fpu::u32_to_f64(x as u32, rm, &mut fl),
+                    (true, 2) => self.f[d] = fpu::i64_to_f64(x as i64, rm, &mut fl),
+                    (true, 3) => self.f[d] = fpu::u64_to_f64(x, rm, &mut fl),
                     _ => return Err(Trap::illegal(raw)),
                 }
             }
@@ -964,16 +1066,16 @@ impl Hart {
                 if r2 != 0 || f3 != 0 {
                     return Err(Trap::illegal(raw));
                 }
-                let x = self.s.x[r1];
+                let x = self.x[r1];
                 if double {
-                    self.s.f[d] = x;
+                    self.f[d] = x;
                 } else {
                     self.set_f32(d, x as u32);
                 }
             }
             _ => return Err(Trap::illegal(raw)),
         }
-        self.s.fflags |= fl;
+        self.fflags |= fl;
         self.mark_fs_dirty();
         Ok(())
     }

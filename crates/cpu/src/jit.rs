@@ -14,7 +14,15 @@
 //! read and written in place in the hart's register file), runs the
 //! block's operations with no dispatch, and writes the dirty registers
 //! back at every exit. It does only what the interpreter's fast paths do
-//! and returns to Rust for everything else.
+//! and returns to Rust for everything else (atomics, CSRs, fences, system
+//! instructions), with one exception: floating point. Loads and stores of
+//! f registers take the integer ones' TLB fast paths (after the FS check;
+//! flw NaN-boxes, a load marks FS dirty); computations call the
+//! interpreter's own `HartState::fp_compute` (the software FPU: exact
+//! results, fflags, canonical NaNs, every rounding mode) from translated
+//! code, which costs a call instead of a return to Rust and back, and
+//! cannot differ from the interpreter. The f registers stay in the
+//! register file.
 //!
 //! A block whose next pc is known (a branch either way, `jal`, the
 //! straight line running on) and lies on the same page goes on to that
@@ -28,15 +36,27 @@
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
 //!
+//! A jump through a register (`jalr`: returns, indirect calls) and a
+//! direct jump, branch or fall-through to another page go on the same
+//! way, to a target found at run time as the executor's loop finds it:
+//! the RAM offset of the pc from the interpreter's one-entry fetch cache
+//! or the fetch TLB (refilling the cache as `Hart::fetch_offset` does, so
+//! that translated and interpreted execution always fetch a pc from the
+//! same RAM), then the block cache's slot for that offset. A TLB miss, a
+//! slot holding another block or none translated returns to Rust, which
+//! walks the page tables, decodes or translates.
+//!
 //! What a call returns:
 //! - `END`: every block it ran retired whole (the count is in
 //!   `JitCtx::left`) and the next pc is `JitCtx::pc`;
 //! - `RESUME | k << 8 | slot << 16`: the blocks before the one in `slot`
 //!   retired; that one, at `JitCtx::pc`, executed its instructions `0..k`
 //!   but counted none, and the interpreter carries on from instruction
-//!   `k`: a load or store whose TLB fast path missed, or an instruction
-//!   the translator does not handle (the general executor's, always the
-//!   last of its block). The interpreter then does exactly what it would
+//!   `k`: a load or store whose TLB fast path missed, a floating-point
+//!   instruction that traps (FS off, a reserved rounding mode or
+//!   encoding: `fp_compute` declines without changing anything), or an
+//!   instruction the translator does not handle (the general executor's,
+//!   always the last of its block). The interpreter then does exactly what it would
 //!   have done had it run the block from the start, so slow paths, device
 //!   accesses and traps (precise: pc, tval, registers, counts) need no
 //!   second implementation here.
@@ -52,9 +72,12 @@
 //! code assembler would do too, but encodes every instruction at run time
 //! through a much larger crate.
 
-use crate::block::{slot_of, Block};
+use crate::block::{slot_of, Block, SLOTS};
+use crate::csr::{MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
 use crate::decode::Op;
+use crate::hart::HartState;
 use crate::mmu::{TlbEntry, TLB_SIZE};
+use crate::trap::Trap;
 use dynasmrt::x64::X64Relocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, ExecutableBuffer, VecAssembler};
 use std::mem::offset_of;
@@ -82,6 +105,15 @@ pub(crate) struct JitCtx {
     /// The privilege level loads and stores are checked at (the low bits
     /// of a TLB tag).
     pub prv: u64,
+    /// The fetch side, for jumps to a pc known only at run time: the fetch
+    /// TLB, the privilege level fetches are checked at, and the
+    /// interpreter's one-entry fetch cache (`Hart::fetch_tag` and
+    /// `fetch_off`), which translated code reads and updates exactly as
+    /// `Hart::fetch_offset` does, so that both find the same RAM for a pc.
+    pub fetch_tlb: *const TlbEntry,
+    pub fetch_prv: u64,
+    pub fetch_tag: u64,
+    pub fetch_off: usize,
 }
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
@@ -90,15 +122,42 @@ const CTX_RAM: i32 = offset_of!(JitCtx, ram) as i32;
 const CTX_LOAD_TLB: i32 = offset_of!(JitCtx, load_tlb) as i32;
 const CTX_STORE_TLB: i32 = offset_of!(JitCtx, store_tlb) as i32;
 const CTX_PRV: i32 = offset_of!(JitCtx, prv) as i32;
+const CTX_FETCH_TLB: i32 = offset_of!(JitCtx, fetch_tlb) as i32;
+const CTX_FETCH_PRV: i32 = offset_of!(JitCtx, fetch_prv) as i32;
+const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
+const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE <= 256);
 const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
 const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
+const BLOCK_SIZE: i32 = std::mem::size_of::<Block>() as i32;
+/// Where the f registers and mstatus are, from the x registers (the
+/// pointer translated code gets): the offsets within `HartState`.
+const X_OFF: i32 = offset_of!(HartState, x) as i32;
+const F_REL: i32 = offset_of!(HartState, f) as i32 - X_OFF;
+const MSTATUS_REL: i32 = offset_of!(HartState, mstatus) as i32 - X_OFF;
 
-/// A translated block: the guest registers (`HartState::x`), the context;
-/// returns an exit code.
+/// A translated block: the guest registers (`HartState::x`, a pointer
+/// valid for the whole `HartState`), the context; returns an exit code.
 pub(crate) type JitFn = unsafe extern "sysv64" fn(*mut u64, *mut JitCtx) -> u64;
+
+/// A floating-point computation for translated code: the interpreter's own
+/// (`HartState::fp_compute`), so results, fflags, NaN boxing, canonical
+/// NaNs and rounding modes are the interpreter's by construction. 1 when
+/// done; 0 when it would trap (illegal: FS off, a reserved rounding mode
+/// or encoding), having changed nothing, and the interpreter runs it.
+///
+/// # Safety
+/// `s` points to a live `HartState` that nothing else accesses for the
+/// call.
+unsafe extern "sysv64" fn fp_helper(s: *mut HartState, insn: u32, raw: u32) -> u64 {
+    // SAFETY: as the caller promises; translated code passes the state
+    // its own register pointer is in, and touches nothing during the call.
+    let s = unsafe { &mut *s };
+    let r: Result<(), Trap> = s.fp_compute(insn, raw);
+    r.is_ok() as u64
+}
 
 /// Host registers (x86-64 encodings). rdi holds the guest register file,
 /// rsi the context; rax, rcx, rdx and r11 are scratch.
@@ -259,6 +318,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         dirty: 0,
         stubs: Vec::new(),
         epilogue,
+        lookup: None,
         slot,
         slots: slots.as_ptr() as usize,
         off: block.off,
@@ -334,6 +394,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         ; pop rbx
         ; ret
     );
+    e.emit_lookup();
     // Side exits, out of the straight line.
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
@@ -363,8 +424,10 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
 fn reads(op: Op) -> (bool, bool) {
     use Op::*;
     match op {
-        Other | Illegal | Nop | Lui | Auipc | Jal => (false, false),
-        Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => (true, false),
+        // Floating point's x registers are read and written in place (see
+        // `Emitter::fp_compute`); a load's or store's rs1 is an address.
+        Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
+        Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Fload | Fstore => (true, false),
         Addi | Slti | Sltiu | Xori | Ori | Andi | Slli | Srli | Srai | Addiw | Slliw | Srliw | Sraiw => (true, false),
         _ => (true, true),
     }
@@ -373,7 +436,7 @@ fn reads(op: Op) -> (bool, bool) {
 /// Whether an operation writes rd.
 fn writes(op: Op) -> bool {
     use Op::*;
-    !matches!(op, Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd)
+    !matches!(op, Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore)
 }
 
 /// A side exit: where it starts, which registers it writes back, what it
@@ -398,6 +461,9 @@ struct Emitter {
     dirty: u32,
     stubs: Vec<Stub>,
     epilogue: DynamicLabel,
+    /// The shared tail of the exits to a pc known only at run time, once
+    /// one needs it (see `Emitter::lookup`).
+    lookup: Option<DynamicLabel>,
     /// The block's slot, the address of the table of slots, the block's
     /// RAM offset and the number of instructions translated.
     slot: usize,
@@ -510,8 +576,85 @@ impl Emitter {
                 ; jmp rax
                 ; =>out
             );
+            dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
+        } else {
+            // Another page, whose RAM only the fetch TLB knows.
+            let lookup = self.lookup();
+            dynasm!(self.ops ; .arch x64 ; mov r11, QWORD [rsi + CTX_PC] ; jmp =>lookup);
         }
-        dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
+    }
+
+    /// The label of the exit to the pc in r11 (already in `JitCtx::pc`,
+    /// with the block's instructions counted and its registers written
+    /// back): on to the translation of the block there if there is one,
+    /// else back to Rust.
+    fn lookup(&mut self) -> DynamicLabel {
+        match self.lookup {
+            Some(l) => l,
+            None => {
+                let l = self.ops.new_dynamic_label();
+                self.lookup = Some(l);
+                l
+            }
+        }
+    }
+
+    /// The code of `lookup`, once per block that uses it, out of the
+    /// straight line. It does what the executor's loop does with the new
+    /// pc: the RAM offset from the fetch cache or, if that holds another
+    /// page, from the fetch TLB, refilling the cache (`Hart::fetch_offset`;
+    /// a miss returns to Rust, which walks the page tables); the block at
+    /// that offset from its slot of the block cache (`BlockCache::get`;
+    /// another block there or none translated returns to Rust). The
+    /// target's chain entry then checks the budget and the RAM words, as
+    /// for the jumps within a page.
+    fn emit_lookup(&mut self) {
+        let Some(l) = self.lookup else { return };
+        dynasm!(self.ops
+            ; .arch x64
+            ; =>l
+            // rdx := the page's tag.
+            ; mov rdx, r11
+            ; and rdx, -4096
+            ; or rdx, QWORD [rsi + CTX_FETCH_PRV]
+            ; cmp rdx, QWORD [rsi + CTX_FETCH_TAG]
+            ; je >cached
+            // The fetch TLB's entry for the page.
+            ; mov rcx, r11
+            ; shr rcx, 12
+            ; and ecx, (TLB_SIZE - 1) as i32
+            ; shl ecx, 4
+            ; add rcx, QWORD [rsi + CTX_FETCH_TLB]
+            ; cmp rdx, QWORD [rcx + TLB_TAG]
+            ; jne >out
+            ; mov QWORD [rsi + CTX_FETCH_TAG], rdx
+            ; mov rcx, QWORD [rcx + TLB_OFF]
+            ; mov QWORD [rsi + CTX_FETCH_OFF], rcx
+            ; cached:
+            // rdx := the RAM offset of the pc.
+            ; mov edx, r11d
+            ; and edx, 0xfff
+            ; add rdx, QWORD [rsi + CTX_FETCH_OFF]
+            // rax := its slot (`slot_of`).
+            ; mov rax, rdx
+            ; shr rax, 1
+            ; mov rcx, rdx
+            ; shr rcx, 14
+            ; xor rax, rcx
+            ; and eax, (SLOTS - 1) as i32
+            ; imul rax, rax, BLOCK_SIZE
+            ; mov rcx, QWORD self.slots as i64
+            ; add rax, rcx
+            ; cmp QWORD [rax + BLOCK_OFF], rdx
+            ; jne >out
+            ; mov rax, QWORD [rax + BLOCK_CHAIN]
+            ; test rax, rax
+            ; jz >out
+            ; jmp rax
+            ; out:
+            ; xor eax, eax
+            ; jmp =>self.epilogue
+        );
     }
 
     /// rd := rs1 op rs2.
@@ -612,9 +755,9 @@ impl Emitter {
                     ; .arch x64
                     ; sub QWORD [rsi + CTX_LEFT], self.n as i32
                     ; mov QWORD [rsi + CTX_PC], r11
-                    ; xor eax, eax
-                    ; jmp =>self.epilogue
                 );
+                let lookup = self.lookup();
+                dynasm!(self.ops ; .arch x64 ; jmp =>lookup);
                 return true;
             }
             Beq | Bne | Blt | Bge | Bltu | Bgeu => {
@@ -759,9 +902,122 @@ impl Emitter {
                 self.put(rd, RDX);
             }
             Div | Divu | Rem | Remu | Divw | Divuw | Remw | Remuw => self.div(d.op, rd, rs1, rs2),
+            Fp => self.fp_compute(k, d),
+            Fload | Fstore => self.fp_load_store(block, k, d),
             Other | Illegal => unreachable!("not translated"),
         }
         false
+    }
+
+    /// Floating-point computation `k`: a call of `fp_helper`. The x
+    /// register some of these read (fmv.d.x, fcvt from an integer) is
+    /// written back first if a host register holds a newer value; the one
+    /// others write (fmv.x.d, comparisons, fclass, fcvt to an integer) is
+    /// loaded again after. If the helper declines, the interpreter carries
+    /// on at `k` and traps exactly.
+    fn fp_compute(&mut self, k: usize, d: &crate::block::Inst) {
+        let i = d.insn;
+        let group = i >> 27;
+        let is_op_fp = i & 0x7f == 0x53;
+        let reads_x = is_op_fp && matches!(group, 0x1a | 0x1e);
+        let writes_x = is_op_fp && matches!(group, 0x14 | 0x18 | 0x1c);
+        let rs1 = d.rs1 as usize;
+        if reads_x && self.dirty & (1 << rs1) != 0 {
+            if let Loc::Host(h) = self.loc[rs1] {
+                dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * rs1 as i32], Rq(h));
+            }
+        }
+        let declined = self.stub(Exit::Resume(k));
+        // rdi, rsi and the pool's r8-r10 are caller-saved. The stack is 8
+        // past a multiple of 16 in a block (its entry was called, then
+        // pushed six registers): five pushes align it for the call.
+        dynasm!(self.ops
+            ; .arch x64
+            ; push rdi
+            ; push rsi
+            ; push r8
+            ; push r9
+            ; push r10
+            ; sub rdi, X_OFF
+            ; mov esi, i as i32
+            ; mov edx, d.imm
+            ; mov rax, QWORD fp_helper as *const () as i64
+            ; call rax
+            ; pop r10
+            ; pop r9
+            ; pop r8
+            ; pop rsi
+            ; pop rdi
+            ; test eax, eax
+            ; jz =>declined
+        );
+        let rd = d.rd as usize;
+        if writes_x {
+            if let Loc::Host(h) = self.loc[rd] {
+                dynasm!(self.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * rd as i32]);
+                // The register file holds the value now.
+                self.dirty &= !(1 << rd);
+            }
+        }
+    }
+
+    /// flw, fld, fsw, fsd: the integer loads' and stores' TLB fast paths,
+    /// after the check the interpreter makes first (FS off: illegal, which
+    /// the interpreter raises); a load marks FS dirty, as the interpreter's.
+    fn fp_load_store(&mut self, block: &Block, k: usize, d: &crate::block::Inst) {
+        let double = (d.insn >> 12) & 7 == 3;
+        let size = if double { 8 } else { 4 };
+        let i = d.insn as i32;
+        let resume = self.stub(Exit::Resume(k));
+        dynasm!(self.ops
+            ; .arch x64
+            ; test QWORD [rdi + MSTATUS_REL], MSTATUS_FS as i32
+            ; jz =>resume
+        );
+        if d.op == Op::Fload {
+            self.tlb_lookup(d.rs1, i >> 20, size, CTX_LOAD_TLB, resume);
+            dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+            if double {
+                dynasm!(self.ops ; .arch x64 ; mov rax, QWORD [rdx]);
+            } else {
+                // NaN-boxed.
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; mov eax, DWORD [rdx]
+                    ; mov rcx, QWORD -0x1_0000_0000
+                    ; or rax, rcx
+                );
+            }
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov QWORD [rdi + F_REL + 8 * d.rd as i32], rax
+                ; mov rax, QWORD (MSTATUS_FS_DIRTY | MSTATUS_SD) as i64
+                ; or QWORD [rdi + MSTATUS_REL], rax
+            );
+        } else {
+            let imm = ((i >> 25) << 5) | ((i >> 7) & 31);
+            self.tlb_lookup(d.rs1, imm, size, CTX_STORE_TLB, resume);
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov rcx, QWORD [rsi + CTX_RAM]
+                ; add rcx, rdx
+                ; mov rax, QWORD [rdi + F_REL + 8 * d.rs2 as i32]
+            );
+            if double {
+                dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx], rax);
+            } else {
+                dynasm!(self.ops ; .arch x64 ; mov DWORD [rcx], eax);
+            }
+            // Into the block itself: as for the integer stores.
+            let cut = self.stub(Exit::Cut(k));
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov r11, QWORD block.off as i64
+                ; sub rdx, r11
+                ; cmp rdx, DWORD block.bytes as i32
+                ; jb =>cut
+            );
+        }
     }
 
     /// Division with RISC-V's results for a zero divisor (all ones, or the

@@ -127,7 +127,7 @@ const OP32_FUNCTS: [(u32, u32); 10] =
     [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)];
 
 /// A random program at BASE: a loop over `len` random instructions.
-fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
+fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
     let mut p = Vec::new();
     let any =
         |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
@@ -137,6 +137,10 @@ fn program(rng: &mut Rng, len: usize) -> Vec<u32> {
         let left = len - p.len();
         let kind = rng.below(100);
         let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
+        if fp && kind < 40 {
+            fp_insns(rng, rd, rs1, &mut p, len);
+            continue;
+        }
         let insn = match kind {
             // reg-reg, M included
             0..=29 => {
@@ -250,8 +254,12 @@ struct Run {
 }
 
 fn setup(seed: u64, len: usize, jit: u32) -> Run {
+    setup_with(seed, len, jit, false)
+}
+
+fn setup_with(seed: u64, len: usize, jit: u32, fp: bool) -> Run {
     let mut rng = Rng(seed | 1);
-    let prog = program(&mut rng, len);
+    let prog = program(&mut rng, len, fp);
     assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
     let mut ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
@@ -276,6 +284,19 @@ fn setup(seed: u64, len: usize, jit: u32) -> Run {
     hart.set_jit(jit);
     hart.s.pc = BASE;
     hart.s.mtvec = HANDLER;
+    if fp {
+        // FS initial (off in one run of five: every FP instruction traps);
+        // frm anything, the reserved modes included (dynamic rounding then
+        // traps); some flags already accrued.
+        if !seed.is_multiple_of(5) {
+            hart.s.mstatus |= 1 << 13;
+        }
+        hart.s.frm = rng.below(8) as u8;
+        hart.s.fflags = rng.below(32) as u8;
+        for f in 0..32 {
+            hart.s.f[f] = if rng.below(2) == 0 { rng.pick(&F64_EDGE) } else { rng.pick(&F32_EDGE) };
+        }
+    }
     let special = [0, 1, u64::MAX, 1 << 63, 0xffff_ffff_8000_0000, 0x7fff_ffff, 0x8000_0000, 63, 64, 31];
     for r in 1..32 {
         hart.s.x[r] = if rng.below(3) == 0 { rng.pick(&special) } else { rng.next() };
@@ -482,6 +503,536 @@ fn code_changed_under_a_translated_loop() {
     }
     // 30000 iterations adding 1 and 30000 adding 2.
     assert_eq!(runs[0].x[10], 90_000);
+    for (i, r) in runs.iter().enumerate() {
+        assert_eq!(r, &runs[0], "run {i}");
+    }
+}
+
+/// Calls and returns across pages under Sv39 paging, in S-mode: a loop in
+/// one page calls functions in others, directly (`jal`) and through a
+/// register (`auipc` + `jalr`), each function returns with `jalr`, and
+/// most run on over the end of their page into the next. The virtual pages
+/// map to RAM pages in shuffled order, and two more pages alias the RAM of
+/// two of them at virtual addresses that share their fetch TLB entries,
+/// so jumps between the aliases miss the TLB, refill it, and run the same
+/// blocks (keyed by RAM offset) at two pcs; blocks of different pages
+/// share slots of the block table. Translated code follows these
+/// jumps through the fetch TLB and the block table itself; everything must
+/// come out as interpreted, slice by slice.
+#[test]
+fn jumps_across_pages_and_through_registers() {
+    const VA: u64 = 0x4000_0000;
+    const ROOT: u64 = BASE + 0x20000;
+    const CODE: u64 = BASE + 0x40000;
+    // Virtual pages 0..8 (main, six functions, the last one's tail), and
+    // 256 + 3, 256 + 4 aliasing 3 and 4.
+    const ALIAS: u64 = 256;
+    let mut translated = 0;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed * 31 + 7);
+        let mut perm: Vec<u64> = (0..8).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let phys = |vpage: u64| -> u64 {
+            let p = if vpage >= ALIAS { vpage - ALIAS } else { vpage };
+            // 16 KiB apart: `block::slot_of` folds the bits from 14 up onto
+            // the low ones, so blocks at nearby offsets of two of these
+            // pages share slots of the block table (at offsets o and o ^ 8
+            // when the pages' numbers differ in bit 2 alone), and jumps
+            // find other blocks in the slots they look in.
+            CODE + 0x4000 * perm[p as usize]
+        };
+        let mut words: Vec<(u64, u32)> = Vec::new();
+        // Functions 1..=6: a random body over x10..x20 ending in `jalr x0,
+        // 0(x9)`, starting `back` words before the end of page k.
+        let mut starts = Vec::new();
+        for k in 1..=6u64 {
+            let len = 4 + rng.below(40) as usize;
+            let back = 1 + rng.below(len as u64 + 4);
+            let start = VA + 0x1000 * (k + 1) - 4 * back;
+            starts.push(start);
+            let reg = |rng: &mut Rng| 10 + rng.below(11) as u32;
+            let mut body = Vec::new();
+            while body.len() < len {
+                let left = len - body.len();
+                let (rd, rs1, rs2) = (reg(&mut rng), reg(&mut rng), reg(&mut rng));
+                body.push(match rng.below(10) {
+                    0..=3 => {
+                        let (f7, f3) = rng.pick(&OP_FUNCTS);
+                        r_type(f7, rs2, rs1, f3, rd, 0x33)
+                    }
+                    4 => {
+                        let (f7, f3) = rng.pick(&OP32_FUNCTS);
+                        r_type(f7, rs2, rs1, f3, rd, 0x3b)
+                    }
+                    5 | 6 => i_type(rng.below(4096) as i32 - 2048, rs1, rng.pick(&[0, 4, 6, 7]), rd, 0x13),
+                    // The pc, which differs between the aliases.
+                    7 => (rng.next() as u32 & 0xffff_f000) | rd << 7 | 0x17,
+                    _ if left > 2 => {
+                        let skip = 1 + rng.below((left as u64 - 1).min(4)) as i32;
+                        b_type(4 * skip, rs2, rs1, rng.pick(&[0, 1, 4, 5, 6, 7]))
+                    }
+                    _ => i_type(1, rs1, 0, rd, 0x13),
+                });
+            }
+            body.push(i_type(0, 9, 0, 0, 0x67));
+            for (i, w) in body.into_iter().enumerate() {
+                words.push((start + 4 * i as u64, w));
+            }
+        }
+        // Main, at the start of page 0: calls, then the loop's end.
+        let mut main = Vec::new();
+        for _ in 0..12 {
+            let f = rng.below(7) as usize;
+            let target = if f == 6 { starts[2] + 0x1000 * ALIAS } else { starts[f] };
+            let at = VA + 4 * main.len() as u64;
+            let off = target.wrapping_sub(at) as i64;
+            if rng.below(2) == 0 && off.abs() < 1 << 20 {
+                main.push(j_type(off as i32, 9));
+            } else {
+                // auipc x21, hi; jalr x9, lo(x21)
+                let lo = ((off as i32) << 20) >> 20;
+                let hi = (off as i32).wrapping_sub(lo) as u32 & 0xffff_f000;
+                main.push(hi | 21 << 7 | 0x17);
+                main.push(i_type(lo, 21, 0, 9, 0x67));
+            }
+        }
+        main.push(i_type(-1, 4, 0, 4, 0x13));
+        main.push(b_type(-4 * (main.len() as i32), 0, 4, 1));
+        main.push(j_type(0, 0));
+        for (i, w) in main.into_iter().enumerate() {
+            words.push((VA + 4 * i as u64, w));
+        }
+
+        let make = |hot: u32| -> Run {
+            let mut ram = GuestRam::new(BASE, RAM);
+            for &(va, w) in &words {
+                let vpage = (va - VA) >> 12;
+                ram.write_u32(phys(vpage) + (va & 0xfff), w).unwrap();
+            }
+            // Sv39: root[1] -> l1[0] -> l0[page] for VA = 1 GiB + page * 4 KiB.
+            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
+            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+            for vpage in (0..8).chain([ALIAS + 3, ALIAS + 4]) {
+                // V, R, W, X, A, D.
+                ram.write_u64(l0 + 8 * vpage, (phys(vpage) >> 12) << 10 | 0xcf).unwrap();
+            }
+            let mut hart = Hart::new(0);
+            hart.set_jit(hot);
+            hart.s.satp = 8 << 60 | ROOT >> 12;
+            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
+            hart.s.pc = VA;
+            let mut r = Rng(seed);
+            for x in 10..=20 {
+                hart.s.x[x] = r.next();
+            }
+            hart.s.x[4] = 200;
+            Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+        };
+        let total = 30_000;
+        let slices = || {
+            let mut rng = Rng(seed * 7919 + 3);
+            move || {
+                let max = if rng.below(2) == 0 { 30 } else { 2000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = make(0);
+        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        assert_eq!(interp.hart.s.mcause, 0, "seed {seed}: the program traps");
+        assert!(interp.hart.s.x[4] < 200, "seed {seed}: the loop does not run");
+        for hot in [1, 2, 32] {
+            let mut jit = make(hot);
+            let mut i = 0;
+            run(&mut jit, total, slices(), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            translated += jit.hart.translated_blocks();
+        }
+        // One slice for everything, against the interpreter's slices.
+        let mut whole = make(1);
+        run(&mut whole, total, || 1 << 20, |_| {});
+        check(&format!("seed {seed}, one slice"), &interp, &whole);
+    }
+    assert!(translated > 100, "only {translated} blocks were translated");
+}
+
+/// Doubles chosen for their edge cases: signed zeros, the smallest and
+/// largest subnormals and normals, infinities, quiet and signaling NaNs
+/// with and without payload, values at integer conversion limits, ties.
+const F64_EDGE: [u64; 24] = [
+    0,
+    1 << 63,
+    0x3ff0_0000_0000_0000, // 1
+    0xbff0_0000_0000_0000, // -1
+    0x3ff8_0000_0000_0000, // 1.5
+    0x4004_0000_0000_0000, // 2.5
+    0x3fb9_9999_9999_999a, // 0.1
+    1,                     // smallest subnormal
+    0x000f_ffff_ffff_ffff, // largest subnormal
+    0x8010_0000_0000_0000, // -smallest normal
+    0x7fef_ffff_ffff_ffff, // largest
+    0x7ff0_0000_0000_0000, // inf
+    0xfff0_0000_0000_0000, // -inf
+    0x7ff8_0000_0000_0000, // canonical NaN
+    0x7ff0_0000_0000_0001, // signaling NaN
+    0xfff8_0000_dead_beef, // quiet NaN with payload
+    0x43e0_0000_0000_0000, // 2^63
+    0xc3e0_0000_0000_0000, // -2^63
+    0x43f0_0000_0000_0000, // 2^64
+    0x41e0_0000_0000_0000, // 2^31
+    0xc1e0_0000_0020_0000, // -2^31 - 1
+    0x3ca0_0000_0000_0000, // 2^-53
+    0x4340_0000_0000_0001, // 2^54 + 2
+    0x7ff4_0000_0000_0000, // signaling NaN
+];
+
+/// The same for singles, NaN-boxed, and a few that are not (upper half
+/// not all ones: read as the canonical NaN).
+const F32_EDGE: [u64; 22] = [
+    0xffff_ffff_0000_0000,
+    0xffff_ffff_8000_0000,
+    0xffff_ffff_3f80_0000, // 1
+    0xffff_ffff_bfc0_0000, // -1.5
+    0xffff_ffff_3dcc_cccd, // 0.1
+    0xffff_ffff_0000_0001, // smallest subnormal
+    0xffff_ffff_807f_ffff, // -largest subnormal
+    0xffff_ffff_0080_0000, // smallest normal
+    0xffff_ffff_7f7f_ffff, // largest
+    0xffff_ffff_7f80_0000, // inf
+    0xffff_ffff_ff80_0000, // -inf
+    0xffff_ffff_7fc0_0000, // canonical NaN
+    0xffff_ffff_7f80_0001, // signaling NaN
+    0xffff_ffff_ffc0_1234, // quiet NaN with payload
+    0xffff_ffff_4f00_0000, // 2^31
+    0xffff_ffff_cf00_0000, // -2^31
+    0xffff_ffff_5f80_0000, // 2^64
+    0xffff_ffff_4b00_0001, // 2^23 + 1
+    0xffff_ffff_3400_0000, // 2^-23
+    0x0000_0000_3f80_0000, // 1, not boxed
+    0xffff_fffe_3f80_0000, // nearly boxed
+    0x3ff0_0000_0000_0000, // a double
+];
+
+/// Every floating-point computation of F and D (opcode, funct7 and rs2
+/// for the encodings that fix them, whether funct3 is a rounding mode, and
+/// the funct3 values otherwise), over f10 := f11 op f12 (op f13), or the x
+/// registers x10 and x11 where the operation takes or gives an integer.
+fn fp_templates() -> Vec<u32> {
+    let mut t = Vec::new();
+    let r = |f7: u32, rs2: u32, f3: u32| r_type(f7, rs2, 11, f3, 10, 0x53);
+    for fmt in [0, 1] {
+        for op in [0x00, 0x04, 0x08, 0x0c] {
+            t.push(r(op | fmt, 12, 0)); // fadd fsub fmul fdiv, rm patched
+        }
+        t.push(r(0x2c | fmt, 0, 0)); // fsqrt
+        for f3 in 0..3 {
+            t.push(r(0x10 | fmt, 12, f3)); // fsgnj, fsgnjn, fsgnjx
+        }
+        for f3 in 0..2 {
+            t.push(r(0x14 | fmt, 12, f3)); // fmin, fmax
+        }
+        for f3 in 0..3 {
+            t.push(r(0x50 | fmt, 12, f3)); // fle, flt, feq
+        }
+        for rs2 in 0..4 {
+            t.push(r(0x60 | fmt, rs2, 0)); // fcvt.{w,wu,l,lu}.fmt
+            t.push(r(0x68 | fmt, rs2, 0)); // fcvt.fmt.{w,wu,l,lu}
+        }
+        t.push(r(0x70 | fmt, 0, 0)); // fmv.x.fmt
+        t.push(r(0x70 | fmt, 0, 1)); // fclass
+        t.push(r(0x78 | fmt, 0, 0)); // fmv.fmt.x
+        for opc in [0x43, 0x47, 0x4b, 0x4f] {
+            // fmadd fmsub fnmsub fnmadd: rs3 = f13
+            t.push(13 << 27 | fmt << 25 | 12 << 20 | 11 << 15 | 10 << 7 | opc);
+        }
+    }
+    t.push(r(0x20, 1, 0)); // fcvt.s.d
+    t.push(r(0x21, 0, 0)); // fcvt.d.s
+                           // Reserved: fmt 2 (Q is not implemented), fsgnj with funct3 3.
+    t.push(r(0x02, 12, 0));
+    t.push(r(0x10, 12, 3));
+    t
+}
+
+/// Whether template `t`'s funct3 is a rounding mode.
+fn has_rm(t: u32) -> bool {
+    let g = t >> 27;
+    t & 0x7f != 0x53 || matches!(g, 0x00..=0x03 | 0x0b | 0x08 | 0x18 | 0x1a)
+}
+
+/// Random floating-point instructions for `program`, pushed onto `p`: a
+/// computation on random registers with a random rounding mode (a
+/// reserved one now and then; an x register it reads is written just
+/// before, so translated code holds a newer value than the register file),
+/// a load or store of an f register to the data, the device, no memory or
+/// the code (a new instruction written through an f register just ahead),
+/// a write of frm or fflags, or FS set back from dirty to initial (so that
+/// the loads that dirty it show).
+fn fp_insns(rng: &mut Rng, rd: u32, rs1: u32, p: &mut Vec<u32>, len: usize) {
+    let f = |rng: &mut Rng| rng.below(32) as u32;
+    let free = |rng: &mut Rng| 9 + rng.below(23) as u32;
+    match rng.below(12) {
+        0..=5 => {
+            let ts = fp_templates();
+            let t = rng.pick(&ts);
+            // Replace the registers: f or x as the operation reads them;
+            // an x destination is a free register (or x0).
+            let g = t >> 27;
+            let x_dst = t & 0x7f == 0x53 && matches!(g, 0x14 | 0x18 | 0x1c);
+            let x_src = t & 0x7f == 0x53 && matches!(g, 0x1a | 0x1e);
+            let mut i = t & !(31 << 7 | 31 << 15);
+            i |= if x_dst { rd } else { f(rng) } << 7;
+            let src = if x_src {
+                let t = free(rng);
+                p.push(i_type(rng.below(4096) as i32 - 2048, rs1, 0, t, 0x13));
+                t
+            } else {
+                f(rng)
+            };
+            i |= src << 15;
+            if (t >> 20) & 31 == 12 {
+                i = (i & !(31 << 20)) | f(rng) << 20;
+            }
+            if t & 0x7f != 0x53 {
+                i = (i & !(31 << 27)) | f(rng) << 27;
+            }
+            if has_rm(t) {
+                let rm = if rng.below(20) == 0 { 5 + rng.below(2) as u32 } else { rng.pick(&[0, 1, 2, 3, 4, 7, 7, 7]) };
+                i = (i & !(7 << 12)) | rm << 12;
+            }
+            p.push(i);
+        }
+        6..=8 => {
+            let (base, off) = match rng.below(12) {
+                0 => (6, rng.below(64) as i32 * 8),
+                1 => (7, rng.below(64) as i32),
+                // The code, read.
+                2 => (8, 4 * rng.below(len as u64) as i32),
+                _ => (5, rng.below(4096) as i32 - 2048),
+            };
+            let f3 = rng.pick(&[2, 3]);
+            if rng.below(2) == 0 || base == 8 {
+                p.push(i_type(off, base, f3, f(rng), 0x07));
+            } else {
+                p.push(s_type(off, f(rng), base, f3) & !0x7f | 0x27);
+            }
+        }
+        9 if p.len() + 6 < len => {
+            // fsw of a new instruction (an addi or xori into a free
+            // register) a little ahead: the block must end after it.
+            let w = i_type(rng.below(4096) as i32 - 2048, free(rng), rng.pick(&[0, 4]), free(rng), 0x13);
+            let t = free(rng);
+            let lo = ((w & 0xfff) as i32) << 20 >> 20;
+            let hi = w.wrapping_sub(lo as u32) & 0xffff_f000;
+            let ft = f(rng);
+            p.push(hi | t << 7 | 0x37);
+            p.push(i_type(lo, t, 0, t, 0x1b));
+            p.push(r_type(0x78, 0, t, 0, ft, 0x53)); // fmv.w.x
+            let off = 4 * (p.len() + 1 + rng.below(3) as usize) as i32;
+            p.push(s_type(off, ft, 8, 2) & !0x7f | 0x27);
+        }
+        10 => {
+            // FS from dirty back to initial: csrc mstatus, (1 << 14).
+            let t = free(rng);
+            p.push(4 << 12 | t << 7 | 0x37);
+            p.push(i_type(0x300, t, 3, 0, 0x73));
+        }
+        // csrw frm, rs1 (a reserved mode now and then) or fsflags.
+        _ => p.push(i_type(rng.pick(&[2, 1]), rs1, 1, 0, 0x73)),
+    }
+}
+
+/// Random programs with floating point in them: computations, loads and
+/// stores of f registers, frm changes, interpreted and translated.
+#[test]
+fn floating_point_translated_matches_the_interpreter() {
+    let mut translated = 0;
+    for seed in 1..=40u64 {
+        let len = 20 + (seed as usize * 53) % 180;
+        let total = 40_000;
+        let slices = |s: u64| {
+            let mut rng = Rng(s * 104729 + 5);
+            move || {
+                let max = if rng.below(2) == 0 { 40 } else { 3000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = setup_with(seed, len, 0, true);
+        run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
+        for hot in [1, 32] {
+            let mut jit = setup_with(seed, len, hot, true);
+            let mut i = 0;
+            run(&mut jit, total, slices(seed), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            translated += jit.hart.translated_blocks();
+        }
+    }
+    assert!(translated > 100, "only {translated} blocks were translated");
+}
+
+/// Every floating-point computation on edge operands (signed zeros,
+/// subnormals, infinities, quiet and signaling NaNs, NaN boxing, values
+/// at the limits of the integer conversions), in every rounding mode,
+/// static and dynamic, the reserved ones included (which trap), with
+/// fflags accrued before, and with FS off (which traps): interpreted and
+/// translated, the whole hart compared.
+#[test]
+fn each_floating_point_operation_on_edge_operands() {
+    let mut values: Vec<u64> = F64_EDGE.iter().chain(F32_EDGE.iter()).copied().collect();
+    let mut rng = Rng(77);
+    for _ in 0..8 {
+        values.push(rng.next());
+    }
+    let ints =
+        [0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1, 0x7fff_ffff, 0xffff_ffff_8000_0000, 0xffff_ffff, 3, 1 << 53 | 1];
+    let mut ram = GuestRam::new(BASE, RAM);
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+    // Traps go to a `j .` of their own.
+    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    let mut runs = 0;
+    for t in fp_templates() {
+        let rms: &[u32] = if has_rm(t) { &[0, 1, 2, 3, 4, 5, 7] } else { &[(t >> 12) & 7] };
+        for &rm in rms {
+            let insn = (t & !(7 << 12)) | rm << 12;
+            ram.write_u32(BASE, insn).unwrap();
+            let mut k = 0u64;
+            for (ai, &a) in values.iter().enumerate() {
+                for (bi, &b) in values.iter().enumerate() {
+                    // All pairs for the two-operand ones; a sample for the
+                    // rest (the second operand only matters to them).
+                    if (t >> 20) & 31 != 12 && bi % 7 != ai % 7 {
+                        continue;
+                    }
+                    k += 1;
+                    let c = values[(ai * 7 + bi * 3) % values.len()];
+                    let x = ints[(ai + bi) % ints.len()];
+                    let frm = [0u8, 1, 2, 3, 4, 5, 6, 7][(k % 8) as usize];
+                    let fs_off = k.is_multiple_of(97);
+                    let mut out = Vec::new();
+                    for h in harts.iter_mut() {
+                        h.s.pc = BASE;
+                        h.s.mtvec = BASE + 8;
+                        h.s.mstatus = if fs_off { 0 } else { 1 << 13 };
+                        h.s.frm = frm;
+                        h.s.fflags = (k % 32) as u8;
+                        h.s.f[10] = 0x5555;
+                        h.s.f[11] = a;
+                        h.s.f[12] = b;
+                        h.s.f[13] = c;
+                        h.s.x[10] = 0x5555;
+                        h.s.x[11] = x;
+                        h.s.mcause = 0;
+                        h.s.mepc = 0;
+                        h.s.mtval = 0;
+                        // Two instructions: the whole block, so translated
+                        // code runs (or a trap and the handler's `j .`).
+                        assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                        out.push(h.s.clone());
+                    }
+                    runs += 1;
+                    assert_eq!(
+                        out[0], out[1],
+                        "{insn:#010x} with {a:#x}, {b:#x}, {c:#x}, x {x:#x}, frm {frm}, FS off {fs_off}: \
+                         interpreted, translated"
+                    );
+                }
+            }
+        }
+    }
+    assert!(runs > 50_000, "{runs}");
+    // Loads and stores: flw, fld, fsw, fsd of every value, aligned,
+    // misaligned, across a page and to no memory, with FS off, initial
+    // (a load makes it dirty) and dirty.
+    let data = BASE + 0x3000;
+    let loads_stores = [
+        i_type(0, 11, 2, 10, 0x07),
+        i_type(8, 11, 3, 10, 0x07),
+        s_type(0, 12, 11, 2) & !0x7f | 0x27,
+        s_type(-8, 12, 11, 3) & !0x7f | 0x27,
+    ];
+    for insn in loads_stores {
+        ram.write_u32(BASE, insn).unwrap();
+        for (k, &v) in values.iter().enumerate() {
+            for (j, addr) in [data, data + 3, data + 0xffc, data + 0x800, 0].into_iter().enumerate() {
+                let fs = [0u64, 1, 3][(k + j) % 3];
+                ram.write_u64(data + 0x800, v.rotate_left(k as u32)).unwrap();
+                let mut out = Vec::new();
+                for h in harts.iter_mut() {
+                    h.s.pc = BASE;
+                    h.s.mtvec = BASE + 8;
+                    h.s.mstatus = fs << 13;
+                    h.s.f[10] = 0x5555;
+                    h.s.f[12] = v;
+                    h.s.x[11] = addr;
+                    h.s.mcause = 0;
+                    h.s.mtval = 0;
+                    assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                    out.push((h.s.clone(), ram.read_u64(data + 0x800).unwrap(), ram.read_u64(data).unwrap()));
+                }
+                assert_eq!(out[0], out[1], "{insn:#010x} at {addr:#x} with {v:#x}, FS {fs}: interpreted, translated");
+            }
+        }
+    }
+    assert!(harts[1].translated_blocks() > 0);
+}
+
+/// A store of an f register into the block it is in (a new instruction
+/// just ahead, then the old one back) ends the block, as the interpreter
+/// does: every iteration must run the new instruction.
+#[test]
+fn fp_store_into_its_own_block() {
+    let new = i_type(2, 10, 0, 10, 0x13);
+    let old = i_type(1, 10, 0, 10, 0x13);
+    let prog = [
+        r_type(0x78, 0, 12, 0, 1, 0x53),    // 0: fmv.w.x f1, x12 (new)
+        s_type(12, 1, 8, 2) & !0x7f | 0x27, // 4: fsw f1, 12(x8)
+        r_type(0x78, 0, 13, 0, 2, 0x53),    // 8: fmv.w.x f2, x13 (old)
+        old,                                // 12: addi x10, x10, 1 (rewritten)
+        s_type(12, 2, 8, 2) & !0x7f | 0x27, // 16: fsw f2, 12(x8)
+        i_type(-1, 4, 0, 4, 0x13),          // 20: addi x4, x4, -1
+        b_type(-24, 0, 4, 1),               // 24: bne x4, x0, 0
+        j_type(0, 0),                       // 28: j .
+    ];
+    let mut runs = Vec::new();
+    for hot in [0, 1, 2, 32] {
+        let mut ram = GuestRam::new(BASE, RAM);
+        for (i, w) in prog.iter().enumerate() {
+            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(hot);
+        hart.s.pc = BASE;
+        hart.s.mstatus = 1 << 13;
+        hart.s.x[8] = BASE;
+        hart.s.x[12] = new as u64;
+        hart.s.x[13] = old as u64;
+        hart.s.x[4] = 10_000;
+        let mut bus = Device::default();
+        let mut rng = Rng(9);
+        let mut done = 0;
+        while done < 100_000 {
+            let (n, _) = hart.run(&mut ram, &mut bus, 1 + rng.below(3000));
+            done += n;
+        }
+        runs.push(hart.s.clone());
+    }
+    assert_eq!(runs[0].x[10], 20_000);
     for (i, r) in runs.iter().enumerate() {
         assert_eq!(r, &runs[0], "run {i}");
     }

@@ -19,6 +19,9 @@ fails (PASS/MISS are informational).
 
   bench/vs-qemu --qemu-only            QEMU's figures only (no ftvm needed)
   bench/vs-qemu --runs 5 --cpus 1      both emulators
+  bench/vs-qemu --job fp --scenarios job
+                                       (b) with a floating-point job instead
+                                       (busybox awk: the image has no python)
 """
 
 import argparse
@@ -39,12 +42,25 @@ JOB_START = "ftvm-bench-job-start"
 JOB_END = "ftvm-bench-job-end"
 GUEST_SECS = "ftvm-bench-guest-seconds="
 JOB = "dd if=/dev/zero bs=1M count=64 2>/dev/null | sha256sum"
-JOB_CMD = (
-    f"s=$(cut -d' ' -f1 /proc/uptime); echo {JOB_START}; "
-    f"{JOB}; "
-    f"echo {JOB_END}; e=$(cut -d' ' -f1 /proc/uptime); "
-    f"echo {GUEST_SECS}$(awk \"BEGIN {{ print $e - $s }}\")"
-)
+
+
+def job_cmd(job):
+    """The exec command that runs `job` between the start and end markers."""
+    return (
+        f"s=$(cut -d' ' -f1 /proc/uptime); echo {JOB_START}; "
+        f"{job}; "
+        f"echo {JOB_END}; e=$(cut -d' ' -f1 /proc/uptime); "
+        f"echo {GUEST_SECS}$(awk \"BEGIN {{ print $e - $s }}\")"
+    )
+
+
+JOB_CMD = job_cmd(JOB)
+# --job fp: floating point in the guest's userland (the image has no python):
+# busybox awk, whose numbers are doubles, in a loop of adds, multiplies,
+# divides, compares and int/float conversions.
+FP_JOB = ("awk 'BEGIN { s = 0; x = 0.5; for (i = 1; i <= 400000; i++) "
+          "{ x = x * 1.0000001 + 0.3 / i; s += x * x / (i + 1.5); if (s > 1e6) s -= 1e6 } "
+          "printf \"%.12f\\n\", s }'")
 TARGETS = {"boot": 2.0, "job": 3.0}
 
 
@@ -182,7 +198,8 @@ def ftvm_argv(ftvm, img, disk, args, cmd):
 
 def measure(name, make_argv, img, args, workdir):
     results = {"boot": [], "job": [], "guest_job": [], "total": []}
-    for scenario, cmd in (("boot", "true"), ("job", JOB_CMD)):
+    scenarios = [(s, c) for s, c in (("boot", "true"), ("job", job_cmd(args.job))) if s in args.scenarios]
+    for scenario, cmd in scenarios:
         for i in range(args.runs):
             disk = os.path.join(workdir, f"{name}-disk.ext4")
             subprocess.run(["cp", "--sparse=always", img["disk"], disk], check=True)
@@ -239,7 +256,13 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
     ap.add_argument("--log-dir", help="keep each run's console output here")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
+    ap.add_argument("--job", default=JOB, help="the guest command of scenario (b) (default: the dd | sha256sum "
+                    "job; 'fp': a busybox awk floating-point loop)")
+    ap.add_argument("--scenarios", default="boot,job", help="which to run, of boot,job (default both)")
     args = ap.parse_args()
+    if args.job == "fp":
+        args.job = FP_JOB
+    args.scenarios = set(args.scenarios.split(","))
     if args.runs < 1:
         die("--runs must be at least 1")
 
