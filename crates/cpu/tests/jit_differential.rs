@@ -606,7 +606,7 @@ fn jumps_across_pages_and_through_registers() {
         }
 
         let make = |hot: u32| -> Run {
-            let mut ram = GuestRam::new(BASE, RAM);
+            let mut ram = GuestRam::new(BASE, RAM).unwrap();
             for &(va, w) in &words {
                 let vpage = (va - VA) >> 12;
                 ram.write_u32(phys(vpage) + (va & 0xfff), w).unwrap();
@@ -897,7 +897,7 @@ fn each_floating_point_operation_on_edge_operands() {
     }
     let ints =
         [0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1, 0x7fff_ffff, 0xffff_ffff_8000_0000, 0xffff_ffff, 3, 1 << 53 | 1];
-    let mut ram = GuestRam::new(BASE, RAM);
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
     let mut harts = [Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);
@@ -1011,7 +1011,7 @@ fn fp_store_into_its_own_block() {
     ];
     let mut runs = Vec::new();
     for hot in [0, 1, 2, 32] {
-        let mut ram = GuestRam::new(BASE, RAM);
+        let mut ram = GuestRam::new(BASE, RAM).unwrap();
         for (i, w) in prog.iter().enumerate() {
             ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
         }
