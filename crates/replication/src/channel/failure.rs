@@ -47,6 +47,13 @@ pub(super) fn declare(failed: &Mutex<Option<Failure>>, f: &Failure) -> bool {
     true
 }
 
+/// How much later than asked the detector may wake before it takes the
+/// delay for a stall of its own host: a quarter of the timeout (a peer's
+/// real silence is then still judged within the timeout and a beat).
+fn own_stall(timing: Timing) -> Duration {
+    timing.timeout / 4
+}
+
 /// The failure detector's loop: watches the peer's channel traffic and
 /// heartbeats until one is silent for the timeout or the end is stopped.
 pub(super) fn detect(
@@ -58,10 +65,26 @@ pub(super) fn detect(
     fail: impl Fn(Failure),
 ) {
     let tick = (timing.interval / 2).max(Duration::from_millis(1));
+    // After this side's own stall, the peer is not judged until then.
+    let mut judge_from = std::time::Instant::now();
+    let mut last_look = std::time::Instant::now();
     loop {
         std::thread::sleep(tick);
         if stop.load(Ordering::Relaxed) || failed.lock().unwrap().is_some() {
             return;
+        }
+        // Woken far later than asked: this host, not the peer, stalled
+        // (stopped, suspended, or starved of CPU). What the peer sent
+        // meanwhile may still be waiting to be read by threads that
+        // stalled too, so its silence says nothing until they have had
+        // a couple of beats to catch up.
+        let late = last_look.elapsed().saturating_sub(tick);
+        last_look = std::time::Instant::now();
+        if late > own_stall(timing) {
+            judge_from = std::time::Instant::now() + timing.interval * 2;
+        }
+        if std::time::Instant::now() < judge_from {
+            continue;
         }
         let quiet = channel_silence();
         if quiet > timing.timeout {
@@ -73,5 +96,43 @@ pub(super) fn detect(
                 return fail(Failure::HeartbeatSilent(quiet));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Instant;
+
+    /// This side stalls (here: a look at the channel that takes 300 ms,
+    /// as a host that got no CPU would) and finds the peer silent when it
+    /// wakes: the peer is judged only two beats later, once this side's
+    /// threads have had the time to read what came meanwhile.
+    #[test]
+    fn a_stall_of_our_own_is_not_taken_for_the_peers_silence() {
+        let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+        let looks = AtomicU32::new(0);
+        let woke = Mutex::new(None);
+        let declared = Mutex::new(None);
+        detect(
+            timing,
+            &Mutex::new(None),
+            &AtomicBool::new(false),
+            &Mutex::new(None),
+            || {
+                if looks.fetch_add(1, Ordering::Relaxed) == 0 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    *woke.lock().unwrap() = Some(Instant::now());
+                    return Duration::ZERO;
+                }
+                Duration::from_secs(1)
+            },
+            |f| *declared.lock().unwrap() = Some((f, Instant::now())),
+        );
+        let (f, at) = declared.into_inner().unwrap().expect("declared");
+        assert!(matches!(f, Failure::ChannelSilent(_)), "{f:?}");
+        let after = at - woke.into_inner().unwrap().unwrap();
+        assert!(after >= timing.interval * 2, "judged {after:?} after the stall");
     }
 }
