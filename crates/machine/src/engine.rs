@@ -35,21 +35,39 @@ pub trait Engine {
     fn take_dirty_pages(&mut self) -> Vec<u64>;
     /// The whole machine but its RAM, to restore beside a copy of RAM.
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError>;
+    /// The whole machine, RAM included (a snapshot file's machine part).
+    fn snapshot(&self) -> Result<Vec<u8>, MachineError>;
+    /// Guest time, in timebase ticks.
+    fn time(&self) -> u64;
+    /// The rate at which guest time advances per instruction (32.32 fixed
+    /// point), where the host steers it with `Event::ClockRate` to keep
+    /// guest time near the wall clock; None for an engine whose guest time
+    /// follows the host's clock by itself.
+    fn steered_clock_rate(&self) -> Option<u64>;
+    /// The requests the devices still wait for (issued again after a
+    /// restore, or when a backup goes live).
+    fn io_in_flight(&self) -> Vec<(usize, IoRequest)>;
+    /// Whether any device waits for the host to complete a request.
+    fn io_pending(&self) -> bool;
+    /// Whether the device in `slot` would take input (a frame) now.
+    fn input_ready(&self, slot: usize) -> bool;
+    /// How many console input bytes the guest can take now.
+    fn console_room(&self) -> usize;
+    /// The guest's console output since the last call.
+    fn take_console_output(&mut self) -> Vec<u8>;
 }
 
 /// What the replay modes need on top: exactness and a state to compare.
+///
+/// Its guest time ([`Engine::time`]) is a function of the instruction
+/// count and the logged clock events.
 pub trait DeterministicEngine: Engine {
-    /// Guest time, in timebase ticks (a function of the instruction count
-    /// and the logged clock events).
-    fn time(&self) -> u64;
     /// A digest of the whole state, chained from the last one.
     fn state_digest(&mut self) -> StateDigest;
     /// The names of the digest's parts, for a divergence's message.
     fn digest_part_names(&self) -> Vec<String>;
     /// Whether every hart waits for an interrupt.
     fn all_harts_idle(&self) -> bool;
-    /// The guest's console output since the last call.
-    fn take_console_output(&mut self) -> Vec<u8>;
 }
 
 impl Engine for Machine {
@@ -74,12 +92,33 @@ impl Engine for Machine {
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
         Machine::checkpoint_state(self)
     }
-}
-
-impl DeterministicEngine for Machine {
+    fn snapshot(&self) -> Result<Vec<u8>, MachineError> {
+        Machine::snapshot(self)
+    }
     fn time(&self) -> u64 {
         Machine::time(self)
     }
+    fn steered_clock_rate(&self) -> Option<u64> {
+        Some(self.clock().rate())
+    }
+    fn io_in_flight(&self) -> Vec<(usize, IoRequest)> {
+        Machine::io_in_flight(self)
+    }
+    fn io_pending(&self) -> bool {
+        Machine::io_pending(self)
+    }
+    fn input_ready(&self, slot: usize) -> bool {
+        Machine::input_ready(self, slot)
+    }
+    fn console_room(&self) -> usize {
+        Machine::console_room(self)
+    }
+    fn take_console_output(&mut self) -> Vec<u8> {
+        Machine::take_console_output(self)
+    }
+}
+
+impl DeterministicEngine for Machine {
     fn state_digest(&mut self) -> StateDigest {
         Machine::state_digest(self)
     }
@@ -88,8 +127,5 @@ impl DeterministicEngine for Machine {
     }
     fn all_harts_idle(&self) -> bool {
         self.harts().iter().all(|h| h.is_idle())
-    }
-    fn take_console_output(&mut self) -> Vec<u8> {
-        Machine::take_console_output(self)
     }
 }

@@ -1,7 +1,13 @@
 //! The side that runs the VM, as the live loop sees it: one interface
 //! that recording to a file (`record`), lockstep (`lockstep`), epochs
 //! (`epoch`) and checkpoints (`checkpoint`) implement, so the loop holds
-//! one `Option<Box<dyn Primary>>` and knows no mode by name.
+//! one `Option<Box<dyn Primary<E>>>` and knows no mode by name.
+//!
+//! It is generic over the VM's engine, and each mode asks of the engine
+//! only what it needs: checkpoints take any [`Engine`]; recording,
+//! lockstep and epochs take a [`DeterministicEngine`] (exact instruction
+//! counts), so a mode that needs determinism cannot be set over an engine
+//! without it.
 //!
 //! The loop's turn, and where each method comes in:
 //!
@@ -21,7 +27,9 @@
 use crate::error::{Deposed, ProtectionError};
 use crate::events::{Events, PairEvent};
 use crate::status::PairStatus;
-use ftvm_machine::{Event, IoRequest, Machine, RunExit};
+#[cfg(doc)]
+use ftvm_machine::DeterministicEngine;
+use ftvm_machine::{Engine, Event, IoRequest, RunExit};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
 use ftvm_replication::channel::Failure;
 use ftvm_replication::fence::Fence;
@@ -40,8 +48,8 @@ pub struct Alone {
     pub inputs: Vec<Event>,
 }
 
-/// The side that runs the VM.
-pub trait Primary {
+/// The side that runs the VM, on an engine of type `E`.
+pub trait Primary<E: Engine> {
     /// Where the next run of the machine stops, given where the loop
     /// would next look at the host (`look_at`).
     fn run_target(&self, _icount: u64, look_at: u64) -> u64 {
@@ -50,11 +58,11 @@ pub trait Primary {
 
     /// Before the machine runs on (also while paused): close what the
     /// stream owes for the instructions run so far.
-    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), ProtectionError>;
+    fn before_run(&mut self, m: &mut E, paused: bool) -> Result<(), ProtectionError>;
 
     /// After a run that stopped with `exit`: the inputs to deliver now,
     /// which waited for this point.
-    fn after_run(&mut self, _m: &Machine, _exit: &RunExit) -> Vec<Event> {
+    fn after_run(&mut self, _m: &E, _exit: &RunExit) -> Vec<Event> {
         Vec::new()
     }
 
@@ -76,7 +84,7 @@ pub trait Primary {
     /// After a run of `busy` host time (`idle`: every hart waits for an
     /// interrupt): a checkpoint when one is due, and how long the VM
     /// pauses to keep the backup near (tell [`Primary::paused`]).
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, ProtectionError>;
+    fn after_slice(&mut self, m: &mut E, busy: Duration, idle: bool) -> Result<Duration, ProtectionError>;
 
     /// The VM paused for `slept` as [`Primary::after_slice`] asked.
     fn paused(&mut self, _slept: Duration) {}
@@ -109,12 +117,12 @@ pub trait Primary {
 
     /// The VM ends (`status`: the guest's exit status when it powered
     /// off): what may still leave before the host drains.
-    fn end(&mut self, _m: &mut Machine, _status: Option<u32>) -> Vec<Request> {
+    fn end(&mut self, _m: &mut E, _status: Option<u32>) -> Vec<Request> {
         Vec::new()
     }
 
     /// After the host drained: closes the stream.
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError>;
+    fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError>;
 }
 
 /// A primary's backup is declared failed: the test-and-set at the arbiter

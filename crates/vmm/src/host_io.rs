@@ -12,7 +12,7 @@ use crate::control::ControlRequest;
 use ftvm_host::disk::{DiskError, DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
 use ftvm_host::tap::{Tap, TapError};
 use ftvm_machine::mac::{format_mac, parse_mac};
-use ftvm_machine::{BlkOp, DeviceSpec, Event, IoCompletion, IoRequest, Machine};
+use ftvm_machine::{BlkOp, DeviceSpec, Engine, Event, IoCompletion, IoRequest};
 use ftvm_replication::channel::PrimaryEvent;
 use ftvm_replication::fence::{Fence, Standing};
 use std::collections::VecDeque;
@@ -307,7 +307,7 @@ impl HostIo {
 
     /// The next held frame whose NIC has a buffer for it now, as the
     /// event that hands it to the guest.
-    pub fn next_frame(&mut self, m: &Machine) -> Option<Event> {
+    pub fn next_frame(&mut self, m: &impl Engine) -> Option<Event> {
         for (slot, s) in self.slots.iter_mut().enumerate() {
             if let Slot::Net { backlog, .. } = s {
                 if !backlog.is_empty() && m.input_ready(slot) {

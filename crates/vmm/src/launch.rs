@@ -300,7 +300,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         Target::Backup(_) => Fence::leased(),
         _ => Fence::alone(),
     };
-    let mut primary: Option<Box<dyn Primary>> = None;
+    let mut primary: Option<Box<dyn Primary<Machine>>> = None;
     let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), VmmError> {
         primary = match &target {
             Target::None => None,
@@ -343,7 +343,14 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 start_log(&mut h)?;
             }
             let on_reset = match target {
-                Target::None => live::OnReset::Boot { config: Box::new(cfg), dirty_tracking: args.dirty_tracking },
+                Target::None => {
+                    let dirty_tracking = args.dirty_tracking;
+                    live::OnReset::Boot(Box::new(move || {
+                        let mut m = Machine::new(&cfg)?;
+                        m.set_dirty_tracking(dirty_tracking);
+                        Ok(m)
+                    }))
+                }
                 Target::File(_) => live::OnReset::Refuse(RebootRefused::Recorded),
                 Target::Backup(_) => live::OnReset::Refuse(RebootRefused::Protected),
             };
@@ -389,9 +396,8 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             boot: Duration::from_secs(args.boot_timeout),
             command: args.exec_timeout.map(Duration::from_secs),
         }),
-        on_reset,
     };
-    live::run(machine, io, events, options, primary)
+    live::run(machine, io, events, options, on_reset, primary)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

@@ -10,8 +10,12 @@
 //! the guest's next timer deadline or until something arrives: an idle
 //! guest does not burn a host core.
 //!
+//! The loop drives any [`Engine`]: it asks nothing of the VM that an
+//! engine without exact instruction counts could not give (guest time is
+//! steered only where the engine's clock is, `Engine::steered_clock_rate`).
+//!
 //! Whatever watches over the run (a recording, or the primary's side of a
-//! fault-tolerant pair) does so through one interface, `ft::primary::Primary`:
+//! fault-tolerant pair) does so through one interface, `protection::primary::Primary`:
 //! it says where each run stops, which inputs may be delivered where the
 //! machine stands, which requests may leave, and what to do between runs.
 //! The loop knows no replication mode by name.
@@ -24,7 +28,7 @@ use crate::exec::OutputFilter;
 use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
-use ftvm_machine::{snapshot_file, Event, IoCompletion, IoRequest, Machine, MachineConfig, RunExit};
+use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
 use ftvm_protection::primary::{Alone, Primary};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
@@ -57,16 +61,17 @@ pub struct Options {
     pub ft_alone: bool,
     /// With `--exec`: how long the boot and the command may take.
     pub limits: Option<ExecLimits>,
-    /// What the guest's reboot request does.
-    pub on_reset: OnReset,
 }
 
+/// A new VM of engine `E`, booting (for a guest's reboot request).
+pub type Boot<E> = Box<dyn FnMut() -> Result<E, VmmError>>;
+
 /// What a guest's reboot request (`RunExit::Reset`) does.
-pub enum OnReset {
+pub enum OnReset<E> {
     /// Boot again: a new machine from the same configuration (firmware,
     /// kernel, initrd, command line, devices), its devices served by the
     /// same host backends (disks, TAPs; the control socket stays).
-    Boot { config: Box<MachineConfig>, dirty_tracking: bool },
+    Boot(Boot<E>),
     /// End the run with this reason. A recorded or protected VM cannot
     /// reboot yet: the replay log has no record for a reset, so a replayer
     /// (or a backup) could not follow the run past it; a new machine
@@ -95,7 +100,7 @@ struct Pacer {
 }
 
 impl Pacer {
-    fn new(m: &Machine) -> Pacer {
+    fn new(m: &impl Engine) -> Pacer {
         Pacer { start: Instant::now(), start_ticks: m.time(), last: Instant::now(), last_icount: m.icount() }
     }
 
@@ -105,7 +110,8 @@ impl Pacer {
 
     /// A new rate so guest time meets wall time one horizon from now, given
     /// how fast the host has been executing guest instructions.
-    fn correct(&mut self, m: &Machine) -> Option<Event> {
+    fn correct(&mut self, m: &impl Engine) -> Option<Event> {
+        let current = m.steered_clock_rate()?;
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64();
         if dt < PACE_INTERVAL.as_secs_f64() {
@@ -125,7 +131,7 @@ impl Pacer {
         let nominal = TIMEBASE_HZ as f64 / ips;
         let rate = rate.clamp(nominal * 0.1, nominal * 10.0);
         let fixed = (rate * (1u64 << 32) as f64) as u64;
-        (fixed != m.clock().rate()).then_some(Event::ClockRate(fixed))
+        (fixed != current).then_some(Event::ClockRate(fixed))
     }
 }
 
@@ -135,10 +141,11 @@ enum Next {
     Exit(u32),
 }
 
-struct Live {
-    m: Machine,
+struct Live<E: Engine> {
+    m: E,
     io: HostIo,
     opts: Options,
+    on_reset: OnReset<E>,
     pacer: Pacer,
     paused: bool,
     input_closed: bool,
@@ -150,7 +157,7 @@ struct Live {
     filter: Option<OutputFilter>,
     /// What watches over the run: a recording, or the primary's side of
     /// a fault-tolerant pair (until the backup is lost).
-    primary: Option<Box<dyn Primary>>,
+    primary: Option<Box<dyn Primary<E>>>,
     /// The primary lost the arbiter to its backup: it halts, and neither
     /// its held outputs nor the end of its stream may leave.
     halted: bool,
@@ -171,12 +178,13 @@ struct Live {
     paused_at: Option<Instant>,
 }
 
-pub fn run(
-    m: Machine,
+pub fn run<E: Engine>(
+    m: E,
     io: HostIo,
     events: Receiver<HostEvent>,
     opts: Options,
-    primary: Option<Box<dyn Primary>>,
+    on_reset: OnReset<E>,
+    primary: Option<Box<dyn Primary<E>>>,
 ) -> Result<u32, VmmError> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
@@ -191,6 +199,7 @@ pub fn run(
         held: VecDeque::new(),
         filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
         opts,
+        on_reset,
         primary,
         halted: false,
         powered_off: false,
@@ -223,7 +232,7 @@ pub fn run(
     result
 }
 
-impl Live {
+impl<E: Engine> Live<E> {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, VmmError> {
         loop {
             self.check_limits()?;
@@ -325,11 +334,11 @@ impl Live {
     /// The guest asked to reboot: in a plain run, boot a new machine from
     /// the same configuration with the same host backends.
     fn reset(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
-        let (config, dirty_tracking) = match &self.opts.on_reset {
+        let boot = match &mut self.on_reset {
             OnReset::Refuse(why) => return Err(VmmError::Reboot(*why)),
             // Whatever watches over the run logs or streams this machine.
             _ if self.primary.is_some() => return Err(VmmError::Reboot(RebootRefused::Protected)),
-            OnReset::Boot { config, dirty_tracking } => (config, *dirty_tracking),
+            OnReset::Boot(boot) => boot,
         };
         // The old machine's disk requests finish (a write it issued lands,
         // as on a real disk across a reset); their completions, and any
@@ -343,8 +352,7 @@ impl Live {
             }
         }
         self.held.clear();
-        self.m = Machine::new(config)?;
-        self.m.set_dirty_tracking(dirty_tracking);
+        self.m = boot()?;
         self.pacer = Pacer::new(&self.m);
         // A new boot: its messages are hidden again until the command
         // starts, and the boot has its time limit again (the command's

@@ -4,7 +4,7 @@
 
 use crate::api::PairStatus;
 use crate::error::{file, VmmError};
-use ftvm_machine::{Event, Machine};
+use ftvm_machine::{DeterministicEngine, Event};
 use ftvm_protection::error::ProtectionError;
 use ftvm_protection::primary::{Alone, Primary, Request};
 use ftvm_replay::recorder::Recorder;
@@ -28,8 +28,8 @@ impl Recording {
     }
 }
 
-impl Primary for Recording {
-    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
+impl<E: DeterministicEngine> Primary<E> for Recording {
+    fn before_run(&mut self, m: &mut E, _paused: bool) -> Result<(), ProtectionError> {
         Ok(self.0.close_frame(m)?)
     }
 
@@ -42,7 +42,7 @@ impl Primary for Recording {
         requests
     }
 
-    fn after_slice(&mut self, _m: &mut Machine, _busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
+    fn after_slice(&mut self, _m: &mut E, _busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
         Ok(Duration::ZERO)
     }
 
@@ -59,7 +59,7 @@ impl Primary for Recording {
         None
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
+    fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError> {
         let synced = |f: BufWriter<File>| {
             let file = f.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;

@@ -168,7 +168,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         paused: false,
         ft_alone: setup.announce,
         limits: None,
-        on_reset: live::OnReset::Refuse(crate::error::RebootRefused::WentLive),
     };
-    live::run(m, io, events, opts, None)
+    let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
+    live::run(m, io, events, opts, on_reset, None)
 }

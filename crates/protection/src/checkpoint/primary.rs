@@ -22,7 +22,7 @@ use crate::error::{file, PeerError, ProtectionError};
 use crate::events::Events;
 use crate::primary::{backup_lost, Alone, Primary, Request};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
-use ftvm_machine::{BlkOp, Engine, Event, IoRequest, Machine};
+use ftvm_machine::{BlkOp, Engine, Event, IoRequest};
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
@@ -401,8 +401,8 @@ impl Checkpointer {
     }
 }
 
-impl Primary for Checkpointer {
-    fn before_run(&mut self, _m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
+impl<E: Engine> Primary<E> for Checkpointer {
+    fn before_run(&mut self, _m: &mut E, _paused: bool) -> Result<(), ProtectionError> {
         Ok(())
     }
 
@@ -415,7 +415,7 @@ impl Primary for Checkpointer {
     }
 
     /// The checkpoint, when one is due.
-    fn after_slice(&mut self, m: &mut Machine, _busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
+    fn after_slice(&mut self, m: &mut E, _busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
         let now = Instant::now();
         if now >= self.due || (idle && self.idle_due(now)) {
             self.checkpoint(m)?;
@@ -447,11 +447,11 @@ impl Primary for Checkpointer {
         Some(self.pair_status())
     }
 
-    fn end(&mut self, m: &mut Machine, status: Option<u32>) -> Vec<Request> {
+    fn end(&mut self, m: &mut E, status: Option<u32>) -> Vec<Request> {
         self.end_stream(m, status)
     }
 
-    fn finish(self: Box<Self>, _m: &mut Machine, _status: Option<u32>) -> Result<(), ProtectionError> {
+    fn finish(self: Box<Self>, _m: &mut E, _status: Option<u32>) -> Result<(), ProtectionError> {
         Ok(())
     }
 }

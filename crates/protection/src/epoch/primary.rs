@@ -8,7 +8,7 @@ use crate::error::ProtectionError;
 use crate::lockstep::primary::Lockstep;
 use crate::primary::{Alone, Primary, Request};
 use crate::status::{EpochStatus, PairStatus, PrimaryMode};
-use ftvm_machine::{Event, Machine, RunExit};
+use ftvm_machine::{DeterministicEngine, Event, RunExit};
 use ftvm_replication::channel::Failure;
 use std::time::{Duration, Instant};
 
@@ -145,7 +145,7 @@ impl Epoch {
     }
 }
 
-impl Primary for Epoch {
+impl<E: DeterministicEngine> Primary<E> for Epoch {
     fn run_target(&self, icount: u64, look_at: u64) -> u64 {
         self.epochs.mode.run_target(icount, look_at, self.epochs.inputs_waiting())
     }
@@ -153,7 +153,7 @@ impl Primary for Epoch {
     /// At every epoch end, the log's frame closes with its end mark;
     /// under the original protocol the primary then waits for the backup
     /// to acknowledge it.
-    fn before_run(&mut self, m: &mut Machine, paused: bool) -> Result<(), ProtectionError> {
+    fn before_run(&mut self, m: &mut E, paused: bool) -> Result<(), ProtectionError> {
         self.lockstep.channel().send_if_due();
         if !self.at_end || paused {
             return Ok(());
@@ -174,7 +174,7 @@ impl Primary for Epoch {
 
     /// Whether the run stopped at an epoch end, and if so, the inputs
     /// buffered during the epoch (P2).
-    fn after_run(&mut self, m: &Machine, exit: &RunExit) -> Vec<Event> {
+    fn after_run(&mut self, m: &E, exit: &RunExit) -> Vec<Event> {
         let at = m.icount();
         // A run that stops again where the last end's frame was logged,
         // with no instruction run (an I/O request to hand out first), is
@@ -202,36 +202,36 @@ impl Primary for Epoch {
             return None;
         }
         self.epochs.delivered_one();
-        self.lockstep.input(icount, ev)
+        Primary::<E>::input(&mut self.lockstep, icount, ev)
     }
 
     fn gate(&mut self, requests: Vec<Request>, icount: u64) -> Vec<Request> {
-        self.lockstep.gate(requests, icount)
+        Primary::<E>::gate(&mut self.lockstep, requests, icount)
     }
 
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
+    fn after_slice(&mut self, m: &mut E, busy: Duration, idle: bool) -> Result<Duration, ProtectionError> {
         self.lockstep.after_slice(m, busy, idle)
     }
 
     fn paused(&mut self, slept: Duration) {
-        self.lockstep.paused(slept);
+        Primary::<E>::paused(&mut self.lockstep, slept);
     }
 
     fn wake_within(&self, now: Instant) -> Option<Duration> {
-        self.lockstep.wake_within(now)
+        Primary::<E>::wake_within(&self.lockstep, now)
     }
 
     fn before_sleep(&mut self) {
-        self.lockstep.before_sleep();
+        Primary::<E>::before_sleep(&mut self.lockstep);
     }
 
     fn may_pause(&self) -> bool {
-        self.lockstep.may_pause()
+        Primary::<E>::may_pause(&self.lockstep)
     }
 
     /// Alone now: inputs buffered for the epoch's end go in at once.
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError> {
-        let mut alone = self.lockstep.peer_lost(failure)?;
+        let mut alone = Primary::<E>::peer_lost(&mut self.lockstep, failure)?;
         alone.inputs = self.epochs.take_deferred();
         Ok(alone)
     }
@@ -245,7 +245,7 @@ impl Primary for Epoch {
         Some(format!("{}; {}", self.lockstep.lag_summary(), self.epochs.summary()))
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
+    fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError> {
         Box::new(self.lockstep).finish(m, status)
     }
 }

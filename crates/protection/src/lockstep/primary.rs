@@ -17,7 +17,7 @@ use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
 use crate::primary::{backup_lost, Alone, Primary, Request};
 use crate::status::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
-use ftvm_machine::{BlkOp, Event, IoRequest, Machine};
+use ftvm_machine::{BlkOp, DeterministicEngine, Event, IoRequest};
 use ftvm_replay::recorder::Recorder;
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender};
@@ -240,8 +240,8 @@ impl Lockstep {
     }
 }
 
-impl Primary for Lockstep {
-    fn before_run(&mut self, m: &mut Machine, _paused: bool) -> Result<(), ProtectionError> {
+impl<E: DeterministicEngine> Primary<E> for Lockstep {
+    fn before_run(&mut self, m: &mut E, _paused: bool) -> Result<(), ProtectionError> {
         self.channel().send_if_due();
         Ok(self.recorder.close_frame(m)?)
     }
@@ -255,7 +255,7 @@ impl Primary for Lockstep {
         self.hold_outputs(requests, icount)
     }
 
-    fn after_slice(&mut self, m: &mut Machine, busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
+    fn after_slice(&mut self, m: &mut E, busy: Duration, _idle: bool) -> Result<Duration, ProtectionError> {
         Ok(self.after_chunk(m.icount(), busy))
     }
 
@@ -291,7 +291,7 @@ impl Primary for Lockstep {
         Some(self.lag_summary())
     }
 
-    fn finish(self: Box<Self>, m: &mut Machine, status: Option<u32>) -> Result<(), ProtectionError> {
+    fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError> {
         let acknowledged = |channel: LogSender| {
             // The end must reach the backup, or it would take the
             // primary's exit for a failure and go live.

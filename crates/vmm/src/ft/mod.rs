@@ -17,6 +17,7 @@ pub mod backup;
 use crate::error::{file, usage, NotReady, VmmError};
 use crate::host_io::HostEvent;
 use clap::Args;
+use ftvm_machine::Machine;
 use ftvm_protection::checkpoint;
 use ftvm_protection::epoch::primary::Epoch;
 use ftvm_protection::epoch::{EpochMode, EpochProtocol};
@@ -219,7 +220,7 @@ pub fn start_primary(
     host_events: Sender<HostEvent>,
     events: &Events,
     fence: Fence,
-) -> Result<Box<dyn Primary>, VmmError> {
+) -> Result<Box<dyn Primary<Machine>>, VmmError> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
     let mode = args.epoch_mode()?;
