@@ -34,16 +34,15 @@ error, 3 when a run fails.
   bench/dirty-tracking --runs 5 --jobs mem --log-dir /tmp/dt-logs
 """
 
-import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ftsite.host import REPO
-from ftsite.bench.vs_qemu import run_once
+from ftsite.bench import options
+from ftsite.bench.vs_qemu import fmt_runs, med, run_once
 JOB_START = "ftvm-bench-job-start"
 JOB_END = "ftvm-bench-job-end"
 JOBS = {
@@ -105,16 +104,8 @@ def ftvm_argv(ftvm, disk, args, job, tracking):
     return argv
 
 
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fmt_runs(xs):
-    return " ".join(f"{x:.2f}" for x in xs)
-
-
 def main():
-    ap = argparse.ArgumentParser(prog="dirty-tracking", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = options.parser("dirty-tracking", __doc__)
     ap.add_argument("--runs", type=int, default=3, help="runs per job with tracking on and off each (default 3)")
     ap.add_argument("--jobs", default="cpu,mem", help="comma-separated jobs: cpu, mem (default both)")
     ap.add_argument("--ftvm", help="ftvm binary (default $CARGO_TARGET_DIR or target/, release/ftvm; built if missing)")
@@ -155,16 +146,9 @@ def main():
                     log = os.path.join(args.log_dir, f"{job}-{mode}-{i + 1}.log") if args.log_dir else None
                     m = run_once(ftvm_argv(ftvm, copy, args, job, mode == "on"), args.timeout, log)
                     os.unlink(copy)
-                    problem = None
-                    if m["timeout"]:
-                        problem = f"timed out after {args.timeout}s"
-                    elif m["rc"] != 0:
-                        problem = f"exit status {m['rc']} (status line: {m.get('status_line', 'none')})"
-                    elif "job_start" not in m or "job_end" not in m:
-                        problem = "no job start/end markers"
+                    problem = options.job_problem(m, args.timeout, status_line=True)
                     if problem:
-                        hint = f"; console log in {log}" if log else "; rerun with --log-dir DIR to keep the console"
-                        die(f"{job} job, tracking {mode}, run {i + 1}: {problem}{hint}", 3)
+                        die(f"{job} job, tracking {mode}, run {i + 1}: {problem}{options.console_hint(log)}", 3)
                     t = m["job_end"] - m["job_start"]
                     res[job][mode]["job"].append(t)
                     res[job][mode]["cpu"].append(m["cpu"])

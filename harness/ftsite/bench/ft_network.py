@@ -24,7 +24,6 @@ Needs root, two cores, iproute2, taskset and iperf3 on the host (Debian
 iperf3). A benchmark: exits 0 unless a run fails (3), 2 on bad input.
 """
 
-import argparse
 import json
 import shutil
 import statistics
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import options
 
 IPERF_SERVER = "iperf3 -s"
 DIRECTIONS = {"receive": [], "transmit": ["-R"]}
@@ -112,13 +112,10 @@ def med(xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="ft-network", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3, help="rounds of FT and non-FT (default 3)")
+    ap = options.parser("ft-network", __doc__)
     ap.add_argument("--seconds", type=int, default=10, help="iperf3 -t per direction (default 10)")
-    ap.add_argument("--fast-time", action="store_true", help="run both with --fast-time (default: real time)")
-    ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds for the guest's iperf3 to listen (default 600)")
-    ap.add_argument("--log-dir", help="keep every VM's output here")
+    options.add_ft_rounds(ap, ftsite.default_ftvm(), timeout=600,
+                          timeout_help="seconds for the guest's iperf3 to listen (default 600)")
     args = ap.parse_args()
 
     with ftsite.session("ft-network"):

@@ -35,7 +35,6 @@ redis-tools). Exits 0 when the targets are met, 1 when one is missed, 2 on
 bad input, 3 when a run fails.
 """
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import options
 from ftsite.bench import redis as redis_bench
 
 REDIS = "redis-server /etc/redis/redis.conf --protected-mode no"
@@ -196,16 +196,12 @@ def f(x, spec):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="ft-overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3, help="rounds of FT and non-FT (default 3)")
+    ap = options.parser("ft-overhead", __doc__)
     ap.add_argument("--only", default="cpu,redis,idle", help="comma-separated subset of cpu,redis,idle")
     ap.add_argument("--requests", type=int, default=2000, help="redis-benchmark -n (default 2000)")
     ap.add_argument("--clients", default="1,16", help="redis-benchmark -c values (default 1,16)")
     ap.add_argument("--idle-seconds", type=int, default=30, help="length of the idle guest's sleep (default 30)")
-    ap.add_argument("--fast-time", action="store_true", help="run both with --fast-time (default: real time)")
-    ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per boot or benchmark (default 900)")
-    ap.add_argument("--log-dir", help="keep every VM's output here")
+    options.add_ft_rounds(ap, ftsite.default_ftvm(), timeout=900, timeout_help="seconds per boot or benchmark (default 900)")
     args = ap.parse_args()
 
     with ftsite.session("ft-overhead"):
@@ -218,7 +214,7 @@ def main():
             args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
             assert args.clients and min(args.clients) >= 1
         except (ValueError, AssertionError):
-            raise ftsite.SetupError(f"--clients wants positive integers separated by commas") from None
+            raise ftsite.SetupError("--clients wants positive integers separated by commas") from None
         ftsite.check_host(("ip", "taskset") + (("redis-benchmark",) if "redis" in parts else ()), cores=2)
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)

@@ -22,7 +22,6 @@ Needs a host with at least two cores. A benchmark, not a test: exits 0
 unless a run fails, 1 if the median overhead misses the target.
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -30,10 +29,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ftsite.host import REPO
 TARGET = 0.03
 
 
+from ftsite.bench import options
 from ftsite.bench import vs_qemu as vs
 
 
@@ -82,21 +81,15 @@ def one_pair(i, ftvm, img, args, work):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="record-overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = options.parser("record-overhead", __doc__)
     ap.add_argument("--pairs", type=int, default=6, help="concurrent run/record pairs (default 6)")
-    ap.add_argument("--ftvm", default=str(REPO / "target" / "release" / "ftvm"), help="ftvm binary")
-    ap.add_argument("--mem", default="1G")
-    ap.add_argument("--image", help="image directory (default <cache>/images/trixie-riscv64)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
-    ap.add_argument("--log-dir", help="keep each run's console output here")
+    options.add_guest(ap, qemu=False, boot=False, ftvm_help="ftvm binary")
     args = ap.parse_args()
     if args.pairs < 1:
         die("--pairs must be at least 1")
     if (os.cpu_count() or 1) < 2:
         die("needs at least two cores to run the pair side by side")
-    args.cpus = 1
-    for k in ("kernel", "initrd", "disk", "bios"):
-        setattr(args, k, None)
+    options.default_boot(args)
     ftvm = Path(args.ftvm)
     if not (ftvm.is_file() and os.access(ftvm, os.X_OK)):
         die(f"ftvm binary not found at {ftvm}: build it with `cargo build --release -p ftvm` or pass --ftvm")

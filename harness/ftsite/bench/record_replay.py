@@ -35,7 +35,6 @@ Needs qemu-system-riscv64 (Debian qemu-system-misc). A benchmark, not a
 test: exits 0 unless a run fails.
 """
 
-import argparse
 import os
 import re
 import resource
@@ -46,9 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftsite.host import REPO
 
 
+from ftsite.bench import options
 from ftsite.bench import vs_qemu as vs
 
 
@@ -59,13 +58,7 @@ def die(msg, code=2):
 
 def checked(name, m, args):
     """The marks of a completed job run, or a one-line failure."""
-    problem = None
-    if m["timeout"]:
-        problem = f"timed out after {args.timeout}s"
-    elif m["rc"] != 0:
-        problem = f"exit status {m['rc']}"
-    elif "job_start" not in m or "job_end" not in m:
-        problem = "no job start/end markers"
+    problem = options.job_problem(m, args.timeout)
     if problem:
         die(f"{name}: {problem}" + ("" if args.log_dir else "; rerun with --log-dir DIR to keep the console"), 1)
     return m
@@ -149,21 +142,13 @@ def one_round(i, ftvm, qemu, img, args, work):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="record-replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = options.parser("record-replay", __doc__)
     ap.add_argument("--runs", type=int, default=3, help="rounds (default 3)")
-    ap.add_argument("--ftvm", default=str(REPO / "target" / "release" / "ftvm"), help="ftvm binary")
-    ap.add_argument("--qemu", default="qemu-system-riscv64")
-    ap.add_argument("--mem", default="1G")
-    ap.add_argument("--image", help="image directory (default <cache>/images/trixie-riscv64)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
-    ap.add_argument("--log-dir", help="keep each run's console output here")
+    options.add_guest(ap, boot=False, ftvm_help="ftvm binary")
     args = ap.parse_args()
     if args.runs < 1:
         die("--runs must be at least 1")
-    # vs-qemu's argv builders and image lookup read these.
-    args.cpus = 1
-    for k in ("kernel", "initrd", "disk", "bios"):
-        setattr(args, k, None)
+    options.default_boot(args)
     ftvm = Path(args.ftvm)
     if not (ftvm.is_file() and os.access(ftvm, os.X_OK)):
         die(f"ftvm binary not found at {ftvm}: build it with `cargo build --release -p ftvm` or pass --ftvm")

@@ -28,7 +28,6 @@ qemu-system-misc) and redis-benchmark/redis-cli on the host (Debian
 redis-tools). This is a benchmark, not a test: it exits 0 unless a run fails.
 """
 
-import argparse
 import csv
 import io
 import os
@@ -41,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftsite.host import REPO
+from ftsite.bench import options
 from ftsite.bench.vs_qemu import cache_dir
 EXEC_CMD = "redis-server /etc/redis/redis.conf"
 PORT = 6379
@@ -357,7 +356,7 @@ def print_table(res, emus, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="redis", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = options.parser("redis", __doc__)
     ap.add_argument("--runs", type=int, default=3, help="boots per emulator; the table shows medians (default 3)")
     ap.add_argument("--requests", type=int, default=2000, help="requests per redis-benchmark test (default 2000)")
     ap.add_argument("--clients", default="1,16",
@@ -365,19 +364,10 @@ def main():
     ap.add_argument("--only", choices=("ftvm", "qemu"), help="measure one emulator only")
     ap.add_argument("--keep-going", action="store_true",
                     help="after a failed run, go on with the remaining runs (exit status 1 at the end)")
-    ap.add_argument("--ftvm", default=str(REPO / "target" / "release" / "ftvm"), help="ftvm binary (default target/release/ftvm)")
-    ap.add_argument("--qemu", default="qemu-system-riscv64")
-    ap.add_argument("--mem", default="1G")
-    ap.add_argument("--cpus", type=int, default=1)
-    ap.add_argument("--image", help="image directory (default <cache>/images/trixie-riscv64)")
-    ap.add_argument("--kernel")
-    ap.add_argument("--initrd")
-    ap.add_argument("--disk")
-    ap.add_argument("--bios")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for PONG after starting a VM (default 300)")
+    options.add_guest(ap, timeout=300, timeout_help="seconds to wait for PONG after starting a VM (default 300)",
+                      log_help="keep each run's console output (and with --record, its log) here")
     ap.add_argument("--bench-timeout", type=float, default=300, help="seconds per redis-benchmark invocation (default 300)")
     ap.add_argument("--netns", default=f"ftvm-redis-{os.getpid()}", help="network namespace to create (default ftvm-redis-PID)")
-    ap.add_argument("--log-dir", help="keep each run's console output (and with --record, its log) here")
     ap.add_argument("--record", action="store_true",
                     help="run ftvm under `ftvm record`: measure the log bandwidth of the benchmark, then replay it")
     ap.add_argument("--quiet", action="store_true", help="only print the table")

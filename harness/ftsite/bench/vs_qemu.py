@@ -24,7 +24,6 @@ fails (PASS/MISS are informational).
                                        (busybox awk: the image has no python)
 """
 
-import argparse
 import os
 import shutil
 import statistics
@@ -35,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from ftsite.host import REPO
+from ftsite.bench import options
 BEGIN = "ftvm-exec-begin"
 STATUS = "ftvm-exec-status="
 JOB_START = "ftvm-bench-job-start"
@@ -241,20 +240,10 @@ def fmt_runs(xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="vs-qemu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = options.parser("vs-qemu", __doc__)
     ap.add_argument("--runs", type=int, default=3, help="runs per emulator and scenario (default 3)")
     ap.add_argument("--qemu-only", action="store_true", help="measure QEMU only")
-    ap.add_argument("--ftvm", default=str(REPO / "target" / "release" / "ftvm"), help="ftvm binary (default target/release/ftvm)")
-    ap.add_argument("--qemu", default="qemu-system-riscv64")
-    ap.add_argument("--mem", default="1G")
-    ap.add_argument("--cpus", type=int, default=1)
-    ap.add_argument("--image", help="image directory (default <cache>/images/trixie-riscv64)")
-    ap.add_argument("--kernel")
-    ap.add_argument("--initrd")
-    ap.add_argument("--disk")
-    ap.add_argument("--bios")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
-    ap.add_argument("--log-dir", help="keep each run's console output here")
+    options.add_guest(ap)
     ap.add_argument("--quiet", action="store_true", help="only print the table")
     ap.add_argument("--job", default=JOB, help="the guest command of scenario (b) (default: the dd | sha256sum "
                     "job; 'fp': a busybox awk floating-point loop)")
