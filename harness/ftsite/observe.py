@@ -134,6 +134,8 @@ EVENTS = {
     "disk-differs": "a backup found its disk differs from the primary's and asks for the blocks",
     "disk-copied": "a backup's disk is now a copy of the primary's",
     "declared-failed": "a side declared the other failed; fields: who (primary, backup)",
+    "isolated": "a side that declared the other failed reached none of its isolation addresses and leaves "
+                "the arbiter to the other side for a while; fields: addresses, defer_ms",
     "arbiter": "a side went to the arbiter (to claim the pair's generation)",
     "unprotected": "a primary won at the arbiter and runs unprotected",
     "going-live": "a backup goes live; fields: instruction, checkpoint (checkpoint mode), "

@@ -1,6 +1,7 @@
 """Fencing (issue 27): a primary that stalled and comes back says
-nothing once its backup is live, and the backup that won the arbiter
-goes live however long the old primary stays stopped.
+nothing once its backup is live, the backup that won the arbiter goes
+live however long the old primary stays stopped, and a primary cut off
+from the network leaves the VM to its backup.
 
 The primary's ftvm is stopped with SIGSTOP (a frozen host: no FIN, no
 heartbeat, no system call) while a client writes keys; the frames the
@@ -13,7 +14,7 @@ import time
 import pytest
 
 import ftsite
-from ftsite import BOOT_TIMEOUT, REDIS_FT, Site, event
+from ftsite import BOOT_TIMEOUT, CLIENT_IP, REDIS_FT, Site, event
 from ftsite.trial import KeyWriter, check_keys
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
@@ -70,11 +71,12 @@ def test_a_frozen_primary_says_nothing_after_its_backup_went_live(ftvm, scratch,
     assert check_keys(conn, writer.acked) == (0, 0)
 
 
-def test_a_long_stall_leaves_the_vm_serving(ftvm, scratch):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_long_stall_leaves_the_vm_serving(ftvm, scratch, mode):
     """15 s stopped: the backup wins the arbiter in a fraction of a second
     and serves while the old primary, still holding the disk's lock, is
     stopped; it halts when it comes back."""
-    late, writer, conn, live, old_exit, backup = stall(ftvm, scratch, "fl", "lockstep", 15)
+    late, writer, conn, live, old_exit, backup = stall(ftvm, scratch, f"l{mode[0]}", mode, 15)
     assert not late
     assert writer.error is None, f"the client's connection failed: {writer.error}"
     # The client was served during the stall, not after it.
@@ -82,5 +84,49 @@ def test_a_long_stall_leaves_the_vm_serving(ftvm, scratch):
     assert served is not None and served < live.t + 5, "no write acknowledged soon after the backup went live"
     assert any("taken over" in line for _, line in backup.messages), backup.output()
     assert old_exit != 0
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_an_isolated_primary_leaves_the_vm_to_its_backup(ftvm, scratch, mode):
+    """The primary host's switch port goes down with its ftvm running:
+    each side hears only silence and declares the other failed. Both
+    have the client's address as their isolation address (it stands for
+    the outside the VM serves): the primary reaches it no more, leaves the
+    arbiter to its backup, finds the backup's claim and halts; the backup
+    reaches it, wins at once, and serves the client's same connection.
+    Without the check the two race on silence alone, and the cut-off
+    primary won 4 races in 7."""
+    site = Site(f"i{mode[0]}")
+    shared = scratch / "shared"
+    shared.mkdir()
+    isolation = ["--isolation-address", CLIENT_IP]
+    primary_extra, backup_extra = ftsite.disk_options(ftvm, scratch, MODES[mode])
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=[*backup_extra, *isolation])
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, REDIS_FT, TIMEOUT_MS,
+                                   extra=[*primary_extra, *isolation])
+    conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
+    event(primary, "protected", timeout=10, watch=[backup])
+    writer = KeyWriter(conn)
+    writer.start()
+    time.sleep(2)
+    assert writer.error is None and writer.acked > 0, writer.error
+    cut = time.monotonic()
+    site.port_down("primary")
+    live = event(backup, "going-live", timeout=30, watch=[backup])
+    isolated = event(primary, "isolated", timeout=30)
+    old_exit = primary.wait(60)
+    verdict = event(primary, "arbiter")
+    time.sleep(2)
+    writer.stop()
+    print(f"{mode}: the backup went live {live.t - cut:.2f} s after the cut; the primary found itself isolated "
+          f"{isolated.t - cut:.2f} s after it ({isolated.fields}); its verdict: {verdict.fields}; "
+          f"{writer.acked} keys acknowledged")
+    assert event(backup, "isolated") is None, "the backup reaches the outside"
+    assert "backup" in verdict.fields.get("winner", ""), f"the cut-off primary won: {verdict.fields}"
+    assert old_exit != 0, "the cut-off primary should halt"
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    assert backup.alive(), backup.output()
     assert conn.command("DBSIZE") == writer.acked
     assert check_keys(conn, writer.acked) == (0, 0)

@@ -7,6 +7,7 @@
 //! gets every event as one JSON line, so a script never reads stderr.
 
 use crate::error::ProtectionError;
+use ftvm_replication::arbiter::ArbiterNote;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -86,6 +87,15 @@ pub enum PairEvent {
         who: String,
         /// What showed it: a closed or silent channel, or no heartbeat.
         reason: String,
+    },
+    /// This side reached none of its isolation addresses after declaring
+    /// the other failed: it may be the one cut off, so it leaves the
+    /// arbiter to the other side for a while before it contends.
+    Isolated {
+        /// The addresses that did not answer.
+        addresses: Vec<String>,
+        /// How long it waits for the other side to claim, in milliseconds.
+        defer_ms: u64,
     },
     /// This side won the pair's generation at the arbiter.
     ArbiterWon {
@@ -190,6 +200,16 @@ impl Events {
             j.history.pop_front();
         }
         j.history.push_back(record);
+    }
+
+    /// What the arbiter's contest tells this side: said on stderr, and an
+    /// [`PairEvent::Isolated`] where this side found itself cut off.
+    pub fn arbiter_note(&self, note: ArbiterNote) {
+        eprintln!("ftvm: {note}");
+        if let ArbiterNote::Isolated { addresses, defer } = note {
+            let addresses = addresses.iter().map(|a| a.to_string()).collect();
+            self.emit(PairEvent::Isolated { addresses, defer_ms: defer.as_millis() as u64 });
+        }
     }
 
     /// What happened so far, and a receiver of each event from now on.

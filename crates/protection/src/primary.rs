@@ -141,7 +141,7 @@ pub fn backup_lost(
     eprintln!("ftvm: the backup is declared failed: {failure}");
     events.emit(PairEvent::DeclaredFailed { who: "backup".into(), reason: failure.to_string() });
     let generation = arbiter.generation();
-    match arbiter.go_live(me, |m| eprintln!("ftvm: {m}")) {
+    match arbiter.go_live(me, |n| events.arbiter_note(n)) {
         Verdict::Won => {
             // Alone from here: the held outputs, and all after, may go.
             fence.won();

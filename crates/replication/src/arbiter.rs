@@ -15,14 +15,21 @@
 //! ([`Arbiter::check_storage`]).
 //! While the directory cannot be reached the caller waits, as the paper
 //! prescribes: a VM whose storage is gone could not do useful work anyway.
+//!
+//! With isolation addresses ([`Arbiter::with_isolation`]), a side first
+//! checks that it can reach the outside; one that cannot defers to the
+//! other side (see [`crate::isolation`]), so the side that can serve wins.
 
+use crate::isolation::{self, Isolation, Outside, PROBE_WAIT};
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Read, Write};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How often an unreachable storage is tried again.
+/// How often an unreachable storage is tried again, and an isolated side
+/// looks whether the other side has claimed.
 const RETRY: Duration = Duration::from_millis(100);
 /// Generations tried when claiming one raced with another pair.
 const CLAIM_TRIES: u64 = 1000;
@@ -68,16 +75,63 @@ pub enum Verdict {
     Lost(String),
 }
 
+/// What a side hears on its way to the verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArbiterNote {
+    /// The shared storage cannot be reached: the side waits for it.
+    StorageUnreachable { dir: PathBuf, problem: String },
+    /// No isolation address answered: this side may be the one cut off,
+    /// and waits up to `defer` for the other side to claim.
+    Isolated { addresses: Vec<Ipv4Addr>, defer: Duration },
+    /// An isolated side reached the outside again, and contends.
+    OutsideReached(Ipv4Addr),
+    /// An isolated side waited its deferral out with no claim, and contends.
+    DeferralOver,
+    /// The isolation addresses could not be probed: the side contends at once.
+    NotChecked(String),
+}
+
+impl std::fmt::Display for ArbiterNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArbiterNote::StorageUnreachable { dir, problem } => {
+                write!(f, "the shared storage {} cannot be reached ({problem}); waiting", dir.display())
+            }
+            ArbiterNote::Isolated { addresses, defer } => {
+                let list: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
+                write!(
+                    f,
+                    "no isolation address answers ({}): this host may be the one cut off; \
+                     leaving the arbiter to the other side for up to {} ms",
+                    list.join(", "),
+                    defer.as_millis()
+                )
+            }
+            ArbiterNote::OutsideReached(a) => write!(f, "isolation address {a} answers again; contending"),
+            ArbiterNote::DeferralOver => write!(f, "the other side did not claim the arbiter; contending"),
+            ArbiterNote::NotChecked(why) => write!(f, "{why}; contending without the isolation check"),
+        }
+    }
+}
+
 pub struct Arbiter {
     dir: PathBuf,
     generation: u64,
     /// The storage token of a generation this side claimed ("" otherwise).
     token: String,
+    /// Checked before contending, if set.
+    isolation: Option<Isolation>,
 }
 
 impl Arbiter {
     pub fn new(dir: &Path, generation: u64) -> Arbiter {
-        Arbiter { dir: dir.to_path_buf(), generation, token: String::new() }
+        Arbiter { dir: dir.to_path_buf(), generation, token: String::new(), isolation: None }
+    }
+
+    /// Before contending, this side checks that it reaches the outside.
+    pub fn with_isolation(mut self, isolation: Option<Isolation>) -> Arbiter {
+        self.isolation = isolation;
+        self
     }
 
     /// The token written into the claimed generation's record.
@@ -129,7 +183,7 @@ impl Arbiter {
         for generation in highest + 1..highest + 1 + CLAIM_TRIES {
             let path = dir.join(format!("gen-{generation}.pair"));
             match create_exclusive(&path, &format!("{pair}\nstorage-token {token}\n")) {
-                Ok(true) => return Ok(Arbiter { dir: dir.to_path_buf(), generation, token }),
+                Ok(true) => return Ok(Arbiter { dir: dir.to_path_buf(), generation, token, isolation: None }),
                 Ok(false) => continue,
                 Err(source) => return Err(ArbiterError::Claim { dir: dir.to_path_buf(), generation, source }),
             }
@@ -139,8 +193,15 @@ impl Arbiter {
 
     /// The test-and-set: `Won` if this call created the generation's
     /// `.live` file, `Lost` if someone else had. Waits, retrying, while the
-    /// storage cannot be reached; `on_wait` hears about it once.
-    pub fn go_live(&self, me: &str, mut on_wait: impl FnMut(&str)) -> Verdict {
+    /// storage cannot be reached (`on_note` hears about it once). With
+    /// isolation addresses, a side that reaches none of them first leaves
+    /// the other side time to claim (see [`crate::isolation`]).
+    pub fn go_live(&self, me: &str, mut on_note: impl FnMut(ArbiterNote)) -> Verdict {
+        if let Some(iso) = &self.isolation {
+            if let Some(winner) = self.defer_while_isolated(iso, &mut on_note) {
+                return Verdict::Lost(winner);
+            }
+        }
         let path = self.live_path();
         let mut told = false;
         loop {
@@ -155,13 +216,57 @@ impl Arbiter {
                 },
                 Err(e) => Some(e.to_string()),
             };
-            if let Some(p) = problem {
+            if let Some(problem) = problem {
                 if !told {
-                    on_wait(&format!("the shared storage {} cannot be reached ({p}); waiting", self.dir.display()));
+                    on_note(ArbiterNote::StorageUnreachable { dir: self.dir.clone(), problem });
                     told = true;
                 }
             }
             std::thread::sleep(RETRY);
+        }
+    }
+
+    /// An isolated side's wait: None once it may contend (the outside
+    /// answers, or the deferral ran out with no claim), or the other
+    /// side's name once it has claimed.
+    fn defer_while_isolated(&self, iso: &Isolation, on_note: &mut impl FnMut(ArbiterNote)) -> Option<String> {
+        match iso.probe(PROBE_WAIT) {
+            Outside::Reached(_) => return None,
+            Outside::NotChecked(why) => {
+                on_note(ArbiterNote::NotChecked(why));
+                return None;
+            }
+            Outside::Unreached => {}
+        }
+        on_note(ArbiterNote::Isolated { addresses: iso.addresses().to_vec(), defer: iso.defer() });
+        let until = Instant::now() + iso.defer();
+        let mut next_probe = Instant::now();
+        let mut winner = None;
+        let mut reached = None;
+        isolation::wait_until(until, RETRY, || {
+            winner = self.winner();
+            if winner.is_some() {
+                return true;
+            }
+            if Instant::now() >= next_probe {
+                if let Outside::Reached(a) = iso.probe(RETRY) {
+                    reached = Some(a);
+                    return true;
+                }
+                next_probe = Instant::now() + RETRY;
+            }
+            false
+        });
+        match (winner, reached) {
+            (Some(w), _) => Some(w),
+            (None, Some(a)) => {
+                on_note(ArbiterNote::OutsideReached(a));
+                None
+            }
+            _ => {
+                on_note(ArbiterNote::DeferralOver);
+                None
+            }
         }
     }
 
@@ -195,6 +300,71 @@ fn create_exclusive(path: &Path, content: &str) -> std::io::Result<bool> {
 mod tests {
     use super::*;
     use std::sync::{Arc, Barrier};
+
+    use crate::isolation::cut_off;
+
+    /// Checked from a host cut off from everything ([`cut_off`]): loopback
+    /// does not answer there either.
+    fn isolated(defer: Duration) -> Option<Isolation> {
+        Some(Isolation::new(vec![Ipv4Addr::LOCALHOST], defer))
+    }
+
+    #[test]
+    fn an_isolated_side_leaves_the_arbiter_to_the_other() {
+        let dir = scratch("isolated");
+        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        let cut_off = Arbiter::new(&dir, gen).with_isolation(isolated(Duration::from_secs(20)));
+        let t0 = Instant::now();
+        let waiting = std::thread::spawn(move || {
+            self::cut_off(move || {
+                let mut notes = Vec::new();
+                let v = cut_off.go_live("primary", |n| notes.push(n));
+                (v, notes)
+            })
+        });
+        // The side that reaches the outside (no addresses to check here)
+        // comes a little later, and wins.
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(Arbiter::new(&dir, gen).go_live("backup", |_| {}), Verdict::Won);
+        let (v, notes) = waiting.join().unwrap();
+        assert_eq!(v, Verdict::Lost("backup".into()));
+        assert!(matches!(notes[..], [ArbiterNote::Isolated { .. }]), "{notes:?}");
+        // It learned of the claim within a few retries, not at the end of its deferral.
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn an_isolated_side_contends_once_nobody_claimed_within_its_deferral() {
+        let dir = scratch("alone");
+        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        let a = Arbiter::new(&dir, gen).with_isolation(isolated(Duration::from_millis(500)));
+        let (v, notes, took) = cut_off(move || {
+            let mut notes = Vec::new();
+            let t0 = Instant::now();
+            let v = a.go_live("primary", |n| notes.push(n));
+            (v, notes, t0.elapsed())
+        });
+        assert_eq!(v, Verdict::Won);
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(matches!(notes[..], [ArbiterNote::Isolated { .. }, ArbiterNote::DeferralOver]), "{notes:?}");
+    }
+
+    #[test]
+    fn a_side_that_reaches_the_outside_contends_at_once() {
+        let dir = scratch("reached");
+        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        // One address that nothing answers (TEST-NET-2, RFC 5737), one that does.
+        let iso = Isolation::new(vec![Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::LOCALHOST], Duration::from_secs(20));
+        let mut notes = Vec::new();
+        let t0 = Instant::now();
+        assert_eq!(
+            Arbiter::new(&dir, gen).with_isolation(Some(iso)).go_live("backup", |n| notes.push(n)),
+            Verdict::Won
+        );
+        // Loopback answers at once; NOWHERE is not waited for.
+        assert!(t0.elapsed() < PROBE_WAIT, "{:?}", t0.elapsed());
+        assert!(notes.is_empty(), "{notes:?}");
+    }
 
     fn scratch(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("ftvm-arbiter-{tag}-{}", std::process::id()));

@@ -13,6 +13,8 @@
 //!   channel's handshake and the heartbeats;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
 //!   one side go live;
+//! - [`isolation`]: whether this host still reaches the outside, checked
+//!   before contending at the arbiter so that the side that can serve wins;
 //! - [`fence`]: whether this side may let outputs leave now: a lease the
 //!   backup's acknowledgements renew, and the arbiter's verdict;
 //! - [`output_rule`]: outputs held until the log that produced them is
@@ -30,6 +32,7 @@ pub mod checkpoint_stream;
 pub mod disk_sync;
 pub mod fence;
 pub mod heartbeat;
+pub mod isolation;
 pub mod lag;
 pub mod output_rule;
 pub mod page_delta;

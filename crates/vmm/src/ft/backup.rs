@@ -106,6 +106,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         let (receiver, decision, generation) = (receiver.clone(), decision.clone(), generation.clone());
         let events = events.clone();
         let shared = args.pair.shared.clone();
+        let isolation = args.pair.isolation()?;
         std::thread::spawn(move || {
             let Ok((failure, detected)) = failed_rx.recv() else { return };
             // A primary that powers the VM off closes the channel too,
@@ -126,7 +127,8 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             events.emit(PairEvent::DeclaredFailed { who: "primary".into(), reason: failure.to_string() });
             if let Some(generation) = generation {
                 let me = format!("backup on {}", hostname());
-                let d = match Arbiter::new(&shared, generation).go_live(&me, |m| eprintln!("ftvm: {m}")) {
+                let arbiter = Arbiter::new(&shared, generation).with_isolation(isolation);
+                let d = match arbiter.go_live(&me, |n| events.arbiter_note(n)) {
                     Verdict::Won => {
                         events.emit(PairEvent::ArbiterWon { generation });
                         Decision::GoLive(format!("won generation {generation} at the arbiter"))

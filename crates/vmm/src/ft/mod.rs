@@ -32,9 +32,10 @@ use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
+use ftvm_replication::isolation::{Isolation, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
 use ftvm_replication::Timing;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
@@ -64,6 +65,20 @@ pub struct PairArgs {
     /// side that comes first.
     #[arg(long, value_name = "FILE")]
     pub pair_key: Option<PathBuf>,
+    /// An address this host must reach to count itself on the network
+    /// (repeat for more; IPv4). After declaring the other side failed, a
+    /// side that reaches none of them may be the one cut off: it leaves
+    /// the arbiter to the other side for --isolation-defer ms, so the side
+    /// clients can reach wins. Default: this host's default gateway.
+    #[arg(long = "isolation-address", value_name = "IP")]
+    pub isolation_addresses: Vec<Ipv4Addr>,
+    /// How long, in milliseconds, a side that reaches no isolation address
+    /// waits for the other side to claim the arbiter before it contends.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_DEFER.as_millis() as u64)]
+    pub isolation_defer: u64,
+    /// Contend at the arbiter without checking the isolation addresses.
+    #[arg(long, conflicts_with = "isolation_addresses")]
+    pub no_isolation_check: bool,
 }
 
 impl PairArgs {
@@ -84,6 +99,29 @@ impl PairArgs {
             return Err(usage(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout)));
         }
         Ok(Timing::with_timeout(Duration::from_millis(self.timeout)))
+    }
+
+    /// The isolation check before contending at the arbiter: None when
+    /// turned off, or when there is nothing to probe (said once).
+    pub fn isolation(&self) -> Result<Option<Isolation>, VmmError> {
+        if !(100..=600_000).contains(&self.isolation_defer) {
+            return Err(usage(format!(
+                "--isolation-defer {} is out of range (100 to 600000 ms)",
+                self.isolation_defer
+            )));
+        }
+        if self.no_isolation_check {
+            return Ok(None);
+        }
+        let iso = Isolation::new(self.isolation_addresses.clone(), Duration::from_millis(self.isolation_defer));
+        if iso.addresses().is_empty() {
+            eprintln!(
+                "ftvm: no isolation address (none given, no default gateway): this side cannot tell \
+                 whether it is the one cut off (--isolation-address IP)"
+            );
+            return Ok(None);
+        }
+        Ok(Some(iso))
     }
 
     /// This side's journal of events (with its file, if asked for).
@@ -254,7 +292,7 @@ pub fn start_primary(
         }
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
+    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?.with_isolation(args.pair.isolation()?);
     let pair = PairHeader {
         version: PAIR_HEADER_VERSION,
         generation: arbiter.generation(),
