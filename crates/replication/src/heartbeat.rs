@@ -168,6 +168,7 @@ impl Beats {
 }
 
 fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: Arc<Shared>) {
+    crate::priority::raise_watcher();
     let mut seq =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
     // The highest sequence number heard: a beat must pass it.

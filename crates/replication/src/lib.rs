@@ -22,6 +22,8 @@
 //! - [`lag`]: the backup's execution lag, measured on the primary, and the
 //!   CPU-share feedback loop that bounds it;
 //! - [`page_delta`]: checkpoint pages sent as XOR deltas or zstd (Remus §3.4);
+//! - [`priority`]: the threads the peer's failure detector listens to,
+//!   raised where the VM's threads cannot starve them;
 //! - [`poll`]: reading a socket by polling while a round trip is awaited.
 //!
 //! The program drives a machine with these; nothing here runs guest code.
@@ -38,6 +40,7 @@ pub mod output_rule;
 pub mod page_delta;
 pub mod pair_key;
 pub mod poll;
+pub mod priority;
 
 use std::time::Duration;
 

@@ -84,5 +84,16 @@ fn spawn(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<Join
     std::thread::Builder::new().name(thread.into()).spawn(f).map_err(|source| ChannelError::Thread { thread, source })
 }
 
+/// Starts one of the threads whose silence the peer would take for this
+/// side's failure (the log's sender and receiver, the acknowledgements'
+/// reader, the detector), at a priority the VM's threads cannot starve
+/// ([`crate::priority`]).
+fn spawn_watcher(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ChannelError> {
+    spawn(thread, move || {
+        crate::priority::raise_watcher();
+        f()
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use super::pipe::Pipe;
 use super::secure::{self, HandshakeError, Opener, Sealer, Session};
 use super::sender::HANDSHAKE_WAIT;
 use super::wire::{self, MAX_REQUEST};
-use super::{spawn, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
+use super::{spawn, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
 use crate::heartbeat::Heartbeat;
 use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
@@ -150,12 +150,12 @@ impl LogReceiver {
         });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            let thread = spawn("ft-log-receive", move || receive(&shared, &readable, timing, &*fail))?;
+            let thread = spawn_watcher("ft-log-receive", move || receive(&shared, &readable, timing, &*fail))?;
             self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
-            spawn("ft-detect", move || {
+            spawn_watcher("ft-detect", move || {
                 let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
                 detect(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
             })?;

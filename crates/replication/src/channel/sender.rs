@@ -7,7 +7,7 @@ use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
 use super::secure::{self, Opener, Sealer, Session};
 use super::wire::{self, Message};
-use super::{spawn, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
+use super::{spawn_watcher, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
 use crate::fence::{self, Fence};
 use crate::heartbeat::{Heartbeat, HeartbeatLog};
 use crate::pair_key::PairKey;
@@ -297,7 +297,7 @@ impl LogSender {
         let fail = Arc::new(fail);
         {
             let (shared, fail) = (shared.clone(), fail.clone());
-            spawn("ft-log-send", move || {
+            spawn_watcher("ft-log-send", move || {
                 while shared.pipe.wait_readable() {
                     // A waiting caller may have written them meanwhile.
                     if let Err(e) = shared.write_pending(1 << 20) {
@@ -309,7 +309,7 @@ impl LogSender {
         {
             let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
             let input = stream.try_clone().map_err(ChannelError::Socket)?;
-            spawn("ft-ack-read", move || loop {
+            spawn_watcher("ft-ack-read", move || loop {
                 if shared.acks_turn.thread_keeps_off() {
                     continue;
                 }
@@ -324,7 +324,7 @@ impl LogSender {
         }
         {
             let (shared, fail) = (shared.clone(), fail.clone());
-            spawn("ft-detect", move || {
+            spawn_watcher("ft-detect", move || {
                 let heartbeat = Mutex::new(heartbeat);
                 detect(
                     timing,
