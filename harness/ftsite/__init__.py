@@ -48,7 +48,7 @@ from .cleanup import cleanup, forget, on_cleanup, session, undo_now
 from .errors import ConnectionLost, SetupError, Terminated, TrialFailed
 from .host import (REPO, Binary, check_ftvm, check_host, default_ftvm, image_dir, private_ftvm, rootfs, sh,
                    sparse_copy, work_dir)
-from .observe import EVENTS, Event, control, event, status, try_status
+from .observe import EVENTS, Event, control, event, journal, status, try_status
 from .proc import APPEND, TIMEOUT_MS, Proc, disk_options, guest_start, start_backup, start_plain, start_primary, \
     two_copies
 from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_port, wait_for_redis

@@ -168,8 +168,23 @@ def _journal(proc):
     time.monotonic() would have said it."""
     if proc.events is None:
         return []
+    return journal_records(proc.events)
+
+
+def journal(path):
+    """Every event of the journal file at `path`, as Events."""
+    out = []
+    for t, record, line in journal_records(path):
+        n, fields = _named(record)
+        out.append(Event(n, t, fields, line))
+    return out
+
+
+def journal_records(path):
+    """The records of the journal file at `path` so far, each with its
+    time as time.monotonic() would have said it."""
     try:
-        with open(proc.events) as f:
+        with open(path) as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
         return []

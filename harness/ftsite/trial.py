@@ -65,6 +65,8 @@ class TrialResult:
     boot: float = None  # start of the VMs to redis's first PONG
     failover: float = None  # failure to the first acknowledged key sent after it
     go_live: float = None  # failure to the backup's "going live" line
+    declared: float = None  # failure to the backup's declaring it
+    failed_at: float = None  # when the primary was failed (time.monotonic())
     longest_wait: float = None  # the longest any one SET waited for its reply
     acked: int = 0
     acked_before: int = 0
@@ -160,7 +162,7 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
                 raise TrialFailed(f"{p.name} exited (status {p.proc.returncode}) before the failure:\n{p.tail()}")
         if writer.error:
             raise TrialFailed(f"the client failed before the failure: {writer.error}")
-        failed_at = fail_primary(site, primary, kind)
+        failed_at = r.failed_at = fail_primary(site, primary, kind)
         r.acked_before = writer.acked
         say(f"{writer.acked} keys acknowledged; primary "
             + ("killed (kill -9)" if kind == "kill" else "host crashed (switch port down, then kill -9)"))
@@ -180,6 +182,9 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         live = event(backup, "going-live")
         if live is None and backup.alive():
             live = event(backup, "going-live", timeout=10)
+        declared = event(backup, "declared-failed")
+        if declared is not None:
+            r.declared = declared.t - failed_at
         if live is not None:
             r.go_live = live.t - failed_at
             r.backup_line = live.text
