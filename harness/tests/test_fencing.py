@@ -82,7 +82,10 @@ def test_a_long_stall_leaves_the_vm_serving(ftvm, scratch, mode):
     # The client was served during the stall, not after it.
     served = writer.first_ack_sent_after(live.t)
     assert served is not None and served < live.t + 5, "no write acknowledged soon after the backup went live"
-    assert any("taken over" in line for _, line in backup.messages), backup.output()
+    if mode != "checkpoint":
+        # The shared disk's lock, still held by the stopped primary, was
+        # taken over (checkpoint mode gives each host its own copy).
+        assert any("taken over" in line for _, line in backup.messages), backup.output()
     assert old_exit != 0
     assert conn.command("DBSIZE") == writer.acked
     assert check_keys(conn, writer.acked) == (0, 0)
