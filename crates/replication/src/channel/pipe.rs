@@ -28,12 +28,21 @@ struct PipeState {
     starved: bool,
     /// The reader takes no more: it reached what it was reading for.
     reader_done: bool,
+    /// The bytes there were announced (the reader was woken for them, or
+    /// for room); until then a writer is still batching them.
+    announced: bool,
 }
 
 impl Pipe {
     pub(super) fn new(capacity: usize) -> Pipe {
         Pipe {
-            state: Mutex::new(PipeState { bytes: VecDeque::new(), closed: false, starved: false, reader_done: false }),
+            state: Mutex::new(PipeState {
+                bytes: VecDeque::new(),
+                closed: false,
+                starved: false,
+                reader_done: false,
+                announced: false,
+            }),
             readable: Condvar::new(),
             writable: Condvar::new(),
             consumed: Condvar::new(),
@@ -51,6 +60,7 @@ impl Pipe {
             }
             let room = self.capacity.saturating_sub(s.bytes.len());
             if room == 0 {
+                s.announced = true;
                 self.readable.notify_all();
                 s = self.writable.wait(s).unwrap();
                 continue;
@@ -60,6 +70,7 @@ impl Pipe {
             data = &data[n..];
         }
         if wake {
+            s.announced = true;
             self.readable.notify_all();
         }
         true
@@ -67,7 +78,8 @@ impl Pipe {
 
     /// Wakes the reader for what is there.
     pub(super) fn wake_reader(&self) {
-        let _s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.announced = true;
         self.readable.notify_all();
     }
 
@@ -96,9 +108,27 @@ impl Pipe {
         self.drain(&mut self.state.lock().unwrap(), max)
     }
 
-    /// Waits until there are bytes to take; false once closed and drained.
-    pub(super) fn wait_readable(&self) -> bool {
-        !self.wait_for_bytes().bytes.is_empty()
+    /// Waits up to `wait` for bytes to take: Some(true) if there are,
+    /// Some(false) if none came in time, None once closed and drained.
+    ///
+    /// Only bytes announced (put with a wake, or [`Pipe::wake_reader`])
+    /// count: bytes put without a wake (a writer batching) stay put when
+    /// the wait runs out, as they would for a reader asleep in
+    /// [`Pipe::take`].
+    pub(super) fn wait_readable_for(&self, wait: Duration) -> Option<bool> {
+        let ready = |s: &PipeState| s.closed || (s.announced && !s.bytes.is_empty());
+        let mut s = self.state.lock().unwrap();
+        if !ready(&s) {
+            s.starved = s.bytes.is_empty();
+            self.consumed.notify_all();
+            s = self.readable.wait_timeout_while(s, wait, |s| !ready(s)).unwrap().0;
+            s.starved = false;
+        }
+        match (s.bytes.is_empty(), s.closed) {
+            (true, true) => None,
+            (false, _) if s.announced || s.closed => Some(true),
+            _ => Some(false),
+        }
     }
 
     /// Waits while the pipe is empty and open, starved meanwhile.
@@ -116,6 +146,9 @@ impl Pipe {
     fn drain(&self, s: &mut PipeState, max: usize) -> Vec<u8> {
         let n = max.min(s.bytes.len());
         let out: Vec<u8> = s.bytes.drain(..n).collect();
+        if s.bytes.is_empty() {
+            s.announced = false;
+        }
         if n > 0 {
             self.writable.notify_all();
         }

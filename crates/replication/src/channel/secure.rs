@@ -169,6 +169,17 @@ pub(super) struct Sealer {
 }
 
 impl Sealer {
+    /// Appends a frame that carries nothing, sealed, to `out`: it shows
+    /// the peer this side is alive, and only the pair's key can make it.
+    pub(super) fn seal_nothing(&mut self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + 2 + TAG, 0);
+        let n = self.t.write_message(self.nonce, &[], &mut out[start + 2..]).expect("a frame fits its buffer");
+        self.nonce += 1;
+        out[start..start + 2].copy_from_slice(&(n as u16).to_be_bytes());
+        out.truncate(start + 2 + n);
+    }
+
     /// Appends `plain`, sealed, to `out`.
     pub(super) fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) {
         for piece in plain.chunks(MAX_PLAIN) {

@@ -84,6 +84,8 @@ struct PrimaryShared {
     /// (for [`WAITER_GRACE`] after its wait too), the reader thread
     /// keeping off the socket.
     acks_turn: WaiterTurn,
+    /// When a frame (log or keep-alive) was last written ([`Clock`] µs).
+    last_sent_us: AtomicU64,
     /// The socket's writing end. Whoever takes bytes from `pipe` holds it
     /// until they are written, so the stream keeps the pipe's order
     /// whether the sender thread writes them or a waiting caller does
@@ -111,10 +113,29 @@ impl PrimaryShared {
             sealer.seal(&chunk, frames);
             let began = fence::now_ns();
             stream.write_all(frames)?;
+            self.last_sent_us.store(self.clock.now_us(), Ordering::Relaxed);
             let sent = self.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
             self.write_times.lock().unwrap().push_back((sent, began));
         }
         Ok(chunk.len())
+    }
+
+    /// Writes a frame that carries no log if nothing was written for the
+    /// heartbeat interval: the backup's detector hears the channel from
+    /// this thread, whatever keeps the VM's threads from writing log (a
+    /// checkpoint being compressed, a loaded host). It acknowledges no
+    /// log, so it renews no lease.
+    fn keep_alive(&self) -> std::io::Result<()> {
+        if self.clock.since(self.last_sent_us.load(Ordering::Relaxed)) < self.timing.interval {
+            return Ok(());
+        }
+        let mut out = self.out.lock().unwrap();
+        let SealedOut { stream, sealer, frames } = &mut *out;
+        frames.clear();
+        sealer.seal_nothing(frames);
+        stream.write_all(frames)?;
+        self.last_sent_us.store(self.clock.now_us(), Ordering::Relaxed);
+        Ok(())
     }
 
     /// When the backup last heard from us, as an acknowledgement of
@@ -266,6 +287,7 @@ impl LogSender {
             timing,
             heartbeat: heartbeat.as_ref().map(Heartbeat::log),
             write_times: Mutex::new(VecDeque::new()),
+            last_sent_us: AtomicU64::new(0),
             acks_turn: WaiterTurn::default(),
             acks: Mutex::new(AckStream {
                 input: stream.try_clone().map_err(ChannelError::Socket)?,
@@ -298,9 +320,11 @@ impl LogSender {
         {
             let (shared, fail) = (shared.clone(), fail.clone());
             spawn_watcher("ft-log-send", move || {
-                while shared.pipe.wait_readable() {
+                let tick = shared.timing.interval / 2;
+                while let Some(readable) = shared.pipe.wait_readable_for(tick) {
                     // A waiting caller may have written them meanwhile.
-                    if let Err(e) = shared.write_pending(1 << 20) {
+                    let written = if readable { shared.write_pending(1 << 20).map(drop) } else { shared.keep_alive() };
+                    if let Err(e) = written {
                         return fail(Failure::Closed(e.to_string()));
                     }
                 }

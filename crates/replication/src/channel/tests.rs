@@ -237,13 +237,43 @@ fn after_a_close_the_log_is_consumed_once_the_reader_has_read_it_all() {
 #[test]
 fn silence_is_a_failure_after_the_timeout() {
     let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
-    let (_s, _prx, r, brx) = pair(1 << 20, timing);
-    // The primary writes nothing (no keep-alives): the backup gives up.
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    // A primary that completes the handshake and then sends nothing at
+    // all, not even keep-alives (a link that stopped carrying its bytes).
+    let (_stream, _session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
+    let r = acc.join().unwrap();
+    let (btx, brx) = mpsc::channel();
+    let btx = Mutex::new(btx);
+    r.start(timing, move |f| {
+        let _ = btx.lock().unwrap().send(f);
+    })
+    .unwrap();
     let t0 = Instant::now();
     let f = brx.recv_timeout(Duration::from_secs(3)).expect("failure declared");
     assert!(matches!(f, Failure::ChannelSilent(_)), "{f:?}");
     assert!(t0.elapsed() >= Duration::from_millis(150));
     assert!(r.failure().is_some());
+}
+
+#[test]
+fn a_primary_with_no_log_to_send_keeps_its_channel_alive() {
+    // The VM's side writes nothing for three timeouts (a checkpoint being
+    // compressed, a starved VM thread): the channel's own sender thread
+    // keeps the backup hearing from it, and the log goes on in order.
+    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let (mut s, prx, r, brx) = pair(1 << 20, timing);
+    s.write_all(b"before").unwrap();
+    s.send_now();
+    std::thread::sleep(timing.timeout * 3);
+    assert!(brx.try_recv().is_err(), "the backup declared a silent-but-alive primary failed");
+    if let Some(e) = prx.try_iter().find(|e| matches!(e, PrimaryEvent::BackupLost(_))) {
+        panic!("the primary declared its backup failed: {e:?}");
+    }
+    s.write_all(b" after").unwrap();
+    s.send_now();
+    let mut got = vec![0u8; 12];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"before after");
 }
 
 #[test]
