@@ -5,7 +5,8 @@ from the network leaves the VM to its backup.
 
 The primary's ftvm is stopped with SIGSTOP (a frozen host: no FIN, no
 heartbeat, no system call) while a client writes keys; the frames the
-guest sends are watched on the old primary's TAP."""
+guest sends are watched on the old primary's TAP, and the writes to its
+disk by the kernel's fanotify, which names the process behind each."""
 
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 import ftsite
 from ftsite import BOOT_TIMEOUT, CLIENT_IP, REDIS_FT, Site, event
+from ftsite.fswatch import WriteWatch
 from ftsite.trial import KeyWriter, check_keys
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
@@ -24,8 +26,9 @@ MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", 
 def stall(ftvm, scratch, tag, mode, stopped_for):
     """A protected redis written to without pause; the primary stopped for
     `stopped_for` s, then let go on. Returns (the old primary's frames
-    after the backup went live, the writer, the new primary's
-    connection, the backup's going-live event, the old primary's exit)."""
+    and disk writes after the backup went live, the writer, the new
+    primary's connection, the backup's going-live event, the old
+    primary's exit, the backup)."""
     site = Site(tag)
     shared = scratch / "shared"
     shared.mkdir()
@@ -35,6 +38,10 @@ def stall(ftvm, scratch, tag, mode, stopped_for):
     conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
     event(primary, "protected", timeout=10, watch=[backup])
     cap = site.capture("primary", "t0")
+    # The disk the old primary writes: the shared one, or (checkpoint
+    # mode) its own copy.
+    disk = next((primary_extra[i + 1] for i, a in enumerate(primary_extra) if a == "--disk"), shared / "disk.img")
+    disk_writes = WriteWatch(disk)
     writer = KeyWriter(conn)
     writer.start()
     time.sleep(2)
@@ -52,18 +59,24 @@ def stall(ftvm, scratch, tag, mode, stopped_for):
     time.sleep(2)
     writer.stop()
     frames = cap.finish()
+    disk_writes.finish()
     offset = time.time() - time.monotonic()
     late = [f for f in frames if not f.from_host and f.at > live.t + offset]
+    late_writes = disk_writes.by(primary.pid, after=live.t)
     print(f"{mode}: stopped {resumed - stopped:.1f} s; the backup went live {live.t - stopped:.2f} s after the stop; "
           f"{writer.acked} keys acknowledged; {len(frames)} frames on the old TAP, {len(late)} from the guest "
-          f"after the backup went live")
-    return late, writer, conn, live, old_exit, backup
+          f"after the backup went live; {len(disk_writes.by(primary.pid))} writes to the disk by the old primary, "
+          f"{len(late_writes)} after the backup went live")
+    # The guest's redis appends every SET to its disk: a watch that saw
+    # none of the primary's writes before the stop would be blind.
+    assert disk_writes.by(primary.pid), "fanotify saw no write by the primary to its disk"
+    return late + late_writes, writer, conn, live, old_exit, backup
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_frozen_primary_says_nothing_after_its_backup_went_live(ftvm, scratch, mode):
     late, writer, conn, live, old_exit, backup = stall(ftvm, scratch, f"f{mode[0]}", mode, 1.5)
-    assert not late, f"the old primary sent {len(late)} frames after the backup went live, first at {late[0].at}"
+    assert not late, f"the old primary sent {len(late)} frames or disk writes after the backup went live: {late[:3]}"
     assert old_exit != 0, "the old primary should halt once it learns it lost"
     assert writer.error is None, f"the client's connection failed: {writer.error}"
     assert backup.alive(), backup.output()
