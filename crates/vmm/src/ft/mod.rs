@@ -32,7 +32,7 @@ use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
-use ftvm_replication::isolation::{Isolation, DEFAULT_DEFER};
+use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
 use ftvm_replication::Timing;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -121,7 +121,24 @@ impl PairArgs {
             );
             return Ok(None);
         }
-        Ok(Some(iso))
+        // An address that does not answer now, while the network is whole
+        // (a gateway that drops ICMP echo), would make this side defer at
+        // every failover: the check is left off, and said so.
+        match iso.probe(isolation::PROBE_WAIT) {
+            Outside::Reached(_) => Ok(Some(iso)),
+            Outside::Unreached => {
+                let list: Vec<String> = iso.addresses().iter().map(|a| a.to_string()).collect();
+                eprintln!(
+                    "ftvm: no isolation address answers an echo request now ({}): the isolation check is off",
+                    list.join(", ")
+                );
+                Ok(None)
+            }
+            Outside::NotChecked(why) => {
+                eprintln!("ftvm: {why}: the isolation check is off");
+                Ok(None)
+            }
+        }
     }
 
     /// This side's journal of events (with its file, if asked for).
