@@ -20,11 +20,14 @@ Modules:
            control(sock, command) for pause, snapshot, quit.
   resp     Resp, a small RESP (redis) client; wait_for_redis, wait_for_port.
   trial    failover_trial: one whole failover under load.
+  fswatch  WriteWatch: who writes a file (a disk image), by process, from
+           the kernel's fanotify.
   host     check_host, the ftvm binary (private_ftvm), the guest image,
            scratch directories, sh.
   cleanup  undo steps run on every exit path; session() for programs.
   demo     `make demo`.
-  bench.*  the benchmarks, one module each (bench/README.md).
+  bench.*  the benchmarks, one module each (bench/README.md); the options
+           they share in bench.options.
 
 Running things (from the repository; harness/run sets PYTHONPATH to
 harness/ and runs a module; Debian's python3 is enough, pytest only for
