@@ -10,6 +10,7 @@ the end of the run.
 import contextlib
 import signal
 import sys
+import threading
 
 from .errors import SetupError, Terminated
 
@@ -82,3 +83,23 @@ def session(prog):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if code is not None:
         sys.exit(code)
+
+
+class Background:
+    """Something gathered by a thread of its own (its `_run`, which returns
+    once `self.halt` is set) until finish(), or until cleanup."""
+
+    def start_watching(self):
+        self.halt = threading.Event()
+        self._undo = on_cleanup(self.finish)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop_watching(self):
+        """Stops the thread; True the first time only."""
+        if self.halt.is_set():
+            return False
+        self.halt.set()
+        self.thread.join(timeout=10)
+        forget(self._undo)
+        return True

@@ -12,11 +12,10 @@ import ctypes
 import os
 import select
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
-from .cleanup import forget, on_cleanup
+from .cleanup import Background
 
 _libc = ctypes.CDLL(None, use_errno=True)
 FAN_CLASS_NOTIF = 0x0
@@ -38,7 +37,7 @@ class Write:
     pid: int
 
 
-class WriteWatch:
+class WriteWatch(Background):
     """Every modification of `path` from now on, by process, until
     finish()."""
 
@@ -54,10 +53,7 @@ class WriteWatch:
             os.close(fd)
             raise OSError(err, f"fanotify_mark {path}: {os.strerror(err)}")
         self.writes = []
-        self.halt = threading.Event()
-        self._undo = on_cleanup(self.finish)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.start_watching()
 
     def _run(self):
         while not self.halt.is_set():
@@ -84,9 +80,6 @@ class WriteWatch:
 
     def finish(self):
         """Stops watching; every write seen, in order."""
-        if not self.halt.is_set():
-            self.halt.set()
-            self.thread.join(timeout=10)
+        if self.stop_watching():
             os.close(self.fd)
-            forget(self._undo)
         return self.writes

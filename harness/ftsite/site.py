@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cleanup import forget, on_cleanup
+from .cleanup import Background, forget, on_cleanup
 from .host import sh
 
 GUEST_IP = "10.201.0.100"
@@ -189,7 +189,7 @@ ETH_P_ALL = 0x0003
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 
 
-class Capture:
+class Capture(Background):
     """Frames seen on one interface of a namespace, both ways, from a raw
     packet socket (what tcpdump does, without needing tcpdump), each
     stamped by the kernel as it passed."""
@@ -204,10 +204,7 @@ class Capture:
 
         self.sock = in_netns(ns_name, open_socket)
         self.frames = []
-        self.halt = threading.Event()
-        self._undo = on_cleanup(self.finish)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.start_watching()
 
     def _run(self):
         while not self.halt.is_set():
@@ -228,8 +225,6 @@ class Capture:
 
     def finish(self):
         """Stops capturing; the frames seen, in order."""
-        self.halt.set()
-        self.thread.join(timeout=10)
-        self.sock.close()
-        forget(self._undo)
+        if self.stop_watching():
+            self.sock.close()
         return self.frames
