@@ -42,6 +42,8 @@ const KEEP_ALIVE: u8 = 6;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
+/// How far ahead of the bytes that came a payload's buffer is allocated.
+const PAYLOAD_STEP: usize = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -168,8 +170,7 @@ impl<R: Read> Reader<R> {
         if len > MAX_RECORD {
             return Err(self.corrupt(Corruption::TooLong { len }));
         }
-        let mut payload = vec![0u8; len as usize];
-        self.fill(&mut payload)?;
+        let payload = self.payload(len as usize)?;
         let actual = crc32fast::hash(&payload);
         if actual != crc {
             return Err(self.corrupt(Corruption::Checksum { head: crc, payload: actual }));
@@ -181,6 +182,19 @@ impl<R: Read> Reader<R> {
 
     fn corrupt(&self, problem: Corruption) -> ReadError {
         ReadError::Corrupt { offset: self.offset, problem }
+    }
+
+    /// A payload of `len` bytes. The buffer grows with what arrives, at
+    /// most [`PAYLOAD_STEP`] ahead of it: a head that declares more than
+    /// comes (corrupt, or cut short) costs no more memory than what came.
+    fn payload(&mut self, len: usize) -> Result<Vec<u8>, ReadError> {
+        let mut payload = Vec::new();
+        while payload.len() < len {
+            let start = payload.len();
+            payload.resize(start + (len - start).min(PAYLOAD_STEP), 0);
+            self.fill(&mut payload[start..])?;
+        }
+        Ok(payload)
     }
 
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
@@ -271,6 +285,34 @@ mod tests {
             assert_eq!(reader.next_record(), Err(ReadError::Cut), "cut at {cut}");
             assert_eq!(reader.offset(), first as u64);
         }
+    }
+
+    /// A head that declares the largest record, then a few bytes: the
+    /// stream is cut, and the reader never asked for more than a step of
+    /// the payload at once (it allocated 2 GiB up front, found by the
+    /// checkpoint_stream fuzz target as an out-of-memory).
+    #[test]
+    fn a_declared_length_is_not_allocated_before_it_comes() {
+        struct Widest<'a>(&'a [u8], usize);
+        impl Read for Widest<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.1 = self.1.max(buf.len());
+                self.0.read(buf)
+            }
+        }
+        let mut stream = vec![CHECKPOINT];
+        stream.extend_from_slice(&MAX_RECORD.to_le_bytes());
+        stream.extend_from_slice(&[0; 4]);
+        stream.extend_from_slice(&[1; 100]);
+        let mut input = Widest(&stream, 0);
+        assert_eq!(Reader::new(&mut input).next_record(), Err(ReadError::Cut));
+        assert_eq!(input.1, PAYLOAD_STEP);
+        // A whole record of more than one step reads as written.
+        let big =
+            Record::DiskWrite { slot: 3, offset: 1 << 30, data: (0..3 * PAYLOAD_STEP + 5).map(|i| i as u8).collect() };
+        let mut buf = Vec::new();
+        write(&mut buf, &big).unwrap();
+        assert_eq!(Reader::new(&buf[..]).next_record(), Ok(big));
     }
 
     #[test]
