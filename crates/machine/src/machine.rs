@@ -202,6 +202,13 @@ impl Machine {
         Machine::assemble(d, ram)
     }
 
+    /// The size of the RAM the state `bytes` (as [`Machine::snapshot`]
+    /// saves it) declares, read without allocating it: what a host checks
+    /// against what it can give before [`Machine::restore`].
+    pub fn snapshot_ram(bytes: &[u8]) -> Result<u64, MachineError> {
+        crate::snapshot::machine_ram(bytes).map_err(MachineError::State)
+    }
+
     /// The machine's state without the contents of its RAM: what a
     /// checkpoint carries beside the pages written since the last one
     /// ([`Machine::take_dirty_pages`]). As with [`Machine::snapshot`], the
@@ -495,5 +502,57 @@ impl Machine {
         h.update(&self.board.snapshot_bytes());
         h.update(self.ram.as_slice());
         *h.finalize().as_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine whose kernel spins (`j .`), with `ram` bytes of RAM.
+    fn spinning(ram_size: u64) -> Machine {
+        let cfg = MachineConfig {
+            harts: 1,
+            ram_size,
+            firmware: None,
+            kernel: 0x0000_006fu32.to_le_bytes().to_vec(),
+            initrd: None,
+            cmdline: String::new(),
+            devices: vec![DeviceSpec::Rng],
+            guest_ips: DEFAULT_GUEST_IPS,
+        };
+        Machine::new(&cfg).unwrap()
+    }
+
+    /// What a snapshot declares is read before anything is allocated for
+    /// it: a host checks it against what it has (`ftvm run --restore`).
+    #[test]
+    fn a_snapshot_declares_its_ram_before_it_is_restored() {
+        let mut m = spinning(32 << 20);
+        m.run_until(100);
+        let bytes = m.snapshot().unwrap();
+        assert_eq!(Machine::snapshot_ram(&bytes).unwrap(), 32 << 20);
+        assert_eq!(Machine::restore(&bytes).unwrap().ram().size(), 32 << 20);
+        assert!(matches!(Machine::snapshot_ram(b"MACHjunk"), Err(MachineError::State(_))));
+        // The state without RAM is not a whole machine's.
+        assert!(Machine::snapshot_ram(&m.checkpoint_state().unwrap()).is_err());
+        // The largest a machine may have, with its whole page map (all
+        // pages zero): read without allocating 64 GiB.
+        assert_eq!(Machine::snapshot_ram(&declaring_ram(&bytes, 64 << 30)).unwrap(), 64 << 30);
+    }
+
+    /// `snapshot`, a whole machine's state, made to declare `size` bytes
+    /// of RAM, all zero pages.
+    fn declaring_ram(snapshot: &[u8], size: u64) -> Vec<u8> {
+        let mut field = crate::layout::RAM_BASE.to_le_bytes().to_vec();
+        field.extend_from_slice(&Machine::snapshot_ram(snapshot).unwrap().to_le_bytes());
+        let at = snapshot.windows(16).position(|w| w == field).unwrap() + 8;
+        let mut out = snapshot[..at].to_vec();
+        out.extend_from_slice(&size.to_le_bytes());
+        let map = size / ftvm_memory::PAGE_SIZE / 8;
+        out.extend_from_slice(&map.to_le_bytes());
+        out.resize(out.len() + map as usize, 0);
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out
     }
 }

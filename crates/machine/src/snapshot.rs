@@ -190,12 +190,23 @@ pub(crate) fn decode_state(buf: &[u8]) -> StateResult<DecodedState> {
     Ok(d)
 }
 
-pub(crate) fn decode_machine(buf: &[u8]) -> StateResult<(DecodedState, GuestRam)> {
+/// The state of a whole machine up to its RAM map: what it declares.
+fn machine_head(buf: &[u8]) -> StateResult<(SnapReader<'_>, DecodedState)> {
     let (mut r, version) = SnapReader::new(buf, MACHINE_TAG)?;
     if version != MACHINE_VERSION {
         return Err(StateError::Version { what: "machine", found: version, expected: MACHINE_VERSION });
     }
     let d = read_state(&mut r)?;
+    Ok((r, d))
+}
+
+/// The RAM size a whole machine's state declares, read without allocating it.
+pub(crate) fn machine_ram(buf: &[u8]) -> StateResult<u64> {
+    Ok(machine_head(buf)?.1.ram_size)
+}
+
+pub(crate) fn decode_machine(buf: &[u8]) -> StateResult<(DecodedState, GuestRam)> {
+    let (mut r, d) = machine_head(buf)?;
     let map = r.bytes()?;
     let data = r.bytes()?;
     r.end()?;

@@ -168,8 +168,7 @@ impl<R: Read> Reader<R> {
         if len > MAX_RECORD {
             return Err(self.corrupt(Corruption::TooLong { len }));
         }
-        let mut payload = vec![0u8; len as usize];
-        self.fill(&mut payload)?;
+        let payload = self.payload(len as usize)?;
         let actual = crc32fast::hash(&payload);
         if actual != crc {
             return Err(self.corrupt(Corruption::Checksum { head: crc, payload: actual }));
@@ -181,6 +180,17 @@ impl<R: Read> Reader<R> {
 
     fn corrupt(&self, problem: Corruption) -> ReadError {
         ReadError::Corrupt { offset: self.offset, problem }
+    }
+
+    /// A payload of `len` bytes. The buffer grows with what arrives (as
+    /// `read_to_end` grows it): a head that declares more than comes
+    /// (corrupt, or cut short) costs no more memory than what came.
+    fn payload(&mut self, len: usize) -> Result<Vec<u8>, ReadError> {
+        let mut payload = Vec::new();
+        match (&mut self.input).take(len as u64).read_to_end(&mut payload) {
+            Ok(n) if n == len => Ok(payload),
+            _ => Err(ReadError::Cut),
+        }
     }
 
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
@@ -271,6 +281,33 @@ mod tests {
             assert_eq!(reader.next_record(), Err(ReadError::Cut), "cut at {cut}");
             assert_eq!(reader.offset(), first as u64);
         }
+    }
+
+    /// A head that declares the largest record, then a few bytes: the
+    /// stream is cut, and the reader never asked for much more than came
+    /// (it allocated the 2 GiB declared up front, found by the
+    /// checkpoint_stream fuzz target as an out-of-memory).
+    #[test]
+    fn a_declared_length_is_not_allocated_before_it_comes() {
+        struct Widest<'a>(&'a [u8], usize);
+        impl Read for Widest<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.1 = self.1.max(buf.len());
+                self.0.read(buf)
+            }
+        }
+        let mut stream = vec![CHECKPOINT];
+        stream.extend_from_slice(&MAX_RECORD.to_le_bytes());
+        stream.extend_from_slice(&[0; 4]);
+        stream.extend_from_slice(&[1; 100]);
+        let mut input = Widest(&stream, 0);
+        assert_eq!(Reader::new(&mut input).next_record(), Err(ReadError::Cut));
+        assert!(input.1 <= 64 << 10, "a read of {} bytes", input.1);
+        // A record of several MiB reads as written.
+        let big = Record::DiskWrite { slot: 3, offset: 1 << 30, data: (0..(3 << 20) + 5).map(|i| i as u8).collect() };
+        let mut buf = Vec::new();
+        write(&mut buf, &big).unwrap();
+        assert_eq!(Reader::new(&buf[..]).next_record(), Ok(big));
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Heartbeat {
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
-        let beats = Beats { key: key.heartbeat_key(), generation };
+        let beats = Beats::new(key, generation);
         std::thread::Builder::new()
             .name("ft-heartbeat".into())
             .spawn(move || beat(sock, peer, beats, interval, s))
@@ -135,14 +135,21 @@ impl Drop for Heartbeat {
     }
 }
 
-/// The beats of one pair's generation: made and checked.
-struct Beats {
+/// The beats of one pair's generation: made and checked (the datagram's
+/// format is in the module's description).
+pub struct Beats {
     key: [u8; 32],
     generation: u64,
 }
 
 impl Beats {
-    fn make(&self, seq: u64) -> [u8; BEAT_LEN] {
+    /// The beats of `generation` under `key`.
+    pub fn new(key: &PairKey, generation: u64) -> Beats {
+        Beats { key: key.heartbeat_key(), generation }
+    }
+
+    /// The beat numbered `seq`.
+    pub fn make(&self, seq: u64) -> [u8; BEAT_LEN] {
         let mut msg = [0u8; BEAT_LEN];
         msg[..4].copy_from_slice(MAGIC);
         msg[4..12].copy_from_slice(&self.generation.to_le_bytes());
@@ -152,8 +159,9 @@ impl Beats {
         msg
     }
 
-    /// The sequence number of a valid beat of this generation.
-    fn check(&self, msg: &[u8]) -> Option<u64> {
+    /// The sequence number of `msg`, a datagram as received, if it is a
+    /// valid beat of this generation; None for anything else.
+    pub fn check(&self, msg: &[u8]) -> Option<u64> {
         if msg.len() != BEAT_LEN || &msg[..4] != MAGIC {
             return None;
         }

@@ -161,6 +161,9 @@ pub enum SnapshotProblem {
     DeviceChanged { slot: usize, was: String, now: String },
     #[error("device list does not match the machine")]
     DeviceCount,
+    /// The machine it holds has more RAM than this host (RAM and swap).
+    #[error("its machine has {} MiB of RAM, more than this host has ({} MiB of RAM and swap)", .ram >> 20, .host >> 20)]
+    TooLarge { ram: u64, host: u64 },
     #[error(transparent)]
     Machine(#[from] MachineError),
 }

@@ -446,6 +446,11 @@ fn restore(
     if disks.next().is_some() || nets.next().is_some() {
         return Err(bad(SnapshotProblem::FewerDevices));
     }
+    // As with --mem: RAM beyond the host is refused before it is allocated.
+    let ram = Machine::snapshot_ram(&snap.machine).map_err(|e| bad(e.into()))?;
+    if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram > host) {
+        return Err(bad(SnapshotProblem::TooLarge { ram, host }));
+    }
     let machine = Machine::restore(&snap.machine).map_err(|e| bad(e.into()))?;
     let (io, devices) = HostIo::open(backends, events.clone(), fence)?;
     for (slot, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
@@ -466,6 +471,56 @@ fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot whose machine has more RAM than this host is refused
+    /// before any of it is allocated (as --mem is): the file holds the
+    /// largest RAM a machine may have, 64 GiB of zero pages.
+    #[test]
+    fn a_snapshot_of_more_ram_than_the_host_has_is_refused_before_it_is_allocated() {
+        const RAM: u64 = 64 << 30;
+        let Some(host) = ftvm_host::memory::capacity().filter(|&host| host < RAM) else {
+            eprintln!("this host has 64 GiB of RAM and swap or more: nothing to show");
+            return;
+        };
+        let cfg = MachineConfig {
+            harts: 1,
+            ram_size: 16 << 20,
+            firmware: None,
+            // j . : a kernel that spins.
+            kernel: 0x0000_006fu32.to_le_bytes().to_vec(),
+            initrd: None,
+            cmdline: String::new(),
+            devices: Vec::new(),
+            guest_ips: DEFAULT_GUEST_IPS,
+        };
+        let small = Machine::new(&cfg).unwrap().snapshot().unwrap();
+        // The same state up to its RAM, then 64 GiB of it: the whole page
+        // map (a bit a page, none set) and no page data.
+        let field = [ftvm_machine::layout::RAM_BASE.to_le_bytes(), (16u64 << 20).to_le_bytes()].concat();
+        let at = small.windows(16).position(|w| w == field).unwrap() + 8;
+        let mut huge = small[..at].to_vec();
+        huge.extend_from_slice(&RAM.to_le_bytes());
+        let map = RAM / 4096 / 8;
+        huge.extend_from_slice(&map.to_le_bytes());
+        huge.resize(huge.len() + map as usize, 0);
+        huge.extend_from_slice(&0u64.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("ftvm-huge-{}.snap", std::process::id()));
+        snapshot_file::write(&path, b"", &huge).unwrap();
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["ftvm", "--restore", path.to_str().unwrap()]).run;
+        let (events, _) = std::sync::mpsc::channel();
+        let refused = restore(&args, &path, &events, Fence::alone()).err().expect("refused");
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(&refused, VmmError::Snapshot { problem: SnapshotProblem::TooLarge { ram: RAM, host: h }, .. } if *h == host),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("its machine has 65536 MiB of RAM, more than this host has"), "{refused}");
+    }
 
     #[test]
     fn memory_sizes() {

@@ -40,9 +40,9 @@ mod error;
 mod failure;
 mod pipe;
 mod receiver;
-mod secure;
+pub mod secure;
 mod sender;
-mod wire;
+pub mod wire;
 
 pub use error::{ChannelError, RequestTooLarge};
 pub use failure::Failure;

@@ -68,7 +68,7 @@ pub struct Session(Arc<StatelessTransportState>);
 
 impl Session {
     /// The sending and the receiving half.
-    pub(super) fn split(self) -> (Sealer, Opener) {
+    pub fn split(self) -> (Sealer, Opener) {
         (Sealer { t: self.0.clone(), nonce: 0 }, Opener { t: self.0, nonce: 0, pending: Vec::new() })
     }
 }
@@ -79,50 +79,84 @@ fn params() -> snow::params::NoiseParams {
 
 /// The primary's side of the handshake on a connected `stream`, within `wait`.
 pub fn initiate(stream: &mut TcpStream, key: &PairKey, wait: Duration) -> Result<Session, HandshakeError> {
-    let psk = key.channel_psk();
-    let mut hs = snow::Builder::new(params())
-        .prologue(PROLOGUE)
-        .and_then(|b| b.psk(0, &psk))
-        .and_then(|b| b.build_initiator())
-        .expect("a valid Noise configuration");
     let deadline = Instant::now() + wait;
-    let mut msg = vec![0u8; MAX_MESSAGE];
-    let n = hs.write_message(&[], &mut msg).expect("a first handshake message");
-    send(stream, &msg[..n], deadline, wait)?;
+    let (hs, first) = Initiator::start(key);
+    send(stream, &first, deadline, wait)?;
     // A responder that cannot open our first message closes the
     // connection without a word: to us, that is a key it does not hold.
     let reply = receive(stream, deadline, wait).map_err(|e| match e {
         HandshakeError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => HandshakeError::WrongKey,
         e => e,
     })?;
-    hs.read_message(&reply, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
-    finish(stream, hs)
+    let session = hs.finish(&reply)?;
+    clear_timeouts(stream)?;
+    Ok(session)
 }
 
 /// The backup's side of the handshake on an accepted `stream`, within `wait`.
 pub fn respond(stream: &mut TcpStream, key: &PairKey, wait: Duration) -> Result<Session, HandshakeError> {
+    let deadline = Instant::now() + wait;
+    let first = receive(stream, deadline, wait)?;
+    let (reply, session) = answer(key, &first)?;
+    send(stream, &reply, deadline, wait)?;
+    clear_timeouts(stream)?;
+    Ok(session)
+}
+
+/// The primary's side of a handshake, apart from any socket: the first
+/// message to send, then the backup's reply to finish with.
+pub struct Initiator(snow::HandshakeState);
+
+impl Initiator {
+    /// A handshake under `key`, and its first message.
+    pub fn start(key: &PairKey) -> (Initiator, Vec<u8>) {
+        let psk = key.channel_psk();
+        let mut hs = snow::Builder::new(params())
+            .prologue(PROLOGUE)
+            .and_then(|b| b.psk(0, &psk))
+            .and_then(|b| b.build_initiator())
+            .expect("a valid Noise configuration");
+        let mut msg = vec![0u8; MAX_MESSAGE];
+        let n = hs.write_message(&[], &mut msg).expect("a first handshake message");
+        msg.truncate(n);
+        (Initiator(hs), msg)
+    }
+
+    /// The session, from the backup's `reply` (whatever arrived: a reply
+    /// that is not one under this key is refused).
+    pub fn finish(mut self, reply: &[u8]) -> Result<Session, HandshakeError> {
+        let mut msg = vec![0u8; MAX_MESSAGE];
+        self.0.read_message(reply, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
+        session(self.0)
+    }
+}
+
+/// The backup's side of a handshake, apart from any socket: the reply to
+/// the primary's `first` message (whatever arrived), and the session.
+pub fn answer(key: &PairKey, first: &[u8]) -> Result<(Vec<u8>, Session), HandshakeError> {
     let psk = key.channel_psk();
     let mut hs = snow::Builder::new(params())
         .prologue(PROLOGUE)
         .and_then(|b| b.psk(0, &psk))
         .and_then(|b| b.build_responder())
         .expect("a valid Noise configuration");
-    let deadline = Instant::now() + wait;
-    let first = receive(stream, deadline, wait)?;
     let mut msg = vec![0u8; MAX_MESSAGE];
     // The first message's payload is sealed with the pre-shared key: a
     // peer without it fails here, before we answer anything.
-    hs.read_message(&first, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
+    hs.read_message(first, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
     let n = hs.write_message(&[], &mut msg).expect("a second handshake message");
-    send(stream, &msg[..n], deadline, wait)?;
-    finish(stream, hs)
+    msg.truncate(n);
+    Ok((msg, session(hs)?))
 }
 
-fn finish(stream: &TcpStream, hs: snow::HandshakeState) -> Result<Session, HandshakeError> {
-    stream.set_read_timeout(None).map_err(HandshakeError::Io)?;
-    stream.set_write_timeout(None).map_err(HandshakeError::Io)?;
+fn session(hs: snow::HandshakeState) -> Result<Session, HandshakeError> {
     let t = hs.into_stateless_transport_mode().map_err(|_| HandshakeError::Malformed)?;
     Ok(Session(Arc::new(t)))
+}
+
+fn clear_timeouts(stream: &TcpStream) -> Result<(), HandshakeError> {
+    stream.set_read_timeout(None).map_err(HandshakeError::Io)?;
+    stream.set_write_timeout(None).map_err(HandshakeError::Io)
 }
 
 fn time_left(stream: &TcpStream, deadline: Instant, wait: Duration) -> Result<(), HandshakeError> {
@@ -163,7 +197,7 @@ fn timed(e: HandshakeError, wait: Duration) -> HandshakeError {
 }
 
 /// Seals what one side sends, frame by frame.
-pub(super) struct Sealer {
+pub struct Sealer {
     t: Arc<StatelessTransportState>,
     nonce: u64,
 }
@@ -181,7 +215,7 @@ impl Sealer {
     }
 
     /// Appends `plain`, sealed, to `out`.
-    pub(super) fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) {
+    pub fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) {
         for piece in plain.chunks(MAX_PLAIN) {
             let start = out.len();
             out.resize(start + 2 + piece.len() + TAG, 0);
@@ -194,7 +228,7 @@ impl Sealer {
 }
 
 /// Opens what the other side sent, as its bytes come.
-pub(super) struct Opener {
+pub struct Opener {
     t: Arc<StatelessTransportState>,
     nonce: u64,
     /// Bytes of a frame that has not all come.
@@ -204,12 +238,12 @@ pub(super) struct Opener {
 /// A frame that does not open: not sealed by the peer's key at this
 /// place in the stream (forged, changed, replayed or reordered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Unauthentic;
+pub struct Unauthentic;
 
 impl Opener {
     /// Takes `raw` bytes from the wire and appends the plaintext of every
     /// frame now whole to `out`.
-    pub(super) fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Unauthentic> {
+    pub fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Unauthentic> {
         self.pending.extend_from_slice(raw);
         let mut at = 0;
         while self.pending.len() - at >= 2 {

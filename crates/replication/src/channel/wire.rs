@@ -23,7 +23,7 @@ const REQUEST: u8 = 3;
 pub const MAX_REQUEST: usize = 16 << 20;
 
 /// One message from the backup, as the primary reads it.
-pub(super) enum Message<'a> {
+pub enum Message<'a> {
     Ack { received: u64, icount: u64, heartbeat: u64 },
     Request(&'a [u8]),
     Refuse(String),
@@ -32,7 +32,7 @@ pub(super) enum Message<'a> {
 /// An acknowledgement of `received` bytes of log, the backup having
 /// executed up to `icount` and last heard the primary's heartbeat number
 /// `heartbeat`: what the primary's lease is reckoned from (`fence`).
-pub(super) fn ack(received: u64, icount: u64, heartbeat: u64) -> [u8; ACK_LEN] {
+pub fn ack(received: u64, icount: u64, heartbeat: u64) -> [u8; ACK_LEN] {
     let mut msg = [0u8; ACK_LEN];
     msg[0] = ACK;
     msg[1..9].copy_from_slice(&received.to_le_bytes());
@@ -42,7 +42,7 @@ pub(super) fn ack(received: u64, icount: u64, heartbeat: u64) -> [u8; ACK_LEN] {
 }
 
 /// A request (its length the caller has checked against [`MAX_REQUEST`]).
-pub(super) fn request(request: Vec<u8>) -> Vec<u8> {
+pub fn request(request: Vec<u8>) -> Vec<u8> {
     let mut msg = vec![REQUEST];
     msg.extend((request.len() as u32).to_le_bytes());
     msg.extend(request);
@@ -50,7 +50,7 @@ pub(super) fn request(request: Vec<u8>) -> Vec<u8> {
 }
 
 /// A refusal, its reason cut to what its length can say.
-pub(super) fn refusal(why: &str) -> Vec<u8> {
+pub fn refusal(why: &str) -> Vec<u8> {
     let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
     let mut msg = vec![REFUSE];
     msg.extend((text.len() as u16).to_le_bytes());
@@ -60,7 +60,7 @@ pub(super) fn refusal(why: &str) -> Vec<u8> {
 
 /// The message `bytes` begin with, and its length; `None` until it has
 /// all come. What cannot be a message is the failure to declare.
-pub(super) fn parse(msg: &[u8]) -> Result<Option<(Message<'_>, usize)>, Failure> {
+pub fn parse(msg: &[u8]) -> Result<Option<(Message<'_>, usize)>, Failure> {
     let Some(&kind) = msg.first() else { return Ok(None) };
     match kind {
         ACK if msg.len() >= ACK_LEN => {
@@ -93,7 +93,7 @@ pub(super) fn parse(msg: &[u8]) -> Result<Option<(Message<'_>, usize)>, Failure>
 
 /// What the end of the stream means with `partial`, the start of a
 /// message, unread: a refusal cut short is still one.
-pub(super) fn at_end(partial: &[u8]) -> Failure {
+pub fn at_end(partial: &[u8]) -> Failure {
     match partial.first() {
         Some(&REFUSE) => Failure::Refused(String::from_utf8_lossy(partial.get(3..).unwrap_or(&[])).into_owned()),
         Some(_) => Failure::Closed("end of stream inside a message".into()),
