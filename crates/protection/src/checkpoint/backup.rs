@@ -274,8 +274,9 @@ fn decode_pages(ram: &GuestRam, number: u64, blob: &[u8]) -> Result<Pages, PeerE
     let ram = ram.as_slice();
     let base_pfn = RAM_BASE / PAGE_SIZE as u64;
     page_delta::decode(blob, |pfn| {
-        let i = pfn.checked_sub(base_pfn)? as usize;
-        ram.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE)
+        // Checked: a pfn far past RAM wrapped around to a page in it.
+        let i = usize::try_from(pfn.checked_sub(base_pfn)?).ok()?;
+        ram.get(i.checked_mul(PAGE_SIZE)?..i.checked_add(1)?.checked_mul(PAGE_SIZE)?)
     })
     .map_err(|source| PeerError::Pages { number, source })
 }
@@ -445,4 +446,32 @@ fn ram_size(header: &Header) -> Result<u64, PeerError> {
         .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("ram=")))
         .and_then(|v| v.parse().ok())
         .ok_or(PeerError::NoRamSize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page numbered so far past RAM that its offset wraps around
+    /// (2^52 pages on): refused, not taken for page 0 (found by the
+    /// checkpoint_backup fuzz target as a multiplication overflow; a
+    /// release build wrote the page over guest page 0).
+    #[test]
+    fn a_page_far_past_ram_is_refused_not_wrapped_into_it() {
+        let ram = GuestRam::new(RAM_BASE, 16 << 20).unwrap();
+        let base = RAM_BASE / PAGE_SIZE as u64;
+        let mut enc = page_delta::PageEncoder::new(4);
+        let far = base + (1 << 52);
+        let blob = enc.encode(&[far], &[0xcd; PAGE_SIZE]);
+        match decode_pages(&ram, 3, &blob) {
+            Err(PeerError::Pages { number: 3, source: page_delta::DecodeError::PfnOutOfRange { pfn } }) => {
+                assert_eq!(pfn, far)
+            }
+            other => panic!("{:?}", other.map(|p| p.len())),
+        }
+        // The last page of RAM is in; the one after it is not.
+        let last = base + (16 << 20) / PAGE_SIZE as u64 - 1;
+        assert_eq!(decode_pages(&ram, 0, &enc.encode(&[last], &[1; PAGE_SIZE])).unwrap()[0].0, last);
+        assert!(decode_pages(&ram, 0, &enc.encode(&[last + 1], &[1; PAGE_SIZE])).is_err());
+    }
 }
