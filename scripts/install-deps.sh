@@ -32,6 +32,7 @@ PACKAGES=(
     python3               # the harness (harness/ftsite): site, benches, demo
     python3-pytest        # the FT integration tests (harness/tests), run by Debian's python3
     python3-pytest-xdist  # ... two at a time (pytest -n)
+    python3-pytest-timeout # ... each with a time limit, so a hang fails with its stacks
 )
 
 CHECK_ONLY=

@@ -383,9 +383,12 @@ enum Stop {
 }
 
 impl Receipt {
-    /// Takes what has come, up to `room` bytes, into the pipe without
-    /// waiting; how many (0 when nothing had).
-    fn take_arrived(&mut self, shared: &BackupShared, room: usize) -> Result<usize, Stop> {
+    /// Takes what has come, up to `room` bytes, into the pipe; how many
+    /// (0 when nothing had). The receiving thread may wait in the pipe for
+    /// room (see below); `must_fit` is for the VM's thread, which must not:
+    /// it reads only what, with the part of a frame already here, fits.
+    fn take_arrived(&mut self, shared: &BackupShared, room: usize, must_fit: bool) -> Result<usize, Stop> {
+        let room = if must_fit { room.saturating_sub(self.opener.pending()) } else { room };
         let room = room.min(self.buf.len());
         if room == 0 {
             return Ok(0);
@@ -401,8 +404,9 @@ impl Receipt {
                 shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
                 // What opens may pass `room` by one frame (64 KiB) whose
                 // start came in an earlier read: the pipe then waits for
-                // room, which only the receiving thread can have to do
-                // (the VM's thread reads the socket only into an empty pipe).
+                // room, which only the receiving thread may do. The VM's
+                // thread is the pipe's reader, so it waiting here would
+                // wait for itself: it never passes `room` (`must_fit`).
                 if !shared.pipe.put(&self.plain, false) {
                     return Err(Stop::Closed);
                 }
@@ -489,7 +493,7 @@ impl BackupShared {
             return false;
         }
         // Only the reader makes room: it must not wait for any.
-        let ended = match rx.take_arrived(self, self.pipe.free()) {
+        let ended = match rx.take_arrived(self, self.pipe.free(), true) {
             Ok(0) => return true,
             Ok(_) => rx.acknowledge(self).err(),
             Err(Stop::Failed(f)) => Some(f),
@@ -540,7 +544,7 @@ fn receive(shared: &BackupShared, readable: &TcpStream, timing: Timing, fail: &d
         if let Some(f) = rx.end.take() {
             return fail(f);
         }
-        let got = match rx.take_arrived(shared, room) {
+        let got = match rx.take_arrived(shared, room, false) {
             Ok(n) => n,
             Err(Stop::Closed) => return,
             Err(Stop::Failed(f)) => return fail(f),

@@ -241,6 +241,12 @@ pub struct Opener {
 pub struct Unauthentic;
 
 impl Opener {
+    /// Bytes of a frame begun but not whole: what the next `open` may
+    /// give out beyond the raw bytes it is handed.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Takes `raw` bytes from the wire and appends the plaintext of every
     /// frame now whole to `out`.
     pub fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Unauthentic> {
