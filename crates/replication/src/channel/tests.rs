@@ -177,8 +177,21 @@ fn full_buffers_stall_the_primary() {
             w.fetch_add(4096, Ordering::Relaxed);
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
-    let stalled_at = written.load(Ordering::Relaxed);
+    // The writes stop once the buffers and the kernel's socket buffers
+    // (which it may grow as data comes) are full: on a loaded host that
+    // takes a while, so wait for them to stop rather than for a time.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stalled_at = written.load(Ordering::Relaxed);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = written.load(Ordering::Relaxed);
+        if now == stalled_at {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the primary never stalled ({now} bytes written)");
+        stalled_at = now;
+    }
+    assert!(stalled_at < 32 << 20, "{stalled_at} bytes written before the primary stalled");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(written.load(Ordering::Relaxed), stalled_at, "the primary kept writing");
     // Consuming at the backup lets it go on.
