@@ -20,6 +20,10 @@ pub enum Entry {
     /// The recording ended here (the guest powered off with this status,
     /// or the recorder stopped: `None`).
     End(Option<u32>),
+    /// The recording ended here, and the VM goes on from this point
+    /// elsewhere: a planned handover to the backup, which goes live here
+    /// (the log holds every input up to this point, as at a go-live point).
+    HandOver,
 }
 
 /// An entry and the instruction count where it takes effect.
@@ -38,6 +42,7 @@ const ENTROPY: u8 = 6;
 const STATE_HASH: u8 = 16;
 const GO_LIVE: u8 = 17;
 const END: u8 = 18;
+const HAND_OVER: u8 = 19;
 
 pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -107,6 +112,7 @@ pub fn encode(out: &mut Vec<u8>, prev: u64, r: &Record) {
             }
         }
         Entry::GoLive => out.push(GO_LIVE),
+        Entry::HandOver => out.push(HAND_OVER),
         Entry::End(code) => {
             out.push(END);
             match code {
@@ -257,6 +263,7 @@ impl<'a> Decoder<'a> {
                 Entry::StateHash(StateDigest { harts, parts, ram, pages })
             }
             GO_LIVE => Entry::GoLive,
+            HAND_OVER => Entry::HandOver,
             END => match self.byte()? {
                 0 => Entry::End(None),
                 1 => Entry::End(Some(self.small("exit status", u32::MAX as u64)? as u32)),
@@ -297,6 +304,7 @@ mod tests {
                 }),
             },
             Record { icount: u64::MAX - 1, entry: Entry::GoLive },
+            Record { icount: u64::MAX, entry: Entry::HandOver },
             Record { icount: u64::MAX, entry: Entry::End(Some(7)) },
         ]
     }

@@ -5,7 +5,8 @@
 //! frame*:  payload length u32 | crc32(payload) u32 | payload (entries)
 //! ```
 //! Every frame ends with a go-live point ([`Entry::GoLive`]) or the end of
-//! the recording ([`Entry::End`]): a frame is the group of entries that
+//! the recording ([`Entry::End`], or [`Entry::HandOver`] when the VM goes
+//! on elsewhere from there): a frame is the group of entries that
 //! must be consumed together. The reader hands out a frame's entries only
 //! once the whole frame is there and its checksum matches.
 //!
@@ -175,6 +176,13 @@ impl<W: Write> LogWriter<W> {
         Ok(self.out)
     }
 
+    /// Ends the log at `icount` with the VM handed over: it goes on there.
+    /// Nothing may be pushed after it.
+    pub fn hand_over(&mut self, icount: u64) -> std::io::Result<()> {
+        self.push(&Record { icount, entry: Entry::HandOver });
+        self.send_frame()
+    }
+
     /// The byte stream, for a stream that carries something else after
     /// the header (checkpoint mode). Entries of an unsent frame are dropped.
     pub fn into_sink(self) -> W {
@@ -337,10 +345,10 @@ impl<R: Read> LogReader<R> {
         }
         match records.last().map(|r| &r.entry) {
             Some(Entry::GoLive) => {}
-            Some(Entry::End(_)) => self.ended = true,
+            Some(Entry::End(_) | Entry::HandOver) => self.ended = true,
             _ => return Err(self.err(LogErrorKind::FrameEnd)),
         }
-        if records[..records.len() - 1].iter().any(|r| matches!(r.entry, Entry::GoLive | Entry::End(_))) {
+        if records[..records.len() - 1].iter().any(|r| matches!(r.entry, Entry::GoLive | Entry::End(_) | Entry::HandOver)) {
             return Err(self.err(LogErrorKind::GoLiveInside));
         }
         self.prev = prev;

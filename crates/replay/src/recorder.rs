@@ -191,6 +191,17 @@ impl<W: Write> Recorder<W> {
         Ok(())
     }
 
+    /// Ends the log where the machine stands with a hand-over entry (the
+    /// VM goes on from there on the other side), after a last state
+    /// digest, so the backup proves it stands where the primary stopped.
+    /// Nothing may be logged after it; the caller waits for the sink to
+    /// deliver it.
+    pub fn hand_over(&mut self, m: &mut dyn DeterministicEngine) -> Result<(), RecordError> {
+        let d = m.state_digest();
+        self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
+        self.log.hand_over(m.icount()).map_err(|e| self.error(e))
+    }
+
     fn error(&self, e: std::io::Error) -> RecordError {
         RecordError { log: self.name.clone(), source: e }
     }

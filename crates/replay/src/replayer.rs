@@ -110,6 +110,9 @@ pub enum Outcome {
     /// The recording's end entry: the guest powered off with this status,
     /// or the recorder stopped.
     Ended(Option<u32>),
+    /// The recording's hand-over entry: the VM goes on from here, on this
+    /// side (the machine stands where the primary stopped it).
+    HandedOver,
     /// The log stopped short (cut, corrupt, or a primary gone): the machine
     /// is at the last go-live point.
     Cut(LogError),
@@ -248,6 +251,10 @@ pub fn replay_log<R: std::io::Read>(
                 replayed.digests += 1;
             }
             Entry::GoLive => {}
+            Entry::HandOver => {
+                show(m, show_console);
+                return Ok(Outcome::HandedOver);
+            }
             Entry::End(status) => {
                 if powered_off != status {
                     return Err(ReplayError::Diverged(Divergence::End {

@@ -17,6 +17,8 @@
 //!          slot u32 | offset u64 | data
 //! kind 6, nothing: the primary is alive while its machine is busy
 //!          (the first checkpoint's scan of all of RAM, say)
+//! kind 7, handed over: the VM goes on from the last checkpoint on the
+//!          backup (nothing follows)
 //! ```
 //!
 //! A large checkpoint (the first carries all of RAM) goes as several page
@@ -39,6 +41,7 @@ const END: u8 = 3;
 const PAGES: u8 = 4;
 const DISK_SYNC: u8 = 5;
 const KEEP_ALIVE: u8 = 6;
+const HAND_OVER: u8 = 7;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -51,6 +54,10 @@ pub enum Record {
     Pages { number: u64, pages: Vec<u8> },
     DiskSync { slot: u32, offset: u64, data: Vec<u8> },
     KeepAlive,
+    /// The stream ends and the VM goes on from the last checkpoint on the
+    /// backup: a planned handover (the primary stopped its guest and sent
+    /// a last checkpoint just before).
+    HandOver,
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -90,6 +97,7 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
             DISK_SYNC
         }
         Record::KeepAlive => KEEP_ALIVE,
+        Record::HandOver => HAND_OVER,
     };
     let payload_len = (out.len() - start - 9) as u32;
     let crc = crc32fast::hash(&out[start + 9..]);
@@ -230,7 +238,8 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
             Ok(Record::DiskSync { slot, offset, data: p.split_off(12) })
         }
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
-        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE => {
+        HAND_OVER if p.is_empty() => Ok(Record::HandOver),
+        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE | HAND_OVER => {
             Err(Corruption::Length { kind, payload_len: p.len() })
         }
         _ => Err(Corruption::UnknownKind { kind }),
@@ -251,6 +260,7 @@ mod tests {
             Record::Pages { number: 5, pages: vec![1, 2, 3] },
             Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
             Record::KeepAlive,
+            Record::HandOver,
         ]
     }
 
