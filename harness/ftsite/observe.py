@@ -144,6 +144,10 @@ EVENTS = {
     "vm-ended": "a backup saw its primary end the VM; fields: powered_off, status (the guest's)",
     "refused-protection": "a primary's backup refused to follow it; fields: disk_not_a_copy",
     "refusing-to-follow": "a backup refuses to follow its primary",
+    "handing-over": "a primary hands its VM over to its backup (handover, SIGTERM); fields: backup, generation",
+    "handed-over": "a primary's backup claimed the VM; fields: generation, millis (guest stopped to claim)",
+    "hand-over-failed": "a handover did not complete: the primary runs on unprotected; fields: reason",
+    "hand-over-received": "a backup received its primary's handover and goes live at once",
 }
 
 

@@ -3,7 +3,9 @@ over one connection, fail the primary, check every acknowledged key over
 the same connection), used by bench/failover and the demo."""
 
 import bisect
+import os
 import random
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,12 +70,15 @@ class TrialResult:
     declared: float = None  # failure to the backup's declaring it
     failed_at: float = None  # when the primary was failed (time.monotonic())
     longest_wait: float = None  # the longest any one SET waited for its reply
+    pause: float = None  # the longest wait of a SET answered after the failure: what the client saw of it
     acked: int = 0
     acked_before: int = 0
     dbsize: int = None
     missing: int = None  # acknowledged keys absent after the failover
     wrong: int = None  # acknowledged keys with another value
     dropped: bool = False  # the client's connection broke
+    primary_exit: int = None  # a handover: the old primary's exit status
+    handed_over_ms: int = None  # a handover: guest stopped to the backup's claim, as the primary saw it
     error: str = None
     backup_line: str = ""
     logs: dict = field(default_factory=dict)
@@ -95,7 +100,13 @@ def fail_primary(site, primary, kind):
            the backup sees the logging channel close.
     crash: the host vanishes without a FIN: its switch port goes down
            first, then the process is killed, so the backup can only tell
-           by the silence (the --timeout)."""
+           by the silence (the --timeout).
+    handover: not a failure: SIGTERM to the primary's ftvm, as a host
+           being shut down sends it; the primary hands the VM over."""
+    if kind == "handover":
+        t = time.monotonic()
+        os.kill(primary.pid, signal.SIGTERM)
+        return t
     if kind == "kill":
         return primary.kill9()
     if kind == "crash":
@@ -122,7 +133,7 @@ def check_keys(conn, count, chunk=500):
 
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
                    boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=()):
-    """One failover trial on a fresh site with fresh shared storage:
+    """One failover trial (or handover: `kind`, see fail_primary) on a fresh site with fresh shared storage:
     protected redis (appendonly, fsync always) on the primary host, a
     client writing keys over one connection, after `delay` s the primary
     failed (`kind`: kill or crash), then `writes_after` more seconds of
@@ -164,8 +175,11 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             raise TrialFailed(f"the client failed before the failure: {writer.error}")
         failed_at = r.failed_at = fail_primary(site, primary, kind)
         r.acked_before = writer.acked
-        say(f"{writer.acked} keys acknowledged; primary "
-            + ("killed (kill -9)" if kind == "kill" else "host crashed (switch port down, then kill -9)"))
+        say(f"{writer.acked} keys acknowledged; primary " + {
+            "kill": "killed (kill -9)",
+            "crash": "host crashed (switch port down, then kill -9)",
+            "handover": "sent SIGTERM (a host going down for maintenance): it hands the VM over",
+        }[kind])
         # The failover ends when a key sent after the failure is acknowledged.
         deadline = failed_at + 60
         while writer.first_ack_sent_after(failed_at) is None:
@@ -189,13 +203,20 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             r.go_live = live.t - failed_at
             r.backup_line = live.text
         if r.failover is not None:
-            say(f"the backup went live {r.go_live:.2f} s after the failure; the client's next key was "
+            say(f"the backup went live {r.go_live:.3f} s after the failure; the client's next key was "
                 f"acknowledged {r.failover:.2f} s after it" if r.go_live is not None else
                 f"the client's next key was acknowledged {r.failover:.2f} s after the failure")
+        if kind == "handover":
+            # The old primary exits once the backup has the VM.
+            r.primary_exit = primary.wait(30)
+            done = event(primary, "handed-over")
+            if done is not None:
+                r.handed_over_ms = done.fields.get("millis")
         time.sleep(writes_after)
         writer.stop()
         r.acked = writer.acked
         r.longest_wait = max((a - s for s, a in writer.times), default=None)
+        r.pause = max((a - s for s, a in writer.times if a >= failed_at), default=None)
         if writer.error is not None:
             r.dropped = isinstance(writer.error, ConnectionLost)
             raise TrialFailed(f"the client's connection failed: {writer.error}")

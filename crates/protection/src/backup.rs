@@ -39,6 +39,10 @@ pub enum Followed {
     /// The primary ended the VM (with the guest's exit status, if it
     /// powered off).
     Ended(Option<u32>),
+    /// The primary handed the VM over on purpose (a switchover): the
+    /// backup holds it as the primary stopped it, and goes live with it
+    /// at once, without waiting out a failure timeout.
+    HandedOver,
     /// The stream stopped short: the primary failed, or it is unusable
     /// (the reason, for when nobody declared a failure).
     Cut(String),

@@ -53,6 +53,15 @@ pub enum ProtectionError {
     /// A thread (named first) could not be started.
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, #[source] std::io::Error),
+    /// What watches over this run cannot hand the VM over (a recording
+    /// has no backup).
+    #[error("this VM has no backup to hand it over to")]
+    NoBackupToHandOver,
+    /// The backup did not acknowledge, in the time given, the log that
+    /// produced the outputs held here: nothing was handed over and the
+    /// pair runs on.
+    #[error("the backup did not catch up within {} ms: the handover is called off, the pair runs on", .0.as_millis())]
+    HandOverTimedOut(std::time::Duration),
     /// The logging channel failed under the sender.
     #[error("{doing}: {source}")]
     Channel {
@@ -153,6 +162,10 @@ pub enum PeerError {
     /// the guest ran) after the first checkpoint, which they must precede.
     #[error("disk blocks after the first checkpoint")]
     LateDiskBlocks,
+    /// A handover with disk writes after the last checkpoint, or before
+    /// the first: the VM it hands over is not one the backup holds.
+    #[error("a handover with no checkpoint of where the guest stopped")]
+    HandOverMidInterval,
     /// Pages for a checkpoint other than the next one.
     #[error("pages of checkpoint {number} when {due} was due")]
     PagesOutOfOrder {

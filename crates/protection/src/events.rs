@@ -81,6 +81,34 @@ pub enum PairEvent {
         /// The mode's name: lockstep, epoch or checkpoint.
         mode: String,
     },
+    /// A primary hands its VM over to its backup on purpose (a
+    /// switchover: `handover` on the control socket, or SIGTERM).
+    HandingOver {
+        /// The backup's address.
+        backup: String,
+        /// The pair's generation at the arbiter.
+        generation: u64,
+    },
+    /// A primary's backup took the VM over: this side has stopped and exits.
+    HandedOver {
+        /// The generation the backup won.
+        generation: u64,
+        /// From the guest's stop to the backup's claim, in milliseconds.
+        millis: u64,
+    },
+    /// A handover did not complete (the backup failed during it): the
+    /// primary won the arbiter itself and runs on, unprotected.
+    HandOverFailed {
+        /// What went wrong.
+        reason: String,
+    },
+    /// A backup received its primary's handover: it goes live at once.
+    HandOverReceived {
+        /// The primary's address.
+        primary: String,
+        /// The pair's generation at the arbiter.
+        generation: u64,
+    },
     /// This side declared the other failed (`who`: primary or backup).
     DeclaredFailed {
         /// The side declared failed: `primary` or `backup`.

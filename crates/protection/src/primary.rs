@@ -48,6 +48,25 @@ pub struct Alone {
     pub inputs: Vec<Event>,
 }
 
+/// How a planned handover ended.
+pub enum HandOver {
+    /// The backup claimed the VM at the arbiter: this side stops, and
+    /// nothing more leaves it.
+    Done {
+        /// The generation the backup won.
+        generation: u64,
+    },
+    /// The backup failed before it claimed the VM: this side won the
+    /// arbiter itself and runs on alone, with what it held.
+    Kept(Alone),
+}
+
+/// How long a handover waits for the backup at each of its steps: to
+/// acknowledge the log that produced the held outputs, and to claim the
+/// VM once it has the handover (it replays its lag first, at most about
+/// the lag threshold).
+pub const HAND_OVER_WAIT: Duration = Duration::from_secs(10);
+
 /// The side that runs the VM, on an engine of type `E`.
 pub trait Primary<E: Engine> {
     /// Where the next run of the machine stops, given where the loop
@@ -107,6 +126,25 @@ pub trait Primary<E: Engine> {
     /// was held, or an error (halt) because the peer went live first.
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError>;
 
+    /// A planned handover (a switchover), first step: the loop stopped
+    /// the machine where inputs may be delivered, before
+    /// [`Primary::before_run`] closed what the stream owes there (the
+    /// handover's mark closes it instead), and runs it no more unless
+    /// the handover fails. Waits (up to [`HAND_OVER_WAIT`]) until the backup
+    /// holds everything that produced the outputs held here, and returns
+    /// them: they go, and the host drains, before the backup may go live.
+    fn hand_over(&mut self, _m: &mut E) -> Result<Vec<Request>, ProtectionError> {
+        Err(ProtectionError::NoBackupToHandOver)
+    }
+
+    /// Second step, after the host drained: the stream ends with the
+    /// handover, and this side waits for the backup to claim the VM at
+    /// the arbiter. An error: the backup did not catch up in time, nothing
+    /// was handed over, and the pair runs on.
+    fn hand_over_end(&mut self, _m: &mut E) -> Result<HandOver, ProtectionError> {
+        Err(ProtectionError::NoBackupToHandOver)
+    }
+
     /// Its part of the VM's status (None: it is in no pair).
     fn status(&mut self) -> Option<PairStatus>;
 
@@ -165,3 +203,77 @@ pub fn backup_lost(
         }
     }
 }
+
+/// After the stream ended with a handover (`mark_sent`; false when the
+/// channel failed before it could be): waits for the backup to claim
+/// the pair's generation at the arbiter (this side stops). A backup that
+/// has the mark closes the channel and claims at once, so a closed
+/// channel is given [`CLAIM_GRACE`] before this side contends itself; a
+/// backup that neither claims nor fails is given [`HAND_OVER_WAIT`].
+/// Contending, this side either wins and runs on alone with what it held
+/// (`held`), or loses: the backup has the VM. `since`: when the guest
+/// stopped, for the event.
+#[allow(clippy::too_many_arguments)]
+pub fn await_claim(
+    arbiter: &Arbiter,
+    me: &str,
+    events: &Events,
+    fence: &Fence,
+    mark_sent: bool,
+    failure: impl Fn() -> Option<Failure>,
+    held: impl FnOnce() -> Vec<Request>,
+    since: Instant,
+) -> Result<HandOver, ProtectionError> {
+    let generation = arbiter.generation();
+    let waited = Instant::now();
+    let mut failed: Option<(Instant, Failure)> = None;
+    let done = |fence: &Fence| {
+        // Nothing more leaves this side, from any thread.
+        fence.deposed();
+        events.emit(PairEvent::HandedOver { generation, millis: since.elapsed().as_millis() as u64 });
+        Ok(HandOver::Done { generation })
+    };
+    loop {
+        // The claim is looked at before the channel: a backup that took
+        // the mark closes it, and claims.
+        if arbiter.winner().is_some_and(|w| w != me) {
+            return done(fence);
+        }
+        if failed.is_none() {
+            failed = failure().map(|f| (Instant::now(), f));
+        }
+        let give_up = match &failed {
+            Some((at, _)) => !mark_sent || at.elapsed() >= CLAIM_GRACE,
+            None => waited.elapsed() >= HAND_OVER_WAIT,
+        };
+        if give_up {
+            let reason = match &failed {
+                Some((_, f)) => format!("the backup failed during the handover: {f}"),
+                None => format!("the backup did not take the VM over within {} s", HAND_OVER_WAIT.as_secs()),
+            };
+            return match arbiter.go_live(me, |n| events.arbiter_note(n)) {
+                Verdict::Won => {
+                    fence.won();
+                    events.emit(PairEvent::ArbiterWon { generation });
+                    eprintln!("ftvm: {reason}; won generation {generation} at the arbiter, running on unprotected");
+                    events.emit(PairEvent::HandOverFailed { reason });
+                    let outputs = held();
+                    events.emit(PairEvent::Unprotected { released: outputs.len() as u64 });
+                    Ok(HandOver::Kept(Alone { outputs, inputs: Vec::new() }))
+                }
+                Verdict::Lost(_) => done(fence),
+            };
+        }
+        std::thread::sleep(CLAIM_POLL);
+    }
+}
+
+/// How often a primary that handed over looks for the backup's claim.
+const CLAIM_POLL: Duration = Duration::from_millis(1);
+
+/// How long a primary whose channel closed after it sent the handover
+/// mark waits for the backup's claim before contending itself: the
+/// backup closes the channel as it goes to claim, a file created on the
+/// shared storage within milliseconds; a backup that died instead costs
+/// the VM this long.
+pub const CLAIM_GRACE: Duration = Duration::from_secs(2);

@@ -29,6 +29,11 @@ pub enum Request {
         overwrite: bool,
     },
     Quit,
+    /// Hand a protected VM over to its backup on purpose (a switchover,
+    /// before a host goes down for maintenance): the guest stops here,
+    /// the backup goes live where it stopped, and this side exits. The
+    /// reply comes once the backup has claimed the VM.
+    Handover,
     /// The VM's events so far and then as they happen, one
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
@@ -58,6 +63,12 @@ pub enum Reply {
         millis: u64,
     },
     Quitting,
+    /// The backup claimed the VM (`millis` after the guest stopped here)
+    /// for `generation`: this side exits.
+    HandedOver {
+        generation: u64,
+        millis: u64,
+    },
 }
 
 /// Why a request was refused.
@@ -89,6 +100,16 @@ pub enum ControlError {
     TooLong(u64),
     #[error("the VM has stopped")]
     Stopped,
+    /// A handover asked of a VM with no backup.
+    #[error("the VM is not protected: there is no backup to hand it over to")]
+    NotProtected,
+    /// A handover was already asked for and is under way.
+    #[error("a handover is already under way")]
+    HandOverUnderWay,
+    /// The handover did not happen: the pair runs on (the backup did not
+    /// catch up in time), or the primary runs on alone (the backup failed).
+    #[error("the handover failed: {0}")]
+    HandOverFailed(String),
 }
 
 /// Where a VM is in its life.
@@ -149,6 +170,9 @@ impl fmt::Display for Reply {
                 write!(f, "snapshot {} at icount {icount} in {millis} ms", path.display())
             }
             Reply::Quitting => write!(f, "quitting"),
+            Reply::HandedOver { generation, millis } => {
+                write!(f, "handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here")
+            }
         }
     }
 }

@@ -70,7 +70,7 @@ pub enum ControlSocketError {
 }
 
 /// A request as a person writes it on the command line: `status`,
-/// `pause`, `resume`, `snapshot FILE`, `quit`.
+/// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `events`.
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
@@ -82,6 +82,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("pause", "") => Ok(Request::Pause),
         ("resume", "") => Ok(Request::Resume),
         ("quit", "") => Ok(Request::Quit),
+        ("handover", "") => Ok(Request::Handover),
         ("events", "") => Ok(Request::Events),
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
@@ -89,7 +90,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
             None => Request::Snapshot { path: PathBuf::from(rest), overwrite: false },
         }),
         _ => Err(bad(format!(
-            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, events)"
+            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, events)"
         ))),
     }
 }

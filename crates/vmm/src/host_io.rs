@@ -34,6 +34,9 @@ pub enum HostEvent {
     Control(ControlRequest),
     /// News from the logging channel of a protected VM.
     Replication(PrimaryEvent),
+    /// The host asks the VM to go (SIGTERM): a protected VM hands over
+    /// to its backup, a VM alone quits.
+    Terminate,
 }
 
 /// How the host serves one virtio slot, as given on the command line and
@@ -110,6 +113,11 @@ fn is_output(req: &IoRequest) -> bool {
 }
 
 impl HostIo {
+    /// Where news for the live loop goes (for a source of its own).
+    pub fn events(&self) -> Sender<HostEvent> {
+        self.events.clone()
+    }
+
     /// Opens every backend, its outputs under `fence`. Returns the
     /// machine's device list, in slot order, as the guest will see it.
     pub fn open(

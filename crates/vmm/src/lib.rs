@@ -21,4 +21,5 @@ pub mod launch;
 pub mod live;
 pub mod record;
 pub mod replay;
+pub mod signals;
 pub mod watch;

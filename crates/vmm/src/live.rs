@@ -29,11 +29,12 @@ use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
-use ftvm_protection::primary::{Alone, Primary};
+use ftvm_protection::error::ProtectionError;
+use ftvm_protection::primary::{Alone, HandOver, Primary};
 use ftvm_replication::channel::PrimaryEvent;
 use std::collections::VecDeque;
 use std::io::Write;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 /// Instructions run between looks at the host. Small enough that a frame
@@ -176,6 +177,10 @@ struct Live<E: Engine> {
     command_deadline: Option<Instant>,
     /// When the VM was paused (the deadlines move on by the pause).
     paused_at: Option<Instant>,
+    /// A handover was asked for (by `handover`, whose answer waits here,
+    /// or by SIGTERM): it happens where the machine next stands where
+    /// inputs may be delivered.
+    hand_over_asked: Option<Option<Sender<Response>>>,
 }
 
 pub fn run<E: Engine>(
@@ -209,7 +214,11 @@ pub fn run<E: Engine>(
         boot_deadline,
         command_deadline: None,
         paused_at,
+        hand_over_asked: None,
     };
+    if let Err(e) = crate::signals::forward_sigterm(live.io.events()) {
+        eprintln!("ftvm: SIGTERM will not hand over or quit cleanly: {e}");
+    }
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
     live.io.dispatch(again);
@@ -236,6 +245,14 @@ impl<E: Engine> Live<E> {
     fn main_loop(&mut self, events: &Receiver<HostEvent>) -> Result<u32, VmmError> {
         loop {
             self.check_limits()?;
+            // Before the stream closes what it owes here: in epoch mode
+            // the handover's mark is this epoch end's (the backup runs on
+            // past an end it has taken, so no second frame may come at it).
+            if self.hand_over_asked.is_some() && self.primary.as_ref().is_some_and(|p| p.accepts_inputs()) {
+                if let Next::Exit(code) = self.hand_over(events)? {
+                    return Ok(code);
+                }
+            }
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
             }
@@ -470,22 +487,131 @@ impl<E: Engine> Live<E> {
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
                 let Some(p) = &mut self.primary else { return Ok(Next::Continue) };
-                let Alone { outputs, inputs } = p.peer_lost(&failure).inspect_err(|_| {
+                let alone = p.peer_lost(&failure).inspect_err(|_| {
                     // Halting: the backup is the VM now. Nothing more goes
                     // into the stream and no held output leaves.
                     self.halted = true;
                 })?;
-                // Alone now: no more stream, outputs go out as they come,
-                // and inputs held for a point of delivery go in now.
-                self.primary = None;
-                self.opts.ft_alone = true;
-                self.io.dispatch(outputs);
-                for ev in inputs {
-                    self.inject(ev);
+                self.run_alone(alone);
+                // A handover asked for has nobody to go to now.
+                if let Some(reply) = self.hand_over_asked.take().flatten() {
+                    let _ = reply.send(Response::Error(ControlError::HandOverFailed(format!(
+                        "the backup failed ({failure}); this side runs on unprotected"
+                    ))));
                 }
+            }
+            HostEvent::Terminate if self.primary.is_some() => {
+                if self.hand_over_asked.is_none() {
+                    eprintln!("ftvm: SIGTERM: handing the VM over to the backup");
+                    self.hand_over_asked = Some(None);
+                }
+            }
+            HostEvent::Terminate => {
+                eprintln!("ftvm: SIGTERM: quitting");
+                return Ok(Next::Exit(0));
             }
         }
         Ok(Next::Continue)
+    }
+
+    /// Alone now (the backup lost, or a handover that failed): no more
+    /// stream, outputs go out as they come, and inputs held for a point
+    /// of delivery go in now.
+    fn run_alone(&mut self, Alone { outputs, inputs }: Alone) {
+        self.primary = None;
+        self.opts.ft_alone = true;
+        self.io.dispatch(outputs);
+        for ev in inputs {
+            self.inject(ev);
+        }
+    }
+
+    /// A planned handover, with the machine stopped where inputs may be
+    /// delivered: the outputs the backup has all the log for go, the
+    /// host drains them (a write of this side landing after the backup
+    /// went live would undo the backup's), the stream ends, and once the
+    /// backup has claimed the VM this side exits. If the backup does not
+    /// catch up in time the pair runs on; if it fails, this side runs on
+    /// alone.
+    fn hand_over(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
+        let reply = self.hand_over_asked.take().flatten();
+        let answer = |r: Result<Reply, ControlError>| {
+            if let Some(tx) = &reply {
+                let _ = tx.send(match r {
+                    Ok(reply) => Response::Ok(reply),
+                    Err(e) => Response::Error(e),
+                });
+            }
+        };
+        let Some(p) = &mut self.primary else {
+            answer(Err(ControlError::NotProtected));
+            return Ok(Next::Continue);
+        };
+        let stopped = Instant::now();
+        let out = match p.hand_over(&mut self.m) {
+            Ok(out) => out,
+            // A recording: SIGTERM ends it as `quit` would.
+            Err(ProtectionError::NoBackupToHandOver) if reply.is_none() => {
+                eprintln!("ftvm: SIGTERM: quitting");
+                return Ok(Next::Exit(0));
+            }
+            Err(e) => {
+                answer(Err(ControlError::HandOverFailed(e.to_string())));
+                return Ok(Next::Continue);
+            }
+        };
+        self.io.dispatch(out);
+        self.io.drain();
+        // Inputs that came meanwhile go in before the stream ends: the
+        // completions of what drained, and a client's next request, sent
+        // as soon as the reply just released reached it. Left out, that
+        // request would be lost with this side, and the client would wait
+        // out a retransmission. News for the pair and control requests
+        // wait for the outcome.
+        let mut later = Vec::new();
+        while let Ok(ev) = events.try_recv() {
+            match ev {
+                HostEvent::Replication(_) | HostEvent::Control(_) | HostEvent::Terminate => later.push(ev),
+                ev => {
+                    self.handle(ev)?;
+                }
+            }
+        }
+        self.feed_inputs();
+        let p = self.primary.as_mut().expect("still protected");
+        let end = p.hand_over_end(&mut self.m);
+        if !matches!(end, Ok(HandOver::Done { .. })) {
+            for ev in later {
+                if let Next::Exit(code) = self.handle(ev)? {
+                    return Ok(Next::Exit(code));
+                }
+            }
+        }
+        match end {
+            Ok(HandOver::Done { generation }) => {
+                // Nothing more leaves this side: its stream has ended.
+                self.halted = true;
+                let millis = stopped.elapsed().as_millis() as u64;
+                eprintln!(
+                    "ftvm: handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here"
+                );
+                answer(Ok(Reply::HandedOver { generation, millis }));
+                Ok(Next::Exit(0))
+            }
+            Ok(HandOver::Kept(alone)) => {
+                self.run_alone(alone);
+                answer(Err(ControlError::HandOverFailed(
+                    "the backup failed during the handover; this side runs on unprotected".into(),
+                )));
+                Ok(Next::Continue)
+            }
+            Err(e @ ProtectionError::HandOverTimedOut(_)) => {
+                eprintln!("ftvm: {e}");
+                answer(Err(ControlError::HandOverFailed(e.to_string())));
+                Ok(Next::Continue)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Hands requests to the host; under protection, outputs wait for the
@@ -560,6 +686,15 @@ impl<E: Engine> Live<E> {
                 (Ok(Reply::Running), Next::Continue)
             }
             Request::Snapshot { path, overwrite } => (self.snapshot(&path, overwrite), Next::Continue),
+            Request::Handover if self.primary.is_none() => (Err(ControlError::NotProtected), Next::Continue),
+            Request::Handover if self.hand_over_asked.is_some() => {
+                (Err(ControlError::HandOverUnderWay), Next::Continue)
+            }
+            Request::Handover => {
+                // Answered once it is done (or has failed).
+                self.hand_over_asked = Some(Some(req.reply));
+                return Ok(Next::Continue);
+            }
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.
             Request::Events => {

@@ -64,6 +64,19 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
                 (None, false) => Ok(0),
             }
         }
+        // A log that ended in a handover: its VM went on elsewhere; here
+        // it ends, or goes on as after a stopped recording.
+        Outcome::HandedOver => {
+            eprintln!(
+                "ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched; the VM was handed over there",
+                m.icount()
+            );
+            if args.then_run {
+                go_live(m, &header, &LiveSetup::from_args(args))
+            } else {
+                Ok(0)
+            }
+        }
         Outcome::Cut(e) => {
             // Without --then-run the error alone is the answer: one line.
             let cut = bad(LogProblem::Cut { source: e, replayed_to: m.icount() });

@@ -184,6 +184,9 @@ pub enum Followed {
     /// The primary ended the VM (with the guest's exit status, if it
     /// powered off).
     Ended(Option<u32>),
+    /// The primary handed the VM over: it goes on from the last committed
+    /// checkpoint, which the primary took with its guest stopped.
+    HandedOver,
     /// The stream was cut: the primary failed, or the backup stopped
     /// listening.
     Cut,
@@ -260,6 +263,15 @@ pub fn follow(
                 on_commit(held);
             }
             Record::End { status } => return Ok(Followed::Ended(status)),
+            Record::HandOver => {
+                // The primary's guest stopped at the last checkpoint: a
+                // write after it, or no checkpoint at all, is a primary
+                // that does not know what it hands over.
+                if held.state.is_none() || !writes.is_empty() {
+                    return Err(PeerError::HandOverMidInterval.into());
+                }
+                return Ok(Followed::HandedOver);
+            }
             Record::KeepAlive => {}
         }
     }
@@ -292,6 +304,51 @@ pub struct CheckpointBackup<R: Read> {
     /// Checkpoints committed, and the instruction count of the last.
     committed: Arc<AtomicU64>,
     committed_icount: Arc<AtomicU64>,
+    _flusher: Flusher,
+}
+
+/// How often a following backup flushes its copies of the disks.
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// Flushes the backup's copies of the disks to stable storage every
+/// [`FLUSH_EVERY`] while it follows, so that going live, which must
+/// flush them before it writes its activation record, finds little left
+/// to write: a copy made or synced just before protection started can
+/// hold a gigabyte of dirty pages, half a second of flushing inside the
+/// failover (measured: 545 ms of a 600 ms handover). Stops when dropped.
+struct Flusher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flusher {
+    fn start(paths: Vec<PathBuf>) -> Result<Flusher, ProtectionError> {
+        // Any descriptor of a file flushes all of its dirty pages.
+        let files = paths
+            .iter()
+            .map(|p| std::fs::File::open(p).map_err(file("cannot open the backup's disk", p)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("ft-disk-flush".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    std::thread::sleep(FLUSH_EVERY);
+                    for f in &files {
+                        // A failure shows again, and counts, at activation.
+                        let _ = f.sync_data();
+                    }
+                }
+            })
+            .map_err(|e| ProtectionError::Thread("disk flusher", e))?;
+        Ok(Flusher { stop })
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl<R: Read> CheckpointBackup<R> {
@@ -319,6 +376,7 @@ impl<R: Read> CheckpointBackup<R> {
         for (slot, theirs) in to_sync {
             files.expect_blocks(slot, &theirs);
         }
+        let flusher = Flusher::start(disks.iter().map(|(_, p)| p.clone()).collect())?;
         Ok(CheckpointBackup {
             stream,
             held: Committed::new(ram)?,
@@ -327,6 +385,7 @@ impl<R: Read> CheckpointBackup<R> {
             interval_ms,
             committed: Arc::default(),
             committed_icount: Arc::default(),
+            _flusher: flusher,
         })
     }
 
@@ -364,6 +423,7 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         drop(files);
         Ok(match outcome? {
             Followed::Ended(status) => Follow::Ended(status),
+            Followed::HandedOver => Follow::HandedOver,
             Followed::Cut => Follow::Cut(format!(
                 "the primary's checkpoint stream ended {}",
                 if self.held.state.is_none() { "before its first checkpoint" } else { "without a failure" }

@@ -20,7 +20,8 @@
 
 use crate::error::{file, PeerError, ProtectionError};
 use crate::events::Events;
-use crate::primary::{backup_lost, Alone, Primary, Request};
+use crate::events::PairEvent;
+use crate::primary::{await_claim, backup_lost, Alone, HandOver, Primary, Request, HAND_OVER_WAIT};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Engine, Event, IoRequest};
 use ftvm_replication::arbiter::Arbiter;
@@ -100,6 +101,8 @@ enum Job {
     Write { slot: u32, offset: u64, data: Vec<u8> },
     Checkpoint { number: u64, icount: u64, state: Vec<u8>, pfns: Vec<u64>, pages: Vec<u8> },
     End(Option<u32>),
+    /// The stream ends in a handover (after a last checkpoint).
+    HandOver,
 }
 
 /// What the sender thread reports back.
@@ -149,6 +152,8 @@ pub struct Checkpointer {
     started: Instant,
     rate_mark: (Instant, u64),
     rate: f64,
+    /// When a handover stopped the guest.
+    handing_over: Option<Instant>,
 }
 
 impl Checkpointer {
@@ -196,6 +201,7 @@ impl Checkpointer {
             started: Instant::now(),
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
+            handing_over: None,
         })
     }
 
@@ -334,6 +340,53 @@ impl Checkpointer {
         out
     }
 
+    /// A handover's first step: a last checkpoint of the stopped guest,
+    /// and the wait for its acknowledgement, which lets every held frame go.
+    fn hand_over_frames(&mut self, m: &mut dyn Engine) -> Result<Vec<Request>, ProtectionError> {
+        let started = Instant::now();
+        self.handing_over = Some(started);
+        self.events
+            .emit(PairEvent::HandingOver { backup: self.watch.peer().to_string(), generation: self.arbiter.generation() });
+        eprintln!("ftvm: handing the VM over to the backup at {}", self.watch.peer());
+        self.checkpoint(m)?;
+        let mut out = Vec::new();
+        loop {
+            out.extend(self.release());
+            // A failed backup, or one that does not catch up, is the
+            // second step's to handle.
+            if self.gate.is_empty() || self.watch.failure().is_some() || started.elapsed() >= HAND_OVER_WAIT {
+                return Ok(out);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// A handover's second step: a checkpoint of what came in since the
+    /// first (the machine did not run, but inputs went in), the stream's
+    /// handover mark, then the wait for the backup's claim.
+    fn hand_over_stream_end(&mut self, m: &mut dyn Engine) -> Result<HandOver, ProtectionError> {
+        let since = self.handing_over.take().unwrap_or_else(Instant::now);
+        let mark_sent = self.watch.failure().is_none();
+        if mark_sent {
+            if !self.gate.is_empty() {
+                return Err(ProtectionError::HandOverTimedOut(HAND_OVER_WAIT));
+            }
+            self.checkpoint(m)?;
+            let _ = self.jobs.send(Job::HandOver);
+            // Not acknowledged in time: the claim's wait decides.
+            let _ = self.ended.recv_timeout(HAND_OVER_WAIT);
+        }
+        let fence = self.watch.fence();
+        let watch = &self.watch;
+        let (gate, this_interval) = (&mut self.gate, &mut self.this_interval);
+        let held = || {
+            let mut out = gate.release_all();
+            out.append(this_interval);
+            out
+        };
+        await_claim(&self.arbiter, &self.me, &self.events, &fence, mark_sent, || watch.failure(), held, since)
+    }
+
     /// Checkpoints taken on the beat of the interval (not early).
     fn on_beat(&self) -> u64 {
         self.number - self.early
@@ -443,6 +496,14 @@ impl<E: Engine> Primary<E> for Checkpointer {
         Ok(Alone { outputs, inputs: Vec::new() })
     }
 
+    fn hand_over(&mut self, m: &mut E) -> Result<Vec<Request>, ProtectionError> {
+        self.hand_over_frames(m)
+    }
+
+    fn hand_over_end(&mut self, m: &mut E) -> Result<HandOver, ProtectionError> {
+        self.hand_over_stream_end(m)
+    }
+
     fn status(&mut self) -> Option<PairStatus> {
         Some(self.pair_status())
     }
@@ -531,8 +592,12 @@ fn send_loop(
                 r.checkpoints += 1;
                 continue;
             }
-            Job::End(status) => {
-                stream::encode(&mut buf, &Record::End { status });
+            Job::End(_) | Job::HandOver => {
+                let record = match job {
+                    Job::End(status) => Record::End { status },
+                    _ => Record::HandOver,
+                };
+                stream::encode(&mut buf, &record);
                 if channel.write_all(&buf).is_err() {
                     return;
                 }

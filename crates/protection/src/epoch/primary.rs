@@ -6,7 +6,7 @@
 use super::{EpochMode, EpochProtocol};
 use crate::error::ProtectionError;
 use crate::lockstep::primary::Lockstep;
-use crate::primary::{Alone, Primary, Request};
+use crate::primary::{Alone, HandOver, Primary, Request};
 use crate::status::{EpochStatus, PairStatus, PrimaryMode};
 use ftvm_machine::{DeterministicEngine, Event, RunExit};
 use ftvm_replication::channel::Failure;
@@ -234,6 +234,20 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
         let mut alone = Primary::<E>::peer_lost(&mut self.lockstep, failure)?;
         alone.inputs = self.epochs.take_deferred();
         Ok(alone)
+    }
+
+    /// At an epoch end (the loop hands over only where inputs may be
+    /// delivered), with this end's inputs delivered and logged.
+    fn hand_over(&mut self, _m: &mut E) -> Result<Vec<Request>, ProtectionError> {
+        Ok(self.lockstep.hand_over_outputs())
+    }
+
+    fn hand_over_end(&mut self, m: &mut E) -> Result<HandOver, ProtectionError> {
+        let mut end = self.lockstep.hand_over_log_end(m)?;
+        if let HandOver::Kept(alone) = &mut end {
+            alone.inputs = self.epochs.take_deferred();
+        }
+        Ok(end)
     }
 
     fn status(&mut self) -> Option<PairStatus> {

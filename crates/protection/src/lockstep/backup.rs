@@ -127,6 +127,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
         self.disks_io = None;
         Ok(match outcome? {
             Outcome::Ended(status) => Followed::Ended(status),
+            Outcome::HandedOver => Followed::HandedOver,
             Outcome::Cut(e) => Followed::Cut(format!("the primary's log is unusable: {e}")),
         })
     }

@@ -15,7 +15,8 @@ use crate::error::ProtectionError;
 use crate::events::Events;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
-use crate::primary::{backup_lost, Alone, Primary, Request};
+use crate::events::PairEvent;
+use crate::primary::{await_claim, backup_lost, Alone, HandOver, Primary, Request, HAND_OVER_WAIT};
 use crate::status::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, DeterministicEngine, Event, IoRequest};
 use ftvm_replay::recorder::Recorder;
@@ -60,6 +61,8 @@ pub struct Lockstep {
     /// Whether outputs wait for the backup's acknowledgement: always but
     /// under the original epoch protocol, which waits at every epoch end.
     hold_outputs: bool,
+    /// When a handover stopped the guest.
+    handing_over: Option<Instant>,
 }
 
 /// Whether a request changes the world outside the VM: a sent frame, or a
@@ -105,6 +108,7 @@ impl Lockstep {
             disks,
             backup_reads: Vec::new(),
             hold_outputs: true,
+            handing_over: None,
         }
     }
 
@@ -184,6 +188,52 @@ impl Lockstep {
         self.lag_max = self.lag_max.max(self.last_lag);
         self.throttle.update(self.last_lag, backup, now);
         self.throttle.pause_after(busy)
+    }
+
+    /// A handover's first step (see [`Primary::hand_over`]): the log so
+    /// far goes now, and every held output is waited for.
+    pub fn hand_over_outputs(&mut self) -> Vec<Request> {
+        let started = Instant::now();
+        self.handing_over = Some(started);
+        let channel = self.recorder.sink();
+        self.events.emit(PairEvent::HandingOver {
+            backup: channel.peer().to_string(),
+            generation: self.arbiter.generation(),
+        });
+        eprintln!("ftvm: handing the VM over to the backup at {}", channel.peer());
+        channel.send_now();
+        let mut out = Vec::new();
+        loop {
+            let channel = self.recorder.sink();
+            out.extend(self.gate.release(channel.acked(), channel.backup_icount()));
+            // A failed backup, or one that does not catch up, is the
+            // second step's to handle.
+            if self.gate.is_empty() || channel.failure().is_some() || started.elapsed() >= HAND_OVER_WAIT {
+                return out;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// A handover's second step (see [`Primary::hand_over_end`]).
+    pub fn hand_over_log_end(&mut self, m: &mut dyn DeterministicEngine) -> Result<HandOver, ProtectionError> {
+        let since = self.handing_over.take().unwrap_or_else(Instant::now);
+        let channel = self.recorder.sink();
+        let mark_sent = channel.failure().is_none();
+        if mark_sent {
+            if !self.gate.is_empty() {
+                return Err(ProtectionError::HandOverTimedOut(HAND_OVER_WAIT));
+            }
+            self.recorder.hand_over(m)?;
+            let channel = self.recorder.sink();
+            channel.send_now();
+            // Not acknowledged in time: the claim's wait decides.
+            channel.wait_acked(channel.written(), HAND_OVER_WAIT);
+        }
+        let channel = self.recorder.sink();
+        let fence = channel.fence();
+        let (failure, held) = (|| channel.failure(), || self.gate.release_all());
+        await_claim(&self.arbiter, &self.me, &self.events, &fence, mark_sent, failure, held, since)
     }
 
     /// What the lag control did over the whole run, for the primary's
@@ -281,6 +331,14 @@ impl<E: DeterministicEngine> Primary<E> for Lockstep {
                 self.gate.release_all()
             })?;
         Ok(Alone { outputs, inputs: Vec::new() })
+    }
+
+    fn hand_over(&mut self, _m: &mut E) -> Result<Vec<Request>, ProtectionError> {
+        Ok(self.hand_over_outputs())
+    }
+
+    fn hand_over_end(&mut self, m: &mut E) -> Result<HandOver, ProtectionError> {
+        self.hand_over_log_end(m)
     }
 
     fn status(&mut self) -> Option<PairStatus> {

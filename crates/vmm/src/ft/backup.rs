@@ -226,7 +226,45 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             return Err(VmmError::CannotFollow(divergence));
         }
     };
+    let me = format!("backup on {}", hostname());
+    let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration| {
+        let TakeOver { machine, disks, checkpoint, epoch_inputs } = backup.take_over(why, since, gen, &me)?;
+        events.emit(PairEvent::GoingLive {
+            instruction: machine.icount(),
+            checkpoint,
+            epoch_inputs: epoch_inputs.map(|(all, _)| all),
+            epoch_inputs_at_multiples: epoch_inputs.map(|(_, at_multiples)| at_multiples),
+        });
+        drop(status_socket);
+        let control = args.control.clone();
+        let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events: events.clone() };
+        replay::go_live(machine, &header, &setup)
+    };
     match followed {
+        Followed::HandedOver => {
+            let received = Instant::now();
+            eprintln!("ftvm: the primary at {primary} handed the VM over; taking it over");
+            events.emit(PairEvent::HandOverReceived { primary: primary.to_string(), generation: gen });
+            // The primary stopped its guest and waits for this claim: no
+            // failure to confirm, and no isolation check, which could only
+            // delay it. The thread that watches for a failure may claim
+            // too, when the primary's channel closes first: for the same
+            // side, under the same name.
+            let arbiter = Arbiter::new(&args.pair.shared, gen);
+            match arbiter.go_live(&me, |n| events.arbiter_note(n)) {
+                Verdict::Lost(who) if who != me => {
+                    events.emit(PairEvent::ArbiterLost { generation: gen, winner: who.clone() });
+                    let deposed = Deposed { who, generation: gen };
+                    events.emit(PairEvent::Halting { reason: deposed.to_string() });
+                    Err(VmmError::PrimaryWon(deposed))
+                }
+                _ => {
+                    events.emit(PairEvent::ArbiterWon { generation: gen });
+                    let why = format!("handed over; won generation {gen} at the arbiter");
+                    go_live(backup, &why, received.elapsed())
+                }
+            }
+        }
         Followed::Ended(status) => {
             eprintln!(
                 "ftvm: the primary ended the VM ({}){}; the backup stops",
@@ -239,21 +277,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         Followed::Cut(unusable) => {
             let decided = decision.lock().unwrap().take();
             match decided {
-                Some((Decision::GoLive(why), detected)) => {
-                    let me = format!("backup on {}", hostname());
-                    let TakeOver { machine, disks, checkpoint, epoch_inputs } =
-                        backup.take_over(&why, detected.elapsed(), gen, &me)?;
-                    events.emit(PairEvent::GoingLive {
-                        instruction: machine.icount(),
-                        checkpoint,
-                        epoch_inputs: epoch_inputs.map(|(all, _)| all),
-                        epoch_inputs_at_multiples: epoch_inputs.map(|(_, at_multiples)| at_multiples),
-                    });
-                    drop(status_socket);
-                    let control = args.control.clone();
-                    let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events };
-                    replay::go_live(machine, &header, &setup)
-                }
+                Some((Decision::GoLive(why), detected)) => go_live(backup, &why, detected.elapsed()),
                 Some((Decision::Halt(deposed), _)) => {
                     events.emit(PairEvent::Halting { reason: deposed.to_string() });
                     Err(VmmError::PrimaryWon(deposed))
