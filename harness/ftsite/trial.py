@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConnectionLost, TrialFailed
-from .observe import event
+from .observe import control, event
 from .proc import TIMEOUT_MS, disk_options, start_backup, start_primary
 from .resp import BOOT_TIMEOUT, REDIS_FT, RespError, wait_for_redis
 from .site import BACKUP_HOST_IP, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, Site
@@ -102,10 +102,21 @@ def fail_primary(site, primary, kind):
            first, then the process is killed, so the backup can only tell
            by the silence (the --timeout).
     handover: not a failure: SIGTERM to the primary's ftvm, as a host
-           being shut down sends it; the primary hands the VM over."""
+           being shut down sends it; the primary hands the VM over.
+    handover-command: `handover` on the primary's control socket; its
+           answer lands in primary.handover_answer once it comes."""
     if kind == "handover":
         t = time.monotonic()
         os.kill(primary.pid, signal.SIGTERM)
+        return t
+    if kind == "handover-command":
+        primary.handover_answer = None
+
+        def ask():
+            primary.handover_answer = control(primary.sock, "handover", timeout=60)
+
+        t = time.monotonic()
+        threading.Thread(target=ask, daemon=True).start()
         return t
     if kind == "kill":
         return primary.kill9()
@@ -179,6 +190,7 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             "kill": "killed (kill -9)",
             "crash": "host crashed (switch port down, then kill -9)",
             "handover": "sent SIGTERM (a host going down for maintenance): it hands the VM over",
+            "handover-command": "asked to hand the VM over (handover on its control socket)",
         }[kind])
         # The failover ends when a key sent after the failure is acknowledged.
         deadline = failed_at + 60
@@ -206,7 +218,7 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             say(f"the backup went live {r.go_live:.3f} s after the failure; the client's next key was "
                 f"acknowledged {r.failover:.2f} s after it" if r.go_live is not None else
                 f"the client's next key was acknowledged {r.failover:.2f} s after the failure")
-        if kind == "handover":
+        if kind.startswith("handover"):
             # The old primary exits once the backup has the VM.
             r.primary_exit = primary.wait(30)
             done = event(primary, "handed-over")

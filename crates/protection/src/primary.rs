@@ -179,7 +179,13 @@ pub fn backup_lost(
     eprintln!("ftvm: the backup is declared failed: {failure}");
     events.emit(PairEvent::DeclaredFailed { who: "backup".into(), reason: failure.to_string() });
     let generation = arbiter.generation();
-    match arbiter.go_live(me, |n| events.arbiter_note(n)) {
+    // This side's own earlier claim (after a handover that failed)
+    // counts as won: the record names this very process.
+    let verdict = match arbiter.go_live(me, |n| events.arbiter_note(n)) {
+        Verdict::Lost(who) if who == me => Verdict::Won,
+        v => v,
+    };
+    match verdict {
         Verdict::Won => {
             // Alone from here: the held outputs, and all after, may go.
             fence.won();

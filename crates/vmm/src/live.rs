@@ -579,15 +579,7 @@ impl<E: Engine> Live<E> {
         }
         self.feed_inputs();
         let p = self.primary.as_mut().expect("still protected");
-        let end = p.hand_over_end(&mut self.m);
-        if !matches!(end, Ok(HandOver::Done { .. })) {
-            for ev in later {
-                if let Next::Exit(code) = self.handle(ev)? {
-                    return Ok(Next::Exit(code));
-                }
-            }
-        }
-        match end {
+        let next = match p.hand_over_end(&mut self.m) {
             Ok(HandOver::Done { generation }) => {
                 // Nothing more leaves this side: its stream has ended.
                 self.halted = true;
@@ -596,22 +588,30 @@ impl<E: Engine> Live<E> {
                     "ftvm: handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here"
                 );
                 answer(Ok(Reply::HandedOver { generation, millis }));
-                Ok(Next::Exit(0))
+                return Ok(Next::Exit(0));
             }
             Ok(HandOver::Kept(alone)) => {
                 self.run_alone(alone);
                 answer(Err(ControlError::HandOverFailed(
                     "the backup failed during the handover; this side runs on unprotected".into(),
                 )));
-                Ok(Next::Continue)
+                Next::Continue
             }
             Err(e @ ProtectionError::HandOverTimedOut(_)) => {
                 eprintln!("ftvm: {e}");
                 answer(Err(ControlError::HandOverFailed(e.to_string())));
-                Ok(Next::Continue)
+                Next::Continue
             }
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
+        };
+        // Running on: the news that waited, now that the outcome is known
+        // (a backup declared failed is no one's to contend with any more).
+        for ev in later {
+            if let Next::Exit(code) = self.handle(ev)? {
+                return Ok(Next::Exit(code));
+            }
         }
+        Ok(next)
     }
 
     /// Hands requests to the host; under protection, outputs wait for the
