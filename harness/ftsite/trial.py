@@ -71,6 +71,7 @@ class TrialResult:
     failed_at: float = None  # when the primary was failed (time.monotonic())
     longest_wait: float = None  # the longest any one SET waited for its reply
     pause: float = None  # the longest wait of a SET answered after the failure: what the client saw of it
+    typical_wait: float = None  # the median wait of the SETs answered before the failure
     acked: int = 0
     acked_before: int = 0
     dbsize: int = None
@@ -229,6 +230,8 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         r.acked = writer.acked
         r.longest_wait = max((a - s for s, a in writer.times), default=None)
         r.pause = max((a - s for s, a in writer.times if a >= failed_at), default=None)
+        before = sorted(a - s for s, a in writer.times if a < failed_at)
+        r.typical_wait = before[len(before) // 2] if before else None
         if writer.error is not None:
             r.dropped = isinstance(writer.error, ConnectionLost)
             raise TrialFailed(f"the client's connection failed: {writer.error}")

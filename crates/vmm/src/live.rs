@@ -44,6 +44,12 @@ const CHUNK: u64 = 200_000;
 const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
+/// A handover takes in what arrives after it released the held outputs
+/// until nothing has come for this long (a client answers a reply within
+/// a round trip), ...
+const ABSORB_QUIET: Duration = Duration::from_millis(2);
+/// ... but for no longer than this.
+const ABSORB_MOST: Duration = Duration::from_millis(10);
 /// After its panic line, how long the guest's kernel may go on printing
 /// (its stack trace, up to the end line) before the run ends.
 const PANIC_GRACE: Duration = Duration::from_secs(2);
@@ -566,10 +572,14 @@ impl<E: Engine> Live<E> {
         // completions of what drained, and a client's next request, sent
         // as soon as the reply just released reached it. Left out, that
         // request would be lost with this side, and the client would wait
-        // out a retransmission. News for the pair and control requests
-        // wait for the outcome.
+        // out a retransmission (200 ms at least). So they are taken until
+        // none has come for ABSORB_QUIET (at most ABSORB_MOST). News for
+        // the pair and control requests wait for the outcome.
         let mut later = Vec::new();
-        while let Ok(ev) = events.try_recv() {
+        let absorb_until = Instant::now() + ABSORB_MOST;
+        loop {
+            let wait = ABSORB_QUIET.min(absorb_until.saturating_duration_since(Instant::now()));
+            let Ok(ev) = events.recv_timeout(wait) else { break };
             match ev {
                 HostEvent::Replication(_) | HostEvent::Control(_) | HostEvent::Terminate => later.push(ev),
                 ev => {
