@@ -5,6 +5,10 @@
 //! winning it drains what it received to the last go-live point, goes
 //! live there (disk I/O in flight is issued again, §3.4), and announces
 //! the VM's MAC from this host. On losing it halts.
+//! A primary that hands the VM over on purpose ends its stream with a
+//! handover mark: the backup then claims the generation at once (no
+//! failure to confirm, no isolation check) and goes live where the
+//! primary stopped.
 
 use super::{hostname, PairArgs};
 use crate::api::{BackupMode, BackupStatus, ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
