@@ -95,6 +95,34 @@ class TrialResult:
         return self.error is None and not self.dropped and self.lost == 0
 
 
+@dataclass
+class ProtectedRedis:
+    """A protected redis on its own site, a client connected to it."""
+    site: Site
+    primary: object
+    backup: object
+    conn: object
+    shared: Path
+    primary_extra: list
+    backup_extra: list
+
+
+def protected_redis(ftvm, work, tag, mode_args=()):
+    """A fresh site and shared storage under `work`, a backup, then a
+    primary running redis (appendonly, fsync always) with `mode_args`
+    (each host its own disk copy in checkpoint mode); returns once redis
+    answers and the primary says it is protected."""
+    site = Site(tag)
+    shared = Path(work) / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    primary_extra, backup_extra = disk_options(ftvm, work, list(mode_args))
+    backup = start_backup(site, ftvm, work, shared, TIMEOUT_MS, extra=backup_extra)
+    primary = start_primary(site, ftvm, work, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra)
+    conn = wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
+    event(primary, "protected", timeout=10, watch=[backup])
+    return ProtectedRedis(site, primary, backup, conn, shared, primary_extra, backup_extra)
+
+
 def fail_primary(site, primary, kind):
     """Fails the primary host; returns the moment of the failure.
     kill:  kill -9 of the primary's ftvm: the kernel closes its sockets, so

@@ -29,14 +29,9 @@ def stall(ftvm, scratch, tag, mode, stopped_for):
     and disk writes after the backup went live, the writer, the new
     primary's connection, the backup's going-live event, the old
     primary's exit, the backup)."""
-    site = Site(tag)
-    shared = scratch / "shared"
-    shared.mkdir()
-    primary_extra, backup_extra = ftsite.disk_options(ftvm, scratch, MODES[mode])
-    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=backup_extra)
-    primary = ftsite.start_primary(site, ftvm, scratch, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra)
-    conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
-    event(primary, "protected", timeout=10, watch=[backup])
+    vm = ftsite.protected_redis(ftvm, scratch, tag, MODES[mode])
+    site, primary, backup, conn, shared, primary_extra = vm.site, vm.primary, vm.backup, vm.conn, vm.shared, \
+        vm.primary_extra
     cap = site.capture("primary", "t0")
     # The disk the old primary writes: the shared one, or (checkpoint
     # mode) its own copy.

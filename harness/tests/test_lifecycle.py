@@ -18,10 +18,9 @@ import time
 import pytest
 
 import ftsite
-from ftsite import BOOT_TIMEOUT, GUEST_IP, REDIS_FT, REDIS_PORT, ConnectionLost, Resp, RespError, Site, event, status
+from ftsite import GUEST_IP, REDIS_PORT, ConnectionLost, Resp, RespError, event, status
 from ftsite.trial import KeyWriter, check_keys, fail_primary
 
-TIMEOUT_MS = ftsite.TIMEOUT_MS
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
 # The longest a client may wait on a handover here: well under a
 # failover's (the failure timeout, then the takeover), with room for a
@@ -30,23 +29,11 @@ MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", 
 PAUSE_MOST = 1.0
 
 
-def protected_redis(ftvm, scratch, tag, mode):
-    """A site with a protected redis in `mode`, and a client connected to it."""
-    site = Site(tag)
-    shared = scratch / "shared"
-    shared.mkdir()
-    primary_extra, backup_extra = ftsite.disk_options(ftvm, scratch, MODES[mode])
-    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=backup_extra)
-    primary = ftsite.start_primary(site, ftvm, scratch, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra)
-    conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
-    event(primary, "protected", timeout=10, watch=[backup])
-    return site, primary, backup, conn, backup_extra
-
-
 @pytest.mark.parametrize("mode,how", [("lockstep", "handover"), ("lockstep", "handover-command"),
                                       ("epoch", "handover"), ("checkpoint", "handover")])
 def test_a_handover_under_load_loses_nothing_and_the_old_primary_exits_0(ftvm, scratch, mode, how):
-    site, primary, backup, conn, backup_extra = protected_redis(ftvm, scratch, f"ho{mode[0]}{how[-1]}", mode)
+    vm = ftsite.protected_redis(ftvm, scratch, f"ho{mode[0]}{how[-1]}", MODES[mode])
+    site, primary, backup, conn = vm.site, vm.primary, vm.backup, vm.conn
     writer = KeyWriter(conn)
     writer.start()
     time.sleep(2.0 + random.random() * 2.0)
@@ -92,7 +79,7 @@ def test_a_handover_under_load_loses_nothing_and_the_old_primary_exits_0(ftvm, s
         except (ConnectionLost, RespError):
             pass
         assert backup.wait(60) == 0, backup.output()
-        theirs = backup_extra[backup_extra.index("--disk") + 1]
+        theirs = vm.backup_extra[vm.backup_extra.index("--disk") + 1]
         fsck = subprocess.run(["e2fsck", "-fn", str(theirs)], capture_output=True)
         assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
 
@@ -102,7 +89,8 @@ def test_a_handover_to_a_stopped_backup_fails_and_the_vm_runs_on(ftvm, scratch):
     for: it never acknowledges, the primary declares it failed, wins the
     arbiter and runs on alone; the handover's answer says it failed, and
     the client's keys are all there."""
-    site, primary, backup, conn, _ = protected_redis(ftvm, scratch, "hostop", "lockstep")
+    vm = ftsite.protected_redis(ftvm, scratch, "hostop")
+    primary, backup, conn = vm.primary, vm.backup, vm.conn
     writer = KeyWriter(conn)
     writer.start()
     time.sleep(2.0)
