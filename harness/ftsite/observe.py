@@ -148,6 +148,11 @@ EVENTS = {
     "handed-over": "a primary's backup claimed the VM; fields: generation, millis (guest stopped to claim)",
     "hand-over-failed": "a handover did not complete: the primary runs on unprotected; fields: reason",
     "hand-over-received": "a backup received its primary's handover and goes live at once",
+    "protecting": "a running VM's protection began: its machine goes to the backup; fields: backup, generation, "
+                  "mode",
+    "machine-sent": "a running VM's machine is with its backup; fields: rounds, pages, final_pages, bytes, "
+                    "pause_ms, total_ms",
+    "protection-failed": "a running VM's protection did not start; it runs on as it did; fields: reason",
 }
 
 

@@ -33,8 +33,9 @@ enum Command {
     #[command(subcommand)]
     Image(ImageCommand),
     /// Send a command to a running VM's control socket: status, pause,
-    /// resume, snapshot FILE, quit, events (its events so far and as they
-    /// come, until it ends).
+    /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
+    /// --shared DIR [...] (give the running VM a backup; `protect --help`),
+    /// events (its events so far and as they come, until it ends).
     Control {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]
@@ -160,8 +161,16 @@ fn control_command(
     let mut request = control::parse(words)?;
     // The VM resolves nothing against our directory: it gets the path
     // the user meant.
-    if let Request::Snapshot { path, .. } = &mut request {
-        *path = std::path::absolute(&*path)?;
+    match &mut request {
+        Request::Snapshot { path, .. } => *path = std::path::absolute(&*path)?,
+        Request::Protect(args) => {
+            let pair = &mut args.pair;
+            pair.shared = std::path::absolute(&pair.shared)?;
+            for path in [&mut pair.pair_key, &mut pair.events].into_iter().flatten() {
+                *path = std::path::absolute(&*path)?;
+            }
+        }
+        _ => {}
     }
     if request == Request::Events {
         // A stream: each event as it comes, until the VM ends.

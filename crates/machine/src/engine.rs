@@ -33,6 +33,9 @@ pub trait Engine {
     fn ram(&self) -> &GuestRam;
     /// The guest-physical frame numbers written since the last call.
     fn take_dirty_pages(&mut self) -> Vec<u64>;
+    /// Turns the tracking of pages written on or off (off, a store costs
+    /// nothing extra).
+    fn set_dirty_tracking(&mut self, on: bool);
     /// The whole machine but its RAM, to restore beside a copy of RAM.
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError>;
     /// The whole machine, RAM included (a snapshot file's machine part).
@@ -68,6 +71,10 @@ pub trait DeterministicEngine: Engine {
     fn digest_part_names(&self) -> Vec<String>;
     /// Whether every hart waits for an interrupt.
     fn all_harts_idle(&self) -> bool;
+    /// Starts the digest chain afresh, as on a machine just restored from
+    /// a checkpoint: where a replica begins from a transferred state
+    /// rather than from the same start, both chains begin there.
+    fn restart_digest_chain(&mut self);
 }
 
 impl Engine for Machine {
@@ -88,6 +95,9 @@ impl Engine for Machine {
     }
     fn take_dirty_pages(&mut self) -> Vec<u64> {
         Machine::take_dirty_pages(self)
+    }
+    fn set_dirty_tracking(&mut self, on: bool) {
+        Machine::set_dirty_tracking(self, on)
     }
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
         Machine::checkpoint_state(self)
@@ -127,5 +137,8 @@ impl DeterministicEngine for Machine {
     }
     fn all_harts_idle(&self) -> bool {
         self.harts().iter().all(|h| h.is_idle())
+    }
+    fn restart_digest_chain(&mut self) {
+        Machine::restart_digest_chain(self)
     }
 }

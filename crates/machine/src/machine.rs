@@ -443,6 +443,12 @@ impl Machine {
         }
     }
 
+    /// Starts the chain of [`Machine::state_digest`] afresh, where a
+    /// machine restored from a checkpoint starts it.
+    pub fn restart_digest_chain(&mut self) {
+        self.last_ram_digest = [0; 8];
+    }
+
     /// A cheap, chained digest of the machine for replay checks: each
     /// hart, each device, the clock and scheduler now, plus the pages
     /// written since the previous digest (their numbers and contents) and

@@ -84,6 +84,11 @@ pub enum ProtectionError {
         /// Disks the VM has.
         disks: usize,
     },
+    /// A running VM with a copy of its disks on each host was to be given
+    /// a lockstep or epoch backup: its copies would have to be made the
+    /// same while the guest writes, which only checkpoint mode does yet.
+    #[error("a running VM's lockstep or epoch backup needs the disks on the shared storage (separate copies: use checkpoint mode)")]
+    StreamedSeparateDisks,
     /// Checkpoint mode was asked for with disks the two hosts share.
     #[error("checkpoint mode needs a copy of each disk on each host")]
     SharedDisks,
@@ -132,6 +137,9 @@ pub enum ProtectionError {
     /// nothing more.
     #[error("halting: {0}")]
     Deposed(#[from] Deposed),
+    /// A side that is no transfer was asked for its successor.
+    #[error("this side is no transfer to a new backup")]
+    NoTransfer,
     /// A checkpoint backup was to go live before any checkpoint committed.
     #[error("no checkpoint was committed: there is nothing to take over")]
     NothingToTakeOver,
@@ -166,6 +174,10 @@ pub enum PeerError {
     /// the first: the VM it hands over is not one the backup holds.
     #[error("a handover with no checkpoint of where the guest stopped")]
     HandOverMidInterval,
+    /// Something other than pages and the first checkpoint in the transfer
+    /// of a running VM's machine to a replay backup (the kind of record).
+    #[error("a record of kind {0} in the transfer of the machine")]
+    NotTransfer(&'static str),
     /// Pages for a checkpoint other than the next one.
     #[error("pages of checkpoint {number} when {due} was due")]
     PagesOutOfOrder {

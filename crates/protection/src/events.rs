@@ -72,6 +72,38 @@ pub enum PairEvent {
         /// Bytes of those blocks.
         bytes: u64,
     },
+    /// A running VM's protection began: its machine goes to the backup
+    /// while the guest runs on (pre-copy), before the pair starts.
+    Protecting {
+        /// The backup's address.
+        backup: String,
+        /// The pair's generation at the arbiter.
+        generation: u64,
+        /// The mode the pair will run in.
+        mode: String,
+    },
+    /// A running VM's machine is with its backup: the pre-copy's rounds
+    /// and the final pause that sent the rest.
+    MachineSent {
+        /// Pre-copy rounds (the first is all of RAM in use).
+        rounds: u32,
+        /// Pages sent while the guest ran, and in the final pause.
+        pages: u64,
+        /// Pages sent in the final pause.
+        final_pages: u64,
+        /// Bytes of stream the transfer took.
+        bytes: u64,
+        /// The final pause: the guest stopped, in milliseconds.
+        pause_ms: u64,
+        /// From the start of the pre-copy to the pair's start, in ms.
+        total_ms: u64,
+    },
+    /// A running VM's protection did not start (the reason); it runs on
+    /// as it did.
+    ProtectionFailed {
+        /// Why.
+        reason: String,
+    },
     /// A primary is protected: its backup follows.
     Protected {
         /// The backup's address.

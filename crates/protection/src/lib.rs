@@ -10,6 +10,8 @@
 //! - [`primary`]: the interface the host's live loop drives, and the
 //!   test-and-set every mode does when its backup is lost.
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
+//! - [`transfer`]: a running VM's machine sent to its new backup while
+//!   the guest runs (pre-copy, then a final pause), before its pair starts.
 //! - [`local`]: the disks and files a backup's own host gives a pair:
 //!   nothing a backup touches is named by the wire.
 //! - [`error`]: why a side cannot go on, by where the fault lies.
@@ -32,3 +34,4 @@ pub mod lockstep;
 pub mod pair;
 pub mod primary;
 pub mod status;
+pub mod transfer;

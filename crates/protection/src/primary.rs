@@ -61,6 +61,26 @@ pub enum HandOver {
     Kept(Alone),
 }
 
+/// What a running VM's transfer to its new backup took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transferred {
+    /// The pair's generation at the arbiter.
+    pub generation: u64,
+    /// Pre-copy rounds.
+    pub rounds: u32,
+    /// Pages sent in all, and in the final pause.
+    pub pages: u64,
+    /// Of them, in the final pause.
+    pub final_pages: u64,
+    /// Bytes of stream.
+    pub bytes: u64,
+    /// The final pause's length (the loop adds its own part, the I/O
+    /// it let finish first).
+    pub pause: Duration,
+    /// From the start of the pre-copy to the end of the final pause.
+    pub total: Duration,
+}
+
 /// How long a handover waits for the backup at each of its steps: to
 /// acknowledge the log that produced the held outputs, and to claim the
 /// VM once it has the handover (it replays its lag first, at most about
@@ -143,6 +163,23 @@ pub trait Primary<E: Engine> {
     /// was handed over, and the pair runs on.
     fn hand_over_end(&mut self, _m: &mut E) -> Result<HandOver, ProtectionError> {
         Err(ProtectionError::NoBackupToHandOver)
+    }
+
+    /// Whether this side is only the way to another: a running VM's
+    /// transfer to its new backup, ready for its final pause. The loop
+    /// then stops the machine, lets the host's I/O finish and applies
+    /// what came back (nothing may be in flight), and calls
+    /// [`Primary::succeed`].
+    fn successor_due(&self) -> bool {
+        false
+    }
+
+    /// The final pause of a transfer ([`Primary::successor_due`]): the
+    /// machine stopped with no I/O in flight. Returns the side that goes
+    /// on from here, and what the transfer took; an error leaves the VM
+    /// unprotected, running as before.
+    fn succeed(self: Box<Self>, _m: &mut E) -> Result<(Box<dyn Primary<E>>, Transferred), ProtectionError> {
+        Err(ProtectionError::NoTransfer)
     }
 
     /// Its part of the VM's status (None: it is in no pair).

@@ -44,6 +44,48 @@ pub enum PrimaryMode {
     },
     /// Checkpoint mode.
     Checkpoint(CheckpointStatus),
+    /// A running VM on its way to protection: its machine goes to the
+    /// backup while the guest runs.
+    Transfer(TransferStatus),
+}
+
+impl PrimaryMode {
+    /// The mode's name (a transfer: the mode the pair will run in).
+    pub fn name(&self) -> &str {
+        match self {
+            PrimaryMode::Lockstep(_) => "lockstep",
+            PrimaryMode::Epoch { .. } => "epoch",
+            PrimaryMode::Checkpoint(_) => "checkpoint",
+            PrimaryMode::Transfer(t) => &t.then,
+        }
+    }
+}
+
+/// A running VM's transfer to its new backup (pre-copy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferStatus {
+    /// The mode the pair will run in.
+    pub then: String,
+    /// The pre-copy round in progress (1: all of RAM in use).
+    pub round: u32,
+    /// Pages of this round still to send.
+    pub round_left: u64,
+    /// Pages sent so far.
+    pub pages: u64,
+    /// Bytes of stream written so far, and acknowledged.
+    pub bytes: u64,
+    /// Bytes the backup acknowledged.
+    pub acked: u64,
+}
+
+impl fmt::Display for TransferStatus {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "mode={} protecting round={} round_left={} pages_sent={} bytes_sent={} acked={}",
+            self.then, self.round, self.round_left, self.pages, self.bytes, self.acked
+        )
+    }
 }
 
 /// A primary whose log streams to its backup (lockstep, epoch).
@@ -236,6 +278,7 @@ impl fmt::Display for PrimaryStatus {
             PrimaryMode::Lockstep(log) => write!(f, "mode=lockstep {log}"),
             PrimaryMode::Epoch { epochs, log } => write!(f, "{epochs} {log}"),
             PrimaryMode::Checkpoint(c) => write!(f, "{c}"),
+            PrimaryMode::Transfer(t) => write!(f, "{t}"),
         }
     }
 }

@@ -152,6 +152,12 @@ impl<W: Write> LogWriter<W> {
         Ok(LogWriter { out, frame: Vec::new(), prev: 0, written: head.len() as u64 })
     }
 
+    /// A writer whose stream already holds `written` bytes, its header
+    /// among them (see `Recorder::resume`): the frames follow.
+    pub fn resume(out: W, written: u64) -> Self {
+        LogWriter { out, frame: Vec::new(), prev: 0, written }
+    }
+
     /// Adds an entry to the current frame and returns its encoded size.
     /// Instruction counts never go back; an entry below the previous one is
     /// a caller bug.
@@ -297,6 +303,14 @@ impl<R: Read> LogReader<R> {
         self.input
     }
 
+    /// The byte stream where the next frame starts, for what a stream
+    /// carries between the header and the first frame (a streamed
+    /// machine); call before reading any record.
+    pub fn input_mut(&mut self) -> &mut R {
+        debug_assert!(self.ready.is_empty() && !self.ended);
+        &mut self.input
+    }
+
     /// Whether every record of the frames read so far was handed out:
     /// the next comes from a frame not read yet.
     pub fn frame_done(&self) -> bool {
@@ -348,7 +362,10 @@ impl<R: Read> LogReader<R> {
             Some(Entry::End(_) | Entry::HandOver) => self.ended = true,
             _ => return Err(self.err(LogErrorKind::FrameEnd)),
         }
-        if records[..records.len() - 1].iter().any(|r| matches!(r.entry, Entry::GoLive | Entry::End(_) | Entry::HandOver)) {
+        if records[..records.len() - 1]
+            .iter()
+            .any(|r| matches!(r.entry, Entry::GoLive | Entry::End(_) | Entry::HandOver))
+        {
             return Err(self.err(LogErrorKind::GoLiveInside));
         }
         self.prev = prev;

@@ -93,6 +93,22 @@ impl<W: Write> Recorder<W> {
         })
     }
 
+    /// A recorder that goes on in a stream whose header (and, after it,
+    /// the machine it starts from) is already in `sink`, `written` bytes
+    /// of it: for a running VM given a backup, whose log starts where the
+    /// transfer of the machine ended.
+    pub fn resume(sink: W, written: u64, name: String, go_live_every: Option<Duration>) -> Self {
+        Recorder {
+            log: LogWriter::resume(sink, written),
+            name,
+            next_digest: 0,
+            sizes: EntrySizes::default(),
+            go_live_every,
+            last_frame: Instant::now(),
+            omit_read_data: false,
+        }
+    }
+
     /// Bytes of log written so far in complete frames: what an output
     /// produced now depends on.
     pub fn logged(&self) -> u64 {
@@ -206,6 +222,9 @@ impl<W: Write> Recorder<W> {
     }
 }
 
+/// The header's `start` of a machine streamed after it ([`Start::Streamed`]).
+pub const STREAMED: &str = "streamed";
+
 /// How the recorded machine started.
 pub enum Start<'a> {
     Boot {
@@ -218,6 +237,11 @@ pub enum Start<'a> {
         path: &'a Path,
         bytes: &'a [u8],
     },
+    /// A running VM given a backup (its protection began mid-run): the
+    /// stream carries the machine itself after the header, pre-copied
+    /// while it ran and completed in a final pause (`protection::transfer`),
+    /// and the log starts where that pause stopped it.
+    Streamed,
 }
 
 fn file_field(path: &Path, bytes: &[u8]) -> String {
@@ -243,6 +267,13 @@ pub fn header(m: &Machine, ram_size: u64, guest_ips: u64, backends: &str, start:
         Start::Snapshot { path, bytes } => {
             h.set("start", "snapshot");
             h.set("snapshot", file_field(path, bytes));
+        }
+        // The machine's state is known only at the end of the transfer,
+        // which checks it whole (its record's checksum, then the state
+        // digests of the log that follows).
+        Start::Streamed => {
+            h.set("start", STREAMED);
+            return h;
         }
     }
     h.set("state", hex(&m.state_hash()));

@@ -103,6 +103,9 @@ pub enum HeaderError {
     Machine(#[from] MachineError),
     #[error("the machine built from the header is not in the recorded start state")]
     NotInStartState,
+    /// The machine comes in the stream after the header, not from files.
+    #[error("the header's machine is streamed after it, not built from files")]
+    Streamed,
 }
 
 /// How a replay ended, short of a divergence.
@@ -379,6 +382,12 @@ pub fn start_machine(h: &Header, files: &dyn FileFinder) -> Result<Machine, Head
     Ok(m)
 }
 
+/// Whether the header's machine comes in the stream after it (a running
+/// VM given a backup) rather than from files.
+pub fn is_streamed(h: &Header) -> bool {
+    h.get("start") == Some(crate::recorder::STREAMED)
+}
+
 /// The guest RAM, in bytes, of the machine a header names (to check
 /// before building it).
 pub fn header_ram(h: &Header) -> Result<u64, HeaderError> {
@@ -393,6 +402,9 @@ pub fn header_ram(h: &Header) -> Result<u64, HeaderError> {
 /// The machine a log's header names, built in its starting state from
 /// the files `files` finds.
 pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine, HeaderError> {
+    if is_streamed(h) {
+        return Err(HeaderError::Streamed);
+    }
     if field(h, "start")? == "snapshot" {
         let bytes = checked_file(h, "snapshot", files)?.ok_or(HeaderError::NoFile("snapshot"))?;
         let snap = snapshot_file::decode(&bytes)?;

@@ -110,6 +110,14 @@ impl Fence {
         }
     }
 
+    /// A side that acted alone is protected again (a running VM given a
+    /// backup): from now on it acts only while a lease runs. A deposed
+    /// side stays deposed.
+    pub fn lease(&self) {
+        let _ = self.0.state.compare_exchange(ALONE, LEASED, Ordering::AcqRel, Ordering::Acquire);
+        self.notify();
+    }
+
     /// The arbiter's verdict: won (this side goes on alone).
     pub fn won(&self) {
         // A deposed side stays deposed.

@@ -34,6 +34,12 @@ pub enum Request {
     /// the backup goes live where it stopped, and this side exits. The
     /// reply comes once the backup has claimed the VM.
     Handover,
+    /// Give this running VM a backup (VMware FT's FT VMotion): its
+    /// machine goes to the backup while the guest runs, and the pair
+    /// starts after a short final pause. The options are `ftvm ft
+    /// primary`'s; paths must be absolute. The reply comes once the pair
+    /// has started (or the attempt failed).
+    Protect(Box<crate::ft::PrimaryArgs>),
     /// The VM's events so far and then as they happen, one
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
@@ -63,6 +69,18 @@ pub enum Reply {
         millis: u64,
     },
     Quitting,
+    /// The running VM is protected: its machine went to the backup in
+    /// `rounds` of pre-copy and a final pause of `pause_ms`.
+    Protected {
+        generation: u64,
+        mode: String,
+        rounds: u32,
+        pages: u64,
+        final_pages: u64,
+        bytes: u64,
+        pause_ms: u64,
+        total_ms: u64,
+    },
     /// The backup claimed the VM (`millis` after the guest stopped here)
     /// for `generation`: this side exits.
     HandedOver {
@@ -106,6 +124,19 @@ pub enum ControlError {
     /// A handover was already asked for and is under way.
     #[error("a handover is already under way")]
     HandOverUnderWay,
+    /// A VM that is protected already (or on its way) was asked to be.
+    #[error("the VM is protected already (or its protection is under way)")]
+    AlreadyProtected,
+    /// A paused VM cannot be given a backup: its machine goes across
+    /// while it runs.
+    #[error("the VM is paused: resume it to protect it")]
+    ProtectPaused,
+    /// This VM cannot be given a backup (a recording, or a replay).
+    #[error("this VM cannot be protected")]
+    NotProtectable,
+    /// The backup could not be given (why); the VM runs on as it did.
+    #[error("protection failed: {0}")]
+    ProtectFailed(String),
     /// The handover did not happen: the pair runs on (the backup did not
     /// catch up in time), or the primary runs on alone (the backup failed).
     #[error("the handover failed: {0}")]
@@ -170,6 +201,12 @@ impl fmt::Display for Reply {
                 write!(f, "snapshot {} at icount {icount} in {millis} ms", path.display())
             }
             Reply::Quitting => write!(f, "quitting"),
+            Reply::Protected { generation, mode, rounds, pages, final_pages, bytes, pause_ms, total_ms } => write!(
+                f,
+                "protected ({mode}, generation {generation}): {pages} pages ({:.1} MiB of stream) in {rounds} rounds \
+                 and a final pause of {pause_ms} ms ({final_pages} pages), {total_ms} ms in all",
+                *bytes as f64 / (1 << 20) as f64
+            ),
             Reply::HandedOver { generation, millis } => {
                 write!(f, "handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here")
             }

@@ -70,7 +70,8 @@ pub enum ControlSocketError {
 }
 
 /// A request as a person writes it on the command line: `status`,
-/// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `events`.
+/// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `protect
+/// OPTIONS` (`ftvm ft primary`'s), `events`.
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
@@ -84,14 +85,38 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("quit", "") => Ok(Request::Quit),
         ("handover", "") => Ok(Request::Handover),
         ("events", "") => Ok(Request::Events),
+        ("protect", rest) => parse_protect(rest),
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
             Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
             None => Request::Snapshot { path: PathBuf::from(rest), overwrite: false },
         }),
         _ => Err(bad(format!(
-            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, events)"
+            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, \
+             protect --backup HOST:PORT --shared DIR [...], events)"
         ))),
+    }
+}
+
+/// `protect OPTIONS`: the options of `ftvm ft primary` (its pair's, not
+/// the VM's), read as the command line reads them.
+fn parse_protect(words: &str) -> Result<Request, ControlError> {
+    #[derive(clap::Parser)]
+    #[command(name = "protect", about = "Give the running VM a backup")]
+    struct Protect {
+        #[command(flatten)]
+        args: crate::ft::PrimaryArgs,
+    }
+    use clap::Parser;
+    let words = std::iter::once("protect").chain(words.split_whitespace());
+    match Protect::try_parse_from(words) {
+        Ok(p) => Ok(Request::Protect(Box::new(p.args))),
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(ControlError::BadRequest(e.to_string())),
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("").trim_start_matches("error: ");
+            Err(ControlError::BadRequest(format!("protect: {first}")))
+        }
     }
 }
 

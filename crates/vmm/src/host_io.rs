@@ -37,6 +37,8 @@ pub enum HostEvent {
     /// The host asks the VM to go (SIGTERM): a protected VM hands over
     /// to its backup, a VM alone quits.
     Terminate,
+    /// A pair set up for the running VM (`protect`), or why not.
+    Protection(crate::ft::protect::Setup),
 }
 
 /// How the host serves one virtio slot, as given on the command line and
@@ -257,6 +259,11 @@ impl HostIo {
             let (slot, req) = self.fenced.pop_front().expect("not empty");
             self.perform(slot, req);
         }
+    }
+
+    /// The fence the outputs wait for.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// Outputs held back by the fence.

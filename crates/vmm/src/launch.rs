@@ -5,6 +5,7 @@
 //! `ftvm ft primary` share.
 
 use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
+use crate::ft::protect::{MachineProtector, Protector};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
@@ -397,7 +398,13 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             command: args.exec_timeout.map(Duration::from_secs),
         }),
     };
-    live::run(machine, io, events, options, on_reset, primary)
+    // A plain VM, and a primary whose backup is lost, can be given one
+    // while it runs; a recording cannot (its log is the file's).
+    let protector: Option<Box<dyn Protector<Machine>>> = match target {
+        Target::File(_) => None,
+        _ => Some(Box::new(MachineProtector { journal })),
+    };
+    live::run(machine, io, events, options, on_reset, primary, protector)
 }
 
 /// A machine from a snapshot file, with its devices attached to the

@@ -25,6 +25,7 @@ use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
 use crate::error::{RebootRefused, VmmError};
 use crate::exec::OutputFilter;
+use crate::ft::protect::Protector;
 use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
@@ -53,6 +54,9 @@ const ABSORB_MOST: Duration = Duration::from_millis(10);
 /// After its panic line, how long the guest's kernel may go on printing
 /// (its stack trace, up to the end line) before the run ends.
 const PANIC_GRACE: Duration = Duration::from_secs(2);
+/// How long a transfer's final pause waits for the I/O in flight to
+/// finish (a disk that takes longer ends the attempt, not the VM).
+const QUIESCE_MOST: Duration = Duration::from_secs(5);
 
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
@@ -187,6 +191,11 @@ struct Live<E: Engine> {
     /// or by SIGTERM): it happens where the machine next stands where
     /// inputs may be delivered.
     hand_over_asked: Option<Option<Sender<Response>>>,
+    /// How this VM is given a backup while it runs (None: it cannot be).
+    protector: Option<Box<dyn Protector<E>>>,
+    /// A `protect` under way, whose answer waits here until the pair
+    /// starts or the attempt fails.
+    protect_reply: Option<Sender<Response>>,
 }
 
 pub fn run<E: Engine>(
@@ -196,6 +205,7 @@ pub fn run<E: Engine>(
     opts: Options,
     on_reset: OnReset<E>,
     primary: Option<Box<dyn Primary<E>>>,
+    protector: Option<Box<dyn Protector<E>>>,
 ) -> Result<u32, VmmError> {
     let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
     let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
@@ -221,6 +231,8 @@ pub fn run<E: Engine>(
         command_deadline: None,
         paused_at,
         hand_over_asked: None,
+        protector,
+        protect_reply: None,
     };
     if let Err(e) = crate::signals::forward_sigterm(live.io.events()) {
         eprintln!("ftvm: SIGTERM will not hand over or quit cleanly: {e}");
@@ -275,6 +287,11 @@ impl<E: Engine> Live<E> {
             self.dispatch(requests);
             if let Some(exit) = &exit {
                 self.after_slice(busy, matches!(exit, RunExit::Idle { .. }))?;
+            }
+            if self.primary.as_ref().is_some_and(|p| p.successor_due()) {
+                if let Next::Exit(code) = self.succeed(events)? {
+                    return Ok(code);
+                }
             }
             self.show_output();
             while let Ok(ev) = events.try_recv() {
@@ -499,6 +516,11 @@ impl<E: Engine> Live<E> {
                     self.halted = true;
                 })?;
                 self.run_alone(alone);
+                if let Some(reply) = self.protect_reply.take() {
+                    let _ = reply.send(Response::Error(ControlError::ProtectFailed(format!(
+                        "the new backup failed during the transfer ({failure}); the VM runs on unprotected"
+                    ))));
+                }
                 // A handover asked for has nobody to go to now.
                 if let Some(reply) = self.hand_over_asked.take().flatten() {
                     let _ = reply.send(Response::Error(ControlError::HandOverFailed(format!(
@@ -516,6 +538,18 @@ impl<E: Engine> Live<E> {
                 eprintln!("ftvm: SIGTERM: quitting");
                 return Ok(Next::Exit(0));
             }
+            HostEvent::Protection(setup) => match (setup.transfer, &self.protector) {
+                (Ok(transfer), Some(protector)) if self.primary.is_none() => {
+                    self.primary = Some(protector.transfer(transfer));
+                }
+                (Ok(_), _) => {}
+                (Err(e), _) => {
+                    eprintln!("ftvm: protection failed: {e}");
+                    if let Some(reply) = self.protect_reply.take() {
+                        let _ = reply.send(Response::Error(ControlError::ProtectFailed(e.to_string())));
+                    }
+                }
+            },
         }
         Ok(Next::Continue)
     }
@@ -624,6 +658,90 @@ impl<E: Engine> Live<E> {
         Ok(next)
     }
 
+    /// A transfer's final pause: the machine stops, the I/O in flight
+    /// finishes and its completions go in (the backup's machine, restored
+    /// from this state, could not issue it again), and the transfer hands
+    /// over to the pair it starts. What else arrives meanwhile waits.
+    fn succeed(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
+        let stopped = Instant::now();
+        let mut later = Vec::new();
+        let until = stopped + QUIESCE_MOST;
+        let quiet = loop {
+            let requests = self.m.take_io_requests();
+            self.dispatch(requests);
+            if !self.m.io_pending() {
+                break true;
+            }
+            self.io.drain();
+            let wait = until.saturating_duration_since(Instant::now());
+            match events.recv_timeout(wait) {
+                Ok(ev @ HostEvent::Io(..)) => {
+                    self.handle(ev)?;
+                }
+                Ok(ev) => later.push(ev),
+                Err(_) => break false,
+            }
+        };
+        let reply = self.protect_reply.take();
+        let answer = |r: Result<Reply, ControlError>| {
+            if let Some(tx) = &reply {
+                let _ = tx.send(match r {
+                    Ok(reply) => Response::Ok(reply),
+                    Err(e) => Response::Error(e),
+                });
+            }
+        };
+        let transfer = self.primary.take().expect("a transfer is under way");
+        if !quiet {
+            let why = format!("the VM's I/O did not finish within {} s for the final pause", QUIESCE_MOST.as_secs());
+            eprintln!("ftvm: protection failed: {why}; the VM runs on unprotected");
+            answer(Err(ControlError::ProtectFailed(why)));
+            drop(transfer);
+        } else {
+            match transfer.succeed(&mut self.m) {
+                Ok((pair, done)) => {
+                    self.primary = Some(pair);
+                    self.opts.ft_alone = false;
+                    let pause_ms = stopped.elapsed().as_millis() as u64;
+                    let mode = self.primary.as_mut().and_then(|p| p.status()).map_or(String::new(), |s| match s {
+                        PairStatus::Primary(p) => p.mode.name().to_string(),
+                        _ => String::new(),
+                    });
+                    eprintln!(
+                        "ftvm: protected ({mode}, generation {}): the machine went across in {} rounds, {} pages \
+                         ({:.1} MiB), the last {} in a final pause of {pause_ms} ms; {} ms in all",
+                        done.generation,
+                        done.rounds,
+                        done.pages,
+                        done.bytes as f64 / (1 << 20) as f64,
+                        done.final_pages,
+                        done.total.as_millis()
+                    );
+                    answer(Ok(Reply::Protected {
+                        generation: done.generation,
+                        mode,
+                        rounds: done.rounds,
+                        pages: done.pages,
+                        final_pages: done.final_pages,
+                        bytes: done.bytes,
+                        pause_ms,
+                        total_ms: done.total.as_millis() as u64,
+                    }));
+                }
+                Err(e) => {
+                    eprintln!("ftvm: protection failed: {e}; the VM runs on unprotected");
+                    answer(Err(ControlError::ProtectFailed(e.to_string())));
+                }
+            }
+        }
+        for ev in later {
+            if let Next::Exit(code) = self.handle(ev)? {
+                return Ok(Next::Exit(code));
+            }
+        }
+        Ok(Next::Continue)
+    }
+
     /// Hands requests to the host; under protection, outputs wait for the
     /// backup's acknowledgement of what produced them.
     fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
@@ -704,6 +822,22 @@ impl<E: Engine> Live<E> {
                 // Answered once it is done (or has failed).
                 self.hand_over_asked = Some(Some(req.reply));
                 return Ok(Next::Continue);
+            }
+            Request::Protect(_) if self.protector.is_none() => (Err(ControlError::NotProtectable), Next::Continue),
+            Request::Protect(_) if self.primary.is_some() || self.protect_reply.is_some() => {
+                (Err(ControlError::AlreadyProtected), Next::Continue)
+            }
+            Request::Protect(_) if self.paused => (Err(ControlError::ProtectPaused), Next::Continue),
+            Request::Protect(args) => {
+                let protector = self.protector.as_mut().expect("checked above");
+                match protector.start(&self.m, &self.io, *args, self.io.events()) {
+                    Ok(()) => {
+                        // Answered once the pair has started (or not).
+                        self.protect_reply = Some(req.reply);
+                        return Ok(Next::Continue);
+                    }
+                    Err(e) => (Err(e), Next::Continue),
+                }
             }
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.

@@ -10,6 +10,7 @@
 //! is what a backup does when it goes live.
 
 use crate::error::{usage, LogProblem, VmmError};
+use crate::ft::protect::MachineProtector;
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::{console, control, live};
 use clap::Args;
@@ -183,5 +184,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         limits: None,
     };
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
-    live::run(m, io, events, opts, on_reset, None)
+    // Live, it is a VM like any other: it can be given a backup (again).
+    let protector = MachineProtector { journal: setup.events.clone() };
+    live::run(m, io, events, opts, on_reset, None, Some(Box::new(protector)))
 }

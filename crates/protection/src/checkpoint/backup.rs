@@ -233,7 +233,16 @@ pub fn follow(
                 if number != next(held) {
                     return Err(PeerError::PagesOutOfOrder { number, due: next(held) }.into());
                 }
-                staged.extend(decode_pages(&held.ram, number, &pages)?);
+                let pages = decode_pages(&held.ram, number, &pages)?;
+                // Before the first commit there is nothing to keep whole:
+                // the pages go straight in, as a running VM's pre-copy
+                // resends a page each time it changed (decoded against
+                // the version sent before, which must be there).
+                if held.state.is_none() {
+                    write_pages(&mut held.ram, pages);
+                } else {
+                    staged.extend(pages);
+                }
             }
             Record::Checkpoint { number, icount, state, pages } => {
                 if number != next(held) {
@@ -245,12 +254,7 @@ pub fn follow(
                 staged.extend(decode_pages(&held.ram, number, &pages)?);
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
-                let ram = held.ram.as_mut_slice_untracked();
-                let base_pfn = RAM_BASE / PAGE_SIZE as u64;
-                for (pfn, page) in staged.drain(..) {
-                    let i = (pfn - base_pfn) as usize;
-                    ram[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&page[..]);
-                }
+                write_pages(&mut held.ram, staged.drain(..));
                 for (slot, offset, data) in writes.drain(..) {
                     let (image, backend) = disks.disks.get_mut(&slot).expect("checked on receipt");
                     backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
@@ -273,6 +277,55 @@ pub fn follow(
                 return Ok(Followed::HandedOver);
             }
             Record::KeepAlive => {}
+        }
+    }
+}
+
+/// Writes decoded pages into the copy of RAM (their addresses were
+/// checked as they decoded).
+fn write_pages(ram: &mut GuestRam, pages: impl IntoIterator<Item = (u64, Box<[u8; PAGE_SIZE]>)>) {
+    let ram = ram.as_mut_slice_untracked();
+    let base_pfn = RAM_BASE / PAGE_SIZE as u64;
+    for (pfn, page) in pages {
+        let i = (pfn - base_pfn) as usize;
+        ram[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&page[..]);
+    }
+}
+
+/// The machine of a running VM given a replay backup, as its protection
+/// streams it after the header (`transfer`): the pages pre-copied while
+/// it ran, then checkpoint 0, the rest and the state, taken in a final
+/// pause with no I/O in flight. None if the stream is cut before the
+/// machine is whole. Its disks are shared, so no disk data may come.
+pub fn receive_machine(input: impl Read, ram_size: u64) -> Result<Option<Machine>, ProtectionError> {
+    let mut held = Committed::new(ram_size)?;
+    let mut reader = Reader::new(input);
+    loop {
+        let record = match reader.next_record() {
+            Ok(r) => r,
+            Err(ReadError::Cut) => return Ok(None),
+            Err(e @ ReadError::Corrupt { .. }) => return Err(PeerError::Stream(e).into()),
+        };
+        match record {
+            Record::Pages { number: 0, pages } => {
+                let pages = decode_pages(&held.ram, 0, &pages)?;
+                write_pages(&mut held.ram, pages);
+            }
+            Record::Checkpoint { number: 0, icount, state, pages } => {
+                let state = zstd::bulk::decompress(&state, MAX_STATE)
+                    .map_err(|source| PeerError::CheckpointState { number: 0, source })?;
+                let pages = decode_pages(&held.ram, 0, &pages)?;
+                write_pages(&mut held.ram, pages);
+                held.state = Some(state);
+                held.icount = icount;
+                return held.into_machine().map(Some);
+            }
+            Record::KeepAlive => {}
+            Record::Pages { number, .. } => return Err(PeerError::PagesOutOfOrder { number, due: 0 }.into()),
+            Record::Checkpoint { number, .. } => return Err(PeerError::CheckpointOutOfOrder { number, due: 0 }.into()),
+            Record::DiskWrite { .. } | Record::DiskSync { .. } => return Err(PeerError::NotTransfer("disk").into()),
+            Record::End { .. } => return Err(PeerError::NotTransfer("end").into()),
+            Record::HandOver => return Err(PeerError::NotTransfer("handover").into()),
         }
     }
 }

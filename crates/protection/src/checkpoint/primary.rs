@@ -32,6 +32,7 @@ use ftvm_replication::output_rule::OutputGate;
 use ftvm_replication::page_delta::{DeltaStats, PageEncoder, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,8 +99,27 @@ pub fn send_disk_blocks(
 }
 
 enum Job {
-    Write { slot: u32, offset: u64, data: Vec<u8> },
-    Checkpoint { number: u64, icount: u64, state: Vec<u8>, pfns: Vec<u64>, pages: Vec<u8> },
+    Write {
+        slot: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// Pages of a running VM sent ahead of its first checkpoint (a
+    /// pre-copy round's share), as the guest runs on.
+    Pages {
+        pfns: Vec<u64>,
+        pages: Vec<u8>,
+    },
+    /// The stream goes on in another form (a replay log): the channel
+    /// is handed back once all before it is written.
+    Yield(mpsc::Sender<LogSender>),
+    Checkpoint {
+        number: u64,
+        icount: u64,
+        state: Vec<u8>,
+        pfns: Vec<u64>,
+        pages: Vec<u8>,
+    },
     End(Option<u32>),
     /// The stream ends in a handover (after a last checkpoint).
     HandOver,
@@ -154,6 +174,11 @@ pub struct Checkpointer {
     rate: f64,
     /// When a handover stopped the guest.
     handing_over: Option<Instant>,
+    /// Whether RAM went ahead of the first checkpoint (a running VM's
+    /// pre-copy): it then carries only the pages written since.
+    precopied: bool,
+    /// Pre-copy shares handed to the sender and not yet written.
+    precopy_queued: Arc<AtomicUsize>,
 }
 
 impl Checkpointer {
@@ -171,11 +196,13 @@ impl Checkpointer {
         let (ended_tx, ended) = mpsc::channel();
         let report = Arc::new(Mutex::new(SenderReport::default()));
         let watch = channel.watch();
+        let precopy_queued = Arc::new(AtomicUsize::new(0));
         {
             let report = report.clone();
+            let queued = precopy_queued.clone();
             std::thread::Builder::new()
                 .name("ft-checkpoint-send".into())
-                .spawn(move || send_loop(channel, rx, report, spare_tx, ended_tx))
+                .spawn(move || send_loop(channel, rx, report, spare_tx, ended_tx, queued))
                 .map_err(|e| ProtectionError::Thread("checkpoint sender", e))?;
         }
         Ok(Checkpointer {
@@ -202,7 +229,87 @@ impl Checkpointer {
             rate_mark: (Instant::now(), 0),
             rate: 0.0,
             handing_over: None,
+            precopied: false,
+            precopy_queued,
         })
+    }
+
+    /// Pre-copy: sends the pages `pfns` of the running VM ahead of the
+    /// first checkpoint, unless the sender is still busy with earlier
+    /// ones (false: the guest runs on, and they are offered again later).
+    /// The first checkpoint then carries the pages written since the
+    /// pre-copy began ([`Engine::take_dirty_pages`] from then on).
+    pub fn precopy(&mut self, m: &dyn Engine, pfns: &[u64]) -> bool {
+        self.precopied = true;
+        // One share in the sender's hands and one waiting keep it busy;
+        // more would only hold copies of pages that may change again.
+        if self.precopy_queued.load(Ordering::Acquire) >= 2 {
+            return false;
+        }
+        let base_pfn = m.ram().base() / PAGE_SIZE as u64;
+        let ram = m.ram().as_slice();
+        let mut pages = self.spare.try_recv().unwrap_or_default();
+        pages.clear();
+        pages.reserve(pfns.len() * PAGE_SIZE);
+        for &pfn in pfns {
+            let off = ((pfn - base_pfn) as usize) * PAGE_SIZE;
+            pages.extend_from_slice(&ram[off..off + PAGE_SIZE]);
+        }
+        self.precopy_queued.fetch_add(1, Ordering::AcqRel);
+        // A sender that stopped is a lost backup, reported by its own
+        // event.
+        let _ = self.jobs.send(Job::Pages { pfns: pfns.to_vec(), pages });
+        true
+    }
+
+    /// Disk writes among `requests` go into the stream (before the first
+    /// checkpoint they are applied with it): while a running VM's RAM is
+    /// pre-copied, nothing else of protection applies yet.
+    pub fn mirror_writes(&mut self, requests: &[Request]) {
+        for (slot, req) in requests {
+            if let IoRequest::Disk { op: BlkOp::Write { offset, data }, .. } = req {
+                let _ = self.jobs.send(Job::Write { slot: *slot as u32, offset: *offset, data: data.clone() });
+            }
+        }
+    }
+
+    /// Bytes written into the channel so far, and acknowledged.
+    pub fn stream_bytes(&self) -> (u64, u64) {
+        (self.watch.written(), self.watch.acked())
+    }
+
+    /// The channel, once everything staged before is written into it:
+    /// the stream goes on as a replay log from here (a running VM given a
+    /// lockstep or epoch backup, after its first checkpoint).
+    pub fn into_channel(self) -> Result<(LogSender, Arbiter), ProtectionError> {
+        let (tx, rx) = mpsc::channel();
+        let gone = || ProtectionError::Channel {
+            doing: "handing the channel from the transfer to the log",
+            source: std::io::Error::other("the checkpoint sender stopped"),
+        };
+        self.jobs.send(Job::Yield(tx)).map_err(|_| gone())?;
+        let channel = rx.recv().map_err(|_| gone())?;
+        Ok((channel, self.arbiter))
+    }
+
+    /// The pair's generation at the arbiter.
+    pub fn generation(&self) -> u64 {
+        self.arbiter.generation()
+    }
+
+    /// The backup's address.
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.watch.peer()
+    }
+
+    /// The fence the channel's acknowledgements renew.
+    pub fn fence(&self) -> ftvm_replication::fence::Fence {
+        self.watch.fence()
+    }
+
+    /// Whether the channel has failed.
+    pub fn failed(&self) -> bool {
+        self.watch.failure().is_some()
     }
 
     /// Whether to take a checkpoint now, before it is due, because every
@@ -259,14 +366,16 @@ impl Checkpointer {
 
     /// Ends the interval in progress with its checkpoint: the machine is
     /// stopped at an instruction boundary with its requests taken. The
-    /// first checkpoint carries every page that is not zero.
-    pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<(), ProtectionError> {
+    /// first checkpoint carries every page that is not zero (after a
+    /// pre-copy, those written since it began). Returns the pages it
+    /// carries.
+    pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<usize, ProtectionError> {
         let t0 = Instant::now();
         let dirty = m.take_dirty_pages();
         let base_pfn = m.ram().base() / PAGE_SIZE as u64;
         let ram = m.ram().as_slice();
         let page = PAGE_SIZE;
-        let pfns: Vec<u64> = if self.number == 0 {
+        let pfns: Vec<u64> = if self.number == 0 && !self.precopied {
             let zero = [0u8; PAGE_SIZE];
             ram.chunks_exact(page)
                 .enumerate()
@@ -286,7 +395,7 @@ impl Checkpointer {
         let state = m.checkpoint_state()?;
         let pause = t0.elapsed();
         let n = pfns.len();
-        if self.number == 0 {
+        if self.number == 0 && !self.precopied {
             eprintln!(
                 "ftvm: first checkpoint: {n} pages of RAM in use ({} MiB), copied in {} ms",
                 (n * PAGE_SIZE) >> 20,
@@ -316,7 +425,12 @@ impl Checkpointer {
         }
         self.pauses.push_back(pause);
         self.dirty.push_back(n);
-        Ok(())
+        Ok(n)
+    }
+
+    /// Whether the sender has written every pre-copy share handed to it.
+    pub fn precopy_done(&self) -> bool {
+        self.precopy_queued.load(Ordering::Acquire) == 0
     }
 
     /// The VM ends: a last checkpoint (the outputs of the last interval wait
@@ -345,8 +459,10 @@ impl Checkpointer {
     fn hand_over_frames(&mut self, m: &mut dyn Engine) -> Result<Vec<Request>, ProtectionError> {
         let started = Instant::now();
         self.handing_over = Some(started);
-        self.events
-            .emit(PairEvent::HandingOver { backup: self.watch.peer().to_string(), generation: self.arbiter.generation() });
+        self.events.emit(PairEvent::HandingOver {
+            backup: self.watch.peer().to_string(),
+            generation: self.arbiter.generation(),
+        });
         eprintln!("ftvm: handing the VM over to the backup at {}", self.watch.peer());
         self.checkpoint(m)?;
         let mut out = Vec::new();
@@ -525,6 +641,7 @@ fn send_loop(
     report: Arc<Mutex<SenderReport>>,
     spare: mpsc::Sender<Vec<u8>>,
     ended: mpsc::Sender<()>,
+    precopy_queued: Arc<AtomicUsize>,
 ) {
     // Woken for every checkpoint, this thread would otherwise preempt the
     // machine's thread on a shared core and lengthen the very pause it is
@@ -554,6 +671,26 @@ fn send_loop(
         buf.clear();
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
+            Job::Pages { pfns, pages } => {
+                for (i, pfns) in pfns.chunks(PAGES_PER_RECORD).enumerate() {
+                    let at = i * PAGES_PER_RECORD * PAGE_SIZE;
+                    let blob = encoder.encode(pfns, &pages[at..at + pfns.len() * PAGE_SIZE]);
+                    buf.clear();
+                    stream::encode(&mut buf, &Record::Pages { number: 0, pages: blob });
+                    if channel.write_all(&buf).is_err() {
+                        return;
+                    }
+                    channel.send_now();
+                    report.lock().unwrap().checkpoint_bytes += buf.len() as u64;
+                }
+                let _ = spare.send(pages);
+                precopy_queued.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            Job::Yield(to) => {
+                let _ = to.send(channel);
+                return;
+            }
             Job::Checkpoint { number, icount, state, pfns, pages } => {
                 let mut written = 0;
                 let pieces = pfns.len().div_ceil(PAGES_PER_RECORD).max(1);

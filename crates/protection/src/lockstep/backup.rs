@@ -25,7 +25,9 @@ use std::time::Duration;
 /// A backup that replays the primary's log.
 pub struct ReplayBackup<R: Read> {
     reader: LogReader<R>,
-    m: Machine,
+    /// The machine, from the header; for a running VM given a backup, it
+    /// comes in the stream after the header (RAM of the size given).
+    m: Result<Machine, u64>,
     /// Its own disk I/O, when it does any.
     disks_io: Option<BackupDisks>,
     /// This host's path of each disk.
@@ -51,8 +53,15 @@ impl<R: Read> ReplayBackup<R> {
         local: &LocalFiles,
         show_console: bool,
     ) -> Result<Self, ProtectionError> {
-        let m = replayer::start_machine(header, local)?;
         let policy = pair.disk_policy;
+        let m = if replayer::is_streamed(header) {
+            if policy.sharing == DiskSharing::Separate {
+                return Err(ProtectionError::StreamedSeparateDisks);
+            }
+            Err(replayer::header_ram(header)?)
+        } else {
+            Ok(replayer::start_machine(header, local)?)
+        };
         let disks = local.disk_paths(pair)?;
         if policy.sharing == DiskSharing::Separate {
             check_copies(pair, &disks)?;
@@ -85,9 +94,10 @@ impl<R: Read> ReplayBackup<R> {
 }
 
 impl<R: Read> Backup for ReplayBackup<R> {
-    /// It holds the primary's starting state from the first.
+    /// It holds the primary's starting state from the first (or once it
+    /// has come, for a running VM given a backup).
     fn ready_to_take_over(&self) -> bool {
-        true
+        self.m.is_ok()
     }
 
     fn progress(&self) -> Arc<dyn Fn() -> Progress + Send + Sync> {
@@ -105,6 +115,17 @@ impl<R: Read> Backup for ReplayBackup<R> {
     }
 
     fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, ProtectionError> {
+        if let Err(ram_size) = self.m {
+            let Some(mut m) = crate::checkpoint::backup::receive_machine(self.reader.input_mut(), ram_size)? else {
+                return Ok(Followed::Cut("the primary's stream ended before its machine had come whole".into()));
+            };
+            // The state digests of the log hash the pages written.
+            m.set_dirty_tracking(true);
+            eprintln!("ftvm: the primary's running machine has come, at instruction {}", m.icount());
+            self.m = Ok(m);
+            report(Report::ReadyToTakeOver);
+        }
+        let Ok(m) = &mut self.m else { unreachable!("received above") };
         let io: &mut dyn replayer::ReplayIo = match &mut self.disks_io {
             Some(d) => d,
             None => &mut replayer::Regenerate,
@@ -112,7 +133,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
         let (end, executed) = (&self.received_end, &self.executed);
         let outcome = replayer::replay_log(
             &mut self.reader,
-            &mut self.m,
+            m,
             io,
             self.show_console,
             &mut self.replayed,
@@ -133,12 +154,8 @@ impl<R: Read> Backup for ReplayBackup<R> {
     }
 
     fn summary(&self) -> String {
-        format!(
-            " at instruction {}; {} state checks matched{}",
-            self.m.icount(),
-            self.replayed.digests,
-            self.rule.summary()
-        )
+        let Ok(m) = &self.m else { return " before its running machine had come".into() };
+        format!(" at instruction {}; {} state checks matched{}", m.icount(), self.replayed.digests, self.rule.summary())
     }
 
     fn take_over(
@@ -148,16 +165,17 @@ impl<R: Read> Backup for ReplayBackup<R> {
         _generation: u64,
         _me: &str,
     ) -> Result<TakeOver, ProtectionError> {
+        let m = self.m.map_err(|_| ProtectionError::NothingToTakeOver)?;
         eprintln!(
             "ftvm: going live at instruction {} ({why}; log drained {} ms after the failure was declared; {} state checks matched{})",
-            self.m.icount(),
+            m.icount(),
             since.as_millis(),
             self.replayed.digests,
             self.rule.summary()
         );
         let epoch_inputs = self.rule.inputs_checked();
         Ok(TakeOver {
-            machine: self.m,
+            machine: m,
             disks: self.disks.into_iter().map(|(_, p)| p).collect(),
             checkpoint: None,
             epoch_inputs,

@@ -169,6 +169,12 @@ impl LogReceiver {
         *self.shared.heartbeat.lock().unwrap() = Some(heartbeat);
     }
 
+    /// Stops the heartbeats (a backup going live): its socket is let go,
+    /// for the pair this side may start as a primary later.
+    pub fn stop_heartbeat(&self) {
+        self.shared.heartbeat.lock().unwrap().take();
+    }
+
     /// Acknowledges each byte only `delay` after its receipt: a slow
     /// network on the way back, for tests of the Output Rule. The
     /// periodic acknowledgements go on meanwhile, so the primary does not

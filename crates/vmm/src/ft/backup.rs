@@ -240,6 +240,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             epoch_inputs_at_multiples: epoch_inputs.map(|(_, at_multiples)| at_multiples),
         });
         drop(status_socket);
+        receiver.stop_heartbeat();
         let control = args.control.clone();
         let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events: events.clone() };
         replay::go_live(machine, &header, &setup)

@@ -13,6 +13,7 @@
 //! host: the primary's (`start_primary`) and the backup's run (`backup`).
 
 pub mod backup;
+pub mod protect;
 
 use crate::error::{file, usage, NotReady, VmmError};
 use crate::host_io::HostEvent;
@@ -27,7 +28,7 @@ use ftvm_protection::pair::PAIR_HEADER_VERSION;
 use ftvm_protection::pair::{DiskDigest, DiskPolicy, DiskSharing, Mode, ModeSetting, PairDisk, PairHeader, SlotDisks};
 use ftvm_protection::primary::Primary;
 use ftvm_replay::recorder::Recorder;
-use ftvm_replay::Header;
+use ftvm_replay::{Header, LogWriter};
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
@@ -35,14 +36,16 @@ use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
 use ftvm_replication::Timing;
+use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Options both sides take.
-#[derive(Args, Clone)]
+/// Options both sides take (also the `protect` request's, as JSON).
+#[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PairArgs {
     /// The shared storage both hosts reach: holds the arbiter's records
     /// and, unless --disk is given, the VM's disk (disk.img).
@@ -172,7 +175,8 @@ pub fn header_disks(h: &Header) -> Result<SlotDisks, VmmError> {
 }
 
 /// What `ftvm ft primary` adds to the run options.
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PrimaryArgs {
     /// The backup's logging-channel address (it must be listening).
     #[arg(long, value_name = "HOST:PORT")]
@@ -266,19 +270,41 @@ pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, Vm
     Ok(disk)
 }
 
-/// Connects to the backup and sets up the primary's half of the pair:
-/// a fresh generation at the arbiter, heartbeats, the logging channel
-/// (the header goes first), and the protection the live loop applies.
-pub fn start_primary(
+/// The primary's half of a pair, connected: the backup has checked the
+/// header and is ready to follow.
+pub struct Connected {
+    /// The channel, the header written and acknowledged.
+    pub channel: LogSender,
+    /// The pair's generation, claimed at the arbiter.
+    pub arbiter: Arbiter,
+    /// This side's name in the arbiter's records.
+    pub me: String,
+    /// The disks as the pair treats them.
+    pub disks: DiskPolicy,
+    /// With separate disks, this host's disks and their digests, as the
+    /// header named them (a checkpoint backup asks for the blocks its
+    /// copies lack).
+    pub digests: Vec<(usize, PathBuf, DiskDigest)>,
+    /// Epochs, if the pair runs in epoch mode.
+    pub epoch: Option<EpochMode>,
+    /// Checkpoints' interval, if the pair runs in checkpoint mode.
+    pub interval: Option<Duration>,
+}
+
+/// Connects to the backup for a pair described by `args` and `header`
+/// (the machine; the pair's part is added here): a fresh generation at
+/// the arbiter, heartbeats, the logging channel with the header first,
+/// and the backup's acknowledgement that it can follow.
+pub fn connect_pair(
     args: &PrimaryArgs,
     header: &mut Header,
     host_events: Sender<HostEvent>,
     events: &Events,
     fence: Fence,
-) -> Result<Box<dyn Primary<Machine>>, VmmError> {
+) -> Result<Connected, VmmError> {
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
-    let mode = args.epoch_mode()?;
+    let epoch = args.epoch_mode()?;
     let interval = match args.mode {
         Mode::Checkpoint => {
             if args.backup_reads {
@@ -288,7 +314,7 @@ pub fn start_primary(
         }
         _ => None,
     };
-    let setting = match (interval, mode) {
+    let setting = match (interval, epoch) {
         (Some(interval), _) => ModeSetting::Checkpoint { interval_ms: interval.as_millis() as u64 },
         (None, Some(mode)) => ModeSetting::Epoch(mode),
         (None, None) => ModeSetting::Lockstep,
@@ -334,16 +360,12 @@ pub fn start_primary(
     let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(heartbeat), fence, move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
-    let name = format!("the backup at {}", sender.peer());
-    let mut recorder = Recorder::new(sender, header, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE))
-        .map_err(VmmError::LoggingChannel)?;
-    if disks.backup_reads {
-        recorder.omit_read_data();
-    }
+    let header_only = LogWriter::new(sender, header).map_err(VmmError::LoggingChannel)?;
+    let header_len = header_only.bytes_written();
+    let channel = header_only.into_sink();
     // The backup acknowledges the header once it has checked it can
     // follow: the same machine, and with separate disks the same disks.
-    let channel = recorder.sink();
-    if !channel.wait_acked(recorder.logged(), Duration::from_secs(args.connect_wait)) {
+    if !channel.wait_acked(header_len, Duration::from_secs(args.connect_wait)) {
         let reason = match channel.failure() {
             Some(Failure::Refused(why)) => NotReady::Refused(why),
             Some(f) => NotReady::Failed(f),
@@ -353,19 +375,26 @@ pub fn start_primary(
         events.emit(PairEvent::RefusedProtection { reason: e.to_string() });
         return Err(e);
     }
+    Ok(Connected { channel, arbiter, me, disks, digests, epoch, interval })
+}
+
+/// Connects to the backup and sets up the primary's half of the pair for
+/// a VM about to start (`header` describes it): the protection the live
+/// loop applies from the first instruction.
+pub fn start_primary(
+    args: &PrimaryArgs,
+    header: &mut Header,
+    host_events: Sender<HostEvent>,
+    events: &Events,
+    fence: Fence,
+) -> Result<Box<dyn Primary<Machine>>, VmmError> {
+    let Connected { mut channel, arbiter, me, disks, digests, epoch, interval } =
+        connect_pair(args, header, host_events, events, fence)?;
     let protected =
         |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
-        let mut channel = recorder.into_sink();
-        let (blocks, bytes) = checkpoint::primary::send_disk_blocks(&mut channel, &digests)?;
-        if blocks > 0 {
-            eprintln!(
-                "ftvm: sending the backup {blocks} blocks ({:.1} MiB) its copies of the disks lack",
-                bytes as f64 / (1 << 20) as f64
-            );
-            events.emit(PairEvent::DiskBlocksSent { blocks: blocks as u64, bytes });
-        }
+        send_disk_blocks(&mut channel, &digests, events)?;
         let protected = protected("checkpoint".into());
         let idle_checkpoints = !args.no_idle_checkpoints;
         let c =
@@ -378,19 +407,43 @@ pub fn start_primary(
         events.emit(protected);
         return Ok(Box::new(c));
     }
-    let protected = protected(if mode.is_some() { "epoch" } else { "lockstep" }.into());
+    let protected = protected(if epoch.is_some() { "epoch" } else { "lockstep" }.into());
     let lag_threshold = Duration::from_millis(args.lag_threshold);
+    let name = format!("the backup at {}", channel.peer());
+    let written = channel.written();
+    let mut recorder = Recorder::resume(channel, written, name, Some(ftvm_protection::lockstep::BUSY_GO_LIVE));
+    if disks.backup_reads {
+        recorder.omit_read_data();
+    }
     let lockstep = Lockstep::new(recorder, arbiter, me, events.clone(), lag_threshold, disks);
     eprintln!(
         "ftvm: protected ({}): the backup at {} receives the log",
-        EpochMode::describe(mode).replace('_', " "),
+        EpochMode::describe(epoch).replace('_', " "),
         args.backup
     );
     events.emit(protected);
-    Ok(match mode {
+    Ok(match epoch {
         Some(mode) => Box::new(Epoch::new(lockstep, mode)),
         None => Box::new(lockstep),
     })
+}
+
+/// Sends the blocks a checkpoint backup's copies of the disks lack (it
+/// asked with its digests when it checked the header).
+pub fn send_disk_blocks(
+    channel: &mut LogSender,
+    digests: &[(usize, PathBuf, DiskDigest)],
+    events: &Events,
+) -> Result<(), VmmError> {
+    let (blocks, bytes) = checkpoint::primary::send_disk_blocks(channel, digests)?;
+    if blocks > 0 {
+        eprintln!(
+            "ftvm: sending the backup {blocks} blocks ({:.1} MiB) its copies of the disks lack",
+            bytes as f64 / (1 << 20) as f64
+        );
+        events.emit(PairEvent::DiskBlocksSent { blocks: blocks as u64, bytes });
+    }
+    Ok(())
 }
 
 pub fn hostname() -> String {

@@ -1,0 +1,97 @@
+"""Protecting a running VM (issue 28): FT VMotion.
+
+A plain `ftvm run` of redis, its disk on the shared storage, while a
+client writes keys one at a time over one TCP connection: `protect` on
+its control socket gives it a backup on the other host at a random
+moment, without stopping the client. Then its host fails (kill -9): the
+backup goes live, and every acknowledged key is there over the same
+connection. Then the VM, now on the backup's host, is protected again
+onto a fresh backup on the first host, whose ftvm is killed in turn: the
+VM lives on there, still with every key, still on the same connection.
+"""
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from ftsite import event, status
+from ftsite.observe import control
+from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
+from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
+from ftsite.site import BACKUP_HOST_IP, PRIMARY_HOST_IP, Site
+from ftsite.trial import KeyWriter, check_keys
+
+MODES = {"lockstep": [], "epoch": ["--mode", "epoch"]}
+
+
+def backup_on(site, ftvm, work, role, shared, name):
+    """`ftvm ft backup` on host `role`, listening on that host's address."""
+    ip = PRIMARY_HOST_IP if role == "primary" else BACKUP_HOST_IP
+    sock, events = str(Path(work) / f"{name}.sock"), Path(work) / f"{name}.events"
+    events.unlink(missing_ok=True)
+    argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
+            "--timeout", str(TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events)]
+    p = Proc(name, site, role, argv, Path(work) / f"{name}.out")
+    p.sock, p.events = sock, str(events)
+    event(p, "listening", timeout=30)
+    return p
+
+
+def protect(vm, backup_ip, shared, mode_args, procs):
+    """`protect` on the running VM's control socket; its answer."""
+    answer = control(vm.sock, " ".join(["protect", "--backup", f"{backup_ip}:{CHANNEL_PORT}", "--shared",
+                                        str(shared), "--timeout", str(TIMEOUT_MS), *mode_args]), timeout=300)
+    assert answer.startswith("ok protected"), f"{answer}\n" + "\n".join(p.tail() for p in procs)
+    return answer
+
+
+def keys_written_meanwhile(writer, seconds):
+    before = writer.acked
+    time.sleep(seconds)
+    assert writer.error is None, f"the client failed: {writer.error}"
+    return writer.acked - before
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scratch, mode):
+    site = Site(f"pr{mode[0]}")
+    shared = Path(scratch) / "shared"
+    shared.mkdir()
+    disk = sparse_copy(rootfs(ftvm), shared / "disk.img")
+    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
+    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
+    writer = KeyWriter(conn)
+    writer.start()
+    time.sleep(1.0 + random.random() * 2.0)
+    # Protected while the client writes, onto the other host.
+    b = backup_on(site, ftvm, scratch, "backup", shared, "backup")
+    answer = protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
+    print(f"{mode}, protecting: {answer}")
+    event(b, "following", timeout=10, watch=[b])
+    assert keys_written_meanwhile(writer, 2.0) > 0, "no key was acknowledged once protected"
+    st = status(plain.sock)
+    assert st.get("role") == "primary" and st.get("mode") == mode, st["_raw"]
+    # The first host fails: the backup goes live, nothing lost.
+    plain.kill9()
+    event(b, "going-live", timeout=30, watch=[b])
+    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b.tail()}"
+    # Protected again, now onto the first host.
+    b2 = backup_on(site, ftvm, scratch, "primary", shared, "backup2")
+    answer = protect(b, PRIMARY_HOST_IP, shared, MODES[mode], [b, b2])
+    print(f"{mode}, protecting again: {answer}")
+    event(b2, "following", timeout=10, watch=[b2])
+    assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once protected again"
+    b.kill9()
+    event(b2, "going-live", timeout=30, watch=[b2])
+    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the second failover:\n{b2.tail()}"
+    writer.stop()
+    assert writer.error is None, f"the client failed: {writer.error}"
+    total = writer.acked
+    assert conn.command("DBSIZE") == total
+    assert check_keys(conn, total) == (0, 0)
+    print(f"{mode}: {total} keys acknowledged over one connection across two protections and two failovers, "
+          "none lost")
+    b2.stop()
+    site.close()
