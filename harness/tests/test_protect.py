@@ -1,38 +1,43 @@
 """Protecting a running VM (issue 28): FT VMotion.
 
-A plain `ftvm run` of redis, its disk on the shared storage, while a
-client writes keys one at a time over one TCP connection: `protect` on
+A plain `ftvm run` of redis (its disk on the shared storage; in
+checkpoint mode each host has its own copy, the backup's a fresh one that
+the transfer makes the same while the guest writes), while a client
+writes keys one at a time over one TCP connection: `protect` on
 its control socket gives it a backup on the other host at a random
 moment, without stopping the client. Then its host fails (kill -9): the
 backup goes live, and every acknowledged key is there over the same
 connection. Then the VM, now on the backup's host, is protected again
 onto a fresh backup on the first host, whose ftvm is killed in turn: the
 VM lives on there, still with every key, still on the same connection.
+In checkpoint mode the last copy of the disk passes e2fsck once the guest
+has shut down.
 """
 
 import random
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from ftsite import event, status
+from ftsite import GUEST_IP, REDIS_PORT, ConnectionLost, Resp, RespError, event, status
 from ftsite.observe import control
 from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
 from ftsite.site import BACKUP_HOST_IP, PRIMARY_HOST_IP, Site
 from ftsite.trial import KeyWriter, check_keys
 
-MODES = {"lockstep": [], "epoch": ["--mode", "epoch"]}
+MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
 
 
-def backup_on(site, ftvm, work, role, shared, name):
+def backup_on(site, ftvm, work, role, shared, name, extra=()):
     """`ftvm ft backup` on host `role`, listening on that host's address."""
     ip = PRIMARY_HOST_IP if role == "primary" else BACKUP_HOST_IP
     sock, events = str(Path(work) / f"{name}.sock"), Path(work) / f"{name}.events"
     events.unlink(missing_ok=True)
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events)]
+            "--timeout", str(TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events), *extra]
     p = Proc(name, site, role, argv, Path(work) / f"{name}.out")
     p.sock, p.events = sock, str(events)
     event(p, "listening", timeout=30)
@@ -59,14 +64,23 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     site = Site(f"pr{mode[0]}")
     shared = Path(scratch) / "shared"
     shared.mkdir()
-    disk = sparse_copy(rootfs(ftvm), shared / "disk.img")
+    image = rootfs(ftvm)
+    if mode == "checkpoint":
+        # Each host its own copy: the backups' fresh from the image, the
+        # guest's blocks written since its boot coming with the transfer.
+        disk = sparse_copy(image, Path(scratch) / "a-disk.img")
+        copies = [sparse_copy(image, Path(scratch) / f"{n}-disk.img") for n in ("b", "c")]
+        extra1, extra2 = ["--disk", str(copies[0])], ["--disk", str(copies[1])]
+    else:
+        disk = sparse_copy(image, shared / "disk.img")
+        extra1 = extra2 = []
     plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
     conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
     writer = KeyWriter(conn)
     writer.start()
     time.sleep(1.0 + random.random() * 2.0)
     # Protected while the client writes, onto the other host.
-    b = backup_on(site, ftvm, scratch, "backup", shared, "backup")
+    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
     answer = protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
     print(f"{mode}, protecting: {answer}")
     event(b, "following", timeout=10, watch=[b])
@@ -78,7 +92,7 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     event(b, "going-live", timeout=30, watch=[b])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b.tail()}"
     # Protected again, now onto the first host.
-    b2 = backup_on(site, ftvm, scratch, "primary", shared, "backup2")
+    b2 = backup_on(site, ftvm, scratch, "primary", shared, "backup2", extra2)
     answer = protect(b, PRIMARY_HOST_IP, shared, MODES[mode], [b, b2])
     print(f"{mode}, protecting again: {answer}")
     event(b2, "following", timeout=10, watch=[b2])
@@ -93,5 +107,15 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     assert check_keys(conn, total) == (0, 0)
     print(f"{mode}: {total} keys acknowledged over one connection across two protections and two failovers, "
           "none lost")
+    if mode == "checkpoint":
+        conn.close()
+        conn = Resp(site.connect(GUEST_IP, REDIS_PORT, timeout=10), reply_timeout=30)
+        try:
+            conn.command("SHUTDOWN")  # the reply is the connection closing
+        except (ConnectionLost, RespError):
+            pass
+        assert b2.wait(60) == 0, b2.output()
+        fsck = subprocess.run(["e2fsck", "-fn", str(copies[1])], capture_output=True)
+        assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
     b2.stop()
     site.close()

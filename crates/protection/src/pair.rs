@@ -191,6 +191,9 @@ impl PairHeader {
     }
 }
 
+/// The digest part of [`DiskDigest::streamed`].
+const STREAMED: &str = "streamed";
+
 /// A VM's disks: (virtio slot, image path), in slot order.
 pub type SlotDisks = Vec<(usize, PathBuf)>;
 
@@ -227,6 +230,18 @@ impl DiskDigest {
             h.update(b);
         }
         format!("{}:{}", self.size, h.finalize().to_hex())
+    }
+
+    /// What a header names for a running VM's disk in checkpoint mode:
+    /// its size, and no digest, since the disk changes while it is copied
+    /// (the backup asks for the blocks whatever it holds).
+    pub fn streamed(size: u64) -> String {
+        format!("{size}:{STREAMED}")
+    }
+
+    /// Whether a header's whole digest is [`DiskDigest::streamed`]'s.
+    pub fn is_streamed(whole: &str) -> bool {
+        whole.split_once(':').is_some_and(|(_, d)| d == STREAMED)
     }
 
     /// The size a header's whole digest names.

@@ -22,8 +22,13 @@
 //! whole, so until then the VM runs unprotected, outputs released as
 //! they come, and a failed backup only ends the attempt.
 //!
-//! Separate disks (checkpoint mode) are made the same beside it: writes
-//! go into the stream from the start and apply with checkpoint 0.
+//! Separate disks (checkpoint mode) are made the same beside it. The
+//! loop lets the writes already issued land before the transfer sees its
+//! first request; from then on every write goes into the stream too (to
+//! apply with checkpoint 0), and the sender hashes this host's disks and
+//! sends the blocks that differ from the backup's copies (whose digests
+//! it asked with). A block read while the guest writes it may be old or
+//! new: the write's record, applied after, makes it new.
 
 use crate::checkpoint::primary::Checkpointer;
 use crate::epoch::primary::Epoch;
@@ -66,7 +71,13 @@ pub enum Then {
         go_live_every: Duration,
     },
     /// Checkpoints: the checkpointer that sent the transfer goes on.
-    Checkpoints,
+    Checkpoints {
+        /// This host's disks, whose copies on the backup are made the
+        /// same while the guest writes (slot, path).
+        disks: Vec<(usize, std::path::PathBuf)>,
+        /// The backup's requests: the digests of its copies.
+        requests: Vec<Vec<u8>>,
+    },
 }
 
 impl Then {
@@ -74,7 +85,7 @@ impl Then {
         match self {
             Then::Log { epoch: Some(_), .. } => "epoch",
             Then::Log { epoch: None, .. } => "lockstep",
-            Then::Checkpoints => "checkpoint",
+            Then::Checkpoints { .. } => "checkpoint",
         }
     }
 }
@@ -127,6 +138,12 @@ impl Transfer {
     fn step(&mut self, m: &mut dyn Engine) {
         if self.started.is_none() {
             self.started = Some(Instant::now());
+            if let Then::Checkpoints { disks, requests } = &mut self.then {
+                // The guest's writes go into the stream from the first
+                // request this side's gate saw, and the loop let those
+                // before land: the disks can be read while it writes.
+                self.sender.sync_disks(std::mem::take(requests), std::mem::take(disks));
+            }
             // From here on every page written is sent again.
             m.set_dirty_tracking(true);
             let _ = m.take_dirty_pages();
@@ -212,7 +229,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
     /// Nothing is protected yet: everything goes out as it comes. Disk
     /// writes go into the stream too where the backup keeps its own copy.
     fn gate(&mut self, requests: Vec<Request>, _icount: u64) -> Vec<Request> {
-        if matches!(self.then, Then::Checkpoints) {
+        if matches!(self.then, Then::Checkpoints { .. }) {
             self.sender.mirror_writes(&requests);
         }
         requests
@@ -258,7 +275,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         let backup = sender.peer().to_string();
         let mode = then.name().to_string();
         let (successor, bytes): (Box<dyn Primary<E>>, u64) = match then {
-            Then::Checkpoints => {
+            Then::Checkpoints { .. } => {
                 let bytes = sender.stream_bytes().0 - bytes_before;
                 (Box::new(sender), bytes)
             }

@@ -113,9 +113,15 @@ fn parse_protect(words: &str) -> Result<Request, ControlError> {
         Ok(p) => Ok(Request::Protect(Box::new(p.args))),
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(ControlError::BadRequest(e.to_string())),
         Err(e) => {
+            // One line: clap's message without its usage and hints.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("").trim_start_matches("error: ");
-            Err(ControlError::BadRequest(format!("protect: {first}")))
+            let message: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            Err(ControlError::BadRequest(format!("protect: {}", message.join(" ").trim_start_matches("error: "))))
         }
     }
 }
@@ -290,6 +296,24 @@ fn connect(path: &Path) -> Result<UnixStream, ControlSocketError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `protect` takes `ftvm ft primary`'s options, typed; a mistake is
+    /// one line saying what is wrong.
+    #[test]
+    fn protect_reads_the_primary_options_and_refuses_in_one_line() {
+        let Ok(Request::Protect(args)) = parse("protect --backup 10.0.0.2:7700 --shared /srv/ft --mode epoch") else {
+            panic!("not a protect request")
+        };
+        assert_eq!(args.backup, "10.0.0.2:7700".parse().unwrap());
+        assert_eq!(args.pair.shared, PathBuf::from("/srv/ft"));
+        assert_eq!(args.mode, ftvm_protection::pair::Mode::Epoch);
+        let json = serde_json::to_string(&Request::Protect(args.clone())).unwrap();
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), Request::Protect(args));
+        for bad in ["protect --shared /srv/ft", "protect --backup nowhere --shared /srv/ft"] {
+            let Err(ControlError::BadRequest(why)) = parse(bad) else { panic!("{bad} was taken") };
+            assert!(why.starts_with("protect: ") && !why.contains('\n'), "{why}");
+        }
+    }
     use crate::api::{PairStatus, Reply, RunState, VmStatus};
 
     #[test]

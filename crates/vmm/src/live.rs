@@ -540,6 +540,11 @@ impl<E: Engine> Live<E> {
             }
             HostEvent::Protection(setup) => match (setup.transfer, &self.protector) {
                 (Ok(transfer), Some(protector)) if self.primary.is_none() => {
+                    // Every request from here on goes through the
+                    // transfer (writes into the stream, where the backup
+                    // keeps its own disks): those before it land first,
+                    // so its copy of the disks misses none.
+                    self.io.drain();
                     self.primary = Some(protector.transfer(transfer));
                 }
                 (Ok(_), _) => {}

@@ -536,6 +536,11 @@ fn copies_to_sync(
             file.set_len(size).map_err(e)?;
         }
         let mine = DiskDigest::of(path, Some(size))?;
+        // A running VM's disk changes while it is copied: the blocks are
+        // asked for whatever this copy holds, and there is no digest of
+        // the primary's to check the copy against after them (its writes
+        // since come with checkpoint 0).
+        let streamed = DiskDigest::is_streamed(theirs);
         if mine.whole() == theirs {
             continue;
         }
@@ -547,7 +552,9 @@ fn copies_to_sync(
             path.display()
         );
         events.emit(PairEvent::DiskDiffers { path: path.display().to_string() });
-        to_sync.push((*slot, theirs.to_string()));
+        if !streamed {
+            to_sync.push((*slot, theirs.to_string()));
+        }
     }
     Ok(to_sync)
 }

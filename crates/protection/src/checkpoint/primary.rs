@@ -72,7 +72,6 @@ pub fn send_disk_blocks(
     disks: &[(usize, std::path::PathBuf, crate::pair::DiskDigest)],
 ) -> Result<(usize, u64), ProtectionError> {
     let (mut blocks, mut bytes) = (0, 0);
-    let mut out = Vec::new();
     for request in channel.take_requests() {
         let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
         let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
@@ -81,18 +80,84 @@ pub fn send_disk_blocks(
         if theirs.size != mine.size {
             return Err(PeerError::RequestSize { size: theirs.size, slot: *slot }.into());
         }
-        let f = std::fs::File::open(path).map_err(file("cannot read disk", path))?;
-        for (offset, len) in theirs.differing(&mine.blocks) {
-            let mut data = vec![0u8; len];
-            disk_sync::read_zero_padded(&f, &mut data, offset).map_err(file("cannot read disk", path))?;
-            out.clear();
-            stream::encode(&mut out, &Record::DiskSync { slot: theirs.slot, offset, data });
-            channel
-                .write_all(&out)
-                .map_err(|source| ProtectionError::Channel { doing: "sending the backup its disk blocks", source })?;
-            blocks += 1;
-            bytes += len as u64;
-        }
+        let (b, n) = send_blocks(channel, &theirs, path, mine)?;
+        blocks += b;
+        bytes += n;
+    }
+    channel.send_now();
+    Ok((blocks, bytes))
+}
+
+/// The blocks of this host's disk at `path` (digest `mine`) whose
+/// digests differ from the backup's (`theirs`), as disk-sync records.
+fn send_blocks(
+    channel: &mut LogSender,
+    theirs: &DigestList,
+    path: &std::path::Path,
+    mine: &crate::pair::DiskDigest,
+) -> Result<(usize, u64), ProtectionError> {
+    let (mut blocks, mut bytes) = (0, 0);
+    let mut out = Vec::new();
+    let f = std::fs::File::open(path).map_err(file("cannot read disk", path))?;
+    for (offset, len) in theirs.differing(&mine.blocks) {
+        let mut data = vec![0u8; len];
+        disk_sync::read_zero_padded(&f, &mut data, offset).map_err(file("cannot read disk", path))?;
+        out.clear();
+        stream::encode(&mut out, &Record::DiskSync { slot: theirs.slot, offset, data });
+        channel
+            .write_all(&out)
+            .map_err(|source| ProtectionError::Channel { doing: "sending the backup its disk blocks", source })?;
+        blocks += 1;
+        bytes += len as u64;
+    }
+    Ok((blocks, bytes))
+}
+
+/// A running VM's disks made the same on the backup (checkpoint mode's
+/// transfer): for each of the backup's requests (the digests of its copy),
+/// this host's disk is hashed now, its writes already going into the
+/// stream, and the blocks that differ are sent. A write that lands while
+/// they are read is sent again as a disk write, applied after them with
+/// checkpoint 0. The channel carries keep-alives while a disk is hashed.
+fn sync_running_disks(
+    channel: &mut LogSender,
+    requests: Vec<Vec<u8>>,
+    disks: &[(usize, std::path::PathBuf)],
+) -> Result<(usize, u64), ProtectionError> {
+    let (mut blocks, mut bytes) = (0, 0);
+    for request in requests {
+        let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
+        let Some((_, path)) = disks.iter().find(|(slot, _)| *slot as u64 == u64::from(theirs.slot)) else {
+            return Err(PeerError::RequestSlot(theirs.slot).into());
+        };
+        let (tx, rx) = mpsc::channel();
+        let (p, size) = (path.clone(), theirs.size);
+        std::thread::Builder::new()
+            .name("ft-disk-digest".into())
+            .spawn(move || {
+                let _ = tx.send(crate::pair::DiskDigest::of(&p, Some(size)));
+            })
+            .map_err(|e| ProtectionError::Thread("disk digest", e))?;
+        let mine = loop {
+            match rx.recv_timeout(KEEP_ALIVE) {
+                Ok(digest) => break digest?,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let mut buf = Vec::new();
+                    stream::encode(&mut buf, &Record::KeepAlive);
+                    channel.write_all(&buf).map_err(|source| ProtectionError::Channel {
+                        doing: "sending the backup its disk blocks",
+                        source,
+                    })?;
+                    channel.send_now();
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(ProtectionError::Thread("disk digest", std::io::Error::other("it stopped")))
+                }
+            }
+        };
+        let (b, n) = send_blocks(channel, &theirs, path, &mine)?;
+        blocks += b;
+        bytes += n;
     }
     channel.send_now();
     Ok((blocks, bytes))
@@ -109,6 +174,12 @@ enum Job {
     Pages {
         pfns: Vec<u64>,
         pages: Vec<u8>,
+    },
+    /// A running VM's disks made the same on the backup: its requests
+    /// (the digests of its copies) and this host's disks.
+    DiskSync {
+        requests: Vec<Vec<u8>>,
+        disks: Vec<(usize, std::path::PathBuf)>,
     },
     /// The stream goes on in another form (a replay log): the channel
     /// is handed back once all before it is written.
@@ -260,6 +331,15 @@ impl Checkpointer {
         // event.
         let _ = self.jobs.send(Job::Pages { pfns: pfns.to_vec(), pages });
         true
+    }
+
+    /// A running VM's disks made the same on the backup, ahead of the
+    /// first checkpoint (see `sync_running_disks`): its writes must be
+    /// going into the stream already ([`Checkpointer::mirror_writes`]),
+    /// and none issued before may still be in flight.
+    pub fn sync_disks(&mut self, requests: Vec<Vec<u8>>, disks: Vec<(usize, std::path::PathBuf)>) {
+        self.precopy_queued.fetch_add(1, Ordering::AcqRel);
+        let _ = self.jobs.send(Job::DiskSync { requests, disks });
     }
 
     /// Disk writes among `requests` go into the stream (before the first
@@ -684,6 +764,23 @@ fn send_loop(
                     report.lock().unwrap().checkpoint_bytes += buf.len() as u64;
                 }
                 let _ = spare.send(pages);
+                precopy_queued.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            Job::DiskSync { requests, disks } => {
+                match sync_running_disks(&mut channel, requests, &disks) {
+                    Ok((blocks, bytes)) => eprintln!(
+                        "ftvm: sent the backup {blocks} blocks ({:.1} MiB) its copies of the disks lacked",
+                        bytes as f64 / (1 << 20) as f64
+                    ),
+                    Err(e) => {
+                        // The backup sees the stream end before its first
+                        // checkpoint, and the attempt fails on both sides.
+                        eprintln!("ftvm: cannot make the backup's disks the same: {e}");
+                        channel.close();
+                        return;
+                    }
+                }
                 precopy_queued.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }

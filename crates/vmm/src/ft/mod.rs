@@ -285,6 +285,9 @@ pub struct Connected {
     /// header named them (a checkpoint backup asks for the blocks its
     /// copies lack).
     pub digests: Vec<(usize, PathBuf, DiskDigest)>,
+    /// A running VM's separate disks, which the transfer makes the same
+    /// on the backup (slot, path).
+    pub copies: SlotDisks,
     /// Epochs, if the pair runs in epoch mode.
     pub epoch: Option<EpochMode>,
     /// Checkpoints' interval, if the pair runs in checkpoint mode.
@@ -320,19 +323,30 @@ pub fn connect_pair(
         (None, None) => ModeSetting::Lockstep,
     };
     let disks = DiskPolicy { sharing: args.disk_sharing()?, backup_reads: args.backup_reads };
+    let streamed = ftvm_replay::replayer::is_streamed(header);
     let mut digests = Vec::new();
+    let mut copies = Vec::new();
     let mut pair_disks = Vec::new();
     for (slot, path) in header_disks(header)? {
         // In lockstep the backup refuses to follow unless its copies hash
         // the same; in checkpoint mode it asks for the blocks that differ.
+        // A running VM's disk is hashed only once its writes go into the
+        // stream (`protection::transfer`): the header gives its size.
         let digest = match disks.sharing {
-            DiskSharing::Separate => Some(DiskDigest::of(&path, None)?),
+            DiskSharing::Separate if streamed => {
+                let size = std::fs::metadata(&path).map_err(crate::error::file("cannot read disk", &path))?.len();
+                copies.push((slot, path.clone()));
+                Some(DiskDigest::streamed(size))
+            }
+            DiskSharing::Separate => {
+                let d = DiskDigest::of(&path, None)?;
+                let whole = d.whole();
+                digests.push((slot, path.clone(), d));
+                Some(whole)
+            }
             DiskSharing::Shared => None,
         };
-        pair_disks.push(PairDisk { slot, path: path.clone(), digest: digest.as_ref().map(DiskDigest::whole) });
-        if let Some(d) = digest {
-            digests.push((slot, path, d));
-        }
+        pair_disks.push(PairDisk { slot, path, digest });
     }
     let me = format!("primary on {}", hostname());
     let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?.with_isolation(args.pair.isolation()?);
@@ -375,7 +389,7 @@ pub fn connect_pair(
         events.emit(PairEvent::RefusedProtection { reason: e.to_string() });
         return Err(e);
     }
-    Ok(Connected { channel, arbiter, me, disks, digests, epoch, interval })
+    Ok(Connected { channel, arbiter, me, disks, digests, copies, epoch, interval })
 }
 
 /// Connects to the backup and sets up the primary's half of the pair for
@@ -388,7 +402,7 @@ pub fn start_primary(
     events: &Events,
     fence: Fence,
 ) -> Result<Box<dyn Primary<Machine>>, VmmError> {
-    let Connected { mut channel, arbiter, me, disks, digests, epoch, interval } =
+    let Connected { mut channel, arbiter, me, disks, digests, epoch, interval, .. } =
         connect_pair(args, header, host_events, events, fence)?;
     let protected =
         |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };

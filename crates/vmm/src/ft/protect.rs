@@ -7,7 +7,7 @@
 //! sends the machine across while the guest runs and starts the pair
 //! after a final pause.
 
-use super::{connect_pair, send_disk_blocks, Connected, PrimaryArgs};
+use super::{connect_pair, Connected, PrimaryArgs};
 use crate::api::ControlError;
 use crate::error::VmmError;
 use crate::host_io::{HostEvent, HostIo};
@@ -63,20 +63,9 @@ impl Protector<Machine> for MachineProtector {
     ) -> Result<(), ControlError> {
         let refuse = |e: VmmError| ControlError::ProtectFailed(e.to_string());
         let sharing = args.disk_sharing().map_err(refuse)?;
-        let disks: Vec<_> = io.disk_paths().collect();
         if args.mode != ftvm_protection::pair::Mode::Checkpoint && sharing == DiskSharing::Separate {
             return Err(ControlError::ProtectFailed(
                 ftvm_protection::error::ProtectionError::StreamedSeparateDisks.to_string(),
-            ));
-        }
-        if sharing == DiskSharing::Separate && !disks.is_empty() {
-            // The copies must be made the same while the guest writes:
-            // its writes would have to go into the stream from before the
-            // digests are taken. Not yet.
-            return Err(ControlError::ProtectFailed(
-                "a running VM with disks can be given a checkpoint backup only once its disks can be copied \
-                 while it writes (not yet): protect it in lockstep or epoch mode with its disks on the shared storage"
-                    .into(),
             ));
         }
         let events = match &args.pair.events {
@@ -112,14 +101,11 @@ fn connect(
     events: &Events,
     fence: ftvm_replication::fence::Fence,
 ) -> Result<Box<Transfer>, VmmError> {
-    let Connected { mut channel, arbiter, me, disks, digests, epoch, interval } =
+    let Connected { channel, arbiter, me, disks, copies, epoch, interval, .. } =
         connect_pair(args, header, host_events, events, fence)?;
     let generation = arbiter.generation();
     let then = match interval {
-        Some(_) => {
-            send_disk_blocks(&mut channel, &digests, events)?;
-            Then::Checkpoints
-        }
+        Some(_) => Then::Checkpoints { disks: copies, requests: channel.take_requests() },
         None => Then::Log {
             lag_threshold: Duration::from_millis(args.lag_threshold),
             disks,
@@ -128,7 +114,7 @@ fn connect(
         },
     };
     let mode = match (&then, epoch) {
-        (Then::Checkpoints, _) => "checkpoint",
+        (Then::Checkpoints { .. }, _) => "checkpoint",
         (_, Some(_)) => "epoch",
         _ => "lockstep",
     };
