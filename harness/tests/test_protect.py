@@ -119,3 +119,50 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
         assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
     b2.stop()
     site.close()
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "checkpoint"])
+def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
+    """`unprotect`: the backup stops following and exits 0 (it never goes
+    live), the VM runs on unprotected without a pause a client notices;
+    protected again onto a new backup, whose takeover keeps every key."""
+    site = Site(f"up{mode[0]}")
+    shared = Path(scratch) / "shared"
+    shared.mkdir()
+    image = rootfs(ftvm)
+    if mode == "checkpoint":
+        disk = sparse_copy(image, Path(scratch) / "a-disk.img")
+        extra1 = ["--disk", str(sparse_copy(image, Path(scratch) / "b-disk.img"))]
+        extra2 = ["--disk", str(sparse_copy(image, Path(scratch) / "c-disk.img"))]
+    else:
+        disk = sparse_copy(image, shared / "disk.img")
+        extra1 = extra2 = []
+    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
+    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
+    writer = KeyWriter(conn)
+    writer.start()
+    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
+    protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
+    assert keys_written_meanwhile(writer, 2.0) > 0
+    answer = control(plain.sock, "unprotect", timeout=60)
+    assert answer.startswith("ok unprotected"), answer
+    assert b.wait(30) == 0, b.output()
+    assert event(b, "going-live") is None, b.output()
+    st = status(plain.sock)
+    assert st.get("unprotected") is True, st["_raw"]
+    assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once unprotected"
+    assert control(plain.sock, "unprotect").startswith("error the VM is not protected")
+    b2 = backup_on(site, ftvm, scratch, "backup", shared, "backup2", extra2)
+    protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b2])
+    assert keys_written_meanwhile(writer, 2.0) > 0
+    plain.kill9()
+    event(b2, "going-live", timeout=30, watch=[b2])
+    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b2.tail()}"
+    writer.stop()
+    assert writer.error is None, f"the client failed: {writer.error}"
+    total = writer.acked
+    assert conn.command("DBSIZE") == total
+    assert check_keys(conn, total) == (0, 0)
+    print(f"{mode}: unprotected and protected again; {total} keys, none lost")
+    b2.stop()
+    site.close()

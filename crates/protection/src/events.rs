@@ -169,6 +169,12 @@ pub enum PairEvent {
         /// The side that won it, by its name in the arbiter's record.
         winner: String,
     },
+    /// Protection was stopped on purpose (`unprotect`): the backup
+    /// acknowledged the stream's end and stopped; the VM runs on alone.
+    ProtectionStopped {
+        /// Outputs that had been held and were released.
+        released: u64,
+    },
     /// A primary that won runs on alone, its held outputs released.
     Unprotected {
         /// Outputs that had been held and were released.

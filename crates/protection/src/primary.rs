@@ -182,6 +182,16 @@ pub trait Primary<E: Engine> {
         Err(ProtectionError::NoTransfer)
     }
 
+    /// Protection stops on purpose (`unprotect`), the machine stopped
+    /// where inputs may be delivered: the stream ends as at the VM's end
+    /// (the backup stops following), and what was held is handed back
+    /// for the VM to run on alone. A backup that did not acknowledge the
+    /// end may yet take the silence for a failure: this side then goes
+    /// to the arbiter as for a lost backup (an error: it lost, and halts).
+    fn unprotect(self: Box<Self>, _m: &mut E) -> Result<Alone, ProtectionError> {
+        Err(ProtectionError::NoBackupToHandOver)
+    }
+
     /// Its part of the VM's status (None: it is in no pair).
     fn status(&mut self) -> Option<PairStatus>;
 
@@ -199,6 +209,36 @@ pub trait Primary<E: Engine> {
     /// After the host drained: closes the stream.
     fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError>;
 }
+
+/// Protection ended on purpose ([`Primary::unprotect`]), the stream's end
+/// `acknowledged` or not: what was held (`held()`) goes, once the backup
+/// has stopped (it acknowledged) or the arbiter says this side is alone.
+pub fn protection_stopped(
+    acknowledged: bool,
+    arbiter: &Arbiter,
+    me: &str,
+    events: &Events,
+    fence: &Fence,
+    held: impl FnOnce() -> Vec<Request>,
+) -> Result<Vec<Request>, ProtectionError> {
+    if !acknowledged {
+        let silent = Failure::ChannelSilent(END_ACK_WAIT);
+        eprintln!("ftvm: the backup did not acknowledge the end of protection: it may take over");
+        return backup_lost(arbiter, me, &silent, events, fence, held);
+    }
+    fence.end_lease();
+    let out = held();
+    eprintln!(
+        "ftvm: protection stopped: the backup stopped following; running unprotected, {} held outputs released",
+        out.len()
+    );
+    events.emit(PairEvent::ProtectionStopped { released: out.len() as u64 });
+    Ok(out)
+}
+
+/// How long a primary ending its stream (the VM's end, `unprotect`) waits
+/// for the backup to acknowledge the end.
+pub const END_ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// A primary's backup is declared failed: the test-and-set at the arbiter
 /// (VMware FT §2.3). On winning, `held()` gives up what the primary held

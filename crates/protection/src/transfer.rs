@@ -260,6 +260,13 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         Ok(Alone::default())
     }
 
+    /// Nothing is protected yet: the backup, cut off before checkpoint
+    /// 0, has nothing to go live with.
+    fn unprotect(self: Box<Self>, _m: &mut E) -> Result<Alone, ProtectionError> {
+        self.events.emit(PairEvent::ProtectionFailed { reason: "stopped (unprotect) during the transfer".into() });
+        Ok(Alone::default())
+    }
+
     fn successor_due(&self) -> bool {
         self.last_round && self.todo.is_empty() && self.at_boundary && self.sender.precopy_done()
     }

@@ -120,7 +120,13 @@ impl Fence {
 
     /// The arbiter's verdict: won (this side goes on alone).
     pub fn won(&self) {
-        // A deposed side stays deposed.
+        self.end_lease();
+    }
+
+    /// Protection ended on purpose, its end acknowledged by the backup
+    /// (which then stops): this side acts alone. A deposed side stays
+    /// deposed.
+    pub fn end_lease(&self) {
         let _ = self.0.state.compare_exchange(LEASED, ALONE, Ordering::AcqRel, Ordering::Acquire);
         self.notify();
     }

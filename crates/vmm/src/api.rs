@@ -40,6 +40,9 @@ pub enum Request {
     /// primary`'s; paths must be absolute. The reply comes once the pair
     /// has started (or the attempt failed).
     Protect(Box<crate::ft::PrimaryArgs>),
+    /// Stop protecting the VM on purpose, without a failover: the backup
+    /// stops following, and the VM runs on unprotected.
+    Unprotect,
     /// The VM's events so far and then as they happen, one
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
@@ -80,6 +83,11 @@ pub enum Reply {
         bytes: u64,
         pause_ms: u64,
         total_ms: u64,
+    },
+    /// Protection stopped: the backup stopped following, and the outputs
+    /// that waited for it (`released`) went.
+    Unprotected {
+        released: u64,
     },
     /// The backup claimed the VM (`millis` after the guest stopped here)
     /// for `generation`: this side exits.
@@ -124,6 +132,9 @@ pub enum ControlError {
     /// A handover was already asked for and is under way.
     #[error("a handover is already under way")]
     HandOverUnderWay,
+    /// An unprotect, or a handover, is already under way.
+    #[error("the VM's protection is already being stopped or handed over")]
+    StopUnderWay,
     /// A VM that is protected already (or on its way) was asked to be.
     #[error("the VM is protected already (or its protection is under way)")]
     AlreadyProtected,
@@ -207,6 +218,9 @@ impl fmt::Display for Reply {
                  and a final pause of {pause_ms} ms ({final_pages} pages), {total_ms} ms in all",
                 *bytes as f64 / (1 << 20) as f64
             ),
+            Reply::Unprotected { released } => {
+                write!(f, "unprotected: the backup stopped following ({released} held outputs released)")
+            }
             Reply::HandedOver { generation, millis } => {
                 write!(f, "handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here")
             }

@@ -71,7 +71,7 @@ pub enum ControlSocketError {
 
 /// A request as a person writes it on the command line: `status`,
 /// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `protect
-/// OPTIONS` (`ftvm ft primary`'s), `events`.
+/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `events`.
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
@@ -84,6 +84,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("resume", "") => Ok(Request::Resume),
         ("quit", "") => Ok(Request::Quit),
         ("handover", "") => Ok(Request::Handover),
+        ("unprotect", "") => Ok(Request::Unprotect),
         ("events", "") => Ok(Request::Events),
         ("protect", rest) => parse_protect(rest),
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
@@ -93,7 +94,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         }),
         _ => Err(bad(format!(
             "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, \
-             protect --backup HOST:PORT --shared DIR [...], events)"
+             unprotect, protect --backup HOST:PORT --shared DIR [...], events)"
         ))),
     }
 }

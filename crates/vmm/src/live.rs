@@ -196,6 +196,9 @@ struct Live<E: Engine> {
     /// A `protect` under way, whose answer waits here until the pair
     /// starts or the attempt fails.
     protect_reply: Option<Sender<Response>>,
+    /// An `unprotect` asked for, whose answer waits here: it happens
+    /// where the machine next stands where inputs may be delivered.
+    unprotect_asked: Option<Sender<Response>>,
 }
 
 pub fn run<E: Engine>(
@@ -233,6 +236,7 @@ pub fn run<E: Engine>(
         hand_over_asked: None,
         protector,
         protect_reply: None,
+        unprotect_asked: None,
     };
     if let Err(e) = crate::signals::forward_sigterm(live.io.events()) {
         eprintln!("ftvm: SIGTERM will not hand over or quit cleanly: {e}");
@@ -270,6 +274,9 @@ impl<E: Engine> Live<E> {
                 if let Next::Exit(code) = self.hand_over(events)? {
                     return Ok(code);
                 }
+            }
+            if self.unprotect_asked.is_some() && self.primary.as_ref().is_some_and(|p| p.accepts_inputs()) {
+                self.unprotect()?;
             }
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
@@ -663,6 +670,37 @@ impl<E: Engine> Live<E> {
         Ok(next)
     }
 
+    /// Protection stops on purpose, the machine standing where inputs may
+    /// be delivered (before `before_run` closes what the stream owes
+    /// there: the stream's end closes it instead).
+    fn unprotect(&mut self) -> Result<(), VmmError> {
+        let reply = self.unprotect_asked.take();
+        let p = self.primary.take().expect("asked of a protected VM");
+        if let Some(tx) = self.protect_reply.take() {
+            let why = "stopped by unprotect during the transfer".to_string();
+            let _ = tx.send(Response::Error(ControlError::ProtectFailed(why)));
+        }
+        let answer = match p.unprotect(&mut self.m) {
+            Ok(alone) => {
+                let released = alone.outputs.len() as u64;
+                self.run_alone(alone);
+                Response::Ok(Reply::Unprotected { released })
+            }
+            Err(e) => {
+                // The backup went live: this side halts, releasing nothing.
+                self.halted = true;
+                if let Some(tx) = reply {
+                    let _ = tx.send(Response::Error(ControlError::ProtectFailed(e.to_string())));
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(tx) = reply {
+            let _ = tx.send(answer);
+        }
+        Ok(())
+    }
+
     /// A transfer's final pause: the machine stops, the I/O in flight
     /// finishes and its completions go in (the backup's machine, restored
     /// from this state, could not issue it again), and the transfer hands
@@ -820,7 +858,7 @@ impl<E: Engine> Live<E> {
             }
             Request::Snapshot { path, overwrite } => (self.snapshot(&path, overwrite), Next::Continue),
             Request::Handover if self.primary.is_none() => (Err(ControlError::NotProtected), Next::Continue),
-            Request::Handover if self.hand_over_asked.is_some() => {
+            Request::Handover if self.hand_over_asked.is_some() || self.unprotect_asked.is_some() => {
                 (Err(ControlError::HandOverUnderWay), Next::Continue)
             }
             Request::Handover => {
@@ -843,6 +881,15 @@ impl<E: Engine> Live<E> {
                     }
                     Err(e) => (Err(e), Next::Continue),
                 }
+            }
+            Request::Unprotect if self.primary.is_none() => (Err(ControlError::NotProtected), Next::Continue),
+            Request::Unprotect if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
+                (Err(ControlError::StopUnderWay), Next::Continue)
+            }
+            Request::Unprotect => {
+                // Answered once it is done, where inputs may be delivered.
+                self.unprotect_asked = Some(req.reply);
+                return Ok(Next::Continue);
             }
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.

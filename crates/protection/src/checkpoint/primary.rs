@@ -21,7 +21,9 @@
 use crate::error::{file, PeerError, ProtectionError};
 use crate::events::Events;
 use crate::events::PairEvent;
-use crate::primary::{await_claim, backup_lost, Alone, HandOver, Primary, Request, HAND_OVER_WAIT};
+use crate::primary::{
+    await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT, HAND_OVER_WAIT,
+};
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Engine, Event, IoRequest};
 use ftvm_replication::arbiter::Arbiter;
@@ -45,8 +47,6 @@ const PAGE_CACHE: usize = 16384;
 /// written into the channel before the machine waits for the sender: the
 /// guest may run ahead of the backup by a few intervals, not without bound.
 const STAGED: usize = 3;
-/// How long an ending VM waits for the backup to acknowledge the end.
-const END_ACK_WAIT: Duration = Duration::from_secs(5);
 /// Most pages compressed into one record: a large checkpoint goes in
 /// pieces, so the channel never falls silent for long (8 MiB of pages
 /// take some tens of milliseconds to compress when none are cached).
@@ -694,6 +694,25 @@ impl<E: Engine> Primary<E> for Checkpointer {
 
     fn hand_over(&mut self, m: &mut E) -> Result<Vec<Request>, ProtectionError> {
         self.hand_over_frames(m)
+    }
+
+    /// A last checkpoint (the frames of this interval wait for it), then
+    /// the end, as at the VM's end.
+    fn unprotect(mut self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {
+        let acknowledged = self.watch.failure().is_none() && {
+            self.checkpoint(m)?;
+            let _ = self.jobs.send(Job::End(None));
+            self.ended.recv_timeout(END_ACK_WAIT).is_ok()
+        };
+        let fence = self.watch.fence();
+        let (gate, this_interval) = (&mut self.gate, &mut self.this_interval);
+        let held = || {
+            let mut out = gate.release_all();
+            out.append(this_interval);
+            out
+        };
+        let outputs = protection_stopped(acknowledged, &self.arbiter, &self.me, &self.events, &fence, held)?;
+        Ok(Alone { outputs, inputs: Vec::new() })
     }
 
     fn hand_over_end(&mut self, m: &mut E) -> Result<HandOver, ProtectionError> {

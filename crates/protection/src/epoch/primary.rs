@@ -250,6 +250,12 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
         Ok(end)
     }
 
+    fn unprotect(mut self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {
+        let inputs = self.epochs.take_deferred();
+        let outputs = self.lockstep.stop_protection(m)?;
+        Ok(Alone { outputs, inputs })
+    }
+
     fn status(&mut self) -> Option<PairStatus> {
         let epochs = self.epochs.status();
         Some(self.lockstep.pair_status(|log| PrimaryMode::Epoch { epochs, log }))

@@ -16,7 +16,9 @@ use crate::events::Events;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
 use crate::events::PairEvent;
-use crate::primary::{await_claim, backup_lost, Alone, HandOver, Primary, Request, HAND_OVER_WAIT};
+use crate::primary::{
+    await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT, HAND_OVER_WAIT,
+};
 use crate::status::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, DeterministicEngine, Event, IoRequest};
 use ftvm_replay::recorder::Recorder;
@@ -25,10 +27,6 @@ use ftvm_replication::channel::{Failure, LogSender};
 use ftvm_replication::lag::{LagMeter, Throttle};
 use ftvm_replication::output_rule::OutputGate;
 use std::time::{Duration, Instant};
-
-/// How long a primary waits at the end for the backup to acknowledge the
-/// end of the log.
-const END_ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// How old the backup's last report may be before its age counts in the
 /// lag: a report follows every frame, and frames go at least every
@@ -190,6 +188,20 @@ impl Lockstep {
         self.throttle.pause_after(busy)
     }
 
+    /// Protection stops on purpose (see [`Primary::unprotect`]): the log
+    /// ends, and what it held goes once the backup has acknowledged that.
+    pub fn stop_protection(self, m: &mut dyn DeterministicEngine) -> Result<Vec<Request>, ProtectionError> {
+        let Lockstep { recorder, mut gate, arbiter, me, events, .. } = self;
+        let fence = recorder.sink().fence();
+        let mut acknowledged = false;
+        recorder.finish(m, None, |channel: LogSender| {
+            let end = channel.written();
+            acknowledged = channel.wait_acked(end, END_ACK_WAIT);
+            Ok(end)
+        })?;
+        protection_stopped(acknowledged, &arbiter, &me, &events, &fence, || gate.release_all())
+    }
+
     /// A handover's first step (see [`Primary::hand_over`]): the log so
     /// far goes now, and every held output is waited for.
     pub fn hand_over_outputs(&mut self) -> Vec<Request> {
@@ -347,6 +359,11 @@ impl<E: DeterministicEngine> Primary<E> for Lockstep {
 
     fn summary(&self) -> Option<String> {
         Some(self.lag_summary())
+    }
+
+    fn unprotect(self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {
+        let outputs = self.stop_protection(m)?;
+        Ok(Alone { outputs, inputs: Vec::new() })
     }
 
     fn finish(self: Box<Self>, m: &mut E, status: Option<u32>) -> Result<(), ProtectionError> {
