@@ -94,7 +94,19 @@ impl Heartbeat {
         interval: Duration,
         key: &PairKey,
     ) -> Result<Heartbeat, HeartbeatError> {
-        let sock = UdpSocket::bind(local).map_err(|source| HeartbeatError::Bind { local, source })?;
+        // A heartbeat of this side's previous pair (a backup that just
+        // went live and is protected again) lets its socket go within an
+        // interval of being dropped: the address may be taken until then.
+        let until = Instant::now() + interval.max(Duration::from_millis(100)) * 10;
+        let sock = loop {
+            match UdpSocket::bind(local) {
+                Ok(sock) => break sock,
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(source) => return Err(HeartbeatError::Bind { local, source }),
+            }
+        };
         sock.set_read_timeout(Some(interval.max(Duration::from_millis(1)))).map_err(HeartbeatError::Socket)?;
         let shared = Arc::new(Shared {
             start: Instant::now(),

@@ -114,48 +114,22 @@ fn send_blocks(
 }
 
 /// A running VM's disks made the same on the backup (checkpoint mode's
-/// transfer): for each of the backup's requests (the digests of its copy),
-/// this host's disk is hashed now, its writes already going into the
-/// stream, and the blocks that differ are sent. A write that lands while
-/// they are read is sent again as a disk write, applied after them with
-/// checkpoint 0. The channel carries keep-alives while a disk is hashed.
-fn sync_running_disks(
+/// transfer): for each of the backup's requests (the digests of its copy)
+/// the blocks of this host's disk, hashed once its writes went into the
+/// stream, that differ. A write that lands while they are read is sent
+/// again as a disk write, applied after them with checkpoint 0.
+fn send_differing_blocks(
     channel: &mut LogSender,
     requests: Vec<Vec<u8>>,
-    disks: &[(usize, std::path::PathBuf)],
+    disks: &[(usize, std::path::PathBuf, crate::pair::DiskDigest)],
 ) -> Result<(usize, u64), ProtectionError> {
     let (mut blocks, mut bytes) = (0, 0);
     for request in requests {
         let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
-        let Some((_, path)) = disks.iter().find(|(slot, _)| *slot as u64 == u64::from(theirs.slot)) else {
+        let Some((_, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
             return Err(PeerError::RequestSlot(theirs.slot).into());
         };
-        let (tx, rx) = mpsc::channel();
-        let (p, size) = (path.clone(), theirs.size);
-        std::thread::Builder::new()
-            .name("ft-disk-digest".into())
-            .spawn(move || {
-                let _ = tx.send(crate::pair::DiskDigest::of(&p, Some(size)));
-            })
-            .map_err(|e| ProtectionError::Thread("disk digest", e))?;
-        let mine = loop {
-            match rx.recv_timeout(KEEP_ALIVE) {
-                Ok(digest) => break digest?,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let mut buf = Vec::new();
-                    stream::encode(&mut buf, &Record::KeepAlive);
-                    channel.write_all(&buf).map_err(|source| ProtectionError::Channel {
-                        doing: "sending the backup its disk blocks",
-                        source,
-                    })?;
-                    channel.send_now();
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(ProtectionError::Thread("disk digest", std::io::Error::other("it stopped")))
-                }
-            }
-        };
-        let (b, n) = send_blocks(channel, &theirs, path, &mine)?;
+        let (b, n) = send_blocks(channel, &theirs, path, mine)?;
         blocks += b;
         bytes += n;
     }
@@ -176,10 +150,11 @@ enum Job {
         pages: Vec<u8>,
     },
     /// A running VM's disks made the same on the backup: its requests
-    /// (the digests of its copies) and this host's disks.
+    /// (the digests of its copies) and this host's disks, with their
+    /// digests taken since its writes go into the stream (or why not).
     DiskSync {
         requests: Vec<Vec<u8>>,
-        disks: Vec<(usize, std::path::PathBuf)>,
+        disks: Result<Vec<(usize, std::path::PathBuf, crate::pair::DiskDigest)>, ProtectionError>,
     },
     /// The stream goes on in another form (a replay log): the channel
     /// is handed back once all before it is written.
@@ -334,12 +309,34 @@ impl Checkpointer {
     }
 
     /// A running VM's disks made the same on the backup, ahead of the
-    /// first checkpoint (see `sync_running_disks`): its writes must be
-    /// going into the stream already ([`Checkpointer::mirror_writes`]),
-    /// and none issued before may still be in flight.
+    /// first checkpoint: its writes must be going into the stream already
+    /// ([`Checkpointer::mirror_writes`]), and none issued before may still
+    /// be in flight. This host's disks are hashed on a thread of their
+    /// own (seconds for a large disk), so the guest's mirrored writes
+    /// meanwhile do not wait for the sender; then the sender sends the
+    /// blocks that differ (see `send_differing_blocks`).
     pub fn sync_disks(&mut self, requests: Vec<Vec<u8>>, disks: Vec<(usize, std::path::PathBuf)>) {
         self.precopy_queued.fetch_add(1, Ordering::AcqRel);
-        let _ = self.jobs.send(Job::DiskSync { requests, disks });
+        let jobs = self.jobs.clone();
+        let hash = move || {
+            let sizes: Vec<(u64, u64)> = requests
+                .iter()
+                .filter_map(|r| DigestList::decode(r).ok())
+                .map(|l| (u64::from(l.slot), l.size))
+                .collect();
+            let disks = disks
+                .into_iter()
+                .filter_map(|(slot, path)| {
+                    let size = sizes.iter().find(|(s, _)| *s == slot as u64)?.1;
+                    Some(crate::pair::DiskDigest::of(&path, Some(size)).map(|d| (slot, path, d)))
+                })
+                .collect();
+            let _ = jobs.send(Job::DiskSync { requests, disks });
+        };
+        if let Err(e) = std::thread::Builder::new().name("ft-disk-digest".into()).spawn(hash) {
+            let disks = Err(ProtectionError::Thread("disk digest", e));
+            let _ = self.jobs.send(Job::DiskSync { requests: Vec::new(), disks });
+        }
     }
 
     /// Disk writes among `requests` go into the stream (before the first
@@ -787,7 +784,7 @@ fn send_loop(
                 continue;
             }
             Job::DiskSync { requests, disks } => {
-                match sync_running_disks(&mut channel, requests, &disks) {
+                match disks.and_then(|disks| send_differing_blocks(&mut channel, requests, &disks)) {
                     Ok((blocks, bytes)) => eprintln!(
                         "ftvm: sent the backup {blocks} blocks ({:.1} MiB) its copies of the disks lacked",
                         bytes as f64 / (1 << 20) as f64
