@@ -22,6 +22,7 @@ protection of the VM from its new host), the probe's keys all checked.
 
   bench/protect                         5 protections per mode, all three
   bench/protect --trials 10 --modes lockstep --fill-mb 800
+  bench/protect --fill-mb 100 --random-mb 500   memory in use that does not compress
 
 Needs root, two cores, redis-benchmark (Debian redis-tools); the fill
 takes some minutes a mode on this emulator. Target: a final pause of at
@@ -97,11 +98,16 @@ def run_mode(binary, mode, args):
     else:
         disk = sparse_copy(image, shared / "disk.img")
         copies = {"b": [], "c": []}
-    vm = start_plain(site, binary.path, work, REDIS_FT + " --enable-debug-command yes", core=0,
+    # Random bytes in a tmpfs first, if asked: memory in use that does
+    # not compress (DEBUG POPULATE's values do, some 20 times).
+    fill = (f"mount -t tmpfs -o size={args.random_mb + 16}M none /mnt && "
+            f"head -c {args.random_mb}M /dev/urandom > /mnt/random && " if args.random_mb else "")
+    vm = start_plain(site, binary.path, work, fill + REDIS_FT + " --enable-debug-command yes", core=0,
                      extra=["--mem", "1G"], disk=disk)
     row = {"mode": mode, "trials": [], "bad": 0}
+    procs = [vm]
     try:
-        conn = wait_for_redis(site, [vm], BOOT_TIMEOUT)
+        conn = wait_for_redis(site, [vm], BOOT_TIMEOUT + args.random_mb)
         conn.sock.settimeout(3600)
         t0 = time.monotonic()
         keys = args.fill_mb * 1024
@@ -111,11 +117,13 @@ def run_mode(binary, mode, args):
         load = Proc("redis-benchmark", site, "client",
                     ["redis-benchmark", "-h", GUEST_IP, "-p", "6379", "-t", "set", "-n", "2000000000", "-c", "2",
                      "-d", "256", "-r", "1000000", "-q"], Path(work) / "load.out")
+        procs.append(load)
         probe = KeyWriter(conn)
         probe.start()
         time.sleep(3.0)
         for i in range(args.trials):
             b = backup(site, binary.path, work, "backup", shared, f"backup{i + 1}", copies["b"], core=1)
+            procs.append(b)
             before = [a - s for s, a in probe.times[-200:]]
             start = time.monotonic()
             sent = protect(vm, Path(work) / f"protect{i + 1}.events", BACKUP_HOST_IP, shared, mode)
@@ -135,8 +143,10 @@ def run_mode(binary, mode, args):
                 raise TrialFailed(f"the probe client failed: {probe.error}")
         # A failure, then protected again from the new host onto a spare.
         b = backup(site, binary.path, work, "backup", shared, "last", copies["b"], core=1)
+        procs.append(b)
         protect(vm, Path(work) / "vm-last.events", BACKUP_HOST_IP, shared, mode)
         spare = backup(site, binary.path, work, "primary", shared, "spare", copies["c"], core=0)
+        procs.append(spare)
         time.sleep(1.0)
         failed = vm.kill9()
         event(b, "going-live", timeout=60, watch=[b])
@@ -158,6 +168,9 @@ def run_mode(binary, mode, args):
         print(f"  {mode}: FAILED: {e}", flush=True)
         row["bad"] += 1
     finally:
+        # Nothing of this mode may run on beside the next one's VM.
+        for p in procs:
+            p.stop()
         site.close()
         shutil.rmtree(work, ignore_errors=True)
     return row
@@ -168,17 +181,20 @@ def main():
     ap.add_argument("--trials", type=int, default=5, help="protections per mode (default 5)")
     ap.add_argument("--modes", default="lockstep,epoch,checkpoint", help="comma-separated (default all three)")
     ap.add_argument("--fill-mb", type=int, default=600, help="data put into redis first (default 600 MiB)")
+    ap.add_argument("--random-mb", type=int, default=0,
+                    help="random bytes the guest writes into a tmpfs before redis starts (default 0)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     args = ap.parse_args()
     modes = args.modes.split(",")
-    if args.trials < 1 or args.fill_mb < 0 or any(m not in MODES for m in modes):
-        ap.error(f"--trials must be at least 1, --fill-mb not negative and --modes a list of {', '.join(MODES)}")
+    if args.trials < 1 or args.fill_mb < 0 or not 0 <= args.random_mb <= 700 or any(m not in MODES for m in modes):
+        ap.error(f"--trials must be at least 1, --fill-mb not negative, --random-mb 0 to 700 and --modes a list "
+                 f"of {', '.join(MODES)}")
     with ftsite.session("protect"):
         ftsite.check_host(("ip", "taskset", "redis-benchmark"), cores=2)
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
         print(f"protect: {args.trials} protection(s) per mode ({', '.join(modes)}) of a 1 GiB redis guest "
-              f"holding {args.fill_mb} MiB, under redis-benchmark; ftvm {binary.source} (sha256 {binary.sha256}, "
+              f"holding {args.fill_mb} MiB (and {args.random_mb} MiB of random bytes in a tmpfs), under redis-benchmark; ftvm {binary.source} (sha256 {binary.sha256}, "
               f"built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
         rows = [run_mode(binary, mode, args) for mode in modes]
         print()
