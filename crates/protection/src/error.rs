@@ -137,6 +137,13 @@ pub enum ProtectionError {
     /// nothing more.
     #[error("halting: {0}")]
     Deposed(#[from] Deposed),
+    /// The arbiter's records could not be written (a pair's start).
+    #[error(transparent)]
+    Arbiter(#[from] ftvm_replication::arbiter::ArbiterError),
+    /// The new backup did not acknowledge the machine's transfer in time:
+    /// its pair did not start.
+    #[error("the new backup did not acknowledge the machine within {} s", .0.as_secs())]
+    TransferNotAcknowledged(std::time::Duration),
     /// A side that is no transfer was asked for its successor.
     #[error("this side is no transfer to a new backup")]
     NoTransfer,

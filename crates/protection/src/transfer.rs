@@ -55,6 +55,10 @@ const LAST_ROUND: usize = 4096;
 /// guest that writes faster than the channel carries would never let it
 /// converge (the final pause then carries what the last round left).
 pub const MAX_ROUNDS: u32 = 30;
+/// How long the final pause waits for the backup to acknowledge
+/// checkpoint 0 before the attempt fails (the guest stands still
+/// meanwhile: the channel carries a few MiB at most by then).
+const START_WAIT: Duration = Duration::from_secs(5);
 
 /// What the pair is once the machine is across.
 pub enum Then {
@@ -277,17 +281,29 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         // Checkpoint 0 carries the pages written since the last round
         // was taken, and the machine's state.
         let final_pages = sender.checkpoint(m)? as u64;
+        // The pair starts (its backup may go live) once the backup holds
+        // checkpoint 0; until then a failure of either side leaves the VM
+        // where it is, unprotected.
+        let not_acked = ProtectionError::TransferNotAcknowledged(START_WAIT);
         let generation = sender.generation();
         let fence = sender.fence();
         let backup = sender.peer().to_string();
         let mode = then.name().to_string();
         let (successor, bytes): (Box<dyn Primary<E>>, u64) = match then {
             Then::Checkpoints { .. } => {
+                if !sender.wait_checkpoint_acked(0, START_WAIT) {
+                    return Err(not_acked);
+                }
+                sender.mark_started()?;
                 let bytes = sender.stream_bytes().0 - bytes_before;
                 (Box::new(sender), bytes)
             }
             Then::Log { lag_threshold, disks, epoch, go_live_every } => {
                 let (channel, arbiter) = sender.into_channel()?;
+                if !channel.wait_acked(channel.written(), START_WAIT) {
+                    return Err(not_acked);
+                }
+                arbiter.mark_started()?;
                 let bytes = channel.written() - bytes_before;
                 // Both replicas' digest chains start here, where the
                 // backup's machine is restored from checkpoint 0.

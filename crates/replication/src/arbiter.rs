@@ -16,6 +16,14 @@
 //! While the directory cannot be reached the caller waits, as the paper
 //! prescribes: a VM whose storage is gone could not do useful work anyway.
 //!
+//! A generation's pair *starts* (`gen-N.started`, [`Arbiter::mark_started`])
+//! once its backup holds the VM and the side it replaces can no longer
+//! go live (a running VM protected again, a backup moved). Only a started
+//! generation's sides may go live, and none of an older generation once a
+//! newer one has started: an old backup that wakes up (stopped, cut off)
+//! after its VM was protected anew finds it superseded and halts. One
+//! shared directory is one VM's: its generations are that VM's pairs.
+//!
 //! With isolation addresses ([`Arbiter::with_isolation`]), a side first
 //! checks that it can reach the outside; one that cannot defers to the
 //! other side (see [`crate::isolation`]), so the side that can serve wins.
@@ -47,6 +55,14 @@ pub enum ArbiterError {
     /// Creating the `.pair` file of a free generation failed.
     #[error("cannot claim a generation in {}: {source}", .dir.display())]
     Claim {
+        dir: PathBuf,
+        generation: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The generation's start could not be recorded.
+    #[error("cannot record the start of generation {generation} in {}: {source}", .dir.display())]
+    Start {
         dir: PathBuf,
         generation: u64,
         #[source]
@@ -191,11 +207,42 @@ impl Arbiter {
         Err(ArbiterError::AllTaken { dir: dir.to_path_buf(), first: highest + 1, tries: CLAIM_TRIES })
     }
 
+    /// Marks this generation's pair as started: from now on its sides may
+    /// go live, and no older generation's may. The caller makes sure first
+    /// that the pair it replaces cannot go live any more (its backup
+    /// stopped, or its generation claimed by the caller).
+    pub fn mark_started(&self) -> Result<(), ArbiterError> {
+        create_exclusive(&self.dir.join(format!("gen-{}.started", self.generation)), "")
+            .map(|_| ())
+            .map_err(|source| ArbiterError::Start { dir: self.dir.clone(), generation: self.generation, source })
+    }
+
+    /// Whether this generation has started, and the newest started
+    /// generation after it, if any.
+    fn standing(&self) -> std::io::Result<(bool, Option<u64>)> {
+        let mut started = false;
+        let mut newer = None;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let Some(n) = name.to_str().and_then(|n| n.strip_prefix("gen-")?.strip_suffix(".started")?.parse().ok())
+            else {
+                continue;
+            };
+            if n == self.generation {
+                started = true;
+            } else if n > self.generation && newer < Some(n) {
+                newer = Some(n);
+            }
+        }
+        Ok((started, newer))
+    }
+
     /// The test-and-set: `Won` if this call created the generation's
-    /// `.live` file, `Lost` if someone else had. Waits, retrying, while the
-    /// storage cannot be reached (`on_note` hears about it once). With
-    /// isolation addresses, a side that reaches none of them first leaves
-    /// the other side time to claim (see [`crate::isolation`]).
+    /// `.live` file, `Lost` if someone else had, or if the generation never
+    /// started or a newer one has (its reason given as the winner). Waits,
+    /// retrying, while the storage cannot be reached (`on_note` hears about
+    /// it once). With isolation addresses, a side that reaches none of them
+    /// first leaves the other side time to claim (see [`crate::isolation`]).
     pub fn go_live(&self, me: &str, mut on_note: impl FnMut(ArbiterNote)) -> Verdict {
         if let Some(iso) = &self.isolation {
             if let Some(winner) = self.defer_while_isolated(iso, &mut on_note) {
@@ -205,7 +252,21 @@ impl Arbiter {
         let path = self.live_path();
         let mut told = false;
         loop {
-            let problem = match create_exclusive(&path, me) {
+            // A claim already made is the answer, whoever made it.
+            if let Some(winner) = self.winner() {
+                return Verdict::Lost(winner);
+            }
+            let standing = self.standing();
+            if let Ok((started, newer)) = &standing {
+                if let Some(n) = newer {
+                    return Verdict::Lost(format!("generation {n}, a newer pair of this VM"));
+                }
+                if !started {
+                    return Verdict::Lost(format!("nobody: generation {} never started", self.generation));
+                }
+            }
+            let created = standing.and_then(|_| create_exclusive(&path, me));
+            let problem = match created {
                 Ok(true) => return Verdict::Won,
                 Ok(false) => match std::fs::read_to_string(&path) {
                     // The winner writes its name right after creating the
@@ -312,7 +373,7 @@ mod tests {
     #[test]
     fn an_isolated_side_leaves_the_arbiter_to_the_other() {
         let dir = scratch("isolated");
-        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        let gen = started(&dir);
         let cut_off = Arbiter::new(&dir, gen).with_isolation(isolated(Duration::from_secs(20)));
         let t0 = Instant::now();
         let waiting = std::thread::spawn(move || {
@@ -336,7 +397,7 @@ mod tests {
     #[test]
     fn an_isolated_side_contends_once_nobody_claimed_within_its_deferral() {
         let dir = scratch("alone");
-        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        let gen = started(&dir);
         let a = Arbiter::new(&dir, gen).with_isolation(isolated(Duration::from_millis(500)));
         let (v, notes, took) = cut_off(move || {
             let mut notes = Vec::new();
@@ -352,7 +413,7 @@ mod tests {
     #[test]
     fn a_side_that_reaches_the_outside_contends_at_once() {
         let dir = scratch("reached");
-        let gen = Arbiter::claim_generation(&dir, "pair").unwrap().generation();
+        let gen = started(&dir);
         // One address that nothing answers (TEST-NET-2, RFC 5737), one that does.
         let iso = Isolation::new(vec![Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::LOCALHOST], Duration::from_secs(20));
         let mut notes = Vec::new();
@@ -376,8 +437,8 @@ mod tests {
     #[test]
     fn exactly_one_of_many_racers_wins() {
         let dir = scratch("race");
-        let a = Arbiter::claim_generation(&dir, "pair").unwrap();
-        let gen = a.generation();
+        let gen = started(&dir);
+        let a = Arbiter::new(&dir, gen);
         let barrier = Arc::new(Barrier::new(8));
         let handles: Vec<_> = (0..8)
             .map(|i| {
@@ -424,16 +485,48 @@ mod tests {
         std::fs::remove_dir_all(&other).unwrap();
     }
 
+    /// A generation claimed in `dir` and started.
+    fn started(dir: &Path) -> u64 {
+        let a = Arbiter::claim_generation(dir, "pair").unwrap();
+        a.mark_started().unwrap();
+        a.generation()
+    }
+
     #[test]
     fn generations_are_fresh_and_independent() {
         let dir = scratch("gen");
         let g1 = Arbiter::claim_generation(&dir, "p").unwrap();
+        g1.mark_started().unwrap();
         assert_eq!(g1.go_live("backup", |_| {}), Verdict::Won);
         let g2 = Arbiter::claim_generation(&dir, "p").unwrap();
+        g2.mark_started().unwrap();
         assert!(g2.generation() > g1.generation());
         assert_eq!(g2.winner(), None);
         assert_eq!(g2.go_live("primary", |_| {}), Verdict::Won);
         assert_eq!(g1.go_live("primary", |_| {}), Verdict::Lost("backup".into()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Only a started generation's sides go live, and none of an older
+    /// one once a newer has started: an old backup that wakes up after
+    /// its VM was protected anew halts (issue 28).
+    #[test]
+    fn a_generation_goes_live_only_started_and_not_superseded() {
+        let dir = scratch("superseded");
+        let old = Arbiter::claim_generation(&dir, "p").unwrap();
+        old.mark_started().unwrap();
+        let new = Arbiter::claim_generation(&dir, "p").unwrap();
+        // Not started: the transfer to its backup never completed.
+        assert!(matches!(new.go_live("new backup", |_| {}), Verdict::Lost(w) if w.contains("never started")));
+        assert_eq!(new.winner(), None, "a refusal claims nothing");
+        // The old pair's backup could still take over then ...
+        let (old_dir, g) = (dir.clone(), old.generation());
+        new.mark_started().unwrap();
+        // ... but not once the new one has started.
+        let v = Arbiter::new(&old_dir, g).go_live("old backup", |_| {});
+        assert!(matches!(&v, Verdict::Lost(w) if w.contains(&format!("generation {}", new.generation()))), "{v:?}");
+        assert_eq!(old.winner(), None);
+        assert_eq!(new.go_live("new backup", |_| {}), Verdict::Won);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -455,7 +548,11 @@ mod tests {
             let gone = gone.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(400));
-                std::fs::create_dir(&gone).unwrap();
+                // Mounted with generation 1 started, at once.
+                let ready = gone.with_extension("part");
+                std::fs::create_dir(&ready).unwrap();
+                std::fs::write(ready.join("gen-1.started"), "").unwrap();
+                std::fs::rename(&ready, &gone).unwrap();
             })
         };
         let t0 = std::time::Instant::now();

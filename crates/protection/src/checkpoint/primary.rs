@@ -369,6 +369,31 @@ impl Checkpointer {
         Ok((channel, self.arbiter))
     }
 
+    /// Waits (up to `wait`) until the backup has acknowledged checkpoint
+    /// `number`: false if it did not in time.
+    pub fn wait_checkpoint_acked(&mut self, number: u64, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        loop {
+            // Frames of acknowledged checkpoints become releasable here;
+            // none are held before a running VM's pair starts.
+            let released = self.release();
+            debug_assert!(released.is_empty());
+            if self.acked_checkpoints > number {
+                return true;
+            }
+            if self.watch.failure().is_some() || Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Records at the arbiter that this pair has started (see
+    /// `Arbiter::mark_started`).
+    pub fn mark_started(&self) -> Result<(), ProtectionError> {
+        Ok(self.arbiter.mark_started()?)
+    }
+
     /// The pair's generation at the arbiter.
     pub fn generation(&self) -> u64 {
         self.arbiter.generation()

@@ -404,6 +404,9 @@ pub fn start_primary(
 ) -> Result<Box<dyn Primary<Machine>>, VmmError> {
     let Connected { mut channel, arbiter, me, disks, digests, epoch, interval, .. } =
         connect_pair(args, header, host_events, events, fence)?;
+    // The backup follows from the first instruction: its generation may
+    // go live from now on.
+    arbiter.mark_started()?;
     let protected =
         |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
     if let Some(interval) = interval {
