@@ -7,7 +7,8 @@ each have an eth0 that is a veth to a port of the switch. On a host, eth0
 and the VM's TAP `t0` are enslaved to the bridge `br0`, which carries the
 host's address, so the guest (10.201.0.100, given with `ftvm.ip=`) sits on
 the switch's network like any machine. The client's eth0 carries its
-address directly.
+address directly. A site made with `spare=True` has a third host, the
+spare (10.201.0.3, port `ps`), for a backup to move to.
 
     switch ns:   swbr ── pa (to primary host) ── pb (to backup host) ── pc (to client)
     host ns:     br0 = {eth0, t0}, 10.201.0.{1,2}/24
@@ -37,6 +38,7 @@ from .host import sh
 GUEST_IP = "10.201.0.100"
 PRIMARY_HOST_IP = "10.201.0.1"
 BACKUP_HOST_IP = "10.201.0.2"
+SPARE_HOST_IP = "10.201.0.3"
 CLIENT_IP = "10.201.0.50"
 CHANNEL_PORT = 7700
 REDIS_PORT = 6379
@@ -77,9 +79,9 @@ class Site:
     """The switch, two hosts and a client as network namespaces; removed
     by close() (registered for cleanup)."""
 
-    HOSTS = {"primary": ("pa", PRIMARY_HOST_IP), "backup": ("pb", BACKUP_HOST_IP)}
+    HOSTS = {"primary": ("pa", PRIMARY_HOST_IP), "backup": ("pb", BACKUP_HOST_IP), "spare": ("ps", SPARE_HOST_IP)}
 
-    def __init__(self, tag):
+    def __init__(self, tag, spare=False):
         with _TAGS_LOCK:
             # The tag names the namespaces (with the process id): two sites
             # with one tag would collide.
@@ -87,8 +89,8 @@ class Site:
             _OPEN_TAGS.add(tag)
         self.tag = tag
         base = f"ftvm-{tag}-{os.getpid()}{os.urandom(2).hex()}"
-        self.ns = {role: f"{base}-{short}" for role, short in
-                   (("switch", "sw"), ("primary", "pa"), ("backup", "pb"), ("client", "cl"))}
+        roles = [("switch", "sw"), ("primary", "pa"), ("backup", "pb"), ("client", "cl")]
+        self.ns = {role: f"{base}-{short}" for role, short in roles + ([("spare", "ps")] if spare else [])}
         self.made = []
         self._undo = on_cleanup(self.close)
         try:
@@ -116,6 +118,8 @@ class Site:
         sh(["ip", "-n", sw, "link", "add", "swbr", "type", "bridge"])
         sh(["ip", "-n", sw, "link", "set", "swbr", "up"])
         ports = [("primary", "pa", PRIMARY_HOST_IP), ("backup", "pb", BACKUP_HOST_IP), ("client", "pc", CLIENT_IP)]
+        if "spare" in self.ns:
+            ports.append(("spare", "ps", SPARE_HOST_IP))
         for role, port, addr in ports:
             ns = self.ns[role]
             # Made inside the switch namespace with its peer sent straight

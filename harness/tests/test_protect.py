@@ -25,7 +25,7 @@ from ftsite import GUEST_IP, REDIS_PORT, ConnectionLost, Resp, RespError, event,
 from ftsite.observe import control
 from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
-from ftsite.site import BACKUP_HOST_IP, PRIMARY_HOST_IP, Site
+from ftsite.site import BACKUP_HOST_IP, PRIMARY_HOST_IP, SPARE_HOST_IP, Site
 from ftsite.trial import KeyWriter, check_keys
 
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
@@ -33,7 +33,7 @@ MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", 
 
 def backup_on(site, ftvm, work, role, shared, name, extra=()):
     """`ftvm ft backup` on host `role`, listening on that host's address."""
-    ip = PRIMARY_HOST_IP if role == "primary" else BACKUP_HOST_IP
+    ip = {"primary": PRIMARY_HOST_IP, "backup": BACKUP_HOST_IP, "spare": SPARE_HOST_IP}[role]
     sock, events = str(Path(work) / f"{name}.sock"), Path(work) / f"{name}.events"
     events.unlink(missing_ok=True)
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
@@ -165,4 +165,50 @@ def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
     assert check_keys(conn, total) == (0, 0)
     print(f"{mode}: unprotected and protected again; {total} keys, none lost")
     b2.stop()
+    site.close()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_backup_moves_under_load_and_the_new_one_takes_over(ftvm, scratch, mode):
+    """`protect` onto host C of a VM protected on host B: the pair with B
+    goes on while the machine goes to C, then B stops (exit 0, never
+    live) and C follows; the primary fails and C goes live with every
+    key (VMware FT §3.3, moving the backup)."""
+    site = Site(f"mv{mode[0]}", spare=True)
+    shared = Path(scratch) / "shared"
+    shared.mkdir()
+    image = rootfs(ftvm)
+    if mode == "checkpoint":
+        disk = sparse_copy(image, Path(scratch) / "a-disk.img")
+        extra1 = ["--disk", str(sparse_copy(image, Path(scratch) / "b-disk.img"))]
+        extra2 = ["--disk", str(sparse_copy(image, Path(scratch) / "c-disk.img"))]
+    else:
+        disk = sparse_copy(image, shared / "disk.img")
+        extra1 = extra2 = []
+    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
+    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
+    writer = KeyWriter(conn)
+    writer.start()
+    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
+    protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
+    assert keys_written_meanwhile(writer, 1.0 + random.random() * 2.0) > 0
+    c = backup_on(site, ftvm, scratch, "spare", shared, "spare", extra2)
+    answer = protect(plain, SPARE_HOST_IP, shared, MODES[mode], [plain, b, c])
+    print(f"{mode}, moving the backup: {answer}")
+    assert b.wait(30) == 0, b.output()
+    assert event(b, "going-live") is None, b.output()
+    event(c, "following", timeout=10, watch=[c])
+    st = status(plain.sock)
+    assert st.get("role") == "primary" and st.get("generation") == 2, st["_raw"]
+    assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once the backup moved"
+    plain.kill9()
+    event(c, "going-live", timeout=30, watch=[c])
+    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{c.tail()}"
+    writer.stop()
+    assert writer.error is None, f"the client failed: {writer.error}"
+    total = writer.acked
+    assert conn.command("DBSIZE") == total
+    assert check_keys(conn, total) == (0, 0)
+    print(f"{mode}: the backup moved from B to C under load and C took over; {total} keys, none lost")
+    c.stop()
     site.close()

@@ -36,6 +36,13 @@ pub trait Engine {
     /// Turns the tracking of pages written on or off (off, a store costs
     /// nothing extra).
     fn set_dirty_tracking(&mut self, on: bool);
+    /// Starts a second reader of the pages written (a transfer beside the
+    /// pair in force, which takes the first set), with tracking on.
+    fn start_dirty_view(&mut self);
+    /// The second reader's pages written since it started or last took.
+    fn take_dirty_view(&mut self) -> Vec<u64>;
+    /// The second reader is done.
+    fn end_dirty_view(&mut self);
     /// The whole machine but its RAM, to restore beside a copy of RAM.
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError>;
     /// The whole machine, RAM included (a snapshot file's machine part).
@@ -98,6 +105,15 @@ impl Engine for Machine {
     }
     fn set_dirty_tracking(&mut self, on: bool) {
         Machine::set_dirty_tracking(self, on)
+    }
+    fn start_dirty_view(&mut self) {
+        Machine::start_dirty_view(self)
+    }
+    fn take_dirty_view(&mut self) -> Vec<u64> {
+        Machine::take_dirty_view(self)
+    }
+    fn end_dirty_view(&mut self) {
+        Machine::end_dirty_view(self)
     }
     fn checkpoint_state(&self) -> Result<Vec<u8>, MachineError> {
         Machine::checkpoint_state(self)

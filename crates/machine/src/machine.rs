@@ -376,6 +376,27 @@ impl Machine {
         pages
     }
 
+    /// A second reader of the pages written (see `GuestRam::start_view`).
+    pub fn start_dirty_view(&mut self) {
+        self.ram.start_view();
+    }
+
+    /// The second reader's pages written since its last take.
+    pub fn take_dirty_view(&mut self) -> Vec<u64> {
+        let pages = self.ram.take_view();
+        // A store TLB entry says "marked": a store through it would not
+        // mark the view again.
+        for h in &mut self.harts {
+            h.flush_store_tlb();
+        }
+        pages
+    }
+
+    /// The second reader is done.
+    pub fn end_dirty_view(&mut self) {
+        self.ram.end_view();
+    }
+
     pub fn set_dirty_tracking(&mut self, on: bool) {
         self.ram.set_tracking(on);
         for h in &mut self.harts {

@@ -82,6 +82,9 @@ pub struct GuestRam {
     /// Whether stores mark pages dirty. Off costs nothing on the CPU's
     /// store path beyond one predictable branch.
     tracking: bool,
+    /// A second reader's bitmap of the pages written ([`GuestRam::start_view`]),
+    /// marked beside the first and taken apart from it.
+    view: Option<Vec<u64>>,
 }
 
 impl GuestRam {
@@ -94,7 +97,8 @@ impl GuestRam {
         let size = size.checked_add(PAGE_SIZE - 1).ok_or(refused)? & !(PAGE_SIZE - 1);
         let len = usize::try_from(size).map_err(|_| refused)?;
         let pages = (size >> PAGE_SHIFT) as usize;
-        Ok(GuestRam { base, bytes: zeroed(len).ok_or(refused)?, dirty: vec![0u64; pages.div_ceil(64)], tracking: true })
+        let dirty = vec![0u64; pages.div_ceil(64)];
+        Ok(GuestRam { base, bytes: zeroed(len).ok_or(refused)?, dirty, tracking: true, view: None })
     }
 
     /// Guest-physical address of RAM's first byte.
@@ -161,6 +165,33 @@ impl GuestRam {
         for p in first..=last {
             self.dirty[p >> 6] |= 1u64 << (p & 63);
         }
+        if let Some(view) = &mut self.view {
+            for p in first..=last {
+                view[p >> 6] |= 1u64 << (p & 63);
+            }
+        }
+    }
+
+    /// A second reader of the pages written from now on (a running VM's
+    /// transfer to a new backup, beside the pair in force, which takes the
+    /// first set for its checkpoints or state digests): its own set, taken
+    /// with [`GuestRam::take_view`] whatever [`GuestRam::take_dirty`] took.
+    pub fn start_view(&mut self) {
+        self.view = Some(vec![0u64; self.dirty.len()]);
+    }
+
+    /// The pages written since the view started or was last taken (empty
+    /// without a view). As with [`GuestRam::take_dirty`], whoever caches
+    /// "this page is marked" (a store TLB) must forget it.
+    pub fn take_view(&mut self) -> Vec<u64> {
+        let base_pfn = self.base >> PAGE_SHIFT;
+        let Some(view) = &mut self.view else { return Vec::new() };
+        take_bits(view, base_pfn)
+    }
+
+    /// The second reader is done.
+    pub fn end_view(&mut self) {
+        self.view = None;
     }
 
     /// Copies `buf.len()` bytes at guest address `addr` into `buf`.
@@ -234,17 +265,7 @@ impl GuestRam {
     /// Guest-physical page numbers (address >> 12) written since the last
     /// call, in ascending order; resets the set.
     pub fn take_dirty(&mut self) -> Vec<u64> {
-        let base_pfn = self.base >> PAGE_SHIFT;
-        let mut out = Vec::new();
-        for (i, word) in self.dirty.iter_mut().enumerate() {
-            let mut w = std::mem::take(word);
-            while w != 0 {
-                let bit = w.trailing_zeros() as u64;
-                out.push(base_pfn + (i as u64) * 64 + bit);
-                w &= w - 1;
-            }
-        }
-        out
+        take_bits(&mut self.dirty, self.base >> PAGE_SHIFT)
     }
 
     /// Number of pages written since the last [`GuestRam::take_dirty`],
@@ -254,9 +275,44 @@ impl GuestRam {
     }
 }
 
+/// The page numbers of the bits set in `bitmap` (page 0 is `base_pfn`),
+/// which is cleared.
+fn take_bits(bitmap: &mut [u64], base_pfn: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for (i, word) in bitmap.iter_mut().enumerate() {
+        let mut w = std::mem::take(word);
+        while w != 0 {
+            let bit = w.trailing_zeros() as u64;
+            out.push(base_pfn + (i as u64) * 64 + bit);
+            w &= w - 1;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second reader sees every page written since its last take,
+    /// whatever the first took meanwhile, and the first likewise.
+    #[test]
+    fn a_view_is_taken_apart_from_the_dirty_set() {
+        let mut ram = GuestRam::new(0x8000_0000, 64 * PAGE_SIZE).unwrap();
+        let base = 0x8000_0000 >> PAGE_SHIFT;
+        ram.write_u32(0x8000_0000 + PAGE_SIZE, 1).unwrap();
+        ram.start_view();
+        ram.write_u32(0x8000_0000 + 3 * PAGE_SIZE, 1).unwrap();
+        assert_eq!(ram.take_dirty(), vec![base + 1, base + 3]);
+        ram.write_u32(0x8000_0000 + 7 * PAGE_SIZE, 1).unwrap();
+        assert_eq!(ram.take_view(), vec![base + 3, base + 7]);
+        assert_eq!(ram.take_dirty(), vec![base + 7]);
+        assert!(ram.take_view().is_empty());
+        ram.end_view();
+        ram.write_u32(0x8000_0000 + 9 * PAGE_SIZE, 1).unwrap();
+        assert!(ram.take_view().is_empty());
+        assert_eq!(ram.take_dirty(), vec![base + 9]);
+    }
 
     #[test]
     fn dirty_pages_are_exact_and_reset() {

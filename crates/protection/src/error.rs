@@ -144,6 +144,10 @@ pub enum ProtectionError {
     /// its pair did not start.
     #[error("the new backup did not acknowledge the machine within {} s", .0.as_secs())]
     TransferNotAcknowledged(std::time::Duration),
+    /// The VM's I/O in flight did not finish in time for a transfer's
+    /// final pause.
+    #[error("the VM's I/O did not finish within {} s for the final pause", .0.as_secs())]
+    QuiesceTimedOut(std::time::Duration),
     /// A side that is no transfer was asked for its successor.
     #[error("this side is no transfer to a new backup")]
     NoTransfer,

@@ -175,11 +175,24 @@ pub trait Primary<E: Engine> {
     }
 
     /// The final pause of a transfer ([`Primary::successor_due`]): the
-    /// machine stopped with no I/O in flight. Returns the side that goes
-    /// on from here, and what the transfer took; an error leaves the VM
-    /// unprotected, running as before.
-    fn succeed(self: Box<Self>, _m: &mut E) -> Result<(Box<dyn Primary<E>>, Transferred), ProtectionError> {
+    /// machine stopped with no I/O in flight. Once the new backup holds
+    /// the machine, `before_start` ends what the new pair replaces (a
+    /// moved backup's old pair; its error, a lost arbiter, is returned
+    /// and the side halts); then the pair starts. Returns the side that
+    /// goes on from here, and what the transfer took; any other error
+    /// leaves the VM as it was before the transfer.
+    fn succeed(
+        self: Box<Self>,
+        _m: &mut E,
+        _before_start: &mut dyn FnMut(&mut E) -> Result<(), ProtectionError>,
+    ) -> Result<(Box<dyn Primary<E>>, Transferred), ProtectionError> {
         Err(ProtectionError::NoTransfer)
+    }
+
+    /// Whether this side's stream to its backup has failed (so a backup
+    /// declared failed is this side's, not another transfer's).
+    fn stream_failed(&self) -> bool {
+        false
     }
 
     /// Protection stops on purpose (`unprotect`), the machine stopped

@@ -148,9 +148,10 @@ impl Transfer {
                 // before land: the disks can be read while it writes.
                 self.sender.sync_disks(std::mem::take(requests), std::mem::take(disks));
             }
-            // From here on every page written is sent again.
-            m.set_dirty_tracking(true);
-            let _ = m.take_dirty_pages();
+            // From here on every page written is sent again: a view of
+            // its own, as the pair in force (a moving backup's) takes the
+            // pages written for its checkpoints or state digests.
+            self.sender.begin_precopy(m);
             let base = m.ram().base() / PAGE_SIZE as u64;
             let pages = m.ram().size() / PAGE_SIZE as u64;
             self.todo = (base..base + pages).rev().collect();
@@ -160,7 +161,7 @@ impl Transfer {
             if self.last_round {
                 return;
             }
-            let mut dirty = m.take_dirty_pages();
+            let mut dirty = m.take_dirty_view();
             self.last_round = dirty.len() <= LAST_ROUND || self.round >= MAX_ROUNDS;
             self.round += 1;
             dirty.reverse();
@@ -275,7 +276,15 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         self.last_round && self.todo.is_empty() && self.at_boundary && self.sender.precopy_done()
     }
 
-    fn succeed(self: Box<Self>, m: &mut E) -> Result<(Box<dyn Primary<E>>, Transferred), ProtectionError> {
+    fn stream_failed(&self) -> bool {
+        self.sender.failed()
+    }
+
+    fn succeed(
+        self: Box<Self>,
+        m: &mut E,
+        before_start: &mut dyn FnMut(&mut E) -> Result<(), ProtectionError>,
+    ) -> Result<(Box<dyn Primary<E>>, Transferred), ProtectionError> {
         let t0 = Instant::now();
         let Transfer { mut sender, then, me, events, started, round, pages, bytes_before, .. } = *self;
         // Checkpoint 0 carries the pages written since the last round
@@ -294,6 +303,9 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
                 if !sender.wait_checkpoint_acked(0, START_WAIT) {
                     return Err(not_acked);
                 }
+                before_start(m)?;
+                // Checkpoint 1 carries what is written from here on.
+                let _ = m.take_dirty_pages();
                 sender.mark_started()?;
                 let bytes = sender.stream_bytes().0 - bytes_before;
                 (Box::new(sender), bytes)
@@ -303,6 +315,10 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
                 if !channel.wait_acked(channel.written(), START_WAIT) {
                     return Err(not_acked);
                 }
+                before_start(m)?;
+                // The first state digest hashes what is written from here
+                // on, as on the backup's machine, restored just now.
+                let _ = m.take_dirty_pages();
                 arbiter.mark_started()?;
                 let bytes = channel.written() - bytes_before;
                 // Both replicas' digest chains start here, where the

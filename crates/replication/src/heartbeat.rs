@@ -187,7 +187,7 @@ impl Beats {
     }
 }
 
-fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: Arc<Shared>) {
+fn beat(sock: UdpSocket, mut peer: SocketAddr, beats: Beats, interval: Duration, s: Arc<Shared>) {
     crate::priority::raise_watcher();
     let mut seq =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
@@ -220,6 +220,10 @@ fn beat(sock: UdpSocket, peer: SocketAddr, beats: Beats, interval: Duration, s: 
             }
             if let Some(seq) = beats.check(&buf[..n]).filter(|&seq| seq > heard_seq) {
                 heard_seq = seq;
+                // The peer beats from a port of its own (a primary may be
+                // in two pairs at once while its backup moves): answered
+                // there, once a beat proved it is the peer's.
+                peer = from;
                 let us = s.start.elapsed().as_micros().max(1) as u64;
                 // The time first: whoever reads the sequence number may
                 // rely on the silence it implies.
@@ -300,6 +304,24 @@ mod tests {
         drop(b);
         std::thread::sleep(Duration::from_millis(200));
         assert!(a.silence() >= Duration::from_millis(150), "{:?}", a.silence());
+    }
+
+    /// A primary beats from a port of its own: the backup, which knew only
+    /// the address, answers where the authenticated beats come from.
+    #[test]
+    fn a_peer_beating_from_its_own_port_is_answered_there() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let pb = UdpSocket::bind(any).unwrap().local_addr().unwrap();
+        // A port nobody listens on: what the backup is told at first.
+        let nowhere = UdpSocket::bind(any).unwrap().local_addr().unwrap();
+        let iv = Duration::from_millis(10);
+        let a = Heartbeat::start(any, pb, 3, iv, &key()).unwrap();
+        let b = Heartbeat::start(pb, nowhere, 3, iv, &key()).unwrap();
+        let started = std::time::Instant::now();
+        while !(a.heard() && b.heard()) {
+            assert!(started.elapsed() < Duration::from_secs(5), "heard {} {}", a.heard(), b.heard());
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     #[test]

@@ -196,6 +196,9 @@ struct Live<E: Engine> {
     /// A `protect` under way, whose answer waits here until the pair
     /// starts or the attempt fails.
     protect_reply: Option<Sender<Response>>,
+    /// A protected VM's transfer to a new backup (the backup moves): the
+    /// pair in force goes on meanwhile, and ends in the final pause.
+    moving: Option<Box<dyn Primary<E>>>,
     /// An `unprotect` asked for, whose answer waits here: it happens
     /// where the machine next stands where inputs may be delivered.
     unprotect_asked: Option<Sender<Response>>,
@@ -237,6 +240,7 @@ pub fn run<E: Engine>(
         protector,
         protect_reply: None,
         unprotect_asked: None,
+        moving: None,
     };
     if let Err(e) = crate::signals::forward_sigterm(live.io.events()) {
         eprintln!("ftvm: SIGTERM will not hand over or quit cleanly: {e}");
@@ -285,6 +289,12 @@ impl<E: Engine> Live<E> {
             let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
             let injected_before = self.injected;
+            if let (Some(exit), Some(t)) = (&exit, &mut self.moving) {
+                // A transfer delivers no inputs: it only notes where the
+                // machine stands.
+                let none = t.after_run(&self.m, exit);
+                debug_assert!(none.is_empty());
+            }
             if let (Some(exit), Some(p)) = (&exit, &mut self.primary) {
                 for ev in p.after_run(&self.m, exit) {
                     self.inject(ev);
@@ -295,7 +305,7 @@ impl<E: Engine> Live<E> {
             if let Some(exit) = &exit {
                 self.after_slice(busy, matches!(exit, RunExit::Idle { .. }))?;
             }
-            if self.primary.as_ref().is_some_and(|p| p.successor_due()) {
+            if self.successor_due() {
                 if let Next::Exit(code) = self.succeed(events)? {
                     return Ok(code);
                 }
@@ -419,9 +429,18 @@ impl<E: Engine> Live<E> {
 
     fn run_target(&self) -> u64 {
         let look_at = self.m.icount() + CHUNK;
-        match &self.primary {
-            Some(p) => p.run_target(self.m.icount(), look_at),
-            None => look_at,
+        let icount = self.m.icount();
+        let target = self.primary.as_ref().map_or(look_at, |p| p.run_target(icount, look_at));
+        self.moving.as_ref().map_or(target, |t| t.run_target(icount, target).min(target))
+    }
+
+    /// Whether a transfer asks for its final pause now: a move's also
+    /// waits until the pair in force stands where inputs may be delivered
+    /// (an epoch end), where its stream can end.
+    fn successor_due(&self) -> bool {
+        match &self.moving {
+            Some(t) => t.successor_due() && self.primary.as_ref().is_none_or(|p| p.accepts_inputs()),
+            None => self.primary.as_ref().is_some_and(|p| p.successor_due()),
         }
     }
 
@@ -445,7 +464,8 @@ impl<E: Engine> Live<E> {
         let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
         // A protected VM wakes to show the backup it is alive (and to let
         // acknowledged outputs go, which the events also do).
-        let keepalive = self.primary.as_ref().and_then(|p| p.wake_within(Instant::now()));
+        let now = Instant::now();
+        let keepalive = [&self.primary, &self.moving].into_iter().flatten().filter_map(|p| p.wake_within(now)).min();
         let capped = match (wait, keepalive) {
             (Some(d), Some(k)) if k < d => Some(k),
             (None, Some(k)) => Some(k),
@@ -516,7 +536,27 @@ impl<E: Engine> Live<E> {
             HostEvent::Control(req) => return self.control(req),
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
+                // A move's new backup failed: the move is off, the pair in
+                // force goes on (unless its own backup failed too).
+                if self.moving.as_ref().is_some_and(|t| t.stream_failed()) {
+                    if let Some(mut t) = self.moving.take() {
+                        let _ = t.peer_lost(&failure);
+                    }
+                    if let Some(reply) = self.protect_reply.take() {
+                        let _ = reply.send(Response::Error(ControlError::ProtectFailed(format!(
+                            "the new backup failed during the transfer ({failure}); the pair in force goes on"
+                        ))));
+                    }
+                    if !self.primary.as_ref().is_some_and(|p| p.stream_failed()) {
+                        return Ok(Next::Continue);
+                    }
+                }
                 let Some(p) = &mut self.primary else { return Ok(Next::Continue) };
+                // The stream of a pair that has ended since (a moved
+                // backup's old pair) closes too: it concerns no one now.
+                if !p.stream_failed() {
+                    return Ok(Next::Continue);
+                }
                 let alone = p.peer_lost(&failure).inspect_err(|_| {
                     // Halting: the backup is the VM now. Nothing more goes
                     // into the stream and no held output leaves.
@@ -546,13 +586,19 @@ impl<E: Engine> Live<E> {
                 return Ok(Next::Exit(0));
             }
             HostEvent::Protection(setup) => match (setup.transfer, &self.protector) {
-                (Ok(transfer), Some(protector)) if self.primary.is_none() => {
+                (Ok(transfer), Some(protector)) if self.moving.is_none() => {
                     // Every request from here on goes through the
                     // transfer (writes into the stream, where the backup
                     // keeps its own disks): those before it land first,
                     // so its copy of the disks misses none.
                     self.io.drain();
-                    self.primary = Some(protector.transfer(transfer));
+                    let transfer = protector.transfer(transfer);
+                    // Protected already: the backup moves, the pair in
+                    // force going on until the new one starts.
+                    match &self.primary {
+                        Some(_) => self.moving = Some(transfer),
+                        None => self.primary = Some(transfer),
+                    }
                 }
                 (Ok(_), _) => {}
                 (Err(e), _) => {
@@ -734,47 +780,97 @@ impl<E: Engine> Live<E> {
                 });
             }
         };
-        let transfer = self.primary.take().expect("a transfer is under way");
-        if !quiet {
-            let why = format!("the VM's I/O did not finish within {} s for the final pause", QUIESCE_MOST.as_secs());
-            eprintln!("ftvm: protection failed: {why}; the VM runs on unprotected");
-            answer(Err(ControlError::ProtectFailed(why)));
-            drop(transfer);
+        // A move's old pair is ended once the new backup holds the machine.
+        let (transfer, mut old) = match self.moving.take() {
+            Some(t) => (t, self.primary.take()),
+            None => (self.primary.take().expect("a transfer is under way"), None),
+        };
+        let moved = old.is_some();
+        let mut ended: Option<Result<Alone, String>> = None;
+        let result = if quiet {
+            let mut end_old = |m: &mut E| -> Result<(), ProtectionError> {
+                if let Some(p) = old.take() {
+                    match p.unprotect(m) {
+                        Ok(alone) => ended = Some(Ok(alone)),
+                        Err(e) => {
+                            ended = Some(Err(e.to_string()));
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok(())
+            };
+            transfer.succeed(&mut self.m, &mut end_old)
         } else {
-            match transfer.succeed(&mut self.m) {
-                Ok((pair, done)) => {
-                    self.primary = Some(pair);
-                    self.opts.ft_alone = false;
-                    let pause_ms = stopped.elapsed().as_millis() as u64;
-                    let mode = self.primary.as_mut().and_then(|p| p.status()).map_or(String::new(), |s| match s {
-                        PairStatus::Primary(p) => p.mode.name().to_string(),
-                        _ => String::new(),
-                    });
-                    eprintln!(
-                        "ftvm: protected ({mode}, generation {}): the machine went across in {} rounds, {} pages \
-                         ({:.1} MiB), the last {} in a final pause of {pause_ms} ms; {} ms in all",
-                        done.generation,
-                        done.rounds,
-                        done.pages,
-                        done.bytes as f64 / (1 << 20) as f64,
-                        done.final_pages,
-                        done.total.as_millis()
-                    );
-                    answer(Ok(Reply::Protected {
-                        generation: done.generation,
-                        mode,
-                        rounds: done.rounds,
-                        pages: done.pages,
-                        final_pages: done.final_pages,
-                        bytes: done.bytes,
-                        pause_ms,
-                        total_ms: done.total.as_millis() as u64,
-                    }));
+            drop(transfer);
+            Err(ProtectionError::QuiesceTimedOut(QUIESCE_MOST))
+        };
+        // What the old pair held goes once it has ended (its backup
+        // stopped, or its generation won), the new pair started or not.
+        let released = match ended {
+            Some(Ok(alone)) => Some(alone),
+            Some(Err(_)) => {
+                // Its backup went live first: this side halts, releasing
+                // nothing (the transfer returned the old pair's error).
+                self.halted = true;
+                let e = result.err().unwrap_or(ProtectionError::NoTransfer);
+                answer(Err(ControlError::ProtectFailed(e.to_string())));
+                return Err(e.into());
+            }
+            None => None,
+        };
+        match result {
+            Ok((pair, done)) => {
+                self.primary = Some(pair);
+                self.opts.ft_alone = false;
+                let pause_ms = stopped.elapsed().as_millis() as u64;
+                let mode = self.primary.as_mut().and_then(|p| p.status()).map_or(String::new(), |s| match s {
+                    PairStatus::Primary(p) => p.mode.name().to_string(),
+                    _ => String::new(),
+                });
+                eprintln!(
+                    "ftvm: protected ({mode}, generation {}){}: the machine went across in {} rounds, {} pages \
+                     ({:.1} MiB), the last {} in a final pause of {pause_ms} ms; {} ms in all",
+                    done.generation,
+                    if moved { ", the backup moved" } else { "" },
+                    done.rounds,
+                    done.pages,
+                    done.bytes as f64 / (1 << 20) as f64,
+                    done.final_pages,
+                    done.total.as_millis()
+                );
+                if let Some(Alone { outputs, inputs }) = released {
+                    self.io.dispatch(outputs);
+                    for ev in inputs {
+                        self.inject(ev);
+                    }
                 }
-                Err(e) => {
-                    eprintln!("ftvm: protection failed: {e}; the VM runs on unprotected");
-                    answer(Err(ControlError::ProtectFailed(e.to_string())));
+                answer(Ok(Reply::Protected {
+                    generation: done.generation,
+                    mode,
+                    rounds: done.rounds,
+                    pages: done.pages,
+                    final_pages: done.final_pages,
+                    bytes: done.bytes,
+                    pause_ms,
+                    total_ms: done.total.as_millis() as u64,
+                }));
+            }
+            Err(e) => {
+                match (released, old) {
+                    // The old pair ended but the new did not start.
+                    (Some(alone), _) => {
+                        eprintln!("ftvm: protection failed: {e}; the VM runs on unprotected");
+                        self.run_alone(alone);
+                    }
+                    // The move failed before the old pair ended: it goes on.
+                    (None, Some(p)) => {
+                        eprintln!("ftvm: moving the backup failed: {e}; the pair in force goes on");
+                        self.primary = Some(p);
+                    }
+                    (None, None) => eprintln!("ftvm: protection failed: {e}; the VM runs on unprotected"),
                 }
+                answer(Err(ControlError::ProtectFailed(e.to_string())));
             }
         }
         for ev in later {
@@ -788,6 +884,12 @@ impl<E: Engine> Live<E> {
     /// Hands requests to the host; under protection, outputs wait for the
     /// backup's acknowledgement of what produced them.
     fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
+        // A move's transfer sees every request first (it mirrors disk
+        // writes, where the new backup keeps its own disks) and holds none.
+        let requests = match &mut self.moving {
+            Some(t) => t.gate(requests, self.m.icount()),
+            None => requests,
+        };
         let out = match &mut self.primary {
             Some(p) => p.gate(requests, self.m.icount()),
             None => requests,
@@ -800,6 +902,9 @@ impl<E: Engine> Live<E> {
     /// After a run: a checkpoint when one is due, and the pause the
     /// primary asks for to keep its backup near.
     fn after_slice(&mut self, busy: Duration, idle: bool) -> Result<(), VmmError> {
+        if let Some(t) = &mut self.moving {
+            t.after_slice(&mut self.m, busy, idle)?;
+        }
         let Some(p) = &mut self.primary else { return Ok(()) };
         let pause = p.after_slice(&mut self.m, busy, idle)?;
         if !pause.is_zero() {
@@ -867,7 +972,8 @@ impl<E: Engine> Live<E> {
                 return Ok(Next::Continue);
             }
             Request::Protect(_) if self.protector.is_none() => (Err(ControlError::NotProtectable), Next::Continue),
-            Request::Protect(_) if self.primary.is_some() || self.protect_reply.is_some() => {
+            // Protected already: the backup moves to the host given.
+            Request::Protect(_) if self.protect_reply.is_some() || self.moving.is_some() => {
                 (Err(ControlError::AlreadyProtected), Next::Continue)
             }
             Request::Protect(_) if self.paused => (Err(ControlError::ProtectPaused), Next::Continue),

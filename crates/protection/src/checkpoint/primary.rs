@@ -280,13 +280,22 @@ impl Checkpointer {
         })
     }
 
+    /// A pre-copy begins: the machine's second view of the pages written
+    /// ([`Engine::start_dirty_view`]) is started, and checkpoint 0 will
+    /// carry what it saw since the last round rather than all of RAM.
+    pub fn begin_precopy(&mut self, m: &mut dyn Engine) {
+        self.precopied = true;
+        m.set_dirty_tracking(true);
+        m.start_dirty_view();
+    }
+
     /// Pre-copy: sends the pages `pfns` of the running VM ahead of the
     /// first checkpoint, unless the sender is still busy with earlier
     /// ones (false: the guest runs on, and they are offered again later).
     /// The first checkpoint then carries the pages written since the
     /// pre-copy began ([`Engine::take_dirty_pages`] from then on).
     pub fn precopy(&mut self, m: &dyn Engine, pfns: &[u64]) -> bool {
-        self.precopied = true;
+        debug_assert!(self.precopied, "begin_precopy first");
         // One share in the sender's hands and one waiting keep it busy;
         // more would only hold copies of pages that may change again.
         if self.precopy_queued.load(Ordering::Acquire) >= 2 {
@@ -473,7 +482,15 @@ impl Checkpointer {
     /// carries.
     pub fn checkpoint(&mut self, m: &mut dyn Engine) -> Result<usize, ProtectionError> {
         let t0 = Instant::now();
-        let dirty = m.take_dirty_pages();
+        // After a pre-copy, checkpoint 0 carries the pages its view saw
+        // written since the last round.
+        let dirty = if self.number == 0 && self.precopied {
+            let pages = m.take_dirty_view();
+            m.end_dirty_view();
+            pages
+        } else {
+            m.take_dirty_pages()
+        };
         let base_pfn = m.ram().base() / PAGE_SIZE as u64;
         let ram = m.ram().as_slice();
         let page = PAGE_SIZE;
@@ -716,6 +733,10 @@ impl<E: Engine> Primary<E> for Checkpointer {
 
     fn hand_over(&mut self, m: &mut E) -> Result<Vec<Request>, ProtectionError> {
         self.hand_over_frames(m)
+    }
+
+    fn stream_failed(&self) -> bool {
+        self.watch.failure().is_some()
     }
 
     /// A last checkpoint (the frames of this interval wait for it), then

@@ -250,6 +250,10 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
         Ok(end)
     }
 
+    fn stream_failed(&self) -> bool {
+        self.lockstep.channel().failure().is_some()
+    }
+
     fn unprotect(mut self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {
         let inputs = self.epochs.take_deferred();
         let outputs = self.lockstep.stop_protection(m)?;

@@ -13,9 +13,9 @@
 
 use crate::error::ProtectionError;
 use crate::events::Events;
+use crate::events::PairEvent;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
-use crate::events::PairEvent;
 use crate::primary::{
     await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT, HAND_OVER_WAIT,
 };
@@ -208,10 +208,8 @@ impl Lockstep {
         let started = Instant::now();
         self.handing_over = Some(started);
         let channel = self.recorder.sink();
-        self.events.emit(PairEvent::HandingOver {
-            backup: channel.peer().to_string(),
-            generation: self.arbiter.generation(),
-        });
+        self.events
+            .emit(PairEvent::HandingOver { backup: channel.peer().to_string(), generation: self.arbiter.generation() });
         eprintln!("ftvm: handing the VM over to the backup at {}", channel.peer());
         channel.send_now();
         let mut out = Vec::new();
@@ -359,6 +357,10 @@ impl<E: DeterministicEngine> Primary<E> for Lockstep {
 
     fn summary(&self) -> Option<String> {
         Some(self.lag_summary())
+    }
+
+    fn stream_failed(&self) -> bool {
+        self.channel().failure().is_some()
     }
 
     fn unprotect(self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {

@@ -54,7 +54,9 @@ pub struct PairArgs {
     /// Silence, in milliseconds, after which the other side is declared failed.
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub timeout: u64,
-    /// UDP port of the heartbeats, on the logging channel's addresses.
+    /// UDP port of the heartbeats on the backup's logging-channel address
+    /// (the primary beats from a port of its own, which the backup
+    /// answers once it has heard it).
     #[arg(long, value_name = "PORT", default_value_t = 7701)]
     pub heartbeat_port: u16,
     /// Append every event of this side's life (protected, failure
@@ -363,8 +365,11 @@ pub fn connect_pair(
     let key = args.pair.key()?;
     let (stream, session) = channel::connect(args.backup, Duration::from_secs(args.connect_wait), &key)?;
     let local = stream.local_addr().map_err(VmmError::LoggingChannel)?;
+    // The primary beats from a port of its own (its pair's backup answers
+    // where the beats come from): a VM whose backup moves is in two
+    // pairs at once for a while.
     let heartbeat = Heartbeat::start(
-        SocketAddr::new(local.ip(), args.pair.heartbeat_port),
+        SocketAddr::new(local.ip(), 0),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
         timing.interval,
