@@ -153,6 +153,8 @@ EVENTS = {
     "machine-sent": "a running VM's machine is with its backup; fields: rounds, pages, final_pages, bytes, "
                     "pause_ms, total_ms",
     "protection-failed": "a running VM's protection did not start; it runs on as it did; fields: reason",
+    "protection-stopped": "protection was stopped on purpose (unprotect): the backup stopped following; "
+                          "fields: released",
 }
 
 

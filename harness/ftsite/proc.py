@@ -48,7 +48,11 @@ class Proc:
         self.killed_at = None
         self.sock = None  # its control socket, if it has one
         self.events = None  # its journal of events (`--events`), if it keeps one
-        cmd = site.argv(role, *(["taskset", "-c", str(core)] if core is not None else []), *argv)
+        # Each namespace is a host of its own to ftvm (which otherwise
+        # takes /etc/machine-id, one for all of them): a pair's sides
+        # compare identities to refuse a backup on its primary's host.
+        host = ["env", f"FTVM_HOST_ID={site.tag}-{role}"]
+        cmd = site.argv(role, *host, *(["taskset", "-c", str(core)] if core is not None else []), *argv)
         self._log = open(self.log_path, "w")
         self._log_lock = threading.Lock()
         self.started = time.monotonic()

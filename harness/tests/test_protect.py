@@ -212,3 +212,23 @@ def test_the_backup_moves_under_load_and_the_new_one_takes_over(ftvm, scratch, m
     print(f"{mode}: the backup moved from B to C under load and C took over; {total} keys, none lost")
     c.stop()
     site.close()
+
+
+def test_a_backup_on_the_primarys_own_host_is_refused(ftvm, scratch):
+    """Anti-affinity: a backup on the VM's own host (by the hosts'
+    identities, not their addresses) refuses to follow, the protection
+    fails with that reason, and the VM runs on unprotected."""
+    site = Site("aff")
+    shared = Path(scratch) / "shared"
+    shared.mkdir()
+    disk = sparse_copy(rootfs(ftvm), shared / "disk.img")
+    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
+    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
+    same = backup_on(site, ftvm, scratch, "primary", shared, "same-host")
+    answer = control(plain.sock, f"protect --backup {PRIMARY_HOST_IP}:{CHANNEL_PORT} --shared {shared}", timeout=120)
+    assert answer.startswith("error protection failed") and "a backup must be on another host" in answer, answer
+    assert event(same, "refusing-to-follow", timeout=10) is not None, same.output()
+    st = status(plain.sock)
+    assert st.get("role") is None or st.get("unprotected") is True, st["_raw"]
+    assert conn.command("SET", "k", "v") == "OK"
+    site.close()

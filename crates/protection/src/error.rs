@@ -113,6 +113,10 @@ pub enum ProtectionError {
         /// This host's RAM and swap, in bytes.
         host: u64,
     },
+    /// The primary runs on this very host (its identity given): a
+    /// failure of the host would take both sides.
+    #[error("the primary runs on this host ({0}): a backup must be on another host (anti-affinity)")]
+    SameHost(String),
     /// The VM has more NICs than this host was given TAPs for.
     #[error("the VM has {nics} NICs and this backup was given {given} TAPs: give one per NIC with --net tap=NAME")]
     NicNotGiven {

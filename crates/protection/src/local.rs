@@ -104,6 +104,7 @@ mod tests {
                 .map(|(slot, p)| PairDisk { slot, path: PathBuf::from(p), digest: None })
                 .collect(),
             storage_token: String::new(),
+            host: "host-a".into(),
         }
     }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// The header field that carries the pair's part of the handshake.
 const FIELD: &str = "ft-pair";
 /// The version of [`PairHeader`] this build writes and reads.
-pub const PAIR_HEADER_VERSION: u32 = 2;
+pub const PAIR_HEADER_VERSION: u32 = 3;
 
 /// How the backup is kept in step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +132,24 @@ pub struct PairHeader {
     /// does not see the same storage, and the arbiter could not stop a
     /// split brain.
     pub storage_token: String,
+    /// The identity of the primary's host ([`host_identity`]): a backup
+    /// on the same host is refused.
+    pub host: String,
+}
+
+/// This host's identity, which a pair's two sides compare: `given`, else
+/// the environment's `FTVM_HOST_ID` (hosts simulated on one machine, as
+/// the test site's network namespaces), else `/etc/machine-id`, else the
+/// host name. Addresses would not do: one host may have many.
+pub fn host_identity(given: Option<&str>) -> String {
+    if let Some(id) = given.filter(|id| !id.is_empty()) {
+        return id.to_string();
+    }
+    if let Some(id) = std::env::var("FTVM_HOST_ID").ok().filter(|id| !id.is_empty()) {
+        return id;
+    }
+    let read = |path: &str| std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    read("/etc/machine-id").or_else(|| read("/proc/sys/kernel/hostname")).unwrap_or_else(|| "unknown".into())
 }
 
 /// Why a header is no pair's.
@@ -263,6 +281,7 @@ mod tests {
             disk_policy: DiskPolicy { sharing: DiskSharing::Separate, backup_reads: true },
             disks: vec![PairDisk { slot: 0, path: "/srv/a.img".into(), digest: Some("1024:ab".into()) }],
             storage_token: "00ff".into(),
+            host: "host-a".into(),
         }
     }
 

@@ -39,6 +39,7 @@ fn main() {
             disk_policy: DiskPolicy { sharing: DiskSharing::Separate, backup_reads: true },
             disks: vec![PairDisk { slot: 0, path: "/srv/a.img".into(), digest: Some("1048576:ab01".into()) }],
             storage_token: "00ff".into(),
+            host: "seed-host".into(),
         };
         let mut h = Header::default();
         h.set("machine", "ram=16777216 harts=1");

@@ -159,6 +159,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     };
     let pair = PairHeader::read(&header).map_err(|e| refuse(e.into()))?;
     let gen = pair.generation;
+    let here = ftvm_protection::pair::host_identity(args.pair.host_id.as_deref());
+    if pair.host == here {
+        return Err(refuse(ProtectionError::SameHost(here)));
+    }
     Arbiter::check_storage(&args.pair.shared, gen, &pair.storage_token)
         .map_err(|e| refuse(ProtectionError::OtherStorage(e.to_string())))?;
     let ram = ftvm_replay::replayer::header_ram(&header).map_err(|e| refuse(e.into()))?;

@@ -81,6 +81,11 @@ pub struct PairArgs {
     /// waits for the other side to claim the arbiter before it contends.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_DEFER.as_millis() as u64)]
     pub isolation_defer: u64,
+    /// This host's identity, which the two sides of a pair compare (a
+    /// backup on its primary's own host is refused). Default: the
+    /// environment's FTVM_HOST_ID, else /etc/machine-id.
+    #[arg(long, value_name = "ID")]
+    pub host_id: Option<String>,
     /// Contend at the arbiter without checking the isolation addresses.
     #[arg(long, conflicts_with = "isolation_addresses")]
     pub no_isolation_check: bool,
@@ -359,6 +364,7 @@ pub fn connect_pair(
         disk_policy: disks,
         disks: pair_disks,
         storage_token: arbiter.storage_token().to_string(),
+        host: ftvm_protection::pair::host_identity(args.pair.host_id.as_deref()),
     };
     pair.write(header);
     eprintln!("ftvm: connecting to the backup at {} (generation {})", args.backup, arbiter.generation());
