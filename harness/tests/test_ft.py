@@ -123,13 +123,20 @@ def kill_backup_and_check(site, primary, backup):
     conn = wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
     n1, before = write_keys(conn, 0, 2.0 + random_ms(3000))
     backup.kill9()
-    n2, after = write_keys(conn, n1, 5.0)
+    # The first reply after the kill is the one that may have waited for
+    # acknowledgements that stopped coming.
+    asked = time.monotonic()
+    assert conn.command("SET", f"key{n1}", f"value-{n1}") == "OK"
+    after_kill = time.monotonic() - asked
+    n2, after = write_keys(conn, n1 + 1, 5.0)
+    n2 += 1
     event(primary, "unprotected", timeout=1)
     print(f"{n1} keys before the kill (longest reply {before * 1000:.0f} ms), {n2} after "
-          f"(longest {after * 1000:.0f} ms)")
-    # Outputs waited for acknowledgements that stopped coming: no longer
-    # than the failure timeout.
-    assert after <= TIMEOUT_MS / 1000, f"a reply took {after:.3f} s"
+          f"(the first {after_kill * 1000:.0f} ms, longest {after * 1000:.0f} ms)")
+    # Outputs waited no longer than the failure timeout, give or take the
+    # host's own noise (a loaded host delays replies by itself: the
+    # longest one before the kill says by how much).
+    assert after_kill <= TIMEOUT_MS / 1000 + before, f"the first reply after the kill took {after_kill:.3f} s"
     assert conn.command("DBSIZE") == n1 + n2
     st = status(primary.sock)
     assert st.get("role") == "primary" and st.get("backup") == "none", st["_raw"]

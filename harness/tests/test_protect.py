@@ -7,9 +7,9 @@ writes keys one at a time over one TCP connection: `protect` on
 its control socket gives it a backup on the other host at a random
 moment, without stopping the client. Then its host fails (kill -9): the
 backup goes live, and every acknowledged key is there over the same
-connection. Then the VM, now on the backup's host, is protected again
-onto a fresh backup on the first host, whose ftvm is killed in turn: the
-VM lives on there, still with every key, still on the same connection.
+connection. Then the VM, now on host B, is protected again onto a third
+host C, and B's ftvm is killed in turn: the VM lives on at C, still with
+every key, still on the same connection.
 In checkpoint mode the last copy of the disk passes e2fsck once the guest
 has shut down.
 """
@@ -61,7 +61,7 @@ def keys_written_meanwhile(writer, seconds):
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scratch, mode):
-    site = Site(f"pr{mode[0]}")
+    site = Site(f"pr{mode[0]}", spare=True)
     shared = Path(scratch) / "shared"
     shared.mkdir()
     image = rootfs(ftvm)
@@ -91,9 +91,9 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     plain.kill9()
     event(b, "going-live", timeout=30, watch=[b])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b.tail()}"
-    # Protected again, now onto the first host.
-    b2 = backup_on(site, ftvm, scratch, "primary", shared, "backup2", extra2)
-    answer = protect(b, PRIMARY_HOST_IP, shared, MODES[mode], [b, b2])
+    # Protected again, onto a third host.
+    b2 = backup_on(site, ftvm, scratch, "spare", shared, "backup2", extra2)
+    answer = protect(b, SPARE_HOST_IP, shared, MODES[mode], [b, b2])
     print(f"{mode}, protecting again: {answer}")
     event(b2, "following", timeout=10, watch=[b2])
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once protected again"

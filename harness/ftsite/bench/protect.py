@@ -16,7 +16,7 @@ bytes, the final pause, the total); the probe's longest wait during the
 protection is set beside its median wait before.
 
 Last, per mode: the VM protected once more, its host's ftvm killed, and
-a spare backup started beforehand on the first host: the time from the
+a spare backup started beforehand on a third host: the time from the
 kill to the new primary's `protect` answer (the failover, then a
 protection of the VM from its new host), the probe's keys all checked.
 
@@ -44,7 +44,7 @@ from ftsite.errors import TrialFailed
 from ftsite.observe import control, event
 from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
-from ftsite.site import BACKUP_HOST_IP, GUEST_IP, PRIMARY_HOST_IP, Site
+from ftsite.site import BACKUP_HOST_IP, GUEST_IP, PRIMARY_HOST_IP, SPARE_HOST_IP, Site
 from ftsite.trial import KeyWriter, check_keys
 
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
@@ -52,7 +52,7 @@ TARGET_MS = 100
 
 
 def backup(site, ftvm, work, role, shared, name, extra, core):
-    ip = PRIMARY_HOST_IP if role == "primary" else BACKUP_HOST_IP
+    ip = {"primary": PRIMARY_HOST_IP, "backup": BACKUP_HOST_IP, "spare": SPARE_HOST_IP}[role]
     events = Path(work) / f"{name}.events"
     events.unlink(missing_ok=True)
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared), "--timeout",
@@ -88,7 +88,7 @@ def ms(x):
 
 def run_mode(binary, mode, args):
     work = ftsite.work_dir(f"ftvm-protect-{mode}-")
-    site = Site(f"bp{mode[0]}")
+    site = Site(f"bp{mode[0]}", spare=True)
     shared = Path(work) / "shared"
     shared.mkdir()
     image = rootfs(binary.path)
@@ -145,12 +145,12 @@ def run_mode(binary, mode, args):
         b = backup(site, binary.path, work, "backup", shared, "last", copies["b"], core=1)
         procs.append(b)
         protect(vm, Path(work) / "vm-last.events", BACKUP_HOST_IP, shared, mode)
-        spare = backup(site, binary.path, work, "primary", shared, "spare", copies["c"], core=0)
+        spare = backup(site, binary.path, work, "spare", shared, "spare", copies["c"], core=0)
         procs.append(spare)
         time.sleep(1.0)
         failed = vm.kill9()
         event(b, "going-live", timeout=60, watch=[b])
-        protect(b, Path(work) / "vm-again.events", PRIMARY_HOST_IP, shared, mode)
+        protect(b, Path(work) / "vm-again.events", SPARE_HOST_IP, shared, mode)
         row["again"] = time.monotonic() - failed
         event(spare, "following", timeout=10, watch=[spare])
         time.sleep(2.0)
