@@ -45,6 +45,12 @@ def control(sock, command, timeout=5.0):
     return _exchange(sock, command, timeout).decode("utf-8", "replace").strip()
 
 
+def ask(sock, request, timeout=5.0):
+    """One typed request (a dict, the API's JSON) on a VM's control
+    socket; its typed answer: {"ok": reply} or {"error": ...}."""
+    return _ask(sock, request, timeout)
+
+
 def _ask(sock, request, timeout):
     """One JSON request on a VM's control socket; its JSON answer."""
     reply = _exchange(sock, json.dumps(request), timeout)

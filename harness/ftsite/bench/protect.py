@@ -41,7 +41,7 @@ from pathlib import Path
 import ftsite
 from ftsite.bench.options import parser
 from ftsite.errors import TrialFailed
-from ftsite.observe import control, event
+from ftsite.observe import ask, control, event
 from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
 from ftsite.site import BACKUP_HOST_IP, GUEST_IP, PRIMARY_HOST_IP, SPARE_HOST_IP, Site
@@ -65,16 +65,23 @@ def backup(site, ftvm, work, role, shared, name, extra, core):
 
 
 def protect(vm, journal, backup_ip, shared, mode):
-    """`protect` on `vm`'s control socket with its events in `journal`;
-    the `machine-sent` event's fields."""
+    """`protect` on `vm`'s control socket (the typed request, its events
+    in `journal`); the typed reply's figures: rounds, pages, final_pages,
+    bytes, pause_ms (the guest stopped, the I/O in flight let finish
+    included), total_ms."""
     Path(journal).unlink(missing_ok=True)
-    words = ["protect", "--backup", f"{backup_ip}:{CHANNEL_PORT}", "--shared", str(shared), "--timeout",
-             str(TIMEOUT_MS), "--events", str(journal), *MODES[mode]]
-    answer = control(vm.sock, " ".join(words), timeout=600)
-    if not answer.startswith("ok protected"):
+    args = {"backup": f"{backup_ip}:{CHANNEL_PORT}", "lag_threshold": 1000, "connect_wait": 60,
+            "disk_sharing": None, "backup_reads": False, "mode": mode, "epoch_length": 65536,
+            "epoch_protocol": "revised", "interval": 25, "no_idle_checkpoints": False,
+            "pair": {"shared": str(shared), "timeout": TIMEOUT_MS, "heartbeat_port": 7701, "events": str(journal),
+                     "pair_key": None, "isolation_addresses": [], "isolation_defer": 3000, "host_id": None,
+                     "no_isolation_check": False}}
+    answer = ask(vm.sock, {"request": "protect", **args}, timeout=600)
+    reply = answer.get("ok")
+    if not reply or reply.get("reply") != "protected":
         raise TrialFailed(f"protect: {answer}")
     vm.events = str(journal)
-    return event(vm, "machine-sent", timeout=10).fields
+    return reply
 
 
 def wait_stats(writer, since, until):

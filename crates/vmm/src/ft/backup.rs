@@ -123,8 +123,14 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             // (the end reached, or a divergence) leaves nothing to take
             // over.
             receiver.stop_receiving();
+            // The replay takes in what was received first: what it had
+            // received when the stream was cut may be what makes it
+            // ready to take over (a running VM's machine, a first
+            // checkpoint), which the primary counted on once its bytes
+            // were acknowledged.
+            let consumed = receiver.wait_consumed();
             let generation = generation.get().copied();
-            if generation.is_some() && !receiver.wait_consumed() {
+            if generation.is_some() && !consumed {
                 return;
             }
             eprintln!("ftvm: the primary is declared failed: {failure}");
