@@ -6,6 +6,7 @@ import bisect
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,8 +15,8 @@ from pathlib import Path
 from .errors import ConnectionLost, TrialFailed
 from .observe import control, event
 from .proc import TIMEOUT_MS, disk_options, start_backup, start_primary
-from .resp import BOOT_TIMEOUT, REDIS_FT, RespError, wait_for_redis
-from .site import BACKUP_HOST_IP, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, Site
+from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_redis
+from .site import BACKUP_HOST_IP, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, Site
 
 class KeyWriter(threading.Thread):
     """Writes key0, key1, ... one SET at a time over one connection, each
@@ -155,6 +156,21 @@ def fail_primary(site, primary, kind):
         primary.kill9()
         return t
     raise ValueError(kind)
+
+
+def shutdown_and_fsck(site, conn, vm, disk):
+    """Shuts the guest's redis down, which ends the guest, over a fresh
+    connection (`conn` is closed); `vm`'s ftvm must exit 0, and its copy
+    of the disk at `disk` pass `e2fsck -fn`."""
+    conn.close()
+    conn = Resp(site.connect(GUEST_IP, REDIS_PORT, timeout=10), reply_timeout=30)
+    try:
+        conn.command("SHUTDOWN")  # the reply is the connection closing
+    except (ConnectionLost, RespError):
+        pass
+    assert vm.wait(60) == 0, vm.output()
+    fsck = subprocess.run(["e2fsck", "-fn", str(disk)], capture_output=True)
+    assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
 
 
 def check_keys(conn, count, chunk=500):

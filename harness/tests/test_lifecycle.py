@@ -12,14 +12,13 @@ take it (stopped) fails without losing the VM: the primary runs on.
 import os
 import random
 import signal
-import subprocess
 import time
 
 import pytest
 
 import ftsite
-from ftsite import GUEST_IP, REDIS_PORT, ConnectionLost, Resp, RespError, event, status
-from ftsite.trial import KeyWriter, check_keys, fail_primary
+from ftsite import event, status
+from ftsite.trial import KeyWriter, check_keys, fail_primary, shutdown_and_fsck
 
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
 # The longest a client may wait on a handover here: well under a
@@ -72,16 +71,8 @@ def test_a_handover_under_load_loses_nothing_and_the_old_primary_exits_0(ftvm, s
     if mode == "checkpoint":
         # The guest ends cleanly on the new primary: its copy of the disk
         # passes e2fsck.
-        conn.close()
-        conn = Resp(site.connect(GUEST_IP, REDIS_PORT, timeout=10), reply_timeout=30)
-        try:
-            conn.command("SHUTDOWN")  # the reply is the connection closing
-        except (ConnectionLost, RespError):
-            pass
-        assert backup.wait(60) == 0, backup.output()
         theirs = vm.backup_extra[vm.backup_extra.index("--disk") + 1]
-        fsck = subprocess.run(["e2fsck", "-fn", str(theirs)], capture_output=True)
-        assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
+        shutdown_and_fsck(site, conn, backup, theirs)
 
 
 def test_a_handover_to_a_stopped_backup_fails_and_the_vm_runs_on(ftvm, scratch):

@@ -15,18 +15,18 @@ has shut down.
 """
 
 import random
-import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ftsite import GUEST_IP, REDIS_PORT, ConnectionLost, Resp, RespError, event, status
+from ftsite import event, status
 from ftsite.observe import control
 from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, wait_for_redis
 from ftsite.site import BACKUP_HOST_IP, PRIMARY_HOST_IP, SPARE_HOST_IP, Site
-from ftsite.trial import KeyWriter, check_keys
+from ftsite.trial import KeyWriter, check_keys, shutdown_and_fsck
 
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
 
@@ -59,9 +59,24 @@ def keys_written_meanwhile(writer, seconds):
     return writer.acked - before
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scratch, mode):
-    site = Site(f"pr{mode[0]}", spare=True)
+@dataclass
+class RunningRedis:
+    """A plain `ftvm run` of redis on the primary host, a client writing
+    keys to it, and the disks of the backups to come."""
+    site: Site
+    shared: Path
+    vm: object
+    conn: object
+    writer: KeyWriter
+    # `ftvm ft backup` options of the first and second backup: in
+    # checkpoint mode each a fresh copy of the disk of its own (paths in
+    # `copies`); otherwise none (the disk is on the shared storage).
+    extra: tuple
+    copies: tuple
+
+
+def running_redis(ftvm, scratch, tag, mode, spare=False):
+    site = Site(tag, spare=spare)
     shared = Path(scratch) / "shared"
     shared.mkdir()
     image = rootfs(ftvm)
@@ -69,30 +84,48 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
         # Each host its own copy: the backups' fresh from the image, the
         # guest's blocks written since its boot coming with the transfer.
         disk = sparse_copy(image, Path(scratch) / "a-disk.img")
-        copies = [sparse_copy(image, Path(scratch) / f"{n}-disk.img") for n in ("b", "c")]
-        extra1, extra2 = ["--disk", str(copies[0])], ["--disk", str(copies[1])]
+        copies = tuple(sparse_copy(image, Path(scratch) / f"{n}-disk.img") for n in ("b", "c"))
+        extra = tuple(["--disk", str(c)] for c in copies)
     else:
         disk = sparse_copy(image, shared / "disk.img")
-        extra1 = extra2 = []
-    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
-    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
+        copies, extra = (), ([], [])
+    vm = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
+    conn = wait_for_redis(site, [vm], BOOT_TIMEOUT)
     writer = KeyWriter(conn)
     writer.start()
+    return RunningRedis(site, shared, vm, conn, writer, extra, copies)
+
+
+def every_key_there(r):
+    """Stops the writer; every key it was told was written is there, read
+    over the same connection. Returns how many."""
+    r.writer.stop()
+    assert r.writer.error is None, f"the client failed: {r.writer.error}"
+    total = r.writer.acked
+    assert r.conn.command("DBSIZE") == total
+    assert check_keys(r.conn, total) == (0, 0)
+    return total
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scratch, mode):
+    r = running_redis(ftvm, scratch, f"pr{mode[0]}", mode, spare=True)
+    writer, shared = r.writer, r.shared
     time.sleep(1.0 + random.random() * 2.0)
     # Protected while the client writes, onto the other host.
-    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
-    answer = protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
+    b = backup_on(r.site, ftvm, scratch, "backup", shared, "backup", r.extra[0])
+    answer = protect(r.vm, BACKUP_HOST_IP, shared, MODES[mode], [r.vm, b])
     print(f"{mode}, protecting: {answer}")
     event(b, "following", timeout=10, watch=[b])
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key was acknowledged once protected"
-    st = status(plain.sock)
+    st = status(r.vm.sock)
     assert st.get("role") == "primary" and st.get("mode") == mode, st["_raw"]
     # The first host fails: the backup goes live, nothing lost.
-    plain.kill9()
+    r.vm.kill9()
     event(b, "going-live", timeout=30, watch=[b])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b.tail()}"
     # Protected again, onto a third host.
-    b2 = backup_on(site, ftvm, scratch, "spare", shared, "backup2", extra2)
+    b2 = backup_on(r.site, ftvm, scratch, "spare", shared, "backup2", r.extra[1])
     answer = protect(b, SPARE_HOST_IP, shared, MODES[mode], [b, b2])
     print(f"{mode}, protecting again: {answer}")
     event(b2, "following", timeout=10, watch=[b2])
@@ -100,25 +133,13 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     b.kill9()
     event(b2, "going-live", timeout=30, watch=[b2])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the second failover:\n{b2.tail()}"
-    writer.stop()
-    assert writer.error is None, f"the client failed: {writer.error}"
-    total = writer.acked
-    assert conn.command("DBSIZE") == total
-    assert check_keys(conn, total) == (0, 0)
+    total = every_key_there(r)
     print(f"{mode}: {total} keys acknowledged over one connection across two protections and two failovers, "
           "none lost")
     if mode == "checkpoint":
-        conn.close()
-        conn = Resp(site.connect(GUEST_IP, REDIS_PORT, timeout=10), reply_timeout=30)
-        try:
-            conn.command("SHUTDOWN")  # the reply is the connection closing
-        except (ConnectionLost, RespError):
-            pass
-        assert b2.wait(60) == 0, b2.output()
-        fsck = subprocess.run(["e2fsck", "-fn", str(copies[1])], capture_output=True)
-        assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
+        shutdown_and_fsck(r.site, r.conn, b2, r.copies[1])
     b2.stop()
-    site.close()
+    r.site.close()
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "checkpoint"])
@@ -126,22 +147,9 @@ def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
     """`unprotect`: the backup stops following and exits 0 (it never goes
     live), the VM runs on unprotected without a pause a client notices;
     protected again onto a new backup, whose takeover keeps every key."""
-    site = Site(f"up{mode[0]}")
-    shared = Path(scratch) / "shared"
-    shared.mkdir()
-    image = rootfs(ftvm)
-    if mode == "checkpoint":
-        disk = sparse_copy(image, Path(scratch) / "a-disk.img")
-        extra1 = ["--disk", str(sparse_copy(image, Path(scratch) / "b-disk.img"))]
-        extra2 = ["--disk", str(sparse_copy(image, Path(scratch) / "c-disk.img"))]
-    else:
-        disk = sparse_copy(image, shared / "disk.img")
-        extra1 = extra2 = []
-    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
-    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
-    writer = KeyWriter(conn)
-    writer.start()
-    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
+    r = running_redis(ftvm, scratch, f"up{mode[0]}", mode)
+    writer, plain, shared = r.writer, r.vm, r.shared
+    b = backup_on(r.site, ftvm, scratch, "backup", shared, "backup", r.extra[0])
     protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
     assert keys_written_meanwhile(writer, 2.0) > 0
     answer = control(plain.sock, "unprotect", timeout=60)
@@ -152,20 +160,16 @@ def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
     assert st.get("unprotected") is True, st["_raw"]
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once unprotected"
     assert control(plain.sock, "unprotect").startswith("error the VM is not protected")
-    b2 = backup_on(site, ftvm, scratch, "backup", shared, "backup2", extra2)
+    b2 = backup_on(r.site, ftvm, scratch, "backup", shared, "backup2", r.extra[1])
     protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b2])
     assert keys_written_meanwhile(writer, 2.0) > 0
     plain.kill9()
     event(b2, "going-live", timeout=30, watch=[b2])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b2.tail()}"
-    writer.stop()
-    assert writer.error is None, f"the client failed: {writer.error}"
-    total = writer.acked
-    assert conn.command("DBSIZE") == total
-    assert check_keys(conn, total) == (0, 0)
+    total = every_key_there(r)
     print(f"{mode}: unprotected and protected again; {total} keys, none lost")
     b2.stop()
-    site.close()
+    r.site.close()
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -174,25 +178,12 @@ def test_the_backup_moves_under_load_and_the_new_one_takes_over(ftvm, scratch, m
     goes on while the machine goes to C, then B stops (exit 0, never
     live) and C follows; the primary fails and C goes live with every
     key (VMware FT §3.3, moving the backup)."""
-    site = Site(f"mv{mode[0]}", spare=True)
-    shared = Path(scratch) / "shared"
-    shared.mkdir()
-    image = rootfs(ftvm)
-    if mode == "checkpoint":
-        disk = sparse_copy(image, Path(scratch) / "a-disk.img")
-        extra1 = ["--disk", str(sparse_copy(image, Path(scratch) / "b-disk.img"))]
-        extra2 = ["--disk", str(sparse_copy(image, Path(scratch) / "c-disk.img"))]
-    else:
-        disk = sparse_copy(image, shared / "disk.img")
-        extra1 = extra2 = []
-    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
-    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
-    writer = KeyWriter(conn)
-    writer.start()
-    b = backup_on(site, ftvm, scratch, "backup", shared, "backup", extra1)
+    r = running_redis(ftvm, scratch, f"mv{mode[0]}", mode, spare=True)
+    writer, plain, shared = r.writer, r.vm, r.shared
+    b = backup_on(r.site, ftvm, scratch, "backup", shared, "backup", r.extra[0])
     protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b])
     assert keys_written_meanwhile(writer, 1.0 + random.random() * 2.0) > 0
-    c = backup_on(site, ftvm, scratch, "spare", shared, "spare", extra2)
+    c = backup_on(r.site, ftvm, scratch, "spare", shared, "spare", r.extra[1])
     answer = protect(plain, SPARE_HOST_IP, shared, MODES[mode], [plain, b, c])
     print(f"{mode}, moving the backup: {answer}")
     assert b.wait(30) == 0, b.output()
@@ -204,31 +195,24 @@ def test_the_backup_moves_under_load_and_the_new_one_takes_over(ftvm, scratch, m
     plain.kill9()
     event(c, "going-live", timeout=30, watch=[c])
     assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{c.tail()}"
-    writer.stop()
-    assert writer.error is None, f"the client failed: {writer.error}"
-    total = writer.acked
-    assert conn.command("DBSIZE") == total
-    assert check_keys(conn, total) == (0, 0)
+    total = every_key_there(r)
     print(f"{mode}: the backup moved from B to C under load and C took over; {total} keys, none lost")
     c.stop()
-    site.close()
+    r.site.close()
 
 
 def test_a_backup_on_the_primarys_own_host_is_refused(ftvm, scratch):
     """Anti-affinity: a backup on the VM's own host (by the hosts'
     identities, not their addresses) refuses to follow, the protection
     fails with that reason, and the VM runs on unprotected."""
-    site = Site("aff")
-    shared = Path(scratch) / "shared"
-    shared.mkdir()
-    disk = sparse_copy(rootfs(ftvm), shared / "disk.img")
-    plain = start_plain(site, ftvm, scratch, REDIS_FT, disk=disk)
-    conn = wait_for_redis(site, [plain], BOOT_TIMEOUT)
-    same = backup_on(site, ftvm, scratch, "primary", shared, "same-host")
-    answer = control(plain.sock, f"protect --backup {PRIMARY_HOST_IP}:{CHANNEL_PORT} --shared {shared}", timeout=120)
+    r = running_redis(ftvm, scratch, "aff", "lockstep")
+    same = backup_on(r.site, ftvm, scratch, "primary", r.shared, "same-host")
+    answer = control(r.vm.sock, f"protect --backup {PRIMARY_HOST_IP}:{CHANNEL_PORT} --shared {r.shared}",
+                     timeout=120)
     assert answer.startswith("error protection failed") and "a backup must be on another host" in answer, answer
     assert event(same, "refusing-to-follow", timeout=10) is not None, same.output()
-    st = status(plain.sock)
+    st = status(r.vm.sock)
     assert st.get("role") is None or st.get("unprotected") is True, st["_raw"]
-    assert conn.command("SET", "k", "v") == "OK"
-    site.close()
+    assert keys_written_meanwhile(r.writer, 1.0) > 0
+    every_key_there(r)
+    r.site.close()

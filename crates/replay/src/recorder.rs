@@ -81,16 +81,7 @@ impl<W: Write> Recorder<W> {
     /// A recorder writing to `sink`, the header first. `name` says where
     /// the log goes, for messages; `go_live_every`: see the field.
     pub fn new(sink: W, header: &Header, name: String, go_live_every: Option<Duration>) -> std::io::Result<Self> {
-        let log = LogWriter::new(sink, header)?;
-        Ok(Recorder {
-            log,
-            name,
-            next_digest: 0,
-            sizes: EntrySizes::default(),
-            go_live_every,
-            last_frame: Instant::now(),
-            omit_read_data: false,
-        })
+        Ok(Recorder::with_log(LogWriter::new(sink, header)?, name, go_live_every))
     }
 
     /// A recorder that goes on in a stream whose header (and, after it,
@@ -98,8 +89,12 @@ impl<W: Write> Recorder<W> {
     /// of it: for a running VM given a backup, whose log starts where the
     /// transfer of the machine ended.
     pub fn resume(sink: W, written: u64, name: String, go_live_every: Option<Duration>) -> Self {
+        Recorder::with_log(LogWriter::resume(sink, written), name, go_live_every)
+    }
+
+    fn with_log(log: LogWriter<W>, name: String, go_live_every: Option<Duration>) -> Self {
         Recorder {
-            log: LogWriter::resume(sink, written),
+            log,
             name,
             next_digest: 0,
             sizes: EntrySizes::default(),
