@@ -85,7 +85,8 @@ pub enum Then {
 }
 
 impl Then {
-    fn name(&self) -> &'static str {
+    /// The mode's name: lockstep, epoch or checkpoint.
+    pub fn name(&self) -> &'static str {
         match self {
             Then::Log { epoch: Some(_), .. } => "epoch",
             Then::Log { epoch: None, .. } => "lockstep",

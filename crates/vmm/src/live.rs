@@ -428,8 +428,8 @@ impl<E: Engine> Live<E> {
     }
 
     fn run_target(&self) -> u64 {
-        let look_at = self.m.icount() + CHUNK;
         let icount = self.m.icount();
+        let look_at = icount + CHUNK;
         let target = self.primary.as_ref().map_or(look_at, |p| p.run_target(icount, look_at));
         self.moving.as_ref().map_or(target, |t| t.run_target(icount, target).min(target))
     }
@@ -633,14 +633,7 @@ impl<E: Engine> Live<E> {
     /// alone.
     fn hand_over(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
         let reply = self.hand_over_asked.take().flatten();
-        let answer = |r: Result<Reply, ControlError>| {
-            if let Some(tx) = &reply {
-                let _ = tx.send(match r {
-                    Ok(reply) => Response::Ok(reply),
-                    Err(e) => Response::Error(e),
-                });
-            }
-        };
+        let answer = |r: Result<Reply, ControlError>| answer(reply.as_ref(), r);
         let Some(p) = &mut self.primary else {
             answer(Err(ControlError::NotProtected));
             return Ok(Next::Continue);
@@ -722,29 +715,22 @@ impl<E: Engine> Live<E> {
     fn unprotect(&mut self) -> Result<(), VmmError> {
         let reply = self.unprotect_asked.take();
         let p = self.primary.take().expect("asked of a protected VM");
-        if let Some(tx) = self.protect_reply.take() {
-            let why = "stopped by unprotect during the transfer".to_string();
-            let _ = tx.send(Response::Error(ControlError::ProtectFailed(why)));
-        }
-        let answer = match p.unprotect(&mut self.m) {
+        let why = "stopped by unprotect during the transfer".to_string();
+        answer(self.protect_reply.take().as_ref(), Err(ControlError::ProtectFailed(why)));
+        match p.unprotect(&mut self.m) {
             Ok(alone) => {
                 let released = alone.outputs.len() as u64;
                 self.run_alone(alone);
-                Response::Ok(Reply::Unprotected { released })
+                answer(reply.as_ref(), Ok(Reply::Unprotected { released }));
+                Ok(())
             }
             Err(e) => {
                 // The backup went live: this side halts, releasing nothing.
                 self.halted = true;
-                if let Some(tx) = reply {
-                    let _ = tx.send(Response::Error(ControlError::ProtectFailed(e.to_string())));
-                }
-                return Err(e.into());
+                answer(reply.as_ref(), Err(ControlError::ProtectFailed(e.to_string())));
+                Err(e.into())
             }
-        };
-        if let Some(tx) = reply {
-            let _ = tx.send(answer);
         }
-        Ok(())
     }
 
     /// A transfer's final pause: the machine stops, the I/O in flight
@@ -772,31 +758,21 @@ impl<E: Engine> Live<E> {
             }
         };
         let reply = self.protect_reply.take();
-        let answer = |r: Result<Reply, ControlError>| {
-            if let Some(tx) = &reply {
-                let _ = tx.send(match r {
-                    Ok(reply) => Response::Ok(reply),
-                    Err(e) => Response::Error(e),
-                });
-            }
-        };
+        let answer = |r: Result<Reply, ControlError>| answer(reply.as_ref(), r);
         // A move's old pair is ended once the new backup holds the machine.
         let (transfer, mut old) = match self.moving.take() {
             Some(t) => (t, self.primary.take()),
             None => (self.primary.take().expect("a transfer is under way"), None),
         };
         let moved = old.is_some();
-        let mut ended: Option<Result<Alone, String>> = None;
+        // What the old pair held, once it has ended (its backup stopped, or
+        // its generation won): it goes, the new pair started or not.
+        let mut released: Option<Alone> = None;
+        let mut old_lost = false;
         let result = if quiet {
             let mut end_old = |m: &mut E| -> Result<(), ProtectionError> {
                 if let Some(p) = old.take() {
-                    match p.unprotect(m) {
-                        Ok(alone) => ended = Some(Ok(alone)),
-                        Err(e) => {
-                            ended = Some(Err(e.to_string()));
-                            return Err(e);
-                        }
-                    }
+                    released = Some(p.unprotect(m).inspect_err(|_| old_lost = true)?);
                 }
                 Ok(())
             };
@@ -805,20 +781,14 @@ impl<E: Engine> Live<E> {
             drop(transfer);
             Err(ProtectionError::QuiesceTimedOut(QUIESCE_MOST))
         };
-        // What the old pair held goes once it has ended (its backup
-        // stopped, or its generation won), the new pair started or not.
-        let released = match ended {
-            Some(Ok(alone)) => Some(alone),
-            Some(Err(_)) => {
-                // Its backup went live first: this side halts, releasing
-                // nothing (the transfer returned the old pair's error).
-                self.halted = true;
-                let e = result.err().unwrap_or(ProtectionError::NoTransfer);
-                answer(Err(ControlError::ProtectFailed(e.to_string())));
-                return Err(e.into());
-            }
-            None => None,
-        };
+        if old_lost {
+            // Its backup went live first: this side halts, releasing
+            // nothing (the transfer returned the old pair's error).
+            self.halted = true;
+            let e = result.err().unwrap_or(ProtectionError::NoTransfer);
+            answer(Err(ControlError::ProtectFailed(e.to_string())));
+            return Err(e.into());
+        }
         match result {
             Ok((pair, done)) => {
                 self.primary = Some(pair);
@@ -1088,6 +1058,16 @@ impl<E: Engine> Live<E> {
         let mut lock = std::io::stdout().lock();
         let _ = lock.write_all(&shown);
         let _ = lock.flush();
+    }
+}
+
+/// Answers a request that waited for its outcome (if anyone asked).
+fn answer(to: Option<&Sender<Response>>, r: Result<Reply, ControlError>) {
+    if let Some(tx) = to {
+        let _ = tx.send(match r {
+            Ok(reply) => Response::Ok(reply),
+            Err(e) => Response::Error(e),
+        });
     }
 }
 

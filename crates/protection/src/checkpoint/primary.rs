@@ -71,21 +71,8 @@ pub fn send_disk_blocks(
     channel: &mut LogSender,
     disks: &[(usize, std::path::PathBuf, crate::pair::DiskDigest)],
 ) -> Result<(usize, u64), ProtectionError> {
-    let (mut blocks, mut bytes) = (0, 0);
-    for request in channel.take_requests() {
-        let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
-        let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
-            return Err(PeerError::RequestSlot(theirs.slot).into());
-        };
-        if theirs.size != mine.size {
-            return Err(PeerError::RequestSize { size: theirs.size, slot: *slot }.into());
-        }
-        let (b, n) = send_blocks(channel, &theirs, path, mine)?;
-        blocks += b;
-        bytes += n;
-    }
-    channel.send_now();
-    Ok((blocks, bytes))
+    let requests = channel.take_requests();
+    send_differing_blocks(channel, requests, disks)
 }
 
 /// The blocks of this host's disk at `path` (digest `mine`) whose
@@ -113,11 +100,12 @@ fn send_blocks(
     Ok((blocks, bytes))
 }
 
-/// A running VM's disks made the same on the backup (checkpoint mode's
-/// transfer): for each of the backup's requests (the digests of its copy)
-/// the blocks of this host's disk, hashed once its writes went into the
-/// stream, that differ. A write that lands while they are read is sent
-/// again as a disk write, applied after them with checkpoint 0.
+/// For each of the backup's requests (the digests of its copy of a disk)
+/// the blocks of this host's disk (`disks`: slot, path, digest) that
+/// differ. For a running VM (checkpoint mode's transfer) the digests were
+/// taken once its writes went into the stream: a write that lands while
+/// the blocks are read is sent again as a disk write, applied after them
+/// with checkpoint 0.
 fn send_differing_blocks(
     channel: &mut LogSender,
     requests: Vec<Vec<u8>>,
@@ -126,9 +114,12 @@ fn send_differing_blocks(
     let (mut blocks, mut bytes) = (0, 0);
     for request in requests {
         let theirs = DigestList::decode(&request).map_err(PeerError::BlockRequest)?;
-        let Some((_, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
+        let Some((slot, path, mine)) = disks.iter().find(|(slot, _, _)| *slot as u64 == u64::from(theirs.slot)) else {
             return Err(PeerError::RequestSlot(theirs.slot).into());
         };
+        if theirs.size != mine.size {
+            return Err(PeerError::RequestSize { size: theirs.size, slot: *slot }.into());
+        }
         let (b, n) = send_blocks(channel, &theirs, path, mine)?;
         blocks += b;
         bytes += n;
@@ -348,12 +339,14 @@ impl Checkpointer {
         }
     }
 
-    /// Disk writes among `requests` go into the stream (before the first
-    /// checkpoint they are applied with it): while a running VM's RAM is
-    /// pre-copied, nothing else of protection applies yet.
+    /// Disk writes among `requests` go into the stream, applied on the
+    /// backup with the next checkpoint (all a running VM's pre-copy does
+    /// with its requests: nothing else of protection applies yet).
     pub fn mirror_writes(&mut self, requests: &[Request]) {
         for (slot, req) in requests {
             if let IoRequest::Disk { op: BlkOp::Write { offset, data }, .. } = req {
+                // A sender that stopped is a lost backup, reported by its
+                // own event.
                 let _ = self.jobs.send(Job::Write { slot: *slot as u32, offset: *offset, data: data.clone() });
             }
         }
@@ -437,22 +430,13 @@ impl Checkpointer {
     /// and its acknowledgement, disk writes are mirrored to the backup;
     /// the rest, and what the acknowledgements let go, are returned.
     fn hold_frames(&mut self, requests: Vec<Request>) -> Vec<Request> {
+        self.mirror_writes(&requests);
         let mut now = Vec::new();
         for (slot, req) in requests {
             match &req {
-                IoRequest::NetTx { .. } => {
-                    self.this_interval.push((slot, req));
-                    continue;
-                }
-                IoRequest::Disk { op: BlkOp::Write { offset, data }, .. } => {
-                    let job = Job::Write { slot: slot as u32, offset: *offset, data: data.clone() };
-                    // A sender that stopped is a lost backup, reported by
-                    // its own event.
-                    let _ = self.jobs.send(job);
-                }
-                _ => {}
+                IoRequest::NetTx { .. } => self.this_interval.push((slot, req)),
+                _ => now.push((slot, req)),
             }
-            now.push((slot, req));
         }
         let mut out = self.release();
         out.extend(now);

@@ -113,11 +113,7 @@ fn connect(
             go_live_every: BUSY_GO_LIVE,
         },
     };
-    let mode = match (&then, epoch) {
-        (Then::Checkpoints { .. }, _) => "checkpoint",
-        (_, Some(_)) => "epoch",
-        _ => "lockstep",
-    };
+    let mode = then.name();
     // The transfer goes as checkpoint 0; in checkpoint mode the same
     // sender goes on with the checkpoints after it.
     let interval = interval.unwrap_or(Duration::from_millis(25));
