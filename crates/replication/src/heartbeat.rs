@@ -18,6 +18,7 @@
 //! ```
 
 use crate::pair_key::PairKey;
+use crate::LiveTiming;
 use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -86,14 +87,17 @@ impl HeartbeatLog {
 }
 
 impl Heartbeat {
-    /// Binds `local` and beats to `peer` every `interval`, under `key`.
+    /// Binds `local` and beats to `peer` every interval of `timing` (as
+    /// it is at each beat), under `key`.
     pub fn start(
         local: SocketAddr,
         peer: SocketAddr,
         generation: u64,
-        interval: Duration,
+        timing: impl Into<LiveTiming>,
         key: &PairKey,
     ) -> Result<Heartbeat, HeartbeatError> {
+        let timing = timing.into();
+        let interval = timing.get().interval;
         // A heartbeat of this side's previous pair (a backup that just
         // went live and is protected again) lets its socket go within an
         // interval of being dropped: the address may be taken until then.
@@ -119,7 +123,7 @@ impl Heartbeat {
         let beats = Beats::new(key, generation);
         std::thread::Builder::new()
             .name("ft-heartbeat".into())
-            .spawn(move || beat(sock, peer, beats, interval, s))
+            .spawn(move || beat(sock, peer, beats, timing, s))
             .map_err(HeartbeatError::Thread)?;
         Ok(Heartbeat { shared })
     }
@@ -187,7 +191,7 @@ impl Beats {
     }
 }
 
-fn beat(sock: UdpSocket, mut peer: SocketAddr, beats: Beats, interval: Duration, s: Arc<Shared>) {
+fn beat(sock: UdpSocket, mut peer: SocketAddr, beats: Beats, timing: LiveTiming, s: Arc<Shared>) {
     crate::priority::raise_watcher();
     let mut seq =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
@@ -197,6 +201,7 @@ fn beat(sock: UdpSocket, mut peer: SocketAddr, beats: Beats, interval: Duration,
     let mut buf = [0u8; 128];
     while !s.stop.load(Ordering::Relaxed) {
         if Instant::now() >= next {
+            let interval = timing.get().interval;
             // A lost or refused beat is what the peer's detector is for.
             seq += 1;
             {
@@ -242,6 +247,10 @@ mod tests {
         PairKey::from_bytes([9; 32])
     }
 
+    fn every(interval: Duration) -> crate::Timing {
+        crate::Timing { timeout: interval * 10, interval }
+    }
+
     /// What an attacker on the network can send, while the real peer is
     /// silent: forged beats (no key), a replay of the peer's own beats,
     /// and beats under another pair's key. None is heard.
@@ -250,7 +259,8 @@ mod tests {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let pa = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let attacker = UdpSocket::bind(any).unwrap();
-        let a = Heartbeat::start(pa, attacker.local_addr().unwrap(), 5, Duration::from_millis(10), &key()).unwrap();
+        let a =
+            Heartbeat::start(pa, attacker.local_addr().unwrap(), 5, every(Duration::from_millis(10)), &key()).unwrap();
         let mine = Beats { key: key().heartbeat_key(), generation: 5 };
         let theirs = Beats { key: PairKey::from_bytes([1; 32]).heartbeat_key(), generation: 5 };
         // The first valid beat is heard...
@@ -286,8 +296,8 @@ mod tests {
         let pa = UdpSocket::bind(a_addr).unwrap().local_addr().unwrap();
         let pb = UdpSocket::bind(a_addr).unwrap().local_addr().unwrap();
         let iv = Duration::from_millis(10);
-        let a = Heartbeat::start(pa, pb, 7, iv, &key()).unwrap();
-        let b = Heartbeat::start(pb, pa, 7, iv, &key()).unwrap();
+        let a = Heartbeat::start(pa, pb, 7, every(iv), &key()).unwrap();
+        let b = Heartbeat::start(pb, pa, 7, every(iv), &key()).unwrap();
         // Heartbeats every 10 ms keep the silence short: seen within 5 s,
         // as a loaded host may not run the heartbeat threads at once.
         let started = std::time::Instant::now();
@@ -315,8 +325,8 @@ mod tests {
         // A port nobody listens on: what the backup is told at first.
         let nowhere = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let iv = Duration::from_millis(10);
-        let a = Heartbeat::start(any, pb, 3, iv, &key()).unwrap();
-        let b = Heartbeat::start(pb, nowhere, 3, iv, &key()).unwrap();
+        let a = Heartbeat::start(any, pb, 3, every(iv), &key()).unwrap();
+        let b = Heartbeat::start(pb, nowhere, 3, every(iv), &key()).unwrap();
         let started = std::time::Instant::now();
         while !(a.heard() && b.heard()) {
             assert!(started.elapsed() < Duration::from_secs(5), "heard {} {}", a.heard(), b.heard());
@@ -328,7 +338,7 @@ mod tests {
     fn an_address_in_use_is_an_error_that_names_it() {
         let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
         let local = taken.local_addr().unwrap();
-        let e = Heartbeat::start(local, local, 1, Duration::from_millis(10), &key()).err().expect("bound twice");
+        let e = Heartbeat::start(local, local, 1, every(Duration::from_millis(10)), &key()).err().expect("bound twice");
         assert!(matches!(&e, HeartbeatError::Bind { local: l, .. } if *l == local), "{e:?}");
         assert!(e.to_string().starts_with(&format!("cannot bind the heartbeat address {local}: ")), "{e}");
     }
@@ -339,8 +349,8 @@ mod tests {
         let pa = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let pb = UdpSocket::bind(any).unwrap().local_addr().unwrap();
         let iv = Duration::from_millis(10);
-        let a = Heartbeat::start(pa, pb, 1, iv, &key()).unwrap();
-        let _b = Heartbeat::start(pb, pa, 2, iv, &key()).unwrap();
+        let a = Heartbeat::start(pa, pb, 1, every(iv), &key()).unwrap();
+        let _b = Heartbeat::start(pb, pa, 2, every(iv), &key()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert!(!a.heard());
     }

@@ -42,7 +42,9 @@ pub mod pair_key;
 pub mod poll;
 pub mod priority;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Failure detection settings shared by both ends.
 #[derive(Debug, Clone, Copy)]
@@ -67,5 +69,96 @@ impl Timing {
         // detection responsive.
         let interval = (timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(1000));
         Timing { timeout, interval }
+    }
+}
+
+/// The failure detection settings of one side while its pair runs: the
+/// primary can change the timeout on purpose, and sends the change to
+/// its backup on the channel as a control entry (VMware FT §3.3), so
+/// every thread that watches the peer (the detector, the heartbeats, the
+/// acknowledgements and keep-alives) reads them each time it looks.
+/// Clones share the settings.
+#[derive(Debug, Clone)]
+pub struct LiveTiming(Arc<LiveInner>);
+
+#[derive(Debug)]
+struct LiveInner {
+    timeout_us: AtomicU64,
+    interval_us: AtomicU64,
+    /// A longer timeout that still holds until then (see [`LiveTiming::follow`]).
+    held: Mutex<Option<(Duration, Instant)>>,
+}
+
+impl LiveTiming {
+    pub fn new(timing: Timing) -> LiveTiming {
+        let t = LiveTiming(Arc::new(LiveInner {
+            timeout_us: AtomicU64::new(0),
+            interval_us: AtomicU64::new(0),
+            held: Mutex::new(None),
+        }));
+        t.set(timing);
+        t
+    }
+
+    /// The settings now.
+    pub fn get(&self) -> Timing {
+        let us = |a: &AtomicU64| Duration::from_micros(a.load(Ordering::Relaxed));
+        let mut timeout = us(&self.0.timeout_us);
+        let mut held = self.0.held.lock().unwrap();
+        match *held {
+            Some((old, until)) if Instant::now() < until => timeout = timeout.max(old),
+            Some(_) => *held = None,
+            None => {}
+        }
+        Timing { timeout, interval: us(&self.0.interval_us) }
+    }
+
+    /// From now on: `timing` (a reader may see the old timeout with the
+    /// new interval for a moment; either pair is a sound setting).
+    pub fn set(&self, timing: Timing) {
+        self.0.timeout_us.store(timing.timeout.as_micros() as u64, Ordering::Relaxed);
+        self.0.interval_us.store(timing.interval.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A backup takes the timeout its primary sent: a longer one at once,
+    /// a shorter one only a whole old timeout from now. The primary
+    /// lowered its own lease to the shorter timeout before it sent it, but
+    /// a lease it was granted under the old one may still run for up to
+    /// the old timeout; declaring the primary failed sooner than that
+    /// could let the backup go live while the primary still releases
+    /// outputs. The interval changes at once (beats more often are
+    /// harmless; the primary beats at the new one already).
+    pub fn follow(&self, timing: Timing) {
+        let old = self.get().timeout;
+        if timing.timeout < old {
+            *self.0.held.lock().unwrap() = Some((old, Instant::now() + old));
+        }
+        self.set(timing);
+    }
+}
+
+impl From<Timing> for LiveTiming {
+    fn from(timing: Timing) -> LiveTiming {
+        LiveTiming::new(timing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup given a shorter timeout keeps the old one for one old
+    /// timeout (the primary's last lease under it may run that long); a
+    /// longer one holds at once.
+    #[test]
+    fn a_followed_timeout_shortens_only_after_the_old_one_has_run() {
+        let t = LiveTiming::new(Timing::with_timeout(Duration::from_millis(300)));
+        t.follow(Timing::with_timeout(Duration::from_millis(100)));
+        assert_eq!(t.get().timeout, Duration::from_millis(300));
+        assert_eq!(t.get().interval, Duration::from_millis(10), "beats faster at once");
+        std::thread::sleep(Duration::from_millis(320));
+        assert_eq!(t.get().timeout, Duration::from_millis(100));
+        t.follow(Timing::with_timeout(Duration::from_millis(900)));
+        assert_eq!(t.get().timeout, Duration::from_millis(900));
     }
 }

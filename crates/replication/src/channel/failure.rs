@@ -56,19 +56,21 @@ fn own_stall(timing: Timing) -> Duration {
 
 /// The failure detector's loop: watches the peer's channel traffic and
 /// heartbeats until one is silent for the timeout or the end is stopped.
+/// `timing` says the settings at each look (they may change meanwhile).
 pub(super) fn detect(
-    timing: Timing,
+    timing: impl Fn() -> Timing,
     heartbeat: &Mutex<Option<Heartbeat>>,
     stop: &AtomicBool,
     failed: &Mutex<Option<Failure>>,
     channel_silence: impl Fn() -> Duration,
     fail: impl Fn(Failure),
 ) {
-    let tick = (timing.interval / 2).max(Duration::from_millis(1));
     // After this side's own stall, the peer is not judged until then.
     let mut judge_from = std::time::Instant::now();
     let mut last_look = std::time::Instant::now();
     loop {
+        let timing = timing();
+        let tick = (timing.interval / 2).max(Duration::from_millis(1));
         std::thread::sleep(tick);
         if stop.load(Ordering::Relaxed) || failed.lock().unwrap().is_some() {
             return;
@@ -116,7 +118,7 @@ mod tests {
         let woke = Mutex::new(None);
         let declared = Mutex::new(None);
         detect(
-            timing,
+            || timing,
             &Mutex::new(None),
             &AtomicBool::new(false),
             &Mutex::new(None),

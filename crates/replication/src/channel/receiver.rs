@@ -12,7 +12,7 @@ use super::{spawn, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR
 use crate::heartbeat::Heartbeat;
 use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
-use crate::Timing;
+use crate::{LiveTiming, Timing};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -57,6 +57,9 @@ struct BackupShared {
     /// Whether the VM's thread keeps the socket for [`WAITER_GRACE`]
     /// after a wait (see [`LogReceiver::short_waits`]).
     short_waits: AtomicBool,
+    /// The failure detection settings, given at [`LogReceiver::start`]
+    /// and changed by the primary's control entries.
+    timing: LiveTiming,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -104,6 +107,7 @@ impl LogReceiver {
             receipt: Mutex::new(None),
             log_turn: WaiterTurn::default(),
             short_waits: AtomicBool::new(false),
+            timing: LiveTiming::new(Timing::DEFAULT),
         });
         Ok(LogReceiver { shared, peer, stream, session: Mutex::new(Some(session)) })
     }
@@ -113,7 +117,8 @@ impl LogReceiver {
     }
 
     /// Starts receiving: acknowledgements every read and every
-    /// `timing.interval`; `on_failure` hears once when the primary is
+    /// `timing.interval` (settings that [`LogReceiver::follow_timeout`]
+    /// changes later); `on_failure` hears once when the primary is
     /// declared failed. The log stays readable through [`LogPipe`] to its
     /// last byte received until [`LogReceiver::end_log`].
     pub fn start(
@@ -121,6 +126,7 @@ impl LogReceiver {
         timing: Timing,
         on_failure: impl Fn(Failure) + Send + Sync + 'static,
     ) -> Result<(), ChannelError> {
+        self.shared.timing.set(timing);
         let on_failure = Arc::new(on_failure);
         let fail = {
             let (shared, on_failure) = (self.shared.clone(), on_failure.clone());
@@ -140,7 +146,6 @@ impl LogReceiver {
             out: clone()?,
             sealer,
             frames: Vec::new(),
-            timing,
             buf: vec![0u8; 1 << 16],
             last_ack: Instant::now(),
             acked: (u64::MAX, u64::MAX),
@@ -150,13 +155,14 @@ impl LogReceiver {
         });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            let thread = spawn_watcher("ft-log-receive", move || receive(&shared, &readable, timing, &*fail))?;
+            let thread = spawn_watcher("ft-log-receive", move || receive(&shared, &readable, &*fail))?;
             self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
             spawn_watcher("ft-detect", move || {
                 let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                let timing = || shared.timing.get();
                 detect(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
             })?;
         }
@@ -167,6 +173,17 @@ impl LogReceiver {
     /// only once the log's header named the pair's generation).
     pub fn add_heartbeat(&self, heartbeat: Heartbeat) {
         *self.shared.heartbeat.lock().unwrap() = Some(heartbeat);
+    }
+
+    /// The failure detection settings, for the heartbeats to pace by.
+    pub fn timing(&self) -> LiveTiming {
+        self.shared.timing.clone()
+    }
+
+    /// Takes the failure timeout the primary sent in a control entry
+    /// (see [`LiveTiming::follow`] for when a shorter one holds).
+    pub fn follow_timeout(&self, timeout: Duration) {
+        self.shared.timing.follow(Timing::with_timeout(timeout));
     }
 
     /// Stops the heartbeats (a backup going live): its socket is let go,
@@ -367,7 +384,6 @@ struct Receipt {
     sealer: Sealer,
     /// Sealed frames of one write, kept to reuse.
     frames: Vec<u8>,
-    timing: Timing,
     buf: Vec<u8>,
     last_ack: Instant,
     /// (bytes received, instructions executed) as last acknowledged.
@@ -460,9 +476,11 @@ impl Receipt {
             0
         };
         let now = (received, shared.executed.load(Ordering::Relaxed));
-        if now.0 != self.acked.0 || self.last_ack.elapsed() >= self.timing.interval {
+        let timing = shared.timing.get();
+        if now.0 != self.acked.0 || self.last_ack.elapsed() >= timing.interval {
             let heard = shared.heartbeat.lock().unwrap().as_ref().map_or(0, |h| h.log().heard_seq());
-            self.send(&wire::ack(now.0, now.1, heard)).map_err(|e| Failure::Closed(e.to_string()))?;
+            let timeout_ms = timing.timeout.as_millis().min(u32::MAX as u128) as u32;
+            self.send(&wire::ack(now.0, now.1, heard, timeout_ms)).map_err(|e| Failure::Closed(e.to_string()))?;
             self.acked = now;
             self.last_ack = Instant::now();
         }
@@ -519,8 +537,9 @@ impl BackupShared {
 /// and acknowledges every interval while nothing comes, except while the
 /// VM's thread reads the socket itself. `readable` is the socket, to
 /// wait on without holding the [`Receipt`].
-fn receive(shared: &BackupShared, readable: &TcpStream, timing: Timing, fail: &dyn Fn(Failure)) {
+fn receive(shared: &BackupShared, readable: &TcpStream, fail: &dyn Fn(Failure)) {
     loop {
+        let timing = shared.timing.get();
         if shared.stop.load(Ordering::Relaxed) {
             return;
         }

@@ -12,7 +12,7 @@ use crate::fence::{self, Fence};
 use crate::heartbeat::{Heartbeat, HeartbeatLog};
 use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
-use crate::Timing;
+use crate::{LiveTiming, Timing};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -71,7 +71,9 @@ struct PrimaryShared {
     requests: Mutex<Vec<Vec<u8>>>,
     /// The right to release outputs, renewed by each acknowledgement.
     fence: Fence,
-    timing: Timing,
+    timing: LiveTiming,
+    /// The backup's failure timeout as its last acknowledgement said (µs).
+    backup_timeout_us: AtomicU64,
     /// Our heartbeats' send times, if the backup watches them too.
     heartbeat: Option<HeartbeatLog>,
     /// (bytes sent once the write was done, CLOCK_BOOTTIME ns as it
@@ -126,7 +128,7 @@ impl PrimaryShared {
     /// checkpoint being compressed, a loaded host). It acknowledges no
     /// log, so it renews no lease.
     fn keep_alive(&self) -> std::io::Result<()> {
-        if self.clock.since(self.last_sent_us.load(Ordering::Relaxed)) < self.timing.interval {
+        if self.clock.since(self.last_sent_us.load(Ordering::Relaxed)) < self.timing.get().interval {
             return Ok(());
         }
         let mut out = self.out.lock().unwrap();
@@ -158,6 +160,15 @@ impl PrimaryShared {
             None => Some(channel),
             Some(log) => log.sent_at(heartbeat).map(|beat| beat.min(channel)),
         }
+    }
+
+    /// When the backup is judged failed: after our timeout, or the
+    /// backup's if longer (a shorter one we chose may not have reached it
+    /// yet, and until it has, it beats and acknowledges at its old pace).
+    fn detection_timing(&self) -> Timing {
+        let mut t = self.timing.get();
+        t.timeout = t.timeout.max(Duration::from_micros(self.backup_timeout_us.load(Ordering::Relaxed)));
+        t
     }
 
     fn signal_ack_waiters(&self) {
@@ -201,10 +212,16 @@ impl AckStream {
         let mut at = 0;
         while let Some((msg, len)) = wire::parse(&self.partial[at..])? {
             match msg {
-                Message::Ack { received, icount, heartbeat } => {
+                Message::Ack { received, icount, heartbeat, timeout_ms } => {
                     if let Some(heard) = shared.heard_at(received, heartbeat) {
-                        shared.fence.renew(heard, shared.timing.timeout);
+                        // The lease runs no longer than either side's
+                        // timeout: the backup's bounds when it may go
+                        // live; ours is the lower while a shorter one we
+                        // chose is on its way to it (see `set_timeout`).
+                        let theirs = Duration::from_millis(timeout_ms as u64);
+                        shared.fence.renew(heard, theirs.min(shared.timing.get().timeout));
                     }
+                    shared.backup_timeout_us.store(timeout_ms as u64 * 1000, Ordering::Relaxed);
                     let now = shared.clock.now_us();
                     shared.last_ack_us.store(now, Ordering::Relaxed);
                     shared.backup_icount.fetch_max(icount, Ordering::Relaxed);
@@ -261,7 +278,7 @@ impl LogSender {
         stream: TcpStream,
         session: Session,
         buffer: usize,
-        timing: Timing,
+        timing: impl Into<LiveTiming>,
         heartbeat: Option<Heartbeat>,
         fence: Fence,
         events: impl Fn(PrimaryEvent) + Send + Sync + 'static,
@@ -284,7 +301,8 @@ impl LogSender {
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
             fence,
-            timing,
+            timing: timing.into(),
+            backup_timeout_us: AtomicU64::new(0),
             heartbeat: heartbeat.as_ref().map(Heartbeat::log),
             write_times: Mutex::new(VecDeque::new()),
             last_sent_us: AtomicU64::new(0),
@@ -320,8 +338,7 @@ impl LogSender {
         {
             let (shared, fail) = (shared.clone(), fail.clone());
             spawn_watcher("ft-log-send", move || {
-                let tick = shared.timing.interval / 2;
-                while let Some(readable) = shared.pipe.wait_readable_for(tick) {
+                while let Some(readable) = shared.pipe.wait_readable_for(shared.timing.get().interval / 2) {
                     // A waiting caller may have written them meanwhile.
                     let written = if readable { shared.write_pending(1 << 20).map(drop) } else { shared.keep_alive() };
                     if let Err(e) = written {
@@ -351,7 +368,7 @@ impl LogSender {
             spawn_watcher("ft-detect", move || {
                 let heartbeat = Mutex::new(heartbeat);
                 detect(
-                    timing,
+                    || shared.detection_timing(),
                     &heartbeat,
                     &shared.stop,
                     &shared.failed,
@@ -524,6 +541,25 @@ impl SenderWatch {
 
     pub fn failure(&self) -> Option<Failure> {
         self.shared.failed.lock().unwrap().clone()
+    }
+
+    /// This side's failure timeout.
+    pub fn timeout(&self) -> Duration {
+        self.shared.timing.get().timeout
+    }
+
+    /// The backup's failure timeout, as its last acknowledgement said
+    /// (None before the first).
+    pub fn backup_timeout(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.shared.backup_timeout_us.load(Ordering::Relaxed))).filter(|d| !d.is_zero())
+    }
+
+    /// Changes this side's failure timeout now, before the backup is told
+    /// (the caller sends it the change as a control entry): the lease at
+    /// once runs no longer than the new timeout, and no longer than the
+    /// backup's until it says it has taken the change.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.shared.timing.set(Timing::with_timeout(timeout));
     }
 }
 

@@ -424,3 +424,42 @@ fn acknowledgements_renew_the_primarys_lease_and_it_runs_out_without_them() {
     }
     assert!(held.elapsed() <= timing.timeout, "ran {:?}, longer than the timeout", held.elapsed());
 }
+
+/// The lease never outruns the backup's timeout: a primary started with
+/// a far longer one than its backup's (two hosts given different
+/// options, or a shorter timeout the primary sent not yet taken) holds
+/// its lease only as long as the backup waits before it may go live.
+/// The backup's acknowledgements say its timeout, and a change it takes
+/// shows in the next one.
+#[test]
+fn the_lease_runs_no_longer_than_the_backups_timeout() {
+    let long = Timing::with_timeout(Duration::from_secs(4));
+    let short = Timing { timeout: Duration::from_millis(300), interval: Duration::from_millis(20) };
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let (mut s, _prx) = primary_to(addr, long);
+    let r = acc.join().unwrap();
+    r.start(short, |_| {}).unwrap();
+    let fence = s.fence();
+    s.write_all(b"some log").unwrap();
+    assert!(s.wait_acked(8, Duration::from_secs(5)));
+    let t0 = Instant::now();
+    while !fence.allows() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the acknowledgement did not renew the lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(s.watch().backup_timeout(), Some(short.timeout));
+    r.hold_acks();
+    let held = Instant::now();
+    while fence.allows() {
+        assert!(held.elapsed() < Duration::from_secs(5), "the lease never ran out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(held.elapsed() <= short.timeout, "ran {:?}, longer than the backup's timeout", held.elapsed());
+    // A longer timeout the backup takes is in its next acknowledgement.
+    r.follow_timeout(Duration::from_millis(900));
+    let t0 = Instant::now();
+    while s.watch().backup_timeout() != Some(Duration::from_millis(900)) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the new timeout was never acknowledged");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

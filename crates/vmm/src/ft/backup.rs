@@ -190,7 +190,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         SocketAddr::new(args.listen.ip(), args.pair.heartbeat_port),
         SocketAddr::new(primary.ip(), args.pair.heartbeat_port),
         gen,
-        timing.interval,
+        receiver.timing(),
         &key,
     )?);
     let prepared: Result<Box<dyn Backup>, ProtectionError> = match pair.mode {

@@ -35,7 +35,7 @@ use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
-use ftvm_replication::Timing;
+use ftvm_replication::{LiveTiming, Timing};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -374,11 +374,14 @@ pub fn connect_pair(
     // The primary beats from a port of its own (its pair's backup answers
     // where the beats come from): a VM whose backup moves is in two
     // pairs at once for a while.
+    // One set of failure detection settings for the heartbeats and the
+    // channel: a control entry changes them together.
+    let timing = LiveTiming::new(timing);
     let heartbeat = Heartbeat::start(
         SocketAddr::new(local.ip(), 0),
         SocketAddr::new(args.backup.ip(), args.pair.heartbeat_port),
         arbiter.generation(),
-        timing.interval,
+        timing.clone(),
         &key,
     )?;
     let host_events = Mutex::new(host_events);
