@@ -161,6 +161,8 @@ EVENTS = {
     "protection-failed": "a running VM's protection did not start; it runs on as it did; fields: reason",
     "protection-stopped": "protection was stopped on purpose (unprotect): the backup stopped following; "
                           "fields: released",
+    "timeout-changed": "the pair's failure timeout changed: on the primary when it sent the change, on the backup "
+                       "when the control entry reached it; fields: timeout_ms",
 }
 
 

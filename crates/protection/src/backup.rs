@@ -9,6 +9,7 @@
 //! until it ends or is cut, and after a cut whose arbiter it won hands
 //! back the machine to go live with.
 
+use crate::control::ControlEntry;
 use crate::error::ProtectionError;
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
@@ -32,6 +33,10 @@ pub enum Report {
     Executed(u64),
     /// From now on it holds a VM it could go live with.
     ReadyToTakeOver,
+    /// The primary sent a control entry: the run makes the change on
+    /// this side now (it concerns the host's side of the pair, the
+    /// channel and heartbeats, not the VM).
+    Control(ControlEntry),
 }
 
 /// How following ended, short of a divergence.

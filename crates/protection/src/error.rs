@@ -57,6 +57,10 @@ pub enum ProtectionError {
     /// has no backup).
     #[error("this VM has no backup to hand it over to")]
     NoBackupToHandOver,
+    /// A change for the backup (a control entry) asked of a VM with no
+    /// pair running (none, or one still being set up).
+    #[error("this VM has no running pair to send the change to")]
+    NoBackupToControl,
     /// The backup did not acknowledge, in the time given, the log that
     /// produced the outputs held here: nothing was handed over and the
     /// pair runs on.
@@ -193,6 +197,9 @@ pub enum PeerError {
     /// of a running VM's machine to a replay backup (the kind of record).
     #[error("a record of kind {0} in the transfer of the machine")]
     NotTransfer(&'static str),
+    /// A control entry the backup cannot take (what it was).
+    #[error("a control entry it cannot take: {0}")]
+    Control(String),
     /// Pages for a checkpoint other than the next one.
     #[error("pages of checkpoint {number} when {due} was due")]
     PagesOutOfOrder {

@@ -175,6 +175,13 @@ pub enum PairEvent {
         /// Outputs that had been held and were released.
         released: u64,
     },
+    /// The pair's failure timeout changed on purpose: on the primary
+    /// when it sent the change to its backup, on the backup when the
+    /// control entry reached it.
+    TimeoutChanged {
+        /// The new timeout, in milliseconds.
+        timeout_ms: u64,
+    },
     /// A primary that won runs on alone, its held outputs released.
     Unprotected {
         /// Outputs that had been held and were released.

@@ -10,6 +10,8 @@
 //! - [`primary`]: the interface the host's live loop drives, and the
 //!   test-and-set every mode does when its backup is lost.
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
+//! - [`control`]: the control entries a primary sends its backup in
+//!   the stream (a new failure timeout).
 //! - [`transfer`]: a running VM's machine sent to its new backup while
 //!   the guest runs (pre-copy, then a final pause), before its pair starts.
 //! - [`local`]: the disks and files a backup's own host gives a pair:
@@ -26,6 +28,7 @@
 
 pub mod backup;
 pub mod checkpoint;
+pub mod control;
 pub mod epoch;
 pub mod error;
 pub mod events;

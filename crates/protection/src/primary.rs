@@ -24,6 +24,7 @@
 //! must halt, releasing nothing. When the VM ends, `end` says what may
 //! still leave, and `finish` closes the stream once the host has drained.
 
+use crate::control::ControlEntry;
 use crate::error::{Deposed, ProtectionError};
 use crate::events::{Events, PairEvent};
 use crate::status::PairStatus;
@@ -31,7 +32,7 @@ use crate::status::PairStatus;
 use ftvm_machine::DeterministicEngine;
 use ftvm_machine::{Engine, Event, IoRequest, RunExit};
 use ftvm_replication::arbiter::{Arbiter, Verdict};
-use ftvm_replication::channel::Failure;
+use ftvm_replication::channel::{Failure, SenderWatch};
 use ftvm_replication::fence::Fence;
 use std::time::{Duration, Instant};
 
@@ -205,6 +206,14 @@ pub trait Primary<E: Engine> {
         Err(ProtectionError::NoBackupToHandOver)
     }
 
+    /// An operation on this side that the backup must follow (a new
+    /// failure timeout): this side makes the change now and sends it to
+    /// the backup as a control entry in the stream, which takes it when
+    /// it reads it.
+    fn control(&mut self, _m: &mut E, _entry: ControlEntry) -> Result<(), ProtectionError> {
+        Err(ProtectionError::NoBackupToControl)
+    }
+
     /// Its part of the VM's status (None: it is in no pair).
     fn status(&mut self) -> Option<PairStatus>;
 
@@ -373,3 +382,15 @@ const CLAIM_POLL: Duration = Duration::from_millis(1);
 /// shared storage within milliseconds; a backup that died instead costs
 /// the VM this long.
 pub const CLAIM_GRACE: Duration = Duration::from_secs(2);
+
+/// What a primary does on its own side for a control entry before it
+/// sends it: the change that concerns its channel and heartbeats.
+pub fn apply_control(channel: &SenderWatch, entry: ControlEntry, events: &Events) {
+    match entry {
+        ControlEntry::Timeout(timeout) => {
+            channel.set_timeout(timeout);
+            eprintln!("ftvm: the pair's failure timeout is {} ms (sent to the backup)", timeout.as_millis());
+            events.emit(PairEvent::TimeoutChanged { timeout_ms: timeout.as_millis() as u64 });
+        }
+    }
+}

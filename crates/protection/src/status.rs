@@ -2,6 +2,7 @@
 //! status, as serde types with a readable form (`Display`: the
 //! `key=value` fields of the status line).
 
+use ftvm_replication::channel::SenderWatch;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -27,6 +28,24 @@ pub struct PrimaryStatus {
     pub generation: u64,
     /// The mode, with its figures.
     pub mode: PrimaryMode,
+    /// This side's failure timeout, in milliseconds.
+    pub timeout_ms: u64,
+    /// The backup's, as its last acknowledgement said (None before the
+    /// first): the same but for a moment after a change.
+    pub backup_timeout_ms: Option<u64>,
+}
+
+impl PrimaryStatus {
+    /// The status of a primary whose channel is `channel`.
+    pub fn of(channel: &SenderWatch, generation: u64, mode: PrimaryMode) -> PrimaryStatus {
+        PrimaryStatus {
+            backup: channel.peer().to_string(),
+            generation,
+            mode,
+            timeout_ms: channel.timeout().as_millis() as u64,
+            backup_timeout_ms: channel.backup_timeout().map(|t| t.as_millis() as u64),
+        }
+    }
 }
 
 /// The primary's figures of its mode.
@@ -238,6 +257,9 @@ pub struct BackupStatus {
     pub received: u64,
     /// Bytes received but not yet taken by the replay.
     pub buffered: u64,
+    /// The failure timeout, in milliseconds (the primary's, once its
+    /// change has reached this side).
+    pub timeout_ms: u64,
 }
 
 /// The backup's figures of its mode.
@@ -275,10 +297,15 @@ impl fmt::Display for PrimaryStatus {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "role=primary backup={} generation={} ", self.backup, self.generation)?;
         match &self.mode {
-            PrimaryMode::Lockstep(log) => write!(f, "mode=lockstep {log}"),
-            PrimaryMode::Epoch { epochs, log } => write!(f, "{epochs} {log}"),
-            PrimaryMode::Checkpoint(c) => write!(f, "{c}"),
-            PrimaryMode::Transfer(t) => write!(f, "{t}"),
+            PrimaryMode::Lockstep(log) => write!(f, "mode=lockstep {log}")?,
+            PrimaryMode::Epoch { epochs, log } => write!(f, "{epochs} {log}")?,
+            PrimaryMode::Checkpoint(c) => write!(f, "{c}")?,
+            PrimaryMode::Transfer(t) => write!(f, "{t}")?,
+        }
+        write!(f, " timeout={}ms", self.timeout_ms)?;
+        match self.backup_timeout_ms {
+            Some(theirs) if theirs != self.timeout_ms => write!(f, " backup_timeout={theirs}ms"),
+            _ => Ok(()),
         }
     }
 }
@@ -371,6 +398,10 @@ impl fmt::Display for BackupStatus {
             BackupMode::Epoch { setting, .. } => write!(f, "{setting}")?,
             BackupMode::Checkpoint { interval_ms, .. } => write!(f, "mode=checkpoint interval={interval_ms}ms")?,
         }
-        write!(f, " log={:.3}Mbit/s received={} buffered={}", self.log_mbit_s, self.received, self.buffered)
+        write!(
+            f,
+            " log={:.3}Mbit/s received={} buffered={} timeout={}ms",
+            self.log_mbit_s, self.received, self.buffered, self.timeout_ms
+        )
     }
 }

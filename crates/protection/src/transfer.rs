@@ -189,10 +189,10 @@ impl Transfer {
 
     fn transfer_status(&self) -> PairStatus {
         let (bytes, acked) = self.sender.stream_bytes();
-        PairStatus::Primary(PrimaryStatus {
-            backup: self.sender.peer().to_string(),
-            generation: self.sender.generation(),
-            mode: PrimaryMode::Transfer(TransferStatus {
+        PairStatus::Primary(PrimaryStatus::of(
+            self.sender.watch(),
+            self.sender.generation(),
+            PrimaryMode::Transfer(TransferStatus {
                 then: self.then.name().into(),
                 round: self.round,
                 round_left: self.todo.len() as u64,
@@ -200,7 +200,7 @@ impl Transfer {
                 bytes: bytes - self.bytes_before,
                 acked: acked.saturating_sub(self.bytes_before),
             }),
-        })
+        ))
     }
 }
 
@@ -297,7 +297,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         let not_acked = ProtectionError::TransferNotAcknowledged(START_WAIT);
         let generation = sender.generation();
         let fence = sender.fence();
-        let backup = sender.peer().to_string();
+        let backup = sender.watch().peer().to_string();
         let mode = then.name().to_string();
         let (successor, bytes): (Box<dyn Primary<E>>, u64) = match then {
             Then::Checkpoints { .. } => {

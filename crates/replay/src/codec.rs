@@ -24,6 +24,11 @@ pub enum Entry {
     /// elsewhere: a planned handover to the backup, which goes live here
     /// (the log holds every input up to this point, as at a go-live point).
     HandOver,
+    /// An entry for the log's user, opaque here: a change made on the
+    /// recording side that the follower must make too (VMware FT §3.3's
+    /// control entries: a pair's settings). Replay hands it up; it does
+    /// not touch the machine.
+    Control(Vec<u8>),
 }
 
 /// An entry and the instruction count where it takes effect.
@@ -43,6 +48,7 @@ const STATE_HASH: u8 = 16;
 const GO_LIVE: u8 = 17;
 const END: u8 = 18;
 const HAND_OVER: u8 = 19;
+const CONTROL: u8 = 20;
 
 pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -113,6 +119,10 @@ pub fn encode(out: &mut Vec<u8>, prev: u64, r: &Record) {
         }
         Entry::GoLive => out.push(GO_LIVE),
         Entry::HandOver => out.push(HAND_OVER),
+        Entry::Control(payload) => {
+            out.push(CONTROL);
+            put_bytes(out, payload);
+        }
         Entry::End(code) => {
             out.push(END);
             match code {
@@ -264,6 +274,7 @@ impl<'a> Decoder<'a> {
             }
             GO_LIVE => Entry::GoLive,
             HAND_OVER => Entry::HandOver,
+            CONTROL => Entry::Control(self.bytes()?),
             END => match self.byte()? {
                 0 => Entry::End(None),
                 1 => Entry::End(Some(self.small("exit status", u32::MAX as u64)? as u32)),
@@ -303,6 +314,7 @@ mod tests {
                     pages: vec![(0x80000, 0xffff), (0x80001, 0), (0xfffff, 0x1234)],
                 }),
             },
+            Record { icount: u64::MAX - 1, entry: Entry::Control(vec![1, 0xf4, 1, 0, 0]) },
             Record { icount: u64::MAX - 1, entry: Entry::GoLive },
             Record { icount: u64::MAX, entry: Entry::HandOver },
             Record { icount: u64::MAX, entry: Entry::End(Some(7)) },

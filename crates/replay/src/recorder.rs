@@ -45,6 +45,8 @@ pub struct Recorder<W: Write> {
     /// The backup performs disk reads itself (VMware FT §4.2): their data
     /// stays out of the log, only their outcome goes in.
     omit_read_data: bool,
+    /// Control entries waiting for the next frame's close.
+    controls: Vec<Vec<u8>>,
 }
 
 /// Encoded bytes by kind of entry, for the summary: where a log's size
@@ -101,6 +103,7 @@ impl<W: Write> Recorder<W> {
             go_live_every,
             last_frame: Instant::now(),
             omit_read_data: false,
+            controls: Vec::new(),
         }
     }
 
@@ -139,6 +142,13 @@ impl<W: Write> Recorder<W> {
         self.omit_read_data = true;
     }
 
+    /// A control entry for the follower (opaque here), logged where the
+    /// next frame closes: at a go-live point, where a follower that runs
+    /// ahead to the end of an epoch stands too, never inside one.
+    pub fn control(&mut self, payload: Vec<u8>) {
+        self.controls.push(payload);
+    }
+
     fn push(&mut self, r: Record) {
         let bytes = self.log.push(&r);
         self.sizes.add(&r.entry, bytes);
@@ -163,6 +173,9 @@ impl<W: Write> Recorder<W> {
             let d = m.state_digest();
             self.push(Record { icount: m.icount(), entry: Entry::StateHash(d) });
             self.next_digest = m.time() + DIGEST_TICKS;
+        }
+        for payload in std::mem::take(&mut self.controls) {
+            self.push(Record { icount: m.icount(), entry: Entry::Control(payload) });
         }
         if self.log.has_pending() || always {
             self.log.go_live(m.icount()).map_err(|e| self.error(e))?;

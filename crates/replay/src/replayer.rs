@@ -34,6 +34,9 @@ pub enum ReplayError {
     /// The log broke the replication mode's rule.
     #[error("{0}")]
     Rule(#[source] HookError),
+    /// A control entry its user could not take.
+    #[error("{0}")]
+    Control(#[source] HookError),
 }
 
 /// Where and how the replay left the recording.
@@ -189,8 +192,9 @@ pub struct Replayed {
 /// Applies every record of `reader` to `m`, each at its instruction count;
 /// `progress` hears the instruction count after each, and that of the last
 /// go-live point received (the machine never runs past it: a record is
-/// handed out only with its whole frame). A divergence from the recording
-/// is an error.
+/// handed out only with its whole frame). `control` takes each control
+/// entry where it lies. A divergence from the recording is an error.
+#[allow(clippy::too_many_arguments)]
 pub fn replay_log<R: std::io::Read>(
     reader: &mut LogReader<R>,
     m: &mut dyn DeterministicEngine,
@@ -198,6 +202,7 @@ pub fn replay_log<R: std::io::Read>(
     show_console: bool,
     replayed: &mut Replayed,
     rule: &mut dyn FrameRule,
+    control: &mut dyn FnMut(&[u8]) -> Result<(), HookError>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Outcome, ReplayError> {
     let mut took_a_frame = false;
@@ -254,6 +259,7 @@ pub fn replay_log<R: std::io::Read>(
                 replayed.digests += 1;
             }
             Entry::GoLive => {}
+            Entry::Control(payload) => control(&payload).map_err(ReplayError::Control)?,
             Entry::HandOver => {
                 show(m, show_console);
                 return Ok(Outcome::HandedOver);

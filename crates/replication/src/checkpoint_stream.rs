@@ -19,6 +19,9 @@
 //!          (the first checkpoint's scan of all of RAM, say)
 //! kind 7, handed over: the VM goes on from the last checkpoint on the
 //!          backup (nothing follows)
+//! kind 8, a control entry (VMware FT §3.3): a change made on the
+//!          primary that the backup makes too when it reads it; opaque
+//!          here (the pair's settings are the caller's)
 //! ```
 //!
 //! A large checkpoint (the first carries all of RAM) goes as several page
@@ -42,6 +45,7 @@ const PAGES: u8 = 4;
 const DISK_SYNC: u8 = 5;
 const KEEP_ALIVE: u8 = 6;
 const HAND_OVER: u8 = 7;
+const CONTROL: u8 = 8;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -58,6 +62,8 @@ pub enum Record {
     /// backup: a planned handover (the primary stopped its guest and sent
     /// a last checkpoint just before).
     HandOver,
+    /// A change the backup makes too (see the module's table).
+    Control(Vec<u8>),
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -98,6 +104,10 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
         }
         Record::KeepAlive => KEEP_ALIVE,
         Record::HandOver => HAND_OVER,
+        Record::Control(payload) => {
+            out.extend_from_slice(payload);
+            CONTROL
+        }
     };
     let payload_len = (out.len() - start - 9) as u32;
     let crc = crc32fast::hash(&out[start + 9..]);
@@ -239,6 +249,7 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
         }
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
         HAND_OVER if p.is_empty() => Ok(Record::HandOver),
+        CONTROL => Ok(Record::Control(p)),
         DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE | HAND_OVER => {
             Err(Corruption::Length { kind, payload_len: p.len() })
         }
@@ -261,6 +272,7 @@ mod tests {
             Record::DiskSync { slot: 2, offset: 1 << 20, data: vec![0xcd; 4096] },
             Record::KeepAlive,
             Record::HandOver,
+            Record::Control(vec![1, 2, 3, 4, 5]),
         ]
     }
 

@@ -43,6 +43,12 @@ pub enum Request {
     /// Stop protecting the VM on purpose, without a failover: the backup
     /// stops following, and the VM runs on unprotected.
     Unprotect,
+    /// Change the pair's failure timeout (milliseconds), on the primary:
+    /// it takes the change now and sends it to its backup as a control
+    /// entry on the channel (VMware FT §3.3), never by hand on the backup.
+    Timeout {
+        ms: u64,
+    },
     /// The VM's events so far and then as they happen, one
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
@@ -94,6 +100,12 @@ pub enum Reply {
     HandedOver {
         generation: u64,
         millis: u64,
+    },
+    /// The pair's failure timeout is `timeout_ms` on this side, and the
+    /// change is on its way to the backup (its status shows when it has
+    /// taken it).
+    TimeoutSet {
+        timeout_ms: u64,
     },
 }
 
@@ -223,6 +235,9 @@ impl fmt::Display for Reply {
             }
             Reply::HandedOver { generation, millis } => {
                 write!(f, "handed over: the backup went live for generation {generation}, {millis} ms after the guest stopped here")
+            }
+            Reply::TimeoutSet { timeout_ms } => {
+                write!(f, "timeout {timeout_ms} ms: taken here, and sent to the backup")
             }
         }
     }

@@ -11,6 +11,7 @@
 
 use crate::api::{ControlError, Request, Response};
 use crate::host_io::HostEvent;
+use ftvm_protection::control::TIMEOUT_RANGE_MS;
 use ftvm_protection::events::{EventRecord, Events};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -71,7 +72,7 @@ pub enum ControlSocketError {
 
 /// A request as a person writes it on the command line: `status`,
 /// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `protect
-/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `events`.
+/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `timeout MS`, `events`.
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
@@ -87,6 +88,14 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("unprotect", "") => Ok(Request::Unprotect),
         ("events", "") => Ok(Request::Events),
         ("protect", rest) => parse_protect(rest),
+        ("timeout", ms) => match ms.parse::<u64>() {
+            Ok(ms) if TIMEOUT_RANGE_MS.contains(&ms) => Ok(Request::Timeout { ms }),
+            _ => Err(bad(format!(
+                "timeout needs a number of milliseconds from {} to {}, not '{ms}'",
+                TIMEOUT_RANGE_MS.start(),
+                TIMEOUT_RANGE_MS.end()
+            ))),
+        },
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
             Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
@@ -94,7 +103,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         }),
         _ => Err(bad(format!(
             "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, \
-             unprotect, protect --backup HOST:PORT --shared DIR [...], events)"
+             unprotect, protect --backup HOST:PORT --shared DIR [...], timeout MS, events)"
         ))),
     }
 }
@@ -330,6 +339,10 @@ mod tests {
         );
         assert!(parse("snapshot").is_err());
         assert!(parse("snapshot --overwrite").is_err());
+        assert_eq!(parse("timeout 2000").unwrap(), Request::Timeout { ms: 2000 });
+        for bad in ["timeout", "timeout 10", "timeout 60001", "timeout 2s", "timeout -5"] {
+            assert!(parse(bad).unwrap_err().to_string().contains("from 20 to 60000"), "{bad}");
+        }
         // An unknown command is quoted, but not whole.
         let long = format!("x{}", "y".repeat(10_000));
         assert!(parse(&long).unwrap_err().to_string().len() < 300);

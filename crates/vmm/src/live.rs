@@ -30,6 +30,7 @@ use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
+use ftvm_protection::control::{ControlEntry, TIMEOUT_RANGE_MS};
 use ftvm_protection::error::ProtectionError;
 use ftvm_protection::primary::{Alone, HandOver, Primary};
 use ftvm_replication::channel::PrimaryEvent;
@@ -967,6 +968,26 @@ impl<E: Engine> Live<E> {
                 self.unprotect_asked = Some(req.reply);
                 return Ok(Next::Continue);
             }
+            Request::Timeout { ms } if !TIMEOUT_RANGE_MS.contains(&ms) => (
+                Err(ControlError::BadRequest(format!(
+                    "a timeout of {ms} ms is out of range ({} to {} ms)",
+                    TIMEOUT_RANGE_MS.start(),
+                    TIMEOUT_RANGE_MS.end()
+                ))),
+                Next::Continue,
+            ),
+            Request::Timeout { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
+                (Err(ControlError::StopUnderWay), Next::Continue)
+            }
+            Request::Timeout { ms } => match self.primary.as_mut() {
+                None => (Err(ControlError::NotProtected), Next::Continue),
+                Some(p) => match p.control(&mut self.m, ControlEntry::Timeout(Duration::from_millis(ms))) {
+                    Ok(()) => (Ok(Reply::TimeoutSet { timeout_ms: ms }), Next::Continue),
+                    // A pair still being set up: protected once it has.
+                    Err(ProtectionError::NoBackupToControl) => (Err(ControlError::NotProtected), Next::Continue),
+                    Err(e) => (Err(ControlError::BadRequest(e.to_string())), Next::Continue),
+                },
+            },
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.
             Request::Events => {

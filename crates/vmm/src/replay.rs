@@ -47,8 +47,17 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
     let mut m = start_machine(&header, &AtRecordedPaths).map_err(|e| bad(e.into()))?;
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
-    let outcome =
-        replay_log(&mut reader, &mut m, &mut Regenerate, args.show_console, &mut replayed, &mut NoRule, |_, _| {})?;
+    let outcome = replay_log(
+        &mut reader,
+        &mut m,
+        &mut Regenerate,
+        args.show_console,
+        &mut replayed,
+        &mut NoRule,
+        // A log file's control entries were for the backup it went to.
+        &mut |_| Ok(()),
+        |_, _| {},
+    )?;
     let secs = started.elapsed().as_secs_f64();
     let digests = replayed.digests;
     match outcome {

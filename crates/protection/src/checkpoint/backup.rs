@@ -13,6 +13,7 @@
 //! flushed and marked valid by an activation record before it runs.
 
 use crate::backup::{Backup, Followed as Follow, Progress, Report, TakeOver};
+use crate::control::ControlEntry;
 use crate::error::{file, PeerError, ProtectionError};
 use crate::events::{Events, PairEvent};
 use crate::local::LocalFiles;
@@ -192,14 +193,22 @@ pub enum Followed {
     Cut,
 }
 
-/// Follows the stream, committing each whole checkpoint; `committed(number)`
-/// is told of each. An error means the stream cannot be trusted: the
-/// backup must not go live from it.
+/// What following the stream tells its caller as it goes.
+pub enum Step<'a> {
+    /// A checkpoint was committed.
+    Committed(&'a Committed),
+    /// The primary sent a control entry (it takes effect now).
+    Control(ControlEntry),
+}
+
+/// Follows the stream, committing each whole checkpoint; `step` is told
+/// of each, and of each control entry. An error means the stream cannot
+/// be trusted: the backup must not go live from it.
 pub fn follow(
     input: impl Read,
     held: &mut Committed,
     disks: &mut Disks,
-    mut on_commit: impl FnMut(&Committed),
+    mut step: impl FnMut(Step),
 ) -> Result<Followed, ProtectionError> {
     let mut reader = Reader::new(input);
     // Disk writes of the interval in progress, applied when it commits.
@@ -264,8 +273,9 @@ pub fn follow(
                 held.number = number;
                 held.icount = icount;
                 held.checkpoints += 1;
-                on_commit(held);
+                step(Step::Committed(held));
             }
+            Record::Control(bytes) => step(Step::Control(ControlEntry::decode(&bytes)?)),
             Record::End { status } => return Ok(Followed::Ended(status)),
             Record::HandOver => {
                 // The primary's guest stopped at the last checkpoint: a
@@ -326,6 +336,7 @@ pub fn receive_machine(input: impl Read, ram_size: u64) -> Result<Option<Machine
             Record::DiskWrite { .. } | Record::DiskSync { .. } => return Err(PeerError::NotTransfer("disk").into()),
             Record::End { .. } => return Err(PeerError::NotTransfer("end").into()),
             Record::HandOver => return Err(PeerError::NotTransfer("handover").into()),
+            Record::Control(_) => return Err(PeerError::NotTransfer("control").into()),
         }
     }
 }
@@ -466,11 +477,14 @@ impl<R: Read> Backup for CheckpointBackup<R> {
     fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Follow, ProtectionError> {
         let mut files = self.files.take().expect("a checkpoint backup follows once");
         let (committed, at) = (&self.committed, &self.committed_icount);
-        let outcome = follow(&mut self.stream, &mut self.held, &mut files, |c| {
-            at.store(c.icount, Ordering::Relaxed);
-            committed.store(c.checkpoints, Ordering::Relaxed);
-            report(Report::Executed(c.checkpoints));
-            report(Report::ReadyToTakeOver);
+        let outcome = follow(&mut self.stream, &mut self.held, &mut files, |step| match step {
+            Step::Committed(c) => {
+                at.store(c.icount, Ordering::Relaxed);
+                committed.store(c.checkpoints, Ordering::Relaxed);
+                report(Report::Executed(c.checkpoints));
+                report(Report::ReadyToTakeOver);
+            }
+            Step::Control(entry) => report(Report::Control(entry)),
         });
         // Their locks go before the live VM opens the disks again.
         drop(files);

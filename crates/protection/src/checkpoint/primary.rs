@@ -18,11 +18,13 @@
 //!
 //! Nothing here needs determinism: the backup never executes.
 
+use crate::control::ControlEntry;
 use crate::error::{file, PeerError, ProtectionError};
 use crate::events::Events;
 use crate::events::PairEvent;
 use crate::primary::{
-    await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT, HAND_OVER_WAIT,
+    apply_control, await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT,
+    HAND_OVER_WAIT,
 };
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, Engine, Event, IoRequest};
@@ -160,6 +162,8 @@ enum Job {
     End(Option<u32>),
     /// The stream ends in a handover (after a last checkpoint).
     HandOver,
+    /// A control entry, in order with the rest.
+    Control(Vec<u8>),
 }
 
 /// What the sender thread reports back.
@@ -401,9 +405,9 @@ impl Checkpointer {
         self.arbiter.generation()
     }
 
-    /// The backup's address.
-    pub fn peer(&self) -> std::net::SocketAddr {
-        self.watch.peer()
+    /// The channel to the backup.
+    pub fn watch(&self) -> &SenderWatch {
+        &self.watch
     }
 
     /// The fence the channel's acknowledgements renew.
@@ -665,11 +669,7 @@ impl Checkpointer {
             held: (self.gate.len() + self.this_interval.len()) as u64,
             outputs_held_total: self.gate.total_held() + self.this_interval.len() as u64,
         };
-        PairStatus::Primary(PrimaryStatus {
-            backup: self.watch.peer().to_string(),
-            generation: self.arbiter.generation(),
-            mode: PrimaryMode::Checkpoint(status),
-        })
+        PairStatus::Primary(PrimaryStatus::of(&self.watch, self.arbiter.generation(), PrimaryMode::Checkpoint(status)))
     }
 }
 
@@ -721,6 +721,13 @@ impl<E: Engine> Primary<E> for Checkpointer {
 
     fn stream_failed(&self) -> bool {
         self.watch.failure().is_some()
+    }
+
+    /// The entry goes at once, between checkpoints: the backup takes it
+    /// as it reads it.
+    fn control(&mut self, _m: &mut E, entry: ControlEntry) -> Result<(), ProtectionError> {
+        apply_control(&self.watch, entry, &self.events);
+        self.jobs.send(Job::Control(entry.encode())).map_err(|_| ProtectionError::NoBackupToControl)
     }
 
     /// A last checkpoint (the frames of this interval wait for it), then
@@ -797,6 +804,7 @@ fn send_loop(
         buf.clear();
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
+            Job::Control(entry) => stream::encode(&mut buf, &Record::Control(entry)),
             Job::Pages { pfns, pages } => {
                 for (i, pfns) in pfns.chunks(PAGES_PER_RECORD).enumerate() {
                     let at = i * PAGES_PER_RECORD * PAGE_SIZE;

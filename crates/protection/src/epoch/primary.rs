@@ -4,6 +4,7 @@
 //! wait for the backup's acknowledgement at every end.
 
 use super::{EpochMode, EpochProtocol};
+use crate::control::ControlEntry;
 use crate::error::ProtectionError;
 use crate::lockstep::primary::Lockstep;
 use crate::primary::{Alone, HandOver, Primary, Request};
@@ -252,6 +253,11 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
 
     fn stream_failed(&self) -> bool {
         self.lockstep.channel().failure().is_some()
+    }
+
+    fn control(&mut self, _m: &mut E, entry: ControlEntry) -> Result<(), ProtectionError> {
+        self.lockstep.send_control(entry);
+        Ok(())
     }
 
     fn unprotect(mut self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {

@@ -8,6 +8,7 @@
 
 use super::backup_disks::BackupDisks;
 use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
+use crate::control::ControlEntry;
 use crate::epoch::backup::EpochCheck;
 use crate::error::{PeerError, ProtectionError};
 use crate::local::LocalFiles;
@@ -131,6 +132,10 @@ impl<R: Read> Backup for ReplayBackup<R> {
             None => &mut replayer::Regenerate,
         };
         let (end, executed) = (&self.received_end, &self.executed);
+        // Control entries come in order with the log; the report of the
+        // progress and of them both go to the run, so both closures hand
+        // theirs through one cell.
+        let report = std::cell::RefCell::new(report);
         let outcome = replayer::replay_log(
             &mut self.reader,
             m,
@@ -138,10 +143,15 @@ impl<R: Read> Backup for ReplayBackup<R> {
             self.show_console,
             &mut self.replayed,
             self.rule.as_mut(),
+            &mut |bytes| {
+                let entry = ControlEntry::decode(bytes)?;
+                (report.borrow_mut())(Report::Control(entry));
+                Ok(())
+            },
             |i, last_end| {
                 end.store(last_end, Ordering::SeqCst);
                 executed.store(i, Ordering::SeqCst);
-                report(Report::Executed(i));
+                (report.borrow_mut())(Report::Executed(i));
             },
         );
         // Its locks go before the live VM opens the disks again.

@@ -11,13 +11,15 @@
 //! held, since every input was acknowledged before the primary delivered
 //! it.
 
+use crate::control::ControlEntry;
 use crate::error::ProtectionError;
 use crate::events::Events;
 use crate::events::PairEvent;
 use crate::lockstep::KEEPALIVE;
 use crate::pair::DiskPolicy;
 use crate::primary::{
-    await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT, HAND_OVER_WAIT,
+    apply_control, await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT,
+    HAND_OVER_WAIT,
 };
 use crate::status::{LagControl, LogStatus, PairStatus, PrimaryMode, PrimaryStatus};
 use ftvm_machine::{BlkOp, DeterministicEngine, Event, IoRequest};
@@ -258,6 +260,13 @@ impl Lockstep {
         )
     }
 
+    /// Makes the change on this side and logs the entry: it goes with
+    /// the next frame (an epoch's end in epoch mode).
+    pub fn send_control(&mut self, entry: ControlEntry) {
+        apply_control(&self.recorder.sink().watch(), entry, &self.events);
+        self.recorder.control(entry.encode());
+    }
+
     /// The primary's part of status, with `mode` made of its log's
     /// figures.
     pub fn pair_status(&mut self, mode: impl FnOnce(LogStatus) -> PrimaryMode) -> PairStatus {
@@ -292,11 +301,7 @@ impl Lockstep {
             mips_primary: primary_rate.map(|r| r / 1e6),
             mips_backup: backup_rate.map(|r| r / 1e6),
         };
-        PairStatus::Primary(PrimaryStatus {
-            backup: channel.peer().to_string(),
-            generation: self.arbiter.generation(),
-            mode: mode(log),
-        })
+        PairStatus::Primary(PrimaryStatus::of(&channel.watch(), self.arbiter.generation(), mode(log)))
     }
 }
 
@@ -361,6 +366,11 @@ impl<E: DeterministicEngine> Primary<E> for Lockstep {
 
     fn stream_failed(&self) -> bool {
         self.channel().failure().is_some()
+    }
+
+    fn control(&mut self, _m: &mut E, entry: ControlEntry) -> Result<(), ProtectionError> {
+        self.send_control(entry);
+        Ok(())
     }
 
     fn unprotect(self: Box<Self>, m: &mut E) -> Result<Alone, ProtectionError> {

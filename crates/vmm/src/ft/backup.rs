@@ -18,6 +18,7 @@ use crate::replay::{self, LiveSetup};
 use clap::Args;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
+use ftvm_protection::control::ControlEntry;
 use ftvm_protection::error::{Deposed, PeerError, ProtectionError};
 use ftvm_protection::events::PairEvent;
 use ftvm_protection::local::LocalFiles;
@@ -229,6 +230,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         Report::ReadyToTakeOver => {
             let _ = generation.set(gen);
         }
+        Report::Control(ControlEntry::Timeout(timeout)) => {
+            receiver.follow_timeout(timeout);
+            eprintln!("ftvm: the primary set the pair's failure timeout to {} ms", timeout.as_millis());
+            events.emit(PairEvent::TimeoutChanged { timeout_ms: timeout.as_millis() as u64 });
+        }
     });
     receiver.reading_done();
     let followed = match outcome {
@@ -334,6 +340,7 @@ fn following_status(
             log_mbit_s: rate.2,
             received,
             buffered: receiver.buffered() as u64,
+            timeout_ms: receiver.timing().get().timeout.as_millis() as u64,
         };
         let status = VmStatus { state, icount, guest_time_s: None, pair: Some(PairStatus::Backup(backup)) };
         Response::Ok(Reply::Status(Box::new(status)))

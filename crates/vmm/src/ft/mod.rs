@@ -35,6 +35,7 @@ use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
+use ftvm_protection::control::TIMEOUT_RANGE_MS;
 use ftvm_replication::{LiveTiming, Timing};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -105,8 +106,9 @@ impl PairArgs {
     }
 
     pub fn timing(&self) -> Result<Timing, VmmError> {
-        if !(20..=60_000).contains(&self.timeout) {
-            return Err(usage(format!("--timeout {} is out of range (20 to 60000 ms)", self.timeout)));
+        if !TIMEOUT_RANGE_MS.contains(&self.timeout) {
+            let (lo, hi) = (TIMEOUT_RANGE_MS.start(), TIMEOUT_RANGE_MS.end());
+            return Err(usage(format!("--timeout {} is out of range ({lo} to {hi} ms)", self.timeout)));
         }
         Ok(Timing::with_timeout(Duration::from_millis(self.timeout)))
     }

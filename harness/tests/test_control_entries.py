@@ -1,0 +1,97 @@
+"""Control entries (issue 28, VMware FT §3.3): an operation made on the
+primary that changes what the backup must do travels to the backup on
+the logging channel, never by hand on the backup's host.
+
+The operation here is a new failure timeout. A protected redis is
+written to over one connection; `timeout 3000` on the primary's control
+socket reaches the backup in the stream (its status and events say so),
+and a stall of the primary's ftvm (SIGSTOP) three times the old 500 ms
+timeout is then no failure: the pair runs on, protected. Then `timeout
+300`: the backup takes the shorter timeout only once the primary's last
+lease under the old one has run out, after which the same stall is a
+failure: the backup goes live within a second, the old primary halts
+when it comes back, and every acknowledged key is there over the same
+connection. The backup itself refuses the change: only the primary's
+word counts."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import ftsite
+from ftsite import TrialFailed, event, status
+from ftsite.observe import control
+from ftsite.trial import KeyWriter, check_keys
+
+MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
+STALL_S = 1.5
+
+
+def wait_for_backup_timeout(backup, ms, within):
+    """Waits until the backup's status shows a failure timeout of `ms`."""
+    deadline = time.monotonic() + within
+    while True:
+        s = status(backup.sock)
+        if s.get("timeout_ms") == ms:
+            return
+        if time.monotonic() > deadline:
+            raise TrialFailed(f"the backup's timeout is still {s.get('timeout_ms')} ms, not {ms}: {s['_raw']}")
+        time.sleep(0.2)
+
+
+def stalled(proc, seconds):
+    """Stops `proc`'s ftvm (a frozen host: no FIN, no beat) for `seconds`."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    return stopped
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_new_timeout_goes_to_the_backup_on_the_channel(ftvm, scratch, mode):
+    vm = ftsite.protected_redis(ftvm, scratch, f"c{mode[0]}", MODES[mode])
+    primary, backup, conn = vm.primary, vm.backup, vm.conn
+    writer = KeyWriter(conn)
+    writer.start()
+    time.sleep(1)
+    assert status(backup.sock).get("timeout_ms") == ftsite.TIMEOUT_MS
+    # Not by hand on the backup.
+    refused = control(backup.sock, "timeout 3000")
+    assert refused.startswith("error") and "only status" in refused, refused
+
+    answer = control(primary.sock, "timeout 3000")
+    assert answer.startswith("ok timeout 3000 ms"), answer
+    assert status(primary.sock).get("timeout_ms") == 3000
+    wait_for_backup_timeout(backup, 3000, within=10)
+    assert event(backup, "timeout-changed").fields["timeout_ms"] == 3000
+    # Three times the old timeout: no failure now.
+    stalled(primary, STALL_S)
+    time.sleep(2)
+    assert event(backup, "declared-failed") is None, backup.output()
+    assert primary.alive() and backup.alive(), primary.tail() + backup.tail()
+    s = status(primary.sock)
+    assert s["role"] == "primary" and not s.get("unprotected"), s["_raw"]
+    assert writer.error is None, f"the client failed: {writer.error}"
+    before = writer.acked
+    time.sleep(1)
+    assert writer.acked > before, "no key acknowledged after the stall"
+
+    # Shorter: the backup holds the old 3 s until the primary's last lease
+    # under it has run out, then takes 300 ms.
+    assert control(primary.sock, "timeout 300").startswith("ok timeout 300 ms")
+    wait_for_backup_timeout(backup, 300, within=15)
+    stopped = stalled(primary, STALL_S)
+    live = event(backup, "going-live", timeout=30, watch=[backup])
+    assert live.t - stopped < 1.2, f"the backup went live {live.t - stopped:.2f} s after the stall began"
+    assert primary.wait(60) != 0, "the stalled primary should halt once it learns it lost"
+    time.sleep(1)
+    writer.stop()
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
+    print(f"{mode}: {writer.acked} keys; with 300 ms the backup went live {live.t - stopped:.2f} s into the stall")
