@@ -14,7 +14,9 @@ In checkpoint mode the last copy of the disk passes e2fsck once the guest
 has shut down.
 """
 
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +171,47 @@ def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
     total = every_key_there(r)
     print(f"{mode}: unprotected and protected again; {total} keys, none lost")
     b2.stop()
+    r.site.close()
+
+
+def test_an_old_backup_that_wakes_after_a_newer_pair_started_cannot_go_live(ftvm, scratch):
+    """Generations (item 6): backup B of generation 1 freezes (SIGSTOP); the
+    primary declares it failed, wins generation 1 at the arbiter and runs
+    on unprotected, and is protected onto C: generation 2. Then B wakes,
+    finds its channel closed and declares its primary failed; the arbiter
+    refuses it, and it halts without going live: no frame of the guest's
+    leaves B's TAP, and the client, on its same connection, is served by
+    the primary throughout, whose failure C then takes over."""
+    r = running_redis(ftvm, scratch, "gen", "lockstep", spare=True)
+    writer, plain, shared = r.writer, r.vm, r.shared
+    b = backup_on(r.site, ftvm, scratch, "backup", shared, "backup")
+    protect(plain, BACKUP_HOST_IP, shared, [], [plain, b])
+    assert keys_written_meanwhile(writer, 1.0) > 0
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while not status(plain.sock).get("unprotected"):
+            assert time.monotonic() < deadline, "the primary never gave up its frozen backup"
+            time.sleep(0.2)
+        c = backup_on(r.site, ftvm, scratch, "spare", shared, "spare")
+        protect(plain, SPARE_HOST_IP, shared, [], [plain, c])
+        assert status(plain.sock).get("generation") == 2
+        cap = r.site.capture("backup", "t0")
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    assert b.wait(60) != 0, b.output()
+    frames = [f for f in cap.finish() if not f.from_host]
+    assert event(b, "going-live") is None, b.output()
+    halting = event(b, "halting")
+    assert halting is not None, b.output()
+    assert not frames, f"the old backup's host sent {len(frames)} frames of the guest: {frames[:3]}"
+    assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged after the old backup woke"
+    plain.kill9()
+    event(c, "going-live", timeout=30, watch=[c])
+    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{c.tail()}"
+    total = every_key_there(r)
+    print(f"the old backup woke and halted ({halting.fields.get('reason')}); C took over with {total} keys")
+    c.stop()
     r.site.close()
 
 
