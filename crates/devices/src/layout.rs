@@ -7,6 +7,12 @@
 pub const SYSCON_BASE: u64 = 0x0010_0000;
 pub const SYSCON_SIZE: u64 = 0x1000;
 
+/// Goldfish real-time clock, where QEMU virt puts it.
+pub const RTC_BASE: u64 = 0x0010_1000;
+pub const RTC_SIZE: u64 = 0x1000;
+/// QEMU virt's RTC line; free here too (virtio uses 1..=8, the UART 10).
+pub const RTC_IRQ: u32 = 11;
+
 pub const CLINT_BASE: u64 = 0x0200_0000;
 pub const CLINT_SIZE: u64 = 0x1_0000;
 

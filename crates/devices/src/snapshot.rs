@@ -32,6 +32,10 @@ pub enum SnapshotError {
     UartIrq { saved: u32, actual: u32 },
     #[error("bad device snapshot: UART snapshot receive buffer too large")]
     UartBuffer,
+    #[error(
+        "bad device snapshot: RTC snapshot drives irq {saved_irq} at {saved_hz} Hz, this one irq {irq} at {hz} Hz"
+    )]
+    RtcWiring { saved_irq: u32, saved_hz: u64, irq: u32, hz: u64 },
     #[error("bad device snapshot: syscon request tag {0}")]
     SysconRequest(u8),
     #[error("bad device snapshot: queue max size {saved}, device has {actual}")]

@@ -56,6 +56,7 @@ fn main() {
         cmdline: "console=ttyS0 earlycon=sbi".into(),
         devices: Vec::new(),
         guest_ips: 100_000_000,
+        rtc_base_ns: 0,
     };
     let limit: u64 = args.get(4).map(|s| s.parse().unwrap()).unwrap_or(2_000_000_000);
     let mut a = machine(&cfg, "0");

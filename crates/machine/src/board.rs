@@ -8,6 +8,7 @@ use crate::snapshot::{StateError, StateResult};
 use ftvm_cpu::Bus;
 use ftvm_devices::clint::Clint;
 use ftvm_devices::plic::Plic;
+use ftvm_devices::rtc::Rtc;
 use ftvm_devices::snapshot::{SnapReader, SnapWriter};
 use ftvm_devices::syscon::{self, Syscon};
 use ftvm_devices::uart::Uart;
@@ -39,13 +40,16 @@ pub struct Board {
     plic: Plic,
     uart: Uart,
     syscon: Syscon,
+    rtc: Rtc,
     /// Populated virtio slots, in slot order from slot 0.
     virtio: Vec<VirtioMmio>,
     irq: IrqLines,
 }
 
 impl Board {
-    pub fn new(harts: usize, devices: &[DeviceSpec]) -> Result<Board, BoardError> {
+    /// `rtc_base`: the wall time (ns since the Unix epoch) the RTC shows
+    /// when `mtime` reads zero.
+    pub fn new(harts: usize, devices: &[DeviceSpec], rtc_base: u64) -> Result<Board, BoardError> {
         if devices.len() > VIRTIO_SLOTS {
             return Err(BoardError::TooManyDevices);
         }
@@ -70,6 +74,7 @@ impl Board {
             plic: Plic::new(harts),
             uart: Uart::new(UART_IRQ),
             syscon: Syscon::new(),
+            rtc: Rtc::new(RTC_IRQ, TIMEBASE_HZ, rtc_base),
             virtio,
             irq: IrqLines::default(),
         })
@@ -120,6 +125,7 @@ impl Board {
 
     /// The mip bits the platform drives for `hart` at timer value `mtime`.
     pub fn irq_bits(&mut self, hart: usize, mtime: u64) -> u64 {
+        self.rtc.update(mtime, &mut self.irq);
         self.plic.update(self.irq);
         let mut bits = 0;
         if self.clint.msip(hart) {
@@ -137,12 +143,37 @@ impl Board {
         bits
     }
 
+    /// The earliest `mtime` at which a hart's timer or the RTC's alarm
+    /// fires: an idle machine wakes there.
     pub fn next_timer_deadline(&self) -> Option<u64> {
-        self.clint.next_deadline()
+        [self.clint.next_deadline(), self.rtc.deadline()].into_iter().flatten().min()
     }
 
+    /// As [`Board::next_timer_deadline`], the earliest still ahead of
+    /// `now`: slices end there, so an alarm, like a timer, is seen at the
+    /// same instruction however a run is split.
     pub fn next_timer_deadline_after(&self, now: u64) -> Option<u64> {
-        self.clint.next_deadline_after(now)
+        let rtc = self.rtc.deadline().filter(|&t| t > now);
+        [self.clint.next_deadline_after(now), rtc].into_iter().flatten().min()
+    }
+
+    /// The RTC's wall time (ns since the Unix epoch) at `mtime` zero.
+    pub fn rtc_base(&self) -> u64 {
+        self.rtc.base()
+    }
+
+    pub fn set_rtc_base(&mut self, base: u64) {
+        self.rtc.set_base(base);
+    }
+
+    /// The wall time the RTC shows at `mtime`.
+    pub fn rtc_now(&self, mtime: u64) -> u64 {
+        self.rtc.now(mtime)
+    }
+
+    /// Sets the RTC so that it shows `now` at `mtime`.
+    pub fn set_rtc_now(&mut self, mtime: u64, now: u64) {
+        self.rtc.set_now(mtime, now);
     }
 
     pub fn power_request(&self) -> Option<PowerRequest> {
@@ -176,6 +207,7 @@ impl Board {
             ("PLIC".to_string(), self.plic.snapshot()),
             ("UART".to_string(), self.uart.snapshot()),
             ("syscon".to_string(), self.syscon.snapshot()),
+            ("RTC".to_string(), self.rtc.snapshot()),
         ];
         for (slot, v) in self.virtio.iter().enumerate() {
             let kind = match v.device_type() {
@@ -192,8 +224,16 @@ impl Board {
 
     /// Every device's state, in a fixed order.
     pub fn snapshot_bytes(&self) -> Vec<u8> {
-        let mut w = SnapWriter::new(b"BORD", 1);
-        for part in [self.clint.snapshot(), self.plic.snapshot(), self.uart.snapshot(), self.syscon.snapshot()] {
+        // Version 2 added the RTC.
+        let mut w = SnapWriter::new(b"BORD", 2);
+        let parts = [
+            self.clint.snapshot(),
+            self.plic.snapshot(),
+            self.uart.snapshot(),
+            self.syscon.snapshot(),
+            self.rtc.snapshot(),
+        ];
+        for part in parts {
             w.bytes(&part);
         }
         w.u32(self.virtio.len() as u32);
@@ -209,13 +249,14 @@ impl Board {
     /// must be thrown away.
     pub fn restore_bytes(&mut self, blob: &[u8]) -> StateResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"BORD")?;
-        if version != 1 {
+        if version != 2 {
             return Err(StateError::BoardVersion(version));
         }
         self.clint.restore(r.bytes()?)?;
         self.plic.restore(r.bytes()?)?;
         self.uart.restore(r.bytes()?)?;
         self.syscon.restore(r.bytes()?)?;
+        self.rtc.restore(r.bytes()?)?;
         let n = r.u32()? as usize;
         if n != self.virtio.len() {
             return Err(StateError::BoardDevices { saved: n, actual: self.virtio.len() });
@@ -262,6 +303,9 @@ impl Bus for HartBus<'_> {
         if let Some(off) = within(paddr, SYSCON_BASE, SYSCON_SIZE) {
             return Some(b.syscon.read(off, size, &mut ctx));
         }
+        if let Some(off) = within(paddr, RTC_BASE, RTC_SIZE) {
+            return Some(b.rtc.read(off, size, self.clock.ticks_at(self.slice_start + progress)));
+        }
         if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
             let slot = (off / VIRTIO_STRIDE) as usize;
             // An empty slot reads as device id 0 ("nothing here").
@@ -273,7 +317,7 @@ impl Bus for HartBus<'_> {
         None
     }
 
-    fn write(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, value: u64, _progress: u64) -> bool {
+    fn write(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
         let b = &mut *self.board;
         let mut ctx = DeviceCtx { ram, irq: &mut b.irq };
         if let Some(off) = within(paddr, CLINT_BASE, CLINT_SIZE) {
@@ -285,6 +329,8 @@ impl Bus for HartBus<'_> {
             b.uart.write(off, size, value, &mut ctx);
         } else if let Some(off) = within(paddr, SYSCON_BASE, SYSCON_SIZE) {
             b.syscon.write(off, size, value, &mut ctx);
+        } else if let Some(off) = within(paddr, RTC_BASE, RTC_SIZE) {
+            b.rtc.write(off, size, value, self.clock.ticks_at(self.slice_start + progress), ctx.irq);
         } else if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
             // Writes to empty slots are ignored.
             if let Some(dev) = b.virtio.get_mut((off / VIRTIO_STRIDE) as usize) {

@@ -8,8 +8,8 @@
 //! facts, so two machines built from the same config boot identically.
 
 use ftvm_devices::layout::{
-    CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE, UART_CLOCK_HZ, UART_IRQ,
-    UART_SIZE, VIRTIO_STRIDE,
+    CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, RTC_BASE, RTC_IRQ, RTC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE,
+    UART_CLOCK_HZ, UART_IRQ, UART_SIZE, VIRTIO_STRIDE,
 };
 use ftvm_devices::plic::NUM_SOURCES;
 use vm_fdt::{FdtWriter, FdtWriterNode};
@@ -231,6 +231,14 @@ fn soc(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
     w.property_phandle(PHANDLE_TEST)?;
     w.end_node(n)?;
 
+    // Linux's rtc-goldfish binds here and sets the guest's date from it at
+    // boot (CONFIG_RTC_HCTOSYS).
+    let n = device(w, "rtc", RTC_BASE, RTC_SIZE)?;
+    w.property_string("compatible", "google,goldfish-rtc")?;
+    w.property_u32("interrupt-parent", PHANDLE_PLIC)?;
+    w.property_u32("interrupts", RTC_IRQ)?;
+    w.end_node(n)?;
+
     for &(base, irq) in &cfg.virtio {
         let n = device(w, "virtio_mmio", base, VIRTIO_STRIDE)?;
         w.property_string("compatible", "virtio,mmio")?;
@@ -392,6 +400,12 @@ mod tests {
         }
         assert_eq!(strs(prop(&t, "/poweroff", "compatible")), ["syscon-poweroff"]);
         assert_eq!(strs(prop(&t, "/reboot", "compatible")), ["syscon-reboot"]);
+
+        let rtc = "/soc/rtc@101000";
+        assert_eq!(strs(prop(&t, rtc, "compatible")), ["google,goldfish-rtc"]);
+        assert_eq!(cells(prop(&t, rtc, "reg")), [0, 0x10_1000, 0, 0x1000]);
+        assert_eq!(cells(prop(&t, rtc, "interrupts")), [11]);
+        assert_eq!(cells(prop(&t, rtc, "interrupt-parent")), [plic_ph]);
 
         for i in 0..8u32 {
             let node = format!("/soc/virtio_mmio@{:x}", 0x1000_1000 + 0x1000 * i);

@@ -52,6 +52,10 @@ pub struct MachineConfig {
     pub cmdline: String,
     pub devices: Vec<DeviceSpec>,
     pub guest_ips: u64,
+    /// The wall time at power-on, in ns since the Unix epoch: the RTC
+    /// shows it plus the virtual time elapsed since. The host chooses it
+    /// (its clock when the VM is created); the machine never reads a clock.
+    pub rtc_base_ns: u64,
 }
 
 /// An input from outside, applied at the current instruction boundary.
@@ -141,7 +145,7 @@ impl Machine {
             return Err(MachineError::RamSize(cfg.ram_size));
         }
         let mut ram = GuestRam::new(RAM_BASE, cfg.ram_size)?;
-        let board = Board::new(cfg.harts, &cfg.devices)?;
+        let board = Board::new(cfg.harts, &cfg.devices, cfg.rtc_base_ns)?;
         let (plan, _) = loader::plan(&ram, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref())?;
         let fdt = crate::fdt::build_fdt(&crate::fdt::FdtConfig {
             harts: cfg.harts,
@@ -255,7 +259,8 @@ impl Machine {
         if nharts == 0 || nharts > 8 {
             return Err(MachineError::StateHarts(nharts));
         }
-        let mut board = Board::new(nharts, &d.devices)?;
+        // The RTC's base comes with the rest of its state.
+        let mut board = Board::new(nharts, &d.devices, 0)?;
         board.restore_bytes(&d.board).map_err(bad)?;
         let mut harts = Vec::with_capacity(nharts);
         for (i, hb) in d.harts.iter().enumerate() {
@@ -297,6 +302,31 @@ impl Machine {
 
     pub fn clock(&self) -> &VirtualClock {
         &self.clock
+    }
+
+    /// The wall time (ns since the Unix epoch) the RTC shows when the
+    /// virtual timer reads zero: with the virtual clock, all the guest's
+    /// date depends on.
+    pub fn rtc_base_ns(&self) -> u64 {
+        self.board.rtc_base()
+    }
+
+    /// Sets what [`Machine::rtc_base_ns`] returns: a replay or a backup
+    /// takes the value its primary chose.
+    pub fn set_rtc_base_ns(&mut self, base: u64) {
+        self.board.set_rtc_base(base);
+    }
+
+    /// The wall time (ns since the Unix epoch) the RTC shows now.
+    pub fn rtc_now_ns(&self) -> u64 {
+        self.board.rtc_now(self.time())
+    }
+
+    /// Sets the RTC to show `now` (ns since the Unix epoch) at this
+    /// instruction: a host's decision, when it restores a snapshot taken
+    /// at another time, that the guest should find the host's date.
+    pub fn set_rtc_now_ns(&mut self, now: u64) {
+        self.board.set_rtc_now(self.time(), now);
     }
 
     pub fn harts(&self) -> &[Hart] {
@@ -547,6 +577,7 @@ mod tests {
             cmdline: String::new(),
             devices: vec![DeviceSpec::Rng],
             guest_ips: DEFAULT_GUEST_IPS,
+            rtc_base_ns: 0,
         };
         Machine::new(&cfg).unwrap()
     }
@@ -566,6 +597,27 @@ mod tests {
         // The largest a machine may have, with its whole page map (all
         // pages zero): read without allocating 64 GiB.
         assert_eq!(Machine::snapshot_ram(&declaring_ram(&bytes, 64 << 30)).unwrap(), 64 << 30);
+    }
+
+    /// The guest's date is the RTC's base plus virtual time, and the base
+    /// is state: a snapshot, a checkpoint and the state hash carry it.
+    #[test]
+    fn the_rtc_base_travels_with_the_state() {
+        const BASE: u64 = 1_735_689_600_000_000_000;
+        let mut m = spinning(32 << 20);
+        m.set_rtc_base_ns(BASE);
+        m.run_until(1_000_000);
+        assert!(m.time() > 0);
+        assert_eq!(m.rtc_now_ns(), BASE + m.time() * 100);
+        let r = Machine::restore(&m.snapshot().unwrap()).unwrap();
+        assert_eq!((r.rtc_base_ns(), r.rtc_now_ns()), (BASE, m.rtc_now_ns()));
+        let ram = GuestRam::new(RAM_BASE, 32 << 20).unwrap();
+        let c = Machine::from_checkpoint(&m.checkpoint_state().unwrap(), ram).unwrap();
+        assert_eq!(c.rtc_base_ns(), BASE);
+        let before = m.state_hash();
+        m.set_rtc_now_ns(BASE + 3_600_000_000_000);
+        assert_eq!(m.rtc_now_ns(), BASE + 3_600_000_000_000);
+        assert_ne!(m.state_hash(), before);
     }
 
     /// `snapshot`, a whole machine's state, made to declare `size` bytes

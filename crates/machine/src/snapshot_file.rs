@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"FTVMSNAP";
 /// Bumped whenever the machine state encoding or this layout changes; a
-/// file of another format is refused rather than misread.
-pub const FORMAT_VERSION: u32 = 1;
+/// file of another format is refused rather than misread. 2: the board
+/// has an RTC (board state version 2).
+pub const FORMAT_VERSION: u32 = 2;
 /// zstd level: snapshots sit on the pause path, so favour speed.
 const ZSTD_LEVEL: i32 = 1;
 
@@ -216,6 +217,10 @@ mod tests {
         other[8] = 9;
         assert!(matches!(decode(&other), Err(SnapshotFormatError::Version { found: 9 })));
         assert!(decode(&other).unwrap_err().to_string().contains("format 9"));
+        // Files from before the RTC (format 1) are refused in one line.
+        other[8] = 1;
+        let e = decode(&other).unwrap_err().to_string();
+        assert!(e.starts_with("snapshot format 1, but this ftvm (") && e.ends_with("reads format 2"), "{e}");
         for cut in [9, 12, 40, f.len() / 2, f.len() - 1] {
             assert!(decode(&f[..cut]).is_err(), "cut at {cut}");
         }

@@ -175,6 +175,7 @@ fn boot() -> Vm {
         cmdline,
         devices: vec![DeviceSpec::Disk { size: disk.size(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
+        rtc_base_ns: 0,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
     let io = disk.open();

@@ -20,7 +20,9 @@ use crate::codec::{encode, DecodeError, Decoder, Entry, Record};
 
 const MAGIC: &[u8; 8] = b"FTVMLOG\n";
 /// Bumped whenever the encoding changes; other formats are refused.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: the header's machine names the RTC's base (`rtc_base_ns=`), and the
+/// board has an RTC.
+pub const FORMAT_VERSION: u32 = 3;
 /// Larger frames are taken as corruption rather than allocated.
 pub const MAX_FRAME: u32 = 64 << 20;
 const MAX_HEADER: u32 = 1 << 20;

@@ -261,7 +261,11 @@ fn file_field(path: &Path, bytes: &[u8]) -> String {
 pub fn header(m: &Machine, ram_size: u64, guest_ips: u64, backends: &str, start: Start) -> Header {
     let mut h = Header::default();
     h.set("ftvm", env!("CARGO_PKG_VERSION"));
-    h.set("machine", format!("harts={} ram={ram_size} ips={guest_ips}", m.harts().len()));
+    // The RTC's base is the host's choice (its clock when the VM was
+    // created, or when a snapshot was restored): the replay or the backup
+    // takes it from here, never from its own clock.
+    let rtc = m.rtc_base_ns();
+    h.set("machine", format!("harts={} ram={ram_size} ips={guest_ips} rtc_base_ns={rtc}", m.harts().len()));
     h.set("devices", m.devices().iter().map(device_text).collect::<Vec<_>>().join(";"));
     h.set("backends", backends.trim_end().replace('\n', ";"));
     match start {

@@ -411,11 +411,6 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
     if is_streamed(h) {
         return Err(HeaderError::Streamed);
     }
-    if field(h, "start")? == "snapshot" {
-        let bytes = checked_file(h, "snapshot", files)?.ok_or(HeaderError::NoFile("snapshot"))?;
-        let snap = snapshot_file::decode(&bytes)?;
-        return Ok(Machine::restore(&snap.machine)?);
-    }
     let machine = field(h, "machine")?;
     let num = |key: &str| -> Result<u64, HeaderError> {
         machine
@@ -424,6 +419,14 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
     };
+    if field(h, "start")? == "snapshot" {
+        let bytes = checked_file(h, "snapshot", files)?.ok_or(HeaderError::NoFile("snapshot"))?;
+        let snap = snapshot_file::decode(&bytes)?;
+        let mut m = Machine::restore(&snap.machine)?;
+        // The recording host may have set the restored RTC to its clock.
+        m.set_rtc_base_ns(num("rtc_base_ns")?);
+        return Ok(m);
+    }
     let devices = field(h, "devices")?;
     let devices = if devices.is_empty() {
         Vec::new()
@@ -439,6 +442,7 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
         cmdline: field(h, "cmdline")?.to_string(),
         devices,
         guest_ips: num("ips")?,
+        rtc_base_ns: num("rtc_base_ns")?,
     };
     Ok(Machine::new(&cfg)?)
 }

@@ -268,8 +268,16 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         cmdline,
         devices: Vec::new(),
         guest_ips: DEFAULT_GUEST_IPS,
+        rtc_base_ns: wall_clock_ns(),
     };
     Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }))
+}
+
+/// The host's clock, in ns since the Unix epoch: what a new VM's RTC
+/// starts from. Read here, by the host, and handed to the machine (which
+/// never reads a clock); a clock before 1970 reads as the epoch.
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Where a booted machine's firmware, kernel and initrd came from.
@@ -347,6 +355,9 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 Target::None => {
                     let dirty_tracking = args.dirty_tracking;
                     live::OnReset::Boot(Box::new(move || {
+                        // A reboot starts virtual time from zero again: the
+                        // guest's date is the host's at the reboot.
+                        let cfg = MachineConfig { rtc_base_ns: wall_clock_ns(), ..cfg.clone() };
                         let mut m = Machine::new(&cfg)?;
                         m.set_dirty_tracking(dirty_tracking);
                         Ok(m)
@@ -458,7 +469,14 @@ fn restore(
     if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram > host) {
         return Err(bad(SnapshotProblem::TooLarge { ram, host }));
     }
-    let machine = Machine::restore(&snap.machine).map_err(|e| bad(e.into()))?;
+    let mut machine = Machine::restore(&snap.machine).map_err(|e| bad(e.into()))?;
+    // The guest's RTC goes on from the host's clock, not from when the
+    // snapshot was taken (virtual time stood still in between). A VM
+    // restored --paused stays exactly as saved, so that a snapshot of it
+    // is the same file: its RTC goes on from the snapshot's date.
+    if !args.paused {
+        machine.set_rtc_now_ns(wall_clock_ns());
+    }
     let (io, devices) = HostIo::open(backends, events.clone(), fence)?;
     for (slot, (want, got)) in machine.devices().iter().zip(&devices).enumerate() {
         if want != got {
@@ -499,6 +517,7 @@ mod tests {
             cmdline: String::new(),
             devices: Vec::new(),
             guest_ips: DEFAULT_GUEST_IPS,
+            rtc_base_ns: 0,
         };
         let small = Machine::new(&cfg).unwrap().snapshot().unwrap();
         // The same state up to its RAM, then 64 GiB of it: the whole page

@@ -27,6 +27,7 @@ fn main() {
             DeviceSpec::Rng,
         ],
         guest_ips: DEFAULT_GUEST_IPS,
+        rtc_base_ns: 0,
     };
     let mut m = Machine::new(&cfg).expect("a machine");
     m.run_until(5_000);

@@ -59,6 +59,7 @@ fn main() {
         cmdline: String::new(),
         devices: vec![DeviceSpec::Disk { size: 1 << 20, readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
+        rtc_base_ns: 0,
     };
     let mut m = Machine::new(&cfg).expect("a machine");
     m.run_until(1000);
