@@ -138,6 +138,11 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     total = every_key_there(r)
     print(f"{mode}: {total} keys acknowledged over one connection across two protections and two failovers, "
           "none lost")
+    # The guest's date (its clock, set at boot from the RTC, whose base
+    # went with the machine) is the host's on the VM's third host too.
+    guest_s = int(r.conn.command("TIME")[0])
+    print(f"{mode}: the guest's date is the host's {guest_s - time.time():+.1f} s")
+    assert abs(guest_s - time.time()) < 5, f"the guest's date is {guest_s}, the host's {time.time():.0f}"
     if mode == "checkpoint":
         shutdown_and_fsck(r.site, r.conn, b2, r.copies[1])
     b2.stop()
