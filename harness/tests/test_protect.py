@@ -98,6 +98,19 @@ def running_redis(ftvm, scratch, tag, mode, spare=False):
     return RunningRedis(site, shared, vm, conn, writer, extra, copies)
 
 
+def fail_over_to(r, backup):
+    """The running VM's host fails (kill -9): `backup` goes live and keeps
+    serving the same connection with every key; returns how many. Ends
+    the trial (the backup stopped, the site closed)."""
+    r.vm.kill9()
+    event(backup, "going-live", timeout=30, watch=[backup])
+    assert keys_written_meanwhile(r.writer, 3.0) > 0, f"no key acknowledged after the failover:\n{backup.tail()}"
+    total = every_key_there(r)
+    backup.stop()
+    r.site.close()
+    return total
+
+
 def every_key_there(r):
     """Stops the writer; every key it was told was written is there, read
     over the same connection. Returns how many."""
@@ -170,13 +183,8 @@ def test_protection_stopped_on_purpose_then_given_again(ftvm, scratch, mode):
     b2 = backup_on(r.site, ftvm, scratch, "backup", shared, "backup2", r.extra[1])
     protect(plain, BACKUP_HOST_IP, shared, MODES[mode], [plain, b2])
     assert keys_written_meanwhile(writer, 2.0) > 0
-    plain.kill9()
-    event(b2, "going-live", timeout=30, watch=[b2])
-    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{b2.tail()}"
-    total = every_key_there(r)
+    total = fail_over_to(r, b2)
     print(f"{mode}: unprotected and protected again; {total} keys, none lost")
-    b2.stop()
-    r.site.close()
 
 
 def test_an_old_backup_that_wakes_after_a_newer_pair_started_cannot_go_live(ftvm, scratch):
@@ -211,13 +219,8 @@ def test_an_old_backup_that_wakes_after_a_newer_pair_started_cannot_go_live(ftvm
     assert halting is not None, b.output()
     assert not frames, f"the old backup's host sent {len(frames)} frames of the guest: {frames[:3]}"
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged after the old backup woke"
-    plain.kill9()
-    event(c, "going-live", timeout=30, watch=[c])
-    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{c.tail()}"
-    total = every_key_there(r)
+    total = fail_over_to(r, c)
     print(f"the old backup woke and halted ({halting.fields.get('reason')}); C took over with {total} keys")
-    c.stop()
-    r.site.close()
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -240,13 +243,8 @@ def test_the_backup_moves_under_load_and_the_new_one_takes_over(ftvm, scratch, m
     st = status(plain.sock)
     assert st.get("role") == "primary" and st.get("generation") == 2, st["_raw"]
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key acknowledged once the backup moved"
-    plain.kill9()
-    event(c, "going-live", timeout=30, watch=[c])
-    assert keys_written_meanwhile(writer, 3.0) > 0, f"no key acknowledged after the failover:\n{c.tail()}"
-    total = every_key_there(r)
+    total = fail_over_to(r, c)
     print(f"{mode}: the backup moved from B to C under load and C took over; {total} keys, none lost")
-    c.stop()
-    r.site.close()
 
 
 def test_a_backup_on_the_primarys_own_host_is_refused(ftvm, scratch):

@@ -410,19 +410,21 @@ fn acknowledgements_renew_the_primarys_lease_and_it_runs_out_without_them() {
     s.write_all(b"some log").unwrap();
     assert!(s.wait_acked(8, Duration::from_secs(5)));
     // The acknowledgement renews the lease on the reader thread.
-    let t0 = Instant::now();
-    while !fence.allows() {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the acknowledgement did not renew the lease");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    within_5s("the acknowledgement did not renew the lease", || fence.allows());
     // The backup stops acknowledging log (as one that stopped would).
     r.hold_acks();
     let held = Instant::now();
-    while fence.allows() {
-        assert!(held.elapsed() < Duration::from_secs(5), "the lease never ran out");
+    within_5s("the lease never ran out", || !fence.allows());
+    assert!(held.elapsed() <= timing.timeout, "ran {:?}, longer than the timeout", held.elapsed());
+}
+
+/// Waits (polling) until `done`, failing the test with `what` after 5 s.
+fn within_5s(what: &str, done: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(held.elapsed() <= timing.timeout, "ran {:?}, longer than the timeout", held.elapsed());
 }
 
 /// The lease never outruns the backup's timeout: a primary started with
@@ -442,24 +444,15 @@ fn the_lease_runs_no_longer_than_the_backups_timeout() {
     let fence = s.fence();
     s.write_all(b"some log").unwrap();
     assert!(s.wait_acked(8, Duration::from_secs(5)));
-    let t0 = Instant::now();
-    while !fence.allows() {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the acknowledgement did not renew the lease");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    within_5s("the acknowledgement did not renew the lease", || fence.allows());
     assert_eq!(s.watch().backup_timeout(), Some(short.timeout));
     r.hold_acks();
     let held = Instant::now();
-    while fence.allows() {
-        assert!(held.elapsed() < Duration::from_secs(5), "the lease never ran out");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    within_5s("the lease never ran out", || !fence.allows());
     assert!(held.elapsed() <= short.timeout, "ran {:?}, longer than the backup's timeout", held.elapsed());
     // A longer timeout the backup takes is in its next acknowledgement.
     r.follow_timeout(Duration::from_millis(900));
-    let t0 = Instant::now();
-    while s.watch().backup_timeout() != Some(Duration::from_millis(900)) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the new timeout was never acknowledged");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    within_5s("the new timeout was never acknowledged", || {
+        s.watch().backup_timeout() == Some(Duration::from_millis(900))
+    });
 }
