@@ -27,7 +27,7 @@ from pathlib import Path
 from .cleanup import forget, on_cleanup
 from .errors import TrialFailed
 from .host import rootfs, sparse_copy
-from .site import BACKUP_HOST_IP, CHANNEL_PORT, GUEST_IP
+from .site import BACKUP_HOST_IP, CHANNEL_PORT, GUEST_IP, Site
 
 APPEND = f"console=ttyS0 root=/dev/vda rw quiet ftvm.ip={GUEST_IP}/24"
 # The failure-detection timeout the tests and benches run with (ftvm's default).
@@ -187,20 +187,22 @@ class Proc:
         forget(self._undo)
 
 
-def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, extra=(), wait=True):
-    """`ftvm ft backup` on the backup host, listening for the channel;
-    makes the shared directory if it is not there. Returns once it
-    listens (unless `wait` is false)."""
+def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, extra=(), wait=True, role="backup"):
+    """`ftvm ft backup` on the backup host (or the spare: `role`),
+    listening for the channel; makes the shared directory if it is not
+    there. Returns once it listens (unless `wait` is false). Its socket,
+    journal and output are named after `role`."""
     from .observe import event
 
     Path(shared).mkdir(parents=True, exist_ok=True)
-    sock = str(Path(work) / "backup.sock")
-    events = _fresh(Path(work) / "backup.events")
+    sock = str(Path(work) / f"{role}.sock")
+    events = _fresh(Path(work) / f"{role}.events")
+    ip = Site.HOSTS[role][1]
     # The backup's own TAP for the VM's NIC (a backup takes no host
     # resource's name from its primary), named as the primary's.
-    argv = [ftvm, "ft", "backup", "--listen", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
+    argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
             "--timeout", str(timeout_ms), "--net", "tap=t0", "--control", sock, "--events", events, *extra]
-    p = Proc("backup", site, "backup", argv, Path(work) / "backup.out", core=core)
+    p = Proc(role, site, role, argv, Path(work) / f"{role}.out", core=core)
     p.sock, p.events = sock, events
     if wait:
         event(p, "listening", timeout=30)

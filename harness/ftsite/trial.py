@@ -14,9 +14,10 @@ from pathlib import Path
 
 from .errors import ConnectionLost, TrialFailed
 from .observe import control, event
+from .host import rootfs, sparse_copy
 from .proc import TIMEOUT_MS, disk_options, start_backup, start_primary
 from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_redis
-from .site import BACKUP_HOST_IP, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, Site
+from .site import BACKUP_HOST_IP, CHANNEL_PORT, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, SPARE_HOST_IP, Site
 
 class KeyWriter(threading.Thread):
     """Writes key0, key1, ... one SET at a time over one connection, each
@@ -81,6 +82,8 @@ class TrialResult:
     dropped: bool = False  # the client's connection broke
     primary_exit: int = None  # a handover: the old primary's exit status
     handed_over_ms: int = None  # a handover: guest stopped to the backup's claim, as the primary saw it
+    protect_pause: float = None  # then protected onto the spare: the longest wait of a SET across it
+    protect_answer: str = ""  # the new primary's answer to `protect`
     error: str = None
     backup_line: str = ""
     logs: dict = field(default_factory=dict)
@@ -188,22 +191,25 @@ def check_keys(conn, count, chunk=500):
 
 
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
-                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=()):
+                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=(), then_protect=False):
     """One failover trial (or handover: `kind`, see fail_primary) on a fresh site with fresh shared storage:
     protected redis (appendonly, fsync always) on the primary host, a
     client writing keys over one connection, after `delay` s the primary
     failed (`kind`: kill or crash), then `writes_after` more seconds of
     writes on the new primary and a check over the same connection that
     DBSIZE equals the keys acknowledged and every acknowledged key reads
-    back. `say(msg)` narrates. Returns a TrialResult; failures of the run
-    itself land in its `error`."""
+    back. `say(msg)` narrates. With `then_protect`, the new primary is
+    protected onto a third host (the spare) once it serves, before those
+    writes: the handover and the protection together move the primary.
+    Returns a TrialResult; failures of the run itself land in its
+    `error`."""
     work = Path(work)
     shared = work / "shared"
     shared.mkdir(parents=True, exist_ok=True)
     r = TrialResult(kind=kind, delay=delay)
-    site = backup = primary = writer = None
+    site = backup = primary = writer = spare = None
     try:
-        site = Site(tag)
+        site = Site(tag, spare=then_protect)
         say(f"site up: primary host {PRIMARY_HOST_IP}, backup host {BACKUP_HOST_IP}, client {CLIENT_IP} "
             f"on one switch")
         t_start = time.monotonic()
@@ -269,11 +275,31 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             done = event(primary, "handed-over")
             if done is not None:
                 r.handed_over_ms = done.fields.get("millis")
+        protected_at = answered_at = None
+        if then_protect:
+            spare_extra = []
+            if "checkpoint" in primary_extra:
+                spare_extra = ["--disk", str(sparse_copy(rootfs(ftvm), work / "spare-disk.img"))]
+            spare = start_backup(site, ftvm, work, shared, timeout_ms, extra=spare_extra, role="spare")
+            time.sleep(1.0)
+            mode = [a for a in primary_extra if a in ("--mode", "epoch", "checkpoint")]
+            protected_at = time.monotonic()
+            r.protect_answer = control(backup.sock, " ".join(
+                ["protect", "--backup", f"{SPARE_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
+                 "--timeout", str(timeout_ms), *mode]), timeout=300)
+            answered_at = time.monotonic()
+            if not r.protect_answer.startswith("ok protected"):
+                raise TrialFailed(f"protecting the new primary failed: {r.protect_answer}")
+            say(f"the new primary is protected onto the spare host: {r.protect_answer}")
         time.sleep(writes_after)
         writer.stop()
         r.acked = writer.acked
         r.longest_wait = max((a - s for s, a in writer.times), default=None)
-        r.pause = max((a - s for s, a in writer.times if a >= failed_at), default=None)
+        r.pause = max((a - s for s, a in writer.times if a >= failed_at
+                       and (protected_at is None or s < protected_at)), default=None)
+        if protected_at is not None:
+            r.protect_pause = max((a - s for s, a in writer.times if a >= protected_at and s <= answered_at),
+                                  default=None)
         before = sorted(a - s for s, a in writer.times if a < failed_at)
         r.typical_wait = before[len(before) // 2] if before else None
         if writer.error is not None:
@@ -297,7 +323,7 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         if writer is not None and writer.is_alive():
             writer.stop()
     finally:
-        for p in (primary, backup):
+        for p in (primary, backup, spare):
             if p is not None:
                 p.stop()
         if site is not None:

@@ -25,6 +25,15 @@ kill, so both see the same host.
 
   bench/handover                     5 handovers and 5 kills per mode, all three modes
   bench/handover --trials 20 --modes lockstep
+  bench/handover --move-primary      each handover followed by `protect` of the new
+                                     primary onto a third host: moving the primary
+                                     (VMware FT §3.3), its client-visible pauses
+
+With --move-primary, each handover trial goes on: once the new primary
+serves, a backup waits on a third host and the new primary is protected
+onto it (`protect` on its control socket) while the client writes; the
+client's longest wait across that protection is its second pause. The
+primary has then moved from host A to host B, protected again.
 
 Needs root, two cores, iproute2 and util-linux's taskset; about a minute
 a trial. Exits 0 when every trial kept every acknowledged write on an
@@ -58,6 +67,8 @@ def main():
     ap.add_argument("--modes", default="lockstep,epoch,checkpoint", help="comma-separated (default all three)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--seed", type=int, help="seed of the random moments (default: new each run)")
+    ap.add_argument("--move-primary", action="store_true",
+                    help="after each handover, protect the new primary onto a third host")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if args.trials < 1 or any(m not in MODES for m in modes):
@@ -79,10 +90,13 @@ def main():
             for i, (kind, delay) in enumerate(zip(kinds, delays)):
                 work = ftsite.work_dir(f"ftvm-handover-{mode}-{i + 1}-")
                 t = ftsite.failover_trial(binary.path, work, f"ho{mode[0]}{i + 1}", kind, delay, cores=(0, 1),
-                                          primary_extra=MODES[mode])
+                                          primary_extra=MODES[mode],
+                                          then_protect=args.move_primary and kind == "handover")
                 trials.append(t)
                 exit_note = f", old primary exit {t.primary_exit}" if kind == "handover" else ""
                 claim = f", claimed {t.handed_over_ms} ms after the stop" if t.handed_over_ms is not None else ""
+                if t.protect_pause is not None:
+                    claim += f"; protected again: pause {ms(t.protect_pause)} ({t.protect_answer})"
                 print(f"  {mode:10} {i + 1:2}/{len(kinds)} {kind:8} after {delay:4.2f} s: pause {ms(t.pause)} "
                       f"(a reply before: {ms(t.typical_wait)}), going live {ms(t.go_live)}{claim}{exit_note}; "
                       f"{t.acked} keys, lost {t.lost}, connection {'DROPPED' if t.dropped else 'kept'}", flush=True)
@@ -92,6 +106,12 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
             ho = [t for t in trials if t.kind == "handover"]
             kill = [t for t in trials if t.kind == "kill"]
+            if args.move_primary:
+                moves = [max(t.pause, t.protect_pause) for t in ho if t.pause is not None and t.protect_pause]
+                (mm, mx), (pm, px) = stats(moves), stats(t.protect_pause for t in ho)
+                print(f"  {mode}: moving the primary (handover, then protect onto a third host): the protection's "
+                      f"pause median {ms(pm)} max {ms(px)}; the move's longest pause median {ms(mm)} max {ms(mx)}",
+                      flush=True)
             rows.append((mode, stats(t.pause for t in ho), stats(t.pause for t in kill),
                          stats(t.typical_wait for t in trials), stats(t.handed_over_ms / 1000 for t in ho
                                                                      if t.handed_over_ms is not None),
