@@ -35,8 +35,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BackupArgs {
-    /// Where to accept the primary's logging channel.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Where to accept the primary's logging channel: an IP address or a
+    /// host name (its first IPv4 address), and a port.
+    #[arg(long, value_name = "HOST:PORT", value_parser = super::host_port)]
     pub listen: SocketAddr,
     /// The TAP for each of the VM's NICs once live, in order:
     /// tap=NAME[,bridge=BR] (the MAC stays the guest's). One is needed per
