@@ -575,3 +575,48 @@ fn a_failed_primary_leaves_nothing_behind() {
     with_disk.sort();
     assert_eq!(entries(&shared), with_disk, "stderr: {}", o.stderr);
 }
+
+/// A backup waiting for its primary answers `status` on its control
+/// socket, saying so; other requests get the backup's refusal.
+#[test]
+fn a_waiting_backup_answers_status() {
+    let s = scratch("waiting-backup");
+    let shared = s.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let sock = s.path("backup.sock");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+        .args(["ft", "backup", "--listen", &listen, "--no-isolation-check", "--shared"])
+        .arg(&shared)
+        .arg("--control")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let control = |words: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ftvm")).arg("control").arg(&sock).args(words).output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let t0 = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        if t0.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            panic!("the waiting backup (pid {pid}) never opened its control socket");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = control(&["status"]);
+    let json = control(&["--json", "status"]);
+    let pause = control(&["pause"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, (Some(0), format!("ok waiting for a primary on {listen}"), String::new()));
+    let v: serde_json::Value = serde_json::from_str(&json.1).unwrap();
+    assert_eq!(v["ok"]["state"]["waiting"]["listen"], listen.as_str(), "{}", json.1);
+    assert_eq!(pause.0, Some(1), "{pause:?}");
+    assert!(pause.1.contains("only status is answered"), "{pause:?}");
+}
