@@ -433,3 +433,190 @@ fn snapshot_and_control_errors() {
     let snap = s.file("some.snap", b"FTVMSNAP");
     assert_error(&["run", "--restore", &snap, "--kernel", &k], 1, &["--kernel cannot be combined with --restore"]);
 }
+
+/// A TCP port of 127.0.0.1 that nothing listens on (bound, then freed).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The entries of a directory, sorted by name.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// HOST:PORT takes a host name (its IPv4 address): a primary whose
+/// backup is `localhost:PORT`, with nothing listening there, fails to
+/// connect to 127.0.0.1, not to parse its option. Malformed values are
+/// one line and status 2.
+#[test]
+fn host_port_options_take_host_names() {
+    let s = scratch("host-port");
+    let shared = s.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let shared = common::path_str(&shared);
+    let k = s.file("wfi.bin", &[0x73, 0x00, 0x50, 0x10]);
+    let port = free_port();
+    let backup = format!("localhost:{port}");
+    let args = [
+        "ft",
+        "primary",
+        "--backup",
+        &backup,
+        "--shared",
+        &shared,
+        "--no-isolation-check",
+        "--connect-wait",
+        "2",
+        "--bios",
+        "none",
+        "--kernel",
+        &k,
+    ];
+    let o = ftvm(&args);
+    assert!(!o.stderr.contains("invalid"), "ftvm {args:?}: {}", o.stderr);
+    let last = o.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains(&format!("cannot reach the backup at 127.0.0.1:{port}")), "ftvm {args:?}: {}", o.stderr);
+    assert_eq!(o.status.and_then(|s| s.code()), Some(1), "ftvm {args:?}: {}", o.stderr);
+    for bad in ["localhost", "localhost:port", ":7700", "no-such-host.invalid:7700"] {
+        assert_error(&["ft", "primary", "--backup", bad, "--shared", &shared], 2, &["--backup", bad]);
+    }
+    assert_error(&["ft", "backup", "--listen", "localhost", "--shared", &shared], 2, &["--listen", "HOST:PORT"]);
+}
+
+/// Port 0 would mean a port picked at random: refused.
+#[test]
+fn port_zero_is_refused() {
+    let s = scratch("port-zero");
+    let shared = common::path_str(&s.dir);
+    assert_error(&["ft", "backup", "--listen", "127.0.0.1:0", "--shared", &shared], 2, &["--listen", "port 0"]);
+    assert_error(&["ft", "backup", "--listen", "localhost:0", "--shared", &shared], 2, &["--listen", "port 0"]);
+    assert_error(&["ft", "primary", "--backup", "127.0.0.1:0", "--shared", &shared], 2, &["--backup", "port 0"]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    assert_error(
+        &["ft", "backup", "--listen", &listen, "--heartbeat-port", "0", "--shared", &shared],
+        2,
+        &["--heartbeat-port", "'0'"],
+    );
+}
+
+/// An option of one mode given with another is refused, naming the
+/// option and the mode it needs (it used to be ignored).
+#[test]
+fn mode_options_need_their_mode() {
+    let s = scratch("mode-options");
+    let shared = common::path_str(&s.dir);
+    let primary = |extra: &[&str], needles: &[&str]| {
+        let mut args = vec!["ft", "primary", "--backup", "127.0.0.1:9", "--shared", &shared];
+        args.extend(extra);
+        assert_error(&args, 2, needles);
+    };
+    primary(&["--epoch-length", "1000"], &["--epoch-length", "--mode epoch"]);
+    primary(&["--mode", "checkpoint", "--epoch-protocol", "original"], &["--epoch-protocol", "--mode epoch"]);
+    primary(&["--interval", "10"], &["--interval", "--mode checkpoint"]);
+    primary(&["--mode", "epoch", "--no-idle-checkpoints"], &["--no-idle-checkpoints", "--mode checkpoint"]);
+    // The control socket's `protect` is refused by the client, before it
+    // reaches any VM.
+    let sock = missing(&s, "vm.sock");
+    assert_error(
+        &["control", &sock, "protect", "--backup", "127.0.0.1:9", "--shared", &shared, "--interval", "10"],
+        1,
+        &["--interval", "--mode checkpoint"],
+    );
+    assert_eq!(entries(&s.dir), Vec::<String>::new(), "a refused option made files");
+}
+
+/// A primary that cannot start (no backup listening) leaves nothing it
+/// made in the shared directory (its generation's record, the default
+/// disk made from the guest image), and keeps what was there. Needs the
+/// guest image.
+#[test]
+fn a_failed_primary_leaves_nothing_behind() {
+    let s = scratch("leftovers");
+    let shared = s.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(shared.join("keep.txt"), "mine").unwrap();
+    std::fs::write(shared.join("gen-3.pair"), "an older pair\n").unwrap();
+    let key = missing(&s, "pair.key");
+    let made = ftvm(&["ft", "keygen", &key]);
+    assert_eq!(made.status.and_then(|s| s.code()), Some(0), "keygen: {}", made.stderr);
+    let before = entries(&shared);
+    let shared_arg = common::path_str(&shared);
+    let backup = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "ft",
+        "primary",
+        "--backup",
+        &backup,
+        "--shared",
+        &shared_arg,
+        "--pair-key",
+        &key,
+        "--no-isolation-check",
+        "--connect-wait",
+        "2",
+        "--exec",
+        "true",
+    ];
+    let o = ftvm(&args);
+    assert_eq!(o.status.and_then(|s| s.code()), Some(1), "ftvm {args:?}: {}", o.stderr);
+    assert!(o.stderr.contains("cannot reach the backup"), "ftvm {args:?}: {}", o.stderr);
+    assert!(o.stderr.contains("(generation 4)"), "the older record was not counted: {}", o.stderr);
+    assert_eq!(entries(&shared), before, "the failed primary left files behind (stderr: {})", o.stderr);
+    // A disk that was there before is the user's: it stays.
+    std::fs::write(shared.join("disk.img"), vec![0u8; 1 << 20]).unwrap();
+    let o = ftvm(&args);
+    assert_eq!(o.status.and_then(|s| s.code()), Some(1), "ftvm {args:?}: {}", o.stderr);
+    let mut with_disk = before.clone();
+    with_disk.push("disk.img".into());
+    with_disk.sort();
+    assert_eq!(entries(&shared), with_disk, "stderr: {}", o.stderr);
+}
+
+/// A backup waiting for its primary answers `status` on its control
+/// socket, saying so; other requests get the backup's refusal.
+#[test]
+fn a_waiting_backup_answers_status() {
+    let s = scratch("waiting-backup");
+    let shared = s.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let sock = s.path("backup.sock");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+        .args(["ft", "backup", "--listen", &listen, "--no-isolation-check", "--shared"])
+        .arg(&shared)
+        .arg("--control")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let control = |words: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ftvm")).arg("control").arg(&sock).args(words).output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let t0 = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        if t0.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            panic!("the waiting backup (pid {pid}) never opened its control socket");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = control(&["status"]);
+    let json = control(&["--json", "status"]);
+    let pause = control(&["pause"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, (Some(0), format!("ok waiting for a primary on {listen}"), String::new()));
+    let v: serde_json::Value = serde_json::from_str(&json.1).unwrap();
+    assert_eq!(v["ok"]["state"]["waiting"]["listen"], listen.as_str(), "{}", json.1);
+    assert_eq!(pause.0, Some(1), "{pause:?}");
+    assert!(pause.1.contains("only status is answered"), "{pause:?}");
+}

@@ -120,8 +120,9 @@ pub enum ControlError {
     /// for a failure and take over.
     #[error("a protected VM cannot be paused (its backup would take over)")]
     ProtectedCannotPause,
-    /// A backup answers status only: the VM is the primary's to control.
-    #[error("the backup is replaying the primary's VM: only status is answered")]
+    /// A backup answers status only: the VM is the primary's to control
+    /// (and while the backup waits for a primary, there is none).
+    #[error("this is a backup, waiting for or following its primary: only status is answered")]
     BackupAnswersStatusOnly,
     #[error("{0}")]
     SnapshotFailed(String),
@@ -170,6 +171,11 @@ pub enum ControlError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
+    /// A backup waiting for a primary to connect on `listen` (its logging
+    /// channel's address): there is no VM yet.
+    Waiting {
+        listen: std::net::SocketAddr,
+    },
     Running,
     Paused,
     /// A lockstep or epoch backup, replaying the primary's log.
@@ -188,6 +194,7 @@ impl RunState {
             RunState::Replaying => "replaying",
             RunState::Following => "following",
             RunState::TakingOver => "taking-over",
+            RunState::Waiting { .. } => "waiting",
         }
     }
 }
@@ -246,6 +253,10 @@ impl fmt::Display for Reply {
 /// The status line: the state, then `key=value` fields.
 impl fmt::Display for VmStatus {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        if let RunState::Waiting { listen } = self.state {
+            // No VM and no pair yet: nothing else to tell.
+            return write!(f, "waiting for a primary on {listen}");
+        }
         write!(f, "{}", self.state.word())?;
         match &self.pair {
             Some(PairStatus::Backup(b)) => match &b.mode {

@@ -120,7 +120,10 @@ fn parse_protect(words: &str) -> Result<Request, ControlError> {
     use clap::Parser;
     let words = std::iter::once("protect").chain(words.split_whitespace());
     match Protect::try_parse_from(words) {
-        Ok(p) => Ok(Request::Protect(Box::new(p.args))),
+        Ok(p) => match p.args.check_mode_options() {
+            Ok(()) => Ok(Request::Protect(Box::new(p.args))),
+            Err(e) => Err(ControlError::BadRequest(format!("protect: {e}"))),
+        },
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(ControlError::BadRequest(e.to_string())),
         Err(e) => {
             // One line: clap's message without its usage and hints.

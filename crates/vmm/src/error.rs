@@ -24,6 +24,9 @@ pub enum VmmError {
     /// message quotes the option as the user wrote it.
     #[error("{0}")]
     Usage(String),
+    /// An option of one replication mode given with another.
+    #[error(transparent)]
+    ModeOption(#[from] crate::ft::ModeOptionError),
     /// A file of this host failed.
     #[error(transparent)]
     File(#[from] FileError),
@@ -115,10 +118,13 @@ pub enum VmmError {
 
 impl VmmError {
     /// The exit status a command-line front end gives this error: 124 (as
-    /// `timeout(1)`) when `--exec` ran out of time, else 1.
+    /// `timeout(1)`) when `--exec` ran out of time, 2 for an option given
+    /// without the mode it belongs to, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
+            // A command line that cannot work, as clap's own refusals.
+            VmmError::ModeOption(_) => 2,
             _ => 1,
         }
     }

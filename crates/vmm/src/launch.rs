@@ -298,6 +298,10 @@ pub enum Target {
 
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
 pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
+    if let Target::Backup(ft) = &target {
+        // Before anything is made: an option of another mode is refused.
+        ft.check_mode_options()?;
+    }
     let (events_tx, events) = std::sync::mpsc::channel();
     let journal = match &target {
         Target::Backup(ft) => ft.pair.journal()?,
@@ -309,15 +313,9 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         Target::Backup(_) => Fence::leased(),
         _ => Fence::alone(),
     };
-    let mut primary: Option<Box<dyn Primary<Machine>>> = None;
-    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), VmmError> {
-        primary = match &target {
-            Target::None => None,
-            Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
-            Target::Backup(ft) => Some(ft::start_primary(ft, h, events_tx.clone(), &journal, fence.clone())?),
-        };
-        Ok(())
-    };
+    // Files made for the pair (the default shared disk), removed if the
+    // primary does not start.
+    let mut made = ft::Leftovers::default();
     if let Target::Backup(ft) = &target {
         // A VM restored from a snapshot keeps the snapshot's disks unless
         // --disk names others: its guest has them mounted.
@@ -331,10 +329,24 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         // The disk lives on the shared storage, where the backup finds it.
         if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
             let img = ftvm_image::locate()?;
-            let disk = ft::default_shared_disk(&ft.pair, &img.rootfs)?;
+            let disk = ft::default_shared_disk(&ft.pair, &img.rootfs, &mut made)?;
             args.disks.push(disk.display().to_string());
         }
     }
+    let mut primary: Option<Box<dyn Primary<Machine>>> = None;
+    let mut start_log = |h: &mut ftvm_replay::Header| -> Result<(), VmmError> {
+        primary = match &target {
+            Target::None => None,
+            Target::File(path) => Some(Box::new(record::Recording::create(path, h)?)),
+            Target::Backup(ft) => {
+                let started = ft::start_primary(ft, h, events_tx.clone(), &journal, fence.clone())?;
+                // The pair started: its backup uses what was made.
+                made.disarm();
+                Some(started)
+            }
+        };
+        Ok(())
+    };
     let (mut machine, mut io, on_reset) = match &args.restore {
         None => {
             let (mut cfg, backends, src) = machine_config(&args)?;

@@ -30,20 +30,22 @@ use ftvm_replication::channel::{HandshakeError, LogReceiver, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BackupArgs {
-    /// Where to accept the primary's logging channel.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Where to accept the primary's logging channel: an IP address or a
+    /// host name (its first IPv4 address), and a port.
+    #[arg(long, value_name = "HOST:PORT", value_parser = super::host_port)]
     pub listen: SocketAddr,
     /// The TAP for each of the VM's NICs once live, in order:
     /// tap=NAME[,bridge=BR] (the MAC stays the guest's). One is needed per
     /// NIC: the names the primary used are not taken from the wire.
     #[arg(long = "net")]
     pub nets: Vec<String>,
-    /// The control socket of the VM once live.
+    /// The control socket: `status` while waiting for the primary and
+    /// while following it, every request once live.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Show the guest's console output as it is replayed (and once live).
@@ -82,6 +84,16 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let events = args.pair.journal()?;
     let key = args.pair.key()?;
     let listener = TcpListener::bind(args.listen).map_err(|source| VmmError::Listen { addr: args.listen, source })?;
+    // The control socket answers from now on: what it answers changes as
+    // the backup goes from waiting to following.
+    let answer: Arc<RwLock<Answer>> = Arc::new(RwLock::new(Box::new(waiting_status(args.listen))));
+    let status_socket = match &args.control {
+        Some(path) => {
+            let answer = answer.clone();
+            Some(control::serve(path, events.clone(), move |request| (answer.read().unwrap())(request))?)
+        }
+        None => None,
+    };
     eprintln!("ftvm: backup waiting for the primary on {}", args.listen);
     events.emit(PairEvent::Listening { address: args.listen.to_string() });
     let refused = {
@@ -209,13 +221,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     if backup.ready_to_take_over() {
         let _ = generation.set(gen);
     }
-    let status_socket = match &args.control {
-        Some(path) => {
-            let status = following_status(receiver.clone(), backup.progress(), gen);
-            Some(control::serve(path, events.clone(), status)?)
-        }
-        None => None,
-    };
+    *answer.write().unwrap() = Box::new(following_status(receiver.clone(), backup.progress(), gen));
     if pair.epoch_mode().is_some() {
         // It waits for log at every epoch end, microseconds apart.
         receiver.short_waits();
@@ -306,6 +312,21 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
                 None => Err(VmmError::NothingToTakeOver(unusable)),
             }
         }
+    }
+}
+
+/// What the control socket answers while the VM is not live here.
+type Answer = Box<dyn Fn(Request) -> Response + Send + Sync>;
+
+/// The control socket's answers while the backup waits for a primary on
+/// `listen`: only `status`.
+fn waiting_status(listen: SocketAddr) -> impl Fn(Request) -> Response + Send + Sync {
+    move |request| {
+        if request != Request::Status {
+            return Response::Error(ControlError::BackupAnswersStatusOnly);
+        }
+        let status = VmStatus { state: RunState::Waiting { listen }, icount: 0, guest_time_s: None, pair: None };
+        Response::Ok(Reply::Status(Box::new(status)))
     }
 }
 

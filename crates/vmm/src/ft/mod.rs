@@ -20,6 +20,7 @@ use crate::host_io::HostEvent;
 use clap::Args;
 use ftvm_machine::Machine;
 use ftvm_protection::checkpoint;
+use ftvm_protection::control::TIMEOUT_RANGE_MS;
 use ftvm_protection::epoch::primary::Epoch;
 use ftvm_protection::epoch::{EpochMode, EpochProtocol};
 use ftvm_protection::events::{Events, PairEvent};
@@ -35,10 +36,9 @@ use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
-use ftvm_protection::control::TIMEOUT_RANGE_MS;
 use ftvm_replication::{LiveTiming, Timing};
 use serde::{Deserialize, Serialize};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
@@ -58,7 +58,7 @@ pub struct PairArgs {
     /// UDP port of the heartbeats on the backup's logging-channel address
     /// (the primary beats from a port of its own, which the backup
     /// answers once it has heard it).
-    #[arg(long, value_name = "PORT", default_value_t = 7701)]
+    #[arg(long, value_name = "PORT", default_value_t = 7701, value_parser = clap::value_parser!(u16).range(1..))]
     pub heartbeat_port: u16,
     /// Append every event of this side's life (protected, failure
     /// declared, arbiter won, going live, ...) to FILE, a JSON object a
@@ -187,8 +187,9 @@ pub fn header_disks(h: &Header) -> Result<SlotDisks, VmmError> {
 #[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrimaryArgs {
-    /// The backup's logging-channel address (it must be listening).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// The backup's logging-channel address (it must be listening): an
+    /// IP address or a host name (its first IPv4 address), and a port.
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
     pub backup: SocketAddr,
     /// Execution lag, in milliseconds, past which the primary is slowed
     /// until the backup follows; below it, a lag over 3/40 of it (75 ms by default)
@@ -215,17 +216,20 @@ pub struct PrimaryArgs {
     /// (Bressoud & Schneider); checkpoint: whole-VM checkpoints (Remus).
     #[arg(long, value_enum, default_value_t = Mode::Lockstep)]
     pub mode: Mode,
-    /// With --mode epoch: instructions per epoch.
-    #[arg(long, value_name = "N", default_value_t = 65536)]
-    pub epoch_length: u64,
+    /// With --mode epoch: instructions per epoch [default: 65536].
+    // Options of one mode are Options, not defaults: given with another
+    // mode they are refused (`check_mode_options`), not silently ignored.
+    #[arg(long, value_name = "N")]
+    pub epoch_length: Option<u64>,
     /// With --mode epoch: original waits for the backup's acknowledgement
-    /// at every epoch end (P2); revised only before an output leaves (§4.3).
-    #[arg(long, value_enum, default_value_t = EpochProtocol::Revised)]
-    pub epoch_protocol: EpochProtocol,
+    /// at every epoch end (P2); revised only before an output leaves
+    /// (§4.3) [default: revised].
+    #[arg(long, value_enum)]
+    pub epoch_protocol: Option<EpochProtocol>,
     /// With --mode checkpoint: time between checkpoints, in milliseconds
-    /// (Remus: 25, i.e. 40 per second).
-    #[arg(long, value_name = "MS", default_value_t = 25)]
-    pub interval: u64,
+    /// (Remus: 25, i.e. 40 per second) [default: 25].
+    #[arg(long, value_name = "MS")]
+    pub interval: Option<u64>,
     /// With --mode checkpoint: take checkpoints only on the beat of
     /// --interval, as Remus does. By default a checkpoint is also taken
     /// as soon as the guest idles with frames waiting to leave (at most
@@ -236,13 +240,62 @@ pub struct PrimaryArgs {
     pub pair: PairArgs,
 }
 
+/// Instructions per epoch when `--epoch-length` is not given.
+pub const DEFAULT_EPOCH_LENGTH: u64 = 65536;
+/// Milliseconds between checkpoints when `--interval` is not given.
+pub const DEFAULT_INTERVAL_MS: u64 = 25;
+
+/// An option of one mode given with another, where it would do nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{option} is for --mode {needs} (this pair's mode is {mode})")]
+pub struct ModeOptionError {
+    /// The option as written on the command line.
+    pub option: &'static str,
+    /// The mode it belongs to.
+    pub needs: &'static str,
+    /// The mode given (or the default).
+    pub mode: &'static str,
+}
+
 impl PrimaryArgs {
+    /// Refuses an epoch-only or checkpoint-only option given without its
+    /// mode: it would be ignored, and the pair run otherwise than asked.
+    pub fn check_mode_options(&self) -> Result<(), ModeOptionError> {
+        let given = [
+            ("--epoch-length", Mode::Epoch, self.epoch_length.is_some()),
+            ("--epoch-protocol", Mode::Epoch, self.epoch_protocol.is_some()),
+            ("--interval", Mode::Checkpoint, self.interval.is_some()),
+            ("--no-idle-checkpoints", Mode::Checkpoint, self.no_idle_checkpoints),
+        ];
+        match given.into_iter().find(|&(_, needs, present)| present && needs != self.mode) {
+            Some((option, needs, _)) => {
+                Err(ModeOptionError { option, needs: mode_name(needs), mode: mode_name(self.mode) })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses port 0 in a `protect` request that came as JSON, past the
+    /// command line's value parsers.
+    fn check_ports(&self) -> Result<(), VmmError> {
+        if self.backup.port() == 0 {
+            return Err(usage(format!("--backup {}: {}", self.backup, AddressError::PortZero)));
+        }
+        if self.pair.heartbeat_port == 0 {
+            return Err(usage(format!("--heartbeat-port 0: {}", AddressError::PortZero)));
+        }
+        Ok(())
+    }
+
     pub fn epoch_mode(&self) -> Result<Option<EpochMode>, VmmError> {
         match self.mode {
             Mode::Lockstep | Mode::Checkpoint => Ok(None),
-            Mode::Epoch => {
-                EpochMode::new(self.epoch_length, self.epoch_protocol).map(Some).map_err(|e| usage(e.to_string()))
-            }
+            Mode::Epoch => EpochMode::new(
+                self.epoch_length.unwrap_or(DEFAULT_EPOCH_LENGTH),
+                self.epoch_protocol.unwrap_or(EpochProtocol::Revised),
+            )
+            .map(Some)
+            .map_err(|e| usage(e.to_string())),
         }
     }
 
@@ -258,23 +311,120 @@ impl PrimaryArgs {
     }
 
     fn checkpoint_interval(&self) -> Result<Duration, VmmError> {
-        if !(1..=10_000).contains(&self.interval) {
-            return Err(usage(format!("--interval {} is out of range (1 to 10000 ms)", self.interval)));
+        let interval = self.interval.unwrap_or(DEFAULT_INTERVAL_MS);
+        if !(1..=10_000).contains(&interval) {
+            return Err(usage(format!("--interval {interval} is out of range (1 to 10000 ms)")));
         }
-        Ok(Duration::from_millis(self.interval))
+        Ok(Duration::from_millis(interval))
+    }
+}
+
+/// A mode as `--mode` names it.
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Lockstep => "lockstep",
+        Mode::Epoch => "epoch",
+        Mode::Checkpoint => "checkpoint",
+    }
+}
+
+/// Why a HOST:PORT option's value is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    #[error("expected HOST:PORT (an IP address or a host name, and a port)")]
+    NoPort,
+    #[error("'{0}' is not a port number (1 to 65535)")]
+    BadPort(String),
+    /// Port 0 would listen on, or connect to, a port picked at random.
+    #[error("port 0 is no port to listen on or connect to: give the port (1 to 65535)")]
+    PortZero,
+    #[error("cannot resolve host '{host}': {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("host '{host}' has no IPv4 address (it resolves to {found})")]
+    NoIpv4 { host: String, found: String },
+}
+
+/// The value parser of every HOST:PORT option: an IP address and a port
+/// (`10.0.0.2:7700`, `[fe80::1]:7700`), or a host name and a port
+/// (`backup-host:7700`), taken as the first IPv4 address the name
+/// resolves to (the heartbeats and isolation checks are IPv4). Port 0 is
+/// refused.
+pub fn host_port(s: &str) -> Result<SocketAddr, AddressError> {
+    let addr = match s.parse::<SocketAddr>() {
+        Ok(addr) => addr,
+        Err(_) => {
+            let (host, port) = s.rsplit_once(':').ok_or(AddressError::NoPort)?;
+            if host.is_empty() {
+                return Err(AddressError::NoPort);
+            }
+            let port: u16 = port.parse().map_err(|_| AddressError::BadPort(port.to_string()))?;
+            if port == 0 {
+                return Err(AddressError::PortZero);
+            }
+            let found: Vec<SocketAddr> = (host, port)
+                .to_socket_addrs()
+                .map_err(|source| AddressError::Resolve { host: host.to_string(), source })?
+                .collect();
+            let first_v4 = found.iter().find(|a| a.is_ipv4()).copied();
+            first_v4.ok_or_else(|| {
+                let found: Vec<String> = found.iter().map(|a| a.ip().to_string()).collect();
+                AddressError::NoIpv4 { host: host.to_string(), found: found.join(", ") }
+            })?
+        }
+    };
+    if addr.port() == 0 {
+        return Err(AddressError::PortZero);
+    }
+    Ok(addr)
+}
+
+/// Files a run created on its way to starting a pair, removed when this
+/// is dropped unless disarmed: a failed start leaves nothing of its own
+/// behind on the shared storage, and never touches what was there.
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    paths: Vec<PathBuf>,
+}
+
+impl Leftovers {
+    /// `path` was created by this run: remove it if the start fails.
+    pub fn add(&mut self, path: PathBuf) {
+        self.paths.push(path);
+    }
+
+    /// The start succeeded: what was created stays.
+    pub fn disarm(&mut self) {
+        self.paths.clear();
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for path in self.paths.drain(..).rev() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
 /// The shared disk a primary uses when given none: `disk.img` in the
 /// shared storage, made from the default guest's root image the first
-/// time (a sparse copy).
-pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path) -> Result<PathBuf, VmmError> {
+/// time (a sparse copy). A disk made here goes into `made`, to be
+/// removed if the primary does not start.
+pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path, made: &mut Leftovers) -> Result<PathBuf, VmmError> {
     pair.check_shared()?;
     let disk = pair.shared.join("disk.img");
     if !disk.exists() {
         let tmp = pair.shared.join("disk.img.part");
+        let mut part = Leftovers::default();
+        part.add(tmp.clone());
         ftvm_image::sparse_copy(rootfs, &tmp).map_err(file("cannot copy the guest's root disk to", &tmp))?;
         std::fs::rename(&tmp, &disk).map_err(file("cannot create", &disk))?;
+        part.disarm();
+        made.add(disk.clone());
     }
     Ok(disk)
 }
@@ -314,6 +464,10 @@ pub fn connect_pair(
     events: &Events,
     fence: Fence,
 ) -> Result<Connected, VmmError> {
+    // No check_mode_options here: a typed `protect` request (JSON) gives
+    // every field, the other modes' included; only a command line's
+    // option given without its mode is a mistake.
+    args.check_ports()?;
     args.pair.check_shared()?;
     let timing = args.pair.timing()?;
     let epoch = args.epoch_mode()?;
@@ -358,7 +512,14 @@ pub fn connect_pair(
         pair_disks.push(PairDisk { slot, path, digest });
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?.with_isolation(args.pair.isolation()?);
+    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
+    // Until the header is on its way no backup has seen this generation,
+    // and a failed start takes its record back. Once it may have reached
+    // one, the record stays: a backup that read it may still contend for
+    // the generation, which must then never be claimed again.
+    let mut claimed = Leftovers::default();
+    claimed.add(args.pair.shared.join(format!("gen-{}.pair", arbiter.generation())));
+    let arbiter = arbiter.with_isolation(args.pair.isolation()?);
     let pair = PairHeader {
         version: PAIR_HEADER_VERSION,
         generation: arbiter.generation(),
@@ -390,6 +551,7 @@ pub fn connect_pair(
     let sender = LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(heartbeat), fence, move |e| {
         let _ = host_events.lock().unwrap().send(HostEvent::Replication(e));
     })?;
+    claimed.disarm();
     let header_only = LogWriter::new(sender, header).map_err(VmmError::LoggingChannel)?;
     let header_len = header_only.bytes_written();
     let channel = header_only.into_sink();
