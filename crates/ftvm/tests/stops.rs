@@ -40,13 +40,19 @@ struct Vm {
 
 impl Vm {
     fn start(tag: &str, cmd: &str, extra: &[&str]) -> Vm {
+        Vm::start_as(tag, &["run"], cmd, extra)
+    }
+
+    /// `ftvm COMMAND...` (`run`, or `record --log FILE`).
+    fn start_as(tag: &str, command: &[&str], cmd: &str, extra: &[&str]) -> Vm {
         let img = image();
         let scratch = common::Scratch::new("stops", tag);
         let disk = scratch.path("root.ext4");
         ftvm_image::sparse_copy(&img.rootfs, &disk).expect("copying the root disk");
         let sock = scratch.path("vm.sock");
         let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
-            .args(["run", "--exec", cmd, "--mem", "512M", "--disk", &common::path_str(&disk), "--control"])
+            .args(command)
+            .args(["--exec", cmd, "--mem", "512M", "--disk", &common::path_str(&disk), "--control"])
             .arg(&sock)
             .args(extra)
             .stdin(Stdio::null())
@@ -160,4 +166,28 @@ fn a_guest_that_ignores_the_request_is_stopped_after_the_grace_period() {
         "{out}"
     );
     assert!(!vm.sock.exists(), "the control socket file is gone\n{out}");
+}
+
+/// A recording ends on SIGINT as `quit` ends it (it used to die with its
+/// log unfinished): exit status 0, the socket gone, and the log replays
+/// to its end with every state check matched.
+#[test]
+fn a_recording_ends_as_quit_on_sigint() {
+    let log = std::env::temp_dir().join(format!("ftvm-stops-{}-record.log", std::process::id()));
+    let log_s = common::path_str(&log);
+    let mut vm = Vm::start_as("record", &["record", "--log", &log_s], "echo ready; sleep 600", &[]);
+    vm.wait_for("ready\n");
+    vm.signal(libc::SIGINT);
+    let (status, took) = vm.wait_end();
+    eprintln!("recording: ended {:.2} s after SIGINT ({status})", took.as_secs_f64());
+    let out = vm.output();
+    assert_eq!(status.code(), Some(0), "exit status\n{out}");
+    assert!(out.contains("ftvm: SIGINT: quitting"), "{out}");
+    assert!(!vm.sock.exists(), "the control socket file is gone\n{out}");
+    let mut replay = Command::new(env!("CARGO_BIN_EXE_ftvm"));
+    replay.args(["replay", "--log", &log_s]);
+    let rep = common::run_with_timeout(replay, BOOT_TIMEOUT);
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(rep.status.and_then(|s| s.code()), Some(0), "replay\n{}", rep.stderr);
+    assert!(rep.stderr.contains("state checks matched"), "replay\n{}", rep.stderr);
 }
