@@ -191,3 +191,64 @@ fn a_recording_ends_as_quit_on_sigint() {
     assert_eq!(rep.status.and_then(|s| s.code()), Some(0), "replay\n{}", rep.stderr);
     assert!(rep.stderr.contains("state checks matched"), "replay\n{}", rep.stderr);
 }
+
+/// A second signal stops a guest that has not powered off yet at once,
+/// with 128 + that signal's number (130 for SIGINT).
+#[test]
+fn a_second_signal_stops_the_guest_at_once() {
+    let cmd = "echo 0 > /proc/sys/kernel/sysrq; echo ready; sleep 600";
+    let mut vm = Vm::start("second", cmd, &[]);
+    vm.wait_for("ready\n");
+    vm.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(vm.child.try_wait().unwrap().is_none(), "the guest ignores the request\n{}", vm.output());
+    vm.signal(libc::SIGINT);
+    let (status, took) = vm.wait_end();
+    let out = vm.output();
+    assert_eq!(status.code(), Some(130), "exit status\n{out}");
+    assert!(took < Duration::from_secs(10), "stopped {took:?} after the second signal\n{out}");
+    assert!(out.contains("ftvm: SIGINT: stopping the guest now (a second signal), exit status 130"), "{out}");
+    assert!(!vm.sock.exists(), "the control socket file is gone\n{out}");
+}
+
+/// Without the guest image: a hart waiting for interrupts (`wfi`), which
+/// no SysRq reaches. Paused, it is stopped at once; running, once
+/// `--stop-timeout` has run out; with `--stop-timeout 0` at once. The
+/// socket file goes each time.
+#[test]
+fn a_guest_that_cannot_answer_is_stopped() {
+    /// `wfi` then a jump back to it.
+    const WFI_LOOP: [u8; 8] = [0x73, 0x00, 0x50, 0x10, 0x6f, 0xf0, 0xdf, 0xff];
+    let s = common::Scratch::new("stops", "wfi");
+    let kernel = s.file("wfi.bin", &WFI_LOOP);
+    let sock = s.path("vm.sock");
+    for (extra, signal, status, least) in [
+        (&["--paused"][..], libc::SIGTERM, 143, 0),
+        (&["--stop-timeout", "1"][..], libc::SIGINT, 130, 1),
+        (&["--stop-timeout", "0"][..], libc::SIGTERM, 143, 0),
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+            .args(["run", "--bios", "none", "--kernel", &kernel, "--control", &common::path_str(&sock)])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{extra:?}: the VM's control socket never came");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child's PID.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let t0 = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        let took = t0.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{extra:?}: exit status\n{stderr}");
+        assert!(took >= Duration::from_secs(least), "{extra:?}: stopped after {took:?}\n{stderr}");
+        assert!(took < Duration::from_secs(least + 20), "{extra:?}: stopped after {took:?}\n{stderr}");
+        assert!(!sock.exists(), "{extra:?}: the control socket file is gone\n{stderr}");
+    }
+}
