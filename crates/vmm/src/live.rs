@@ -410,8 +410,16 @@ impl<E: Engine> Live<E> {
             }
             match exit {
                 None => {
-                    // Paused: nothing runs until a command or an event comes.
-                    let ev = events.recv().map_err(|_| VmmError::EventsClosed)?;
+                    // Paused: nothing runs until a command or an event comes
+                    // (or a clean stop's grace, paused after it began, ends).
+                    let ev = match self.stopping.as_ref().map(|s| s.deadline) {
+                        None => events.recv().map_err(|_| VmmError::EventsClosed)?,
+                        Some(t) => match events.recv_timeout(t.saturating_duration_since(Instant::now())) {
+                            Ok(ev) => ev,
+                            Err(RecvTimeoutError::Timeout) => continue,
+                            Err(RecvTimeoutError::Disconnected) => return Err(VmmError::EventsClosed),
+                        },
+                    };
                     if let Next::Exit(code) = self.handle(ev)? {
                         return Ok(code);
                     }
