@@ -400,6 +400,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     // Replay checks digests of the pages written, so recording tracks them.
     // Checkpoints carry the pages written since the last one.
     machine.set_dirty_tracking(args.dirty_tracking || primary.is_some());
+    crate::signals::forward_stop_signals(events_tx.clone());
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);

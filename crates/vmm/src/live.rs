@@ -320,9 +320,6 @@ pub fn run<E: Engine>(
         terminate_signal: signal_hook::consts::SIGTERM,
         stopping: None,
     };
-    if let Err(e) = crate::signals::forward_stop_signals(live.io.events()) {
-        eprintln!("ftvm: SIGTERM and SIGINT will not hand over or stop the guest cleanly: {e}");
-    }
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
     live.io.dispatch(again);

@@ -172,6 +172,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
     if setup.announce {
         io.announce();
     }
+    crate::signals::forward_stop_signals(tx.clone());
     let _control = match &setup.control {
         Some(path) => {
             io.set_control(true);

@@ -13,8 +13,15 @@ use std::sync::mpsc::Sender;
 /// From now on SIGTERM and SIGINT reach the loop as
 /// [`HostEvent::Terminate`] with the signal's number. Once the loop has
 /// gone (its events closed), a signal ends the process as it would have
-/// without us.
-pub fn forward_stop_signals(events: Sender<HostEvent>) -> std::io::Result<()> {
+/// without us. Called before the control socket is made: a signal
+/// between the two would end the process with the socket file left.
+pub fn forward_stop_signals(events: Sender<HostEvent>) {
+    if let Err(e) = spawn(events) {
+        eprintln!("ftvm: SIGTERM and SIGINT will not hand over or stop the guest cleanly: {e}");
+    }
+}
+
+fn spawn(events: Sender<HostEvent>) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT])?;
     std::thread::Builder::new().name("ftvm-signals".into()).spawn(move || {
         for signal in signals.forever() {
