@@ -56,6 +56,7 @@ const MCR_LOOP: u8 = 0x10;
 
 const LSR_DR: u8 = 0x01;
 const LSR_OE: u8 = 0x02;
+const LSR_BI: u8 = 0x10;
 const LSR_THRE: u8 = 0x20;
 const LSR_TEMT: u8 = 0x40;
 
@@ -88,6 +89,10 @@ pub struct Uart {
     msr_deltas: u8,
     thr_pending: bool,
     rx: VecDeque<u8>,
+    /// The first byte of `rx` is a break (a zero byte received with the
+    /// line held low: LSR.BI), which Linux takes as the start of a magic
+    /// SysRq on its serial console.
+    rx_break: bool,
     out: Vec<u8>,
 }
 
@@ -107,6 +112,7 @@ impl Uart {
             msr_deltas: 0,
             thr_pending: false,
             rx: VecDeque::new(),
+            rx_break: false,
             out: Vec::new(),
         }
     }
@@ -129,6 +135,18 @@ impl Uart {
         n
     }
 
+    /// Receives a break: a zero byte flagged in LSR (BI) while it is the
+    /// next to be read. Taken only with nothing else waiting to be read
+    /// (returns false otherwise), so at most one byte carries the flag.
+    pub fn push_break(&mut self) -> bool {
+        if !self.rx.is_empty() {
+            return false;
+        }
+        self.rx.push_back(0);
+        self.rx_break = true;
+        true
+    }
+
     pub fn rx_space(&self) -> usize {
         RX_CAPACITY - self.rx.len()
     }
@@ -141,6 +159,9 @@ impl Uart {
         let mut v = LSR_THRE | LSR_TEMT | self.lsr_errors;
         if !self.rx.is_empty() {
             v |= LSR_DR;
+            if self.rx_break {
+                v |= LSR_BI;
+            }
         }
         v
     }
@@ -216,7 +237,10 @@ impl Uart {
         let dlab = self.lcr & LCR_DLAB != 0;
         match offset {
             RBR_THR if dlab => self.dll,
-            RBR_THR => self.rx.pop_front().unwrap_or(0),
+            RBR_THR => {
+                self.rx_break = false;
+                self.rx.pop_front().unwrap_or(0)
+            }
             IER if dlab => self.dlm,
             IER => self.ier,
             IIR_FCR => {
@@ -275,6 +299,7 @@ impl Uart {
             IIR_FCR => {
                 if v & FCR_CLEAR_RX != 0 {
                     self.rx.clear();
+                    self.rx_break = false;
                 }
                 // Transmit FIFO clear has nothing to do: THR is always empty.
                 self.fcr = v & 0xc9;
@@ -290,7 +315,9 @@ impl Uart {
 
     /// Pending output is not part of the snapshot: drain it first.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut w = SnapWriter::new(b"UART", 1);
+        // Version 2 adds the break flag; a UART without a break pending is
+        // saved as before, so snapshots (and checkpoints) stay the same.
+        let mut w = SnapWriter::new(b"UART", if self.rx_break { 2 } else { 1 });
         w.u32(self.irq);
         for b in
             [self.ier, self.lcr, self.mcr, self.fcr, self.scr, self.dll, self.dlm, self.lsr_errors, self.msr_deltas]
@@ -300,12 +327,16 @@ impl Uart {
         w.bool(self.thr_pending);
         let rx: Vec<u8> = self.rx.iter().copied().collect();
         w.bytes(&rx);
+        if self.rx_break {
+            w.bool(true);
+        }
         w.finish()
     }
 
     pub fn restore(&mut self, blob: &[u8]) -> SnapResult<()> {
         let (mut r, version) = SnapReader::new(blob, b"UART")?;
-        if version != 1 {
+        // Version 1 had no break flag.
+        if version != 1 && version != 2 {
             return Err(SnapshotError::Version { device: "UART", version });
         }
         let irq = r.u32()?;
@@ -321,6 +352,7 @@ impl Uart {
         if rx.len() > RX_CAPACITY {
             return Err(SnapshotError::UartBuffer);
         }
+        let rx_break = if version >= 2 { r.bool()? } else { false };
         r.end()?;
         let [ier, lcr, mcr, fcr, scr, dll, dlm, lsr_errors, msr_deltas] = regs;
         self.ier = ier & 0x0f;
@@ -333,6 +365,7 @@ impl Uart {
         self.lsr_errors = lsr_errors & LSR_OE;
         self.msr_deltas = msr_deltas & MSR_DELTAS;
         self.thr_pending = thr_pending;
+        self.rx_break = rx_break && !rx.is_empty();
         self.rx = rx.iter().copied().collect();
         Ok(())
     }
@@ -524,5 +557,28 @@ mod tests {
         assert_eq!(v.read_reg(RBR_THR), b'p');
         assert!(Uart::new(11).restore(&blob).is_err());
         assert!(v.restore(&blob[..blob.len() - 2]).is_err());
+    }
+
+    #[test]
+    fn a_break_is_a_zero_byte_flagged_in_lsr_until_read() {
+        let mut u = Uart::new(10);
+        u.push_input(b"x");
+        assert!(!u.push_break(), "a break waits for the bytes before it to be read");
+        assert_eq!(u.read_reg(RBR_THR), b'x');
+        assert!(u.push_break());
+        assert_eq!(u.push_input(b"o"), 1);
+        assert_eq!(u.read_reg(LSR) & (LSR_DR | LSR_BI), LSR_DR | LSR_BI);
+        let blob = u.snapshot();
+        let mut v = Uart::new(10);
+        v.restore(&blob).unwrap();
+        assert_eq!(v.snapshot(), blob);
+        for w in [&mut u, &mut v] {
+            assert_eq!(w.read_reg(RBR_THR), 0);
+            assert_eq!(w.read_reg(LSR) & (LSR_DR | LSR_BI), LSR_DR);
+            assert_eq!(w.read_reg(RBR_THR), b'o');
+        }
+        // Without a break pending the UART saves as version 1 did.
+        assert_eq!(blob[4..8], 2u32.to_le_bytes());
+        assert_eq!(u.snapshot()[4..8], 1u32.to_le_bytes());
     }
 }

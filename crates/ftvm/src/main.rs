@@ -11,8 +11,11 @@ use ftvm_vmm::{control, ft, launch, replay};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// `ftvm --version`: the version and the git commit built from (see build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM_GIT_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "ftvm", version, about = "Fault-tolerant virtual machines")]
+#[command(name = "ftvm", version = VERSION, about = "Fault-tolerant virtual machines")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

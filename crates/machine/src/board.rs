@@ -191,6 +191,13 @@ impl Board {
         taken
     }
 
+    /// A break on the console line; false if bytes wait to be read first.
+    pub fn console_break(&mut self) -> bool {
+        let taken = self.uart.push_break();
+        self.irq.set(self.uart.irq(), self.uart.irq_level());
+        taken
+    }
+
     pub fn console_room(&self) -> usize {
         self.uart.rx_space()
     }

@@ -63,6 +63,11 @@ pub struct MachineConfig {
 pub enum Event {
     /// Bytes typed on the console.
     ConsoleInput(Vec<u8>),
+    /// A break on the console line (a serial console's "send break"),
+    /// offered only while the console has nothing left to read
+    /// ([`Machine::console_room`] is the whole buffer). Linux takes it,
+    /// with the key that follows, as a magic SysRq.
+    ConsoleBreak,
     /// New clock rate (timer ticks per instruction, scaled by 2^32).
     ClockRate(u64),
     /// While idle: move the timer forward to this many ticks.
@@ -351,6 +356,11 @@ impl Machine {
                 let taken = self.board.console_input(&bytes);
                 debug_assert_eq!(taken, bytes.len(), "console input beyond console_room() was dropped");
                 taken > 0
+            }
+            Event::ConsoleBreak => {
+                let taken = self.board.console_break();
+                debug_assert!(taken, "a console break offered with input waiting was dropped");
+                taken
             }
             Event::ClockRate(rate) => {
                 self.clock.set_rate(self.icount, rate);

@@ -44,6 +44,7 @@ const CLOCK_ADVANCE: u8 = 3;
 const DISK_DONE: u8 = 4;
 const NET_RX: u8 = 5;
 const ENTROPY: u8 = 6;
+const CONSOLE_BREAK: u8 = 7;
 const STATE_HASH: u8 = 16;
 const GO_LIVE: u8 = 17;
 const END: u8 = 18;
@@ -73,6 +74,7 @@ pub fn encode(out: &mut Vec<u8>, prev: u64, r: &Record) {
             out.push(CONSOLE);
             put_bytes(out, b);
         }
+        Entry::Event(Event::ConsoleBreak) => out.push(CONSOLE_BREAK),
         Entry::Event(Event::ClockRate(v)) => {
             out.push(CLOCK_RATE);
             put_varint(out, *v);
@@ -236,6 +238,7 @@ impl<'a> Decoder<'a> {
         let tag = |d: &mut Self| d.small("request tag", u32::MAX as u64).map(|v| v as u32);
         let entry = match kind {
             CONSOLE => Entry::Event(Event::ConsoleInput(self.bytes()?)),
+            CONSOLE_BREAK => Entry::Event(Event::ConsoleBreak),
             CLOCK_RATE => Entry::Event(Event::ClockRate(self.varint()?)),
             CLOCK_ADVANCE => Entry::Event(Event::ClockAdvance(self.varint()?)),
             DISK_DONE => {
@@ -295,6 +298,7 @@ mod tests {
         vec![
             Record { icount: 0, entry: Entry::Event(Event::ClockRate(214_748_364)) },
             Record { icount: 5, entry: Entry::Event(Event::ConsoleInput(b"ls\r".to_vec())) },
+            Record { icount: 5, entry: Entry::Event(Event::ConsoleBreak) },
             Record { icount: 5, entry: Entry::Event(Event::ClockAdvance(u64::MAX)) },
             Record {
                 icount: 1 << 40,

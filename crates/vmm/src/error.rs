@@ -106,6 +106,10 @@ pub enum VmmError {
     /// Nothing could ever wake the guest: running on would hang.
     #[error("the guest is idle with no timer armed and no input left")]
     StuckIdle,
+    /// SIGTERM or SIGINT asked the guest to power off, and it had not
+    /// within `--stop-timeout`: it was stopped (exit status 128 + signo).
+    #[error("the guest did not power off within {seconds} s of {signal} (--stop-timeout); it was stopped")]
+    StopTimeout { signal: &'static str, signo: i32, seconds: f64 },
 
     // Going live at the end of a replay.
     #[error(transparent)]
@@ -119,12 +123,16 @@ pub enum VmmError {
 impl VmmError {
     /// The exit status a command-line front end gives this error: 124 (as
     /// `timeout(1)`) when `--exec` ran out of time, 2 for an option given
-    /// without the mode it belongs to, else 1.
+    /// without the mode it belongs to, 128 + the signal's number (as a
+    /// shell reports a command a signal ended: 143 for SIGTERM, 130 for
+    /// SIGINT) when a guest asked to power off by one did not in time,
+    /// else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
             // A command line that cannot work, as clap's own refusals.
             VmmError::ModeOption(_) => 2,
+            VmmError::StopTimeout { signo, .. } => (128 + *signo).clamp(0, 255) as u8,
             _ => 1,
         }
     }

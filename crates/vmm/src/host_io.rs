@@ -34,9 +34,10 @@ pub enum HostEvent {
     Control(ControlRequest),
     /// News from the logging channel of a protected VM.
     Replication(PrimaryEvent),
-    /// The host asks the VM to go (SIGTERM): a protected VM hands over
-    /// to its backup, a VM alone quits.
-    Terminate,
+    /// The host asks the VM to go (SIGTERM or SIGINT, the signal's
+    /// number): a protected VM hands over to its backup, a recording
+    /// quits, a VM alone asks its guest to power off.
+    Terminate(i32),
     /// A pair set up for the running VM (`protect`), or why not.
     Protection(crate::ft::protect::Setup),
 }

@@ -86,11 +86,26 @@ pub struct RunArgs {
     /// the wall clock (idle periods are skipped at once).
     #[arg(long)]
     pub fast_time: bool,
+    /// On SIGTERM or SIGINT, how long the guest has to power off before
+    /// ftvm stops it. The guest is asked with a magic SysRq on its serial
+    /// console (break, then s: sync, u: remount read-only, o: power off);
+    /// a second signal stops it at once, as does one while paused or with
+    /// 0 here. Exit status: the guest's power-off status (0 for a clean
+    /// power off) if it powered off in time, 128 + the signal's number
+    /// (143 SIGTERM, 130 SIGINT) if ftvm stopped it. A protected primary
+    /// hands over to its backup instead, and a recording ends as `quit`.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STOP_TIMEOUT_S)]
+    pub stop_timeout: u64,
     /// Record which guest pages are written (what checkpoints and live
     /// migration need); off, stores cost nothing extra.
     #[arg(long)]
     pub dirty_tracking: bool,
 }
+
+/// `--stop-timeout`'s default: a guest syncs and powers off in a few
+/// seconds; one that has not in 30 (as systemd's stop timeout, 90, is
+/// for a whole host) will not.
+pub const DEFAULT_STOP_TIMEOUT_S: u64 = 30;
 
 /// `--boot-timeout`'s default: the default guest starts a command in well
 /// under a minute on a busy 2-core host; ten times that is a hang.
@@ -397,6 +412,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     // Replay checks digests of the pages written, so recording tracks them.
     // Checkpoints carry the pages written since the last one.
     machine.set_dirty_tracking(args.dirty_tracking || primary.is_some());
+    crate::signals::forward_stop_signals(events_tx.clone());
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
@@ -420,6 +436,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             boot: Duration::from_secs(args.boot_timeout),
             command: args.exec_timeout.map(Duration::from_secs),
         }),
+        stop_timeout: Duration::from_secs(args.stop_timeout),
     };
     // A plain VM, and a primary whose backup is lost, can be given one
     // while it runs; a recording cannot (its log is the file's).

@@ -58,6 +58,50 @@ const PANIC_GRACE: Duration = Duration::from_secs(2);
 /// How long a transfer's final pause waits for the I/O in flight to
 /// finish (a disk that takes longer ends the attempt, not the VM).
 const QUIESCE_MOST: Duration = Duration::from_secs(5);
+/// A clean stop's SysRq keys (see [`Stopping`]): sync, remount read-only,
+/// power off; each after a break on the console line, and each with the
+/// time the one before it is given first.
+const STOP_KEYS: [(u8, Duration); 3] = [(b's', Duration::ZERO), (b'u', Duration::ZERO), (b'o', Duration::from_secs(1))];
+
+/// A VM alone asked to stop by SIGTERM or SIGINT: its guest is asked to
+/// power off, and stopped by us if it has not within the grace period.
+///
+/// How the guest is asked: the guest's kernel (Debian's, unchanged) is
+/// sent a magic SysRq on its serial console, a break on the line followed
+/// by a key, as an operator would with a serial console server's "send
+/// break": `s` (sync the filesystems), `u` (remount them read-only), and
+/// a second later `o` (power off, which the kernel does through the
+/// board's syscon-poweroff: "reboot: Power down" on the console, then the
+/// syscon's pass code, 0). Chosen over the alternatives because it needs
+/// nothing of the guest's userland and works with the kernel as built:
+/// - a key sequence for the guest's shell or init to act on would depend
+///   on what reads the console at the time (an interactive shell, a
+///   program, nothing in `--exec` mode);
+/// - a power button needs a driver the guest has: Debian's riscv64
+///   kernel has neither ACPI here nor `gpio-keys` (CONFIG_KEYBOARD_GPIO
+///   is not set), and only a new virtio-input device (virtio_input is a
+///   module) or a new register that ftvm's own init polls would do, the
+///   latter a change to the image and a wake-up a second in every guest;
+/// - Debian enables SysRq's sync, remount and power-off by default
+///   (CONFIG_MAGIC_SYSRQ_DEFAULT_ENABLE=0x01b6) and on the serial console
+///   (CONFIG_MAGIC_SYSRQ_SERIAL=y).
+///
+/// What is lost next to an ACPI power button: the guest's processes are
+/// not asked to end (SysRq `e`, SIGTERM to all, is off by default); the
+/// filesystems are synced and read-only before the power goes. A guest
+/// that turned SysRq off (`kernel.sysrq=0`) ignores the request and is
+/// stopped after the grace period. The break and the keys are machine
+/// inputs (`Event::ConsoleBreak`, `Event::ConsoleInput`) like typed ones:
+/// a recording logs them and a replay repeats them.
+struct Stopping {
+    signal: i32,
+    /// When ftvm stops the guest itself.
+    deadline: Instant,
+    /// The SysRq keys not yet sent, each with how long after the one
+    /// before it it is sent, and when the last was sent.
+    keys: VecDeque<(u8, Duration)>,
+    last_key_at: Instant,
+}
 
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
@@ -73,6 +117,9 @@ pub struct Options {
     pub ft_alone: bool,
     /// With `--exec`: how long the boot and the command may take.
     pub limits: Option<ExecLimits>,
+    /// After SIGTERM or SIGINT, how long the guest of a VM alone has to
+    /// power off before it is stopped.
+    pub stop_timeout: Duration,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -137,7 +184,6 @@ impl Pacer {
     fn ran(&mut self, busy: Duration) {
         self.running += busy;
     }
-
 
     fn wall_ticks(&self) -> u64 {
         self.start_ticks + (self.start.elapsed().as_secs_f64() * TIMEBASE_HZ as f64) as u64
@@ -227,6 +273,11 @@ struct Live<E: Engine> {
     /// An `unprotect` asked for, whose answer waits here: it happens
     /// where the machine next stands where inputs may be delivered.
     unprotect_asked: Option<Sender<Response>>,
+    /// The signal that asked for a handover (or a recording's end), for
+    /// messages.
+    terminate_signal: i32,
+    /// A clean stop under way (SIGTERM or SIGINT on a VM alone).
+    stopping: Option<Stopping>,
 }
 
 pub fn run<E: Engine>(
@@ -266,10 +317,9 @@ pub fn run<E: Engine>(
         protect_reply: None,
         unprotect_asked: None,
         moving: None,
+        terminate_signal: signal_hook::consts::SIGTERM,
+        stopping: None,
     };
-    if let Err(e) = crate::signals::forward_sigterm(live.io.events()) {
-        eprintln!("ftvm: SIGTERM will not hand over or quit cleanly: {e}");
-    }
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
     live.io.dispatch(again);
@@ -281,6 +331,16 @@ pub fn run<E: Engine>(
     }
     // Writes the guest was told about must be on disk before we go.
     live.io.drain();
+    // A VM stopped by a signal (the host shutting down, an operator) also
+    // leaves its disks on stable storage, whether its guest powered off
+    // (it synced them) or was stopped.
+    if live.stopping.is_some() {
+        for path in live.io.disk_paths() {
+            if let Err(e) = std::fs::File::open(path).and_then(|f| f.sync_data()) {
+                eprintln!("ftvm: cannot flush {}: {e}", path.display());
+            }
+        }
+    }
     if let Some(p) = live.primary.take() {
         if let Some(summary) = p.summary() {
             eprintln!("ftvm: {summary}");
@@ -347,8 +407,16 @@ impl<E: Engine> Live<E> {
             }
             match exit {
                 None => {
-                    // Paused: nothing runs until a command or an event comes.
-                    let ev = events.recv().map_err(|_| VmmError::EventsClosed)?;
+                    // Paused: nothing runs until a command or an event comes
+                    // (or a clean stop's grace, paused after it began, ends).
+                    let ev = match self.stopping.as_ref().map(|s| s.deadline) {
+                        None => events.recv().map_err(|_| VmmError::EventsClosed)?,
+                        Some(t) => match events.recv_timeout(t.saturating_duration_since(Instant::now())) {
+                            Ok(ev) => ev,
+                            Err(RecvTimeoutError::Timeout) => continue,
+                            Err(RecvTimeoutError::Disconnected) => return Err(VmmError::EventsClosed),
+                        },
+                    };
                     if let Next::Exit(code) = self.handle(ev)? {
                         return Ok(code);
                     }
@@ -384,6 +452,15 @@ impl<E: Engine> Live<E> {
     /// Ends the run once a guest whose kernel panicked has had its time
     /// to report it, and an `--exec` run that is out of time.
     fn check_limits(&self) -> Result<(), VmmError> {
+        if let Some(stop) = &self.stopping {
+            if Instant::now() >= stop.deadline {
+                return Err(VmmError::StopTimeout {
+                    signal: crate::signals::name(stop.signal),
+                    signo: stop.signal,
+                    seconds: self.opts.stop_timeout.as_secs_f64(),
+                });
+            }
+        }
         if let Some((line, at, ended)) = &self.panicked {
             if *ended || at.elapsed() >= PANIC_GRACE {
                 return Err(VmmError::GuestPanicked(line.clone()));
@@ -411,7 +488,12 @@ impl<E: Engine> Live<E> {
         let grace = self.panicked.as_ref().map(|(_, at, _)| *at + PANIC_GRACE);
         let timeouts =
             if self.paused { None } else { self.boot_deadline.into_iter().chain(self.command_deadline).min() };
-        grace.into_iter().chain(timeouts).min()
+        // A clean stop's next key is sent, and its grace runs out, on time.
+        let stop = self.stopping.iter().flat_map(|s| {
+            let key = s.keys.front().map(|&(_, after)| s.last_key_at + after);
+            key.into_iter().chain([s.deadline])
+        });
+        grace.into_iter().chain(timeouts).chain(stop).min()
     }
 
     /// The guest asked to reboot: in a plain run, boot a new machine from
@@ -605,16 +687,14 @@ impl<E: Engine> Live<E> {
                     ))));
                 }
             }
-            HostEvent::Terminate if self.primary.is_some() => {
+            HostEvent::Terminate(signal) if self.primary.is_some() => {
                 if self.hand_over_asked.is_none() {
-                    eprintln!("ftvm: SIGTERM: handing the VM over to the backup");
+                    eprintln!("ftvm: {}: handing the VM over to the backup", crate::signals::name(signal));
+                    self.terminate_signal = signal;
                     self.hand_over_asked = Some(None);
                 }
             }
-            HostEvent::Terminate => {
-                eprintln!("ftvm: SIGTERM: quitting");
-                return Ok(Next::Exit(0));
-            }
+            HostEvent::Terminate(signal) => return self.stop(signal),
             HostEvent::Protection(setup) => match (setup.transfer, &self.protector) {
                 (Ok(transfer), Some(protector)) if self.moving.is_none() => {
                     // Every request from here on goes through the
@@ -671,9 +751,9 @@ impl<E: Engine> Live<E> {
         let stopped = Instant::now();
         let out = match p.hand_over(&mut self.m) {
             Ok(out) => out,
-            // A recording: SIGTERM ends it as `quit` would.
+            // A recording: SIGTERM (or SIGINT) ends it as `quit` would.
             Err(ProtectionError::NoBackupToHandOver) if reply.is_none() => {
-                eprintln!("ftvm: SIGTERM: quitting");
+                eprintln!("ftvm: {}: quitting", crate::signals::name(self.terminate_signal));
                 return Ok(Next::Exit(0));
             }
             Err(e) => {
@@ -696,7 +776,7 @@ impl<E: Engine> Live<E> {
             let wait = ABSORB_QUIET.min(absorb_until.saturating_duration_since(Instant::now()));
             let Ok(ev) = events.recv_timeout(wait) else { break };
             match ev {
-                HostEvent::Replication(_) | HostEvent::Control(_) | HostEvent::Terminate => later.push(ev),
+                HostEvent::Replication(_) | HostEvent::Control(_) | HostEvent::Terminate(_) => later.push(ev),
                 ev => {
                     self.handle(ev)?;
                 }
@@ -1071,6 +1151,40 @@ impl<E: Engine> Live<E> {
         self.m.inject(ev);
     }
 
+    /// SIGTERM or SIGINT on a VM alone: the guest is asked to power off
+    /// (see [`Stopping`]). A second signal, or one while the VM is paused
+    /// (its guest could not answer), stops it at once.
+    fn stop(&mut self, signal: i32) -> Result<Next, VmmError> {
+        let name = crate::signals::name(signal);
+        let status = 128 + signal as u32;
+        if self.stopping.is_some() || self.paused || self.opts.stop_timeout.is_zero() {
+            let why = match () {
+                _ if self.stopping.is_some() => "a second signal",
+                _ if self.paused => "the VM is paused",
+                _ => "--stop-timeout 0",
+            };
+            eprintln!("ftvm: {name}: stopping the guest now ({why}), exit status {status}");
+            // Its disks are flushed as after a clean stop.
+            let now = Instant::now();
+            self.stopping = Some(Stopping { signal, deadline: now, keys: VecDeque::new(), last_key_at: now });
+            return Ok(Next::Exit(status));
+        }
+        let grace = self.opts.stop_timeout;
+        eprintln!(
+            "ftvm: {name}: asking the guest to power off (SysRq sync, remount read-only, power off on its console); \
+             it is stopped in {} s if it has not (exit status {status}), or at once on a second signal",
+            grace.as_secs_f64()
+        );
+        let now = Instant::now();
+        self.stopping = Some(Stopping {
+            signal,
+            deadline: now.checked_add(grace).unwrap_or(now + Duration::from_secs(86400 * 365)),
+            keys: STOP_KEYS.into_iter().collect(),
+            last_key_at: now,
+        });
+        Ok(Next::Continue)
+    }
+
     fn feed_inputs(&mut self) {
         if self.paused {
             return;
@@ -1079,6 +1193,18 @@ impl<E: Engine> Live<E> {
         if n > 0 {
             let bytes = self.pending.drain(..n).collect();
             self.inject(Event::ConsoleInput(bytes));
+        }
+        // A clean stop's next SysRq key: a break, which the UART takes only
+        // with nothing else waiting to be read, then the key.
+        let now = Instant::now();
+        if let Some(stop) = &mut self.stopping {
+            let due = stop.keys.front().is_some_and(|&(_, after)| now >= stop.last_key_at + after);
+            if due && self.m.console_room() == ftvm_machine::CONSOLE_CAPACITY {
+                let (key, _) = stop.keys.pop_front().expect("due");
+                stop.last_key_at = now;
+                self.inject(Event::ConsoleBreak);
+                self.inject(Event::ConsoleInput(vec![key]));
+            }
         }
         while let Some(ev) = self.io.next_frame(&self.m) {
             self.inject(ev);

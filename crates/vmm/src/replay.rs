@@ -172,6 +172,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
     if setup.announce {
         io.announce();
     }
+    crate::signals::forward_stop_signals(tx.clone());
     let _control = match &setup.control {
         Some(path) => {
             io.set_control(true);
@@ -191,6 +192,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         paused: false,
         ft_alone: setup.announce,
         limits: None,
+        stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
     };
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
     // Live, it is a VM like any other: it can be given a backup (again).
