@@ -122,7 +122,8 @@ impl Drop for Vm {
 }
 
 /// The guest asked by `signal` powers off: the kernel's power-down line,
-/// exit status 0, no socket file left.
+/// no socket file left, and (its --exec command cut short) exit status
+/// 128 + the signal's number with a line saying so.
 fn the_guest_powers_off_on(signal: i32, name: &str) {
     let mut vm = Vm::start(name, "echo ready; sleep 600; echo not stopped", &[]);
     vm.wait_for("ready\n");
@@ -130,7 +131,11 @@ fn the_guest_powers_off_on(signal: i32, name: &str) {
     let (status, took) = vm.wait_end();
     eprintln!("{name}: the guest powered off {:.2} s after the signal ({status})", took.as_secs_f64());
     let out = vm.output();
-    assert_eq!(status.code(), Some(0), "{name}: exit status\n{out}");
+    assert_eq!(status.code(), Some(128 + signal), "{name}: exit status\n{out}");
+    assert!(
+        out.contains(&format!("the command did not finish: {name} stopped the guest (it powered off as asked)")),
+        "{name}\n{out}"
+    );
     assert!(out.contains("reboot: Power down"), "{name}: the guest's kernel powered off\n{out}");
     assert!(!out.contains("not stopped"), "{name}\n{out}");
     assert!(out.contains(&format!("ftvm: {name}: asking the guest to power off")), "{name}\n{out}");

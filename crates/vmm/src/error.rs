@@ -110,6 +110,11 @@ pub enum VmmError {
     /// within `--stop-timeout`: it was stopped (exit status 128 + signo).
     #[error("the guest did not power off within {seconds} s of {signal} (--stop-timeout); it was stopped")]
     StopTimeout { signal: &'static str, signo: i32, seconds: f64 },
+    /// SIGTERM or SIGINT stopped the guest (it powered off as asked)
+    /// before the `--exec` command finished: the run was cut short
+    /// (exit status 128 + signo).
+    #[error("the command did not finish: {signal} stopped the guest (it powered off as asked)")]
+    ExecInterrupted { signal: &'static str, signo: i32 },
 
     // Going live at the end of a replay.
     #[error(transparent)]
@@ -132,7 +137,9 @@ impl VmmError {
             VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
             // A command line that cannot work, as clap's own refusals.
             VmmError::ModeOption(_) => 2,
-            VmmError::StopTimeout { signo, .. } => (128 + *signo).clamp(0, 255) as u8,
+            VmmError::StopTimeout { signo, .. } | VmmError::ExecInterrupted { signo, .. } => {
+                (128 + *signo).clamp(0, 255) as u8
+            }
             _ => 1,
         }
     }

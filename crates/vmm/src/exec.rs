@@ -28,28 +28,37 @@ pub fn add_to_cmdline(cmdline: &mut String, cmd: &str, verbose: bool) {
 pub struct OutputFilter {
     show_boot: bool,
     started: bool,
+    /// The command's status line went by: it finished.
+    finished: bool,
     /// Bytes of the current, not yet complete line.
     line: Vec<u8>,
 }
 
 impl OutputFilter {
     pub fn new(show_boot: bool) -> OutputFilter {
-        OutputFilter { show_boot, started: false, line: Vec::new() }
+        OutputFilter { show_boot, started: false, finished: false, line: Vec::new() }
+    }
+
+    /// Whether the command finished (its status line went by): a guest
+    /// that powered off before then was stopped with its command.
+    pub fn command_finished(&self) -> bool {
+        self.finished
     }
 
     /// Feed console bytes; returns what should be shown now. Output is
     /// passed through a line at a time so markers can be recognised.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
-        // Showing boot messages means showing the console as it is.
-        if self.show_boot {
-            return bytes.to_vec();
-        }
         let mut out = Vec::new();
         for &b in bytes {
             self.line.push(b);
             if b == b'\n' {
                 self.finish_line(&mut out);
             }
+        }
+        // Showing boot messages means showing the console as it is (the
+        // lines are still read, for the markers).
+        if self.show_boot {
+            return bytes.to_vec();
         }
         // Show partial lines once the command runs (prompts, progress),
         // unless they could still turn into the status marker.
@@ -70,7 +79,9 @@ impl OutputFilter {
             if t == BEGIN_MARKER {
                 self.started = true;
             }
-        } else if !t.starts_with(STATUS_PREFIX) {
+        } else if t.starts_with(STATUS_PREFIX) {
+            self.finished = true;
+        } else {
             out.extend_from_slice(&line);
         }
     }

@@ -92,7 +92,8 @@ pub struct RunArgs {
     /// a second signal stops it at once, as does one while paused or with
     /// 0 here. Exit status: the guest's power-off status (0 for a clean
     /// power off) if it powered off in time, 128 + the signal's number
-    /// (143 SIGTERM, 130 SIGINT) if ftvm stopped it. A protected primary
+    /// (143 SIGTERM, 130 SIGINT) if ftvm stopped it, or if it powered off
+    /// before an --exec command finished. A protected primary
     /// hands over to its backup instead, and a recording ends as `quit`.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STOP_TIMEOUT_S)]
     pub stop_timeout: u64,

@@ -430,6 +430,14 @@ impl<E: Engine> Live<E> {
                 }
                 Some(RunExit::PowerOff(code)) => {
                     self.powered_off = true;
+                    // Powered off as a signal asked, before `--exec`'s
+                    // command finished: a script must see it cut short.
+                    if let (Some(stop), Some(filter)) = (&self.stopping, &self.filter) {
+                        if !filter.command_finished() {
+                            let signal = crate::signals::name(stop.signal);
+                            return Err(VmmError::ExecInterrupted { signal, signo: stop.signal });
+                        }
+                    }
                     return Ok(code);
                 }
                 Some(RunExit::Reset) => {
