@@ -24,6 +24,7 @@ PACKAGES=(
     # building ftvm
     build-essential       # cc as Rust's linker
     pkg-config
+    protobuf-compiler     # protoc: etcd's client (crates/etcd) is generated from etcd's protos
     # testing and benchmarking
     qemu-system-misc      # qemu-system-riscv64: the reference machine
     redis-tools
@@ -33,6 +34,8 @@ PACKAGES=(
     python3-pytest        # the FT integration tests (harness/tests), run by Debian's python3
     python3-pytest-xdist  # ... two at a time (pytest -n)
     python3-pytest-timeout # ... each with a time limit, so a hang fails with its stacks
+    etcd-server           # the cluster's store: the tests start their own members
+    etcd-client           # etcdctl: the tests ask etcd for its quorum
 )
 
 CHECK_ONLY=
@@ -84,5 +87,12 @@ if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
     cat "$log" >&2
     echo "install-deps: apt-get failed" >&2
     exit 1
+fi
+# The package starts a single-member etcd of its own on a host with
+# systemd; ftvm's tests and demo start and stop their own members, so the
+# one the package started is stopped and left disabled.
+if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1 \
+        && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 echo "install-deps: done"

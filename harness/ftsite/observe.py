@@ -142,6 +142,8 @@ EVENTS = {
     "declared-failed": "a side declared the other failed; fields: who (primary, backup)",
     "isolated": "a side that declared the other failed reached none of its isolation addresses and leaves "
                 "the arbiter to the other side for a while; fields: addresses, defer_ms",
+    "arbiter-unreachable": "a side that wants to go live cannot reach the arbiter's store (a shared "
+                           "directory gone, an etcd without quorum) and waits; fields: store, problem",
     "arbiter": "a side went to the arbiter (to claim the pair's generation)",
     "unprotected": "a primary won at the arbiter and runs unprotected",
     "going-live": "a backup goes live; fields: instruction, checkpoint (checkpoint mode), "

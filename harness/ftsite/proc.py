@@ -187,20 +187,29 @@ class Proc:
         forget(self._undo)
 
 
+def arbiter_options(shared):
+    """The options that name the pair's arbiter: `shared`, a directory
+    (made if it is not there), or a list of options as they are (--etcd
+    URLS --vm-name NAME ...)."""
+    if isinstance(shared, (list, tuple)):
+        return list(shared)
+    Path(shared).mkdir(parents=True, exist_ok=True)
+    return ["--shared", str(shared)]
+
+
 def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, extra=(), wait=True, role="backup"):
     """`ftvm ft backup` on the backup host (or the spare: `role`),
-    listening for the channel; makes the shared directory if it is not
-    there. Returns once it listens (unless `wait` is false). Its socket,
-    journal and output are named after `role`."""
+    listening for the channel, its arbiter `shared` (see
+    arbiter_options). Returns once it listens (unless `wait` is false).
+    Its socket, journal and output are named after `role`."""
     from .observe import event
 
-    Path(shared).mkdir(parents=True, exist_ok=True)
     sock = str(Path(work) / f"{role}.sock")
     events = _fresh(Path(work) / f"{role}.events")
     ip = Site.HOSTS[role][1]
     # The backup's own TAP for the VM's NIC (a backup takes no host
     # resource's name from its primary), named as the primary's.
-    argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
+    argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", *arbiter_options(shared),
             "--timeout", str(timeout_ms), "--net", "tap=t0", "--control", sock, "--events", events, *extra]
     p = Proc(role, site, role, argv, Path(work) / f"{role}.out", core=core)
     p.sock, p.events = sock, events
@@ -221,11 +230,12 @@ def guest_start(exec_cmd, restore):
 def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=TIMEOUT_MS, core=None, extra=(), on_line=None,
                   restore=None, net=True):
     """`ftvm ft primary` on the primary host's TAP (unless not `net`),
-    running `exec_cmd` in the guest (or restored: see guest_start); its
-    stdout is the guest console."""
+    its arbiter `shared` (see arbiter_options), running `exec_cmd` in the
+    guest (or restored: see guest_start); its stdout is the guest
+    console."""
     sock = str(Path(work) / "primary.sock")
     events = _fresh(Path(work) / "primary.events")
-    argv = [ftvm, "ft", "primary", "--backup", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", "--shared", str(shared),
+    argv = [ftvm, "ft", "primary", "--backup", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", *arbiter_options(shared),
             "--timeout", str(timeout_ms), *(["--net", "tap=t0"] if net else []), "--control", sock,
             "--events", events, *extra, *guest_start(exec_cmd, restore)]
     p = Proc("primary", site, "primary", argv, Path(work) / "primary.out", core=core, on_line=on_line)

@@ -145,12 +145,20 @@ class Site:
         """A command line that runs `cmd` inside a namespace of the site."""
         return ["ip", "netns", "exec", self.ns[role], *cmd]
 
+    def run(self, role, argv, check=True, timeout=60):
+        """Runs a host tool inside a namespace of the site (see sh)."""
+        return sh(self.argv(role, *argv), check=check, timeout=timeout)
+
     def port_down(self, role):
         """Takes a host's switch port down: the host is cut off both ways
         at once and nothing it sends afterwards (a FIN, a heartbeat)
         leaves it. With "backup": the hosts can no longer reach each
         other while both run."""
         sh(["ip", "-n", self.ns["switch"], "link", "set", self.HOSTS[role][0], "down"])
+
+    def port_up(self, role):
+        """Brings a host's switch port back up (see port_down)."""
+        sh(["ip", "-n", self.ns["switch"], "link", "set", self.HOSTS[role][0], "up"])
 
     def connect(self, ip, port, timeout=5.0):
         """A TCP connection opened from inside the client namespace."""

@@ -168,8 +168,7 @@ fn control_command(
         Request::Snapshot { path, .. } => *path = std::path::absolute(&*path)?,
         Request::Protect(args) => {
             let pair = &mut args.pair;
-            pair.shared = std::path::absolute(&pair.shared)?;
-            for path in [&mut pair.pair_key, &mut pair.events].into_iter().flatten() {
+            for path in [&mut pair.shared, &mut pair.pair_key, &mut pair.events].into_iter().flatten() {
                 *path = std::path::absolute(&*path)?;
             }
         }

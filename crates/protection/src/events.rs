@@ -157,6 +157,15 @@ pub enum PairEvent {
         /// How long it waits for the other side to claim, in milliseconds.
         defer_ms: u64,
     },
+    /// The arbiter's store cannot be reached (a shared directory gone, an
+    /// etcd without a quorum): this side waits for it before it may go
+    /// live.
+    ArbiterUnreachable {
+        /// The store, as messages name it.
+        store: String,
+        /// Why it cannot be reached.
+        problem: String,
+    },
     /// This side won the pair's generation at the arbiter.
     ArbiterWon {
         /// The generation it won.
@@ -276,12 +285,20 @@ impl Events {
     }
 
     /// What the arbiter's contest tells this side: said on stderr, and an
-    /// [`PairEvent::Isolated`] where this side found itself cut off.
+    /// event where this side found itself cut off
+    /// ([`PairEvent::Isolated`]) or its arbiter out of reach
+    /// ([`PairEvent::ArbiterUnreachable`]).
     pub fn arbiter_note(&self, note: ArbiterNote) {
         eprintln!("ftvm: {note}");
-        if let ArbiterNote::Isolated { addresses, defer } = note {
-            let addresses = addresses.iter().map(|a| a.to_string()).collect();
-            self.emit(PairEvent::Isolated { addresses, defer_ms: defer.as_millis() as u64 });
+        match note {
+            ArbiterNote::Isolated { addresses, defer } => {
+                let addresses = addresses.iter().map(|a| a.to_string()).collect();
+                self.emit(PairEvent::Isolated { addresses, defer_ms: defer.as_millis() as u64 });
+            }
+            ArbiterNote::StorageUnreachable { store, problem } => {
+                self.emit(PairEvent::ArbiterUnreachable { store, problem });
+            }
+            _ => {}
         }
     }
 

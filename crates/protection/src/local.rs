@@ -21,10 +21,11 @@ pub struct LocalFiles {
     /// This host's path of each disk, in slot order, as its command line
     /// gave them (`--disk`).
     pub disks: Vec<PathBuf>,
-    /// The shared storage (`--shared`): a shared disk or a file the
-    /// command line does not name is looked for here, by the file name
-    /// the primary used (its name only, never its directory).
-    pub shared: PathBuf,
+    /// The shared storage (`--shared`; none for a pair on etcd): a shared
+    /// disk or a file the command line does not name is looked for here,
+    /// by the file name the primary used (its name only, never its
+    /// directory).
+    pub shared: Option<PathBuf>,
     /// Files a VM may start from (firmware, kernel, initrd, snapshot):
     /// this host's default guest image and any given with `--image`,
     /// each taken only if its hash is the one recorded.
@@ -60,7 +61,8 @@ impl LocalFiles {
     fn in_shared(&self, recorded: &Path) -> Option<PathBuf> {
         let name = recorded.file_name()?;
         // A file name is one component: no directory, no `..`.
-        (Path::new(name).components().count() == 1 && name != "..").then(|| self.shared.join(name))
+        let shared = self.shared.as_ref()?;
+        (Path::new(name).components().count() == 1 && name != "..").then(|| shared.join(name))
     }
 }
 
@@ -110,7 +112,7 @@ mod tests {
 
     #[test]
     fn paths_in_a_header_never_leave_the_shared_storage() {
-        let local = LocalFiles { shared: PathBuf::from("/srv/pair"), ..LocalFiles::default() };
+        let local = LocalFiles { shared: Some(PathBuf::from("/srv/pair")), ..LocalFiles::default() };
         let disks = local.disk_paths(&pair(DiskSharing::Shared, &["/etc/passwd", "/x/../../disk.img"])).unwrap();
         assert_eq!(disks, vec![(0, PathBuf::from("/srv/pair/passwd")), (1, PathBuf::from("/srv/pair/disk.img"))]);
         assert!(local.disk_paths(&pair(DiskSharing::Shared, &["/"])).is_err());
@@ -119,7 +121,7 @@ mod tests {
 
     #[test]
     fn separate_copies_must_be_given() {
-        let local = LocalFiles { shared: PathBuf::from("/srv/pair"), ..LocalFiles::default() };
+        let local = LocalFiles { shared: Some(PathBuf::from("/srv/pair")), ..LocalFiles::default() };
         let e = local.disk_paths(&pair(DiskSharing::Separate, &["/data/disk.img"])).unwrap_err();
         assert!(matches!(e, ProtectionError::DiskNotGiven { slot: 0, .. }), "{e}");
         let given = LocalFiles { disks: vec![PathBuf::from("/mine.img")], ..local };
@@ -136,7 +138,7 @@ mod tests {
         let kernel = dir.join("my-kernel");
         std::fs::write(&kernel, b"kernel bytes").unwrap();
         let hash = blake3::hash(b"kernel bytes").to_hex().to_string();
-        let local = LocalFiles { shared: dir.join("shared"), images: vec![kernel.clone()], ..LocalFiles::default() };
+        let local = LocalFiles { shared: Some(dir.join("shared")), images: vec![kernel.clone()], ..LocalFiles::default() };
         // Recorded under another path and name: found by its hash.
         assert_eq!(local.find("kernel", &hash, Path::new("/somewhere/Image")).unwrap(), b"kernel bytes");
         // A path in the header to a file that is not ours is never read.

@@ -318,7 +318,7 @@ mod tests {
             panic!("not a protect request")
         };
         assert_eq!(args.backup, "10.0.0.2:7700".parse().unwrap());
-        assert_eq!(args.pair.shared, PathBuf::from("/srv/ft"));
+        assert_eq!(args.pair.shared, Some(PathBuf::from("/srv/ft")));
         assert_eq!(args.mode, ftvm_protection::pair::Mode::Epoch);
         let json = serde_json::to_string(&Request::Protect(args.clone())).unwrap();
         assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), Request::Protect(args));

@@ -50,6 +50,9 @@ pub enum VmmError {
     Channel(#[from] ChannelError),
     #[error(transparent)]
     Arbiter(#[from] ArbiterError),
+    /// The cluster's etcd, as the arbiter, could not be used.
+    #[error(transparent)]
+    Etcd(#[from] ftvm_etcd::EtcdError),
     #[error(transparent)]
     Heartbeat(#[from] HeartbeatError),
     #[error(transparent)]

@@ -79,7 +79,7 @@ enum Decision {
 
 pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let timing = args.pair.timing()?;
-    args.pair.check_shared()?;
+    let store = args.pair.arbiter_store()?;
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
     let events = args.pair.journal()?;
     let key = args.pair.key()?;
@@ -122,7 +122,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     {
         let (receiver, decision, generation) = (receiver.clone(), decision.clone(), generation.clone());
         let events = events.clone();
-        let shared = args.pair.shared.clone();
+        let store = store.clone();
         let isolation = args.pair.isolation()?;
         std::thread::spawn(move || {
             let Ok((failure, detected)) = failed_rx.recv() else { return };
@@ -150,7 +150,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             events.emit(PairEvent::DeclaredFailed { who: "primary".into(), reason: failure.to_string() });
             if let Some(generation) = generation {
                 let me = format!("backup on {}", hostname());
-                let arbiter = Arbiter::new(&shared, generation).with_isolation(isolation);
+                let arbiter = Arbiter::new(store, generation).with_isolation(isolation);
                 let d = match arbiter.go_live(&me, |n| events.arbiter_note(n)) {
                     Verdict::Won => {
                         events.emit(PairEvent::ArbiterWon { generation });
@@ -182,7 +182,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     if pair.host == here {
         return Err(refuse(ProtectionError::SameHost(here)));
     }
-    Arbiter::check_storage(&args.pair.shared, gen, &pair.storage_token)
+    Arbiter::check_storage(&*store, gen, &pair.storage_token)
         .map_err(|e| refuse(ProtectionError::OtherStorage(e.to_string())))?;
     let ram = ftvm_replay::replayer::header_ram(&header).map_err(|e| refuse(e.into()))?;
     if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram > host) {
@@ -277,7 +277,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             // delay it. The thread that watches for a failure may claim
             // too, when the primary's channel closes first: for the same
             // side, under the same name.
-            let arbiter = Arbiter::new(&args.pair.shared, gen);
+            let arbiter = Arbiter::new(store.clone(), gen);
             match arbiter.go_live(&me, |n| events.arbiter_note(n)) {
                 Verdict::Lost(who) if who != me => {
                     events.emit(PairEvent::ArbiterLost { generation: gen, winner: who.clone() });

@@ -30,7 +30,8 @@ use ftvm_protection::pair::{DiskDigest, DiskPolicy, DiskSharing, Mode, ModeSetti
 use ftvm_protection::primary::Primary;
 use ftvm_replay::recorder::Recorder;
 use ftvm_replay::{Header, LogWriter};
-use ftvm_replication::arbiter::Arbiter;
+use ftvm_etcd::{Etcd, EtcdArbiter};
+use ftvm_replication::arbiter::{Arbiter, ArbiterStore, SharedDir};
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
@@ -41,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Options both sides take (also the `protect` request's, as JSON).
@@ -49,9 +50,20 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 pub struct PairArgs {
     /// The shared storage both hosts reach: holds the arbiter's records
-    /// and, unless --disk is given, the VM's disk (disk.img).
-    #[arg(long, value_name = "DIR")]
-    pub shared: PathBuf,
+    /// and, unless --disk is given, the VM's disk (disk.img) and the
+    /// pair's key. One of --shared and --etcd.
+    #[arg(long, value_name = "DIR", required_unless_present = "etcd")]
+    pub shared: Option<PathBuf>,
+    /// The cluster's etcd as the arbiter instead of a shared directory
+    /// (endpoints, comma-separated: http://HOST:PORT,...); the VM's
+    /// records go under its --vm-name. Each host then keeps its own disk
+    /// (--disk) and the pair's key is given (--pair-key).
+    #[arg(long, value_name = "URLS", conflicts_with = "shared", requires = "vm_name")]
+    pub etcd: Option<String>,
+    /// The VM's name in the cluster: its pairs' generations are recorded
+    /// under it at the arbiter (with --etcd).
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    pub vm_name: Option<String>,
     /// Silence, in milliseconds, after which the other side is declared failed.
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub timeout: u64,
@@ -98,10 +110,7 @@ impl PairArgs {
     pub fn key(&self) -> Result<PairKey, VmmError> {
         Ok(match &self.pair_key {
             Some(path) => PairKey::read(path)?,
-            None => {
-                self.check_shared()?;
-                PairKey::read_or_create(&self.shared.join("pair.key"))?
-            }
+            None => PairKey::read_or_create(&self.shared_dir("the pair's key (--pair-key)")?.join("pair.key"))?,
         })
     }
 
@@ -161,11 +170,29 @@ impl PairArgs {
         }
     }
 
-    fn check_shared(&self) -> Result<(), VmmError> {
-        if !self.shared.is_dir() {
-            return Err(usage(format!("the shared storage {} is not a directory", self.shared.display())));
+    /// The shared storage's directory, where `what` is looked for when
+    /// not given: an error without one (a pair on etcd).
+    pub fn shared_dir(&self, what: &str) -> Result<&Path, VmmError> {
+        let Some(dir) = &self.shared else {
+            return Err(usage(format!("with --etcd there is no shared storage: give {what}")));
+        };
+        if !dir.is_dir() {
+            return Err(usage(format!("the shared storage {} is not a directory", dir.display())));
         }
-        Ok(())
+        Ok(dir)
+    }
+
+    /// Where the pair's arbiter records its generations: the shared
+    /// directory, or the VM's keys in etcd.
+    pub fn arbiter_store(&self) -> Result<Arc<dyn ArbiterStore>, VmmError> {
+        match (&self.etcd, &self.vm_name) {
+            (Some(endpoints), Some(vm)) => {
+                let etcd = Arc::new(Etcd::new(endpoints)?);
+                Ok(Arc::new(EtcdArbiter::new(etcd, vm)?))
+            }
+            (Some(_), None) => Err(usage("--etcd needs --vm-name")),
+            (None, _) => Ok(SharedDir::store(self.shared_dir("the arbiter's storage (--shared)")?)),
+        }
     }
 }
 
@@ -385,9 +412,18 @@ pub fn host_port(s: &str) -> Result<SocketAddr, AddressError> {
 /// Files a run created on its way to starting a pair, removed when this
 /// is dropped unless disarmed: a failed start leaves nothing of its own
 /// behind on the shared storage, and never touches what was there.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Leftovers {
     paths: Vec<PathBuf>,
+    /// Generations claimed at the arbiter, taken back likewise.
+    claims: Vec<(Arc<dyn ArbiterStore>, u64)>,
+}
+
+impl std::fmt::Debug for Leftovers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let claims: Vec<u64> = self.claims.iter().map(|(_, g)| *g).collect();
+        f.debug_struct("Leftovers").field("paths", &self.paths).field("claims", &claims).finish()
+    }
 }
 
 impl Leftovers {
@@ -396,9 +432,16 @@ impl Leftovers {
         self.paths.push(path);
     }
 
+    /// `generation` was claimed by this run: take it back if the start
+    /// fails.
+    pub fn add_claim(&mut self, arbiter: &Arbiter) {
+        self.claims.push((arbiter.store().clone(), arbiter.generation()));
+    }
+
     /// The start succeeded: what was created stays.
     pub fn disarm(&mut self) {
         self.paths.clear();
+        self.claims.clear();
     }
 }
 
@@ -406,6 +449,9 @@ impl Drop for Leftovers {
     fn drop(&mut self) {
         for path in self.paths.drain(..).rev() {
             let _ = std::fs::remove_file(path);
+        }
+        for (store, generation) in self.claims.drain(..) {
+            store.abandon(generation);
         }
     }
 }
@@ -415,10 +461,10 @@ impl Drop for Leftovers {
 /// time (a sparse copy). A disk made here goes into `made`, to be
 /// removed if the primary does not start.
 pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path, made: &mut Leftovers) -> Result<PathBuf, VmmError> {
-    pair.check_shared()?;
-    let disk = pair.shared.join("disk.img");
+    let shared = pair.shared_dir("the VM's disk (--disk)")?;
+    let disk = shared.join("disk.img");
     if !disk.exists() {
-        let tmp = pair.shared.join("disk.img.part");
+        let tmp = shared.join("disk.img.part");
         let mut part = Leftovers::default();
         part.add(tmp.clone());
         ftvm_image::sparse_copy(rootfs, &tmp).map_err(file("cannot copy the guest's root disk to", &tmp))?;
@@ -468,7 +514,7 @@ pub fn connect_pair(
     // every field, the other modes' included; only a command line's
     // option given without its mode is a mistake.
     args.check_ports()?;
-    args.pair.check_shared()?;
+    let store = args.pair.arbiter_store()?;
     let timing = args.pair.timing()?;
     let epoch = args.epoch_mode()?;
     let interval = match args.mode {
@@ -512,13 +558,13 @@ pub fn connect_pair(
         pair_disks.push(PairDisk { slot, path, digest });
     }
     let me = format!("primary on {}", hostname());
-    let arbiter = Arbiter::claim_generation(&args.pair.shared, &me)?;
+    let arbiter = Arbiter::claim_generation(store, &me)?;
     // Until the header is on its way no backup has seen this generation,
     // and a failed start takes its record back. Once it may have reached
     // one, the record stays: a backup that read it may still contend for
     // the generation, which must then never be claimed again.
     let mut claimed = Leftovers::default();
-    claimed.add(args.pair.shared.join(format!("gen-{}.pair", arbiter.generation())));
+    claimed.add_claim(&arbiter);
     let arbiter = arbiter.with_isolation(args.pair.isolation()?);
     let pair = PairHeader {
         version: PAIR_HEADER_VERSION,

@@ -1,0 +1,130 @@
+//! A cluster of real etcd members (Debian's `etcd` binary) on this host's
+//! loopback, each in a data directory of its own, for the tests: started,
+//! stopped and restarted one member at a time (to take the quorum away and
+//! give it back), and all stopped when dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One member: its name, ports and process (None while stopped).
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    process: Option<Child>,
+}
+
+/// A local etcd cluster.
+pub struct LocalEtcd {
+    dir: PathBuf,
+    members: Vec<Member>,
+    initial_cluster: String,
+}
+
+/// A port free on loopback now (the kernel's choice; released at once,
+/// so it may rarely be taken again before etcd binds it).
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalEtcd {
+    /// Starts `n` members under `dir` (made if need be) and waits until
+    /// the cluster answers. Err: the reason in one line (no `etcd` binary:
+    /// install Debian's etcd-server).
+    pub fn start(n: usize, dir: &Path) -> Result<LocalEtcd, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let mut members = Vec::new();
+        for i in 0..n {
+            let ports = (free_port(), free_port());
+            let (Ok(client_port), Ok(peer_port)) = ports else {
+                return Err("cannot find a free port on loopback".into());
+            };
+            members.push(Member { name: format!("m{i}"), client_port, peer_port, process: None });
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = LocalEtcd { dir: dir.to_path_buf(), members, initial_cluster };
+        for i in 0..n {
+            cluster.start_member(i)?;
+        }
+        cluster.wait_ready(Duration::from_secs(60))?;
+        Ok(cluster)
+    }
+
+    /// The client endpoints, comma-separated.
+    pub fn endpoints(&self) -> String {
+        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect::<Vec<_>>().join(",")
+    }
+
+    /// Starts member `i` (again), with the data it had.
+    pub fn start_member(&mut self, i: usize) -> Result<(), String> {
+        let m = &self.members[i];
+        if m.process.is_some() {
+            return Ok(());
+        }
+        let data = self.dir.join(&m.name);
+        let log = std::fs::File::create(self.dir.join(format!("{}.log", m.name)))
+            .map_err(|e| format!("cannot write etcd's log in {}: {e}", self.dir.display()))?;
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let child = Command::new("etcd")
+            .arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "ftvm-local"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    "etcd not found on the host: install Debian's etcd-server (scripts/install-deps.sh)".to_string()
+                }
+                _ => format!("cannot start etcd: {e}"),
+            })?;
+        self.members[i].process = Some(child);
+        Ok(())
+    }
+
+    /// Stops member `i` at once (SIGKILL), as a crash would.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].process.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+
+    /// Waits until a write succeeds through the client endpoints.
+    pub fn wait_ready(&self, within: Duration) -> Result<(), String> {
+        let etcd = crate::Etcd::new(&self.endpoints()).map_err(|e| e.to_string())?;
+        let until = Instant::now() + within;
+        loop {
+            let txn = etcd_client::Txn::new().and_then([etcd_client::TxnOp::put("/ftvm/ready", "", None)]);
+            match etcd.txn(txn) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > until => {
+                    return Err(format!("the local etcd cluster did not come up (logs in {}): {e}", self.dir.display()))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill_member(i);
+        }
+    }
+}
