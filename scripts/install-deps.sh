@@ -36,6 +36,7 @@ PACKAGES=(
     python3-pytest-timeout # ... each with a time limit, so a hang fails with its stacks
     etcd-server           # the cluster's store: the tests start their own members
     etcd-client           # etcdctl: the tests ask etcd for its quorum
+    prometheus            # promtool: the tests check the agent's /metrics with it
 )
 
 CHECK_ONLY=
@@ -88,11 +89,15 @@ if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
     echo "install-deps: apt-get failed" >&2
     exit 1
 fi
-# The package starts a single-member etcd of its own on a host with
-# systemd; ftvm's tests and demo start and stop their own members, so the
-# one the package started is stopped and left disabled.
-if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1 \
-        && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
+# On a host with systemd the packages start services of their own (a
+# single-member etcd, a Prometheus server); ftvm's tests and demo start and
+# stop their own etcd members and need only promtool, so what the packages
+# started is stopped and left disabled.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    for p in etcd-server:etcd prometheus:prometheus; do
+        if [[ " ${missing[*]} " == *" ${p%%:*} "* ]]; then
+            $SUDO systemctl disable --now "${p#*:}" >/dev/null 2>&1 || true
+        fi
+    done
 fi
 echo "install-deps: done"

@@ -11,6 +11,8 @@ use ftvm_vmm::{control, ft, launch, replay};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod cluster_cli;
+
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM_GIT_COMMIT"), ")");
 
@@ -35,6 +37,11 @@ enum Command {
     /// Build or locate the default guest image.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// The daemon of one host of a cluster: runs its VMs, records the host
+    /// in etcd, serves the HTTP API and metrics.
+    Agent(Box<cluster_cli::AgentArgs>),
+    /// The cluster's hosts and VMs, through etcd and the agents' API.
+    Cluster(Box<cluster_cli::ClusterArgs>),
     /// Send a command to a running VM's control socket: status, pause,
     /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
     /// --shared DIR [...] (give the running VM a backup; `protect --help`),
@@ -133,6 +140,8 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::Replay(r) => replay::replay(&r).map_err(Into::into),
+        Command::Agent(a) => cluster_cli::agent(*a),
+        Command::Cluster(c) => cluster_cli::cluster(*c),
         Command::Image(ImageCommand::Build { force }) => image_build(force),
         Command::Control { json, timeout, socket, command } => {
             control_command(&socket, &command.join(" "), json, std::time::Duration::from_secs(timeout))

@@ -1,0 +1,347 @@
+//! `ftvm agent`: the daemon of one host of the cluster. In the
+//! foreground, logging to stderr (systemd-friendly), it
+//! - runs its host's VMs as child processes ([`crate::vms`]);
+//! - records its host in etcd under a lease it keeps alive
+//!   (`/ftvm/hosts/<id>`: identity, addresses, cores, memory, free
+//!   memory, its VMs and their parts), rewritten as they change, so the
+//!   host vanishes from the cluster a lease's time after its agent does;
+//! - serves the HTTP/JSON API (docs/api/openapi.yaml) and the Prometheus
+//!   metrics, every request but `/healthz` authenticated by the
+//!   cluster's bearer token;
+//! - on SIGTERM or SIGINT stops taking requests, asks every VM to stop
+//!   (a protected primary hands over to its backup, a plain VM's guest
+//!   powers off), waits for them, and withdraws its record.
+//!
+//! etcd being unreachable never stops a VM: the record is written again
+//! once etcd answers.
+
+use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
+use crate::vms::Vms;
+use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use ftvm_vmm::api::{Reply, Request};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where hosts record themselves.
+pub const HOSTS_PREFIX: &str = "/ftvm/hosts/";
+/// The lease of a host's record: it disappears this long after its agent
+/// stops renewing it.
+pub const HOST_LEASE: Duration = Duration::from_secs(10);
+/// How often the record is renewed and rewritten.
+const REFRESH: Duration = Duration::from_secs(2);
+/// How long a protect or handover may take before the API gives up
+/// waiting (the VM's own attempt goes on and ends either way).
+const LONG_REQUEST: Duration = Duration::from_secs(300);
+
+/// What an agent is told at its start.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The host's identity in the cluster.
+    pub id: String,
+    /// etcd's endpoints, comma-separated.
+    pub etcd: String,
+    /// Where the API listens.
+    pub listen: SocketAddr,
+    /// This host's address on the cluster's network (backups listen
+    /// there).
+    pub address: IpAddr,
+    /// The agent's files: the VMs' directories, the pair keys.
+    pub state_dir: PathBuf,
+    /// The bearer token every API request must carry.
+    pub token: String,
+    /// The ftvm binary the VMs run.
+    pub ftvm: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot make the state directory {}: {source}", .dir.display())]
+    StateDir { dir: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Etcd(#[from] ftvm_etcd::EtcdError),
+    #[error("the API server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// The agent's state, shared by its tasks and API handlers.
+struct Agent {
+    config: AgentConfig,
+    vms: Vms,
+}
+
+impl Agent {
+    /// The host's record as it stands.
+    async fn record(&self) -> HostRecord {
+        let memory = ftvm_host::memory::capacity().unwrap_or(0);
+        HostRecord {
+            id: self.config.id.clone(),
+            api: format!("http://{}", self.config.listen),
+            address: self.config.address.to_string(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_bytes: memory,
+            free_memory_bytes: memory.saturating_sub(self.vms.promised_memory()),
+            vms: self.vms.summary().await,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    /// Where this host keeps a VM's pair key (the cluster's, from etcd:
+    /// [`crate::keys`]).
+    fn pair_key(&self, vm: &str) -> PathBuf {
+        self.config.state_dir.join("keys").join(format!("{vm}.key"))
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    ftvm_etcd::client::parse_endpoints(&config.etcd)?;
+    for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
+        std::fs::create_dir_all(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
+    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm);
+    let agent = Arc::new(Agent { config, vms });
+    eprintln!("ftvm agent: host {} serving on http://{}", agent.config.id, agent.config.listen);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
+    let app = router(agent.clone());
+    let mut server_stop = stop_rx.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    wait_for_signal().await;
+    eprintln!("ftvm agent: stopping: each VM is asked to stop (a protected primary hands over)");
+    agent.vms.stop_all().await;
+    let _ = stop_tx.send(true);
+    let _ = registration.await;
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(AgentError::Serve(e)),
+        Err(e) => return Err(AgentError::Serve(std::io::Error::other(e.to_string()))),
+    }
+    eprintln!("ftvm agent: stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // No handler: only a kill stops the agent, and its VMs run on.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Keeps the host's record in etcd under a lease until told to stop, then
+/// withdraws it (revokes the lease). Every failure is logged once per
+/// outage and retried: the VMs run on regardless.
+async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.config.etcd).unwrap_or_default();
+    let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
+    let mut session: Option<(Client, i64)> = None;
+    let mut down_since_logged = false;
+    loop {
+        let attempt = async {
+            if session.is_none() {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_secs(2))
+                    .with_timeout(Duration::from_secs(3))
+                    .with_require_leader(true);
+                let mut client = Client::connect(&endpoints, Some(options)).await?;
+                let lease = client.lease_grant(HOST_LEASE.as_secs() as i64, None).await?.id();
+                session = Some((client, lease));
+            }
+            let (client, lease) = session.as_mut().expect("made above");
+            let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
+            client.put(key.clone(), record, Some(PutOptions::new().with_lease(*lease))).await?;
+            let (mut keeper, mut responses) = client.lease_keep_alive(*lease).await?;
+            keeper.keep_alive().await?;
+            match responses.message().await? {
+                // A TTL of 0: the lease expired while etcd was away; a new one.
+                Some(r) if r.ttl() > 0 => Ok(()),
+                _ => Err(etcd_client::Error::LeaseKeepAliveError("the host's lease expired".into())),
+            }
+        };
+        match tokio::time::timeout(REFRESH * 2, attempt).await {
+            Ok(Ok(())) => {
+                if down_since_logged {
+                    eprintln!("ftvm agent: etcd answers again; the host's record is back");
+                    down_since_logged = false;
+                }
+            }
+            Ok(Err(e)) => {
+                if !down_since_logged {
+                    eprintln!("ftvm agent: cannot keep the host's record in etcd ({e}); trying again, VMs run on");
+                    down_since_logged = true;
+                }
+                session = None;
+            }
+            Err(_) => {
+                if !down_since_logged {
+                    eprintln!("ftvm agent: etcd does not answer; trying again, VMs run on");
+                    down_since_logged = true;
+                }
+                session = None;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REFRESH) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    if let Some((mut client, lease)) = session {
+        let _ = tokio::time::timeout(Duration::from_secs(3), client.lease_revoke(lease)).await;
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+fn router(agent: Arc<Agent>) -> Router {
+    let api = Router::new()
+        .route("/v1/host", get(host))
+        .route("/v1/vms", get(list_vms).post(create_vm))
+        .route("/v1/vms/{name}", get(show_vm).delete(delete_vm))
+        .route("/v1/vms/{name}/protect", post(protect_vm))
+        .route("/v1/vms/{name}/unprotect", post(unprotect_vm))
+        .route("/v1/vms/{name}/handover", post(handover_vm))
+        .route("/v1/backups", post(create_backup))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(agent.clone(), authenticate));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(|| async { "ok\n" }))
+        // A request body of more than 64 KiB is no spec.
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
+        .with_state(agent)
+}
+
+/// Every request but /healthz carries `Authorization: Bearer TOKEN`.
+async fn authenticate(State(agent): State<Arc<Agent>>, request: HttpRequest, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !crate::token::matches(given, &agent.config.token) {
+        let e = ApiError::Unauthorized("missing or wrong bearer token".into());
+        let mut r = e.into_response();
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return r;
+    }
+    next.run(request).await
+}
+
+async fn host(State(agent): State<Arc<Agent>>) -> ApiResult<HostRecord> {
+    Ok(Json(agent.record().await))
+}
+
+async fn list_vms(State(agent): State<Arc<Agent>>) -> ApiResult<Vec<VmInfo>> {
+    Ok(Json(agent.vms.all().await))
+}
+
+async fn create_vm(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let spec: VmSpec = parse_body(&body)?;
+    let name = spec.name.clone();
+    agent.vms.create(spec)?;
+    Ok((StatusCode::CREATED, Json(agent.vms.info(&name).await?)).into_response())
+}
+
+async fn show_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>) -> ApiResult<VmInfo> {
+    Ok(Json(agent.vms.info(&name).await?))
+}
+
+async fn delete_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>) -> ApiResult<Done> {
+    let how = agent.vms.delete(&name).await?;
+    Ok(Json(Done { message: format!("VM {name} stopped: its process {how}") }))
+}
+
+async fn protect_vm(
+    State(agent): State<Arc<Agent>>,
+    UrlPath(name): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Done> {
+    let req: ProtectRequest = parse_body(&body)?;
+    let words = format!(
+        "protect --backup {} --mode {} --etcd {} --vm-name {name} --pair-key {}",
+        req.backup,
+        req.mode,
+        agent.config.etcd,
+        agent.pair_key(&name).display()
+    );
+    // The control API's own parser checks the options, as on the command
+    // line (a wrong mode or address is its one-line refusal).
+    let request = ftvm_vmm::control::parse(&words).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    crate::keys::ensure(&agent.config.etcd, &name, &agent.pair_key(&name)).await.map_err(ApiError::Unavailable)?;
+    let reply = agent.vms.ask(&name, request, LONG_REQUEST).await?;
+    Ok(Json(Done { message: reply.to_string() }))
+}
+
+async fn unprotect_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>) -> ApiResult<Done> {
+    let reply = agent.vms.ask(&name, Request::Unprotect, LONG_REQUEST).await?;
+    Ok(Json(Done { message: reply.to_string() }))
+}
+
+async fn handover_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>) -> ApiResult<Done> {
+    let reply = agent.vms.ask(&name, Request::Handover, LONG_REQUEST).await?;
+    if !matches!(reply, Reply::HandedOver { .. }) {
+        return Err(ApiError::Internal(format!("unexpected answer to handover: {reply}")));
+    }
+    Ok(Json(Done { message: reply.to_string() }))
+}
+
+async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let req: BackupRequest = parse_body(&body)?;
+    let port = free_port(agent.config.address).map_err(|e| ApiError::Internal(format!("no free port: {e}")))?;
+    let listen = SocketAddr::new(agent.config.address, port).to_string();
+    let key = agent.pair_key(&req.spec.name);
+    crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
+    agent.vms.create_backup(req.spec, &listen, &agent.config.etcd, &key)?;
+    Ok((StatusCode::CREATED, Json(BackupStarted { listen })).into_response())
+}
+
+async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
+    let vms = agent.vms.all().await;
+    let host = agent.record().await;
+    let body = crate::metrics::render(&host, &vms);
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// A JSON body, or a one-line refusal.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("the request's body: {e}")))
+}
+
+/// A TCP port free on `ip` now (the kernel's choice).
+fn free_port(ip: IpAddr) -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()?.port())
+}

@@ -1,0 +1,134 @@
+//! The client of an agent's HTTP API that `ftvm cluster` uses: one
+//! blocking call per request, typed both ways ([`crate::model`]), with a
+//! deadline, and the agent's refusal returned as its typed error.
+
+use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+/// How long a request may take (a protect or handover waits for the pair).
+const DEADLINE: Duration = Duration::from_secs(320);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent refused, with its reason.
+    #[error("{0}")]
+    Api(ApiError),
+    /// The agent could not be reached, or broke off.
+    #[error("cannot reach the agent at {url}: {problem}")]
+    Transport { url: String, problem: String },
+    /// The agent answered something that is not the API's.
+    #[error("the agent at {url} answered {status} with a body that is not the API's: {problem}")]
+    Unreadable { url: String, status: u16, problem: String },
+}
+
+/// A client of one agent.
+pub struct AgentClient {
+    base: String,
+    token: String,
+    http: ureq::Agent,
+}
+
+impl AgentClient {
+    /// A client of the agent at `base` (`http://IP:PORT`), with the
+    /// cluster's token.
+    pub fn new(base: &str, token: &str) -> AgentClient {
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(DEADLINE))
+            .timeout_connect(Some(Duration::from_secs(5)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        AgentClient { base: base.trim_end_matches('/').to_string(), token: token.to_string(), http }
+    }
+
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let auth = format!("Bearer {}", self.token);
+        let sent = match (method, body) {
+            ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
+            ("DELETE", _) => self.http.delete(&url).header("Authorization", &auth).call(),
+            (_, Some(b)) => self.http.post(&url).header("Authorization", &auth).send_json(&b),
+            (_, None) => self.http.post(&url).header("Authorization", &auth).send_empty(),
+        };
+        let mut response = sent.map_err(|e| ClientError::Transport { url: url.clone(), problem: e.to_string() })?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError::Transport { url: url.clone(), problem: e.to_string() })?;
+        let unreadable =
+            |e: serde_json::Error| ClientError::Unreadable { url: url.clone(), status, problem: e.to_string() };
+        if (200..300).contains(&status) {
+            serde_json::from_str(&text).map_err(unreadable)
+        } else {
+            Err(ClientError::Api(serde_json::from_str(&text).map_err(unreadable)?))
+        }
+    }
+
+    pub fn host(&self) -> Result<HostRecord, ClientError> {
+        self.call("GET", "/v1/host", None)
+    }
+
+    pub fn vms(&self) -> Result<Vec<VmInfo>, ClientError> {
+        self.call("GET", "/v1/vms", None)
+    }
+
+    pub fn vm(&self, name: &str) -> Result<VmInfo, ClientError> {
+        self.call("GET", &format!("/v1/vms/{name}"), None)
+    }
+
+    pub fn create(&self, spec: &VmSpec) -> Result<VmInfo, ClientError> {
+        self.call("POST", "/v1/vms", Some(serde_json::to_value(spec).expect("a spec serializes")))
+    }
+
+    pub fn delete(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/vms/{name}"), None)
+    }
+
+    pub fn protect(&self, name: &str, req: &ProtectRequest) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/protect"), Some(serde_json::to_value(req).expect("serializes")))
+    }
+
+    pub fn unprotect(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/unprotect"), None)
+    }
+
+    pub fn handover(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/handover"), None)
+    }
+
+    pub fn start_backup(&self, req: &BackupRequest) -> Result<BackupStarted, ClientError> {
+        self.call("POST", "/v1/backups", Some(serde_json::to_value(req).expect("serializes")))
+    }
+
+    /// The metrics, in Prometheus' text format.
+    pub fn metrics(&self) -> Result<String, ClientError> {
+        let url = format!("{}/metrics", self.base);
+        let mut r = self
+            .http
+            .get(&url)
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| ClientError::Transport { url: url.clone(), problem: e.to_string() })?;
+        let status = r.status().as_u16();
+        let text = r
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError::Transport { url: url.clone(), problem: e.to_string() })?;
+        if status != 200 {
+            let e: ApiError = serde_json::from_str(&text).map_err(|e| ClientError::Unreadable {
+                url,
+                status,
+                problem: e.to_string(),
+            })?;
+            return Err(ClientError::Api(e));
+        }
+        Ok(text)
+    }
+}

@@ -1,0 +1,55 @@
+//! A VM's pair key across the cluster: both hosts of a pair must hold the
+//! same key (it authenticates and encrypts their channel and heartbeats),
+//! so the cluster keeps one per VM in etcd (`/ftvm/keys/<vm>`). The first
+//! agent that needs it makes it (a transaction that writes only if there
+//! is none, so two agents racing agree); each agent writes it to a file of
+//! its own, mode 0600, for its ftvm processes.
+//!
+//! Whoever can read etcd can read these keys: a production cluster's etcd
+//! takes clients by certificate (etcd's `--client-cert-auth`) only.
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use ftvm_replication::pair_key::PairKey;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+/// Where the VMs' keys live.
+pub const KEYS_PREFIX: &str = "/ftvm/keys/";
+
+/// Writes the VM's key to `path`, from etcd, making it first if the
+/// cluster has none. Err: why, in one line.
+pub async fn ensure(etcd: &str, vm: &str, path: &Path) -> Result<(), String> {
+    let endpoints = ftvm_etcd::client::parse_endpoints(etcd).map_err(|e| e.to_string())?;
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(3))
+        .with_require_leader(true);
+    let etcd_err = |e: etcd_client::Error| format!("cannot get VM {vm}'s pair key from etcd: {e}");
+    let mut client = Client::connect(&endpoints, Some(options)).await.map_err(etcd_err)?;
+    let key = format!("{KEYS_PREFIX}{vm}");
+    // A fresh key, written only if the cluster has none yet.
+    let fresh = path.with_extension("new");
+    let _ = std::fs::remove_file(&fresh);
+    PairKey::create(&fresh).map_err(|e| e.to_string())?;
+    let line = std::fs::read_to_string(&fresh).map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&fresh);
+    let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+        key.clone(),
+        line?,
+        None,
+    )]);
+    client.txn(txn).await.map_err(etcd_err)?;
+    let got = client.get(key, None).await.map_err(etcd_err)?;
+    let value = got.kvs().first().map(|kv| kv.value().to_vec()).ok_or("the pair key vanished from etcd")?;
+    let write = || -> std::io::Result<()> {
+        let _ = std::fs::remove_file(path);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+        f.write_all(&value)?;
+        f.sync_all()
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    // What etcd held must be a key.
+    PairKey::read(path).map(|_| ()).map_err(|e| e.to_string())
+}

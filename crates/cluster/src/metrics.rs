@@ -1,0 +1,115 @@
+//! The agent's Prometheus metrics (`GET /metrics`, the text exposition
+//! format): per host, its VMs and memory; per VM, its part, mode and the
+//! figures of its pair (lag, log bandwidth, outputs held, checkpoint rate
+//! and pause quantiles). Made afresh at each scrape from the VMs' status
+//! (a registry built then, encoded by the `prometheus-client` crate, the
+//! Prometheus project's own), so no figure is ever stale by more than the
+//! scrape.
+
+use crate::model::{HostRecord, VmInfo};
+use ftvm_vmm::api::{BackupMode, PairStatus, PrimaryMode};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn vm_label(vm: &str) -> Labels {
+    vec![("vm".into(), vm.into())]
+}
+
+/// A VM's replication mode as its status says ("none": not in a pair).
+pub fn mode_of(vm: &VmInfo) -> String {
+    match vm.status.as_ref().and_then(|s| s.pair.as_ref()) {
+        Some(PairStatus::Primary(p)) => p.mode.name().to_string(),
+        Some(PairStatus::Backup(b)) => match b.mode {
+            BackupMode::Lockstep { .. } => "lockstep",
+            BackupMode::Epoch { .. } => "epoch",
+            BackupMode::Checkpoint { .. } => "checkpoint",
+        }
+        .to_string(),
+        _ => "none".into(),
+    }
+}
+
+/// The metrics of a host and its VMs, in the text format.
+pub fn render(host: &HostRecord, vms: &[VmInfo]) -> String {
+    let mut reg = Registry::with_prefix("ftvm");
+    let gauge = |reg: &mut Registry, name: &str, help: &str, v: i64| {
+        let g = Gauge::<i64>::default();
+        g.set(v);
+        reg.register(name, help, g);
+    };
+    gauge(&mut reg, "host_vms", "VM processes on this host (primaries, backups, unprotected)", vms.len() as i64);
+    gauge(&mut reg, "host_memory_bytes", "This host's memory (RAM and swap)", host.memory_bytes as i64);
+    gauge(&mut reg, "host_free_memory_bytes", "This host's memory not promised to a VM", host.free_memory_bytes as i64);
+    gauge(&mut reg, "host_cores", "This host's CPUs", host.cores as i64);
+
+    let info = Family::<Labels, Gauge>::default();
+    let lag = Family::<Labels, FloatGauge>::default();
+    let log_bits = Family::<Labels, FloatGauge>::default();
+    let held = Family::<Labels, Gauge>::default();
+    let held_total = Family::<Labels, Gauge>::default();
+    let icount = Family::<Labels, Gauge>::default();
+    let generation = Family::<Labels, Gauge>::default();
+    let ckpt_rate = Family::<Labels, FloatGauge>::default();
+    let ckpt_total = Family::<Labels, Gauge>::default();
+    let pause = Family::<Labels, FloatGauge>::default();
+    for vm in vms {
+        let mode = mode_of(vm);
+        let mut l = vm_label(&vm.name);
+        l.push(("role".into(), vm.role.word().into()));
+        l.push(("mode".into(), mode));
+        info.get_or_create(&l).set(1);
+        let Some(status) = &vm.status else { continue };
+        icount.get_or_create(&vm_label(&vm.name)).set(status.icount as i64);
+        match &status.pair {
+            Some(PairStatus::Primary(p)) => {
+                let v = vm_label(&vm.name);
+                generation.get_or_create(&v).set(p.generation as i64);
+                match &p.mode {
+                    PrimaryMode::Lockstep(log) | PrimaryMode::Epoch { log, .. } => {
+                        lag.get_or_create(&v).set(log.lag_ms as f64 / 1000.0);
+                        log_bits.get_or_create(&v).set(log.log_mbit_s * 1e6);
+                        held.get_or_create(&v).set(log.held as i64);
+                        held_total.get_or_create(&v).set(log.outputs_held_total as i64);
+                    }
+                    PrimaryMode::Checkpoint(c) => {
+                        held.get_or_create(&v).set(c.held as i64);
+                        held_total.get_or_create(&v).set(c.outputs_held_total as i64);
+                        ckpt_rate.get_or_create(&v).set(c.rate);
+                        ckpt_total.get_or_create(&v).set(c.checkpoints as i64);
+                        for (q, us) in [("0.5", c.pause_median_us), ("0.99", c.pause_p99_us)] {
+                            let mut ql = v.clone();
+                            ql.push(("quantile".into(), q.into()));
+                            pause.get_or_create(&ql).set(us as f64 / 1e6);
+                        }
+                    }
+                    PrimaryMode::Transfer(_) => {}
+                }
+            }
+            Some(PairStatus::Backup(b)) => {
+                let v = vm_label(&vm.name);
+                generation.get_or_create(&v).set(b.generation as i64);
+                log_bits.get_or_create(&v).set(b.log_mbit_s * 1e6);
+            }
+            _ => {}
+        }
+    }
+    reg.register("vm_info", "A VM process on this host: its part (role) and mode", info);
+    reg.register("vm_instructions", "Instructions the VM has executed (a backup: replayed)", icount);
+    reg.register("vm_generation", "The VM's pair generation at the arbiter", generation);
+    reg.register("vm_lag_seconds", "How far the backup's replay is behind the primary", lag);
+    reg.register("vm_log_bits_per_second", "Logging channel bandwidth lately", log_bits);
+    reg.register("vm_outputs_held", "Outputs the Output Rule holds now", held);
+    reg.register("vm_outputs_held_total", "Outputs held in all", held_total);
+    reg.register("vm_checkpoints_per_second", "Checkpoints a second lately (checkpoint mode)", ckpt_rate);
+    reg.register("vm_checkpoints_total", "Checkpoints taken (checkpoint mode)", ckpt_total);
+    reg.register("vm_checkpoint_pause_seconds", "The guest's pause per checkpoint, quantiles", pause);
+    let mut out = String::new();
+    encode(&mut out, &reg).expect("writing to a String does not fail");
+    out
+}

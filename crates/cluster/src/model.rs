@@ -1,0 +1,284 @@
+//! The cluster's typed data: what a host's agent records in etcd, what a
+//! VM is to be (its spec), what the agents' HTTP API takes and answers,
+//! and its errors. The agent, the `ftvm cluster` command line and the
+//! tests speak these; the JSON is their serde form (docs/api/openapi.yaml
+//! describes it).
+
+use ftvm_vmm::api::VmStatus;
+use serde::{Deserialize, Serialize};
+
+/// A host, as its agent records it in etcd (under a lease: it disappears
+/// when the agent stops renewing it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// The host's identity in the cluster (unique; `--host-id`).
+    pub id: String,
+    /// Its agent's API, `http://IP:PORT`.
+    pub api: String,
+    /// Its address on the cluster's network: backups on it listen there.
+    pub address: String,
+    /// CPUs.
+    pub cores: u32,
+    /// Memory (RAM and swap), bytes.
+    pub memory_bytes: u64,
+    /// Memory not yet promised to a VM of this host, bytes.
+    pub free_memory_bytes: u64,
+    /// The VMs it runs, and their part.
+    pub vms: Vec<HostVm>,
+    /// The agent's version.
+    pub version: String,
+}
+
+/// A VM on a host, by name, with its part there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostVm {
+    pub name: String,
+    pub role: Role,
+}
+
+/// What a VM's process on a host is to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// It runs the VM, with no backup.
+    Unprotected,
+    /// It runs the VM, and a backup follows it.
+    Primary,
+    /// It follows the VM's primary (or waits for it).
+    Backup,
+    /// Its process started and has not answered yet.
+    Starting,
+    /// Its process has ended.
+    Ended,
+}
+
+impl Role {
+    /// The word a person reads and metrics label with.
+    pub fn word(self) -> &'static str {
+        match self {
+            Role::Unprotected => "unprotected",
+            Role::Primary => "primary",
+            Role::Backup => "backup",
+            Role::Starting => "starting",
+            Role::Ended => "ended",
+        }
+    }
+
+    /// The part a status says a process has.
+    pub fn of(status: &VmStatus) -> Role {
+        use ftvm_vmm::api::{PairStatus, RunState};
+        match (&status.state, &status.pair) {
+            (RunState::Waiting { .. } | RunState::Replaying | RunState::Following | RunState::TakingOver, _) => {
+                Role::Backup
+            }
+            (_, Some(PairStatus::Primary(_))) => Role::Primary,
+            (_, Some(PairStatus::Backup(_))) => Role::Backup,
+            _ => Role::Unprotected,
+        }
+    }
+}
+
+/// What a VM is to be: given when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// Its name in the cluster: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+    pub name: String,
+    /// Guest memory, MiB.
+    #[serde(default = "VmSpec::default_memory")]
+    pub memory_mib: u64,
+    /// Harts.
+    #[serde(default = "VmSpec::default_cpus")]
+    pub cpus: u32,
+    /// The command the guest runs (`/bin/sh -c`) once booted; the VM
+    /// ends when it does. None: the guest boots to its init and stays.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its NIC, if it has one.
+    #[serde(default)]
+    pub network: Option<NetworkSpec>,
+}
+
+impl VmSpec {
+    fn default_memory() -> u64 {
+        512
+    }
+
+    fn default_cpus() -> u32 {
+        1
+    }
+
+    /// Whether the spec can be run: Err says why in one line.
+    pub fn check(&self) -> Result<(), ApiError> {
+        let bad = |m: String| Err(ApiError::BadRequest(m));
+        if !ftvm_etcd::arbiter::valid_vm_name(&self.name) {
+            return bad(format!("{:?} is not a VM name (1 to 64 of A-Z a-z 0-9 . _ -)", self.name));
+        }
+        if !(16..=65536).contains(&self.memory_mib) {
+            return bad(format!("memory_mib {} is out of range (16 to 65536)", self.memory_mib));
+        }
+        if !(1..=8).contains(&self.cpus) {
+            return bad(format!("cpus {} is out of range (1 to 8)", self.cpus));
+        }
+        if let Some(net) = &self.network {
+            if net.bridge.is_empty() || net.bridge.len() > 15 || net.bridge.contains(['/', ' ', ',', '=']) {
+                return bad(format!("{:?} is not a bridge's name", net.bridge));
+            }
+            let (ip, len) = net.ip.split_once('/').unwrap_or((&net.ip, ""));
+            if ip.parse::<std::net::Ipv4Addr>().is_err() || len.parse::<u8>().map_or(true, |l| l > 32) {
+                return bad(format!("network ip {:?} is not IPv4/LEN", net.ip));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A VM's NIC: a TAP the agent makes on the host's bridge, and the
+/// guest's address on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// The host's bridge the VM's TAP joins.
+    pub bridge: String,
+    /// The guest's address, IPv4/LEN (the guest's init sets it).
+    pub ip: String,
+}
+
+/// A VM as an agent's API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmInfo {
+    pub name: String,
+    /// The host whose agent answers.
+    pub host: String,
+    pub spec: VmSpec,
+    pub role: Role,
+    /// Its process.
+    pub pid: Option<u32>,
+    /// Its control socket on the host.
+    pub control: String,
+    /// What its control socket answered (None: it did not).
+    pub status: Option<VmStatus>,
+    /// How its process ended, once it has.
+    pub ended: Option<String>,
+}
+
+/// Give a VM of this host a backup: `ftvm ft primary`'s pair on the
+/// cluster's etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtectRequest {
+    /// The backup's logging-channel address, `IP:PORT` (from the backup
+    /// host's agent: [`BackupStarted`]).
+    pub backup: String,
+    /// lockstep, epoch or checkpoint.
+    #[serde(default = "ProtectRequest::default_mode")]
+    pub mode: String,
+}
+
+impl ProtectRequest {
+    fn default_mode() -> String {
+        "lockstep".into()
+    }
+}
+
+/// Start a backup of a VM on this host, waiting for its primary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupRequest {
+    /// The VM's spec (its primary's).
+    pub spec: VmSpec,
+}
+
+/// A backup started: where its primary connects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupStarted {
+    /// `IP:PORT` of its logging channel.
+    pub listen: String,
+}
+
+/// What a request did, when it is no VM's view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Done {
+    /// What the VM's process answered, in its words.
+    pub message: String,
+}
+
+/// Why the API refused a request: the HTTP status says the kind, the body
+/// is this, as JSON (`{"error": "not_found", "message": "..."}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "error", content = "message", rename_all = "snake_case")]
+pub enum ApiError {
+    /// 400: the request is malformed or asks for the impossible.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: no token, or the wrong one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 404: no such VM on this host.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: it exists already, or is not in a state for this.
+    #[error("{0}")]
+    Conflict(String),
+    /// 422: the VM's process refused (its control API's error).
+    #[error("{0}")]
+    Refused(String),
+    /// 503: the VM's process, or etcd, does not answer.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500: the agent failed (a file it could not write, a process it
+    /// could not start).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ApiError::BadRequest(_) => 400,
+            ApiError::Unauthorized(_) => 401,
+            ApiError::NotFound(_) => 404,
+            ApiError::Conflict(_) => 409,
+            ApiError::Refused(_) => 422,
+            ApiError::Unavailable(_) => 503,
+            ApiError::Internal(_) => 500,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> Result<VmSpec, String> {
+        let s: VmSpec = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        s.check().map_err(|e| e.to_string())?;
+        Ok(s)
+    }
+
+    #[test]
+    fn a_spec_takes_defaults_and_refuses_in_one_line() {
+        let s = spec(r#"{"name": "redis-1"}"#).unwrap();
+        assert_eq!((s.memory_mib, s.cpus, s.command, s.network), (512, 1, None, None));
+        for bad in [
+            r#"{"name": "a/b"}"#,
+            r#"{"name": ""}"#,
+            r#"{"name": "x", "memory_mib": 1}"#,
+            r#"{"name": "x", "cpus": 0}"#,
+            r#"{"name": "x", "colour": "red"}"#,
+            r#"{"name": "x", "network": {"bridge": "br0", "ip": "10.0.0.300/24"}}"#,
+            r#"{"name": "x", "network": {"bridge": "br0,x", "ip": "10.0.0.3/24"}}"#,
+        ] {
+            let e = spec(bad).unwrap_err();
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn errors_are_tagged_json_with_their_status() {
+        let e = ApiError::NotFound("no VM x on this host".into());
+        assert_eq!(serde_json::to_string(&e).unwrap(), r#"{"error":"not_found","message":"no VM x on this host"}"#);
+        assert_eq!(e.http_status(), 404);
+    }
+}

@@ -1,0 +1,67 @@
+//! The cluster's API token: a secret every agent and client holds (a file,
+//! `--token-file`), sent as `Authorization: Bearer TOKEN`. Compared in
+//! constant time, so how long a refusal takes says nothing of how much of
+//! a guess was right.
+
+use std::path::Path;
+
+/// Whether `given` is `expected`, in time that depends only on their
+/// lengths.
+pub fn matches(given: &str, expected: &str) -> bool {
+    let (a, b) = (given.as_bytes(), expected.as_bytes());
+    if a.len() != b.len() || b.is_empty() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The token in `path`: its first line, which must hold at least 16
+/// characters; the file may be read only by its owner.
+pub fn read(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!("the token file {} may be read by others: chmod 600 it", path.display()));
+    }
+    if meta.len() > 4096 {
+        return Err(format!("the token file {} is too large to be a token", path.display()));
+    }
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("the token file {} holds no token (16 or more printable characters)", path.display()));
+    }
+    Ok(token)
+}
+
+/// A new random token (32 bytes, hex), written to `path` (mode 0600),
+/// which must not exist.
+pub fn create(path: &Path) -> Result<String, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a token: {e}"))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    writeln!(f, "{token}").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_same_token_matches() {
+        assert!(matches("0123456789abcdef", "0123456789abcdef"));
+        assert!(!matches("0123456789abcdeF", "0123456789abcdef"));
+        assert!(!matches("0123456789abcde", "0123456789abcdef"));
+        assert!(!matches("", ""));
+    }
+}

@@ -1,0 +1,349 @@
+//! The VMs of one host, each an `ftvm` child process of the agent (a plain
+//! `ftvm run`, or an `ftvm ft backup` waiting for its primary), with its
+//! files in a directory of its own under the agent's state directory:
+//! `disk.img` (a sparse copy of the default guest's root disk), the
+//! control socket `control.sock`, the journal `events.jsonl`, the output
+//! `console.log`. The agent speaks to each through its control socket
+//! (the typed API of `ftvm_vmm::api`), never by reading its output.
+//!
+//! Child processes, not threads of the agent: a VM outlives an agent that
+//! crashes or is upgraded, and one VM's fault stays its own.
+
+use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
+use ftvm_vmm::api::{Reply, Request, Response};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// How long a VM's control socket has to answer a status request.
+const STATUS_WAIT: Duration = Duration::from_secs(3);
+/// How long a VM has to stop after SIGTERM before it is killed: its
+/// guest's power-off, or a primary's handover (ftvm's own --stop-timeout
+/// is 30 s).
+const STOP_WAIT: Duration = Duration::from_secs(40);
+
+/// One VM's process on this host.
+struct Vm {
+    spec: VmSpec,
+    dir: PathBuf,
+    child: Child,
+    pid: Option<u32>,
+    /// Set once the process has ended: how.
+    ended: Option<String>,
+    /// The part it was started for (a backup, or the VM itself).
+    started_as: Role,
+    /// It was sent SIGTERM (a second would stop it at once: never sent).
+    terminated: bool,
+}
+
+impl Vm {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+
+    /// Notes whether the process has ended.
+    fn reap(&mut self) {
+        if self.ended.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.ended = Some(describe_exit(status));
+            }
+        }
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+/// The VMs of this host.
+pub struct Vms {
+    /// This host's identity, as VMs' views name it.
+    host: String,
+    /// Where each VM's directory is made.
+    dir: PathBuf,
+    /// The ftvm binary the VMs run.
+    ftvm: PathBuf,
+    vms: Mutex<BTreeMap<String, Vm>>,
+}
+
+/// A TAP's name for a VM (Linux allows 15 bytes): `ftv` and a hash of its
+/// name, so any VM name fits. FNV-1a, written out: a name needs a hash
+/// that is the same on every host and in every build, which std's is not.
+pub fn tap_name(vm: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in vm.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("ftv{h:08x}")
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::Internal(format!("{what}: {e}"))
+}
+
+impl Vms {
+    pub fn new(host: &str, dir: &Path, ftvm: &Path) -> Vms {
+        Vms { host: host.into(), dir: dir.into(), ftvm: ftvm.into(), vms: Mutex::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vm>> {
+        self.vms.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The VM's directory, made afresh, with its own copy of the default
+    /// guest's root disk.
+    fn prepare(&self, spec: &VmSpec) -> Result<PathBuf, ApiError> {
+        let dir = self.dir.join("vms").join(&spec.name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| internal("cannot clear the VM's old directory", e))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| internal("cannot make the VM's directory", e))?;
+        let image =
+            ftvm_image::locate().map_err(|e| ApiError::Internal(format!("no guest image on this host: {e}")))?;
+        let disk = dir.join("disk.img");
+        ftvm_image::sparse_copy(&image.rootfs, &disk).map_err(|e| internal("cannot copy the guest's root disk", e))?;
+        Ok(dir)
+    }
+
+    /// The options both sides' processes take for the VM's NIC.
+    fn net_options(spec: &VmSpec) -> Vec<String> {
+        match &spec.network {
+            Some(NetworkSpec { bridge, .. }) => {
+                vec!["--net".into(), format!("tap={},bridge={bridge}", tap_name(&spec.name))]
+            }
+            None => vec![],
+        }
+    }
+
+    /// Starts a VM (`ftvm run`) from its spec.
+    pub fn create(&self, spec: VmSpec) -> Result<(), ApiError> {
+        spec.check()?;
+        if self.lock().get(&spec.name).is_some_and(|vm| vm.ended.is_none()) {
+            return Err(ApiError::Conflict(format!("VM {} already runs on this host", spec.name)));
+        }
+        let dir = self.prepare(&spec)?;
+        let mut append = "console=ttyS0 root=/dev/vda rw quiet".to_string();
+        if let Some(net) = &spec.network {
+            append.push_str(&format!(" ftvm.ip={}", net.ip));
+        }
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--mem".into(),
+            format!("{}M", spec.memory_mib),
+            "--cpus".into(),
+            spec.cpus.to_string(),
+            "--disk".into(),
+            dir.join("disk.img").display().to_string(),
+            "--control".into(),
+            dir.join("control.sock").display().to_string(),
+            "--append".into(),
+            append,
+        ];
+        args.extend(Self::net_options(&spec));
+        if let Some(cmd) = &spec.command {
+            args.extend(["--exec".into(), cmd.clone()]);
+        }
+        self.spawn(spec, dir, args, Role::Unprotected)
+    }
+
+    /// Starts a backup of a VM (`ftvm ft backup`) listening on `listen`,
+    /// its arbiter the cluster's etcd.
+    pub fn create_backup(&self, spec: VmSpec, listen: &str, etcd: &str, pair_key: &Path) -> Result<(), ApiError> {
+        spec.check()?;
+        if self.lock().get(&spec.name).is_some_and(|vm| vm.ended.is_none()) {
+            return Err(ApiError::Conflict(format!("VM {} already has a process on this host", spec.name)));
+        }
+        let dir = self.prepare(&spec)?;
+        let mut args: Vec<String> = vec![
+            "ft".into(),
+            "backup".into(),
+            "--listen".into(),
+            listen.into(),
+            "--etcd".into(),
+            etcd.into(),
+            "--vm-name".into(),
+            spec.name.clone(),
+            "--pair-key".into(),
+            pair_key.display().to_string(),
+            "--disk".into(),
+            dir.join("disk.img").display().to_string(),
+            "--control".into(),
+            dir.join("control.sock").display().to_string(),
+            "--events".into(),
+            dir.join("events.jsonl").display().to_string(),
+        ];
+        args.extend(Self::net_options(&spec));
+        self.spawn(spec, dir, args, Role::Backup)
+    }
+
+    fn spawn(&self, spec: VmSpec, dir: PathBuf, args: Vec<String>, started_as: Role) -> Result<(), ApiError> {
+        let console =
+            std::fs::File::create(dir.join("console.log")).map_err(|e| internal("cannot write the console log", e))?;
+        let messages =
+            std::fs::File::create(dir.join("ftvm.log")).map_err(|e| internal("cannot write ftvm's log", e))?;
+        let mut cmd = Command::new(&self.ftvm);
+        cmd.args(&args).stdin(Stdio::null()).stdout(console).stderr(messages);
+        // Its own session: a signal to the agent's terminal or process
+        // group is not one to its VMs.
+        cmd.process_group(0);
+        let child = cmd.spawn().map_err(|e| internal(&format!("cannot start {}", self.ftvm.display()), e))?;
+        let pid = child.id();
+        self.lock().insert(spec.name.clone(), Vm { spec, dir, child, pid, ended: None, started_as, terminated: false });
+        Ok(())
+    }
+
+    /// The names of this host's VMs.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// The control socket and spec of a VM, if this host has it.
+    fn handle(&self, name: &str) -> Result<(PathBuf, VmSpec, Option<u32>, Option<String>, Role), ApiError> {
+        let mut vms = self.lock();
+        let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
+        vm.reap();
+        Ok((vm.socket(), vm.spec.clone(), vm.pid, vm.ended.clone(), vm.started_as))
+    }
+
+    /// Asks a VM's process, on a thread of the blocking pool.
+    pub async fn ask(&self, name: &str, request: Request, wait: Duration) -> Result<Reply, ApiError> {
+        let (socket, ..) = self.handle(name)?;
+        ask(socket, request, wait).await
+    }
+
+    /// A VM's view: its spec, part and status.
+    pub async fn info(&self, name: &str) -> Result<VmInfo, ApiError> {
+        let (socket, spec, pid, ended, started_as) = self.handle(name)?;
+        let status = match &ended {
+            Some(_) => None,
+            None => match ask(socket.clone(), Request::Status, STATUS_WAIT).await {
+                Ok(Reply::Status(s)) => Some(*s),
+                _ => None,
+            },
+        };
+        let role = match (&ended, &status) {
+            (Some(_), _) => Role::Ended,
+            (None, Some(s)) => Role::of(s),
+            (None, None) if started_as == Role::Backup => Role::Backup,
+            (None, None) => Role::Starting,
+        };
+        Ok(VmInfo {
+            name: name.into(),
+            host: self.host.clone(),
+            spec,
+            role,
+            pid,
+            control: socket.display().to_string(),
+            status,
+            ended,
+        })
+    }
+
+    /// Every VM's view.
+    pub async fn all(&self) -> Vec<VmInfo> {
+        let mut out = Vec::new();
+        for name in self.names() {
+            if let Ok(info) = self.info(&name).await {
+                out.push(info);
+            }
+        }
+        out
+    }
+
+    /// The VMs and their parts, for the host's record.
+    pub async fn summary(&self) -> Vec<HostVm> {
+        self.all().await.into_iter().map(|v| HostVm { name: v.name, role: v.role }).collect()
+    }
+
+    /// Memory promised to the VMs that run, bytes.
+    pub fn promised_memory(&self) -> u64 {
+        let mut vms = self.lock();
+        vms.values_mut()
+            .map(|vm| {
+                vm.reap();
+                if vm.ended.is_none() {
+                    vm.spec.memory_mib << 20
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Asks a VM's process to stop: SIGTERM, once (a plain VM's guest
+    /// powers off, a protected primary hands over to its backup).
+    fn terminate(&self, name: &str) -> Result<(), ApiError> {
+        let mut vms = self.lock();
+        let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
+        vm.reap();
+        if let (None, Some(pid), false) = (&vm.ended, vm.pid, vm.terminated) {
+            // SAFETY: kill(2) on the pid of a child this agent has not
+            // reaped (ended is None): the pid is still this child's.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            vm.terminated = true;
+        }
+        Ok(())
+    }
+
+    /// Waits for a VM's process to end, killing it after [`STOP_WAIT`],
+    /// then forgets the VM with its directory. Returns how it ended.
+    async fn reap_and_forget(&self, name: &str) -> Result<String, ApiError> {
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        let how = loop {
+            let (_, _, _, ended, _) = self.handle(name)?;
+            if let Some(how) = ended {
+                break how;
+            }
+            if tokio::time::Instant::now() > deadline {
+                if let Some(vm) = self.lock().get_mut(name) {
+                    let _ = vm.child.start_kill();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if let Some(vm) = self.lock().remove(name) {
+            let _ = std::fs::remove_dir_all(&vm.dir);
+        }
+        Ok(how)
+    }
+
+    /// Stops a VM (see [`Vms::terminate`]), kills it if it has not ended
+    /// within [`STOP_WAIT`], and forgets it with its directory.
+    pub async fn delete(&self, name: &str) -> Result<String, ApiError> {
+        self.terminate(name)?;
+        self.reap_and_forget(name).await
+    }
+
+    /// The agent is stopping: every VM is asked to stop at once, then
+    /// waited for.
+    pub async fn stop_all(&self) {
+        let names = self.names();
+        for n in &names {
+            let _ = self.terminate(n);
+        }
+        for n in &names {
+            let _ = self.reap_and_forget(n).await;
+        }
+    }
+}
+
+/// Sends one request to a control socket on the blocking pool.
+pub async fn ask(socket: PathBuf, request: Request, wait: Duration) -> Result<Reply, ApiError> {
+    let answer = tokio::task::spawn_blocking(move || ftvm_vmm::control::send(&socket, &request, wait))
+        .await
+        .map_err(|e| internal("the request's thread failed", e))?;
+    match answer {
+        Ok((Response::Ok(reply), _)) => Ok(reply),
+        Ok((Response::Error(e), _)) => Err(ApiError::Refused(e.to_string())),
+        Err(e) => Err(ApiError::Unavailable(e.to_string())),
+    }
+}

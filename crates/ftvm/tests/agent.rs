@@ -1,0 +1,172 @@
+//! `ftvm agent` and `ftvm cluster` on one host (issue 29 item 1), against a
+//! real etcd (Debian's etcd-server, started here on loopback): the agent
+//! records its host under a lease, refuses a request without the cluster's
+//! token, runs a VM from a spec (the default guest, which prints what its
+//! command says), reports it in its API, the command line and its
+//! Prometheus metrics (checked by `promtool check metrics`), refuses a
+//! bad spec in one line, stops the VM, and on SIGTERM withdraws its host.
+//! Needs the built image (`make image`).
+
+mod common;
+
+use common::{run_with_timeout, Scratch};
+use ftvm_cluster::client::{AgentClient, ClientError};
+use ftvm_cluster::model::{ApiError, Role, VmInfo};
+use ftvm_etcd::local::LocalEtcd;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FTVM: &str = env!("CARGO_BIN_EXE_ftvm");
+/// A boot takes under a minute on a busy 2-core host; past this it is a hang.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn cluster(etcd: &str, token: &str, args: &[&str]) -> common::Run {
+    let mut cmd = Command::new(FTVM);
+    cmd.args(["cluster", "--etcd", etcd, "--token-file", token]).args(args);
+    run_with_timeout(cmd, Duration::from_secs(120))
+}
+
+/// Polls `f` every 200 ms until it gives Some, or panics naming `what`.
+fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "{what} did not happen within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn an_agent_records_its_host_runs_a_vm_and_withdraws_on_sigterm() {
+    let scratch = Scratch::new("agent", "one");
+    let etcd = LocalEtcd::start(1, &scratch.path("etcd")).unwrap();
+    let endpoints = etcd.endpoints();
+    let token_file = scratch.path("token");
+    let token_path = token_file.to_str().unwrap();
+    let made = run_with_timeout(
+        {
+            let mut c = Command::new(FTVM);
+            c.args(["cluster", "token", token_path]);
+            c
+        },
+        Duration::from_secs(30),
+    );
+    assert!(made.status.is_some_and(|s| s.success()), "{}", made.stderr);
+    let token = ftvm_cluster::token::read(&token_file).unwrap();
+    let port = free_port();
+    let agent = Agent(
+        Command::new(FTVM)
+            .args(["agent", "--host-id", "h1", "--etcd", &endpoints, "--address", "127.0.0.1"])
+            .args(["--port", &port.to_string(), "--token-file", token_path])
+            .arg("--state-dir")
+            .arg(scratch.path("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(scratch.path("agent.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The host, in etcd, as the command line lists it.
+    let hosts = wait_for("the host's record", Duration::from_secs(60), || {
+        let r = cluster(&endpoints, token_path, &["--json", "host", "list"]);
+        let hosts: Vec<serde_json::Value> = serde_json::from_str(&r.stdout).ok()?;
+        (!hosts.is_empty()).then_some(hosts)
+    });
+    assert_eq!(hosts[0]["id"], "h1");
+    assert_eq!(hosts[0]["api"], format!("http://127.0.0.1:{port}"));
+    assert!(hosts[0]["memory_bytes"].as_u64().unwrap() > 1 << 30, "{hosts:?}");
+
+    // A stranger is refused, with the API's typed error.
+    let api = format!("http://127.0.0.1:{port}");
+    let stranger = AgentClient::new(&api, "not-the-cluster-token-at-all");
+    assert!(matches!(stranger.vms(), Err(ClientError::Api(ApiError::Unauthorized(_)))));
+    let client = AgentClient::new(&api, &token);
+
+    // A VM from a spec; its guest runs the command.
+    let r = cluster(
+        &endpoints,
+        token_path,
+        &["vm", "create", "v1", "--on", "h1", "--memory", "256", "--command", "echo agent-vm-says-hello; sleep 900"],
+    );
+    assert!(r.status.is_some_and(|s| s.success()), "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("v1 created on h1"), "{}", r.stdout);
+    let console = scratch.path("state/vms/v1/console.log");
+    wait_for("the guest's command", BOOT_TIMEOUT, || {
+        std::fs::read_to_string(&console).ok().filter(|c| c.contains("agent-vm-says-hello"))
+    });
+    let info: VmInfo = client.vm("v1").unwrap();
+    assert_eq!((info.role, info.host.as_str()), (Role::Unprotected, "h1"));
+    assert!(info.status.is_some(), "{info:?}");
+    // The host's record names it, as etcd has it.
+    wait_for("the VM in the host's record", Duration::from_secs(30), || {
+        let r = cluster(&endpoints, token_path, &["host", "list"]);
+        r.stdout.contains("v1:unprotected").then_some(())
+    });
+    let list = cluster(&endpoints, token_path, &["vm", "list"]);
+    assert!(
+        list.stdout.lines().any(|l| l.starts_with("v1") && l.contains("h1") && l.contains("unprotected")),
+        "{}",
+        list.stdout
+    );
+
+    // Metrics a Prometheus server takes.
+    let metrics = client.metrics().unwrap();
+    assert!(metrics.contains(r#"ftvm_vm_info{vm="v1",role="unprotected",mode="none"} 1"#), "{metrics}");
+    assert!(metrics.contains("ftvm_host_vms 1"), "{metrics}");
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
+    let promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut promtool = promtool.expect("promtool (Debian's prometheus) is installed by scripts/install-deps.sh");
+    std::io::Write::write_all(promtool.stdin.as_mut().unwrap(), metrics.as_bytes()).unwrap();
+    drop(promtool.stdin.take());
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    // A bad spec, a second VM of the same name: refused in one line.
+    let bad = cluster(&endpoints, token_path, &["vm", "create", "no/slash", "--on", "h1"]);
+    assert_eq!(bad.status.and_then(|s| s.code()), Some(1), "{}", bad.stderr);
+    assert_eq!(bad.stderr.lines().count(), 1, "{}", bad.stderr);
+    assert!(bad.stderr.contains("is not a VM name"), "{}", bad.stderr);
+    let again = cluster(&endpoints, token_path, &["vm", "create", "v1", "--on", "h1"]);
+    assert!(again.stderr.contains("already runs"), "{}", again.stderr);
+
+    // Stopped: its guest powers off (SIGTERM to its ftvm), and it is gone.
+    let del = cluster(&endpoints, token_path, &["vm", "delete", "v1"]);
+    assert!(del.status.is_some_and(|s| s.success()), "{} {}", del.stdout, del.stderr);
+    assert!(del.stdout.contains("VM v1 stopped"), "{}", del.stdout);
+    assert!(matches!(client.vm("v1"), Err(ClientError::Api(ApiError::NotFound(_)))));
+
+    // SIGTERM: the agent withdraws its host and exits 0.
+    let mut agent = agent;
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let status = wait_for("the agent's exit", Duration::from_secs(60), || agent.0.try_wait().unwrap());
+    assert!(status.success(), "{status:?}: {}", std::fs::read_to_string(scratch.path("agent.log")).unwrap());
+    let r = cluster(&endpoints, token_path, &["--json", "host", "list"]);
+    assert_eq!(r.stdout.trim(), "[]", "the host's record outlived its agent: {}", r.stdout);
+    drop(etcd);
+}
