@@ -8,6 +8,7 @@
 //! - serves the HTTP/JSON API (docs/api/openapi.yaml) and the Prometheus
 //!   metrics, every request but `/healthz` authenticated by the
 //!   cluster's bearer token;
+//! - runs the cluster's controller when elected ([`crate::controller`]);
 //! - on SIGTERM or SIGINT stops taking requests, asks every VM to stop
 //!   (a protected primary hands over to its backup, a plain VM's guest
 //!   powers off), waits for them, and withdraws its record.
@@ -117,6 +118,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
+    let controller = tokio::spawn(crate::controller::run(
+        agent.config.id.clone(),
+        agent.config.etcd.clone(),
+        agent.config.token.clone(),
+        stop_rx.clone(),
+    ));
     let app = router(agent.clone());
     let mut server_stop = stop_rx.clone();
     let server = tokio::spawn(async move {
@@ -132,6 +139,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     agent.vms.stop_all().await;
     let _ = stop_tx.send(true);
     let _ = registration.await;
+    let _ = controller.await;
     match server.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(AgentError::Serve(e)),

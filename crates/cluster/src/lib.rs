@@ -4,6 +4,7 @@
 //!   the agents' HTTP API (and of the host records in etcd).
 //! - [`agent`]: `ftvm agent`, the daemon of one host: its VMs, its record
 //!   in etcd, its API and metrics.
+//! - [`controller`]: one agent at a time keeps the VMs protected.
 //! - [`vms`]: a host's VMs as child processes, spoken to through their
 //!   control sockets.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
@@ -14,6 +15,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod controller;
 pub mod keys;
 pub mod metrics;
 pub mod model;

@@ -34,6 +34,12 @@ pub struct HostRecord {
 pub struct HostVm {
     pub name: String,
     pub role: Role,
+    /// The protection its spec wants (a mode), if any.
+    #[serde(default)]
+    pub protect: Option<String>,
+    /// Its memory, MiB.
+    #[serde(default)]
+    pub memory_mib: u64,
 }
 
 /// What a VM's process on a host is to it.
@@ -97,6 +103,12 @@ pub struct VmSpec {
     /// Its NIC, if it has one.
     #[serde(default)]
     pub network: Option<NetworkSpec>,
+    /// The protection wanted: checkpoint (the one mode that protects a
+    /// running VM on each host's own disk). The
+    /// cluster's controller keeps the VM protected so, on another host,
+    /// and protects it again after a failover. None: left unprotected.
+    #[serde(default)]
+    pub protect: Option<String>,
 }
 
 impl VmSpec {
@@ -119,6 +131,20 @@ impl VmSpec {
         }
         if !(1..=8).contains(&self.cpus) {
             return bad(format!("cpus {} is out of range (1 to 8)", self.cpus));
+        }
+        match self.protect.as_deref() {
+            None | Some("checkpoint") => {}
+            // A cluster's VM is protected while it runs (and again after a
+            // failover), each host on a disk of its own: ftvm protects a
+            // running VM with separate disks in checkpoint mode only.
+            Some("lockstep" | "epoch") => {
+                return bad(format!(
+                    "protect {:?}: a cluster protects a running VM on each host's own disk, which only checkpoint \
+                     mode does yet",
+                    self.protect.as_deref().unwrap_or("")
+                ))
+            }
+            Some(mode) => return bad(format!("protect {mode:?} is not a mode (checkpoint)")),
         }
         if let Some(net) = &self.network {
             if net.bridge.is_empty() || net.bridge.len() > 15 || net.bridge.contains(['/', ' ', ',', '=']) {
@@ -260,12 +286,14 @@ mod tests {
     #[test]
     fn a_spec_takes_defaults_and_refuses_in_one_line() {
         let s = spec(r#"{"name": "redis-1"}"#).unwrap();
-        assert_eq!((s.memory_mib, s.cpus, s.command, s.network), (512, 1, None, None));
+        assert_eq!((s.memory_mib, s.cpus, s.command, s.network, s.protect), (512, 1, None, None, None));
         for bad in [
             r#"{"name": "a/b"}"#,
             r#"{"name": ""}"#,
             r#"{"name": "x", "memory_mib": 1}"#,
             r#"{"name": "x", "cpus": 0}"#,
+            r#"{"name": "x", "protect": "mirror"}"#,
+            r#"{"name": "x", "protect": "lockstep"}"#,
             r#"{"name": "x", "colour": "red"}"#,
             r#"{"name": "x", "network": {"bridge": "br0", "ip": "10.0.0.300/24"}}"#,
             r#"{"name": "x", "network": {"bridge": "br0,x", "ip": "10.0.0.3/24"}}"#,

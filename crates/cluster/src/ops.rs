@@ -47,6 +47,9 @@ pub fn find(hosts: &[HostRecord], token: &str, name: &str) -> Result<(VmSide, Op
         let info = match AgentClient::new(&h.api, token).vm(name) {
             Ok(i) => i,
             Err(ClientError::Api(ApiError::NotFound(_))) => continue,
+            // A host whose agent does not answer (gone, its record not
+            // yet expired) runs nothing anyone can reach.
+            Err(ClientError::Transport { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
         let side = VmSide { host: h.clone(), info };

@@ -261,7 +261,16 @@ impl Vms {
 
     /// The VMs and their parts, for the host's record.
     pub async fn summary(&self) -> Vec<HostVm> {
-        self.all().await.into_iter().map(|v| HostVm { name: v.name, role: v.role }).collect()
+        self.all()
+            .await
+            .into_iter()
+            .map(|v| HostVm {
+                name: v.name,
+                role: v.role,
+                protect: v.spec.protect.clone(),
+                memory_mib: v.spec.memory_mib,
+            })
+            .collect()
     }
 
     /// Memory promised to the VMs that run, bytes.

@@ -122,6 +122,12 @@ enum VmCommand {
         /// The guest's address, IPv4/LEN (with --bridge).
         #[arg(long, value_name = "IP/LEN", requires = "bridge")]
         ip: Option<String>,
+        /// Keep it protected in this mode (checkpoint: the one that
+        /// protects a running VM on each host's own disk):
+        /// the controller gives it a backup on another host, and a new
+        /// one after a failover.
+        #[arg(long, value_name = "MODE")]
+        protect: Option<String>,
     },
     /// Give a VM a backup on another host.
     Protect {
@@ -214,11 +220,11 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 }
             }
         }
-        ClusterCommand::Vm(VmCommand::Create { name, on, memory, cpus, command, bridge, ip }) => {
+        ClusterCommand::Vm(VmCommand::Create { name, on, memory, cpus, command, bridge, ip, protect }) => {
             let hosts = ops::hosts(etcd)?;
             let host = hosts.iter().find(|h| h.id == on).ok_or_else(|| ops::OpsError::NoHost(on.clone()))?;
             let network = bridge.zip(ip).map(|(bridge, ip)| NetworkSpec { bridge, ip });
-            let spec = VmSpec { name, memory_mib: memory, cpus, command, network };
+            let spec = VmSpec { name, memory_mib: memory, cpus, command, network, protect };
             let info = AgentClient::new(&host.api, &token).create(&spec)?;
             if json {
                 print_json(&info);

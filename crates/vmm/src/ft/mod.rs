@@ -230,7 +230,7 @@ pub struct PrimaryArgs {
     /// shared: one disk on the shared storage, written by the primary
     /// alone under the Output Rule; separate: each host has its own copy
     /// (identical when protection starts, or it is refused) and the backup
-    /// performs the writes on its copy (VMware FT §4.1). Default: shared;
+    /// performs the writes on its copy (VMware FT §4.1). Default: shared (separate with --etcd, which has no shared storage);
     /// checkpoint mode always uses separate disks (Remus §2.5).
     #[arg(long, value_enum)]
     pub disk_sharing: Option<DiskSharing>,
@@ -333,6 +333,11 @@ impl PrimaryArgs {
                 "checkpoint mode keeps a copy of each disk on each host: --disk-sharing shared does not apply",
             )),
             (Mode::Checkpoint, _) => Ok(DiskSharing::Separate),
+            // A pair on etcd has no shared storage for a disk.
+            (_, Some(DiskSharing::Shared)) if self.pair.etcd.is_some() => Err(usage(
+                "with --etcd there is no shared storage: each host keeps its own disk (--disk-sharing separate)",
+            )),
+            (_, None) if self.pair.etcd.is_some() => Ok(DiskSharing::Separate),
             (_, sharing) => Ok(sharing.unwrap_or(DiskSharing::Shared)),
         }
     }
