@@ -261,8 +261,9 @@ fn image_list() -> Result<u32, Box<dyn std::error::Error>> {
                 let root = format!("{} MiB", st.rootfs_bytes() >> 20);
                 let mut extra =
                     if st.extra_packages.is_empty() { "-".to_string() } else { st.extra_packages.join(",") };
+                // (`SOURCE:/PATH DIGEST`: the digest is no news to a user)
                 for a in &st.added {
-                    extra.push_str(&format!(" +{a}"));
+                    extra.push_str(&format!(" +{}", a.rsplit_once(' ').map_or(a.as_str(), |(added, _)| added)));
                 }
                 println!("{:width$}  {on_disk:>9}  {root:>9}  {extra}", i.name);
             }

@@ -366,9 +366,9 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
             return Ok(img);
         }
         Ok((_, stamp)) if !spec.built_as(&stamp) => ctx.say(&format!(
-            "replacing {} (built with {})",
+            "replacing {}: it was built with other packages ({}), size or files",
             spec.name,
-            if stamp.extra_packages.is_empty() { "no extra packages".into() } else { stamp.extra_packages.join(",") }
+            if stamp.extra_packages.is_empty() { "none extra".into() } else { stamp.extra_packages.join(",") }
         )),
         _ => {}
     }

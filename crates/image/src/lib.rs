@@ -209,7 +209,7 @@ pub struct Stamp {
     /// Size of `rootfs.ext4` in bytes (0 in stamps of images built before
     /// it was written: [`ROOTFS_SIZE`]).
     pub rootfs_size: u64,
-    /// The user's files added to the root, as `SOURCE:/PATH`.
+    /// The user's files added to the root, as `SOURCE:/PATH DIGEST`.
     pub added: Vec<String>,
 }
 

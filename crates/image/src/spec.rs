@@ -20,6 +20,9 @@ pub struct Added {
     pub source: PathBuf,
     /// Absolute path in the guest, e.g. `/opt/app`.
     pub dest: String,
+    /// A digest of what the source holds (names, sizes, modes, times), so
+    /// a build of the same files again is not needed.
+    pub digest: u64,
 }
 
 impl Added {
@@ -43,12 +46,38 @@ impl Added {
             }
             Err(e) => return Err(ImageError::new(step, format!("{}: {e}", source.display()))),
         }
-        Ok(Added { source, dest: dest.to_string() })
+        let digest = tree_digest(&source);
+        Ok(Added { source, dest: dest.to_string(), digest })
     }
 
+    /// As the stamp records it: `SOURCE:/PATH DIGEST`.
     fn render(&self) -> String {
-        format!("{}:{}", self.source.display(), self.dest)
+        format!("{}:{} {:016x}", self.source.display(), self.dest, self.digest)
     }
+}
+
+/// The digest of a directory tree or a file: each entry's path, size,
+/// mode and modification time, in name order (what changes when a user
+/// edits their files; their bytes are not read).
+fn tree_digest(root: &Path) -> u64 {
+    use crate::artifacts::{fnv1a, FNV_OFFSET};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = FNV_OFFSET;
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let Ok(m) = std::fs::symlink_metadata(root.join(&rel)) else { continue };
+        h = fnv1a(rel.as_os_str().as_encoded_bytes(), h);
+        for n in [m.len(), m.mode() as u64, m.mtime() as u64, m.mtime_nsec() as u64] {
+            h = fnv1a(&n.to_le_bytes(), h);
+        }
+        if m.is_dir() {
+            let mut names: Vec<_> =
+                std::fs::read_dir(root.join(&rel)).into_iter().flatten().flatten().map(|e| e.file_name()).collect();
+            names.sort();
+            todo.extend(names.into_iter().rev().map(|n| rel.join(n)));
+        }
+    }
+    h
 }
 
 /// What to build: the default image, or a named one.
@@ -117,11 +146,10 @@ impl ImageSpec {
         Ok(ImageSpec { name, packages: wanted, size, adds })
     }
 
-    /// Whether an image built with `stamp` is this spec's (an image with
-    /// files of the user's is rebuilt every time: they may have changed).
+    /// Whether an image built with `stamp` is this spec's: the same
+    /// packages, size, and files added (as they are now).
     pub(crate) fn built_as(&self, stamp: &Stamp) -> bool {
-        self.adds.is_empty()
-            && stamp.added.is_empty()
+        stamp.added == self.adds.iter().map(Added::render).collect::<Vec<_>>()
             && stamp.extra_packages == self.packages
             && stamp.rootfs_bytes() == self.size
     }
@@ -304,7 +332,23 @@ mod tests {
         assert!(ImageSpec::new(Some("web"), &[], None, &["/tmp:opt".into()]).is_err());
         assert!(ImageSpec::new(Some("web"), &[], None, &["/tmp:/opt/../etc".into()]).is_err());
         let a = ImageSpec::new(Some("web"), &[], None, &["/tmp:/opt/t".into()]).unwrap();
-        assert_eq!(a.adds, [Added { source: "/tmp".into(), dest: "/opt/t".into() }]);
+        assert_eq!((a.adds[0].source.to_str(), a.adds[0].dest.as_str()), (Some("/tmp"), "/opt/t"));
+    }
+
+    #[test]
+    fn files_added_are_built_again_only_when_they_change() {
+        let dir = std::env::temp_dir().join(format!("ftvm-spec-add-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/a"), b"one").unwrap();
+        let add = [format!("{}:/opt/a", dir.display())];
+        let spec = ImageSpec::new(Some("web"), &[], None, &add).unwrap();
+        let mut st = Stamp::default();
+        spec.stamp_fields(&mut st);
+        assert!(ImageSpec::new(Some("web"), &[], None, &add).unwrap().built_as(&st));
+        assert!(!ImageSpec::new(Some("web"), &[], None, &[]).unwrap().built_as(&st), "the files were dropped");
+        std::fs::write(dir.join("sub/a"), b"three").unwrap();
+        assert!(!ImageSpec::new(Some("web"), &[], None, &add).unwrap().built_as(&st), "a file changed");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
