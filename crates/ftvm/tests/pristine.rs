@@ -4,6 +4,7 @@
 //! copy of its own: a file a guest writes is gone in the next run, and the
 //! cached `rootfs.ext4` hashes the same before and after. `--persist`
 //! writes through (the next run sees the file, the image's hash changes).
+//! A snapshot names the run's copy, which is then kept for `--restore`.
 //!
 //! Runs in a cache of its own (`FTVM_CACHE_DIR` = a scratch directory
 //! holding a copy of the default image), so a failure, or `--persist`,
@@ -85,10 +86,7 @@ fn a_run_on_the_image_leaves_it_pristine_and_persist_writes_through() {
     let first = touch_run(&cache, &[]);
     assert!(first.lines().any(|l| l == "marker-absent"), "first run: {first}");
     let second = touch_run(&cache, &[]);
-    assert!(
-        second.lines().any(|l| l == "marker-absent"),
-        "a file written in the first run is in the second: {second}"
-    );
+    assert!(second.lines().any(|l| l == "marker-absent"), "a file written in the first run is in the second: {second}");
     assert_eq!(sha256(&rootfs), before, "two runs changed the cached image");
     assert_eq!(leftovers(&cache), Vec::<String>::new(), "a run left files in the cache");
 
@@ -98,4 +96,82 @@ fn a_run_on_the_image_leaves_it_pristine_and_persist_writes_through() {
     let fourth = touch_run(&cache, &[]);
     assert!(fourth.lines().any(|l| l == "marker-seen"), "--persist did not write through: {fourth}");
     assert_ne!(sha256(&rootfs), before, "--persist left the image as it was");
+}
+
+fn control(sock: &Path, words: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ftvm")).arg("control").arg(sock).args(words).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Starts `ftvm run ARGS` in `cache` (its console on a pipe held open) and
+/// waits for its control socket.
+fn start_with_socket(cache: &Path, args: &[&str], sock: &Path, log: &Path) -> std::process::Child {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ftvm"))
+        .env("FTVM_CACHE_DIR", cache)
+        .args(["run", "--mem", "512M", "--control"])
+        .arg(sock)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("ftvm run {args:?} ended ({status}): {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(t0.elapsed() < TIMEOUT, "no control socket");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
+
+fn wait_exit(child: &mut std::process::Child) -> Option<i32> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if t0.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A snapshot names the VM's disks: the run's copy of the root disk is
+/// kept when one was taken (the run says where), and the snapshot
+/// restores on it; the image is still as it was.
+#[test]
+fn a_snapshot_keeps_the_runs_copy_of_the_root_disk() {
+    let s = Scratch::new("pristine", "snapshot");
+    let cache = private_cache(&s);
+    let rootfs = cache.join("images").join(ftvm_image::IMAGE_NAME).join("rootfs.ext4");
+    let before = sha256(&rootfs);
+    let (sock, snap, log) = (s.path("vm.sock"), s.path("vm.snap"), s.path("first.log"));
+
+    let mut vm = start_with_socket(&cache, &[], &sock, &log);
+    std::thread::sleep(Duration::from_secs(3)); // the guest under way
+    assert_eq!(control(&sock, &["pause"]), "ok paused");
+    let reply = control(&sock, &["snapshot", snap.to_str().unwrap()]);
+    assert!(reply.starts_with("ok snapshot"), "{reply}");
+    assert_eq!(control(&sock, &["quit"]), "ok quitting");
+    assert_eq!(wait_exit(&mut vm), Some(0), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("copy of the root disk is kept at") && said.contains("vm.snap"), "{said}");
+    let kept: Vec<String> = leftovers(&cache).into_iter().filter(|p| p.ends_with(".ext4")).collect();
+    assert_eq!(kept.len(), 1, "the run's copy: {kept:?}");
+
+    // The snapshot restores on the kept copy; ending it removes nothing.
+    let sock2 = s.path("restored.sock");
+    let mut vm = start_with_socket(&cache, &["--restore", snap.to_str().unwrap()], &sock2, &s.path("second.log"));
+    let status = control(&sock2, &["status"]);
+    assert!(status.contains("icount="), "the restored VM's status: {status}");
+    assert_eq!(control(&sock2, &["quit"]), "ok quitting");
+    assert_eq!(wait_exit(&mut vm), Some(0), "{}", std::fs::read_to_string(s.path("second.log")).unwrap_or_default());
+    assert!(Path::new(&kept[0]).exists(), "the kept copy went");
+    assert_eq!(sha256(&rootfs), before, "the runs changed the cached image");
 }
