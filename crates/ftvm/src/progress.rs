@@ -47,26 +47,36 @@ pub fn reporter(quiet: bool) -> (Option<Reporter>, Display) {
     }
     if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(1);
-        let style = ProgressStyle::with_template("{spinner} [{elapsed:>4}] [{bar:20}] {pos}/{len} {msg}")
+        // The bar fills with the steps done; the prefix names the step
+        // under way ("2/6"), as the plain lines do; a long message is cut
+        // at the terminal's width (wide_msg) rather than wrapped.
+        let style = ProgressStyle::with_template("{spinner} [{elapsed:>4}] [{bar:20}] {prefix} {wide_msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> ");
         bar.set_style(style);
         bar.enable_steady_tick(Duration::from_millis(120));
-        // The step's name, to which the bytes and news are added.
-        let step = Arc::new(Mutex::new(String::new()));
+        // The step's name, its bytes (while packages come) and its latest
+        // news, which make the message.
+        let state = Arc::new(Mutex::new((String::new(), None::<u64>, String::new())));
         let b = bar.clone();
         let report: Reporter = Arc::new(move |p: Progress<'_>| {
-            let mut step = step.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            let (step, bytes, news) = &mut *state;
             match p {
                 Progress::Step { number, of, what } => {
                     b.set_length(of as u64);
                     b.set_position(number as u64 - 1);
+                    b.set_prefix(format!("{number}/{of}"));
                     *step = what.to_string();
-                    b.set_message(what.to_string());
+                    *bytes = None;
+                    news.clear();
                 }
-                Progress::Bytes(n) => b.set_message(format!("{step}: {} at hand", HumanBytes(n))),
-                Progress::Note(text) => b.set_message(format!("{step}: {text}")),
+                Progress::Bytes(n) => *bytes = Some(n),
+                Progress::Note(text) => *news = text.to_string(),
             }
+            let bytes = bytes.map(|n| format!(" ({} of packages)", HumanBytes(n))).unwrap_or_default();
+            let news = if news.is_empty() { String::new() } else { format!(": {news}") };
+            b.set_message(format!("{step}{bytes}{news}"));
         });
         return (Some(report), Display { bar: Some(bar) });
     }
