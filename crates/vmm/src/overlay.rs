@@ -61,8 +61,7 @@ impl Overlay {
         std::fs::create_dir_all(&dir).map_err(file("cannot create", &dir))?;
         sweep(&dir);
         let path = dir.join(format!("{name}-{}.ext4", std::process::id()));
-        let base =
-            ftvm_host::disk::DiskImage::open(&image.rootfs, true).map_err(|e| crate::host_io::HostIoError::from(e))?;
+        let base = ftvm_host::disk::DiskImage::open(&image.rootfs, true).map_err(crate::host_io::HostIoError::from)?;
         let copied = ftvm_image::copy::clone_disk(&image.rootfs, &path);
         drop(base);
         if let Err(e) = copied {
