@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod cluster_cli;
+mod progress;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM_GIT_COMMIT"), ")");
@@ -34,7 +35,7 @@ enum Command {
     /// Fault tolerance (VMware FT's lockstep): a primary VM and its backup.
     #[command(subcommand)]
     Ft(FtCommand),
-    /// Build or locate the default guest image.
+    /// Build, list, locate or remove guest images.
     #[command(subcommand)]
     Image(ImageCommand),
     /// The daemon of one host of a cluster: runs its VMs, records the host
@@ -86,14 +87,49 @@ pub struct FtPrimaryArgs {
 
 #[derive(Subcommand)]
 enum ImageCommand {
-    /// Build the default guest from Debian trixie riscv64 packages (cached).
-    Build {
-        /// Rebuild even if a cached image exists.
-        #[arg(long)]
-        force: bool,
+    /// Build the default guest, or a named one with more software, from
+    /// Debian trixie riscv64 packages (cached: an image built as asked is
+    /// not built again).
+    Build(ImageBuildArgs),
+    /// Print the directory holding an image (the default one unless NAME).
+    Path {
+        /// An image's name, as `ftvm image list` shows it.
+        name: Option<String>,
     },
-    /// Print the directory holding the built image.
-    Path,
+    /// The images built: name, space on disk, extra packages.
+    List,
+    /// Remove an image (refused while a VM writes it with --persist).
+    Rm {
+        /// An image's name, as `ftvm image list` shows it.
+        name: String,
+    },
+}
+
+#[derive(Args)]
+struct ImageBuildArgs {
+    /// Rebuild even if a cached image exists.
+    #[arg(long)]
+    force: bool,
+    /// Debian packages to add to the default ones (busybox, redis,
+    /// iperf3), comma-separated or repeated; apt resolves their
+    /// dependencies and versions. They are extracted, not configured: no
+    /// maintainer scripts run.
+    #[arg(long, value_name = "PKG,...")]
+    packages: Vec<String>,
+    /// Size of the image's root disk (sparse), e.g. 4G. Default 1G.
+    #[arg(long)]
+    size: Option<String>,
+    /// The image's name (`ftvm run --image NAME`). Default: the packages'
+    /// names joined with `-`, or the default image without packages.
+    #[arg(long)]
+    name: Option<String>,
+    /// A directory (its contents) or a tar archive of your own files, put
+    /// into the root at PATH, owned by root. May be repeated.
+    #[arg(long = "add", value_name = "SOURCE:/PATH")]
+    adds: Vec<String>,
+    /// Show no progress (only the image's directory at the end).
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn main() -> ExitCode {
@@ -142,11 +178,20 @@ fn main() -> ExitCode {
         Command::Replay(r) => replay::replay(&r).map_err(Into::into),
         Command::Agent(a) => cluster_cli::agent(*a),
         Command::Cluster(c) => cluster_cli::cluster(*c),
-        Command::Image(ImageCommand::Build { force }) => image_build(force),
+        Command::Image(ImageCommand::Build(args)) => image_build(&args),
+        Command::Image(ImageCommand::List) => image_list(),
+        Command::Image(ImageCommand::Rm { name }) => ftvm_image::remove(&name)
+            .map(|dir| {
+                println!("removed {}", dir.display());
+                0
+            })
+            .map_err(Into::into),
         Command::Control { json, timeout, socket, command } => {
             control_command(&socket, &command.join(" "), json, std::time::Duration::from_secs(timeout))
         }
-        Command::Image(ImageCommand::Path) => ftvm_image::locate()
+        Command::Image(ImageCommand::Path { name }) => name
+            .as_deref()
+            .map_or_else(ftvm_image::locate, ftvm_image::locate_named)
             .map(|img| {
                 println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
                 0
@@ -196,9 +241,41 @@ fn control_command(
     }
 }
 
-fn image_build(force: bool) -> Result<u32, Box<dyn std::error::Error>> {
-    let opts = ftvm_image::BuildOptions { force, ..Default::default() };
-    let img = ftvm_image::build(&opts)?;
+fn image_build(args: &ImageBuildArgs) -> Result<u32, Box<dyn std::error::Error>> {
+    let spec = ftvm_image::ImageSpec::new(args.name.as_deref(), &args.packages, args.size.as_deref(), &args.adds)?;
+    let (progress, display) = progress::reporter(args.quiet);
+    let opts = ftvm_image::BuildOptions { force: args.force, spec, progress, ..Default::default() };
+    let built = ftvm_image::build(&opts);
+    display.finish();
+    let img = built?;
     println!("{}", img.kernel.parent().unwrap_or(&img.kernel).display());
+    Ok(0)
+}
+
+/// `ftvm image list`: one line an image, a header first.
+fn image_list() -> Result<u32, Box<dyn std::error::Error>> {
+    let images = ftvm_image::list();
+    if images.is_empty() {
+        println!("no images in {} (`ftvm image build` makes the default one)", ftvm_image::images_dir().display());
+        return Ok(0);
+    }
+    let width = images.iter().map(|i| i.name.len()).max().unwrap_or(4).max(4);
+    println!("{:width$}  {:>9}  {:>9}  PACKAGES (beyond the default)", "NAME", "ON DISK", "ROOT");
+    for i in images {
+        let on_disk = format!("{:.0} MiB", i.disk_bytes as f64 / (1 << 20) as f64);
+        match i.stamp {
+            Ok(st) => {
+                let root = format!("{} MiB", st.rootfs_bytes() >> 20);
+                let mut extra =
+                    if st.extra_packages.is_empty() { "-".to_string() } else { st.extra_packages.join(",") };
+                // (`SOURCE:/PATH DIGEST`: the digest is no news to a user)
+                for a in &st.added {
+                    extra.push_str(&format!(" +{}", a.rsplit_once(' ').map_or(a.as_str(), |(added, _)| added)));
+                }
+                println!("{:width$}  {on_disk:>9}  {root:>9}  {extra}", i.name);
+            }
+            Err(e) => println!("{:width$}  {on_disk:>9}  {:>9}  unusable: {}", i.name, "?", e.cause),
+        }
+    }
     Ok(0)
 }

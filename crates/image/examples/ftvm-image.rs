@@ -14,10 +14,18 @@ fn main() -> ExitCode {
     let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let result = match args.first().map(String::as_str) {
         Some("build") => {
+            let progress: Option<ftvm_image::Reporter> = (!flag("--quiet")).then(|| {
+                std::sync::Arc::new(|p: ftvm_image::Progress<'_>| match p {
+                    ftvm_image::Progress::Step { number, of, what } => eprintln!("ftvm-image: [{number}/{of}] {what}"),
+                    ftvm_image::Progress::Note(n) => eprintln!("ftvm-image: {n}"),
+                    ftvm_image::Progress::Bytes(_) => {}
+                }) as ftvm_image::Reporter
+            });
             let opts = ftvm_image::BuildOptions {
                 force: flag("--force"),
                 mirror: value("--mirror"),
-                progress: !flag("--quiet"),
+                progress,
+                ..Default::default()
             };
             ftvm_image::build(&opts).map(|img| print_paths(&img))
         }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use crate::artifacts::{self, KernelFormat};
 use crate::cpio::CpioWriter;
 use crate::modules::ModuleDb;
-use crate::{BuildOptions, GuestImage, ImageError, Stamp};
+use crate::{BuildOptions, GuestImage, ImageError, ImageSpec, Progress, Reporter, Stamp};
 
 /// Host tools and the Debian package providing each.
 const TOOLS: &[(&str, &str)] = &[
@@ -23,15 +23,32 @@ const TOOLS: &[(&str, &str)] = &[
     ("gzip", "gzip"),
 ];
 
+/// The build's steps, as [`Progress::Step`] numbers them.
+const STEPS: [&str; 6] = [
+    "fetching Debian packages",
+    "preparing the kernel and firmware",
+    "resolving kernel modules",
+    "building the initramfs",
+    "preparing the root filesystem",
+    "creating rootfs.ext4",
+];
+
 struct Ctx {
     start: Instant,
-    progress: bool,
+    progress: Option<Reporter>,
 }
 
 impl Ctx {
     fn say(&self, msg: &str) {
-        if self.progress {
-            eprintln!("ftvm image: [{:6.1}s] {msg}", self.start.elapsed().as_secs_f64());
+        if let Some(r) = &self.progress {
+            r(Progress::Note(msg));
+        }
+    }
+
+    /// Step `number` (from 1) of [`STEPS`] begins.
+    fn step(&self, number: usize) {
+        if let Some(r) = &self.progress {
+            r(Progress::Step { number, of: STEPS.len(), what: STEPS[number - 1] });
         }
     }
 }
@@ -96,21 +113,193 @@ fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageErr
     if out.status.success() {
         return Ok(());
     }
+    Err(failure(step, cmd, out.status, &text))
+}
+
+/// A command's failure: its first apt `E:` line, else its last lines.
+fn failure(step: &str, cmd: &Command, status: std::process::ExitStatus, text: &str) -> ImageError {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     // apt/mmdebstrap: the first "E:" line is the actual cause
     let tail = match lines.iter().find(|l| l.starts_with("E: ")) {
         Some(e) => e.to_string(),
         None => lines[lines.len().saturating_sub(3)..].join(" | "),
     };
-    Err(err(
+    err(
         step,
         format!(
-            "{} failed ({}): {}",
+            "{} failed ({status}): {}",
             cmd.get_program().to_string_lossy(),
-            out.status,
             if tail.is_empty() { "no output" } else { &tail }
         ),
-    ))
+    )
+}
+
+/// [`run`], telling the reporter the command's own steps as it goes
+/// (mmdebstrap's `I:` lines: updating the index, downloading, extracting);
+/// everything it prints goes to `log`.
+fn run_telling(step: &str, cmd: &mut Command, log: &Path, ctx: &Ctx) -> Result<(), ImageError> {
+    use std::io::BufRead;
+    let mut child = cmd
+        .env("PATH", child_path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(step, format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().expect("piped")) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().expect("piped")),
+    ]
+    .into_iter()
+    .map(|pipe| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        })
+    })
+    .collect();
+    drop(tx);
+    let mut text = String::new();
+    for line in rx {
+        // (our own hook's line is the whole shell command: no news)
+        if let Some(info) = line.strip_prefix("I: ").filter(|l| !l.starts_with("running --setup-hook")) {
+            ctx.say(info);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    let status = child.wait().map_err(|e| err(step, e))?;
+    let _ = fs::OpenOptions::new().create(true).append(true).open(log).and_then(|mut f| f.write_all(text.as_bytes()));
+    if status.success() {
+        Ok(())
+    } else {
+        Err(failure(step, cmd, status, &text))
+    }
+}
+
+/// Tells the reporter, twice a second while it lives, the bytes in apt's
+/// archive directory (the packages fetched so far, and kept ones).
+struct ArchiveWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ArchiveWatch {
+    fn start(reporter: Option<Reporter>, dir: PathBuf) -> ArchiveWatch {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let thread = reporter.map(|r| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let bytes = dir_bytes(&dir) + dir_bytes(&dir.join("partial"));
+                    if bytes != last {
+                        r(Progress::Bytes(bytes));
+                        last = bytes;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+            })
+        });
+        ArchiveWatch { stop, thread }
+    }
+}
+
+impl Drop for ArchiveWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Bytes of the regular files directly in `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Bytes a tree takes in ext4, roughly: each file's size rounded up to a
+/// 4 KiB block, and a block for every directory and symlink.
+fn tree_bytes(root: &Path) -> u64 {
+    let mut total = 0;
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.path().symlink_metadata() else { continue };
+            total += m.len().div_ceil(4096).max(1) * 4096;
+            if m.is_dir() {
+                dirs.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+/// Where the guest path `dest` is inside `root`, following the root's own
+/// symlinks as the guest would (an absolute link is the root's, never the
+/// host's: `var/run -> /run` must not lead out of the build).
+fn path_in_root(root: &Path, dest: &str) -> std::io::Result<PathBuf> {
+    let mut todo: Vec<String> =
+        dest.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(String::from).collect();
+    let mut at = PathBuf::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&c);
+        match fs::symlink_metadata(root.join(&next)) {
+            Ok(m) if m.file_type().is_symlink() => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(std::io::Error::other(format!("too many symlinks under {dest}")));
+                }
+                let target = fs::read_link(root.join(&next))?;
+                let t = target.to_string_lossy();
+                if t.starts_with('/') {
+                    at = PathBuf::new();
+                }
+                todo.extend(t.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(String::from));
+            }
+            _ => at = next,
+        }
+    }
+    Ok(root.join(at))
+}
+
+/// Put the user's directory (its contents) or tarball (extracted) at its
+/// place in the root, owned by root (as the packages' files are).
+fn add_files(add: &crate::Added, root: &Path, log: &Path) -> Result<(), ImageError> {
+    let step = format!("adding {}", add.source.display());
+    let dest = path_in_root(root, &add.dest).map_err(|e| err(&step, e))?;
+    fs::create_dir_all(&dest).map_err(|e| err(&step, format!("{}: {e}", add.dest)))?;
+    if add.source.is_dir() {
+        let mut from = add.source.clone().into_os_string();
+        from.push("/.");
+        run(&step, Command::new("cp").args(["-a", "--no-preserve=ownership", "--"]).arg(from).arg(&dest), Some(log))
+    } else {
+        run(
+            &step,
+            Command::new("tar").args(["-x", "--no-same-owner", "-f"]).arg(&add.source).arg("-C").arg(&dest),
+            Some(log),
+        )
+    }
 }
 
 /// Pipe `input` through `prog args...` into `out`.
@@ -169,12 +358,19 @@ fn pid_alive(pid: &str) -> bool {
 }
 
 pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage, ImageError> {
-    let ctx = Ctx { start: Instant::now(), progress: opts.progress };
-    if !opts.force {
-        if let Ok((img, _)) = crate::locate_in(final_dir) {
+    let ctx = Ctx { start: Instant::now(), progress: opts.progress.clone() };
+    let spec = &opts.spec;
+    match crate::locate_in(final_dir) {
+        Ok((img, stamp)) if !opts.force && spec.built_as(&stamp) => {
             ctx.say(&format!("image is up to date in {}", final_dir.display()));
             return Ok(img);
         }
+        Ok((_, stamp)) if !spec.built_as(&stamp) => ctx.say(&format!(
+            "replacing {}: it was built with other packages ({}), size or files",
+            spec.name,
+            if stamp.extra_packages.is_empty() { "none extra".into() } else { stamp.extra_packages.join(",") }
+        )),
+        _ => {}
     }
 
     // ---- preflight
@@ -207,8 +403,11 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     let work = images.join(format!(".build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| err("creating the build directory", format!("{}: {e}", work.display())))?;
-    let result = build_in(&ctx, &work, &mirror);
-    let result = result.and_then(|stamp| install(&ctx, &work, final_dir, stamp));
+    let result = build_in(&ctx, &work, &mirror, spec);
+    let result = result.and_then(|mut stamp| {
+        spec.stamp_fields(&mut stamp);
+        install(&ctx, &work, final_dir, stamp)
+    });
     let saved_log = images.join("last-build.log");
     let _ = fs::rename(work.join("build.log"), &saved_log);
     let result = result.map_err(|mut e| {
@@ -225,6 +424,7 @@ fn install(ctx: &Ctx, work: &Path, final_dir: &Path, mut stamp: Stamp) -> Result
     let step = "installing the image";
     let out = work.join("image");
     stamp.build_seconds = ctx.start.elapsed().as_secs_f64();
+    ctx.say("installing the image");
     fs::write(out.join(crate::STAMP_FILE), stamp.render()).map_err(|e| err(step, e))?;
     let old = final_dir.with_file_name(format!(".old-{}", std::process::id()));
     if final_dir.exists() {
@@ -237,28 +437,38 @@ fn install(ctx: &Ctx, work: &Path, final_dir: &Path, mut stamp: Stamp) -> Result
     Ok(img)
 }
 
-fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
+fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<Stamp, ImageError> {
     let stage = work.join("stage");
     let out = work.join("image");
     fs::create_dir_all(&out).map_err(|e| err("creating the build directory", e))?;
     let log = work.join("build.log");
 
     // ---- 1. packages
+    ctx.step(1);
     ctx.say(&format!("fetching {} {} packages with mmdebstrap from {mirror}", crate::SUITE, crate::ARCH));
     let step = "extracting Debian packages (mmdebstrap)";
-    // .debs of the previous build: apt skips downloading files it finds in
-    // the target's archive directory with the right hash
-    let deb_cache = crate::cache_dir().join("debs").join(crate::IMAGE_NAME);
+    // .debs of the previous build (of this image, and of the default one a
+    // named image shares most packages with): apt skips downloading files
+    // it finds in the target's archive directory with the right hash
+    let debs = crate::cache_dir().join("debs");
+    let deb_cache = debs.join(&spec.name);
     let mut hooks = Vec::new();
-    if fs::read_dir(&deb_cache).map(|mut d| d.next().is_some()).unwrap_or(false) {
-        let q = shell_quote(&deb_cache.to_string_lossy());
+    let mut seeds = vec![debs.join(crate::IMAGE_NAME)];
+    if spec.name != crate::IMAGE_NAME {
+        seeds.push(deb_cache.clone());
+    }
+    for seed in seeds.iter().filter(|d| fs::read_dir(d).map(|mut d| d.next().is_some()).unwrap_or(false)) {
+        let q = shell_quote(&seed.to_string_lossy());
         hooks.push(format!(
             "--setup-hook=mkdir -p \"$1/var/cache/apt/archives\" && for f in {q}/*.deb; do ln -f \"$f\" \"$1/var/cache/apt/archives/\" 2>/dev/null || cp \"$f\" \"$1/var/cache/apt/archives/\"; done; true"
         ));
     }
+    let packages: Vec<&str> = crate::PACKAGES.iter().copied().chain(spec.packages.iter().map(String::as_str)).collect();
     let extract = |suite: &str| {
         let _ = fs::remove_dir_all(&stage);
-        run(
+        // The bytes of packages at hand, told while apt fetches them.
+        let _watch = ArchiveWatch::start(ctx.progress.clone(), stage.join("var/cache/apt/archives"));
+        run_telling(
             step,
             Command::new(tool("mmdebstrap")?)
                 .args(&hooks)
@@ -266,7 +476,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
                 .arg("--variant=extract")
                 .arg(format!("--architectures={}", crate::ARCH))
                 .arg("--components=main")
-                .arg(format!("--include={}", crate::PACKAGES.join(",")))
+                .arg(format!("--include={}", packages.join(",")))
                 .arg("--aptopt=Acquire::Languages \"none\"")
                 .arg("--aptopt=Acquire::Retries \"3\"")
                 .arg("--skip=cleanup/apt/cache")
@@ -274,7 +484,8 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
                 .arg(suite)
                 .arg(&stage)
                 .arg(mirror),
-            Some(&log),
+            &log,
+            ctx,
         )
     };
     if let Err(e) = extract(crate::SUITE) {
@@ -318,6 +529,16 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     if packages.is_empty() {
         return Err(err(step, "no packages were downloaded"));
     }
+    let deb_bytes: u64 = fs::read_dir(&archives)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    if let Some(r) = &ctx.progress {
+        r(Progress::Bytes(deb_bytes));
+    }
     // keep exactly this build's .debs for the next one
     let _ = fs::remove_dir_all(&deb_cache);
     let _ = fs::create_dir_all(&deb_cache);
@@ -328,7 +549,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             let _ = fs::remove_file(e.path());
         }
     }
-    ctx.say(&format!("extracted {} packages", packages.len()));
+    ctx.say(&format!("extracted {} packages ({} MiB)", packages.len(), deb_bytes >> 20));
 
     // merged /usr (trixie packages ship under /usr only)
     for (link, target) in [("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib")] {
@@ -339,6 +560,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     }
 
     // ---- 2. kernel
+    ctx.step(2);
     let step = "finding the kernel";
     let boot = stage.join("boot");
     let mut kernels: Vec<PathBuf> = fs::read_dir(&boot)
@@ -408,6 +630,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     fs::copy(&fw, out.join("fw_dynamic.bin")).map_err(|e| err(step, format!("{}: {e}", fw.display())))?;
 
     // ---- 4. modules
+    ctx.step(3);
     let step = "resolving kernel modules";
     let moddir = stage.join("usr/lib/modules").join(&version);
     let moddir = if moddir.is_dir() { moddir } else { stage.join("lib/modules").join(&version) };
@@ -444,6 +667,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     ctx.say(&format!("initramfs modules (load order): {}", names.join(" ")));
 
     // ---- 5. initramfs
+    ctx.step(4);
     let step = "building the initramfs";
     let busybox = stage.join("usr/bin/busybox");
     let bb = fs::read(&busybox).map_err(|e| err(step, format!("{}: {e}", busybox.display())))?;
@@ -501,11 +725,30 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
     ));
 
     // ---- 6. root filesystem
+    ctx.step(5);
     let step = "preparing the root filesystem";
-    ctx.say("preparing the root filesystem tree");
     prepare_root(&stage, &applets).map_err(|e| err(step, e))?;
+    for add in &spec.adds {
+        ctx.say(&format!("adding {} at {}", add.source.display(), add.dest));
+        add_files(add, &stage, &log)?;
+    }
+    ctx.step(6);
     let step = "creating the ext4 root image (mke2fs)";
-    ctx.say("creating rootfs.ext4 with mke2fs -d");
+    // mke2fs fails with "Could not allocate block" halfway through a tree
+    // that does not fit: say so first, with the sizes.
+    let tree = tree_bytes(&stage);
+    let room = spec.size / 100 * 90;
+    if tree > room {
+        return Err(err(
+            step,
+            format!(
+                "the root's files take {} MiB, more than a {} MiB root disk holds: give a larger --size",
+                tree >> 20,
+                spec.size >> 20
+            ),
+        ));
+    }
+    ctx.say(&format!("rootfs.ext4: {} MiB of files in a {} MiB (sparse) disk", tree >> 20, spec.size >> 20));
     let rootfs = out.join("rootfs.ext4");
     run(
         step,
@@ -515,7 +758,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
             .arg("-d")
             .arg(&stage)
             .arg(&rootfs)
-            .arg(format!("{}k", crate::ROOTFS_SIZE / 1024)),
+            .arg(format!("{}k", spec.size / 1024)),
         Some(&log),
     )?;
 
@@ -527,6 +770,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str) -> Result<Stamp, ImageError> {
         build_seconds: 0.0,
         packages,
         initrd_modules: names,
+        ..Default::default()
     })
 }
 
@@ -605,6 +849,22 @@ mod tests {
         assert_eq!(e.step, "checking host tools");
         assert!(e.cause.contains("install the Debian package"), "{e}");
         assert!(!e.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn guest_paths_stay_in_the_root() {
+        let root = std::env::temp_dir().join(format!("ftvm-pathin-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("usr/lib")).unwrap();
+        fs::create_dir_all(root.join("run")).unwrap();
+        symlink("/run", root.join("var-run")).unwrap();
+        symlink("usr/lib", root.join("lib")).unwrap();
+        symlink("../../..", root.join("usr/lib/up")).unwrap();
+        assert_eq!(path_in_root(&root, "/var-run/app").unwrap(), root.join("run/app"));
+        assert_eq!(path_in_root(&root, "/lib/x").unwrap(), root.join("usr/lib/x"));
+        assert_eq!(path_in_root(&root, "/lib/up/etc").unwrap(), root.join("etc"));
+        assert_eq!(path_in_root(&root, "/opt/app").unwrap(), root.join("opt/app"));
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -24,23 +24,30 @@
 //! The guest protocol (command line, markers, exit status) is in [`protocol`]
 //! and `guest/README.md`.
 //!
-//! Images live in `<cache_dir()>/images/trixie-riscv64/` with a stamp file
-//! listing the resolved package versions; a build goes to a temporary
-//! directory renamed into place at the end, so [`locate`] never sees a
-//! half-built image.
+//! Images live in `<cache_dir()>/images/<name>/` (the default one is
+//! `trixie-riscv64`) with a stamp file listing the resolved package
+//! versions; a build goes to a temporary directory renamed into place at
+//! the end, so [`locate`] never sees a half-built image. A named image
+//! ([`ImageSpec`]) is the default recipe with more Debian packages, another
+//! root size, or the user's own files added to the root ([`list`],
+//! [`locate_named`], [`remove`]). A run's root disk and a pair's shared
+//! disk are copies ([`copy`]): the cached images are never written.
 
 pub mod artifacts;
 pub mod base64;
 mod build;
+pub mod copy;
 pub mod cpio;
 pub mod mirror;
 pub mod modules;
 pub mod protocol;
+mod spec;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use protocol::{kernel_cmdline, EXEC_BEGIN_MARKER, EXEC_STATUS_PREFIX};
+pub use spec::{list, locate_named, parse_size, remove, Added, ImageInfo, ImageSpec};
 
 /// Debian suite the default image is built from.
 pub const SUITE: &str = "trixie";
@@ -94,14 +101,40 @@ pub struct GuestImage {
 }
 
 /// Options for [`build`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct BuildOptions {
     /// Rebuild even if a complete, current image exists.
     pub force: bool,
     /// Debian mirror URL; default `$FTVM_DEBIAN_MIRROR`, then apt's sources.
     pub mirror: Option<String>,
-    /// Print progress lines (step and elapsed time) on stderr.
-    pub progress: bool,
+    /// What to build: the default image unless told otherwise.
+    pub spec: ImageSpec,
+    /// Told each step, the bytes of packages at hand, and notes, as the
+    /// build goes (the front end draws them; nothing is printed here).
+    pub progress: Option<Reporter>,
+}
+
+/// Hears a build's progress (see [`Progress`]).
+pub type Reporter = std::sync::Arc<dyn Fn(Progress<'_>) + Send + Sync>;
+
+/// What a build tells its [`Reporter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress<'a> {
+    /// Step `number` of `of` begins.
+    Step {
+        /// From 1.
+        number: usize,
+        /// How many steps the build has.
+        of: usize,
+        /// What the step does, e.g. `fetching packages`.
+        what: &'a str,
+    },
+    /// Bytes of Debian packages at hand so far (downloaded, or kept from
+    /// the last build), while they are fetched.
+    Bytes(u64),
+    /// A line about the build (a package tool's own step, the kernel
+    /// found, sizes).
+    Note(&'a str),
 }
 
 /// A failed step: displays as one line `"<step>: <cause>"`.
@@ -146,7 +179,12 @@ pub fn cache_dir() -> PathBuf {
 
 /// Directory of the default image: `<cache_dir()>/images/trixie-riscv64`.
 pub fn image_dir() -> PathBuf {
-    cache_dir().join("images").join(IMAGE_NAME)
+    images_dir().join(IMAGE_NAME)
+}
+
+/// Directory of every image: `<cache_dir()>/images`.
+pub fn images_dir() -> PathBuf {
+    cache_dir().join("images")
 }
 
 /// The contents of an image's stamp file.
@@ -166,6 +204,13 @@ pub struct Stamp {
     pub packages: Vec<(String, String)>,
     /// Modules in the initramfs, in load order.
     pub initrd_modules: Vec<String>,
+    /// Packages asked for beyond [`PACKAGES`] (a named image's).
+    pub extra_packages: Vec<String>,
+    /// Size of `rootfs.ext4` in bytes (0 in stamps of images built before
+    /// it was written: [`ROOTFS_SIZE`]).
+    pub rootfs_size: u64,
+    /// The user's files added to the root, as `SOURCE:/PATH DIGEST`.
+    pub added: Vec<String>,
 }
 
 impl Stamp {
@@ -179,10 +224,30 @@ impl Stamp {
             self.build_seconds,
             self.initrd_modules.join(",")
         );
+        // Written only when set, so the default image's stamp reads as
+        // it did before named images.
+        if !self.extra_packages.is_empty() {
+            s.push_str(&format!("extra_packages={}\n", self.extra_packages.join(",")));
+        }
+        if self.rootfs_size != 0 {
+            s.push_str(&format!("rootfs_size={}\n", self.rootfs_size));
+        }
+        for a in &self.added {
+            s.push_str(&format!("added={a}\n"));
+        }
         for (p, v) in &self.packages {
             s.push_str(&format!("package {p} {v}\n"));
         }
         s
+    }
+
+    /// The root disk's size.
+    pub fn rootfs_bytes(&self) -> u64 {
+        if self.rootfs_size == 0 {
+            ROOTFS_SIZE
+        } else {
+            self.rootfs_size
+        }
     }
 
     pub(crate) fn parse(text: &str) -> Option<Stamp> {
@@ -207,6 +272,11 @@ impl Stamp {
                 "initrd_modules" => {
                     st.initrd_modules = v.split(',').filter(|s| !s.is_empty()).map(String::from).collect()
                 }
+                "extra_packages" => {
+                    st.extra_packages = v.split(',').filter(|s| !s.is_empty()).map(String::from).collect()
+                }
+                "rootfs_size" => st.rootfs_size = v.parse().unwrap_or(0),
+                "added" => st.added.push(v.into()),
                 _ => {}
             }
         }
@@ -238,7 +308,12 @@ const ARTIFACTS: [&str; 4] = ["Image", "initrd.img", "rootfs.ext4", "fw_dynamic.
 /// Check `dir` holds a complete image of the current recipe.
 pub(crate) fn locate_in(dir: &Path) -> Result<(GuestImage, Stamp), ImageError> {
     let step = "locating the guest image";
-    let hint = "run `ftvm image build`";
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let hint = if name == IMAGE_NAME {
+        "run `ftvm image build`".to_string()
+    } else {
+        format!("run `ftvm image build --name {name}` with its packages")
+    };
     let stamp_path = dir.join(STAMP_FILE);
     let text = std::fs::read_to_string(&stamp_path)
         .map_err(|_| ImageError::new(step, format!("no built image in {} ({hint})", dir.display())))?;
@@ -277,32 +352,17 @@ pub fn stamp() -> Result<Stamp, ImageError> {
     locate_in(&image_dir()).map(|(_, st)| st)
 }
 
-/// Copy a disk image, leaving runs of zeros as holes: a fresh copy of the
+/// Copy a disk image, leaving holes as holes (a reflink where the
+/// filesystem has them, see [`copy::clone_disk`]): a fresh copy of the
 /// 1 GiB root disk for one VM run costs only the blocks in use.
 pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let mut input = std::fs::File::open(src)?;
-    let mut output = std::fs::File::create(dst)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        let n = input.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        if buf[..n].iter().all(|&b| b == 0) {
-            output.seek(SeekFrom::Current(n as i64))?;
-        } else {
-            output.write_all(&buf[..n])?;
-        }
-        len += n as u64;
-    }
-    output.set_len(len)
+    copy::clone_disk(src, dst).map(|_| ())
 }
 
-/// Build the default image (or return the cached one unless `opts.force`).
+/// Build the image `opts.spec` describes (or return the cached one, if it
+/// was built from the same spec, unless `opts.force`).
 pub fn build(opts: &BuildOptions) -> Result<GuestImage, ImageError> {
-    build::build(opts, &image_dir())
+    build::build(opts, &images_dir().join(&opts.spec.name))
 }
 
 #[cfg(test)]
@@ -319,8 +379,17 @@ mod tests {
             build_seconds: 12.5,
             packages: vec![("busybox-static".into(), "1:1.37.0-6".into()), ("redis-server".into(), "5:8.0.2-3".into())],
             initrd_modules: vec!["crc16".into(), "ext4".into()],
+            ..Default::default()
         };
-        assert_eq!(Stamp::parse(&st.render()), Some(st));
+        assert_eq!(Stamp::parse(&st.render()), Some(st.clone()));
+        assert!(!st.render().contains("extra_packages"), "a default image's stamp is as before");
+        let named = Stamp {
+            extra_packages: vec!["python3".into(), "sqlite3".into()],
+            rootfs_size: 4 << 30,
+            added: vec!["/home/u/app:/opt/app".into()],
+            ..st
+        };
+        assert_eq!(Stamp::parse(&named.render()), Some(named));
         assert_eq!(Stamp::parse("format=2\nrecipe=x\nkernel_version=y\n"), None);
     }
 

@@ -2,11 +2,13 @@
 //! backends of its devices (the default guest image filling in what was
 //! not given), or a snapshot to restore, and where its log goes (nowhere,
 //! a file, or a backup). What `ftvm run`, `ftvm record` and
-//! `ftvm ft primary` share.
+//! `ftvm ft primary` share. An image's root disk is booted on a copy of
+//! its own (`overlay`) unless `--persist`.
 
 use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
 use crate::ft::protect::{MachineProtector, Protector};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
+use crate::overlay::Overlay;
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
@@ -29,6 +31,17 @@ pub struct RecordArgs {
 
 #[derive(Args)]
 pub struct RunArgs {
+    /// Boot this image (`ftvm image list`; built with `ftvm image build
+    /// --name NAME`) instead of the default one: its firmware, kernel,
+    /// initrd and root disk fill in what is not given.
+    #[arg(long, value_name = "NAME", conflicts_with = "restore")]
+    pub image: Option<String>,
+    /// Let the guest write the image's root disk itself. Without it the
+    /// guest runs on a copy that goes when the run ends (kept if a snapshot
+    /// or a recording names it), and the image stays as built. A disk given
+    /// with --disk is always written.
+    #[arg(long, conflicts_with_all = ["disks", "restore"])]
+    pub persist: bool,
     /// M-mode firmware (OpenSBI fw_dynamic.bin), or `none` to start the kernel itself in M-mode.
     #[arg(long)]
     pub bios: Option<String>,
@@ -216,10 +229,20 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
     Ok(out)
 }
 
+/// The image `--image` names, or the default one.
+fn image(args: &RunArgs) -> Result<ftvm_image::GuestImage, VmmError> {
+    Ok(match &args.image {
+        Some(name) => ftvm_image::locate_named(name)?,
+        None => ftvm_image::locate()?,
+    })
+}
+
 /// Turn run options into a machine configuration (without its devices)
-/// and the backends of its devices, filling in the default guest image
-/// for whatever was not given.
-fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources), VmmError> {
+/// and the backends of its devices, filling in the image (`--image`, or
+/// the default one) for whatever was not given. Its root disk is a copy of
+/// the image's for this run (returned: removed when it drops) unless
+/// `--persist`.
+fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources, Option<Overlay>), VmmError> {
     // Options first: a typo should not be reported as a missing image, nor
     // wait for a kernel to be read.
     if args.cpus == 0 || args.cpus > MAX_CPUS {
@@ -232,9 +255,19 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
     }
     // Checked before looking for the image, for the same reason.
     backends(args, None)?;
-    // The default image supplies the firmware unless --bios is given, and
-    // kernel, initrd and root disk unless --kernel is.
-    let image = if args.bios.is_none() || args.kernel.is_none() { Some(ftvm_image::locate()?) } else { None };
+    if args.bios.is_some() && args.kernel.is_some() {
+        if let Some(opt) = [("--image", args.image.is_some()), ("--persist", args.persist)].iter().find(|o| o.1) {
+            return Err(usage(format!("{} has no image to use: --bios and --kernel are both given", opt.0)));
+        }
+    }
+    if args.persist && args.kernel.is_some() {
+        return Err(usage(
+            "--persist writes the image's root disk, which --kernel does not boot: name a disk with --disk",
+        ));
+    }
+    // The image supplies the firmware unless --bios is given, and kernel,
+    // initrd and root disk unless --kernel is.
+    let image = if args.bios.is_none() || args.kernel.is_none() { Some(image(args)?) } else { None };
     let firmware_path = match args.bios.as_deref() {
         Some("none") => None,
         Some(p) => Some(PathBuf::from(p)),
@@ -250,7 +283,21 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         (None, false) => None,
     };
     let initrd = initrd_path.as_ref().map(|p| read_file("cannot read initrd", p)).transpose()?;
-    let backends = backends(args, default_kernel.then(|| image.as_ref().unwrap().rootfs.clone()))?;
+    // The image's root disk, when no --disk is given: a copy for this run
+    // unless --persist.
+    let mut overlay = None;
+    let root = match &image {
+        Some(img) if default_kernel && args.disks.is_empty() && !args.persist => {
+            let name = args.image.as_deref().unwrap_or(ftvm_image::IMAGE_NAME);
+            let copy = Overlay::create(img, name)?;
+            let path = copy.path().to_path_buf();
+            overlay = Some(copy);
+            Some(path)
+        }
+        Some(img) if default_kernel => Some(img.rootfs.clone()),
+        _ => None,
+    };
+    let backends = backends(args, root)?;
     let mut cmdline = args.append.clone().unwrap_or_else(|| {
         if default_kernel {
             "console=ttyS0 root=/dev/vda rw".to_string()
@@ -286,7 +333,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: wall_clock_ns(),
     };
-    Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }))
+    Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }, overlay))
 }
 
 /// The host's clock, in ns since the Unix epoch: what a new VM's RTC
@@ -342,9 +389,14 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                 "with --disk-sharing separate, name this host's copy of the disk with --disk"
             }));
         }
+        if args.persist {
+            return Err(usage(
+                "--persist: a pair's disk is disk.img in --shared (or --disk), a copy of the image, never the image itself",
+            ));
+        }
         // The disk lives on the shared storage, where the backup finds it.
         if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
-            let img = ftvm_image::locate()?;
+            let img = image(&args)?;
             let disk = ft::default_shared_disk(&ft.pair, &img.rootfs, &mut made)?;
             args.disks.push(disk.display().to_string());
         }
@@ -363,9 +415,14 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         };
         Ok(())
     };
+    let mut overlay = None;
     let (mut machine, mut io, on_reset) = match &args.restore {
         None => {
-            let (mut cfg, backends, src) = machine_config(&args)?;
+            let (mut cfg, backends, src, copy) = machine_config(&args)?;
+            if let (Some(copy), Target::File(log)) = (&copy, &target) {
+                copy.keeper().keep(format!("the log {} names it, for `ftvm replay --then-run`", log.display()));
+            }
+            overlay = copy;
             let (io, devices) = HostIo::open(backends, events_tx.clone(), fence.clone())?;
             cfg.devices = devices;
             let m = Machine::new(&cfg)?;
@@ -438,6 +495,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
             command: args.exec_timeout.map(Duration::from_secs),
         }),
         stop_timeout: Duration::from_secs(args.stop_timeout),
+        disk_keepers: overlay.iter().map(Overlay::keeper).collect(),
     };
     // A plain VM, and a primary whose backup is lost, can be given one
     // while it runs; a recording cannot (its log is the file's).
@@ -445,7 +503,11 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         Target::File(_) => None,
         _ => Some(Box::new(MachineProtector { journal })),
     };
-    live::run(machine, io, events, options, on_reset, primary, protector)
+    let result = live::run(machine, io, events, options, on_reset, primary, protector);
+    // The run's copy of the root disk goes (or is said to be kept) only
+    // once the VM and its disk threads are done with it.
+    drop(overlay);
+    result
 }
 
 /// A machine from a snapshot file, with its devices attached to the

@@ -8,7 +8,8 @@
 //! entropy), `control` its control socket, `console` the terminal, `exec`
 //! the `--exec` protocol with the guest, `watch` what the loop looks for
 //! on the console (a kernel panic, the command's start), `record` and
-//! `replay` the replay log's two ends, and `ft` the fault-tolerant pair.
+//! `replay` the replay log's two ends, `overlay` a run's copy of an
+//! image's root disk, and `ft` the fault-tolerant pair.
 
 pub mod api;
 pub mod console;
@@ -19,6 +20,7 @@ pub mod ft;
 pub mod host_io;
 pub mod launch;
 pub mod live;
+pub mod overlay;
 pub mod record;
 pub mod replay;
 pub mod signals;

@@ -120,6 +120,9 @@ pub struct Options {
     /// After SIGTERM or SIGINT, how long the guest of a VM alone has to
     /// power off before it is stopped.
     pub stop_timeout: Duration,
+    /// The run's copies of an image's root disk (`overlay`): a snapshot
+    /// names them, so taking one keeps them after the run.
+    pub disk_keepers: Vec<crate::overlay::Keeper>,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -1135,6 +1138,9 @@ impl<E: Engine> Live<E> {
         let failed = |e: &dyn std::error::Error| ControlError::SnapshotFailed(e.to_string());
         let machine = self.m.snapshot().map_err(|e| failed(&e))?;
         snapshot_file::write(path, self.io.describe().as_bytes(), &machine).map_err(|e| failed(&e))?;
+        for k in &self.opts.disk_keepers {
+            k.keep(format!("the snapshot {} uses it", path.display()));
+        }
         // The time spent writing is not guest time.
         self.pacer = Pacer::new(&self.m);
         Ok(Reply::Snapshot {

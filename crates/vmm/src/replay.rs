@@ -193,6 +193,7 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         ft_alone: setup.announce,
         limits: None,
         stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
+        disk_keepers: Vec::new(),
     };
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
     // Live, it is a VM like any other: it can be given a backup (again).

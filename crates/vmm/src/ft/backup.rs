@@ -58,8 +58,8 @@ pub struct BackupArgs {
     pub disks: Vec<PathBuf>,
     /// A firmware, kernel, initrd or snapshot file the primary's VM may
     /// start from, taken if its hash is the one the primary recorded
-    /// (besides the default guest image's files and those of the same
-    /// name on the shared storage).
+    /// (besides the files of the images this host has built and those of
+    /// the same name on the shared storage).
     #[arg(long = "image", value_name = "FILE")]
     pub images: Vec<PathBuf>,
     /// Hold each acknowledgement this many milliseconds after receipt: a
@@ -368,10 +368,18 @@ fn following_status(
     }
 }
 
-/// The default guest image's firmware, kernel and initrd, if this host
-/// has it: the files a primary booted from by default.
+/// The firmware, kernel and initrd of every image this host has built
+/// (the default one first): the files a primary booted from by default,
+/// or with `--image NAME`.
 fn default_image_files() -> Vec<PathBuf> {
-    ftvm_image::locate().map_or_else(|_| Vec::new(), |img| vec![img.firmware, img.kernel, img.initrd])
+    let mut files: Vec<PathBuf> =
+        ftvm_image::locate().map_or_else(|_| Vec::new(), |img| vec![img.firmware, img.kernel, img.initrd]);
+    for info in ftvm_image::list().into_iter().filter(|i| i.name != ftvm_image::IMAGE_NAME) {
+        if let Ok(img) = ftvm_image::locate_named(&info.name) {
+            files.extend([img.firmware, img.kernel, img.initrd]);
+        }
+    }
+    files
 }
 
 /// How many NICs the VM a header describes has.
