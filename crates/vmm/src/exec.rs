@@ -187,6 +187,10 @@ impl ExecSession {
         let line = std::mem::take(&mut self.line);
         let line = line.strip_suffix(b"\r").unwrap_or(&line);
         if line == READY_LINE {
+            tracing::debug!(
+                command_bytes = self.command.len(),
+                "exec: the guest is ready; sending the nonce and the command"
+            );
             self.phase = Phase::Handshake;
             self.to_guest.extend_from_slice(&self.marker[1..self.marker.len() - 1]);
             self.to_guest.push(b'\n');
@@ -252,6 +256,7 @@ impl ExecSession {
             b'b' if self.phase == Phase::Handshake => {
                 self.phase = Phase::Running;
                 shown.began = true;
+                tracing::debug!("exec: the command began");
             }
             b'e' | b'E' if self.phase == Phase::Running => {
                 shown.stderr.extend_from_slice(payload);
@@ -262,6 +267,7 @@ impl ExecSession {
             b's' => {
                 self.status = std::str::from_utf8(payload).ok().and_then(|s| s.trim().parse().ok()).or(Some(255));
                 self.phase = Phase::Done;
+                tracing::debug!(status = ?self.status, "exec: the command finished");
             }
             // Unknown: a newer guest's; nothing to show.
             _ => {}

@@ -270,6 +270,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
             cmdline.len()
         )));
     }
+    tracing::debug!(%cmdline, "kernel command line");
     let cfg = MachineConfig {
         harts: args.cpus,
         ram_size,

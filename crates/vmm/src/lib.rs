@@ -7,8 +7,9 @@
 //! the host loop of a running VM, `host_io` its backends (disks, TAPs,
 //! entropy), `control` its control socket, `console` the terminal, `exec`
 //! the `--exec` protocol with the guest, `watch` what the loop looks for
-//! on the console (a kernel panic, the command's start), `record` and
-//! `replay` the replay log's two ends, and `ft` the fault-tolerant pair.
+//! on the console (a kernel panic), `registry` the VMs of this host with
+//! a control socket (`ftvm list`), `record` and `replay` the replay log's
+//! two ends, and `ft` the fault-tolerant pair.
 
 pub mod api;
 pub mod console;
@@ -20,6 +21,7 @@ pub mod host_io;
 pub mod launch;
 pub mod live;
 pub mod record;
+pub mod registry;
 pub mod replay;
 pub mod signals;
 pub mod watch;

@@ -1033,6 +1033,7 @@ impl<E: Engine> Live<E> {
     }
 
     fn control(&mut self, req: ControlRequest) -> Result<Next, VmmError> {
+        tracing::debug!(request = ?req.request, "control request");
         let (response, next) = match req.request {
             Request::Status => {
                 let pair = match &mut self.primary {
