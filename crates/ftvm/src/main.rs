@@ -4,7 +4,7 @@
 //! host library `ftvm_vmm`, which another front end (a daemon, a test) can
 //! drive in-process as well.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use ftvm_vmm::api::{Request, Response};
 use ftvm_vmm::launch::{RecordArgs, RunArgs, Target};
 use ftvm_vmm::{control, ft, launch, replay};
@@ -20,6 +20,11 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM
 #[derive(Parser)]
 #[command(name = "ftvm", version = VERSION, about = "Fault-tolerant virtual machines")]
 struct Cli {
+    /// Diagnostics on stderr: error, warn (the default), info, debug,
+    /// trace, off, or a tracing filter such as `ftvm_vmm=debug` (as
+    /// RUST_LOG, which this overrides).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,6 +52,25 @@ enum Command {
     /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
     /// --shared DIR [...] (give the running VM a backup; `protect --help`),
     /// events (its events so far and as they come, until it ends).
+    /// The VMs on this host that have a control socket (`--control`), with
+    /// their sockets, roles (alone, primary, backup, unprotected) and states.
+    List {
+        /// One JSON object a line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script (e.g. `ftvm completions bash >
+    /// /etc/bash_completion.d/ftvm`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (ftvm.1), or write one for every command to DIR.
+    Man {
+        /// Write ftvm.1, ftvm-run.1, ... into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     Control {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]
@@ -163,6 +187,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(msg) = init_logging(cli.log_level.as_deref()) {
+        eprintln!("ftvm: {msg}");
+        return ExitCode::from(2);
+    }
     // Each library's typed error, printed here as its one-line message.
     let result: Result<u32, Box<dyn std::error::Error>> = match cli.command {
         Command::Run(args) => launch::run(*args, Target::None).map_err(Into::into),
@@ -189,6 +217,12 @@ fn main() -> ExitCode {
         Command::Control { json, timeout, socket, command } => {
             control_command(&socket, &command.join(" "), json, std::time::Duration::from_secs(timeout))
         }
+        Command::List { json } => list(json),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "ftvm", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man { dir } => man(dir.as_deref()),
         Command::Image(ImageCommand::Path { name }) => name
             .as_deref()
             .map_or_else(ftvm_image::locate, ftvm_image::locate_named)
@@ -276,6 +310,72 @@ fn image_list() -> Result<u32, Box<dyn std::error::Error>> {
             }
             Err(e) => println!("{:width$}  {on_disk:>9}  {:>9}  unusable: {}", i.name, "?", e.cause),
         }
+    }
+    Ok(0)
+}
+
+/// `--log-level`, else `RUST_LOG`, else warnings only: the host library's
+/// diagnostics through `tracing`, on stderr. (What a user is told, errors
+/// and notices, is printed as before whatever the level.)
+fn init_logging(level: Option<&str>) -> Result<(), String> {
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    let parse = |what: &str, text: &str| -> Result<EnvFilter, String> {
+        // A bare word must be a level: a misspelt one would otherwise be
+        // taken for a module name, and show nothing.
+        if !text.contains(['=', ',', ':', '[']) && text.parse::<LevelFilter>().is_err() {
+            return Err(format!(
+                "{what} {text:?} is not a level (error, warn, info, debug, trace, off) or a tracing filter"
+            ));
+        }
+        EnvFilter::try_new(text).map_err(|e| format!("{what} {text:?}: {e}"))
+    };
+    let filter = match (level, std::env::var("RUST_LOG")) {
+        (Some(l), _) => parse("--log-level", l)?,
+        (None, Ok(v)) if !v.trim().is_empty() => parse("RUST_LOG", &v)?,
+        _ => EnvFilter::new("warn"),
+    };
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    Ok(())
+}
+
+/// `ftvm list`: a table (or JSON lines) of the VMs registered on this host.
+fn list(json: bool) -> Result<u32, Box<dyn std::error::Error>> {
+    let vms = ftvm_vmm::registry::list(ftvm_vmm::registry::ANSWER_WAIT);
+    if json {
+        for vm in &vms {
+            println!("{}", serde_json::to_string(vm)?);
+        }
+        return Ok(0);
+    }
+    println!("{:<8} {:<12} {:<12} {:<40} STATE", "PID", "COMMAND", "ROLE", "SOCKET");
+    for vm in &vms {
+        println!(
+            "{:<8} {:<12} {:<12} {:<40} {}",
+            vm.pid,
+            vm.command,
+            vm.role.as_deref().unwrap_or("-"),
+            vm.socket.display(),
+            vm.state
+        );
+    }
+    Ok(0)
+}
+
+/// `ftvm man`: the man page of `ftvm` on stdout, or one a command in DIR.
+fn man(dir: Option<&std::path::Path>) -> Result<u32, Box<dyn std::error::Error>> {
+    let cmd = Cli::command();
+    match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            clap_mangen::generate_to(cmd, dir)?;
+            println!("{}", dir.display());
+        }
+        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
     }
     Ok(0)
 }

@@ -48,13 +48,15 @@ pub enum Input {
     Eof,
 }
 
-/// Read stdin on a thread, turning the escape sequence into `Quit`.
-/// Each piece of input goes to `tx`, wrapped by `wrap`.
-pub fn spawn_reader<T: Send + 'static>(tx: mpsc::Sender<T>, wrap: fn(Input) -> T) {
+/// Read stdin on a thread, turning the escape sequence into `Quit` if
+/// `escape` (an interactive console; `--exec`'s stdin is data, passed on
+/// as it is). Each piece of input goes to `tx`, wrapped by `wrap`.
+pub fn spawn_reader<T: Send + 'static>(tx: mpsc::Sender<T>, wrap: fn(Input) -> T, escape: bool) {
     let tx = Sender { tx, wrap };
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();
-        let mut buf = [0u8; 256];
+        let mut buf = [0u8; 4096];
+        let with_escape = escape;
         let mut escape = false;
         loop {
             let n = match stdin.read(&mut buf) {
@@ -64,6 +66,12 @@ pub fn spawn_reader<T: Send + 'static>(tx: mpsc::Sender<T>, wrap: fn(Input) -> T
                 }
                 Ok(n) => n,
             };
+            if !with_escape {
+                if tx.send(Input::Bytes(buf[..n].to_vec())).is_err() {
+                    return;
+                }
+                continue;
+            }
             let mut out = Vec::with_capacity(n);
             for &b in &buf[..n] {
                 if escape {

@@ -139,14 +139,27 @@ fn parse_protect(words: &str) -> Result<Request, ControlError> {
     }
 }
 
-/// Removes the socket file when the VM ends.
+/// Removes the socket file (and its registration for `ftvm list`) when
+/// the VM ends.
 pub struct ControlSocket {
     path: PathBuf,
+    _registration: Option<crate::registry::Registration>,
+    /// Requests answered but whose answer is not written yet.
+    answering: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How long a VM that ends waits for the answers it gave to be written
+/// (`quit`'s own answer: the process would otherwise exit before the
+/// connection's thread writes it, and the client see no answer).
+const ANSWERS_WAIT: Duration = Duration::from_secs(1);
 
 impl Drop for ControlSocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        let until = std::time::Instant::now() + ANSWERS_WAIT;
+        while self.answering.load(std::sync::atomic::Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 
@@ -188,7 +201,10 @@ pub fn serve(
         UnixListener::bind(path).map_err(|source| ControlSocketError::Create { path: path.to_path_buf(), source })?;
     let answer = std::sync::Arc::new(answer);
     let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answering = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answering_ = answering.clone();
     std::thread::spawn(move || {
+        let answering = answering_;
         for mut conn in listener.incoming().flatten() {
             use std::sync::atomic::Ordering;
             let _ = conn.set_write_timeout(Some(CONNECTION_WAIT));
@@ -199,8 +215,9 @@ pub fn serve(
                 continue;
             }
             let (answer, journal, place) = (answer.clone(), journal.clone(), open.clone());
+            let answering = answering.clone();
             let served = std::thread::Builder::new().name("ftvm-control".into()).spawn(move || {
-                serve_one(conn, &journal, &*answer);
+                serve_one(conn, &journal, &*answer, &answering);
                 place.fetch_sub(1, Ordering::AcqRel);
             });
             if served.is_err() {
@@ -210,10 +227,17 @@ pub fn serve(
             }
         }
     });
-    Ok(ControlSocket { path: path.to_path_buf() })
+    tracing::debug!(socket = %path.display(), "control socket listening");
+    Ok(ControlSocket { path: path.to_path_buf(), _registration: crate::registry::register(path), answering })
 }
 
-fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Response) {
+fn serve_one(
+    conn: UnixStream,
+    journal: &Events,
+    answer: &dyn Fn(Request) -> Response,
+    answering: &std::sync::atomic::AtomicUsize,
+) {
+    use std::sync::atomic::Ordering;
     let _ = conn.set_read_timeout(Some(CONNECTION_WAIT));
     let mut line = Vec::new();
     let Ok(mut writer) = conn.try_clone() else { return };
@@ -237,14 +261,24 @@ fn serve_one(conn: UnixStream, journal: &Events, answer: &dyn Fn(Request) -> Res
     };
     let response = match request {
         Ok(Request::Events) => return stream_events(writer, journal, json),
-        Ok(request) => answer(request),
+        Ok(request) => {
+            answering.fetch_add(1, Ordering::AcqRel);
+            let r = answer(request);
+            let text = write_response(&r, json);
+            let _ = writeln!(writer, "{text}");
+            answering.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
         Err(e) => Response::Error(e),
     };
-    let text = match json {
-        true => serde_json::to_string(&response).expect("a response serializes"),
+    let _ = writeln!(writer, "{}", write_response(&response, json));
+}
+
+fn write_response(response: &Response, json: bool) -> String {
+    match json {
+        true => serde_json::to_string(response).expect("a response serializes"),
         false => response.to_string(),
-    };
-    let _ = writeln!(writer, "{text}");
+    }
 }
 
 /// Writes the journal's events so far, then each as it comes, until the

@@ -118,6 +118,13 @@ pub enum VmmError {
     /// (exit status 128 + signo).
     #[error("the command did not finish: {signal} stopped the guest (it powered off as asked)")]
     ExecInterrupted { signal: &'static str, signo: i32 },
+    /// `quit` on the control socket before the `--exec` command finished.
+    #[error("the command did not finish: `quit` on the control socket stopped the guest")]
+    ExecQuit,
+    /// `--exec`: the guest's init could not start the command (its line,
+    /// e.g. a root disk it cannot mount); exit status 255, the guest's.
+    #[error("the guest could not start the command: {0}")]
+    ExecSetup(String),
 
     // Going live at the end of a replay.
     #[error(transparent)]
@@ -134,10 +141,12 @@ impl VmmError {
     /// without the mode it belongs to, 128 + the signal's number (as a
     /// shell reports a command a signal ended: 143 for SIGTERM, 130 for
     /// SIGINT) when a guest asked to power off by one did not in time,
-    /// else 1.
+    /// 255 when the guest could not start an `--exec` command, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             VmmError::BootTimeout(_) | VmmError::ExecTimeout(_) => 124,
+            // The status the guest's init reports for it, as before.
+            VmmError::ExecSetup(_) => 255,
             // A command line that cannot work, as clap's own refusals.
             VmmError::ModeOption(_) => 2,
             VmmError::StopTimeout { signo, .. } | VmmError::ExecInterrupted { signo, .. } => {

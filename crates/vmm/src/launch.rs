@@ -305,23 +305,19 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
             String::new()
         }
     });
-    if let Some(cmd) = &args.exec {
-        exec::add_to_cmdline(&mut cmdline, cmd, args.verbose);
+    if args.exec.is_some() {
+        exec::add_to_cmdline(&mut cmdline, args.verbose);
     }
     // Linux copies at most this much of the command line and silently drops
     // the rest, which would cut an --exec command short.
     let max = ftvm_image::protocol::KERNEL_CMDLINE_MAX - 1;
     if cmdline.len() > max {
-        let what = if args.exec.is_some() {
-            " (--exec adds the command base64-encoded: keep it under about 700 bytes, or put it in a script on the disk)"
-        } else {
-            ""
-        };
         return Err(usage(format!(
-            "the kernel command line would be {} bytes, over Linux's limit of {max}{what}",
+            "the kernel command line would be {} bytes, over Linux's limit of {max}",
             cmdline.len()
         )));
     }
+    tracing::debug!(%cmdline, "kernel command line");
     let cfg = MachineConfig {
         harts: args.cpus,
         ram_size,
@@ -478,14 +474,19 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         }
         None => None,
     };
-    let console_input = args.exec.is_none();
+    // With --exec, stdin is the command's: read unless it is a terminal
+    // (a command waiting on a terminal nobody types into for it would
+    // hang a script; it gets the end of its input at once instead).
+    let stdin_tty = std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let console_input = args.exec.is_none() || !stdin_tty;
     if console_input {
-        console::spawn_reader(events_tx.clone(), HostEvent::Console);
+        let escape = args.exec.is_none();
+        console::spawn_reader(events_tx.clone(), HostEvent::Console, escape);
     }
     drop(events_tx);
     let options = live::Options {
         fast_time: args.fast_time,
-        exec: args.exec.is_some(),
+        exec: args.exec.clone(),
         show_boot: args.verbose,
         console_input,
         paused: args.paused,

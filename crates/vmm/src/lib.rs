@@ -7,7 +7,8 @@
 //! the host loop of a running VM, `host_io` its backends (disks, TAPs,
 //! entropy), `control` its control socket, `console` the terminal, `exec`
 //! the `--exec` protocol with the guest, `watch` what the loop looks for
-//! on the console (a kernel panic, the command's start), `record` and
+//! on the console (a kernel panic, the command's start), `registry` the
+//! VMs of this host with a control socket (`ftvm list`), `record` and
 //! `replay` the replay log's two ends, `overlay` a run's copy of an
 //! image's root disk, and `ft` the fault-tolerant pair.
 
@@ -22,6 +23,7 @@ pub mod launch;
 pub mod live;
 pub mod overlay;
 pub mod record;
+pub mod registry;
 pub mod replay;
 pub mod signals;
 pub mod watch;

@@ -24,7 +24,7 @@ use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, V
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
 use crate::error::{RebootRefused, VmmError};
-use crate::exec::OutputFilter;
+use crate::exec::ExecSession;
 use crate::ft::protect::Protector;
 use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
@@ -106,10 +106,12 @@ struct Stopping {
 pub struct Options {
     /// Skip idle time at once and never slow down for the wall clock.
     pub fast_time: bool,
-    /// Running `--exec`: filter console output, exit with the guest's status.
-    pub exec: bool,
+    /// Running `--exec` with this command: the console carries the exec
+    /// protocol (exec.rs), and the run exits with the guest's status.
+    pub exec: Option<String>,
     pub show_boot: bool,
-    /// Whether stdin is the VM's console (a terminal or a pipe).
+    /// Whether stdin is read: the VM's console (a terminal or a pipe), or
+    /// with `--exec` the command's stdin.
     pub console_input: bool,
     /// Start paused, waiting for `resume` on the control socket.
     pub paused: bool,
@@ -239,7 +241,7 @@ struct Live<E: Engine> {
     /// Completions that arrived while paused: a paused machine does not
     /// change, so they wait for `resume`.
     held: VecDeque<(usize, IoCompletion)>,
-    filter: Option<OutputFilter>,
+    exec: Option<ExecSession>,
     /// What watches over the run: a recording, or the primary's side of
     /// a fault-tolerant pair (until the backup is lost).
     primary: Option<Box<dyn Primary<E>>>,
@@ -292,7 +294,7 @@ pub fn run<E: Engine>(
     primary: Option<Box<dyn Primary<E>>>,
     protector: Option<Box<dyn Protector<E>>>,
 ) -> Result<u32, VmmError> {
-    let _term = if opts.console_input && !opts.exec { Some(RawTerminal::enter()) } else { None };
+    let _term = if opts.console_input && opts.exec.is_none() { Some(RawTerminal::enter()) } else { None };
     let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
     let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
@@ -303,7 +305,14 @@ pub fn run<E: Engine>(
         input_closed: !opts.console_input,
         pending: VecDeque::new(),
         held: VecDeque::new(),
-        filter: opts.exec.then(|| OutputFilter::new(opts.show_boot)),
+        exec: opts.exec.as_deref().map(|cmd| {
+            let mut s = ExecSession::new(cmd, opts.show_boot);
+            // Nothing is read from the host's stdin: the command's ends at once.
+            if !opts.console_input {
+                s.input_end();
+            }
+            s
+        }),
         opts,
         on_reset,
         primary,
@@ -435,11 +444,15 @@ impl<E: Engine> Live<E> {
                     self.powered_off = true;
                     // Powered off as a signal asked, before `--exec`'s
                     // command finished: a script must see it cut short.
-                    if let (Some(stop), Some(filter)) = (&self.stopping, &self.filter) {
-                        if !filter.command_finished() {
+                    if let (Some(stop), Some(exec)) = (&self.stopping, &self.exec) {
+                        if !exec.command_finished() {
                             let signal = crate::signals::name(stop.signal);
                             return Err(VmmError::ExecInterrupted { signal, signo: stop.signal });
                         }
+                    }
+                    // The guest's init could not start the command.
+                    if let Some(why) = self.exec.as_ref().and_then(|e| e.setup_error()) {
+                        return Err(VmmError::ExecSetup(why.to_string()));
                     }
                     return Ok(code);
                 }
@@ -533,7 +546,11 @@ impl<E: Engine> Live<E> {
         // A new boot: its messages are hidden again until the command
         // starts, and the boot has its time limit again (the command's
         // limit runs on from its first start).
-        self.filter = self.opts.exec.then(|| OutputFilter::new(self.opts.show_boot));
+        if let Some(exec) = &mut self.exec {
+            exec.restart();
+            // What was typed for the old boot is not the new one's.
+            self.pending.clear();
+        }
         self.watch = ConsoleWatch::new();
         if self.command_deadline.is_none() {
             self.boot_deadline = self.opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
@@ -648,9 +665,21 @@ impl<E: Engine> Live<E> {
 
     fn handle(&mut self, ev: HostEvent) -> Result<Next, VmmError> {
         match ev {
-            HostEvent::Console(Input::Bytes(b)) => self.pending.extend(b),
+            HostEvent::Console(Input::Bytes(b)) => match &mut self.exec {
+                Some(exec) => {
+                    exec.input(&b);
+                    self.pending.extend(exec.take_to_guest());
+                }
+                None => self.pending.extend(b),
+            },
             HostEvent::Console(Input::Quit) => return Ok(Next::Exit(0)),
-            HostEvent::Console(Input::Eof) => self.input_closed = true,
+            HostEvent::Console(Input::Eof) => {
+                self.input_closed = true;
+                if let Some(exec) = &mut self.exec {
+                    exec.input_end();
+                    self.pending.extend(exec.take_to_guest());
+                }
+            }
             HostEvent::Io(slot, completion) if self.paused => self.held.push_back((slot, completion)),
             HostEvent::Io(slot, completion) => {
                 self.inject(Event::Io { slot, completion });
@@ -1007,6 +1036,7 @@ impl<E: Engine> Live<E> {
     }
 
     fn control(&mut self, req: ControlRequest) -> Result<Next, VmmError> {
+        tracing::debug!(request = ?req.request, "control request");
         let (response, next) = match req.request {
             Request::Status => {
                 let pair = match &mut self.primary {
@@ -1108,6 +1138,11 @@ impl<E: Engine> Live<E> {
                     Err(e) => (Err(ControlError::BadRequest(e.to_string())), Next::Continue),
                 },
             },
+            // A script must not take an `--exec` run cut short for a success.
+            Request::Quit if self.exec.as_ref().is_some_and(|e| !e.command_finished()) => {
+                let _ = req.reply.send(Response::Ok(Reply::Quitting));
+                return Err(VmmError::ExecQuit);
+            }
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal.
             Request::Events => {
@@ -1237,17 +1272,29 @@ impl<E: Engine> Live<E> {
         if let (true, Some((_, _, ended))) = (seen.panic_ended, &mut self.panicked) {
             *ended = true;
         }
-        if seen.command_began && self.boot_deadline.take().is_some() && self.command_deadline.is_none() {
-            self.command_deadline =
-                self.opts.limits.and_then(|l| l.command).and_then(|c| Instant::now().checked_add(c));
-        }
-        let shown = match &mut self.filter {
-            Some(f) => f.feed(&out),
-            None => out,
+        let (stdout, stderr) = match &mut self.exec {
+            Some(exec) => {
+                let shown = exec.feed(&out);
+                // The protocol's answers (the nonce, chunks) go in as typed input.
+                self.pending.extend(exec.take_to_guest());
+                if shown.began && self.boot_deadline.take().is_some() && self.command_deadline.is_none() {
+                    self.command_deadline =
+                        self.opts.limits.and_then(|l| l.command).and_then(|c| Instant::now().checked_add(c));
+                }
+                (shown.stdout, shown.stderr)
+            }
+            None => (out, Vec::new()),
         };
-        let mut lock = std::io::stdout().lock();
-        let _ = lock.write_all(&shown);
-        let _ = lock.flush();
+        if !stdout.is_empty() {
+            let mut lock = std::io::stdout().lock();
+            let _ = lock.write_all(&stdout);
+            let _ = lock.flush();
+        }
+        if !stderr.is_empty() {
+            let mut lock = std::io::stderr().lock();
+            let _ = lock.write_all(&stderr);
+            let _ = lock.flush();
+        }
     }
 }
 

@@ -181,12 +181,12 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
         None => None,
     };
     if setup.console_input {
-        console::spawn_reader(tx.clone(), HostEvent::Console);
+        console::spawn_reader(tx.clone(), HostEvent::Console, true);
     }
     drop(tx);
     let opts = live::Options {
         fast_time: false,
-        exec: false,
+        exec: None,
         show_boot: false,
         console_input: setup.console_input,
         paused: false,

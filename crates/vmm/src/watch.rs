@@ -1,6 +1,7 @@
 //! Host policy on what the guest prints: the live loop reads the console
 //! anyway (to show it), so it also watches it for the two lines it must
-//! act on. The machine and its devices know nothing of this.
+//! act on. The machine and its devices know nothing of this. (`--exec`'s
+//! protocol, which the console also carries, is exec.rs's.)
 //!
 //! - A kernel panic: Linux prints `Kernel panic - not syncing: REASON` at
 //!   the start of a console line (after the printk timestamp, if any), a
@@ -8,10 +9,6 @@
 //!   and spins for ever (or reboots, with `panic=N`). A command that
 //!   printed the same text at the start of a line would be taken for a
 //!   panic too; nothing else in the guest's output is.
-//! - The `--exec` begin marker (`ftvm-exec-begin`, see `exec.rs`): the
-//!   command has started, which ends the boot time limit.
-
-use crate::exec::BEGIN_MARKER;
 
 const PANIC: &[u8] = b"Kernel panic - not syncing";
 const PANIC_END: &[u8] = b"---[ end Kernel panic";
@@ -23,8 +20,6 @@ const MAX_LINE: usize = 4096;
 /// What the console showed that matters to the host.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Seen {
-    /// The `--exec` command started.
-    pub command_began: bool,
     /// The first panic line, without its timestamp.
     pub panic: Option<String>,
     /// The kernel finished reporting its panic.
@@ -61,9 +56,6 @@ impl ConsoleWatch {
 }
 
 fn look_at(line: &[u8], seen: &mut Seen) {
-    if line == BEGIN_MARKER {
-        seen.command_began = true;
-    }
     let text = without_timestamp(line);
     if text.starts_with(PANIC) && seen.panic.is_none() {
         seen.panic = Some(String::from_utf8_lossy(text).into_owned());
@@ -106,10 +98,10 @@ mod tests {
     }
 
     #[test]
-    fn sees_the_begin_marker_and_ignores_panic_text_inside_a_line() {
+    fn ignores_panic_text_inside_a_line() {
         let mut w = ConsoleWatch::new();
         let seen = w.feed(b"boot\r\nftvm-exec-begin\r\necho Kernel panic - not syncing: no\r\n");
-        assert_eq!(seen, Seen { command_began: true, panic: None, panic_ended: false });
+        assert_eq!(seen, Seen { panic: None, panic_ended: false });
         assert!(w.feed(b"Kernel panic - not syncing: VFS: Unable to mount root fs\n").panic.is_some());
     }
 
