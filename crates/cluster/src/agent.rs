@@ -5,7 +5,7 @@
 //!   (`/ftvm/hosts/<id>`: identity, addresses, cores, memory, free
 //!   memory, its VMs and their parts), rewritten as they change, so the
 //!   host vanishes from the cluster a lease's time after its agent does;
-//! - serves the HTTP/JSON API (docs/api/openapi.yaml) and the Prometheus
+//! - serves the HTTP/JSON API (docs/api/openapi.json) and the Prometheus
 //!   metrics, every request but `/healthz` authenticated by the
 //!   cluster's bearer token;
 //! - runs the cluster's controller when elected ([`crate::controller`]);

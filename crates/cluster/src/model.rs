@@ -1,7 +1,7 @@
 //! The cluster's typed data: what a host's agent records in etcd, what a
 //! VM is to be (its spec), what the agents' HTTP API takes and answers,
 //! and its errors. The agent, the `ftvm cluster` command line and the
-//! tests speak these; the JSON is their serde form (docs/api/openapi.yaml
+//! tests speak these; the JSON is their serde form (docs/api/openapi.json
 //! describes it).
 
 use ftvm_vmm::api::VmStatus;
