@@ -17,6 +17,7 @@
 //! once etcd answers.
 
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
+use crate::session::Leased;
 use crate::vms::Vms;
 use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
@@ -24,7 +25,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use etcd_client::PutOptions;
 use ftvm_vmm::api::{Reply, Request};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -168,29 +169,17 @@ async fn wait_for_signal() {
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.config.etcd).unwrap_or_default();
     let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
-    let mut session: Option<(Client, i64)> = None;
+    let mut session: Option<Leased> = None;
     let mut down_since_logged = false;
     loop {
         let attempt = async {
             if session.is_none() {
-                let options = ConnectOptions::new()
-                    .with_connect_timeout(Duration::from_secs(2))
-                    .with_timeout(Duration::from_secs(3))
-                    .with_require_leader(true);
-                let mut client = Client::connect(&endpoints, Some(options)).await?;
-                let lease = client.lease_grant(HOST_LEASE.as_secs() as i64, None).await?.id();
-                session = Some((client, lease));
+                session = Some(Leased::open(&endpoints, HOST_LEASE).await?);
             }
-            let (client, lease) = session.as_mut().expect("made above");
+            let s = session.as_mut().expect("made above");
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
-            client.put(key.clone(), record, Some(PutOptions::new().with_lease(*lease))).await?;
-            let (mut keeper, mut responses) = client.lease_keep_alive(*lease).await?;
-            keeper.keep_alive().await?;
-            match responses.message().await? {
-                // A TTL of 0: the lease expired while etcd was away; a new one.
-                Some(r) if r.ttl() > 0 => Ok(()),
-                _ => Err(etcd_client::Error::LeaseKeepAliveError("the host's lease expired".into())),
-            }
+            s.client.put(key.clone(), record, Some(PutOptions::new().with_lease(s.lease))).await?;
+            s.renew().await
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
             Ok(Ok(())) => {
@@ -219,8 +208,8 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    if let Some((mut client, lease)) = session {
-        let _ = tokio::time::timeout(Duration::from_secs(3), client.lease_revoke(lease)).await;
+    if let Some(s) = session {
+        s.revoke().await;
     }
 }
 

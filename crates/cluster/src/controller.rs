@@ -15,7 +15,8 @@
 
 use crate::agent::HOSTS_PREFIX;
 use crate::model::{HostRecord, Role};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use crate::session::Leased;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -38,26 +39,17 @@ struct Retry {
 /// Runs the controller loop until `stop`.
 pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync::watch::Receiver<bool>) {
     let endpoints = ftvm_etcd::client::parse_endpoints(&etcd).unwrap_or_default();
-    let mut session: Option<(Client, i64)> = None;
+    let mut session: Option<Leased> = None;
     let mut leading = false;
     let mut retries: HashMap<String, Retry> = HashMap::new();
     loop {
         let pass = async {
             if session.is_none() {
-                let options = ConnectOptions::new()
-                    .with_connect_timeout(Duration::from_secs(2))
-                    .with_timeout(Duration::from_secs(3))
-                    .with_require_leader(true);
-                let mut client = Client::connect(&endpoints, Some(options)).await?;
-                let lease = client.lease_grant(LEASE.as_secs() as i64, None).await?.id();
-                session = Some((client, lease));
+                session = Some(Leased::open(&endpoints, LEASE).await?);
             }
-            let (client, lease) = session.as_mut().expect("made above");
-            let (mut keeper, mut responses) = client.lease_keep_alive(*lease).await?;
-            keeper.keep_alive().await?;
-            if !matches!(responses.message().await?, Some(r) if r.ttl() > 0) {
-                return Err(etcd_client::Error::LeaseKeepAliveError("the controller's lease expired".into()));
-            }
+            let s = session.as_mut().expect("made above");
+            s.renew().await?;
+            let (client, lease) = (&mut s.client, &s.lease);
             // Take the key if nobody holds it; then see who does.
             let txn = Txn::new()
                 .when([Compare::create_revision(CONTROLLER_KEY, CompareOp::Equal, 0)])
@@ -97,8 +89,8 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    if let Some((mut client, lease)) = session {
-        let _ = tokio::time::timeout(Duration::from_secs(3), client.lease_revoke(lease)).await;
+    if let Some(s) = session {
+        s.revoke().await;
     }
 }
 

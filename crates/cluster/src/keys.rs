@@ -8,12 +8,11 @@
 //! Whoever can read etcd can read these keys: a production cluster's etcd
 //! takes clients by certificate (etcd's `--client-cert-auth`) only.
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use ftvm_replication::pair_key::PairKey;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::Duration;
 
 /// Where the VMs' keys live.
 pub const KEYS_PREFIX: &str = "/ftvm/keys/";
@@ -22,12 +21,8 @@ pub const KEYS_PREFIX: &str = "/ftvm/keys/";
 /// cluster has none. Err: why, in one line.
 pub async fn ensure(etcd: &str, vm: &str, path: &Path) -> Result<(), String> {
     let endpoints = ftvm_etcd::client::parse_endpoints(etcd).map_err(|e| e.to_string())?;
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(3))
-        .with_require_leader(true);
     let etcd_err = |e: etcd_client::Error| format!("cannot get VM {vm}'s pair key from etcd: {e}");
-    let mut client = Client::connect(&endpoints, Some(options)).await.map_err(etcd_err)?;
+    let mut client = crate::session::connect(&endpoints).await.map_err(etcd_err)?;
     let key = format!("{KEYS_PREFIX}{vm}");
     // A fresh key, written only if the cluster has none yet.
     let fresh = path.with_extension("new");

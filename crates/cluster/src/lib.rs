@@ -9,6 +9,7 @@
 //!   control sockets.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
+//! - [`session`]: connections to etcd, and leases held by a loop.
 //! - [`token`]: the API's bearer token.
 //! - [`client`]: `ftvm cluster`'s client of an agent's API.
 //! - [`ops`]: operations across agents (protect a VM on another host).
@@ -20,5 +21,6 @@ pub mod keys;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod session;
 pub mod token;
 pub mod vms;
