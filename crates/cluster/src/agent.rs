@@ -61,6 +61,9 @@ pub struct AgentConfig {
     pub token: String,
     /// The ftvm binary the VMs run.
     pub ftvm: PathBuf,
+    /// The memory this host's VMs may have in all, bytes; None: the
+    /// host's memory.
+    pub vm_memory: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +87,8 @@ struct Agent {
 impl Agent {
     /// The host's record as it stands.
     async fn record(&self) -> HostRecord {
-        let memory = ftvm_host::memory::capacity().unwrap_or(0);
+        let host = ftvm_host::memory::capacity().unwrap_or(0);
+        let memory = self.config.vm_memory.map_or(host, |m| m.min(host));
         HostRecord {
             id: self.config.id.clone(),
             api: format!("http://{}", self.config.listen),

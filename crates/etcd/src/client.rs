@@ -156,6 +156,17 @@ impl Etcd {
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
+    /// The value at `key` and its modification revision (for a
+    /// transaction that writes only if nobody wrote since), if there is one.
+    pub fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
+        let key = key.to_string();
+        let resp = self.request(|mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })?;
+        Ok(resp.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
     /// The keys and values under `prefix`, sorted by key; at most `limit`
     /// of them from the end when `last` (0: all).
     pub fn get_prefix(&self, prefix: &str, last: i64) -> Result<Vec<(String, Vec<u8>)>, EtcdError> {
