@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from .errors import TrialFailed
@@ -141,7 +142,6 @@ class Cluster:
     def etcd_metrics(self, role):
         """The etcd member of host `role`'s /metrics, as {sample: value}
         (`name{labels}` as written)."""
-        import urllib.request
         url = f"http://{Site.HOSTS[role][1]}:{CLIENT_PORT}/metrics"
         text = in_netns(self.site.ns["client"], lambda: urllib.request.urlopen(url, timeout=10).read().decode())
         out = {}
