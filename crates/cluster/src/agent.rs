@@ -242,6 +242,7 @@ fn router(agent: Arc<Agent>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         // A request body of more than 64 KiB is no spec.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
+        .layer(middleware::map_response(crate::refusal::as_json))
         .with_state(agent)
 }
 

@@ -14,6 +14,7 @@
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
 //! - [`session`]: connections to etcd, and leases held by a loop.
 //! - [`token`]: the API's bearer token.
+//! - [`refusal`]: every refusal of the API as the model's JSON error.
 //! - [`client`]: `ftvm cluster`'s client of an agent's API.
 //! - [`ops`]: operations across agents (create, protect a VM on another
 //!   host, move, drain).
@@ -26,6 +27,7 @@ pub mod keys;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod refusal;
 pub mod session;
 pub mod token;
 pub mod vms;
