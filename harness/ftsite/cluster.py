@@ -44,8 +44,10 @@ class Cluster:
     """The site with a spare host, a three-member etcd, the cluster's token
     and an agent on each host; files under `work`."""
 
-    def __init__(self, ftvm, work, tag):
+    def __init__(self, ftvm, work, tag, agent_options=None):
         self.ftvm, self.work = ftvm, Path(work)
+        # {role: [extra `ftvm agent` options]}
+        self.agent_options = agent_options or {}
         self.site = Site(tag, spare=True)
         self.etcd = EtcdCluster(self.site, self.work)
         self.token = self.work / "token"
@@ -62,7 +64,7 @@ class Cluster:
         self.lives[role] += 1
         argv = [self.ftvm, "agent", "--host-id", role, "--etcd", self.etcd.endpoints, "--address", ip,
                 "--state-dir", str(self.work / f"agent-{role}"),
-                "--token-file", str(self.token)]
+                "--token-file", str(self.token), *self.agent_options.get(role, [])]
         log = self.work / f"agent-{role}-{self.lives[role]}.log"
         self.agents[role] = Proc(f"agent on {role}", self.site, role, argv, log)
         return self.agents[role]
@@ -90,6 +92,10 @@ class Cluster:
             return self.cli("--json", "vm", "show", name, timeout=60)
         except (TrialFailed, subprocess.TimeoutExpired):
             return []
+
+    def records(self):
+        """The hosts' records as etcd has them ({id: record})."""
+        return {h["id"]: h for h in self.cli("--json", "host", "list")}
 
     def sides(self, name):
         """{host: role} of the VM's processes the agents answer for."""

@@ -174,15 +174,24 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
     let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.config.etcd).unwrap_or_default();
     let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
     let mut session: Option<Leased> = None;
+    // The record as last written under the session's lease: it is written
+    // again only when it changed (etcd keeps every revision until its
+    // history is compacted; a rewrite every 2 s would be its largest
+    // growth: docs/ARCHITECTURE.md, "Capacity").
+    let mut written: Option<String> = None;
     let mut down_since_logged = false;
     loop {
         let attempt = async {
             if session.is_none() {
                 session = Some(Leased::open(&endpoints, HOST_LEASE).await?);
+                written = None;
             }
             let s = session.as_mut().expect("made above");
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
-            s.client.put(key.clone(), record, Some(PutOptions::new().with_lease(s.lease))).await?;
+            if written.as_ref() != Some(&record) {
+                s.client.put(key.clone(), record.clone(), Some(PutOptions::new().with_lease(s.lease))).await?;
+                written = Some(record);
+            }
             s.renew().await
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
@@ -197,14 +206,14 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
                     eprintln!("ftvm agent: cannot keep the host's record in etcd ({e}); trying again, VMs run on");
                     down_since_logged = true;
                 }
-                session = None;
+                crate::session::after_failure(&mut session).await;
             }
             Err(_) => {
                 if !down_since_logged {
                     eprintln!("ftvm agent: etcd does not answer; trying again, VMs run on");
                     down_since_logged = true;
                 }
-                session = None;
+                crate::session::after_failure(&mut session).await;
             }
         }
         tokio::select! {

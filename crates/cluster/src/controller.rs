@@ -342,6 +342,7 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
     };
     let mut reconciler = make();
     let mut session: Option<Leased> = None;
+    let (mut failures, mut announced) = (0u32, false);
     let mut pass: Option<tokio::task::JoinHandle<Reconciler>> = None;
     loop {
         let held = async {
@@ -359,17 +360,32 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
             let holder = client.get(CONTROLLER_KEY, None).await?;
             Ok::<_, etcd_client::Error>(holder.kvs().first().is_some_and(|kv| kv.lease() == *lease))
         };
+        // Unsure (a failed request) is not leading: no step is taken. It
+        // is said only once it lasts (a member's death fails a request or
+        // two, and the next member answers).
         let mine = match tokio::time::timeout(PASS * 3, held).await {
-            Ok(Ok(mine)) => mine,
+            Ok(Ok(mine)) => {
+                failures = 0;
+                Some(mine)
+            }
             _ => {
-                session = None;
-                false
+                failures += 1;
+                crate::session::after_failure(&mut session).await;
+                if failures >= 3 || session.is_none() {
+                    Some(false)
+                } else {
+                    None
+                }
             }
         };
-        if mine != leading.load(Ordering::SeqCst) {
-            eprintln!("ftvm agent: {} the cluster's controller", if mine { "now" } else { "no longer" });
-            leading.store(mine, Ordering::SeqCst);
+        leading.store(mine == Some(true), Ordering::SeqCst);
+        if let Some(mine) = mine {
+            if mine != announced {
+                eprintln!("ftvm agent: {} the cluster's controller", if mine { "now" } else { "no longer" });
+                announced = mine;
+            }
         }
+        let mine = mine == Some(true);
         // A pass runs on the blocking pool (its steps wait for agents and
         // VMs, for minutes at worst) while this loop goes on renewing the
         // lease; the next starts when it is over.
@@ -392,6 +408,13 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
         }
     }
     leading.store(false, Ordering::SeqCst);
+    // The reconciler's blocking etcd client has a runtime of its own,
+    // which may not be dropped on an async thread.
+    let finished = match pass {
+        Some(p) => p.await.ok(),
+        None => reconciler,
+    };
+    let _ = tokio::task::spawn_blocking(move || drop(finished)).await;
     if let Some(s) = session {
         s.revoke().await;
     }
