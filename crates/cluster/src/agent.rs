@@ -101,6 +101,23 @@ impl Agent {
         }
     }
 
+    /// etcd's endpoints, this host's own member first, for the agent's
+    /// own connections and its VMs': each asks the first member first,
+    /// and when a pair's other host dies, the member most likely alive is
+    /// the one beside the VM that must go live (the dead host's own member
+    /// costs its arbiter a try).
+    fn etcd_local_first(&self) -> String {
+        let own = |e: &String| {
+            e.strip_prefix("http://")
+                .and_then(|r| r.rsplit_once(':'))
+                .and_then(|(host, _)| host.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+                == Some(self.config.address)
+        };
+        let mut endpoints = ftvm_etcd::client::parse_endpoints(&self.config.etcd).unwrap_or_default();
+        endpoints.sort_by_key(|e| !own(e));
+        endpoints.join(",")
+    }
+
     /// Where this host keeps a VM's pair key (the cluster's, from etcd:
     /// [`crate::keys`]).
     fn pair_key(&self, vm: &str) -> PathBuf {
@@ -125,7 +142,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
     let controller = tokio::spawn(crate::controller::run(
         agent.config.id.clone(),
-        agent.config.etcd.clone(),
+        agent.etcd_local_first(),
         agent.config.token.clone(),
         stop_rx.clone(),
     ));
@@ -171,7 +188,7 @@ async fn wait_for_signal() {
 /// withdraws it (revokes the lease). Every failure is logged once per
 /// outage and retried: the VMs run on regardless.
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.config.etcd).unwrap_or_default();
+    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.etcd_local_first()).unwrap_or_default();
     let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
     let mut session: Option<Leased> = None;
     // The record as last written under the session's lease: it is written
@@ -306,7 +323,7 @@ async fn protect_vm(
         "protect --backup {} --mode {} --etcd {} --vm-name {name} --pair-key {}",
         req.backup,
         req.mode,
-        agent.config.etcd,
+        agent.etcd_local_first(),
         agent.pair_key(&name).display()
     );
     // The control API's own parser checks the options, as on the command
@@ -336,7 +353,7 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let listen = SocketAddr::new(agent.config.address, port).to_string();
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
-    agent.vms.create_backup(req.spec, &listen, &agent.config.etcd, &key)?;
+    agent.vms.create_backup(req.spec, &listen, &agent.etcd_local_first(), &key)?;
     Ok((StatusCode::CREATED, Json(BackupStarted { listen })).into_response())
 }
 

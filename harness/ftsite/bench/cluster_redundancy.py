@@ -47,6 +47,8 @@ import os
 import random
 import statistics
 import sys
+import tempfile
+from pathlib import Path
 import time
 
 import ftsite
@@ -146,6 +148,7 @@ def main():
     ap.add_argument("--trials", type=int, default=10, help="host deaths (default 10)")
     ap.add_argument("--window", type=float, default=60, help="seconds of each cost window (default 60)")
     ap.add_argument("--no-cost", action="store_true", help="skip the agents' cost")
+    ap.add_argument("--keep", action="store_true", help="keep the run's files (agents' and etcd's logs)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--seed", type=int, help="seed of the writing time before each death (default: new each run)")
     args = ap.parse_args()
@@ -161,7 +164,12 @@ def main():
               f"{'none' if args.no_cost else f'{args.window:g} s'}; ftvm {binary.source} (sha256 {binary.sha256}, "
               f"built {binary.built}, repo HEAD {binary.repo_commit}); {time.strftime('%Y-%m-%d %H:%M')}",
               flush=True)
-        work = ftsite.work_dir("ftvm-clred-")
+        if args.keep:
+            # The agents' and members' logs, for a trial that needs a look.
+            work = Path(tempfile.mkdtemp(prefix="ftvm-clred-"))
+            print(f"files kept in {work}", flush=True)
+        else:
+            work = ftsite.work_dir("ftvm-clred-")
         cl = Cluster(binary.path, work, "cr")
         cl.wait_hosts()
         idle = None if args.no_cost else cost(cl, args.window)
