@@ -4,7 +4,7 @@
 #   scripts/qemu-exec.sh [options]            interactive shell (exit powers off)
 # Options: --mem SIZE (1G)  --cpus N (1)  --net (user-mode virtio-net, eth0 10.0.2.15/24)
 #          --snapshot (discard disk writes)  --append STR (extra kernel parameters)
-#          --image DIR (default: $FTVM_CACHE_DIR|$XDG_CACHE_HOME/ftvm|~/.cache/ftvm + /images/trixie-riscv64)
+#          --image-dir DIR (default: $FTVM_CACHE_DIR|$XDG_CACHE_HOME/ftvm|~/.cache/ftvm + /images/trixie-riscv64)
 # Prints the guest console; with a command, boot noise before the
 # ftvm-exec-begin marker is hidden unless --verbose.
 set -euo pipefail
@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
         --net) NET=1; shift ;;
         --snapshot) SNAP=1; shift ;;
         --append) EXTRA=$2; shift 2 ;;
-        --image) DIR=$2; shift 2 ;;
+        --image-dir) DIR=$2; shift 2 ;;
         --verbose|-v) VERBOSE=1; shift ;;
         --) shift; break ;;
         -*) echo "qemu-exec.sh: unknown option $1" >&2; exit 2 ;;

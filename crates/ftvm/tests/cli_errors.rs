@@ -626,3 +626,25 @@ fn a_waiting_backup_answers_status() {
     assert_eq!(pause.0, Some(1), "{pause:?}");
     assert!(pause.1.contains("only status is answered"), "{pause:?}");
 }
+
+/// `--image` is a named image (`ftvm run --image NAME`); the backup's
+/// option for a file its primary's VM may start from is `--start-file`.
+/// The old spelling is refused with a line that names the new one, before
+/// anything listens.
+#[test]
+fn backup_image_is_refused_for_start_file() {
+    let s = scratch("start-file");
+    let shared = common::path_str(&s.dir);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let file = s.path("vm.snap");
+    std::fs::write(&file, b"x").unwrap();
+    let file = common::path_str(&file);
+    assert_error(
+        &["ft", "backup", "--listen", &listen, "--shared", &shared, "--image", &file],
+        2,
+        &["--image is a named image", "--start-file FILE"],
+    );
+    let help = ftvm(&["ft", "backup", "--help"]);
+    assert!(help.stdout.contains("--start-file <FILE>"), "{}", help.stdout);
+    assert!(!help.stdout.contains("--image"), "the old spelling is hidden:\n{}", help.stdout);
+}

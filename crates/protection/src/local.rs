@@ -27,9 +27,9 @@ pub struct LocalFiles {
     /// directory).
     pub shared: Option<PathBuf>,
     /// Files a VM may start from (firmware, kernel, initrd, snapshot):
-    /// this host's default guest image and any given with `--image`,
+    /// this host's default guest image and any given with `--start-file`,
     /// each taken only if its hash is the one recorded.
-    pub images: Vec<PathBuf>,
+    pub start_files: Vec<PathBuf>,
 }
 
 impl LocalFiles {
@@ -72,9 +72,9 @@ fn name_of(path: &Path) -> String {
 
 impl FileFinder for LocalFiles {
     /// The first of this host's files whose hash is `hash`: the one of
-    /// the same name on the shared storage first, then the images.
+    /// the same name on the shared storage first, then the start files.
     fn find(&self, key: &'static str, hash: &str, recorded: &Path) -> Result<Vec<u8>, HeaderError> {
-        let candidates = self.in_shared(recorded).into_iter().chain(self.images.iter().cloned());
+        let candidates = self.in_shared(recorded).into_iter().chain(self.start_files.iter().cloned());
         for path in candidates {
             let small_enough = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= MAX_IMAGE);
             if !small_enough {
@@ -138,7 +138,8 @@ mod tests {
         let kernel = dir.join("my-kernel");
         std::fs::write(&kernel, b"kernel bytes").unwrap();
         let hash = blake3::hash(b"kernel bytes").to_hex().to_string();
-        let local = LocalFiles { shared: Some(dir.join("shared")), images: vec![kernel.clone()], ..LocalFiles::default() };
+        let local =
+            LocalFiles { shared: Some(dir.join("shared")), start_files: vec![kernel.clone()], ..LocalFiles::default() };
         // Recorded under another path and name: found by its hash.
         assert_eq!(local.find("kernel", &hash, Path::new("/somewhere/Image")).unwrap(), b"kernel bytes");
         // A path in the header to a file that is not ours is never read.

@@ -95,7 +95,7 @@ pub enum HeaderError {
     NotRecorded { key: &'static str, path: PathBuf },
     /// None of the files this host offers is the one the header names.
     #[error(
-        "this host has no copy of the {key} {name} (hash {hash}): put it on the shared storage or give it with --image"
+        "this host has no copy of the {key} {name} (hash {hash}): put it on the shared storage or give it with --start-file"
     )]
     NoLocalCopy { key: &'static str, name: String, hash: String },
     #[error(transparent)]

@@ -26,7 +26,7 @@ def add_guest(ap, *, qemu=True, boot=True, timeout=900, timeout_help=None,
     ap.add_argument("--mem", default="1G")
     if boot:
         ap.add_argument("--cpus", type=int, default=1)
-    ap.add_argument("--image", help="image directory (default <cache>/images/trixie-riscv64)")
+    ap.add_argument("--image-dir", help="an image's directory (default <cache>/images/trixie-riscv64)")
     if boot:
         ap.add_argument("--kernel")
         ap.add_argument("--initrd")

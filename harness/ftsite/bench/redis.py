@@ -66,7 +66,7 @@ def die(msg, code=2):
 
 
 def resolve_image(args):
-    d = Path(args.image) if args.image else cache_dir() / "images" / "trixie-riscv64"
+    d = Path(args.image_dir) if args.image_dir else cache_dir() / "images" / "trixie-riscv64"
     img = {}
     for k, name in (("kernel", "Image"), ("initrd", "initrd.img"), ("disk", "rootfs.ext4"), ("bios", "fw_dynamic.bin")):
         img[k] = getattr(args, k) or str(d / name)

@@ -104,13 +104,13 @@ def resolve_image(args, ftvm):
     img = {}
     if ftvm is not None and ftvm.exists():
         img.update(paths_from_ftvm(ftvm))
-    d = Path(args.image) if args.image else cache_dir() / "images" / "trixie-riscv64"
+    d = Path(args.image_dir) if args.image_dir else cache_dir() / "images" / "trixie-riscv64"
     defaults = {"kernel": d / "Image", "initrd": d / "initrd.img", "disk": d / "rootfs.ext4", "bios": d / "fw_dynamic.bin"}
     for k, p in defaults.items():
         v = getattr(args, k)
         if v:
             img[k] = v
-        elif k not in img or args.image:
+        elif k not in img or args.image_dir:
             img[k] = str(p)
     for k, p in img.items():
         if not os.path.isfile(p):

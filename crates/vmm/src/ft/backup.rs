@@ -60,8 +60,13 @@ pub struct BackupArgs {
     /// start from, taken if its hash is the one the primary recorded
     /// (besides the files of the images this host has built and those of
     /// the same name on the shared storage).
-    #[arg(long = "image", value_name = "FILE")]
-    pub images: Vec<PathBuf>,
+    #[arg(long = "start-file", value_name = "FILE")]
+    pub start_files: Vec<PathBuf>,
+    /// The old spelling of --start-file, refused with a hint: everywhere
+    /// else `--image` is a named image (`ftvm run --image NAME`), and a
+    /// backup already takes the files of every image this host has built.
+    #[arg(long = "image", value_name = "FILE", hide = true, value_parser = refuse_old_image)]
+    pub old_image: Vec<String>,
     /// Hold each acknowledgement this many milliseconds after receipt: a
     /// slow way back, to watch the Output Rule hold the primary's outputs.
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -75,6 +80,14 @@ enum Decision {
     GoLive(String),
     /// The primary won.
     Halt(Deposed),
+}
+
+/// `--image FILE`, refused while the command line is parsed (a usage
+/// error, exit status 2), with the option to use instead.
+fn refuse_old_image(_: &str) -> Result<String, String> {
+    Err("--image is a named image elsewhere and a backup takes every image this host has built; \
+         give a firmware, kernel, initrd or snapshot file with --start-file FILE"
+        .to_string())
 }
 
 pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
@@ -195,7 +208,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let local = LocalFiles {
         disks: args.disks.clone(),
         shared: args.pair.shared.clone(),
-        images: args.images.iter().cloned().chain(default_image_files()).collect(),
+        start_files: args.start_files.iter().cloned().chain(default_image_files()).collect(),
     };
     // Heartbeats from now on: the checks below may take a while (hashing
     // disks), and the primary must not take them for a failure.
