@@ -104,6 +104,9 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
         Phase::Pending => match &record.start_on {
             Some(h) if !hosts.iter().any(|x| &x.id == h) => Step::Wait(format!("waiting for host {h}")),
             Some(h) if is_drained(h) => Step::Wait(format!("host {h} is drained")),
+            Some(h) if hosts.iter().any(|x| &x.id == h && x.free_memory_bytes < memory << 20) => {
+                Step::Wait(format!("waiting for host {h} to have {memory} MiB free"))
+            }
             Some(h) => Step::Start { on: h.clone() },
             None => place(hosts, name, &[], drained, memory, avoid)
                 .map_or_else(no_room, |h| Step::Start { on: h.id.clone() }),
@@ -485,6 +488,10 @@ mod tests {
         assert_eq!(decide(&two, &[], &on_b, now, None), Step::Start { on: "b".into() });
         on_b.start_on = Some("z".into());
         assert!(matches!(decide(&two, &[], &on_b, now, None), Step::Wait(_)));
+        // Asked for a host too small for it: it waits, and says why.
+        on_b.start_on = Some("b".into());
+        on_b.spec.memory_mib = 3000;
+        assert!(matches!(decide(&two, &[], &on_b, now, None), Step::Wait(w) if w.contains("3000 MiB")));
         // Placed: running is noted; a host that never shows it loses it.
         let placed = record("v", None, Phase::Placed { host: "b".into(), at: now - 10 });
         assert_eq!(decide(&two, &[], &placed, now, None), Step::Nothing);

@@ -45,6 +45,8 @@ pub enum OpsError {
     HasBackup { vm: String, host: String },
     #[error("host {0} is being drained: nothing new goes there")]
     Drained(String),
+    #[error("host {host} has {free_mib} MiB free for VMs: too little for VM {vm}'s {memory_mib} MiB")]
+    NoRoom { host: String, vm: String, memory_mib: u64, free_mib: u64 },
     #[error("VM {vm} runs on {host} already")]
     AlreadyThere { vm: String, host: String },
     #[error("{what} did not happen within {} s{}", .within.as_secs(), .problem.as_ref().map(|p| format!(" (last problem: {p})")).unwrap_or_default())]
@@ -119,7 +121,15 @@ impl Cluster {
     pub fn create(&self, spec: VmSpec, on: Option<&str>) -> Result<(), OpsError> {
         spec.check().map_err(OpsError::Spec)?;
         if let Some(on) = on {
-            self.host(on)?;
+            let host = self.host(on)?;
+            if host.free_memory_bytes < spec.memory_mib << 20 {
+                return Err(OpsError::NoRoom {
+                    host: on.into(),
+                    vm: spec.name.clone(),
+                    memory_mib: spec.memory_mib,
+                    free_mib: host.free_memory_bytes >> 20,
+                });
+            }
             if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
                 return Err(OpsError::Drained(on.into()));
             }
