@@ -68,6 +68,11 @@ class Binary:
     built: str  # the source file's modification time
     repo_commit: str  # the repository's HEAD when copied (the binary may be older)
 
+    @property
+    def identity(self):
+        """Which ftvm a benchmark ran, for the first line of its output."""
+        return f"ftvm {self.source} (sha256 {self.sha256}, built {self.built}, repo HEAD {self.repo_commit})"
+
 
 def private_ftvm(path):
     """Copies the ftvm binary to a private temporary directory (removed at

@@ -125,8 +125,7 @@ def main():
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
         fto = ft_overhead
         script = guest_script(args.rounds)
-        print(f"checkpoint: rates {rates}/s, {args.runs} run(s) each, job of {args.rounds} rounds; ftvm "
-              f"{binary.source} (sha256 {binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})",
+        print(f"checkpoint: rates {rates}/s, {args.runs} run(s) each, job of {args.rounds} rounds; {binary.identity}",
               flush=True)
 
         configs = [] if args.no_overhead else [None, *rates]

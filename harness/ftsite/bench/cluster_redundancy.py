@@ -161,8 +161,7 @@ def main():
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
         print(f"cluster-redundancy: {args.trials} host death(s), cost windows of "
-              f"{'none' if args.no_cost else f'{args.window:g} s'}; ftvm {binary.source} (sha256 {binary.sha256}, "
-              f"built {binary.built}, repo HEAD {binary.repo_commit}); {time.strftime('%Y-%m-%d %H:%M')}",
+              f"{'none' if args.no_cost else f'{args.window:g} s'}; {binary.identity}; {time.strftime('%Y-%m-%d %H:%M')}",
               flush=True)
         if args.keep:
             # The agents' and members' logs, for a trial that needs a look.

@@ -185,8 +185,7 @@ def main():
         script = guest_script(args.cpu_mb, args.blocks, args.one_program)
         disk = f"{args.disk_latency} per request" if args.disk_latency else "the host's page cache"
         print(f"epoch-table: lengths {lengths}, protocols {protocols}, {args.runs} run(s) each; CPU job "
-              f"{args.cpu_mb} MiB, {args.blocks} blocks; disk: {disk}; ftvm {binary.source} (sha256 "
-              f"{binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"{args.cpu_mb} MiB, {args.blocks} blocks; disk: {disk}; {binary.identity}", flush=True)
 
         snapshot = None
         if not args.boot:

@@ -115,8 +115,7 @@ def main():
         cores = None if args.no_pin else (0, 1)
         print(f"failover: {args.kills} trial(s), kinds {args.kind}, failure after {args.min_delay:g}-"
               f"{args.max_delay:g} s of writes, --timeout {args.timeout_ms} ms, "
-              f"{'unpinned' if cores is None else 'primary on core 0, backup on core 1'}, {' '.join(mode_args[1:])} mode; ftvm {binary.source} "
-              f"(sha256 {binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"{'unpinned' if cores is None else 'primary on core 0, backup on core 1'}, {' '.join(mode_args[1:])} mode; {binary.identity}", flush=True)
         trials = []
         for i, (kind, delay) in enumerate(zip(kinds, delays)):
             work = ftsite.work_dir(f"ftvm-failover-{i + 1}-")

@@ -62,8 +62,7 @@ def main():
         spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.spinners)]
         ftsite.on_cleanup(lambda: [s.kill() for s in spinners])
         print(f"false-alarms: {args.mode}, timeout {args.timeout_ms} ms, {args.spinners} spinner(s), "
-              f"{args.seconds:.0f} s loaded; load average {load_average():.2f} at the start; ftvm {binary.source} "
-              f"(sha256 {binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"{args.seconds:.0f} s loaded; load average {load_average():.2f} at the start; {binary.identity}", flush=True)
         started = time.monotonic()
         r = ftsite.failover_trial(binary.path, work, "fa", "crash", args.seconds, timeout_ms=args.timeout_ms,
                                   cores=None, primary_extra=extra,

@@ -127,8 +127,7 @@ def main():
         if args.log_dir:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
         print(f"ft-network: {args.runs} round(s), iperf3 -t {args.seconds} each way; FT = ftvm ft primary (core 0) "
-              f"+ backup (core 1), non-FT = ftvm run (core 0); ftvm {binary.source} (sha256 {binary.sha256}, "
-              f"built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"+ backup (core 1), non-FT = ftvm run (core 0); {binary.identity}", flush=True)
         res = {"ft": [], "plain": []}
         failed = None
         try:

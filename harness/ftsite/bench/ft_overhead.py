@@ -224,7 +224,7 @@ def main():
         idle_cmd = f"echo {IDLE_START}; sleep {args.idle_seconds}; echo {IDLE_END}"
         print(f"ft-overhead: {args.runs} round(s) of {', '.join(parts)}; FT = ftvm ft primary (core 0) + backup "
               f"(core 1), non-FT = ftvm run (core 0); {'--fast-time' if args.fast_time else 'real time'}; "
-              f"ftvm {binary.source} (sha256 {binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})",
+              f"{binary.identity}",
               flush=True)
 
         cpu = {"ft": [], "plain": []}

@@ -79,8 +79,7 @@ def main():
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
         print(f"handover: {args.trials} handover(s) and {args.trials} kill(s) per mode ({', '.join(modes)}), "
-              f"alternating; ftvm {binary.source} (sha256 {binary.sha256}, built {binary.built}, "
-              f"repo HEAD {binary.repo_commit})", flush=True)
+              f"alternating; {binary.identity}", flush=True)
         bad = 0
         rows = []
         for mode in modes:

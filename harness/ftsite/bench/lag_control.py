@@ -197,8 +197,7 @@ def main():
         work = ftsite.work_dir("ftvm-lag-")
         print(f"lag-control: CPU job loop under FT (primary core 0, backup core 1); backup capped to "
               f"{args.quota:g} % of a core for {args.throttle_seconds:g} s after {args.free_seconds:g} s free, then "
-              f"{args.recover_seconds:g} s lifted; lag threshold {args.lag_threshold_ms} ms; ftvm {binary.source} "
-              f"(sha256 {binary.sha256}, built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"{args.recover_seconds:g} s lifted; lag threshold {args.lag_threshold_ms} ms; {binary.identity}", flush=True)
         site = ftsite.Site("lag")
         backup = ftsite.start_backup(site, binary.path, work, work / "shared", core=1)
         quota.add(backup.pid)

@@ -201,8 +201,7 @@ def main():
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
         print(f"protect: {args.trials} protection(s) per mode ({', '.join(modes)}) of a 1 GiB redis guest "
-              f"holding {args.fill_mb} MiB (and {args.random_mb} MiB of random bytes in a tmpfs), under redis-benchmark; ftvm {binary.source} (sha256 {binary.sha256}, "
-              f"built {binary.built}, repo HEAD {binary.repo_commit})", flush=True)
+              f"holding {args.fill_mb} MiB (and {args.random_mb} MiB of random bytes in a tmpfs), under redis-benchmark; {binary.identity}", flush=True)
         rows = [run_mode(binary, mode, args) for mode in modes]
         print()
         print("pause = the final pause (guest stopped); probe = a client's longest wait for a reply during the "
