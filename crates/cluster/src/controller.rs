@@ -46,7 +46,8 @@ const PASS: Duration = Duration::from_secs(2);
 const BACKOFF_FIRST: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// After a step that worked, the VM is left alone this long: the hosts'
-/// records (rewritten every 2 s) catch up with what the step did.
+/// records (each agent looks at its VMs every 2 s and writes its record
+/// when they changed) catch up with what the step did.
 const SETTLE: Duration = Duration::from_secs(5);
 /// How long a host has to show a VM it was asked to start running (its
 /// process up; the boot itself is not waited for).
@@ -209,7 +210,7 @@ impl Reconciler {
             }
             let avoid = self.retries.get(&name).and_then(|r| r.failed_on.clone());
             let step = decide(&hosts, &drained, record, now, avoid.as_deref());
-            match self.take(record, &step) {
+            match self.take(&hosts, record, &step) {
                 Ok(None) => {}
                 Ok(Some(done)) => {
                     eprintln!("ftvm agent: controller: {name}: {done}");
@@ -242,7 +243,12 @@ impl Reconciler {
 
     /// Takes a step. Ok(Some): what it did; Err: the host it failed on and
     /// why.
-    fn take(&self, record: &VmRecord, step: &Step) -> Result<Option<String>, (Option<String>, String)> {
+    fn take(
+        &self,
+        hosts: &[HostRecord],
+        record: &VmRecord,
+        step: &Step,
+    ) -> Result<Option<String>, (Option<String>, String)> {
         let name = record.spec.name.as_str();
         let etcd = &self.cluster.etcd;
         fn failed(on: Option<&str>) -> impl Fn(crate::ops::OpsError) -> (Option<String>, String) + '_ {
@@ -257,11 +263,11 @@ impl Reconciler {
             .map(|_| ())
             .map_err(|e| (None, e.to_string()))
         };
-        let host_of = |id: &str| -> Result<crate::model::HostRecord, (Option<String>, String)> {
-            self.cluster
-                .hosts()
-                .map_err(failed(None))?
-                .into_iter()
+        // The pass's view of the hosts: one that left since is an agent
+        // that does not answer, a failure like any other.
+        let host_of = |id: &str| -> Result<&HostRecord, (Option<String>, String)> {
+            hosts
+                .iter()
                 .find(|h| h.id == id)
                 .ok_or_else(|| (Some(id.to_string()), format!("host {id} left the cluster")))
         };
@@ -285,7 +291,7 @@ impl Reconciler {
             Step::Start { on } => {
                 let host = host_of(on)?;
                 set_phase(Phase::Placed { host: on.clone(), at: desired::now() })?;
-                match self.cluster.agent(&host).create(&record.spec) {
+                match self.cluster.agent(host).create(&record.spec) {
                     Ok(_) => Ok(Some(format!("started on {on}"))),
                     Err(e) => {
                         set_phase(Phase::Pending)?;
@@ -299,11 +305,11 @@ impl Reconciler {
                 Ok(Some(done.message))
             }
             Step::Unprotect { primary } => {
-                let done = self.cluster.agent(&host_of(primary)?).unprotect(name).map_err(|e| (None, e.to_string()))?;
+                let done = self.cluster.agent(host_of(primary)?).unprotect(name).map_err(|e| (None, e.to_string()))?;
                 Ok(Some(format!("its backup let go: {}", done.message)))
             }
             Step::Handover { from } => {
-                let done = self.cluster.agent(&host_of(from)?).handover(name).map_err(|e| (None, e.to_string()))?;
+                let done = self.cluster.agent(host_of(from)?).handover(name).map_err(|e| (None, e.to_string()))?;
                 Ok(Some(format!("handed over from the drained host {from}: {}", done.message)))
             }
             Step::Move { from, to } => {

@@ -210,14 +210,15 @@ impl Cluster {
     /// Keeps VM `name` protected in `mode` from now on (its record), and,
     /// with `on`, gives it its backup on that host at once.
     pub fn protect(&self, name: &str, on: Option<&str>, mode: &str) -> Result<Done, OpsError> {
-        if let Some(record) = desired::get(&self.etcd, name)? {
-            let mut spec = record.spec.clone();
-            spec.protect = Some(mode.into());
-            spec.check().map_err(OpsError::Spec)?;
-            desired::update(&self.etcd, name, |r| {
-                r.spec.protect = Some(mode.into());
-                Ok::<_, DesiredError>(())
-            })?;
+        // A VM the cluster has no record of (started by hand on an agent)
+        // is protected all the same; its protection is then nobody's to keep.
+        let recorded = desired::update(&self.etcd, name, |r| {
+            r.spec.protect = Some(mode.into());
+            r.spec.check().map_err(OpsError::Spec)
+        });
+        match recorded {
+            Ok(_) | Err(OpsError::Desired(DesiredError::NoVm(_))) => {}
+            Err(e) => return Err(e),
         }
         match on {
             Some(on) => self.holding(name, || self.protect_on(name, on, mode)),
@@ -257,11 +258,12 @@ impl Cluster {
     /// Stops protecting VM `name` (its record wants no protection any
     /// more, and its backup stops).
     pub fn unprotect(&self, name: &str) -> Result<Done, OpsError> {
-        if desired::get(&self.etcd, name)?.is_some() {
-            desired::update(&self.etcd, name, |r| {
-                r.spec.protect = None;
-                Ok::<_, DesiredError>(())
-            })?;
+        match desired::update(&self.etcd, name, |r| {
+            r.spec.protect = None;
+            Ok::<_, DesiredError>(())
+        }) {
+            Ok(_) | Err(DesiredError::NoVm(_)) => {}
+            Err(e) => return Err(e.into()),
         }
         let (running, backup) = self.find(&self.hosts()?, name)?;
         if backup.is_none() && running.info.role != Role::Primary {
