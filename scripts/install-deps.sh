@@ -34,6 +34,7 @@ PACKAGES=(
     python3-pytest        # the FT integration tests (harness/tests), run by Debian's python3
     python3-pytest-xdist  # ... two at a time (pytest -n)
     python3-pytest-timeout # ... each with a time limit, so a hang fails with its stacks
+    python3-jsonschema    # the agent's OpenAPI document and answers against their schemas (test_openapi.py)
     etcd-server           # the cluster's store: the tests start their own members
     etcd-client           # etcdctl: the tests ask etcd for its quorum
     prometheus            # promtool: the tests check the agent's /metrics with it

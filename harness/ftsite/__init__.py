@@ -20,6 +20,10 @@ Modules:
            control(sock, command) for pause, snapshot, quit.
   resp     Resp, a small RESP (redis) client; wait_for_redis, wait_for_port.
   trial    failover_trial: one whole failover under load.
+  etcd     EtcdCluster: an etcd member per host, killed and restarted.
+  cluster  Cluster: three hosts each with an etcd member and an `ftvm
+           agent`, `ftvm cluster` from the client; a host killed and
+           brought back (test_cluster, bench/cluster-redundancy).
   fswatch  WriteWatch: who writes a file (a disk image), by process, from
            the kernel's fanotify.
   host     check_host, the ftvm binary (private_ftvm), the guest image,

@@ -61,6 +61,9 @@ pub struct AgentConfig {
     pub token: String,
     /// The ftvm binary the VMs run.
     pub ftvm: PathBuf,
+    /// The memory this host's VMs may have in all, bytes; None: the
+    /// host's memory.
+    pub vm_memory: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +87,8 @@ struct Agent {
 impl Agent {
     /// The host's record as it stands.
     async fn record(&self) -> HostRecord {
-        let memory = ftvm_host::memory::capacity().unwrap_or(0);
+        let host = ftvm_host::memory::capacity().unwrap_or(0);
+        let memory = self.config.vm_memory.map_or(host, |m| m.min(host));
         HostRecord {
             id: self.config.id.clone(),
             api: format!("http://{}", self.config.listen),
@@ -95,6 +99,23 @@ impl Agent {
             vms: self.vms.summary().await,
             version: env!("CARGO_PKG_VERSION").into(),
         }
+    }
+
+    /// etcd's endpoints, this host's own member first, for the agent's
+    /// own connections and its VMs': each asks the first member first,
+    /// and when a pair's other host dies, the member most likely alive is
+    /// the one beside the VM that must go live (the dead host's own member
+    /// costs its arbiter a try).
+    fn etcd_local_first(&self) -> String {
+        let own = |e: &String| {
+            e.strip_prefix("http://")
+                .and_then(|r| r.rsplit_once(':'))
+                .and_then(|(host, _)| host.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+                == Some(self.config.address)
+        };
+        let mut endpoints = ftvm_etcd::client::parse_endpoints(&self.config.etcd).unwrap_or_default();
+        endpoints.sort_by_key(|e| !own(e));
+        endpoints.join(",")
     }
 
     /// Where this host keeps a VM's pair key (the cluster's, from etcd:
@@ -121,7 +142,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
     let controller = tokio::spawn(crate::controller::run(
         agent.config.id.clone(),
-        agent.config.etcd.clone(),
+        agent.etcd_local_first(),
         agent.config.token.clone(),
         stop_rx.clone(),
     ));
@@ -167,18 +188,27 @@ async fn wait_for_signal() {
 /// withdraws it (revokes the lease). Every failure is logged once per
 /// outage and retried: the VMs run on regardless.
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.config.etcd).unwrap_or_default();
+    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.etcd_local_first()).unwrap_or_default();
     let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
     let mut session: Option<Leased> = None;
+    // The record as last written under the session's lease: it is written
+    // again only when it changed (etcd keeps every revision until its
+    // history is compacted; a rewrite every 2 s would be its largest
+    // growth: docs/ARCHITECTURE.md, "Capacity").
+    let mut written: Option<String> = None;
     let mut down_since_logged = false;
     loop {
         let attempt = async {
             if session.is_none() {
                 session = Some(Leased::open(&endpoints, HOST_LEASE).await?);
+                written = None;
             }
             let s = session.as_mut().expect("made above");
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
-            s.client.put(key.clone(), record, Some(PutOptions::new().with_lease(s.lease))).await?;
+            if written.as_ref() != Some(&record) {
+                s.client.put(key.clone(), record.clone(), Some(PutOptions::new().with_lease(s.lease))).await?;
+                written = Some(record);
+            }
             s.renew().await
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
@@ -193,14 +223,14 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
                     eprintln!("ftvm agent: cannot keep the host's record in etcd ({e}); trying again, VMs run on");
                     down_since_logged = true;
                 }
-                session = None;
+                crate::session::after_failure(&mut session).await;
             }
             Err(_) => {
                 if !down_since_logged {
                     eprintln!("ftvm agent: etcd does not answer; trying again, VMs run on");
                     down_since_logged = true;
                 }
-                session = None;
+                crate::session::after_failure(&mut session).await;
             }
         }
         tokio::select! {
@@ -238,6 +268,7 @@ fn router(agent: Arc<Agent>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         // A request body of more than 64 KiB is no spec.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
+        .layer(middleware::map_response(crate::refusal::as_json))
         .with_state(agent)
 }
 
@@ -292,7 +323,7 @@ async fn protect_vm(
         "protect --backup {} --mode {} --etcd {} --vm-name {name} --pair-key {}",
         req.backup,
         req.mode,
-        agent.config.etcd,
+        agent.etcd_local_first(),
         agent.pair_key(&name).display()
     );
     // The control API's own parser checks the options, as on the command
@@ -322,7 +353,7 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let listen = SocketAddr::new(agent.config.address, port).to_string();
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
-    agent.vms.create_backup(req.spec, &listen, &agent.config.etcd, &key)?;
+    agent.vms.create_backup(req.spec, &listen, &agent.etcd_local_first(), &key)?;
     Ok((StatusCode::CREATED, Json(BackupStarted { listen })).into_response())
 }
 

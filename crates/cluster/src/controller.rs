@@ -3,47 +3,352 @@
 //! that stops renewing loses it a lease's time later and another takes
 //! over). Every agent runs this loop; only the holder acts.
 //!
-//! What it does (VMware FT §3.1, "redundancy restored automatically"):
-//! each VM whose spec wants protection and that runs without a backup gets
-//! one, on the host with the most memory free among those that can take it
-//! (never the VM's own host, never one short of memory; of equals, the one
-//! with the fewest VMs, to spread pairs). A failed attempt is tried again
-//! with a backoff (2 s doubling to 60 s), on another host first. A VM that
-//! failed over runs alone on its former backup's host, so it is protected
-//! again this way without anyone asking, and a host that joins is a
-//! candidate at the next pass.
+//! It makes the cluster what its records say ([`crate::desired`]), one
+//! step per VM and pass, the step chosen by [`decide`] from the hosts'
+//! records alone:
+//! - a new VM is started on the host asked for, or the one with the most
+//!   memory free; if that host has not shown it running two minutes
+//!   later, it is placed again;
+//! - a VM whose record wants protection and that runs without a backup
+//!   gets one (VMware FT §3.1, "redundancy restored automatically"), on
+//!   the host with the most memory free among those that can take it:
+//!   never the VM's own host, never a drained one or one short of
+//!   memory; of equals, the one with the fewest VMs, to spread pairs. A
+//!   VM that failed over runs alone on its former backup's host, so it is
+//!   protected again this way without anyone asking, and a host that
+//!   joins is a candidate at the next pass;
+//! - a drained host is emptied: a primary there hands over to its
+//!   backup, a backup there is let go (and made again elsewhere), a VM
+//!   running alone there is moved (a backup elsewhere, then a handover);
+//! - a VM whose record wants no protection loses its backup.
+//!
+//! A failed step is tried again with a backoff (2 s doubling to 60 s),
+//! on another host first, and its reason is kept in the VM's record for
+//! `vm show`. A VM that ran and now runs nowhere (its hosts died, with
+//! their disks) is reported lost, never started afresh under its name.
 
-use crate::agent::HOSTS_PREFIX;
-use crate::model::{HostRecord, Role};
+use crate::desired::{self, Phase, VmRecord};
+use crate::model::{HostRecord, HostVm, Role};
+use crate::ops::Cluster;
 use crate::session::Leased;
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The controller's key.
 pub const CONTROLLER_KEY: &str = "/ftvm/controller";
 /// Its lease.
 const LEASE: Duration = Duration::from_secs(10);
-/// Time between passes.
+/// Time between passes, and between renewals of the lease.
 const PASS: Duration = Duration::from_secs(2);
 const BACKOFF_FIRST: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// After a step that worked, the VM is left alone this long: the hosts'
+/// records (rewritten every 2 s) catch up with what the step did.
+const SETTLE: Duration = Duration::from_secs(5);
+/// How long a host has to show a VM it was asked to start running (its
+/// process up; the boot itself is not waited for).
+const PLACED_WAIT: u64 = 120;
 
-/// A VM's failed attempts: when to try again, and the host that failed.
+/// The one step the controller takes for a VM in a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Nothing,
+    /// Start the VM on this host (it is pending).
+    Start {
+        on: String,
+    },
+    /// It has been seen running: its record says so.
+    Started,
+    /// The host it was placed on did not start it: place it again.
+    Replace {
+        host: String,
+    },
+    /// Give it a backup on this host.
+    Protect {
+        on: String,
+        mode: String,
+    },
+    /// Let its backup go (asked of its primary's host).
+    Unprotect {
+        primary: String,
+    },
+    /// Hand it over from its primary's host to its backup.
+    Handover {
+        from: String,
+    },
+    /// Move it from a drained host to another.
+    Move {
+        from: String,
+        to: String,
+    },
+    /// It cannot be helped now: why (no host with room, it is lost).
+    Wait(String),
+}
+
+/// The step for `record`'s VM, given the live hosts, the drained ones,
+/// the time (Unix seconds) and the host its last failed step used.
+pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: u64, avoid: Option<&str>) -> Step {
+    let name = record.spec.name.as_str();
+    let memory = record.spec.memory_mib;
+    let sides: Vec<(&HostRecord, &HostVm)> =
+        hosts.iter().flat_map(|h| h.vms.iter().filter(|v| v.name == name).map(move |v| (h, v))).collect();
+    let running = sides.iter().find(|(_, v)| matches!(v.role, Role::Unprotected | Role::Primary | Role::Starting));
+    let backup = sides.iter().find(|(_, v)| v.role == Role::Backup);
+    let is_drained = |h: &str| drained.iter().any(|d| d == h);
+    let no_room = || Step::Wait(format!("waiting for a host with {memory} MiB free"));
+    match &record.phase {
+        Phase::Pending if running.is_some() => Step::Started,
+        Phase::Pending => match &record.start_on {
+            Some(h) if !hosts.iter().any(|x| &x.id == h) => Step::Wait(format!("waiting for host {h}")),
+            Some(h) if is_drained(h) => Step::Wait(format!("host {h} is drained")),
+            Some(h) if hosts.iter().any(|x| &x.id == h && x.free_memory_bytes < memory << 20) => {
+                Step::Wait(format!("waiting for host {h} to have {memory} MiB free"))
+            }
+            Some(h) => Step::Start { on: h.clone() },
+            None => place(hosts, name, &[], drained, memory, avoid)
+                .map_or_else(no_room, |h| Step::Start { on: h.id.clone() }),
+        },
+        Phase::Placed { .. } if running.is_some() => Step::Started,
+        Phase::Placed { host, at } if now.saturating_sub(*at) > PLACED_WAIT => Step::Replace { host: host.clone() },
+        Phase::Placed { .. } => Step::Nothing,
+        Phase::Running => {
+            let Some((host, vm)) = running else {
+                return Step::Wait("lost: it runs on no host (its hosts failed, and its disk with them)".into());
+            };
+            if vm.role == Role::Starting {
+                return Step::Nothing;
+            }
+            let backup_host = backup.map(|(h, _)| h.id.as_str());
+            if is_drained(&host.id) {
+                return match backup_host {
+                    Some(b) if !is_drained(b) && vm.role == Role::Primary => Step::Handover { from: host.id.clone() },
+                    Some(_) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
+                    // A backup that has not joined yet: wait for it.
+                    Some(_) => Step::Nothing,
+                    None => place(hosts, name, &[&host.id], drained, memory, avoid)
+                        .map_or_else(no_room, |to| Step::Move { from: host.id.clone(), to: to.id.clone() }),
+                };
+            }
+            match (&record.spec.protect, backup_host) {
+                (_, Some(b)) if is_drained(b) && vm.role == Role::Primary => {
+                    Step::Unprotect { primary: host.id.clone() }
+                }
+                (None, Some(_)) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
+                (Some(mode), None) if vm.role == Role::Unprotected => {
+                    place(hosts, name, &[&host.id], drained, memory, avoid)
+                        .map_or_else(no_room, |to| Step::Protect { on: to.id.clone(), mode: mode.clone() })
+                }
+                _ => Step::Nothing,
+            }
+        }
+    }
+}
+
+/// The host for a process of VM `vm` needing `memory_mib`: not one of
+/// `exclude` (the VM's own host, for a backup), not a drained one, not one
+/// that has a process of the VM already, and not `avoid` (where the last
+/// attempt failed) unless it is the only one; the most memory free, then
+/// the fewest VMs. None: no host can take it.
+pub fn place<'a>(
+    hosts: &'a [HostRecord],
+    vm: &str,
+    exclude: &[&str],
+    drained: &[String],
+    memory_mib: u64,
+    avoid: Option<&str>,
+) -> Option<&'a HostRecord> {
+    let fits = |h: &&HostRecord| {
+        !exclude.contains(&h.id.as_str())
+            && !drained.contains(&h.id)
+            && h.free_memory_bytes >= memory_mib << 20
+            && !h.vms.iter().any(|v| v.name == vm && v.role != Role::Ended)
+    };
+    let best = |skip: Option<&str>| {
+        hosts
+            .iter()
+            .filter(fits)
+            .filter(|h| Some(h.id.as_str()) != skip)
+            .max_by_key(|h| (h.free_memory_bytes, std::cmp::Reverse(h.vms.len()), std::cmp::Reverse(h.id.clone())))
+    };
+    best(avoid).or_else(|| best(None))
+}
+
+/// A VM's failed steps: when to try again, and the host that failed.
 struct Retry {
     at: Instant,
     wait: Duration,
-    failed_on: String,
+    failed_on: Option<String>,
+}
+
+/// The controller's memory between passes.
+struct Reconciler {
+    cluster: Cluster,
+    retries: HashMap<String, Retry>,
+    /// Whether this agent still holds the controller's key: checked before
+    /// each step, as a pass may outlast the lease.
+    leading: Arc<AtomicBool>,
+}
+
+impl Reconciler {
+    /// One pass over every VM's record.
+    fn pass(&mut self) -> Result<(), crate::ops::OpsError> {
+        let hosts = self.cluster.hosts()?;
+        let records = desired::all(&self.cluster.etcd)?;
+        let drained = desired::drained(&self.cluster.etcd)?;
+        for record in &records {
+            let name = record.spec.name.clone();
+            if !self.leading.load(Ordering::SeqCst) {
+                break;
+            }
+            let now = desired::now();
+            if record.held(now) || self.retries.get(&name).is_some_and(|r| r.at > Instant::now()) {
+                continue;
+            }
+            let avoid = self.retries.get(&name).and_then(|r| r.failed_on.clone());
+            let step = decide(&hosts, &drained, record, now, avoid.as_deref());
+            match self.take(record, &step) {
+                Ok(None) => {}
+                Ok(Some(done)) => {
+                    eprintln!("ftvm agent: controller: {name}: {done}");
+                    self.retries
+                        .insert(name, Retry { at: Instant::now() + SETTLE, wait: Duration::ZERO, failed_on: None });
+                }
+                Err((failed_on, problem)) => {
+                    let wait = self
+                        .retries
+                        .get(&name)
+                        .map_or(BACKOFF_FIRST, |r| (r.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX));
+                    eprintln!("ftvm agent: controller: {name}: {problem}; again in {} s", wait.as_secs());
+                    self.note_problem(&name, Some(problem));
+                    self.retries.insert(name, Retry { at: Instant::now() + wait, wait, failed_on });
+                }
+            }
+        }
+        self.collect_ended(&hosts, &records);
+        Ok(())
+    }
+
+    /// Keeps (or clears) the reason a VM is not as its record wants, for
+    /// `vm show`.
+    fn note_problem(&self, vm: &str, problem: Option<String>) {
+        let _ = desired::update(&self.cluster.etcd, vm, |r| {
+            r.problem = problem.clone();
+            Ok::<_, desired::DesiredError>(())
+        });
+    }
+
+    /// Takes a step. Ok(Some): what it did; Err: the host it failed on and
+    /// why.
+    fn take(&self, record: &VmRecord, step: &Step) -> Result<Option<String>, (Option<String>, String)> {
+        let name = record.spec.name.as_str();
+        let etcd = &self.cluster.etcd;
+        fn failed(on: Option<&str>) -> impl Fn(crate::ops::OpsError) -> (Option<String>, String) + '_ {
+            move |e| (on.map(String::from), e.to_string())
+        }
+        let set_phase = |phase: Phase| {
+            desired::update(etcd, name, |r| {
+                r.phase = phase.clone();
+                r.problem = None;
+                Ok::<_, desired::DesiredError>(())
+            })
+            .map(|_| ())
+            .map_err(|e| (None, e.to_string()))
+        };
+        let host_of = |id: &str| -> Result<crate::model::HostRecord, (Option<String>, String)> {
+            self.cluster
+                .hosts()
+                .map_err(failed(None))?
+                .into_iter()
+                .find(|h| h.id == id)
+                .ok_or_else(|| (Some(id.to_string()), format!("host {id} left the cluster")))
+        };
+        match step {
+            Step::Nothing => Ok(None),
+            Step::Wait(why) => {
+                if record.problem.as_deref() != Some(why) {
+                    eprintln!("ftvm agent: controller: {name}: {why}");
+                    self.note_problem(name, Some(why.clone()));
+                }
+                Ok(None)
+            }
+            Step::Started => {
+                set_phase(Phase::Running)?;
+                Ok(Some("runs".into()))
+            }
+            Step::Replace { host } => {
+                set_phase(Phase::Pending)?;
+                Err((Some(host.clone()), format!("host {host} did not start it within {PLACED_WAIT} s")))
+            }
+            Step::Start { on } => {
+                let host = host_of(on)?;
+                set_phase(Phase::Placed { host: on.clone(), at: desired::now() })?;
+                match self.cluster.agent(&host).create(&record.spec) {
+                    Ok(_) => Ok(Some(format!("started on {on}"))),
+                    Err(e) => {
+                        set_phase(Phase::Pending)?;
+                        Err((Some(on.clone()), format!("cannot start it on {on}: {e}")))
+                    }
+                }
+            }
+            Step::Protect { on, mode } => {
+                eprintln!("ftvm agent: controller: protecting {name} with a backup on {on}");
+                let done = self.cluster.protect_on(name, on, mode).map_err(failed(Some(on)))?;
+                Ok(Some(done.message))
+            }
+            Step::Unprotect { primary } => {
+                let done = self.cluster.agent(&host_of(primary)?).unprotect(name).map_err(|e| (None, e.to_string()))?;
+                Ok(Some(format!("its backup let go: {}", done.message)))
+            }
+            Step::Handover { from } => {
+                let done = self.cluster.agent(&host_of(from)?).handover(name).map_err(|e| (None, e.to_string()))?;
+                Ok(Some(format!("handed over from the drained host {from}: {}", done.message)))
+            }
+            Step::Move { from, to } => {
+                eprintln!("ftvm agent: controller: moving {name} from the drained host {from} to {to}");
+                let done = self.cluster.move_to(name, to).map_err(failed(Some(to)))?;
+                Ok(Some(done.message))
+            }
+        }
+    }
+
+    /// Forgets the ended processes of VMs that run on another host now (an
+    /// old primary after a handover, a backup let go): their directories
+    /// hold a disk each. A VM that runs nowhere keeps its remains.
+    fn collect_ended(&self, hosts: &[HostRecord], records: &[VmRecord]) {
+        for host in hosts {
+            for vm in host.vms.iter().filter(|v| v.role == Role::Ended) {
+                let runs_elsewhere = hosts
+                    .iter()
+                    .any(|h| h.id != host.id && h.vms.iter().any(|v| v.name == vm.name && v.role != Role::Ended));
+                if runs_elsewhere && records.iter().any(|r| r.spec.name == vm.name) {
+                    let _ = self.cluster.agent(host).delete(&vm.name);
+                }
+            }
+        }
+    }
 }
 
 /// Runs the controller loop until `stop`.
 pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync::watch::Receiver<bool>) {
     let endpoints = ftvm_etcd::client::parse_endpoints(&etcd).unwrap_or_default();
+    let leading = Arc::new(AtomicBool::new(false));
+    // Made again if a pass panicked (its memory of retries goes with it).
+    let make = || match Cluster::new(&etcd, &token) {
+        Ok(cluster) => Some(Reconciler { cluster, retries: HashMap::new(), leading: leading.clone() }),
+        Err(e) => {
+            eprintln!("ftvm agent: controller: {e}");
+            None
+        }
+    };
+    let mut reconciler = make();
     let mut session: Option<Leased> = None;
-    let mut leading = false;
-    let mut retries: HashMap<String, Retry> = HashMap::new();
+    let (mut failures, mut announced) = (0u32, false);
+    let mut pass: Option<tokio::task::JoinHandle<Reconciler>> = None;
     loop {
-        let pass = async {
+        let held = async {
             if session.is_none() {
                 session = Some(Leased::open(&endpoints, LEASE).await?);
             }
@@ -56,32 +361,48 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
                 .and_then([TxnOp::put(CONTROLLER_KEY, id.clone(), Some(PutOptions::new().with_lease(*lease)))]);
             client.txn(txn).await?;
             let holder = client.get(CONTROLLER_KEY, None).await?;
-            let holder = holder.kvs().first().map(|kv| (kv.lease(), String::from_utf8_lossy(kv.value()).into_owned()));
-            let mine = matches!(&holder, Some((l, _)) if *l == *lease);
-            let hosts: Vec<HostRecord> = if mine {
-                let r = client.get(HOSTS_PREFIX, Some(GetOptions::new().with_prefix())).await?;
-                r.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect()
-            } else {
-                Vec::new()
-            };
-            Ok::<_, etcd_client::Error>((mine, hosts))
+            Ok::<_, etcd_client::Error>(holder.kvs().first().is_some_and(|kv| kv.lease() == *lease))
         };
-        match tokio::time::timeout(PASS * 3, pass).await {
-            Ok(Ok((mine, hosts))) => {
-                if mine != leading {
-                    eprintln!("ftvm agent: {} the cluster's controller", if mine { "now" } else { "no longer" });
-                    leading = mine;
-                }
-                if mine {
-                    restore_redundancy(&etcd, &token, &hosts, &mut retries).await;
-                }
+        // Unsure (a failed request) is not leading: no step is taken. It
+        // is said only once it lasts (a member's death fails a request or
+        // two, and the next member answers).
+        let mine = match tokio::time::timeout(PASS * 3, held).await {
+            Ok(Ok(mine)) => {
+                failures = 0;
+                Some(mine)
             }
             _ => {
-                session = None;
-                if leading {
-                    eprintln!("ftvm agent: no longer the cluster's controller (etcd does not answer)");
-                    leading = false;
+                failures += 1;
+                crate::session::after_failure(&mut session).await;
+                if failures >= 3 || session.is_none() {
+                    Some(false)
+                } else {
+                    None
                 }
+            }
+        };
+        leading.store(mine == Some(true), Ordering::SeqCst);
+        if let Some(mine) = mine {
+            if mine != announced {
+                eprintln!("ftvm agent: {} the cluster's controller", if mine { "now" } else { "no longer" });
+                announced = mine;
+            }
+        }
+        let mine = mine == Some(true);
+        // A pass runs on the blocking pool (its steps wait for agents and
+        // VMs, for minutes at worst) while this loop goes on renewing the
+        // lease; the next starts when it is over.
+        if pass.as_ref().is_some_and(|p| p.is_finished()) {
+            reconciler = pass.take().expect("checked above").await.ok();
+        }
+        if mine && pass.is_none() {
+            if let Some(mut r) = reconciler.take().or_else(make) {
+                pass = Some(tokio::task::spawn_blocking(move || {
+                    if let Err(e) = r.pass() {
+                        eprintln!("ftvm agent: controller: the pass failed: {e}");
+                    }
+                    r
+                }));
             }
         }
         tokio::select! {
@@ -89,86 +410,25 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
             _ = stop.wait_for(|s| *s) => break,
         }
     }
+    leading.store(false, Ordering::SeqCst);
+    // The reconciler's blocking etcd client has a runtime of its own,
+    // which may not be dropped on an async thread.
+    let finished = match pass {
+        Some(p) => p.await.ok(),
+        None => reconciler,
+    };
+    let _ = tokio::task::spawn_blocking(move || drop(finished)).await;
     if let Some(s) = session {
         s.revoke().await;
-    }
-}
-
-/// The host for a backup of a VM of `memory_mib` running on `running_on`
-/// (and not on `avoid`, where the last attempt failed, unless it is the
-/// only one): the most memory free, then the fewest VMs. None: no host can
-/// take it.
-pub fn place<'a>(
-    hosts: &'a [HostRecord],
-    vm: &str,
-    running_on: &str,
-    memory_mib: u64,
-    avoid: Option<&str>,
-) -> Option<&'a HostRecord> {
-    let fits = |h: &&HostRecord| {
-        h.id != running_on && h.free_memory_bytes >= memory_mib << 20 && !h.vms.iter().any(|v| v.name == vm)
-    };
-    let best = |skip: Option<&str>| {
-        hosts
-            .iter()
-            .filter(fits)
-            .filter(|h| Some(h.id.as_str()) != skip)
-            .max_by_key(|h| (h.free_memory_bytes, std::cmp::Reverse(h.vms.len()), std::cmp::Reverse(h.id.clone())))
-    };
-    best(avoid).or_else(|| best(None))
-}
-
-/// One pass: every VM that wants protection and runs alone is given a
-/// backup (one attempt each, at most, by its backoff).
-async fn restore_redundancy(etcd: &str, token: &str, hosts: &[HostRecord], retries: &mut HashMap<String, Retry>) {
-    // The VMs that run alone, from the hosts' records; a VM that has a
-    // backup anywhere is left alone.
-    let with_backup: Vec<&str> =
-        hosts.iter().flat_map(|h| h.vms.iter()).filter(|v| v.role == Role::Backup).map(|v| v.name.as_str()).collect();
-    for host in hosts {
-        for vm in host.vms.iter().filter(|v| v.role == Role::Unprotected && !with_backup.contains(&v.name.as_str())) {
-            let Some(mode) = vm.protect.clone() else { continue };
-            let now = Instant::now();
-            if retries.get(&vm.name).is_some_and(|r| r.at > now) {
-                continue;
-            }
-            let avoid = retries.get(&vm.name).map(|r| r.failed_on.clone());
-            let Some(target) = place(hosts, &vm.name, &host.id, vm.memory_mib, avoid.as_deref()) else {
-                continue;
-            };
-            eprintln!("ftvm agent: controller: protecting {} (on {}) with a backup on {}", vm.name, host.id, target.id);
-            let (etcd, token, name, on) = (etcd.to_string(), token.to_string(), vm.name.clone(), target.id.clone());
-            let result =
-                tokio::task::spawn_blocking(move || crate::ops::protect(&etcd, &token, &name, &on, &mode)).await;
-            match result {
-                Ok(Ok(done)) => {
-                    eprintln!("ftvm agent: controller: {}: {}", vm.name, done.message);
-                    retries.remove(&vm.name);
-                }
-                Ok(Err(e)) => {
-                    let wait = retries.get(&vm.name).map_or(BACKOFF_FIRST, |r| (r.wait * 2).min(BACKOFF_MAX));
-                    eprintln!(
-                        "ftvm agent: controller: protecting {} failed ({e}); again in {} s",
-                        vm.name,
-                        wait.as_secs()
-                    );
-                    retries.insert(
-                        vm.name.clone(),
-                        Retry { at: Instant::now() + wait, wait, failed_on: target.id.clone() },
-                    );
-                }
-                Err(e) => eprintln!("ftvm agent: controller: {}: {e}", vm.name),
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::HostVm;
+    use crate::model::VmSpec;
 
-    fn host(id: &str, free_mib: u64, vms: &[&str]) -> HostRecord {
+    fn host(id: &str, free_mib: u64, vms: &[(&str, Role)]) -> HostRecord {
         HostRecord {
             id: id.into(),
             api: String::new(),
@@ -178,22 +438,100 @@ mod tests {
             free_memory_bytes: free_mib << 20,
             vms: vms
                 .iter()
-                .map(|n| HostVm { name: n.to_string(), role: Role::Unprotected, protect: None, memory_mib: 0 })
+                .map(|(n, role)| HostVm { name: n.to_string(), role: *role, protect: None, memory_mib: 0 })
                 .collect(),
             version: String::new(),
         }
     }
 
+    fn record(name: &str, protect: Option<&str>, phase: Phase) -> VmRecord {
+        let spec = VmSpec {
+            name: name.into(),
+            memory_mib: 512,
+            cpus: 1,
+            command: None,
+            network: None,
+            protect: protect.map(String::from),
+        };
+        VmRecord { spec, start_on: None, phase, held_until: None, problem: None }
+    }
+
+    const U: Role = Role::Unprotected;
+
     #[test]
     fn a_backup_goes_where_there_is_room_never_on_its_primarys_host() {
-        let hosts = [host("a", 8000, &["v"]), host("b", 300, &[]), host("c", 2000, &["x", "y"]), host("d", 2000, &[])];
+        let hosts = [
+            host("a", 8000, &[("v", U)]),
+            host("b", 300, &[]),
+            host("c", 2000, &[("x", U), ("y", U)]),
+            host("d", 2000, &[]),
+        ];
         // The most free memory: the primary's own host, never.
-        assert_eq!(place(&hosts, "v", "a", 512, None).unwrap().id, "d");
+        assert_eq!(place(&hosts, "v", &["a"], &[], 512, None).unwrap().id, "d");
         // Too little memory on every other host: nowhere.
-        assert!(place(&hosts, "v", "a", 4000, None).is_none());
+        assert!(place(&hosts, "v", &["a"], &[], 4000, None).is_none());
         // Of equals, the one with fewer VMs; a host that failed last is
-        // tried after the others.
-        assert_eq!(place(&hosts, "v", "a", 512, Some("d")).unwrap().id, "c");
-        assert_eq!(place(&hosts[..2], "v", "a", 100, Some("b")).unwrap().id, "b");
+        // tried after the others; a drained host, never.
+        assert_eq!(place(&hosts, "v", &["a"], &[], 512, Some("d")).unwrap().id, "c");
+        assert_eq!(place(&hosts[..2], "v", &["a"], &[], 100, Some("b")).unwrap().id, "b");
+        assert_eq!(place(&hosts, "v", &["a"], &["d".into()], 512, None).unwrap().id, "c");
+    }
+
+    #[test]
+    fn each_vm_gets_the_one_step_its_record_asks_for() {
+        let now = 1000;
+        let two = [host("a", 4000, &[]), host("b", 2000, &[])];
+        // New: started on the roomiest host, or the one asked for.
+        assert_eq!(decide(&two, &[], &record("v", None, Phase::Pending), now, None), Step::Start { on: "a".into() });
+        let mut on_b = record("v", None, Phase::Pending);
+        on_b.start_on = Some("b".into());
+        assert_eq!(decide(&two, &[], &on_b, now, None), Step::Start { on: "b".into() });
+        on_b.start_on = Some("z".into());
+        assert!(matches!(decide(&two, &[], &on_b, now, None), Step::Wait(_)));
+        // Asked for a host too small for it: it waits, and says why.
+        on_b.start_on = Some("b".into());
+        on_b.spec.memory_mib = 3000;
+        assert!(matches!(decide(&two, &[], &on_b, now, None), Step::Wait(w) if w.contains("3000 MiB")));
+        // Placed: running is noted; a host that never shows it loses it.
+        let placed = record("v", None, Phase::Placed { host: "b".into(), at: now - 10 });
+        assert_eq!(decide(&two, &[], &placed, now, None), Step::Nothing);
+        assert_eq!(decide(&two, &[], &placed, now + PLACED_WAIT, None), Step::Replace { host: "b".into() });
+        let running_on_b = [host("a", 4000, &[]), host("b", 2000, &[("v", Role::Starting)])];
+        assert_eq!(decide(&running_on_b, &[], &placed, now, None), Step::Started);
+        // Wants protection and runs alone: a backup, elsewhere.
+        let alone = [host("a", 4000, &[]), host("b", 2000, &[("v", U)])];
+        let wants = record("v", Some("checkpoint"), Phase::Running);
+        assert_eq!(decide(&alone, &[], &wants, now, None), Step::Protect { on: "a".into(), mode: "checkpoint".into() });
+        assert!(matches!(decide(&[host("b", 2000, &[("v", U)])], &[], &wants, now, None), Step::Wait(_)));
+        // Protected: nothing; wants no protection: the backup goes.
+        let pair = [host("a", 4000, &[("v", Role::Backup)]), host("b", 2000, &[("v", Role::Primary)])];
+        assert_eq!(decide(&pair, &[], &wants, now, None), Step::Nothing);
+        assert_eq!(
+            decide(&pair, &[], &record("v", None, Phase::Running), now, None),
+            Step::Unprotect { primary: "b".into() }
+        );
+        // Runs nowhere after it ran: lost, never started afresh.
+        assert!(matches!(decide(&two, &[], &wants, now, None), Step::Wait(w) if w.starts_with("lost")));
+    }
+
+    #[test]
+    fn a_drained_host_is_emptied_and_never_chosen() {
+        let now = 1000;
+        let drained = ["b".to_string()];
+        let wants = record("v", Some("checkpoint"), Phase::Running);
+        // Its primary hands over to the backup elsewhere.
+        let pair =
+            [host("a", 4000, &[("v", Role::Backup)]), host("b", 2000, &[("v", Role::Primary)]), host("c", 9000, &[])];
+        assert_eq!(decide(&pair, &drained, &wants, now, None), Step::Handover { from: "b".into() });
+        // Its backup is let go (and then made elsewhere).
+        let pair =
+            [host("a", 4000, &[("v", Role::Primary)]), host("b", 2000, &[("v", Role::Backup)]), host("c", 9000, &[])];
+        assert_eq!(decide(&pair, &drained, &wants, now, None), Step::Unprotect { primary: "a".into() });
+        // A VM alone on it moves to the roomiest other host.
+        let alone = [host("a", 4000, &[]), host("b", 2000, &[("v", U)])];
+        assert_eq!(decide(&alone, &drained, &wants, now, None), Step::Move { from: "b".into(), to: "a".into() });
+        // Nothing new goes there.
+        let only_b = [host("b", 9000, &[]), host("a", 100, &[])];
+        assert!(matches!(decide(&only_b, &drained, &record("w", None, Phase::Pending), now, None), Step::Wait(_)));
     }
 }

@@ -22,7 +22,21 @@ pub const KEYS_PREFIX: &str = "/ftvm/keys/";
 pub async fn ensure(etcd: &str, vm: &str, path: &Path) -> Result<(), String> {
     let endpoints = ftvm_etcd::client::parse_endpoints(etcd).map_err(|e| e.to_string())?;
     let etcd_err = |e: etcd_client::Error| format!("cannot get VM {vm}'s pair key from etcd: {e}");
-    let mut client = crate::session::connect(&endpoints).await.map_err(etcd_err)?;
+    // Each member in turn until one answers (a dead one fails its try).
+    let mut result = Err("no etcd member".to_string());
+    for _ in 0..endpoints.len() {
+        let mut client = crate::session::connect(&endpoints).await.map_err(etcd_err)?;
+        result = fetch(&mut client, vm, path).await;
+        if result.is_ok() {
+            break;
+        }
+        crate::session::next_member();
+    }
+    result
+}
+
+async fn fetch(client: &mut etcd_client::Client, vm: &str, path: &Path) -> Result<(), String> {
+    let etcd_err = |e: etcd_client::Error| format!("cannot get VM {vm}'s pair key from etcd: {e}");
     let key = format!("{KEYS_PREFIX}{vm}");
     // A fresh key, written only if the cluster has none yet.
     let fresh = path.with_extension("new");

@@ -4,23 +4,30 @@
 //!   the agents' HTTP API (and of the host records in etcd).
 //! - [`agent`]: `ftvm agent`, the daemon of one host: its VMs, its record
 //!   in etcd, its API and metrics.
-//! - [`controller`]: one agent at a time keeps the VMs protected.
+//! - [`desired`]: the cluster's desired state in etcd: each VM's record
+//!   (its spec and wanted protection), the drained hosts.
+//! - [`controller`]: one agent at a time makes the cluster match it:
+//!   places VMs, keeps them protected, empties drained hosts.
 //! - [`vms`]: a host's VMs as child processes, spoken to through their
 //!   control sockets.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
 //! - [`session`]: connections to etcd, and leases held by a loop.
 //! - [`token`]: the API's bearer token.
+//! - [`refusal`]: every refusal of the API as the model's JSON error.
 //! - [`client`]: `ftvm cluster`'s client of an agent's API.
-//! - [`ops`]: operations across agents (protect a VM on another host).
+//! - [`ops`]: operations across agents (create, protect a VM on another
+//!   host, move, drain).
 
 pub mod agent;
 pub mod client;
 pub mod controller;
+pub mod desired;
 pub mod keys;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod refusal;
 pub mod session;
 pub mod token;
 pub mod vms;

@@ -1,19 +1,38 @@
-//! Cluster operations a client runs against the agents (the `ftvm
-//! cluster` command line, and the controller to come): the hosts as etcd
-//! lists them, finding a VM's hosts, and giving a VM a backup on another
-//! host (the backup's agent starts it, then the primary's agent protects
-//! the VM toward it).
+//! Cluster operations across the agents, for `ftvm cluster` and the
+//! controller: the hosts as etcd lists them, where a VM's sides run, and
+//! what changes a VM (create and delete its record, protect it on a
+//! host, unprotect, hand over, move, drain a host). Each is blocking and
+//! ends when the change has happened or failed.
+//!
+//! A VM's wanted state is its record ([`crate::desired`]): an operation
+//! changes the record first, so the controller carries on toward it if the
+//! client dies, then does what it can at once. An operation that takes
+//! the VM through states the controller would "repair" (a move
+//! unprotects, then protects elsewhere) holds the record for its
+//! duration.
 
 use crate::agent::HOSTS_PREFIX;
 use crate::client::{AgentClient, ClientError};
-use crate::model::{ApiError, BackupRequest, Done, HostRecord, ProtectRequest, Role, VmInfo};
+use crate::desired::{self, DesiredError, VmRecord};
+use crate::model::{ApiError, BackupRequest, Done, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
+use ftvm_etcd::Etcd;
+use std::time::{Duration, Instant};
+
+/// How long an operation holds its VM at most (the longest protect the
+/// API waits for, and some): the controller acts again after it even if
+/// the client died halfway.
+const HOLD: Duration = Duration::from_secs(600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     #[error("{0}")]
     Etcd(#[from] ftvm_etcd::EtcdError),
     #[error("{0}")]
+    Desired(#[from] DesiredError),
+    #[error("{0}")]
     Agent(#[from] ClientError),
+    #[error("{0}")]
+    Spec(ApiError),
     #[error("no host {0} in the cluster")]
     NoHost(String),
     #[error("no VM {0} in the cluster")]
@@ -24,43 +43,14 @@ pub enum OpsError {
     SameHost { vm: String, host: String },
     #[error("VM {vm} has a backup already (on {host})")]
     HasBackup { vm: String, host: String },
-}
-
-/// The hosts whose agents are alive (their records in etcd), by id.
-pub fn hosts(etcd: &str) -> Result<Vec<HostRecord>, OpsError> {
-    let etcd = ftvm_etcd::Etcd::new(etcd)?;
-    let records = etcd.get_prefix(HOSTS_PREFIX, 0)?;
-    Ok(records.into_iter().filter_map(|(_, v)| serde_json::from_slice(&v).ok()).collect())
-}
-
-/// Every VM process of the cluster, with its host, from the agents.
-pub fn vms(hosts: &[HostRecord], token: &str) -> Vec<(HostRecord, Result<Vec<VmInfo>, ClientError>)> {
-    hosts.iter().map(|h| (h.clone(), AgentClient::new(&h.api, token).vms())).collect()
-}
-
-/// The host and view of VM `name`'s running side (its primary, or the VM
-/// itself if unprotected), and of its backup if it has one.
-pub fn find(hosts: &[HostRecord], token: &str, name: &str) -> Result<(VmSide, Option<VmSide>), OpsError> {
-    let mut running = None;
-    let mut backup = None;
-    for h in hosts.iter().filter(|h| h.vms.iter().any(|v| v.name == name)) {
-        let info = match AgentClient::new(&h.api, token).vm(name) {
-            Ok(i) => i,
-            Err(ClientError::Api(ApiError::NotFound(_))) => continue,
-            // A host whose agent does not answer (gone, its record not
-            // yet expired) runs nothing anyone can reach.
-            Err(ClientError::Transport { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        let side = VmSide { host: h.clone(), info };
-        match side.info.role {
-            Role::Backup => backup = Some(side),
-            Role::Ended => {}
-            _ => running = Some(side),
-        }
-    }
-    let running = running.ok_or_else(|| OpsError::NoVm(name.into()))?;
-    Ok((running, backup))
+    #[error("host {0} is being drained: nothing new goes there")]
+    Drained(String),
+    #[error("host {host} has {free_mib} MiB free for VMs: too little for VM {vm}'s {memory_mib} MiB")]
+    NoRoom { host: String, vm: String, memory_mib: u64, free_mib: u64 },
+    #[error("VM {vm} runs on {host} already")]
+    AlreadyThere { vm: String, host: String },
+    #[error("{what} did not happen within {} s{}", .within.as_secs(), .problem.as_ref().map(|p| format!(" (last problem: {p})")).unwrap_or_default())]
+    Timeout { what: String, within: Duration, problem: Option<String> },
 }
 
 /// A VM's process on a host.
@@ -70,27 +60,288 @@ pub struct VmSide {
     pub info: VmInfo,
 }
 
-/// Gives VM `name` a backup on host `on`: that host's agent starts one
-/// (waiting for its primary), then the VM's agent protects the VM toward
-/// it in `mode`. A backup that the protection did not take is stopped.
-pub fn protect(etcd: &str, token: &str, name: &str, on: &str, mode: &str) -> Result<Done, OpsError> {
-    let hosts = hosts(etcd)?;
-    let (running, backup) = find(&hosts, token, name)?;
-    if let Some(b) = backup {
-        return Err(OpsError::HasBackup { vm: name.into(), host: b.host.id });
+/// The cluster, as a client sees it: its etcd and its API token.
+pub struct Cluster {
+    pub etcd: Etcd,
+    token: String,
+}
+
+impl Cluster {
+    pub fn new(etcd: &str, token: &str) -> Result<Cluster, OpsError> {
+        Ok(Cluster { etcd: Etcd::new(etcd)?, token: token.into() })
     }
-    if running.host.id == on {
-        return Err(OpsError::SameHost { vm: name.into(), host: on.into() });
+
+    /// A client of a host's agent.
+    pub fn agent(&self, host: &HostRecord) -> AgentClient {
+        AgentClient::new(&host.api, &self.token)
     }
-    let target = hosts.iter().find(|h| h.id == on).ok_or_else(|| OpsError::NoHost(on.into()))?;
-    let backup_agent = AgentClient::new(&target.api, token);
-    let started = backup_agent.start_backup(&BackupRequest { spec: running.info.spec.clone() })?;
-    let primary_agent = AgentClient::new(&running.host.api, token);
-    match primary_agent.protect(name, &ProtectRequest { backup: started.listen, mode: mode.into() }) {
-        Ok(done) => Ok(done),
-        Err(e) => {
-            let _ = backup_agent.delete(name);
-            Err(e.into())
+
+    /// The hosts whose agents are alive (their records in etcd), by id.
+    pub fn hosts(&self) -> Result<Vec<HostRecord>, OpsError> {
+        let records = self.etcd.get_prefix(HOSTS_PREFIX, 0)?;
+        Ok(records.into_iter().filter_map(|(_, v)| serde_json::from_slice(&v).ok()).collect())
+    }
+
+    fn host(&self, id: &str) -> Result<HostRecord, OpsError> {
+        self.hosts()?.into_iter().find(|h| h.id == id).ok_or_else(|| OpsError::NoHost(id.into()))
+    }
+
+    /// Every VM process of the cluster, with its host, from the agents.
+    pub fn processes(&self, hosts: &[HostRecord]) -> Vec<(HostRecord, Result<Vec<VmInfo>, ClientError>)> {
+        hosts.iter().map(|h| (h.clone(), self.agent(h).vms())).collect()
+    }
+
+    /// VM `name`'s running side (its primary, or the VM itself if
+    /// unprotected), and its backup if it has one.
+    pub fn find(&self, hosts: &[HostRecord], name: &str) -> Result<(VmSide, Option<VmSide>), OpsError> {
+        let mut running = None;
+        let mut backup = None;
+        for h in hosts.iter().filter(|h| h.vms.iter().any(|v| v.name == name)) {
+            let info = match self.agent(h).vm(name) {
+                Ok(i) => i,
+                Err(ClientError::Api(ApiError::NotFound(_))) => continue,
+                // A host whose agent does not answer (gone, its record not
+                // yet expired) runs nothing anyone can reach.
+                Err(ClientError::Transport { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let side = VmSide { host: h.clone(), info };
+            match side.info.role {
+                Role::Backup => backup = Some(side),
+                Role::Ended => {}
+                _ => running = Some(side),
+            }
+        }
+        let running = running.ok_or_else(|| OpsError::NoVm(name.into()))?;
+        Ok((running, backup))
+    }
+
+    /// Adds VM `spec` to the cluster: the controller starts it on `on`, or
+    /// on the host with the most memory free.
+    pub fn create(&self, spec: VmSpec, on: Option<&str>) -> Result<(), OpsError> {
+        spec.check().map_err(OpsError::Spec)?;
+        if let Some(on) = on {
+            let host = self.host(on)?;
+            if host.free_memory_bytes < spec.memory_mib << 20 {
+                return Err(OpsError::NoRoom {
+                    host: on.into(),
+                    vm: spec.name.clone(),
+                    memory_mib: spec.memory_mib,
+                    free_mib: host.free_memory_bytes >> 20,
+                });
+            }
+            if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
+                return Err(OpsError::Drained(on.into()));
+            }
+        }
+        let record = VmRecord {
+            spec,
+            start_on: on.map(String::from),
+            phase: desired::Phase::Pending,
+            held_until: None,
+            problem: None,
+        };
+        Ok(desired::create(&self.etcd, &record)?)
+    }
+
+    /// Waits until VM `name` runs on a host (the controller started it).
+    pub fn wait_running(&self, name: &str, within: Duration) -> Result<VmSide, OpsError> {
+        let t0 = Instant::now();
+        loop {
+            if let Ok((running, _)) = self.find(&self.hosts()?, name) {
+                if running.info.role != Role::Starting {
+                    return Ok(running);
+                }
+            }
+            let record = desired::get(&self.etcd, name)?.ok_or_else(|| OpsError::NoVm(name.into()))?;
+            if t0.elapsed() > within {
+                return Err(OpsError::Timeout { what: format!("VM {name}'s start"), within, problem: record.problem });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Removes VM `name` from the cluster: its record, then its processes
+    /// on every host (a protected primary hands over first, then its
+    /// backup is stopped too).
+    pub fn delete(&self, name: &str) -> Result<Vec<Done>, OpsError> {
+        let had_record = desired::remove(&self.etcd, name)?;
+        let mut deleted = Vec::new();
+        for h in self.hosts()?.iter().filter(|h| h.vms.iter().any(|v| v.name == name)) {
+            match self.agent(h).delete(name) {
+                Ok(done) => deleted.push(done),
+                Err(ClientError::Api(ApiError::NotFound(_))) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if deleted.is_empty() && !had_record {
+            return Err(OpsError::NoVm(name.into()));
+        }
+        Ok(deleted)
+    }
+
+    /// Holds VM `name`'s record (if it has one) while `op` runs: the
+    /// controller leaves the VM alone meanwhile.
+    fn holding<T>(&self, name: &str, op: impl FnOnce() -> Result<T, OpsError>) -> Result<T, OpsError> {
+        let has_record = desired::get(&self.etcd, name)?.is_some();
+        if has_record {
+            desired::update(&self.etcd, name, |r| {
+                r.held_until = Some(desired::now() + HOLD.as_secs());
+                Ok::<_, DesiredError>(())
+            })?;
+        }
+        let result = op();
+        if has_record {
+            let released = desired::update(&self.etcd, name, |r| {
+                r.held_until = None;
+                Ok::<_, DesiredError>(())
+            });
+            // The record may have been deleted meanwhile: nothing to
+            // release then.
+            if let Err(e) = released {
+                if !matches!(e, DesiredError::NoVm(_)) && result.is_ok() {
+                    return Err(e.into());
+                }
+            }
+        }
+        result
+    }
+
+    /// Keeps VM `name` protected in `mode` from now on (its record), and,
+    /// with `on`, gives it its backup on that host at once.
+    pub fn protect(&self, name: &str, on: Option<&str>, mode: &str) -> Result<Done, OpsError> {
+        if let Some(record) = desired::get(&self.etcd, name)? {
+            let mut spec = record.spec.clone();
+            spec.protect = Some(mode.into());
+            spec.check().map_err(OpsError::Spec)?;
+            desired::update(&self.etcd, name, |r| {
+                r.spec.protect = Some(mode.into());
+                Ok::<_, DesiredError>(())
+            })?;
+        }
+        match on {
+            Some(on) => self.holding(name, || self.protect_on(name, on, mode)),
+            None => {
+                Ok(Done { message: format!("VM {name} is to be protected ({mode}): the controller chooses the host") })
+            }
+        }
+    }
+
+    /// Gives VM `name` a backup on host `on`: that host's agent starts one
+    /// (waiting for its primary), then the VM's agent protects the VM toward
+    /// it in `mode`. A backup that the protection did not take is stopped.
+    pub fn protect_on(&self, name: &str, on: &str, mode: &str) -> Result<Done, OpsError> {
+        let hosts = self.hosts()?;
+        let (running, backup) = self.find(&hosts, name)?;
+        if let Some(b) = backup {
+            return Err(OpsError::HasBackup { vm: name.into(), host: b.host.id });
+        }
+        if running.host.id == on {
+            return Err(OpsError::SameHost { vm: name.into(), host: on.into() });
+        }
+        let target = hosts.iter().find(|h| h.id == on).ok_or_else(|| OpsError::NoHost(on.into()))?;
+        if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
+            return Err(OpsError::Drained(on.into()));
+        }
+        let backup_agent = self.agent(target);
+        let started = backup_agent.start_backup(&BackupRequest { spec: running.info.spec.clone() })?;
+        match self.agent(&running.host).protect(name, &ProtectRequest { backup: started.listen, mode: mode.into() }) {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                let _ = backup_agent.delete(name);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Stops protecting VM `name` (its record wants no protection any
+    /// more, and its backup stops).
+    pub fn unprotect(&self, name: &str) -> Result<Done, OpsError> {
+        if desired::get(&self.etcd, name)?.is_some() {
+            desired::update(&self.etcd, name, |r| {
+                r.spec.protect = None;
+                Ok::<_, DesiredError>(())
+            })?;
+        }
+        let (running, backup) = self.find(&self.hosts()?, name)?;
+        if backup.is_none() && running.info.role != Role::Primary {
+            return Ok(Done { message: format!("VM {name} runs unprotected on {}", running.host.id) });
+        }
+        Ok(self.agent(&running.host).unprotect(name)?)
+    }
+
+    /// Hands VM `name` over to its backup now.
+    pub fn handover(&self, name: &str) -> Result<Done, OpsError> {
+        let (running, _) = self.find(&self.hosts()?, name)?;
+        Ok(self.agent(&running.host).handover(name)?)
+    }
+
+    /// Moves VM `name` to host `to`, the guest running on throughout: a
+    /// backup there (the one it has, or a new one in checkpoint mode,
+    /// after its backup elsewhere is let go), then a handover to it. Its
+    /// record's protection is restored by the controller afterwards.
+    pub fn move_to(&self, name: &str, to: &str) -> Result<Done, OpsError> {
+        self.holding(name, || {
+            let hosts = self.hosts()?;
+            let (running, backup) = self.find(&hosts, name)?;
+            if running.host.id == to {
+                return Err(OpsError::AlreadyThere { vm: name.into(), host: to.into() });
+            }
+            if backup.as_ref().map(|b| b.host.id.as_str()) != Some(to) {
+                if backup.is_some() {
+                    self.agent(&running.host).unprotect(name)?;
+                    self.wait_for_no_backup(name)?;
+                }
+                self.protect_on(name, to, "checkpoint")?;
+            }
+            let done = self.agent(&running.host).handover(name)?;
+            Ok(Done { message: format!("VM {name} moved from {} to {to}: {}", running.host.id, done.message) })
+        })
+    }
+
+    /// Waits until VM `name`'s old backup has ended (after an unprotect):
+    /// a host runs one process of a VM at a time.
+    fn wait_for_no_backup(&self, name: &str) -> Result<(), OpsError> {
+        let within = Duration::from_secs(60);
+        let t0 = Instant::now();
+        while self.find(&self.hosts()?, name)?.1.is_some() {
+            if t0.elapsed() > within {
+                return Err(OpsError::Timeout {
+                    what: format!("the end of VM {name}'s backup"),
+                    within,
+                    problem: None,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(())
+    }
+
+    /// Marks host `id` drained (the controller moves its VMs away and
+    /// places nothing new there), or no longer.
+    pub fn drain(&self, id: &str, drain: bool) -> Result<(), OpsError> {
+        if drain {
+            self.host(id)?;
+        }
+        Ok(desired::set_drain(&self.etcd, id, drain)?)
+    }
+
+    /// Waits until host `id` runs no VM (none that runs or follows).
+    pub fn wait_drained(&self, id: &str, within: Duration) -> Result<(), OpsError> {
+        let t0 = Instant::now();
+        loop {
+            let left: Vec<String> = match self.hosts()?.into_iter().find(|h| h.id == id) {
+                None => return Ok(()),
+                Some(h) => h.vms.into_iter().filter(|v| v.role != Role::Ended).map(|v| v.name).collect(),
+            };
+            if left.is_empty() {
+                return Ok(());
+            }
+            if t0.elapsed() > within {
+                let problem = Some(format!("still on it: {}", left.join(", ")));
+                return Err(OpsError::Timeout { what: format!("the drain of host {id}"), within, problem });
+            }
+            std::thread::sleep(Duration::from_secs(1));
         }
     }
 }

@@ -12,7 +12,14 @@ use std::time::Duration;
 /// without one, etcd never answers and this bounds the wait.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between the tries of one request.
-const RETRY: Duration = Duration::from_millis(100);
+const RETRY: Duration = Duration::from_millis(50);
+/// How long the first try of a request may take on one member before the
+/// next try goes to the next member; each later try may take this much
+/// more. A member on a host that vanished (no FIN, no RST) never answers:
+/// a try bounded by the whole request's timeout would spend it all there,
+/// and a backup that asks the arbiter to go live would wait 3 s for the
+/// dead primary's own etcd member.
+const FIRST_TRY: Duration = Duration::from_millis(400);
 /// How long connecting to the members may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -36,8 +43,11 @@ pub enum EtcdError {
 pub struct Etcd {
     endpoints: Vec<String>,
     runtime: tokio::runtime::Runtime,
-    /// Connected on first use, and again after a failed connection.
+    /// Connected on first use, to one member, and again, to the next
+    /// member, after a failed try.
     client: Mutex<Option<Client>>,
+    /// The member the next connection goes to (an index into `endpoints`).
+    member: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -80,7 +90,7 @@ impl Etcd {
             .enable_all()
             .build()
             .map_err(|e| EtcdError::Runtime(e.to_string()))?;
-        Ok(Etcd { endpoints, runtime, client: Mutex::new(None) })
+        Ok(Etcd { endpoints, runtime, client: Mutex::new(None), member: Default::default() })
     }
 
     /// The endpoints, comma-separated, as messages name the cluster.
@@ -92,8 +102,8 @@ impl Etcd {
         EtcdError::Request { endpoints: self.endpoints(), problem: problem.to_string() }
     }
 
-    /// A connected client (connecting if need be).
-    fn client(&self) -> Result<Client, EtcdError> {
+    /// A connected client (connecting if need be, by `until`).
+    fn client(&self, until: tokio::time::Instant) -> Result<Client, EtcdError> {
         let mut held = self.client.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &*held {
             return Ok(c.clone());
@@ -104,33 +114,39 @@ impl Etcd {
             // A member cut off from the others answers at once that it
             // has no leader, rather than after the timeout.
             .with_require_leader(true);
-        let endpoints = self.endpoints.clone();
-        let connect =
-            async move { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options))).await };
+        // One member at a time, rather than etcd-client's balance over
+        // all: a try that fails moves to the next member for certain.
+        let member = self.member.load(std::sync::atomic::Ordering::Relaxed) % self.endpoints.len();
+        let endpoints = vec![self.endpoints[member].clone()];
+        let connect = async move { tokio::time::timeout_at(until, Client::connect(endpoints, Some(options))).await };
         let client = match self.runtime.block_on(connect) {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(self.error(e)),
-            Err(_) => return Err(self.error("no member answered within the connect timeout")),
+            Err(_) => return Err(self.error(format!("member {} did not answer in time", self.endpoints[member]))),
         };
         *held = Some(client.clone());
         Ok(client)
     }
 
-    /// Runs one request, trying again (connecting anew, to whichever
-    /// members answer) while it fails, until the deadline: a member's
-    /// death or a new leader's election fails a request or two, which is
-    /// not yet "etcd cannot be reached". A retried write may have been
-    /// applied by the try whose answer was lost: each write here is a
-    /// transaction that reads the same on a second try.
+    /// Runs one request, trying again (connecting anew, to the next
+    /// member) while it fails, until the deadline: a member's death or a
+    /// new leader's election fails a try or two, which is not yet "etcd
+    /// cannot be reached". Each try has a bound of its own (growing, as a
+    /// loaded member may be slow rather than gone). A retried write may
+    /// have been applied by the try whose answer was lost: each write here
+    /// is a transaction that reads the same on a second try.
     fn request<T, F>(&self, f: impl Fn(Client) -> F) -> Result<T, EtcdError>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
         let mut last = None;
+        let mut tries = 0u32;
         while tokio::time::Instant::now() < deadline {
-            let result = self.client().and_then(|client| {
-                match self.runtime.block_on(async { tokio::time::timeout_at(deadline, f(client)).await }) {
+            tries += 1;
+            let this_try = (tokio::time::Instant::now() + FIRST_TRY * tries).min(deadline);
+            let result = self.client(this_try).and_then(|client| {
+                match self.runtime.block_on(async { tokio::time::timeout_at(this_try, f(client)).await }) {
                     Ok(Ok(v)) => Ok(v),
                     Ok(Err(e)) => Err(self.error(e)),
                     Err(_) => Err(self.error("no answer within the request timeout (no quorum?)")),
@@ -141,6 +157,7 @@ impl Etcd {
                 Err(e) => last = Some(e),
             }
             *self.client.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.member.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             std::thread::sleep(RETRY);
         }
         Err(last.unwrap_or_else(|| self.error("no answer within the request timeout (no quorum?)")))
@@ -154,6 +171,17 @@ impl Etcd {
             async move { c.get(key, None).await }
         })?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// The value at `key` and its modification revision (for a
+    /// transaction that writes only if nobody wrote since), if there is one.
+    pub fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
+        let key = key.to_string();
+        let resp = self.request(|mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })?;
+        Ok(resp.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())))
     }
 
     /// The keys and values under `prefix`, sorted by key; at most `limit`

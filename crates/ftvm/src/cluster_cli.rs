@@ -3,11 +3,12 @@
 
 use clap::{Args, Subcommand};
 use ftvm_cluster::agent::AgentConfig;
-use ftvm_cluster::client::AgentClient;
-use ftvm_cluster::model::{NetworkSpec, VmSpec};
-use ftvm_cluster::ops;
+use ftvm_cluster::desired::{self, VmRecord};
+use ftvm_cluster::model::{Done, NetworkSpec, VmInfo, VmSpec};
+use ftvm_cluster::ops::{self, Cluster};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 type CliResult = Result<u32, Box<dyn std::error::Error>>;
 
@@ -34,6 +35,10 @@ pub struct AgentArgs {
     /// The cluster's API token (a file, mode 0600: `ftvm cluster token FILE` makes one).
     #[arg(long, value_name = "FILE", env = "FTVM_TOKEN_FILE")]
     token_file: PathBuf,
+    /// The memory this host's VMs may have in all, MiB (the rest is the
+    /// host's own). Default: the host's memory.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    vm_memory: Option<u64>,
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -54,6 +59,7 @@ pub fn agent(args: AgentArgs) -> CliResult {
         state_dir,
         token,
         ftvm: std::env::current_exe()?,
+        vm_memory: args.vm_memory.map(|m| m << 20),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(ftvm_cluster::agent::run(config))?;
@@ -91,22 +97,35 @@ enum ClusterCommand {
 
 #[derive(Subcommand)]
 enum HostCommand {
-    /// Each host: its VMs, memory and agent.
+    /// Each host: its VMs, memory and agent, and whether it is drained.
     List,
+    /// Empty a host for maintenance: its primaries hand over, its backups
+    /// are made again elsewhere, its VMs running alone move; nothing new
+    /// is placed there until `undrain`. Waits until it runs no VM.
+    Drain {
+        host: String,
+        /// Seconds to wait for the host to be empty (0: do not wait).
+        #[arg(long, value_name = "SECS", default_value_t = 600)]
+        wait: u64,
+    },
+    /// Take a drained host back into use.
+    Undrain { host: String },
 }
 
 #[derive(Subcommand)]
 enum VmCommand {
-    /// Each VM process of the cluster, with its host and part.
+    /// Each VM of the cluster: its processes with their hosts and parts,
+    /// and the VMs that run nowhere (not yet placed, or lost).
     List,
-    /// One VM: its spec, part and status on each of its hosts.
+    /// One VM: its record and, on each of its hosts, its part and status.
     Show { name: String },
-    /// Start a VM on a host.
+    /// Add a VM to the cluster: the controller starts it (on --on, else
+    /// on the host with the most memory free). Waits until it runs.
     Create {
         name: String,
         /// The host to run it on.
         #[arg(long, value_name = "HOST")]
-        on: String,
+        on: Option<String>,
         /// Guest memory, MiB.
         #[arg(long, value_name = "MIB", default_value_t = 512)]
         memory: u64,
@@ -128,28 +147,46 @@ enum VmCommand {
         /// one after a failover.
         #[arg(long, value_name = "MODE")]
         protect: Option<String>,
+        /// Seconds to wait for it to run (0: do not wait).
+        #[arg(long, value_name = "SECS", default_value_t = 120)]
+        wait: u64,
     },
-    /// Give a VM a backup on another host.
+    /// Keep a VM protected from now on; with --on, give it its backup on
+    /// that host now (else the controller chooses).
     Protect {
         name: String,
         /// The backup's host.
         #[arg(long, value_name = "HOST")]
-        on: String,
-        /// lockstep, epoch or checkpoint.
-        #[arg(long, default_value = "lockstep")]
+        on: Option<String>,
+        /// The mode (checkpoint: the one that protects a running VM on
+        /// each host's own disk).
+        #[arg(long, default_value = "checkpoint")]
         mode: String,
     },
     /// Stop protecting a VM (its backup stops; it runs on alone).
     Unprotect { name: String },
     /// Hand a VM over to its backup on purpose.
     Handover { name: String },
-    /// Stop a VM on every host (a protected primary hands over first:
-    /// delete the backup's side too).
+    /// Move a VM to another host while it runs: a backup there, then a
+    /// handover to it (its protection is restored afterwards).
+    Move {
+        name: String,
+        /// The host it is to run on.
+        #[arg(long, value_name = "HOST")]
+        to: String,
+    },
+    /// Remove a VM from the cluster: it stops on every host (a protected
+    /// primary hands over first; its backup's side is stopped too).
     Delete { name: String },
 }
 
 fn need<'a, T>(v: &'a Option<T>, what: &str) -> Result<&'a T, String> {
     v.as_ref().ok_or_else(|| format!("give {what}"))
+}
+
+/// A process's state, in a word or a status line.
+fn state_of(v: &VmInfo) -> String {
+    v.status.as_ref().map_or_else(|| v.ended.clone().unwrap_or_default(), |s| s.to_string())
 }
 
 /// Runs one `ftvm cluster` command.
@@ -161,18 +198,24 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
     }
     let etcd = need(&args.etcd, "--etcd URLS (or FTVM_ETCD)")?;
     let token = ftvm_cluster::token::read(need(&args.token_file, "--token-file FILE (or FTVM_TOKEN_FILE)")?)?;
+    let cluster = Cluster::new(etcd, &token)?;
     let json = args.json;
     let print_json = |v: &dyn erased::Json| println!("{}", v.json());
+    let print_done = |done: &Done| if json { print_json(done) } else { println!("{}", done.message) };
     match args.command {
         ClusterCommand::Token { .. } => unreachable!("answered above"),
         ClusterCommand::Host(HostCommand::List) => {
-            let hosts = ops::hosts(etcd)?;
+            let hosts = cluster.hosts()?;
+            let drained = desired::drained(&cluster.etcd)?;
             if json {
                 print_json(&hosts);
             } else {
                 println!("{:<16} {:<22} {:>5} {:>10} {:>10}  VMS", "HOST", "API", "CORES", "MEMORY", "FREE");
                 for h in &hosts {
-                    let vms: Vec<String> = h.vms.iter().map(|v| format!("{}:{}", v.name, v.role.word())).collect();
+                    let mut vms: Vec<String> = h.vms.iter().map(|v| format!("{}:{}", v.name, v.role.word())).collect();
+                    if drained.contains(&h.id) {
+                        vms.insert(0, "(drained)".into());
+                    }
                     println!(
                         "{:<16} {:<22} {:>5} {:>9}M {:>9}M  {}",
                         h.id,
@@ -185,89 +228,94 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 }
             }
         }
+        ClusterCommand::Host(HostCommand::Drain { host, wait }) => {
+            cluster.drain(&host, true)?;
+            if wait > 0 {
+                cluster.wait_drained(&host, Duration::from_secs(wait))?;
+                print_done(&Done { message: format!("host {host} is drained: it runs no VM") });
+            } else {
+                print_done(&Done { message: format!("host {host} is being drained") });
+            }
+        }
+        ClusterCommand::Host(HostCommand::Undrain { host }) => {
+            cluster.drain(&host, false)?;
+            print_done(&Done { message: format!("host {host} takes VMs again") });
+        }
         ClusterCommand::Vm(VmCommand::List) => {
-            let hosts = ops::hosts(etcd)?;
+            let hosts = cluster.hosts()?;
             let mut rows = Vec::new();
-            for (host, vms) in ops::vms(&hosts, &token) {
+            for (host, vms) in cluster.processes(&hosts) {
                 match vms {
                     Ok(vms) => rows.extend(vms),
                     Err(e) => eprintln!("ftvm: host {}: {e}", host.id),
                 }
             }
+            let records = desired::all(&cluster.etcd)?;
+            let nowhere: Vec<&VmRecord> =
+                records.iter().filter(|r| !rows.iter().any(|v| v.name == r.spec.name)).collect();
             if json {
                 print_json(&rows);
             } else {
                 println!("{:<20} {:<16} {:<12} {:<10} STATE", "VM", "HOST", "ROLE", "MODE");
                 for v in &rows {
-                    let state =
-                        v.status.as_ref().map_or_else(|| v.ended.clone().unwrap_or_default(), |s| s.to_string());
                     let mode = ftvm_cluster::metrics::mode_of(v);
-                    println!("{:<20} {:<16} {:<12} {:<10} {}", v.name, v.host, v.role.word(), mode, state);
+                    println!("{:<20} {:<16} {:<12} {:<10} {}", v.name, v.host, v.role.word(), mode, state_of(v));
+                }
+                for r in nowhere {
+                    let why = r.problem.clone().unwrap_or_else(|| "not started yet".into());
+                    println!("{:<20} {:<16} {:<12} {:<10} {}", r.spec.name, "-", "-", "-", why);
                 }
             }
         }
         ClusterCommand::Vm(VmCommand::Show { name }) => {
-            let hosts = ops::hosts(etcd)?;
-            let (running, backup) = ops::find(&hosts, &token, &name)?;
-            let sides: Vec<_> = std::iter::once(running.info).chain(backup.map(|b| b.info)).collect();
+            let record = desired::get(&cluster.etcd, &name)?;
+            let sides: Vec<VmInfo> = match cluster.find(&cluster.hosts()?, &name) {
+                Ok((running, backup)) => std::iter::once(running.info).chain(backup.map(|b| b.info)).collect(),
+                Err(ops::OpsError::NoVm(_)) if record.is_some() => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
             if json {
                 print_json(&sides);
             } else {
+                if let Some(r) = &record {
+                    let protect = r.spec.protect.as_deref().unwrap_or("none");
+                    println!("{name}: wanted protection {protect}; {:?}", r.phase);
+                    if let Some(p) = &r.problem {
+                        println!("  problem: {p}");
+                    }
+                }
                 for v in &sides {
-                    let state =
-                        v.status.as_ref().map_or_else(|| v.ended.clone().unwrap_or_default(), |s| s.to_string());
-                    println!("{} on {} ({}): {}", v.name, v.host, v.role.word(), state);
+                    println!("{} on {} ({}): {}", v.name, v.host, v.role.word(), state_of(v));
                 }
             }
         }
-        ClusterCommand::Vm(VmCommand::Create { name, on, memory, cpus, command, bridge, ip, protect }) => {
-            let hosts = ops::hosts(etcd)?;
-            let host = hosts.iter().find(|h| h.id == on).ok_or_else(|| ops::OpsError::NoHost(on.clone()))?;
+        ClusterCommand::Vm(VmCommand::Create { name, on, memory, cpus, command, bridge, ip, protect, wait }) => {
             let network = bridge.zip(ip).map(|(bridge, ip)| NetworkSpec { bridge, ip });
-            let spec = VmSpec { name, memory_mib: memory, cpus, command, network, protect };
-            let info = AgentClient::new(&host.api, &token).create(&spec)?;
-            if json {
-                print_json(&info);
+            let spec = VmSpec { name: name.clone(), memory_mib: memory, cpus, command, network, protect };
+            cluster.create(spec, on.as_deref())?;
+            if wait == 0 {
+                print_done(&Done { message: format!("{name} added to the cluster: the controller starts it") });
             } else {
-                println!("{} created on {} (pid {})", info.name, info.host, info.pid.unwrap_or(0));
+                let side = cluster.wait_running(&name, Duration::from_secs(wait))?;
+                if json {
+                    print_json(&side.info);
+                } else {
+                    println!("{} created on {} (pid {})", name, side.host.id, side.info.pid.unwrap_or(0));
+                }
             }
         }
         ClusterCommand::Vm(VmCommand::Protect { name, on, mode }) => {
-            let done = ops::protect(etcd, &token, &name, &on, &mode)?;
-            if json {
-                print_json(&done);
-            } else {
-                println!("{}", done.message);
-            }
+            print_done(&cluster.protect(&name, on.as_deref(), &mode)?);
         }
-        ClusterCommand::Vm(cmd @ (VmCommand::Unprotect { .. } | VmCommand::Handover { .. })) => {
-            let hosts = ops::hosts(etcd)?;
-            let (name, handover) = match &cmd {
-                VmCommand::Unprotect { name } => (name.clone(), false),
-                VmCommand::Handover { name } => (name.clone(), true),
-                _ => unreachable!("matched above"),
-            };
-            let (running, _) = ops::find(&hosts, &token, &name)?;
-            let client = AgentClient::new(&running.host.api, &token);
-            let done = if handover { client.handover(&name)? } else { client.unprotect(&name)? };
-            if json {
-                print_json(&done);
-            } else {
-                println!("{}", done.message);
-            }
-        }
+        ClusterCommand::Vm(VmCommand::Unprotect { name }) => print_done(&cluster.unprotect(&name)?),
+        ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),
+        ClusterCommand::Vm(VmCommand::Move { name, to }) => print_done(&cluster.move_to(&name, &to)?),
         ClusterCommand::Vm(VmCommand::Delete { name }) => {
-            let hosts = ops::hosts(etcd)?;
-            let mut deleted = Vec::new();
-            for h in hosts.iter().filter(|h| h.vms.iter().any(|v| v.name == name)) {
-                let done = AgentClient::new(&h.api, &token).delete(&name)?;
-                deleted.push(done);
-            }
-            if deleted.is_empty() {
-                return Err(ops::OpsError::NoVm(name).into());
-            }
+            let deleted = cluster.delete(&name)?;
             if json {
                 print_json(&deleted);
+            } else if deleted.is_empty() {
+                println!("{name} removed from the cluster (it ran nowhere)");
             } else {
                 for d in &deleted {
                     println!("{}", d.message);

@@ -152,7 +152,13 @@ fn an_agent_records_its_host_runs_a_vm_and_withdraws_on_sigterm() {
     assert_eq!(bad.stderr.lines().count(), 1, "{}", bad.stderr);
     assert!(bad.stderr.contains("is not a VM name"), "{}", bad.stderr);
     let again = cluster(&endpoints, token_path, &["vm", "create", "v1", "--on", "h1"]);
-    assert!(again.stderr.contains("already runs"), "{}", again.stderr);
+    assert!(again.stderr.contains("VM v1 exists already in the cluster"), "{}", again.stderr);
+    assert_eq!(again.stderr.lines().count(), 1, "{}", again.stderr);
+    // A host with too little memory free for it: refused at once.
+    let big = cluster(&endpoints, token_path, &["vm", "create", "big", "--on", "h1", "--memory", "65536"]);
+    assert_eq!(big.status.and_then(|s| s.code()), Some(1), "{}", big.stderr);
+    assert!(big.stderr.contains("too little for VM big's 65536 MiB"), "{}", big.stderr);
+    assert_eq!(big.stderr.lines().count(), 1, "{}", big.stderr);
 
     // Stopped: its guest powers off (SIGTERM to its ftvm), and it is gone.
     let del = cluster(&endpoints, token_path, &["vm", "delete", "v1"]);

@@ -1,0 +1,98 @@
+"""The cluster's desired state and its operations (issue 29), on three
+hosts each with an etcd member and an agent (ftsite.cluster), with one
+etcd member dead throughout ("kill one etcd member: nothing changes"):
+
+- a VM created with no host named is placed by the controller, on a host
+  with room: the third host's agent offers its VMs only 256 MiB
+  (`--vm-memory`), so it is never chosen for a 512 MiB VM, neither to run
+  it nor for its backup;
+- `host drain` under a writing client: the primary hands over to its
+  backup and nothing is placed on the drained host (so the VM waits for a
+  host, and says so); `host undrain` and it is protected there again;
+- `vm move --to` the backup's host: a handover, then protected again;
+- `vm unprotect` stays so (the controller does not undo it);
+- `vm delete` removes it from the cluster;
+and through all of it the client's connection holds and every
+acknowledged key is there."""
+
+import time
+
+import ftsite
+from ftsite import REDIS_FT, wait_for_redis
+from ftsite.cluster import Cluster, wait_for
+from ftsite.trial import KeyWriter, check_keys
+
+# Boot to redis's first answer on a loaded 2-core host, plus a pre-copy of
+# 512 MiB and a controller's pass or two: a hang is what these bound.
+RUNS_WITHIN = 240
+PROTECTED_WITHIN = 180
+# A drain's handover, and the old primary's end.
+DRAINED_WITHIN = 120
+
+
+def spare_runs_nothing(cl):
+    """Host spare is in the cluster (its agent's record alive though its
+    etcd member is dead) and runs no VM."""
+    records = cl.records()
+    assert "spare" in records, f"host spare left the cluster: {sorted(records)}"
+    return records["spare"]["vms"] == []
+
+
+def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(ftvm, scratch):
+    cl = Cluster(ftvm, scratch, "co", agent_options={"spare": ["--vm-memory", "256"]})
+    cl.wait_hosts()
+    cl.etcd.kill("spare")
+
+    cl.cli("vm", "create", "redis", "--memory", "512", "--command", REDIS_FT, "--bridge", "br0",
+           "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint", "--wait", str(RUNS_WITHIN))
+    conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
+    a, b = wait_for("the VM protected", PROTECTED_WITHIN, lambda: cl.protected("redis"))
+    assert "spare" not in (a, b), f"a host with 256 MiB for VMs was chosen for a 512 MiB VM: {a}, {b}"
+    print(f"placed on {a}, protected on {b}, with host spare's etcd member dead")
+
+    writer = KeyWriter(conn)
+    writer.start()
+    time.sleep(2)
+
+    # Drain the primary's host: it hands over; the VM then waits for a
+    # host (the drained one and the small one cannot take its backup).
+    t0 = time.monotonic()
+    out = cl.cli("host", "drain", a, "--wait", str(DRAINED_WITHIN), timeout=DRAINED_WITHIN + 30)
+    print(f"{out.strip()} in {time.monotonic() - t0:.1f} s")
+    assert [v for v in cl.records()[a]["vms"] if v["role"] != "ended"] == []
+    assert cl.sides("redis") == {b: "unprotected"}
+    shown = wait_for("the VM to say it waits for a host", 30,
+                     lambda: "waiting for a host with 512 MiB free" in cl.cli("vm", "show", "redis"))
+    assert shown
+    assert spare_runs_nothing(cl)
+    assert writer.error is None, writer.error
+
+    # Undrained, the host takes the VM's backup.
+    cl.cli("host", "undrain", a)
+    assert wait_for("protected again on the undrained host", PROTECTED_WITHIN,
+                    lambda: cl.protected("redis") == (b, a))
+
+    # Move it to its backup's host: a handover, then a backup on the
+    # other host with room.
+    t0 = time.monotonic()
+    print(cl.cli("vm", "move", "redis", "--to", a).strip(), f"({time.monotonic() - t0:.1f} s)")
+    assert wait_for("protected after the move", PROTECTED_WITHIN, lambda: cl.protected("redis") == (a, b))
+
+    # Unprotected on purpose, it stays so.
+    cl.cli("vm", "unprotect", "redis")
+    wait_for("the backup gone", 60, lambda: cl.sides("redis") == {a: "unprotected"})
+    time.sleep(12)
+    assert cl.sides("redis") == {a: "unprotected"}, "the controller protected a VM whose record wants no protection"
+
+    time.sleep(1)
+    writer.stop()
+    print(f"{writer.acked} keys acknowledged through a drain, an undrain and a move")
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
+    assert spare_runs_nothing(cl)
+
+    cl.cli("vm", "delete", "redis")
+    assert "redis" not in cl.cli("vm", "list")
+    assert wait_for("the VM gone from every host", 60,
+                    lambda: all(r["vms"] == [] for r in cl.records().values()))
