@@ -148,12 +148,16 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("ftvm agent --host-id a --address 10.0.0.1 --state-dir /var/lib/ftvm", CLUSTER),
     ("ftvm cluster host list", CLUSTER),
     (
-        "ftvm cluster vm create redis-1 --on a --memory 512 --bridge br0 --ip 10.0.0.100/24 --protect checkpoint \
+        "ftvm cluster vm create redis-1 --memory 512 --bridge br0 --ip 10.0.0.100/24 --protect checkpoint \
          --command 'redis-server /etc/redis/redis.conf --protected-mode no'",
         CLUSTER,
     ),
     ("ftvm cluster vm list", CLUSTER),
+    ("ftvm cluster vm show redis-1", CLUSTER),
+    ("ftvm cluster vm move redis-1 --to b", CLUSTER),
     ("ftvm cluster vm handover redis-1", CLUSTER),
+    ("ftvm cluster host drain a", CLUSTER),
+    ("ftvm cluster host undrain a", CLUSTER),
     ("curl -H \"Authorization: Bearer $(cat /etc/ftvm/token)\" http://10.0.0.1:7800/metrics", CLUSTER),
 ];
 
