@@ -58,10 +58,12 @@ const PANIC_GRACE: Duration = Duration::from_secs(2);
 /// How long a transfer's final pause waits for the I/O in flight to
 /// finish (a disk that takes longer ends the attempt, not the VM).
 const QUIESCE_MOST: Duration = Duration::from_secs(5);
-/// A clean stop's SysRq keys (see [`Stopping`]): sync, remount read-only,
-/// power off; each after a break on the console line, and each with the
-/// time the one before it is given first.
-const STOP_KEYS: [(u8, Duration); 3] = [(b's', Duration::ZERO), (b'u', Duration::ZERO), (b'o', Duration::from_secs(1))];
+/// A clean stop's SysRq keys (see [`Stopping`]): SIGTERM to the guest's
+/// processes, then (their time to end) sync, remount read-only, power off;
+/// each after a break on the console line, and each with the time the one
+/// before it is given first.
+const STOP_KEYS: [(u8, Duration); 4] =
+    [(b'e', Duration::ZERO), (b's', Duration::from_secs(2)), (b'u', Duration::ZERO), (b'o', Duration::from_secs(1))];
 
 /// A VM alone asked to stop by SIGTERM or SIGINT: its guest is asked to
 /// power off, and stopped by us if it has not within the grace period.
@@ -69,11 +71,13 @@ const STOP_KEYS: [(u8, Duration); 3] = [(b's', Duration::ZERO), (b'u', Duration:
 /// How the guest is asked: the guest's kernel (Debian's, unchanged) is
 /// sent a magic SysRq on its serial console, a break on the line followed
 /// by a key, as an operator would with a serial console server's "send
-/// break": `s` (sync the filesystems), `u` (remount them read-only), and
-/// a second later `o` (power off, which the kernel does through the
-/// board's syscon-poweroff: "reboot: Power down" on the console, then the
-/// syscon's pass code, 0). Chosen over the alternatives because it needs
-/// nothing of the guest's userland and works with the kernel as built:
+/// break": `e` (SIGTERM to every process but init, so services end as
+/// they would at a shutdown), two seconds later `s` (sync the
+/// filesystems), `u` (remount them read-only), and a second later `o`
+/// (power off, which the kernel does through the board's syscon-poweroff:
+/// "reboot: Power down" on the console, then the syscon's pass code, 0).
+/// Chosen over the alternatives because it needs nothing of the guest's
+/// userland but one setting and works with the kernel as built:
 /// - a key sequence for the guest's shell or init to act on would depend
 ///   on what reads the console at the time (an interactive shell, a
 ///   program, nothing in `--exec` mode);
@@ -84,15 +88,17 @@ const STOP_KEYS: [(u8, Duration); 3] = [(b's', Duration::ZERO), (b'u', Duration:
 ///   latter a change to the image and a wake-up a second in every guest;
 /// - Debian enables SysRq's sync, remount and power-off by default
 ///   (CONFIG_MAGIC_SYSRQ_DEFAULT_ENABLE=0x01b6) and on the serial console
-///   (CONFIG_MAGIC_SYSRQ_SERIAL=y).
+///   (CONFIG_MAGIC_SYSRQ_SERIAL=y); `e` (signalling, 0x40) is off by
+///   default, and ftvm's image turns it on at boot (guest/ftvm-init).
 ///
-/// What is lost next to an ACPI power button: the guest's processes are
-/// not asked to end (SysRq `e`, SIGTERM to all, is off by default); the
-/// filesystems are synced and read-only before the power goes. A guest
-/// that turned SysRq off (`kernel.sysrq=0`) ignores the request and is
-/// stopped after the grace period. The break and the keys are machine
-/// inputs (`Event::ConsoleBreak`, `Event::ConsoleInput`) like typed ones:
-/// a recording logs them and a replay repeats them.
+/// What is lost next to an ACPI power button and an init's shutdown:
+/// every process gets SIGTERM at once, not in a service manager's order,
+/// and has two seconds before the filesystems go read-only (a guest
+/// without the `e` bit, another image's, skips that step). A guest that
+/// turned SysRq off (`kernel.sysrq=0`) ignores the request and is stopped
+/// after the grace period. The break and the keys are machine inputs
+/// (`Event::ConsoleBreak`, `Event::ConsoleInput`) like typed ones: a
+/// recording logs them and a replay repeats them.
 struct Stopping {
     signal: i32,
     /// When ftvm stops the guest itself.
@@ -101,6 +107,10 @@ struct Stopping {
     /// before it it is sent, and when the last was sent.
     keys: VecDeque<(u8, Duration)>,
     last_key_at: Instant,
+    /// An `--exec` command was running when the signal came: the run ends
+    /// with 128 + the signal's number whatever the command then did with
+    /// its own SIGTERM, so a script sees it was cut short.
+    cut_short: bool,
 }
 
 pub struct Options {
@@ -444,8 +454,8 @@ impl<E: Engine> Live<E> {
                     self.powered_off = true;
                     // Powered off as a signal asked, before `--exec`'s
                     // command finished: a script must see it cut short.
-                    if let (Some(stop), Some(exec)) = (&self.stopping, &self.exec) {
-                        if !exec.command_finished() {
+                    if let Some(stop) = &self.stopping {
+                        if stop.cut_short {
                             let signal = crate::signals::name(stop.signal);
                             return Err(VmmError::ExecInterrupted { signal, signo: stop.signal });
                         }
@@ -1215,12 +1225,14 @@ impl<E: Engine> Live<E> {
             eprintln!("ftvm: {name}: stopping the guest now ({why}), exit status {status}");
             // Its disks are flushed as after a clean stop.
             let now = Instant::now();
-            self.stopping = Some(Stopping { signal, deadline: now, keys: VecDeque::new(), last_key_at: now });
+            self.stopping =
+                Some(Stopping { signal, deadline: now, keys: VecDeque::new(), last_key_at: now, cut_short: false });
             return Ok(Next::Exit(status));
         }
         let grace = self.opts.stop_timeout;
         eprintln!(
-            "ftvm: {name}: asking the guest to power off (SysRq sync, remount read-only, power off on its console); \
+            "ftvm: {name}: asking the guest to power off (SysRq on its console: SIGTERM to its processes, \
+             sync, remount read-only, power off); \
              it is stopped in {} s if it has not (exit status {status}), or at once on a second signal",
             grace.as_secs_f64()
         );
@@ -1230,6 +1242,7 @@ impl<E: Engine> Live<E> {
             deadline: now.checked_add(grace).unwrap_or(now + Duration::from_secs(86400 * 365)),
             keys: STOP_KEYS.into_iter().collect(),
             last_key_at: now,
+            cut_short: self.exec.as_ref().is_some_and(|e| !e.command_finished()),
         });
         Ok(Next::Continue)
     }
