@@ -10,6 +10,8 @@ etcd member dead throughout ("kill one etcd member: nothing changes"):
   backup and nothing is placed on the drained host (so the VM waits for a
   host, and says so); `host undrain` and it is protected there again;
 - `vm move --to` the backup's host: a handover, then protected again;
+- `host drain` of the backup's host, with a third host with room: the
+  backup moves there and the VM is protected throughout;
 - `vm unprotect` stays so (the controller does not undo it);
 - `vm delete` removes it from the cluster;
 and through all of it the client's connection holds and every
@@ -78,6 +80,28 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     print(cl.cli("vm", "move", "redis", "--to", a).strip(), f"({time.monotonic() - t0:.1f} s)")
     assert wait_for("protected after the move", PROTECTED_WITHIN, lambda: cl.protected("redis") == (a, b))
 
+    # Draining the backup's host with a third host that has room: the
+    # backup moves there, the pair in force until the new one holds the VM
+    # (its primary is never seen unprotected). Host spare gets room first:
+    # its agent started again without the limit (it runs nothing).
+    assert spare_runs_nothing(cl)
+    cl.agents["spare"].stop()
+    cl.agent_options["spare"] = []
+    cl.start_agent("spare")
+    wait_for("host spare with room", 60,
+             lambda: cl.records().get("spare", {}).get("free_memory_bytes", 0) >= 512 << 20)
+    t0 = time.monotonic()
+    cl.cli("host", "drain", b)
+    seen = set()
+
+    def moved():
+        seen.add(cl.sides("redis").get(a))
+        return cl.protected("redis") == (a, "spare")
+    wait_for("the backup moved off the drained host", PROTECTED_WITHIN, moved, every=0.3)
+    print(f"the backup moved from {b} to spare in {time.monotonic() - t0:.1f} s; the primary seen as {sorted(seen)}")
+    assert seen == {"primary"}, f"the VM was unprotected while its backup moved: {seen}"
+    cl.cli("host", "undrain", b)
+
     # Unprotected on purpose, it stays so.
     cl.cli("vm", "unprotect", "redis")
     wait_for("the backup gone", 60, lambda: cl.sides("redis") == {a: "unprotected"})
@@ -90,7 +114,6 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     assert writer.error is None, f"the client's connection failed: {writer.error}"
     assert conn.command("DBSIZE") == writer.acked
     assert check_keys(conn, writer.acked) == (0, 0)
-    assert spare_runs_nothing(cl)
 
     cl.cli("vm", "delete", "redis")
     assert "redis" not in cl.cli("vm", "list")

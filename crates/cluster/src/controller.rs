@@ -80,6 +80,12 @@ pub enum Step {
     Handover {
         from: String,
     },
+    /// Move its backup from a drained host to another (protected all the way).
+    MoveBackup {
+        from: String,
+        to: String,
+        mode: String,
+    },
     /// Move it from a drained host to another.
     Move {
         from: String,
@@ -134,7 +140,16 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                 };
             }
             match (&record.spec.protect, backup_host) {
-                (_, Some(b)) if is_drained(b) && vm.role == Role::Primary => {
+                // A backup on a drained host moves elsewhere; with nowhere
+                // to go, or no protection wanted, it is let go (a drain
+                // empties its host either way).
+                (Some(mode), Some(b)) if is_drained(b) && vm.role == Role::Primary => {
+                    place(hosts, name, &[&host.id, b], drained, memory, avoid).map_or_else(
+                        || Step::Unprotect { primary: host.id.clone() },
+                        |to| Step::MoveBackup { from: b.to_string(), to: to.id.clone(), mode: mode.clone() },
+                    )
+                }
+                (None, Some(b)) if is_drained(b) && vm.role == Role::Primary => {
                     Step::Unprotect { primary: host.id.clone() }
                 }
                 (None, Some(_)) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
@@ -311,6 +326,11 @@ impl Reconciler {
             Step::Handover { from } => {
                 let done = self.cluster.agent(host_of(from)?).handover(name).map_err(|e| (None, e.to_string()))?;
                 Ok(Some(format!("handed over from the drained host {from}: {}", done.message)))
+            }
+            Step::MoveBackup { from, to, mode } => {
+                eprintln!("ftvm agent: controller: moving {name}'s backup from the drained host {from} to {to}");
+                let done = self.cluster.move_backup(name, to, mode).map_err(failed(Some(to)))?;
+                Ok(Some(done.message))
             }
             Step::Move { from, to } => {
                 eprintln!("ftvm agent: controller: moving {name} from the drained host {from} to {to}");
@@ -529,10 +549,17 @@ mod tests {
         let pair =
             [host("a", 4000, &[("v", Role::Backup)]), host("b", 2000, &[("v", Role::Primary)]), host("c", 9000, &[])];
         assert_eq!(decide(&pair, &drained, &wants, now, None), Step::Handover { from: "b".into() });
-        // Its backup is let go (and then made elsewhere).
+        // Its backup moves to a third host, the pair in force until then.
         let pair =
             [host("a", 4000, &[("v", Role::Primary)]), host("b", 2000, &[("v", Role::Backup)]), host("c", 9000, &[])];
-        assert_eq!(decide(&pair, &drained, &wants, now, None), Step::Unprotect { primary: "a".into() });
+        assert_eq!(
+            decide(&pair, &drained, &wants, now, None),
+            Step::MoveBackup { from: "b".into(), to: "c".into(), mode: "checkpoint".into() }
+        );
+        // With no third host, or no protection wanted, it is let go.
+        assert_eq!(decide(&pair[..2], &drained, &wants, now, None), Step::Unprotect { primary: "a".into() });
+        let unwanted = record("v", None, Phase::Running);
+        assert_eq!(decide(&pair, &drained, &unwanted, now, None), Step::Unprotect { primary: "a".into() });
         // A VM alone on it moves to the roomiest other host.
         let alone = [host("a", 4000, &[]), host("b", 2000, &[("v", U)])];
         assert_eq!(decide(&alone, &drained, &wants, now, None), Step::Move { from: "b".into(), to: "a".into() });

@@ -49,6 +49,10 @@ pub enum OpsError {
     NoRoom { host: String, vm: String, memory_mib: u64, free_mib: u64 },
     #[error("VM {vm} runs on {host} already")]
     AlreadyThere { vm: String, host: String },
+    #[error("VM {vm}'s backup is on {host} already")]
+    BackupThere { vm: String, host: String },
+    #[error("VM {0} has no backup to move")]
+    NoBackup(String),
     #[error("{what} did not happen within {} s{}", .within.as_secs(), .problem.as_ref().map(|p| format!(" (last problem: {p})")).unwrap_or_default())]
     Timeout { what: String, within: Duration, problem: Option<String> },
 }
@@ -237,6 +241,28 @@ impl Cluster {
         if let Some(b) = backup {
             return Err(OpsError::HasBackup { vm: name.into(), host: b.host.id });
         }
+        self.backup_onto(&hosts, &running, on, mode)
+    }
+
+    /// Moves VM `name`'s backup to host `on` (protected in `mode` from
+    /// then on): the pair in force goes on until the new backup holds the
+    /// VM, and only then does the old one stop, so the VM is never
+    /// unprotected on the way (the VMM's `protect` while protected).
+    pub fn move_backup(&self, name: &str, on: &str, mode: &str) -> Result<Done, OpsError> {
+        let hosts = self.hosts()?;
+        let (running, backup) = self.find(&hosts, name)?;
+        match backup {
+            Some(b) if b.host.id == on => Err(OpsError::BackupThere { vm: name.into(), host: on.into() }),
+            Some(_) => self.backup_onto(&hosts, &running, on, mode),
+            None => Err(OpsError::NoBackup(name.into())),
+        }
+    }
+
+    /// A backup of `running`'s VM started on host `on`, then the VM
+    /// protected toward it in `mode` (moving its backup if it had one). A
+    /// backup that the protection did not take is stopped.
+    fn backup_onto(&self, hosts: &[HostRecord], running: &VmSide, on: &str, mode: &str) -> Result<Done, OpsError> {
+        let name = running.info.name.as_str();
         if running.host.id == on {
             return Err(OpsError::SameHost { vm: name.into(), host: on.into() });
         }
@@ -279,9 +305,9 @@ impl Cluster {
     }
 
     /// Moves VM `name` to host `to`, the guest running on throughout: a
-    /// backup there (the one it has, or a new one in checkpoint mode,
-    /// after its backup elsewhere is let go), then a handover to it. Its
-    /// record's protection is restored by the controller afterwards.
+    /// backup there (the one it has, its backup moved there, or a new one
+    /// in checkpoint mode), then a handover to it. Its record's protection
+    /// is restored by the controller afterwards.
     pub fn move_to(&self, name: &str, to: &str) -> Result<Done, OpsError> {
         self.holding(name, || {
             let hosts = self.hosts()?;
@@ -290,33 +316,12 @@ impl Cluster {
                 return Err(OpsError::AlreadyThere { vm: name.into(), host: to.into() });
             }
             if backup.as_ref().map(|b| b.host.id.as_str()) != Some(to) {
-                if backup.is_some() {
-                    self.agent(&running.host).unprotect(name)?;
-                    self.wait_for_no_backup(name)?;
-                }
-                self.protect_on(name, to, "checkpoint")?;
+                // Checkpoint mode: each host has its own copy of the disk.
+                self.backup_onto(&hosts, &running, to, "checkpoint")?;
             }
             let done = self.agent(&running.host).handover(name)?;
             Ok(Done { message: format!("VM {name} moved from {} to {to}: {}", running.host.id, done.message) })
         })
-    }
-
-    /// Waits until VM `name`'s old backup has ended (after an unprotect):
-    /// a host runs one process of a VM at a time.
-    fn wait_for_no_backup(&self, name: &str) -> Result<(), OpsError> {
-        let within = Duration::from_secs(60);
-        let t0 = Instant::now();
-        while self.find(&self.hosts()?, name)?.1.is_some() {
-            if t0.elapsed() > within {
-                return Err(OpsError::Timeout {
-                    what: format!("the end of VM {name}'s backup"),
-                    within,
-                    problem: None,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        Ok(())
     }
 
     /// Marks host `id` drained (the controller moves its VMs away and
