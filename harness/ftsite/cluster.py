@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -145,6 +146,13 @@ class Cluster:
                    "health"], check=False).returncode == 0, every=0.5)
         return self.start_agent(role)
 
+    def metrics(self, role):
+        """Host `role`'s agent's /metrics, as text."""
+        api = self.records()[role]["api"]
+        req = urllib.request.Request(f"{api}/metrics",
+                                     headers={"Authorization": f"Bearer {self.token.read_text().strip()}"})
+        return in_netns(self.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=30).read().decode())
+
     def etcd_metrics(self, role):
         """The etcd member of host `role`'s /metrics, as {sample: value}
         (`name{labels}` as written)."""
@@ -159,3 +167,49 @@ class Cluster:
                 except ValueError:
                     pass
         return out
+
+
+class EventStream:
+    """The cluster's event log as an agent streams it (`GET /v1/events`,
+    server-sent events), read from the client's namespace on a thread of
+    its own: `events` is every event received so far, in order."""
+
+    def __init__(self, cl, role):
+        api = cl.records()[role]["api"]
+        token = cl.token.read_text().strip()
+        req = urllib.request.Request(f"{api}/v1/events", headers={"Authorization": f"Bearer {token}",
+                                                                   "Accept": "text/event-stream"})
+        # Connected in the client's namespace; the socket stays there.
+        self.response = in_netns(cl.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=600))
+        ctype = self.response.headers.get("Content-Type", "")
+        assert ctype.startswith("text/event-stream"), f"GET /v1/events answered {ctype}"
+        self.events, self.ids = [], []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        data, event_id = [], None
+        try:
+            for raw in self.response:
+                line = raw.decode().rstrip("\n").rstrip("\r")
+                if line.startswith("id:"):
+                    event_id = int(line[3:].strip())
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif line == "" and data:
+                    event = json.loads("\n".join(data))
+                    with self.lock:
+                        self.events.append(event)
+                        self.ids.append(event_id)
+                    data, event_id = [], None
+        except Exception:  # noqa: BLE001 - closed under it (close()), or a broken stream: what came is kept
+            pass
+
+    def of(self, vm):
+        """The events of VM `vm` received so far."""
+        with self.lock:
+            return [e for e in self.events if e.get("vm") == vm]
+
+    def close(self):
+        self.response.close()

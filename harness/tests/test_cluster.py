@@ -4,13 +4,17 @@ cluster` with `--protect checkpoint` is given a backup on another host by
 the cluster's controller without anyone asking; the primary's host dies
 (its switch port down, every process of it killed: agent, VM, etcd
 member); the VM fails over, and the controller protects it again on the
-third host; every acknowledged write is there."""
+third host; every acknowledged write is there. The cluster's event log,
+streamed by an agent that survives (server-sent events), tells it in
+order (failure declared, gone live, the controller's new backup,
+protected again), `ftvm cluster events` prints it, and the surviving
+agents' metrics count one failover and a re-protection."""
 
 import time
 
 import ftsite
 from ftsite import REDIS_FT, wait_for_redis
-from ftsite.cluster import HOSTS, Cluster, wait_for
+from ftsite.cluster import HOSTS, Cluster, EventStream, wait_for
 from ftsite.trial import KeyWriter, check_keys
 
 # Boot to redis's first answer on a loaded 2-core host, and the copy of
@@ -42,6 +46,7 @@ def test_the_cluster_protects_a_vm_and_protects_it_again_after_its_host_dies(ftv
     writer.start()
     time.sleep(3)
     assert writer.error is None and writer.acked > 0, writer.error
+    stream = EventStream(cl, backup_host)
     died = cl.kill_host("primary")
     # The VM runs on its former backup's host, and the controller gives it
     # a backup on the third host.
@@ -57,3 +62,33 @@ def test_the_cluster_protects_a_vm_and_protects_it_again_after_its_host_dies(ftv
     assert check_keys(conn, writer.acked) == (0, 0)
     hosts = cl.hosts()
     assert "primary" not in hosts, f"the dead host is still listed: {hosts}"
+
+    # The event log, as the stream opened before the death delivered it.
+    def kinds():
+        out = []
+        for e in stream.of("redis"):
+            what = e["what"]
+            kind = what["event"]["event"] if what["source"] == "pair" else "controller " + what["action"]["action"]
+            out.append((kind, e["host"], e["id"]))
+        return out
+
+    def happened(kind, host=None, after=0):
+        return next((i for k, h, i in kinds() if k == kind and (host is None or h == host) and i > after), None)
+
+    live = wait_for("going_live in the event stream", 30, lambda: happened("going_live", backup_host))
+    declared = happened("declared_failed", backup_host)
+    assert declared and declared < live, f"no failure declared before going live: {kinds()}"
+    asked = wait_for("the controller's new backup in the stream", 30,
+                     lambda: happened("controller protect", after=live))
+    again = wait_for("protected again in the stream", 30, lambda: happened("protected", backup_host, after=asked))
+    ids = [i for *_, i in kinds()]
+    assert ids == sorted(ids), f"the stream's events out of order: {kinds()}"
+    print("the event stream: " + ", ".join(f"{k} on {h}" for k, h, i in kinds() if i >= declared))
+    stream.close()
+    printed = cl.cli("events", "--vm", "redis")
+    assert "going_live" in printed and "controller protect" in printed, printed
+    # The metrics of the VM's new host count them.
+    metrics = cl.metrics(backup_host)
+    assert 'ftvm_vm_failovers_total{vm="redis"} 1' in metrics, metrics
+    assert 'ftvm_vm_reprotections_total{vm="redis"} 1' in metrics, metrics
+    assert again

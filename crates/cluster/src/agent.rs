@@ -16,9 +16,10 @@
 //! etcd being unreachable never stops a VM: the record is written again
 //! once etcd answers.
 
+use crate::events::{ClusterEvent, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use crate::session::Leased;
-use crate::vms::Vms;
+use crate::vms::{VmEvent, Vms};
 use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -26,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use etcd_client::PutOptions;
+use ftvm_etcd::Etcd;
 use ftvm_vmm::api::{Reply, Request};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -82,7 +84,14 @@ pub enum AgentError {
 struct Agent {
     config: AgentConfig,
     vms: Vms,
+    /// The event log's connection: a blocking client (its calls go to
+    /// the blocking pool), made once and never dropped, since dropping its
+    /// runtime inside the agent's would panic.
+    etcd: &'static Etcd,
 }
+
+/// How many VM events may wait for etcd before new ones are dropped.
+const EVENT_QUEUE: usize = 1024;
 
 impl Agent {
     /// The host's record as it stands.
@@ -107,13 +116,17 @@ impl Agent {
     /// the one beside the VM that must go live (the dead host's own member
     /// costs its arbiter a try).
     fn etcd_local_first(&self) -> String {
+        Agent::local_first(&self.config)
+    }
+
+    fn local_first(config: &AgentConfig) -> String {
         let own = |e: &String| {
             e.strip_prefix("http://")
                 .and_then(|r| r.rsplit_once(':'))
                 .and_then(|(host, _)| host.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-                == Some(self.config.address)
+                == Some(config.address)
         };
-        let mut endpoints = ftvm_etcd::client::parse_endpoints(&self.config.etcd).unwrap_or_default();
+        let mut endpoints = ftvm_etcd::client::parse_endpoints(&config.etcd).unwrap_or_default();
         endpoints.sort_by_key(|e| !own(e));
         endpoints.join(",")
     }
@@ -134,8 +147,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
-    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm);
-    let agent = Arc::new(Agent { config, vms });
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, events_tx);
+    let own_first = Agent::local_first(&config);
+    let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(&own_first)?));
+    let agent = Arc::new(Agent { config, vms, etcd });
+    tokio::spawn(publish_events(agent.clone(), events_rx));
     eprintln!("ftvm agent: host {} serving on http://{}", agent.config.id, agent.config.listen);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -243,6 +260,33 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
     }
 }
 
+/// Writes each of the VMs' pair events to the cluster's event log, in
+/// the order they came. A write that fails (etcd away) loses that event,
+/// said once per outage: the VMs' streams are read on regardless.
+async fn publish_events(agent: Arc<Agent>, mut events: tokio::sync::mpsc::Receiver<VmEvent>) {
+    let mut failing = false;
+    while let Some(VmEvent { vm, pid, record }) = events.recv().await {
+        let key = crate::events::pair_key(&agent.config.id, &vm, pid, &record);
+        let event = ClusterEvent {
+            id: 0,
+            unix_ms: record.unix_ms,
+            host: agent.config.id.clone(),
+            vm: Some(vm),
+            what: What::Pair { event: record.event },
+        };
+        let etcd = agent.etcd;
+        let written = tokio::task::spawn_blocking(move || crate::events::publish(etcd, &key, &event)).await;
+        match written {
+            Ok(Ok(())) => failing = false,
+            Ok(Err(e)) if !failing => {
+                eprintln!("ftvm agent: cannot add to the event log ({e}); events are lost until etcd answers");
+                failing = true;
+            }
+            _ => {}
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -261,6 +305,7 @@ fn router(agent: Arc<Agent>) -> Router {
         .route("/v1/vms/{name}/unprotect", post(unprotect_vm))
         .route("/v1/vms/{name}/handover", post(handover_vm))
         .route("/v1/backups", post(create_backup))
+        .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(agent.clone(), authenticate));
     Router::new()
@@ -360,8 +405,70 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let body = crate::metrics::render(&host, &vms);
+    let history = read_events(agent.etcd, 0).await.ok().map(|log| crate::events::histories(&log));
+    let body = crate::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// The event log after id `after`, read on the blocking pool.
+async fn read_events(etcd: &'static Etcd, after: i64) -> Result<Vec<ClusterEvent>, ApiError> {
+    tokio::task::spawn_blocking(move || crate::events::since(etcd, after))
+        .await
+        .map_err(|e| ApiError::Internal(format!("reading the event log: {e}")))?
+        .map_err(|e| ApiError::Unavailable(format!("cannot read the event log: {e}")))
+}
+
+/// `GET /v1/events`'s query.
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    /// Only this VM's events.
+    vm: Option<String>,
+    /// Only events after this id (as an SSE client's `Last-Event-ID`).
+    after: Option<i64>,
+    /// false: the events so far as one JSON list, not a stream.
+    follow: Option<bool>,
+}
+
+/// The cluster's event log: by default a stream of server-sent events
+/// (each event's `id:` its id, `data:` its JSON), first those kept, then
+/// each as it is written; with `follow=false`, the events so far as JSON.
+async fn events(
+    State(agent): State<Arc<Agent>>,
+    query: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let resumed = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok());
+    let after = resumed.or(q.after).unwrap_or(0);
+    let wanted = move |e: &ClusterEvent| q.vm.is_none() || e.vm == q.vm;
+    let first = read_events(agent.etcd, after).await?;
+    let last = first.iter().map(|e| e.id).max().unwrap_or(after);
+    if q.follow == Some(false) {
+        return Ok(Json(first.into_iter().filter(&wanted).collect::<Vec<_>>()).into_response());
+    }
+    let pending: std::collections::VecDeque<ClusterEvent> = first.into_iter().filter(&wanted).collect();
+    let etcd = agent.etcd;
+    // Ends when the client goes (the stream is dropped with its response).
+    let stream = futures_util::stream::unfold((pending, last), move |(mut pending, mut last)| {
+        let wanted = wanted.clone();
+        async move {
+            loop {
+                if let Some(e) = pending.pop_front() {
+                    let data = serde_json::to_string(&e).expect("an event serializes");
+                    let sse = Event::default().id(e.id.to_string()).data(data);
+                    return Some((Ok::<_, std::convert::Infallible>(sse), (pending, last)));
+                }
+                tokio::time::sleep(crate::events::POLL).await;
+                // etcd away: the stream waits for it, kept alive meanwhile.
+                if let Ok(new) = read_events(etcd, last).await {
+                    last = new.iter().map(|e| e.id).max().unwrap_or(last);
+                    pending.extend(new.into_iter().filter(&wanted));
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 
 /// A JSON body, or a one-line refusal.

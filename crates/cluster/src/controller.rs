@@ -28,6 +28,7 @@
 //! their disks) is reported lost, never started afresh under its name.
 
 use crate::desired::{self, Phase, VmRecord};
+use crate::events::{self, ClusterEvent, ControllerAction, What};
 use crate::model::{HostRecord, HostVm, Role};
 use crate::ops::Cluster;
 use crate::session::Leased;
@@ -206,9 +207,51 @@ struct Reconciler {
     /// Whether this agent still holds the controller's key: checked before
     /// each step, as a pass may outlast the lease.
     leading: Arc<AtomicBool>,
+    /// This agent's host, as the controller's events name it.
+    host: String,
+    /// Events published so far (part of each one's key).
+    published: u64,
+    /// Passes since the event log was last trimmed.
+    since_trim: u32,
+}
+
+/// Passes between trims of the event log (a trim reads the whole log).
+const TRIM_EVERY: u32 = 30;
+
+/// What the controller tells the event log it is doing for a step (none
+/// for a step that asks nothing of a host).
+fn action_of(step: &Step) -> Option<ControllerAction> {
+    Some(match step.clone() {
+        Step::Start { on } => ControllerAction::Start { on },
+        Step::Protect { on, mode } => ControllerAction::Protect { on, mode },
+        Step::MoveBackup { from, to, .. } => ControllerAction::MoveBackup { from, to },
+        Step::Handover { from } => ControllerAction::Handover { from },
+        Step::Move { from, to } => ControllerAction::Move { from, to },
+        Step::Unprotect { primary } => ControllerAction::Unprotect { primary },
+        Step::Nothing | Step::Started | Step::Replace { .. } | Step::Wait(_) => return None,
+    })
 }
 
 impl Reconciler {
+    /// Adds the controller's `action` for VM `vm` to the event log; a
+    /// failure to is said and forgotten (the step matters, not its note).
+    fn publish(&mut self, vm: &str, action: ControllerAction) {
+        self.published += 1;
+        let unix_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let key = events::controller_key(&self.host, unix_ms, self.published);
+        let event = ClusterEvent {
+            id: 0,
+            unix_ms,
+            host: self.host.clone(),
+            vm: Some(vm.into()),
+            what: What::Controller { action },
+        };
+        if let Err(e) = events::publish(&self.cluster.etcd, &key, &event) {
+            eprintln!("ftvm agent: controller: cannot add to the event log: {e}");
+        }
+    }
+
     /// One pass over every VM's record.
     fn pass(&mut self) -> Result<(), crate::ops::OpsError> {
         let hosts = self.cluster.hosts()?;
@@ -225,6 +268,9 @@ impl Reconciler {
             }
             let avoid = self.retries.get(&name).and_then(|r| r.failed_on.clone());
             let step = decide(&hosts, &drained, record, now, avoid.as_deref());
+            if let Some(action) = action_of(&step) {
+                self.publish(&name, action);
+            }
             match self.take(&hosts, record, &step) {
                 Ok(None) => {}
                 Ok(Some(done)) => {
@@ -238,12 +284,20 @@ impl Reconciler {
                         .get(&name)
                         .map_or(BACKOFF_FIRST, |r| (r.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX));
                     eprintln!("ftvm agent: controller: {name}: {problem}; again in {} s", wait.as_secs());
+                    self.publish(&name, ControllerAction::Failed { problem: problem.clone() });
                     self.note_problem(&name, Some(problem));
                     self.retries.insert(name, Retry { at: Instant::now() + wait, wait, failed_on });
                 }
             }
         }
         self.collect_ended(&hosts, &records);
+        self.since_trim += 1;
+        if self.since_trim >= TRIM_EVERY {
+            self.since_trim = 0;
+            if let Err(e) = events::trim(&self.cluster.etcd) {
+                eprintln!("ftvm agent: controller: cannot trim the event log: {e}");
+            }
+        }
         Ok(())
     }
 
@@ -363,7 +417,14 @@ pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync:
     let leading = Arc::new(AtomicBool::new(false));
     // Made again if a pass panicked (its memory of retries goes with it).
     let make = || match Cluster::new(&etcd, &token) {
-        Ok(cluster) => Some(Reconciler { cluster, retries: HashMap::new(), leading: leading.clone() }),
+        Ok(cluster) => Some(Reconciler {
+            cluster,
+            retries: HashMap::new(),
+            leading: leading.clone(),
+            host: id.clone(),
+            published: 0,
+            since_trim: 0,
+        }),
         Err(e) => {
             eprintln!("ftvm agent: controller: {e}");
             None

@@ -10,6 +10,8 @@
 //!   places VMs, keeps them protected, empties drained hosts.
 //! - [`vms`]: a host's VMs as child processes, spoken to through their
 //!   control sockets.
+//! - [`events`]: the cluster's event log in etcd (the pairs' events and
+//!   the controller's actions), read by the API's event stream.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
 //! - [`session`]: connections to etcd, and leases held by a loop.
@@ -23,6 +25,7 @@ pub mod agent;
 pub mod client;
 pub mod controller;
 pub mod desired;
+pub mod events;
 pub mod keys;
 pub mod metrics;
 pub mod model;

@@ -6,12 +6,15 @@
 //! Prometheus project's own), so no figure is ever stale by more than the
 //! scrape.
 
+use crate::events::History;
 use crate::model::{HostRecord, VmInfo};
 use ftvm_vmm::api::{BackupMode, PairStatus, PrimaryMode};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(String, String)>;
@@ -35,8 +38,11 @@ pub fn mode_of(vm: &VmInfo) -> String {
     }
 }
 
-/// The metrics of a host and its VMs, in the text format.
-pub fn render(host: &HostRecord, vms: &[VmInfo]) -> String {
+/// The metrics of a host and its VMs, in the text format. `history`:
+/// each VM's failovers and re-protections from the cluster's event log
+/// (None: the log could not be read, and those counters are left out
+/// rather than shown as 0).
+pub fn render(host: &HostRecord, vms: &[VmInfo], history: Option<&HashMap<String, History>>) -> String {
     let mut reg = Registry::with_prefix("ftvm");
     let gauge = |reg: &mut Registry, name: &str, help: &str, v: i64| {
         let g = Gauge::<i64>::default();
@@ -98,6 +104,26 @@ pub fn render(host: &HostRecord, vms: &[VmInfo]) -> String {
             }
             _ => {}
         }
+    }
+    if let Some(history) = history {
+        // Counted from the cluster's event log, not by this agent: a
+        // failover is seen on the host the VM went to, and a count kept
+        // in an agent would start again from 0 when the agent does.
+        let failovers = Family::<Labels, Counter>::default();
+        let reprotections = Family::<Labels, Counter>::default();
+        let mut names: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+        names.dedup();
+        for name in names {
+            let h = history.get(name).copied().unwrap_or_default();
+            failovers.get_or_create(&vm_label(name)).inc_by(h.failovers);
+            reprotections.get_or_create(&vm_label(name)).inc_by(h.reprotections);
+        }
+        reg.register("vm_failovers", "Times the VM's backup went live (the cluster's event log)", failovers);
+        reg.register(
+            "vm_reprotections",
+            "Times the VM was protected again after a failover (the cluster's event log)",
+            reprotections,
+        );
     }
     reg.register("vm_info", "A VM process on this host: its part (role) and mode", info);
     reg.register("vm_instructions", "Instructions the VM has executed (a backup: replayed)", icount);

@@ -10,6 +10,7 @@
 //! crashes or is upgraded, and one VM's fault stays its own.
 
 use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
+use ftvm_protection::events::EventRecord;
 use ftvm_vmm::api::{Reply, Request, Response};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,49 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// A VM process's pair event, with what names it in the cluster's log.
+pub struct VmEvent {
+    pub vm: String,
+    pub pid: u32,
+    pub record: EventRecord,
+}
+
+/// How long a new VM's process has to make its control socket before its
+/// events are given up on.
+const SOCKET_WAIT: Duration = Duration::from_secs(120);
+
+/// Hands each event of the VM process behind `socket` to `events` until
+/// the process ends (its socket closes). On a thread of its own: the
+/// control socket's event stream is a blocking read.
+fn follow(socket: PathBuf, vm: String, pid: u32, events: tokio::sync::mpsc::Sender<VmEvent>) {
+    let t0 = std::time::Instant::now();
+    while !socket.exists() {
+        if t0.elapsed() > SOCKET_WAIT || events.is_closed() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut dropped = 0u64;
+    let result = ftvm_vmm::control::follow_events(&socket, true, |line| {
+        let Ok(record) = serde_json::from_str::<EventRecord>(line) else { return };
+        if !crate::events::worth_keeping(&record.event) {
+            return;
+        }
+        // Never wait for the publisher (etcd may be away): the VM's
+        // stream must be read on. An event that finds the queue full is
+        // lost, and counted.
+        if events.try_send(VmEvent { vm: vm.clone(), pid, record }).is_err() {
+            dropped += 1;
+        }
+    });
+    if dropped > 0 {
+        eprintln!("ftvm agent: {dropped} event(s) of VM {vm} dropped: the event log could not keep up");
+    }
+    if let Err(e) = result {
+        eprintln!("ftvm agent: VM {vm}'s events: {e}");
+    }
+}
+
 /// The VMs of this host.
 pub struct Vms {
     /// This host's identity, as VMs' views name it.
@@ -72,6 +116,8 @@ pub struct Vms {
     /// The ftvm binary the VMs run.
     ftvm: PathBuf,
     vms: Mutex<BTreeMap<String, Vm>>,
+    /// Where the VMs' pair events go (the agent's publisher).
+    events: tokio::sync::mpsc::Sender<VmEvent>,
 }
 
 /// A TAP's name for a VM (Linux allows 15 bytes): `ftv` and a hash of its
@@ -91,8 +137,8 @@ fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
 }
 
 impl Vms {
-    pub fn new(host: &str, dir: &Path, ftvm: &Path) -> Vms {
-        Vms { host: host.into(), dir: dir.into(), ftvm: ftvm.into(), vms: Mutex::default() }
+    pub fn new(host: &str, dir: &Path, ftvm: &Path, events: tokio::sync::mpsc::Sender<VmEvent>) -> Vms {
+        Vms { host: host.into(), dir: dir.into(), ftvm: ftvm.into(), vms: Mutex::default(), events }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vm>> {
@@ -197,6 +243,10 @@ impl Vms {
         cmd.process_group(0);
         let child = cmd.spawn().map_err(|e| internal(&format!("cannot start {}", self.ftvm.display()), e))?;
         let pid = child.id();
+        if let Some(pid) = pid {
+            let (socket, vm, events) = (dir.join("control.sock"), spec.name.clone(), self.events.clone());
+            std::thread::spawn(move || follow(socket, vm, pid, events));
+        }
         self.lock().insert(spec.name.clone(), Vm { spec, dir, child, pid, ended: None, started_as, terminated: false });
         Ok(())
     }

@@ -205,6 +205,26 @@ impl Etcd {
         Ok(out)
     }
 
+    /// The keys, values and modification revisions under `prefix` written
+    /// after revision `after`, in the order they were written.
+    pub fn get_prefix_since(&self, prefix: &str, after: i64) -> Result<Vec<(String, Vec<u8>, i64)>, EtcdError> {
+        let prefix = prefix.to_string();
+        let resp = self.request(|mut c| {
+            let prefix = prefix.clone();
+            async move {
+                let opts = GetOptions::new().with_prefix().with_min_mod_revision(after + 1);
+                c.get(prefix, Some(opts)).await
+            }
+        })?;
+        let mut out: Vec<(String, Vec<u8>, i64)> = resp
+            .kvs()
+            .iter()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec(), kv.mod_revision()))
+            .collect();
+        out.sort_by_key(|(_, _, r)| *r);
+        Ok(out)
+    }
+
     /// Runs a transaction.
     pub fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
         self.request(|mut c| {

@@ -93,6 +93,17 @@ enum ClusterCommand {
     /// Write a new random API token to FILE (mode 0600), for every agent
     /// and client of the cluster.
     Token { file: PathBuf },
+    /// The cluster's event log: what happened to its VMs' pairs (protected,
+    /// failure declared, gone live, handed over) and what its controller
+    /// did, one line each (--json: one JSON object a line).
+    Events {
+        /// Only this VM's events.
+        #[arg(long, value_name = "NAME")]
+        vm: Option<String>,
+        /// Go on printing events as they come, until interrupted.
+        #[arg(long)]
+        follow: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -100,7 +111,7 @@ enum HostCommand {
     /// Each host: its VMs, memory and agent, and whether it is drained.
     List,
     /// Empty a host for maintenance: its primaries hand over, its backups
-    /// are made again elsewhere, its VMs running alone move; nothing new
+    /// move elsewhere, its VMs running alone move; nothing new
     /// is placed there until `undrain`. Waits until it runs no VM.
     Drain {
         host: String,
@@ -310,6 +321,26 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         ClusterCommand::Vm(VmCommand::Unprotect { name }) => print_done(&cluster.unprotect(&name)?),
         ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),
         ClusterCommand::Vm(VmCommand::Move { name, to }) => print_done(&cluster.move_to(&name, &to)?),
+        ClusterCommand::Events { vm, follow } => {
+            let mut after = 0;
+            loop {
+                for e in ftvm_cluster::events::since(&cluster.etcd, after)? {
+                    after = after.max(e.id);
+                    if vm.as_ref().is_some_and(|v| e.vm.as_ref() != Some(v)) {
+                        continue;
+                    }
+                    if json {
+                        println!("{}", serde_json::to_string(&e).expect("an event serializes"));
+                    } else {
+                        println!("{e}");
+                    }
+                }
+                if !follow {
+                    break;
+                }
+                std::thread::sleep(ftvm_cluster::events::POLL);
+            }
+        }
         ClusterCommand::Vm(VmCommand::Delete { name }) => {
             let deleted = cluster.delete(&name)?;
             if json {

@@ -158,6 +158,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("ftvm cluster vm handover redis-1", CLUSTER),
     ("ftvm cluster host drain a", CLUSTER),
     ("ftvm cluster host undrain a", CLUSTER),
+    ("ftvm cluster events --follow", CLUSTER),
     ("curl -H \"Authorization: Bearer $(cat /etc/ftvm/token)\" http://10.0.0.1:7800/metrics", CLUSTER),
 ];
 

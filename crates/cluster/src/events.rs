@@ -1,0 +1,310 @@
+//! The cluster's event log: what happened to its VMs (their pairs' own
+//! events: protected, a side declared failed, the arbiter's verdict, gone
+//! live, handed over) and what its controller did about it (started a VM,
+//! asked for a backup, moved one), each with its time, host and VM. Kept
+//! in etcd under [`EVENTS_PREFIX`], not under an agent's lease: the
+//! events of a host's death must outlive the host. An event's id is the
+//! etcd revision that wrote it, so the log has one order across hosts,
+//! and a reader (the API's `GET /v1/events`, the CLI, the metrics) asks
+//! for what was written after the last id it saw. The controller keeps the
+//! log to its newest [`KEPT`] events.
+//!
+//! Publishing never stops a VM or the controller: an event that cannot be
+//! written (etcd away) is dropped with a line on stderr.
+
+use ftvm_etcd::{Etcd, EtcdError};
+use ftvm_protection::events::{EventRecord, PairEvent};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Where the events are kept.
+pub const EVENTS_PREFIX: &str = "/ftvm/events/";
+/// The most events kept: far more than the VMs' failovers and
+/// re-protections of a day, and a bound on etcd's space.
+pub const KEPT: usize = 1000;
+/// How often a follower of the log asks for what is new. A poll on the
+/// readers' usual connection rather than an etcd watch: a watch is a
+/// stream that a member dying without a word leaves hanging, while each
+/// poll has the deadline and the move to the next member that every other
+/// request has.
+pub const POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// The most deletions in one transaction (etcd allows 128 operations).
+const TRIM_BATCH: usize = 100;
+
+/// Something that happened in the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterEvent {
+    /// Its place in the log: the etcd revision that wrote it (0 until
+    /// written).
+    #[serde(default)]
+    pub id: i64,
+    /// Milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// The host it happened on (the controller's, for its steps).
+    pub host: String,
+    /// The VM it concerns, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+    /// What happened.
+    pub what: What,
+}
+
+/// Where an event comes from, and what it says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum What {
+    /// A VM's process reported an event of its pair.
+    Pair { event: PairEvent },
+    /// The controller acted.
+    Controller { action: ControllerAction },
+}
+
+/// What the controller did for a VM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum ControllerAction {
+    /// Asked a host to start the VM.
+    Start { on: String },
+    /// Asked for a backup on a host (a first protection, or a
+    /// re-protection after a failover).
+    Protect { on: String, mode: String },
+    /// Asked for the backup to move off a drained host.
+    MoveBackup { from: String, to: String },
+    /// Asked the primary on a drained host to hand over.
+    Handover { from: String },
+    /// Asked for the VM to move off a drained host.
+    Move { from: String, to: String },
+    /// Let the VM's backup go.
+    Unprotect { primary: String },
+    /// A step failed; it is tried again later.
+    Failed { problem: String },
+}
+
+/// Whether a pair's event is one an operator follows (not the steps of a
+/// disk's copy, nor each refused stranger, which would let anyone who
+/// can reach a backup's port fill the log).
+pub fn worth_keeping(event: &PairEvent) -> bool {
+    !matches!(
+        event,
+        PairEvent::Listening { .. }
+            | PairEvent::StrangerRefused { .. }
+            | PairEvent::DiskBlocksSent { .. }
+            | PairEvent::DiskDiffers { .. }
+            | PairEvent::DiskCopied { .. }
+            | PairEvent::TimeoutChanged { .. }
+    )
+}
+
+/// The key of a VM process's event: the same for the same event read
+/// twice (a follower that starts again), so writing it is idempotent.
+pub fn pair_key(host: &str, vm: &str, pid: u32, record: &EventRecord) -> String {
+    format!("{EVENTS_PREFIX}{host}/{vm}/{pid}/{:010}", record.seq)
+}
+
+/// The key of a controller's event.
+pub fn controller_key(host: &str, unix_ms: u64, n: u64) -> String {
+    format!("{EVENTS_PREFIX}{host}/controller/{unix_ms:013}-{n}")
+}
+
+/// Writes `event` at `key` unless something is there already.
+pub fn publish(etcd: &Etcd, key: &str, event: &ClusterEvent) -> Result<(), EtcdError> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let value = serde_json::to_string(event).expect("an event serializes");
+    let txn = Txn::new().when([Compare::version(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]);
+    etcd.txn(txn).map(|_| ())
+}
+
+/// The events written after id `after`, oldest first (an unreadable one
+/// is skipped).
+pub fn since(etcd: &Etcd, after: i64) -> Result<Vec<ClusterEvent>, EtcdError> {
+    Ok(etcd
+        .get_prefix_since(EVENTS_PREFIX, after)?
+        .into_iter()
+        .filter_map(|(_, v, revision)| {
+            let mut e: ClusterEvent = serde_json::from_slice(&v).ok()?;
+            e.id = revision;
+            Some(e)
+        })
+        .collect())
+}
+
+/// Which of `keys` (each with its revision) to delete so that `kept`
+/// remain: the oldest, at most [`TRIM_BATCH`] at a time.
+pub fn to_trim(mut keys: Vec<(String, i64)>, kept: usize) -> Vec<String> {
+    if keys.len() <= kept {
+        return vec![];
+    }
+    keys.sort_by_key(|(_, r)| *r);
+    let excess = keys.len() - kept;
+    keys.into_iter().take(excess.min(TRIM_BATCH)).map(|(k, _)| k).collect()
+}
+
+/// Deletes the oldest events beyond [`KEPT`].
+pub fn trim(etcd: &Etcd) -> Result<(), EtcdError> {
+    use etcd_client::{DeleteOptions, Txn, TxnOp};
+    let keys = etcd.get_prefix_since(EVENTS_PREFIX, 0)?.into_iter().map(|(k, _, r)| (k, r)).collect();
+    let doomed = to_trim(keys, KEPT);
+    if doomed.is_empty() {
+        return Ok(());
+    }
+    let ops: Vec<TxnOp> = doomed.into_iter().map(|k| TxnOp::delete(k, None::<DeleteOptions>)).collect();
+    etcd.txn(Txn::new().and_then(ops)).map(|_| ())
+}
+
+/// A VM's failovers and re-protections, as the log tells them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    /// Backups that went live.
+    pub failovers: u64,
+    /// Protections that followed a failover (the VM protected again).
+    pub reprotections: u64,
+}
+
+/// Each VM's [`History`] in `events` (oldest first). A backup's going
+/// live is a failover whatever caused it (a failure, or a handover asked
+/// for: both make the other side the VM).
+pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
+    let mut out: HashMap<String, History> = HashMap::new();
+    for e in events {
+        let (Some(vm), What::Pair { event }) = (&e.vm, &e.what) else { continue };
+        let h = out.entry(vm.clone()).or_default();
+        match event {
+            PairEvent::GoingLive { .. } => h.failovers += 1,
+            PairEvent::Protected { .. } if h.failovers > 0 => h.reprotections += 1,
+            _ => {}
+        }
+    }
+    out
+}
+
+impl std::fmt::Display for ClusterEvent {
+    /// One line: the time (UTC), the host, the VM and what happened.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let secs = (self.unix_ms / 1000) as i64;
+        let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+        let days = secs.div_euclid(86400);
+        let (y, mo, d) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{mo:02}-{d:02} {h:02}:{m:02}:{s:02}.{:03} {} {}",
+            self.unix_ms % 1000,
+            self.host,
+            self.vm.as_deref().unwrap_or("-")
+        )?;
+        let (name, rest) = match &self.what {
+            What::Pair { event } => ("", serde_json::to_value(event)),
+            What::Controller { action } => ("controller ", serde_json::to_value(action)),
+        };
+        let mut v = rest.expect("an event serializes");
+        let tag = v
+            .as_object_mut()
+            .and_then(|o| o.remove("event").or_else(|| o.remove("action")))
+            .and_then(|t| t.as_str().map(String::from))
+            .unwrap_or_default();
+        write!(f, " {name}{tag}")?;
+        if let Some(o) = v.as_object().filter(|o| !o.is_empty()) {
+            for (k, v) in o {
+                match v {
+                    serde_json::Value::String(s) => write!(f, " {k}={s}")?,
+                    serde_json::Value::Null => {}
+                    other => write!(f, " {k}={other}")?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The (year, month, day) of a day counted from 1970-01-01 (Howard
+/// Hinnant's algorithm; written out rather than a date crate for one line
+/// of output).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(vm: &str, event: PairEvent) -> ClusterEvent {
+        ClusterEvent { id: 0, unix_ms: 0, host: "a".into(), vm: Some(vm.into()), what: What::Pair { event } }
+    }
+
+    fn protected() -> PairEvent {
+        PairEvent::Protected { backup: "10.0.0.2:7700".into(), generation: 1, mode: "checkpoint".into() }
+    }
+
+    #[test]
+    fn an_event_reads_back_as_written_and_in_one_line() {
+        let e = ClusterEvent {
+            id: 0,
+            unix_ms: 1_795_719_452_566,
+            host: "backup".into(),
+            vm: Some("redis".into()),
+            what: What::Pair {
+                event: PairEvent::GoingLive {
+                    instruction: 7,
+                    checkpoint: Some(3),
+                    epoch_inputs: None,
+                    epoch_inputs_at_multiples: None,
+                },
+            },
+        };
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<ClusterEvent>(&json).unwrap(), e);
+        assert!(json.contains(r#""source":"pair""#) && json.contains(r#""event":"going_live""#), "{json}");
+        assert_eq!(e.to_string(), "2026-11-26 18:57:32.566 backup redis going_live checkpoint=3 instruction=7");
+        let c = ClusterEvent {
+            what: What::Controller {
+                action: ControllerAction::Protect { on: "spare".into(), mode: "checkpoint".into() },
+            },
+            ..e
+        };
+        assert!(c.to_string().ends_with("redis controller protect mode=checkpoint on=spare"), "{c}");
+    }
+
+    #[test]
+    fn progress_and_strangers_are_not_kept() {
+        assert!(!worth_keeping(&PairEvent::StrangerRefused { peer: "x".into(), reason: "y".into() }));
+        assert!(!worth_keeping(&PairEvent::Listening { address: "x".into() }));
+        assert!(worth_keeping(&PairEvent::ArbiterWon { generation: 2 }));
+        assert!(worth_keeping(&protected()));
+    }
+
+    #[test]
+    fn the_oldest_go_beyond_the_kept_and_a_batch_at_a_time() {
+        let keys = |n: i64| (0..n).map(|i| (format!("k{i}"), 100 - i)).collect::<Vec<_>>();
+        assert!(to_trim(keys(10), 10).is_empty());
+        assert_eq!(to_trim(keys(12), 10), ["k11", "k10"]);
+        assert_eq!(to_trim(keys(500), 10).len(), TRIM_BATCH);
+    }
+
+    #[test]
+    fn failovers_and_the_protections_after_them_are_counted_per_vm() {
+        let live = || PairEvent::GoingLive {
+            instruction: 1,
+            checkpoint: None,
+            epoch_inputs: None,
+            epoch_inputs_at_multiples: None,
+        };
+        let log = [
+            pair("v", protected()),
+            pair("w", protected()),
+            pair("v", live()),
+            pair("v", protected()),
+            pair("v", live()),
+            pair("v", protected()),
+        ];
+        let h = histories(&log);
+        assert_eq!(h["v"], History { failovers: 2, reprotections: 2 });
+        assert_eq!(h["w"], History { failovers: 0, reprotections: 0 });
+    }
+}
