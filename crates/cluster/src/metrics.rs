@@ -10,7 +10,6 @@ use crate::events::History;
 use crate::model::{HostRecord, VmInfo};
 use ftvm_vmm::api::{BackupMode, PairStatus, PrimaryMode};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -109,19 +108,22 @@ pub fn render(host: &HostRecord, vms: &[VmInfo], history: Option<&HashMap<String
         // Counted from the cluster's event log, not by this agent: a
         // failover is seen on the host the VM went to, and a count kept
         // in an agent would start again from 0 when the agent does.
-        let failovers = Family::<Labels, Counter>::default();
-        let reprotections = Family::<Labels, Counter>::default();
+        // Gauges, not counters: the log keeps its newest events only, so
+        // the count of a VM with a long history can fall when it is
+        // trimmed, which a counter must never do.
+        let failovers = Family::<Labels, Gauge>::default();
+        let reprotections = Family::<Labels, Gauge>::default();
         let mut names: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
         names.dedup();
         for name in names {
             let h = history.get(name).copied().unwrap_or_default();
-            failovers.get_or_create(&vm_label(name)).inc_by(h.failovers);
-            reprotections.get_or_create(&vm_label(name)).inc_by(h.reprotections);
+            failovers.get_or_create(&vm_label(name)).set(h.failovers as i64);
+            reprotections.get_or_create(&vm_label(name)).set(h.reprotections as i64);
         }
-        reg.register("vm_failovers", "Times the VM's backup went live (the cluster's event log)", failovers);
+        reg.register("vm_failovers", "Times the VM's backup went live, as the cluster's event log holds", failovers);
         reg.register(
             "vm_reprotections",
-            "Times the VM was protected again after a failover (the cluster's event log)",
+            "Times the VM was protected again after a failover, as the cluster's event log holds",
             reprotections,
         );
     }

@@ -128,6 +128,8 @@ fn an_agent_records_its_host_runs_a_vm_and_withdraws_on_sigterm() {
     let metrics = client.metrics().unwrap();
     assert!(metrics.contains(r#"ftvm_vm_info{vm="v1",role="unprotected",mode="none"} 1"#), "{metrics}");
     assert!(metrics.contains("ftvm_host_vms 1"), "{metrics}");
+    // Counted from the cluster's event log: nothing went live yet.
+    assert!(metrics.contains(r#"ftvm_vm_failovers{vm="v1"} 0"#), "{metrics}");
     assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
     let promtool = Command::new("promtool")
         .args(["check", "metrics"])

@@ -78,34 +78,6 @@ fn garbage(len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A 64-bit RISC-V ELF header with one PT_LOAD program header of `filesz`
-/// bytes at file offset 120, and only `data` after the headers.
-fn elf(filesz: u64, data: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; 120];
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = 2; // 64-bit
-    b[5] = 1; // little-endian
-    b[6] = 1; // version
-    b[16] = 2; // ET_EXEC
-    b[18..20].copy_from_slice(&243u16.to_le_bytes()); // EM_RISCV
-    b[20] = 1;
-    b[24..32].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // entry
-    b[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
-    b[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-    b[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-    b[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
-    let ph = 64;
-    b[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    b[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R X
-    b[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
-    b[ph + 16..ph + 24].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // vaddr
-    b[ph + 24..ph + 32].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // paddr
-    b[ph + 32..ph + 40].copy_from_slice(&filesz.to_le_bytes());
-    b[ph + 40..ph + 48].copy_from_slice(&filesz.to_le_bytes());
-    b.extend_from_slice(data);
-    b
-}
-
 #[test]
 fn missing_kernel() {
     let s = scratch("kernel");
@@ -198,7 +170,7 @@ fn garbage_or_empty_firmware() {
     assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "not a RISC-V program"]);
     let fw = s.file("empty.bin", b"");
     assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "empty"]);
-    let fw = s.file("fw.elf", &elf(4, &[0x13, 0, 0, 0]));
+    let fw = s.file("fw.elf", &common::riscv_elf(4, &[0x13, 0, 0, 0]));
     assert_error(&["run", "--bios", &fw, "--kernel", &k, "--mem", "64M"], 1, &["firmware", "ELF", "flat binary"]);
 }
 
@@ -236,14 +208,14 @@ fn flat_binary_cut_inside_an_instruction() {
 #[test]
 fn elf_with_truncated_segment() {
     let s = scratch("elf-segment");
-    let k = s.file("short.elf", &elf(4096, &[0x13, 0, 0, 0])); // 4 of 4096 bytes
+    let k = s.file("short.elf", &common::riscv_elf(4096, &[0x13, 0, 0, 0])); // 4 of 4096 bytes
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF", "truncated"]);
 }
 
 #[test]
 fn elf_cut_inside_its_program_headers() {
     let s = scratch("elf-headers");
-    let k = s.file("cut.elf", &elf(4, &[0x13, 0, 0, 0])[..80]);
+    let k = s.file("cut.elf", &common::riscv_elf(4, &[0x13, 0, 0, 0])[..80]);
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF", "truncated"]);
 }
 
@@ -252,14 +224,14 @@ fn elf_cut_inside_its_program_headers() {
 #[test]
 fn elf_cut_inside_its_header() {
     let s = scratch("elf-header");
-    let k = s.file("cut.elf", &elf(4, &[0x13, 0, 0, 0])[..40]);
+    let k = s.file("cut.elf", &common::riscv_elf(4, &[0x13, 0, 0, 0])[..40]);
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF"]);
 }
 
 #[test]
 fn elf_for_another_machine() {
     let s = scratch("elf-x86");
-    let mut e = elf(4, &[0x13, 0, 0, 0]);
+    let mut e = common::riscv_elf(4, &[0x13, 0, 0, 0]);
     e[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
     let k = s.file("x86.elf", &e);
     assert_error(&["run", "--bios", "none", "--kernel", &k], 1, &["ELF", "RISC-V"]);

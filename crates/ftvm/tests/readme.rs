@@ -662,29 +662,7 @@ fn bare_metal_hello() -> Vec<u8> {
     ];
     let mut data: Vec<u8> = code.iter().flat_map(|i| i.to_le_bytes()).collect();
     data.extend_from_slice(&0x0000_006fu32.to_le_bytes()); // j .
-    let mut b = vec![0u8; 120];
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = 2; // 64-bit
-    b[5] = 1; // little-endian
-    b[6] = 1; // version
-    b[16] = 2; // ET_EXEC
-    b[18..20].copy_from_slice(&243u16.to_le_bytes()); // EM_RISCV
-    b[20] = 1;
-    b[24..32].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // entry
-    b[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
-    b[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-    b[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-    b[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
-    let ph = 64;
-    b[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    b[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R X
-    b[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
-    b[ph + 16..ph + 24].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // vaddr
-    b[ph + 24..ph + 32].copy_from_slice(&0x8000_0000u64.to_le_bytes()); // paddr
-    b[ph + 32..ph + 40].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    b[ph + 40..ph + 48].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    b.extend_from_slice(&data);
-    b
+    common::riscv_elf(data.len() as u64, &data)
 }
 
 /// An interactive VM: what it prints (stdout and stderr) collected as it
