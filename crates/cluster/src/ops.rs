@@ -7,9 +7,9 @@
 //! A VM's wanted state is its record ([`crate::desired`]): an operation
 //! changes the record first, so the controller carries on toward it if the
 //! client dies, then does what it can at once. An operation that takes
-//! the VM through states the controller would "repair" (a move
-//! unprotects, then protects elsewhere) holds the record for its
-//! duration.
+//! the VM through states the controller would "repair" (a move gives a
+//! VM whose record wants no protection a backup on the way) holds the
+//! record for its duration.
 
 use crate::agent::HOSTS_PREFIX;
 use crate::client::{AgentClient, ClientError};
