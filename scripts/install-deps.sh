@@ -25,6 +25,7 @@ PACKAGES=(
     build-essential       # cc as Rust's linker
     pkg-config
     protobuf-compiler     # protoc: etcd's client (crates/etcd) is generated from etcd's protos
+    libprotobuf-dev       # ... which import protobuf's own (google/protobuf/descriptor.proto)
     # testing and benchmarking
     qemu-system-misc      # qemu-system-riscv64: the reference machine
     redis-tools
