@@ -91,4 +91,5 @@ def test_the_cluster_protects_a_vm_and_protects_it_again_after_its_host_dies(ftv
     metrics = cl.metrics(backup_host)
     assert 'ftvm_vm_failovers{vm="redis"} 1' in metrics, metrics
     assert 'ftvm_vm_reprotections{vm="redis"} 1' in metrics, metrics
+    assert 'ftvm_vm_handovers{vm="redis"} 0' in metrics, metrics
     assert again

@@ -108,6 +108,14 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     time.sleep(12)
     assert cl.sides("redis") == {a: "unprotected"}, "the controller protected a VM whose record wants no protection"
 
+    # Two handovers (the drain's, the move's), and nothing failed: the
+    # metrics tell planned from unplanned, and a moved backup is no
+    # re-protection.
+    metrics = cl.metrics(a)
+    for line in ('ftvm_vm_handovers{vm="redis"} 2', 'ftvm_vm_failovers{vm="redis"} 0',
+                 'ftvm_vm_reprotections{vm="redis"} 0'):
+        assert line in metrics, f"{line} not in the metrics:\n{metrics}"
+
     time.sleep(1)
     writer.stop()
     print(f"{writer.acked} keys acknowledged through a drain, an undrain and a move")

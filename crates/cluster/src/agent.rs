@@ -16,7 +16,7 @@
 //! etcd being unreachable never stops a VM: the record is written again
 //! once etcd answers.
 
-use crate::events::{ClusterEvent, What};
+use crate::events::{ClusterEvent, Cursor, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use crate::session::Leased;
 use crate::vms::{VmEvent, Vms};
@@ -29,6 +29,7 @@ use axum::{Json, Router};
 use etcd_client::PutOptions;
 use ftvm_etcd::Etcd;
 use ftvm_vmm::api::{Reply, Request};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -405,17 +406,31 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let history = read_events(agent.etcd, 0).await.ok().map(|log| crate::events::histories(&log));
+    let etcd = agent.etcd;
+    let history = tokio::task::spawn_blocking(move || crate::events::since(etcd, 0))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|log| crate::events::histories(&log));
     let body = crate::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
-/// The event log after id `after`, read on the blocking pool.
-async fn read_events(etcd: &'static Etcd, after: i64) -> Result<Vec<ClusterEvent>, ApiError> {
-    tokio::task::spawn_blocking(move || crate::events::since(etcd, after))
-        .await
-        .map_err(|e| ApiError::Internal(format!("reading the event log: {e}")))?
-        .map_err(|e| ApiError::Unavailable(format!("cannot read the event log: {e}")))
+/// The events after `cursor`, read on the blocking pool; the cursor
+/// comes back moved.
+async fn read_events(etcd: &'static Etcd, mut cursor: Cursor) -> (Cursor, Result<Vec<ClusterEvent>, ApiError>) {
+    let before = cursor.clone();
+    match tokio::task::spawn_blocking(move || {
+        let read = cursor.next(etcd);
+        (cursor, read)
+    })
+    .await
+    {
+        Ok((cursor, read)) => {
+            (cursor, read.map_err(|e| ApiError::Unavailable(format!("cannot read the event log: {e}"))))
+        }
+        Err(e) => (before, Err(ApiError::Internal(format!("reading the event log: {e}")))),
+    }
 }
 
 /// `GET /v1/events`'s query.
@@ -440,34 +455,29 @@ async fn events(
     use axum::response::sse::{Event, KeepAlive, Sse};
     let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let resumed = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok());
-    let after = resumed.or(q.after).unwrap_or(0);
-    let wanted = move |e: &ClusterEvent| q.vm.is_none() || e.vm == q.vm;
-    let first = read_events(agent.etcd, after).await?;
-    let last = first.iter().map(|e| e.id).max().unwrap_or(after);
+    let cursor = Cursor { after: resumed.or(q.after).unwrap_or(0), vm: q.vm };
+    let (cursor, first) = read_events(agent.etcd, cursor).await;
+    let first = first?;
     if q.follow == Some(false) {
-        return Ok(Json(first.into_iter().filter(&wanted).collect::<Vec<_>>()).into_response());
+        return Ok(Json(first).into_response());
     }
-    let pending: std::collections::VecDeque<ClusterEvent> = first.into_iter().filter(&wanted).collect();
     let etcd = agent.etcd;
     // Ends when the client goes (the stream is dropped with its response).
-    let stream = futures_util::stream::unfold((pending, last), move |(mut pending, mut last)| {
-        let wanted = wanted.clone();
-        async move {
+    let stream =
+        futures_util::stream::unfold((VecDeque::from(first), cursor), move |(mut pending, mut cursor)| async move {
             loop {
                 if let Some(e) = pending.pop_front() {
                     let data = serde_json::to_string(&e).expect("an event serializes");
                     let sse = Event::default().id(e.id.to_string()).data(data);
-                    return Some((Ok::<_, std::convert::Infallible>(sse), (pending, last)));
+                    return Some((Ok::<_, std::convert::Infallible>(sse), (pending, cursor)));
                 }
                 tokio::time::sleep(crate::events::POLL).await;
                 // etcd away: the stream waits for it, kept alive meanwhile.
-                if let Ok(new) = read_events(etcd, last).await {
-                    last = new.iter().map(|e| e.id).max().unwrap_or(last);
-                    pending.extend(new.into_iter().filter(&wanted));
-                }
+                let (moved, new) = read_events(etcd, cursor).await;
+                cursor = moved;
+                pending.extend(new.unwrap_or_default());
             }
-        }
-    });
+        });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 

@@ -128,6 +128,27 @@ pub fn since(etcd: &Etcd, after: i64) -> Result<Vec<ClusterEvent>, EtcdError> {
         .collect())
 }
 
+/// A reader's place in the log: what it saw last, and which VM's events
+/// it wants (all when `vm` is `None`). The API's stream and the CLI's
+/// `events --follow` both read through one.
+#[derive(Debug, Clone, Default)]
+pub struct Cursor {
+    /// The id of the newest event read so far (0: none).
+    pub after: i64,
+    /// Only this VM's events.
+    pub vm: Option<String>,
+}
+
+impl Cursor {
+    /// The wanted events written since the last call, oldest first; the
+    /// cursor moves past every event read, wanted or not.
+    pub fn next(&mut self, etcd: &Etcd) -> Result<Vec<ClusterEvent>, EtcdError> {
+        let new = since(etcd, self.after)?;
+        self.after = new.iter().map(|e| e.id).max().unwrap_or(self.after);
+        Ok(new.into_iter().filter(|e| self.vm.is_none() || e.vm == self.vm).collect())
+    }
+}
+
 /// Which of `keys` (each with its revision) to delete so that `kept`
 /// remain: the oldest, at most [`TRIM_BATCH`] at a time.
 pub fn to_trim(mut keys: Vec<(String, i64)>, kept: usize) -> Vec<String> {
@@ -142,8 +163,7 @@ pub fn to_trim(mut keys: Vec<(String, i64)>, kept: usize) -> Vec<String> {
 /// Deletes the oldest events beyond [`KEPT`].
 pub fn trim(etcd: &Etcd) -> Result<(), EtcdError> {
     use etcd_client::{DeleteOptions, Txn, TxnOp};
-    let keys = etcd.get_prefix_since(EVENTS_PREFIX, 0)?.into_iter().map(|(k, _, r)| (k, r)).collect();
-    let doomed = to_trim(keys, KEPT);
+    let doomed = to_trim(etcd.keys_prefix(EVENTS_PREFIX)?, KEPT);
     if doomed.is_empty() {
         return Ok(());
     }
@@ -151,30 +171,52 @@ pub fn trim(etcd: &Etcd) -> Result<(), EtcdError> {
     etcd.txn(Txn::new().and_then(ops)).map(|_| ())
 }
 
-/// A VM's failovers and re-protections, as the log tells them.
+/// A VM's failovers, handovers and re-protections, as the log tells them.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct History {
-    /// Backups that went live.
+    /// Backups that went live because their primary failed.
     pub failovers: u64,
-    /// Protections that followed a failover (the VM protected again).
+    /// Backups that went live because their primary handed the VM over
+    /// (a drain, a move, `handover`): planned, nothing failed.
+    pub handovers: u64,
+    /// The first protection after each failover (redundancy restored).
     pub reprotections: u64,
 }
 
-/// Each VM's [`History`] in `events` (oldest first). A backup's going
-/// live is a failover whatever caused it (a failure, or a handover asked
-/// for: both make the other side the VM).
+/// Each VM's [`History`] in `events` (oldest first). A going live is a
+/// handover when the same VM's backup received a handover before it (that
+/// event is always written before the going live it leads to), else a
+/// failover; a protection is a re-protection only when it is the first
+/// since a failover, so a backup moved by a drain is not one.
 pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
-    let mut out: HashMap<String, History> = HashMap::new();
+    #[derive(Default)]
+    struct Reading {
+        history: History,
+        handed_over: bool,
+        exposed: bool,
+    }
+    let mut out: HashMap<String, Reading> = HashMap::new();
     for e in events {
         let (Some(vm), What::Pair { event }) = (&e.vm, &e.what) else { continue };
-        let h = out.entry(vm.clone()).or_default();
+        let r = out.entry(vm.clone()).or_default();
         match event {
-            PairEvent::GoingLive { .. } => h.failovers += 1,
-            PairEvent::Protected { .. } if h.failovers > 0 => h.reprotections += 1,
+            PairEvent::HandOverReceived { .. } => r.handed_over = true,
+            PairEvent::GoingLive { .. } if r.handed_over => {
+                r.handed_over = false;
+                r.history.handovers += 1;
+            }
+            PairEvent::GoingLive { .. } => {
+                r.history.failovers += 1;
+                r.exposed = true;
+            }
+            PairEvent::Protected { .. } if r.exposed => {
+                r.exposed = false;
+                r.history.reprotections += 1;
+            }
             _ => {}
         }
     }
-    out
+    out.into_iter().map(|(vm, r)| (vm, r.history)).collect()
 }
 
 impl std::fmt::Display for ClusterEvent {
@@ -304,7 +346,30 @@ mod tests {
             pair("v", protected()),
         ];
         let h = histories(&log);
-        assert_eq!(h["v"], History { failovers: 2, reprotections: 2 });
-        assert_eq!(h["w"], History { failovers: 0, reprotections: 0 });
+        assert_eq!(h["v"], History { failovers: 2, handovers: 0, reprotections: 2 });
+        assert_eq!(h["w"], History::default());
+    }
+
+    #[test]
+    fn a_handover_is_not_a_failover_and_a_moved_backup_not_a_reprotection() {
+        let live = || PairEvent::GoingLive {
+            instruction: 1,
+            checkpoint: None,
+            epoch_inputs: None,
+            epoch_inputs_at_multiples: None,
+        };
+        let received = || PairEvent::HandOverReceived { primary: "10.0.0.1:1".into(), generation: 2 };
+        let log = [
+            pair("v", protected()),
+            pair("v", received()),
+            pair("v", live()),
+            pair("v", protected()),
+            pair("v", protected()),
+            pair("v", live()),
+            pair("v", protected()),
+            pair("v", protected()),
+        ];
+        let h = histories(&log);
+        assert_eq!(h["v"], History { failovers: 1, handovers: 1, reprotections: 1 });
     }
 }

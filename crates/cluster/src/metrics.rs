@@ -112,15 +112,26 @@ pub fn render(host: &HostRecord, vms: &[VmInfo], history: Option<&HashMap<String
         // the count of a VM with a long history can fall when it is
         // trimmed, which a counter must never do.
         let failovers = Family::<Labels, Gauge>::default();
+        let handovers = Family::<Labels, Gauge>::default();
         let reprotections = Family::<Labels, Gauge>::default();
         let mut names: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
         names.dedup();
         for name in names {
             let h = history.get(name).copied().unwrap_or_default();
             failovers.get_or_create(&vm_label(name)).set(h.failovers as i64);
+            handovers.get_or_create(&vm_label(name)).set(h.handovers as i64);
             reprotections.get_or_create(&vm_label(name)).set(h.reprotections as i64);
         }
-        reg.register("vm_failovers", "Times the VM's backup went live, as the cluster's event log holds", failovers);
+        reg.register(
+            "vm_failovers",
+            "Times the VM's backup went live because its primary failed, as the cluster's event log holds",
+            failovers,
+        );
+        reg.register(
+            "vm_handovers",
+            "Times the VM was handed over on purpose (drain, move, handover), as the cluster's event log holds",
+            handovers,
+        );
         reg.register(
             "vm_reprotections",
             "Times the VM was protected again after a failover, as the cluster's event log holds",

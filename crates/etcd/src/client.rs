@@ -225,6 +225,17 @@ impl Etcd {
         Ok(out)
     }
 
+    /// The keys under `prefix` and their modification revisions, without
+    /// their values (for deciding what to delete).
+    pub fn keys_prefix(&self, prefix: &str) -> Result<Vec<(String, i64)>, EtcdError> {
+        let prefix = prefix.to_string();
+        let resp = self.request(|mut c| {
+            let prefix = prefix.clone();
+            async move { c.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await }
+        })?;
+        Ok(resp.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.mod_revision())).collect())
+    }
+
     /// Runs a transaction.
     pub fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
         self.request(|mut c| {

@@ -322,13 +322,9 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),
         ClusterCommand::Vm(VmCommand::Move { name, to }) => print_done(&cluster.move_to(&name, &to)?),
         ClusterCommand::Events { vm, follow } => {
-            let mut after = 0;
+            let mut cursor = ftvm_cluster::events::Cursor { after: 0, vm };
             loop {
-                for e in ftvm_cluster::events::since(&cluster.etcd, after)? {
-                    after = after.max(e.id);
-                    if vm.as_ref().is_some_and(|v| e.vm.as_ref() != Some(v)) {
-                        continue;
-                    }
+                for e in cursor.next(&cluster.etcd)? {
                     if json {
                         println!("{}", serde_json::to_string(&e).expect("an event serializes"));
                     } else {
