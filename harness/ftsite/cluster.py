@@ -70,14 +70,28 @@ class Cluster:
         self.agents[role] = Proc(f"agent on {role}", self.site, role, argv, log)
         return self.agents[role]
 
-    def cli(self, *args, timeout=330):
-        """`ftvm cluster ARGS` from the client's host; its JSON with --json.
-        TrialFailed with its one-line error if it fails."""
+    def cli(self, *args, timeout=330, lines=False):
+        """`ftvm cluster ARGS` from the client's host; its JSON with --json
+        (a list of what each line holds, with `lines`). TrialFailed with
+        its one-line error if it fails."""
         r = subprocess.run(self.site.argv("client", "env", *self.env, self.ftvm, "cluster", *args),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise TrialFailed(f"ftvm cluster {' '.join(args)}: {r.stderr.strip()}")
-        return json.loads(r.stdout) if "--json" in args else r.stdout
+        if "--json" not in args:
+            return r.stdout
+        return [json.loads(line) for line in r.stdout.splitlines()] if lines else json.loads(r.stdout)
+
+    def events(self, vm):
+        """VM `vm`'s events in the cluster's log (`ftvm cluster events`),
+        oldest first, each as (kind, host, event): kind the pair event's
+        name, or "controller " and the action's."""
+        out = []
+        for e in self.cli("--json", "events", "--vm", vm, lines=True):
+            what = e["what"]
+            kind = what["event"]["event"] if what["source"] == "pair" else "controller " + what["action"]["action"]
+            out.append((kind, e["host"], e))
+        return out
 
     def hosts(self):
         """The ids of the hosts etcd lists."""

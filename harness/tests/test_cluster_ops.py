@@ -12,11 +12,17 @@ etcd member dead throughout ("kill one etcd member: nothing changes"):
 - `vm move --to` the backup's host: a handover, then protected again;
 - `host drain` of the backup's host, with a third host with room: the
   backup moves there and the VM is protected throughout;
+- the primary's agent killed, and its VM's backup killed while no agent
+  runs there: the new agent adopts the VM, the events of that time reach
+  the log once, and the VM is protected again;
 - `vm unprotect` stays so (the controller does not undo it);
 - `vm delete` removes it from the cluster;
 and through all of it the client's connection holds and every
 acknowledged key is there."""
 
+import json
+import os
+import signal
 import time
 
 import ftsite
@@ -102,18 +108,49 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     assert seen == {"primary"}, f"the VM was unprotected while its backup moved: {seen}"
     cl.cli("host", "undrain", b)
 
+    # The primary's agent is killed, not its VMs (an agent that crashed,
+    # or was killed to be upgraded): the VM runs on. While no agent
+    # listens to it, its backup dies and the primary goes on alone. The
+    # agent started again adopts the VM (its host shows it), the events
+    # of the time without an agent reach the log, each once, and the
+    # controller protects the VM again.
+    backup_pid = next(v["pid"] for v in cl.views("redis") if v["host"] == "spare")
+    before = cl.events("redis")
+    cl.agents[a].kill9()
+    os.kill(backup_pid, signal.SIGKILL)
+    away = time.time()
+    time.sleep(3)
+    assert writer.error is None, writer.error
+    cl.start_agent(a)
+    adopted = wait_for("the VM adopted by the new agent", 60,
+                       lambda: cl.sides("redis").get(a) in ("unprotected", "primary"))
+    print(f"host {a}'s new agent shows the VM {cl.sides('redis').get(a)}")
+    assert adopted
+    assert wait_for("protected again after the agent's restart", PROTECTED_WITHIN,
+                    lambda: (cl.protected("redis") or ("",))[0] == a)
+    log = cl.events("redis")
+    while_away = [k for k, h, e in log if h == a and e["unix_ms"] >= away * 1000 and e["id"] > before[-1][2]["id"]
+                  and not k.startswith("controller")]
+    print(f"events of host {a}'s VM since its agent was killed: {while_away}")
+    assert "declared_failed" in while_away and "unprotected" in while_away, log
+    ids = [e["id"] for *_, e in log]
+    assert len(ids) == len(set(ids))
+    seen = [(h, e["unix_ms"], json.dumps(e["what"], sort_keys=True)) for _, h, e in log]
+    assert len(seen) == len(set(seen)), "an event written to the log twice"
+    assert writer.error is None, writer.error
+
     # Unprotected on purpose, it stays so.
     cl.cli("vm", "unprotect", "redis")
     wait_for("the backup gone", 60, lambda: cl.sides("redis") == {a: "unprotected"})
     time.sleep(12)
     assert cl.sides("redis") == {a: "unprotected"}, "the controller protected a VM whose record wants no protection"
 
-    # Two handovers (the drain's, the move's), and nothing failed: the
-    # metrics tell planned from unplanned, and a moved backup is no
-    # re-protection.
+    # Two handovers (the drain's, the move's), no failover, and one
+    # re-protection (after the backup that was killed): the metrics tell
+    # planned from unplanned, and a moved backup is no re-protection.
     metrics = cl.metrics(a)
     for line in ('ftvm_vm_handovers{vm="redis"} 2', 'ftvm_vm_failovers{vm="redis"} 0',
-                 'ftvm_vm_reprotections{vm="redis"} 0'):
+                 'ftvm_vm_reprotections{vm="redis"} 1'):
         assert line in metrics, f"{line} not in the metrics:\n{metrics}"
 
     time.sleep(1)

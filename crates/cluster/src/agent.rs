@@ -1,6 +1,8 @@
 //! `ftvm agent`: the daemon of one host of the cluster. In the
 //! foreground, logging to stderr (systemd-friendly), it
-//! - runs its host's VMs as child processes ([`crate::vms`]);
+//! - runs its host's VMs as child processes ([`crate::vms`]), and at its
+//!   start adopts those an agent before it left running (one killed, or
+//!   crashed: only SIGTERM stops the VMs);
 //! - records its host in etcd under a lease it keeps alive
 //!   (`/ftvm/hosts/<id>`: identity, addresses, cores, memory, free
 //!   memory, its VMs and their parts), rewritten as they change, so the
@@ -150,6 +152,10 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
     let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, events_tx);
+    let adopted = vms.adopt();
+    if !adopted.is_empty() {
+        eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));
+    }
     let own_first = Agent::local_first(&config);
     let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(&own_first)?));
     let agent = Arc::new(Agent { config, vms, etcd });
@@ -268,17 +274,21 @@ async fn publish_events(agent: Arc<Agent>, mut events: tokio::sync::mpsc::Receiv
     let mut failing = false;
     while let Some(VmEvent { vm, pid, record }) = events.recv().await {
         let key = crate::events::pair_key(&agent.config.id, &vm, pid, &record);
+        let seq = record.seq;
         let event = ClusterEvent {
             id: 0,
             unix_ms: record.unix_ms,
             host: agent.config.id.clone(),
-            vm: Some(vm),
+            vm: Some(vm.clone()),
             what: What::Pair { event: record.event },
         };
         let etcd = agent.etcd;
         let written = tokio::task::spawn_blocking(move || crate::events::publish(etcd, &key, &event)).await;
         match written {
-            Ok(Ok(())) => failing = false,
+            Ok(Ok(())) => {
+                failing = false;
+                agent.vms.published(&vm, pid, seq);
+            }
             Ok(Err(e)) if !failing => {
                 eprintln!("ftvm agent: cannot add to the event log ({e}); events are lost until etcd answers");
                 failing = true;

@@ -179,7 +179,8 @@ pub struct History {
     /// Backups that went live because their primary handed the VM over
     /// (a drain, a move, `handover`): planned, nothing failed.
     pub handovers: u64,
-    /// The first protection after each failover (redundancy restored).
+    /// The first protection after each loss of redundancy (a failover,
+    /// or a backup that failed): redundancy restored.
     pub reprotections: u64,
 }
 
@@ -187,7 +188,9 @@ pub struct History {
 /// handover when the same VM's backup received a handover before it (that
 /// event is always written before the going live it leads to), else a
 /// failover; a protection is a re-protection only when it is the first
-/// since a failover, so a backup moved by a drain is not one.
+/// since the VM ran alone after a failure (its backup's failover, or its
+/// primary's going on without the backup that failed), so a backup moved
+/// by a drain is not one.
 pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
     #[derive(Default)]
     struct Reading {
@@ -209,6 +212,7 @@ pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
                 r.history.failovers += 1;
                 r.exposed = true;
             }
+            PairEvent::Unprotected { .. } => r.exposed = true,
             PairEvent::Protected { .. } if r.exposed => {
                 r.exposed = false;
                 r.history.reprotections += 1;
@@ -351,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn a_handover_is_not_a_failover_and_a_moved_backup_not_a_reprotection() {
+    fn a_handover_is_not_a_failover_a_moved_backup_not_a_reprotection_a_lost_one_is() {
         let live = || PairEvent::GoingLive {
             instruction: 1,
             checkpoint: None,
@@ -368,8 +372,10 @@ mod tests {
             pair("v", live()),
             pair("v", protected()),
             pair("v", protected()),
+            pair("v", PairEvent::Unprotected { released: 0 }),
+            pair("v", protected()),
         ];
         let h = histories(&log);
-        assert_eq!(h["v"], History { failovers: 1, handovers: 1, reprotections: 1 });
+        assert_eq!(h["v"], History { failovers: 1, handovers: 1, reprotections: 2 });
     }
 }

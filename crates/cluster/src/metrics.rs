@@ -134,7 +134,7 @@ pub fn render(host: &HostRecord, vms: &[VmInfo], history: Option<&HashMap<String
         );
         reg.register(
             "vm_reprotections",
-            "Times the VM was protected again after a failover, as the cluster's event log holds",
+            "Times the VM was protected again after a failover or its backup's failure, as the cluster's event log holds",
             reprotections,
         );
     }

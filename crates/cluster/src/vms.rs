@@ -7,12 +7,18 @@
 //! (the typed API of `ftvm_vmm::api`), never by reading its output.
 //!
 //! Child processes, not threads of the agent: a VM outlives an agent that
-//! crashes or is upgraded, and one VM's fault stays its own.
+//! crashes or is killed to be upgraded, and one VM's fault stays its own.
+//! Each VM's directory keeps what an agent started again needs to adopt
+//! it ([`Vms::adopt`]): `vm.json` (its spec, part and pid) and
+//! `published` (the last of its events in the cluster's log), so the VM
+//! is this host's again, and the events it had while no agent listened
+//! reach the log, each once.
 
 use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
 use ftvm_protection::events::EventRecord;
 use ftvm_vmm::api::{Reply, Request, Response};
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -26,11 +32,68 @@ const STATUS_WAIT: Duration = Duration::from_secs(3);
 /// is 30 s).
 const STOP_WAIT: Duration = Duration::from_secs(40);
 
+/// A VM's process.
+enum Process {
+    /// Started by this agent.
+    Child(Child),
+    /// Started by an agent before this one, and adopted; known by a
+    /// pidfd, which (unlike its pid) can never name another process once
+    /// this one has gone. Its exit status goes to whoever reaps it now.
+    Adopted(OwnedFd),
+    /// It had ended before this agent started.
+    Gone,
+}
+
+impl Process {
+    /// How it ended, once it has.
+    fn ended(&mut self) -> Option<String> {
+        match self {
+            Process::Child(child) => child.try_wait().ok().flatten().map(describe_exit),
+            Process::Adopted(fd) => {
+                // A pidfd polls readable once its process has ended.
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd, no wait.
+                let ready = unsafe { libc::poll(&mut p, 1, 0) };
+                (ready > 0).then(|| "ended (adopted: its exit status went to its new parent)".into())
+            }
+            Process::Gone => Some("ended while no agent ran on this host".into()),
+        }
+    }
+
+    /// Sends `signal` to it, if it runs.
+    fn signal(&mut self, signal: i32) {
+        match self {
+            Process::Child(child) => {
+                if let (Some(pid), Ok(None)) = (child.id(), child.try_wait()) {
+                    // SAFETY: kill(2) on the pid of a child not reaped yet
+                    // (try_wait said so): the pid is still this child's.
+                    unsafe { libc::kill(pid as i32, signal) };
+                }
+            }
+            Process::Adopted(fd) => {
+                // SAFETY: pidfd_send_signal(2) on a pidfd we own; no info.
+                unsafe {
+                    libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), signal, std::ptr::null::<u8>(), 0)
+                };
+            }
+            Process::Gone => {}
+        }
+    }
+}
+
+/// What a VM's directory keeps for an agent that adopts it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Adoptable {
+    spec: VmSpec,
+    started_as: Role,
+    pid: u32,
+}
+
 /// One VM's process on this host.
 struct Vm {
     spec: VmSpec,
     dir: PathBuf,
-    child: Child,
+    process: Process,
     pid: Option<u32>,
     /// Set once the process has ended: how.
     ended: Option<String>,
@@ -48,9 +111,7 @@ impl Vm {
     /// Notes whether the process has ended.
     fn reap(&mut self) {
         if self.ended.is_none() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.ended = Some(describe_exit(status));
-            }
+            self.ended = self.process.ended();
         }
     }
 }
@@ -75,10 +136,11 @@ pub struct VmEvent {
 /// events are given up on.
 const SOCKET_WAIT: Duration = Duration::from_secs(120);
 
-/// Hands each event of the VM process behind `socket` to `events` until
-/// the process ends (its socket closes). On a thread of its own: the
-/// control socket's event stream is a blocking read.
-fn follow(socket: PathBuf, vm: String, pid: u32, events: tokio::sync::mpsc::Sender<VmEvent>) {
+/// Hands each event of the VM process behind `socket` after number
+/// `published` to `events` until the process ends (its socket closes).
+/// On a thread of its own: the control socket's event stream is a
+/// blocking read.
+fn follow(socket: PathBuf, vm: String, pid: u32, published: u64, events: tokio::sync::mpsc::Sender<VmEvent>) {
     let t0 = std::time::Instant::now();
     while !socket.exists() {
         if t0.elapsed() > SOCKET_WAIT || events.is_closed() {
@@ -89,7 +151,7 @@ fn follow(socket: PathBuf, vm: String, pid: u32, events: tokio::sync::mpsc::Send
     let mut dropped = 0u64;
     let result = ftvm_vmm::control::follow_events(&socket, true, |line| {
         let Ok(record) = serde_json::from_str::<EventRecord>(line) else { return };
-        if !crate::events::worth_keeping(&record.event) {
+        if record.seq <= published || !crate::events::worth_keeping(&record.event) {
             return;
         }
         // Never wait for the publisher (etcd may be away): the VM's
@@ -244,11 +306,71 @@ impl Vms {
         let child = cmd.spawn().map_err(|e| internal(&format!("cannot start {}", self.ftvm.display()), e))?;
         let pid = child.id();
         if let Some(pid) = pid {
+            let adoptable = Adoptable { spec: spec.clone(), started_as, pid };
+            let json = serde_json::to_vec(&adoptable).expect("a VM's record serializes");
+            if let Err(e) = std::fs::write(dir.join("vm.json"), json) {
+                eprintln!(
+                    "ftvm agent: VM {}: cannot keep its record ({e}); an agent started again will not adopt it",
+                    spec.name
+                );
+            }
             let (socket, vm, events) = (dir.join("control.sock"), spec.name.clone(), self.events.clone());
-            std::thread::spawn(move || follow(socket, vm, pid, events));
+            std::thread::spawn(move || follow(socket, vm, pid, 0, events));
         }
-        self.lock().insert(spec.name.clone(), Vm { spec, dir, child, pid, ended: None, started_as, terminated: false });
+        let process = Process::Child(child);
+        self.lock()
+            .insert(spec.name.clone(), Vm { spec, dir, process, pid, ended: None, started_as, terminated: false });
         Ok(())
+    }
+
+    /// Takes back the VMs an agent before this one started on this host
+    /// (their directories under the state directory): each one still
+    /// running is this agent's again, its events after the last in the
+    /// cluster's log followed; one that ended is shown as ended until
+    /// deleted. Returns their names. Called once, before the host's record
+    /// is first written.
+    pub fn adopt(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("vms")) else { return vec![] };
+        let mut adopted = Vec::new();
+        for dir in entries.flatten().map(|e| e.path()) {
+            let Ok(json) = std::fs::read(dir.join("vm.json")) else { continue };
+            let Ok(Adoptable { spec, started_as, pid }) = serde_json::from_slice::<Adoptable>(&json) else {
+                eprintln!("ftvm agent: {} holds no VM record it can read; left alone", dir.display());
+                continue;
+            };
+            let socket = dir.join("control.sock");
+            let process = match pidfd_of(pid, &socket) {
+                Some(fd) => Process::Adopted(fd),
+                None => Process::Gone,
+            };
+            let published = read_published(&dir, pid);
+            if matches!(process, Process::Adopted(_)) {
+                eprintln!("ftvm agent: VM {} (pid {pid}) runs on: adopted", spec.name);
+                let (vm, events) = (spec.name.clone(), self.events.clone());
+                std::thread::spawn(move || follow(socket, vm, pid, published, events));
+            } else {
+                eprintln!("ftvm agent: VM {}'s process (pid {pid}) ended while no agent ran", spec.name);
+            }
+            let name = spec.name.clone();
+            let vm = Vm { spec, dir, process, pid: Some(pid), ended: None, started_as, terminated: false };
+            self.lock().insert(name.clone(), vm);
+            adopted.push(name);
+        }
+        adopted
+    }
+
+    /// Notes that VM `vm`'s process `pid` has its events up to number `seq`
+    /// in the cluster's log (what [`Vms::adopt`] resumes after).
+    pub fn published(&self, vm: &str, pid: u32, seq: u64) {
+        let dir = match self.lock().get(vm) {
+            Some(v) if v.pid == Some(pid) => v.dir.clone(),
+            _ => return,
+        };
+        // Written whole then renamed: a crash never leaves half a number.
+        let tmp = dir.join("published.new");
+        if std::fs::write(&tmp, format!("{pid} {seq}\n")).is_ok() {
+            let _ = std::fs::rename(&tmp, dir.join("published"));
+        }
     }
 
     /// The names of this host's VMs.
@@ -344,10 +466,8 @@ impl Vms {
         let mut vms = self.lock();
         let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
         vm.reap();
-        if let (None, Some(pid), false) = (&vm.ended, vm.pid, vm.terminated) {
-            // SAFETY: kill(2) on the pid of a child this agent has not
-            // reaped (ended is None): the pid is still this child's.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        if let (None, false) = (&vm.ended, vm.terminated) {
+            vm.process.signal(libc::SIGTERM);
             vm.terminated = true;
         }
         Ok(())
@@ -364,7 +484,7 @@ impl Vms {
             }
             if tokio::time::Instant::now() > deadline {
                 if let Some(vm) = self.lock().get_mut(name) {
-                    let _ = vm.child.start_kill();
+                    vm.process.signal(libc::SIGKILL);
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -392,6 +512,35 @@ impl Vms {
         for n in &names {
             let _ = self.reap_and_forget(n).await;
         }
+    }
+}
+
+/// A pidfd for process `pid` if it is still the VM whose control socket is
+/// `socket` (its command line names it: a pid can have been reused by
+/// another process since the VM's agent went).
+fn pidfd_of(pid: u32, socket: &Path) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) with no flags; a non-negative result is a new
+    // file descriptor that we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: as above: a fresh descriptor, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // Read after the pidfd is open: if the pid is the VM's now, the
+    // pidfd names the VM, and nothing else, from now on.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let wanted = socket.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).any(|arg| arg == wanted).then_some(fd)
+}
+
+/// The number of the last event of process `pid` that is in the cluster's
+/// log, as the VM's directory says (0: none).
+fn read_published(dir: &Path, pid: u32) -> u64 {
+    let text = std::fs::read_to_string(dir.join("published")).unwrap_or_default();
+    match text.split_whitespace().collect::<Vec<_>>()[..] {
+        [p, seq] if p.parse() == Ok(pid) => seq.parse().unwrap_or(0),
+        _ => 0,
     }
 }
 
