@@ -71,6 +71,14 @@ pub struct AgentConfig {
     pub vm_memory: Option<u64>,
 }
 
+impl AgentConfig {
+    /// The memory this host offers its VMs in all, bytes.
+    fn vm_memory_bytes(&self) -> u64 {
+        let host = ftvm_host::memory::capacity().unwrap_or(0);
+        self.vm_memory.map_or(host, |m| m.min(host))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("cannot listen on {addr}: {source}")]
@@ -99,8 +107,7 @@ const EVENT_QUEUE: usize = 1024;
 impl Agent {
     /// The host's record as it stands.
     async fn record(&self) -> HostRecord {
-        let host = ftvm_host::memory::capacity().unwrap_or(0);
-        let memory = self.config.vm_memory.map_or(host, |m| m.min(host));
+        let memory = self.config.vm_memory_bytes();
         HostRecord {
             id: self.config.id.clone(),
             api: format!("http://{}", self.config.listen),
@@ -151,7 +158,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         .await
         .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, events_tx);
+    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, config.vm_memory_bytes(), events_tx);
     let adopted = vms.adopt();
     if !adopted.is_empty() {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));

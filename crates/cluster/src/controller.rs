@@ -218,6 +218,36 @@ struct Reconciler {
 /// Passes between trims of the event log (a trim reads the whole log).
 const TRIM_EVERY: u32 = 30;
 
+/// A step's outcome: Ok(Some) what it did (Ok(None): nothing worth a
+/// line); Err the host it failed on, if one, and why.
+type StepResult = Result<Option<String>, (Option<String>, String)>;
+
+/// The most steps taken at once in a pass: enough that the VMs of a dead
+/// host get their backups side by side, few enough that their pre-copies
+/// do not starve each other (or the VMs) of the hosts' cores and links.
+const PARALLEL_STEPS: usize = 4;
+
+/// Makes `hosts` what they will be once `step` is taken for `record`'s VM:
+/// the host it places a process of the VM on has its memory less free and
+/// one process more, so the next VM's placement in the same pass sees
+/// them (the hosts' own records show them only a pass or two later).
+pub fn promise(hosts: &mut [HostRecord], record: &VmRecord, step: &Step) {
+    let onto = match step {
+        Step::Start { on } | Step::Protect { on, .. } => on,
+        Step::MoveBackup { to, .. } | Step::Move { to, .. } => to,
+        _ => return,
+    };
+    if let Some(h) = hosts.iter_mut().find(|h| &h.id == onto) {
+        h.free_memory_bytes = h.free_memory_bytes.saturating_sub(record.spec.memory_mib << 20);
+        h.vms.push(HostVm {
+            name: record.spec.name.clone(),
+            role: Role::Starting,
+            protect: None,
+            memory_mib: record.spec.memory_mib,
+        });
+    }
+}
+
 /// What the controller tells the event log it is doing for a step (none
 /// for a step that asks nothing of a host).
 fn action_of(step: &Step) -> Option<ControllerAction> {
@@ -252,26 +282,40 @@ impl Reconciler {
         }
     }
 
-    /// One pass over every VM's record.
+    /// One pass over every VM's record: a step is chosen for each VM in
+    /// turn, each choice seeing the hosts as the steps before it will
+    /// leave them ([`promise`]); then the steps that ask a host for
+    /// something are taken side by side, [`PARALLEL_STEPS`] at a time
+    /// (after a host's death, every VM it held needs a backup, and one
+    /// pre-copy need not wait for another).
     fn pass(&mut self) -> Result<(), crate::ops::OpsError> {
-        let hosts = self.cluster.hosts()?;
+        let seen = self.cluster.hosts()?;
+        // What the pass's steps will make of the hosts, for its choices.
+        let mut hosts = seen.clone();
         let records = desired::all(&self.cluster.etcd)?;
         let drained = desired::drained(&self.cluster.etcd)?;
+        let mut steps: Vec<(&VmRecord, Step)> = Vec::new();
         for record in &records {
-            let name = record.spec.name.clone();
+            let name = record.spec.name.as_str();
             if !self.leading.load(Ordering::SeqCst) {
                 break;
             }
             let now = desired::now();
-            if record.held(now) || self.retries.get(&name).is_some_and(|r| r.at > Instant::now()) {
+            if record.held(now) || self.retries.get(name).is_some_and(|r| r.at > Instant::now()) {
                 continue;
             }
-            let avoid = self.retries.get(&name).and_then(|r| r.failed_on.clone());
+            let avoid = self.retries.get(name).and_then(|r| r.failed_on.clone());
             let step = decide(&hosts, &drained, record, now, avoid.as_deref());
+            promise(&mut hosts, record, &step);
             if let Some(action) = action_of(&step) {
-                self.publish(&name, action);
+                self.publish(name, action);
             }
-            match self.take(&hosts, record, &step) {
+            steps.push((record, step));
+        }
+        let results = self.take_all(&seen, &steps);
+        for ((record, _), result) in steps.iter().zip(results) {
+            let name = record.spec.name.clone();
+            match result {
                 Ok(None) => {}
                 Ok(Some(done)) => {
                     eprintln!("ftvm agent: controller: {name}: {done}");
@@ -290,7 +334,7 @@ impl Reconciler {
                 }
             }
         }
-        self.collect_ended(&hosts, &records);
+        self.collect_ended(&seen, &records);
         self.since_trim += 1;
         if self.since_trim >= TRIM_EVERY {
             self.since_trim = 0;
@@ -299,6 +343,41 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+
+    /// Takes `steps`, their results in the same order: those that ask a
+    /// host for something (the ones with an action) on up to
+    /// [`PARALLEL_STEPS`] threads, the rest (notes in etcd) here.
+    fn take_all(&self, hosts: &[HostRecord], steps: &[(&VmRecord, Step)]) -> Vec<StepResult> {
+        let mut results: Vec<Option<StepResult>> = steps.iter().map(|_| None).collect();
+        let mut slow = Vec::new();
+        for (i, (record, step)) in steps.iter().enumerate() {
+            if action_of(step).is_some() {
+                slow.push(i);
+            } else {
+                results[i] = Some(self.take(hosts, record, step));
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..PARALLEL_STEPS.min(slow.len()) {
+                scope.spawn(|| loop {
+                    let Some(&i) = slow.get(next.fetch_add(1, Ordering::SeqCst)) else { break };
+                    let (record, step) = &steps[i];
+                    // A panic in one step is that step's failure, not the
+                    // pass's (the others' results are kept).
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.take(hosts, record, step)))
+                            .unwrap_or_else(|_| Err((None, "the step failed unexpectedly (a panic)".into())));
+                    done.lock().unwrap_or_else(|e| e.into_inner()).push((i, result));
+                });
+            }
+        });
+        for (i, result) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            results[i] = Some(result);
+        }
+        results.into_iter().map(|r| r.expect("every step taken")).collect()
     }
 
     /// Keeps (or clears) the reason a VM is not as its record wants, for
@@ -312,12 +391,7 @@ impl Reconciler {
 
     /// Takes a step. Ok(Some): what it did; Err: the host it failed on and
     /// why.
-    fn take(
-        &self,
-        hosts: &[HostRecord],
-        record: &VmRecord,
-        step: &Step,
-    ) -> Result<Option<String>, (Option<String>, String)> {
+    fn take(&self, hosts: &[HostRecord], record: &VmRecord, step: &Step) -> StepResult {
         let name = record.spec.name.as_str();
         let etcd = &self.cluster.etcd;
         fn failed(on: Option<&str>) -> impl Fn(crate::ops::OpsError) -> (Option<String>, String) + '_ {
@@ -562,6 +636,30 @@ mod tests {
         assert_eq!(place(&hosts, "v", &["a"], &[], 512, Some("d")).unwrap().id, "c");
         assert_eq!(place(&hosts[..2], "v", &["a"], &[], 100, Some("b")).unwrap().id, "b");
         assert_eq!(place(&hosts, "v", &["a"], &["d".into()], 512, None).unwrap().id, "c");
+    }
+
+    #[test]
+    fn the_backups_of_one_pass_are_placed_as_if_the_ones_before_them_were_there() {
+        // A dead host's two VMs run alone on a; b has room for one backup
+        // only, c for one: one pass must not send both to b.
+        let mut hosts = [host("a", 8000, &[("v", U), ("w", U)]), host("b", 700, &[]), host("c", 600, &[])];
+        let mut placed = Vec::new();
+        for name in ["v", "w"] {
+            let r = record(name, Some("checkpoint"), Phase::Running);
+            let step = decide(&hosts, &[], &r, 1000, None);
+            promise(&mut hosts, &r, &step);
+            placed.push(step);
+        }
+        let on = |s: &Step| match s {
+            Step::Protect { on, .. } => on.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((on(&placed[0]), on(&placed[1])), ("b".into(), "c".into()));
+        assert_eq!(hosts[1].free_memory_bytes, 188 << 20);
+        // A third finds no room left, and waits.
+        let r = record("x", Some("checkpoint"), Phase::Running);
+        hosts[0].vms.push(HostVm { name: "x".into(), role: U, protect: None, memory_mib: 512 });
+        assert!(matches!(decide(&hosts, &[], &r, 1000, None), Step::Wait(_)));
     }
 
     #[test]

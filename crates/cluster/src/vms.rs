@@ -178,6 +178,13 @@ pub struct Vms {
     /// The ftvm binary the VMs run.
     ftvm: PathBuf,
     vms: Mutex<BTreeMap<String, Vm>>,
+    /// The memory this host offers its VMs, bytes: a VM that would take
+    /// more than is left unpromised is refused.
+    memory: u64,
+    /// Held through each start: the check of free memory and the VM's
+    /// entry in `vms` are one step, so two starts at once cannot both
+    /// take the last of it.
+    starting: Mutex<()>,
     /// Where the VMs' pair events go (the agent's publisher).
     events: tokio::sync::mpsc::Sender<VmEvent>,
 }
@@ -199,8 +206,38 @@ fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
 }
 
 impl Vms {
-    pub fn new(host: &str, dir: &Path, ftvm: &Path, events: tokio::sync::mpsc::Sender<VmEvent>) -> Vms {
-        Vms { host: host.into(), dir: dir.into(), ftvm: ftvm.into(), vms: Mutex::default(), events }
+    /// The VMs of host `host`, their directories under `dir`, run by the
+    /// binary `ftvm`, with `memory` bytes to share.
+    pub fn new(host: &str, dir: &Path, ftvm: &Path, memory: u64, events: tokio::sync::mpsc::Sender<VmEvent>) -> Vms {
+        Vms {
+            host: host.into(),
+            dir: dir.into(),
+            ftvm: ftvm.into(),
+            vms: Mutex::default(),
+            memory,
+            starting: Mutex::default(),
+            events,
+        }
+    }
+
+    /// Refuses a VM named `name` that runs here already, or that needs
+    /// more memory than is left. (Hold `starting` from this check to the
+    /// VM's entry.)
+    fn may_start(&self, spec: &VmSpec, what: &str) -> Result<(), ApiError> {
+        if self.lock().get(&spec.name).is_some_and(|vm| vm.ended.is_none()) {
+            return Err(ApiError::Conflict(format!("VM {} already {what} on this host", spec.name)));
+        }
+        let free = self.memory.saturating_sub(self.promised_memory());
+        if spec.memory_mib << 20 > free {
+            return Err(ApiError::Conflict(format!(
+                "host {} has {} MiB free for VMs; VM {} needs {} MiB",
+                self.host,
+                free >> 20,
+                spec.name,
+                spec.memory_mib
+            )));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vm>> {
@@ -235,9 +272,8 @@ impl Vms {
     /// Starts a VM (`ftvm run`) from its spec.
     pub fn create(&self, spec: VmSpec) -> Result<(), ApiError> {
         spec.check()?;
-        if self.lock().get(&spec.name).is_some_and(|vm| vm.ended.is_none()) {
-            return Err(ApiError::Conflict(format!("VM {} already runs on this host", spec.name)));
-        }
+        let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        self.may_start(&spec, "runs")?;
         let dir = self.prepare(&spec)?;
         let mut append = "console=ttyS0 root=/dev/vda rw quiet".to_string();
         if let Some(net) = &spec.network {
@@ -267,9 +303,8 @@ impl Vms {
     /// its arbiter the cluster's etcd.
     pub fn create_backup(&self, spec: VmSpec, listen: &str, etcd: &str, pair_key: &Path) -> Result<(), ApiError> {
         spec.check()?;
-        if self.lock().get(&spec.name).is_some_and(|vm| vm.ended.is_none()) {
-            return Err(ApiError::Conflict(format!("VM {} already has a process on this host", spec.name)));
-        }
+        let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        self.may_start(&spec, "has a process")?;
         let dir = self.prepare(&spec)?;
         let mut args: Vec<String> = vec![
             "ft".into(),

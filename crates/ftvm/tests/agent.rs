@@ -161,6 +161,15 @@ fn an_agent_records_its_host_runs_a_vm_and_withdraws_on_sigterm() {
     assert_eq!(big.status.and_then(|s| s.code()), Some(1), "{}", big.stderr);
     assert!(big.stderr.contains("too little for VM big's 65536 MiB"), "{}", big.stderr);
     assert_eq!(big.stderr.lines().count(), 1, "{}", big.stderr);
+    // ... and by the agent itself, whoever asks it (its record can be a
+    // moment old: two placements in one pass, two clients at once).
+    let mut spec = info.spec.clone();
+    spec.name = "big".into();
+    spec.memory_mib = 65536;
+    match client.create(&spec) {
+        Err(ClientError::Api(ApiError::Conflict(m))) => assert!(m.contains("VM big needs 65536 MiB"), "{m}"),
+        other => panic!("a VM bigger than the host was not refused as a conflict: {other:?}"),
+    }
 
     // Stopped: its guest powers off (SIGTERM to its ftvm), and it is gone.
     let del = cluster(&endpoints, token_path, &["vm", "delete", "v1"]);
