@@ -333,14 +333,12 @@ mod tests {
         assert_eq!(to_trim(keys(500), 10).len(), TRIM_BATCH);
     }
 
+    fn live() -> PairEvent {
+        PairEvent::GoingLive { instruction: 1, checkpoint: None, epoch_inputs: None, epoch_inputs_at_multiples: None }
+    }
+
     #[test]
     fn failovers_and_the_protections_after_them_are_counted_per_vm() {
-        let live = || PairEvent::GoingLive {
-            instruction: 1,
-            checkpoint: None,
-            epoch_inputs: None,
-            epoch_inputs_at_multiples: None,
-        };
         let log = [
             pair("v", protected()),
             pair("w", protected()),
@@ -356,12 +354,6 @@ mod tests {
 
     #[test]
     fn a_handover_is_not_a_failover_a_moved_backup_not_a_reprotection_a_lost_one_is() {
-        let live = || PairEvent::GoingLive {
-            instruction: 1,
-            checkpoint: None,
-            epoch_inputs: None,
-            epoch_inputs_at_multiples: None,
-        };
         let received = || PairEvent::HandOverReceived { primary: "10.0.0.1:1".into(), generation: 2 };
         let log = [
             pair("v", protected()),
