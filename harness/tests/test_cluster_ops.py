@@ -50,6 +50,9 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     cl = Cluster(ftvm, scratch, "co", agent_options={"spare": ["--vm-memory", "256"]})
     cl.wait_hosts()
     cl.etcd.kill("spare")
+    # If it led, the other two elect a leader first (a second or so; more
+    # on a loaded host): the cluster's requests wait for that, not fail.
+    cl.etcd.wait_ready()
 
     cl.cli("vm", "create", "redis", "--memory", "512", "--command", REDIS_FT, "--bridge", "br0",
            "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint", "--wait", str(RUNS_WITHIN))
@@ -151,7 +154,8 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     metrics = cl.metrics(a)
     for line in ('ftvm_vm_handovers{vm="redis"} 2', 'ftvm_vm_failovers{vm="redis"} 0',
                  'ftvm_vm_reprotections{vm="redis"} 1'):
-        assert line in metrics, f"{line} not in the metrics:\n{metrics}"
+        assert line in metrics, f"{line} not in the metrics:\n{metrics}\nthe VM's events: " + \
+            ", ".join(f"{k} on {h}" for k, h, _ in cl.events("redis"))
 
     time.sleep(1)
     writer.stop()

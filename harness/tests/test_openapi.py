@@ -320,6 +320,11 @@ def test_a_running_agent_answers_as_the_document_says(ftvm, scratch):
     refused("POST", "/v1/vms/oa-vm/protect", "/v1/vms/{name}/protect", 400, "bad_request",
             body={"backup": "10.201.0.2:7700", "mode": "mirror"})
     refused("POST", "/v1/vms", None, 409, "conflict", body=spec)
+    # Forgetting a VM only if it has ended: it runs, so it is refused (and
+    # still runs).
+    refused("DELETE", "/v1/vms/oa-vm?ended_only=true", "/v1/vms/{name}", 409, "conflict")
+    refused("DELETE", "/v1/vms/oa-vm?ended_only=perhaps", "/v1/vms/{name}", 400, "bad_request")
+    assert api.json("GET", "/v1/vms/oa-vm", "/v1/vms/{name}")["role"] == "unprotected"
     refused("GET", "/v1/events?after=soon", "/v1/events", 400, "bad_request")
     # The event log as a list (this host's VMs did nothing a pair logs,
     # so it may be empty; test_cluster checks what a failover writes).

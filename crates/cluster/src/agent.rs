@@ -371,8 +371,22 @@ async fn show_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>
     Ok(Json(agent.vms.info(&name).await?))
 }
 
-async fn delete_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<String>) -> ApiResult<Done> {
-    let how = agent.vms.delete(&name).await?;
+/// `DELETE /v1/vms/{name}`'s query.
+#[derive(Debug, serde::Deserialize)]
+struct DeleteQuery {
+    /// Only if its process has ended (else 409): what the controller asks
+    /// when it clears away an old process, so that a new process of the
+    /// same name, started since it looked, is never the one stopped.
+    ended_only: Option<bool>,
+}
+
+async fn delete_vm(
+    State(agent): State<Arc<Agent>>,
+    UrlPath(name): UrlPath<String>,
+    query: Result<axum::extract::Query<DeleteQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Done> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let how = if q.ended_only == Some(true) { agent.vms.forget_ended(&name)? } else { agent.vms.delete(&name).await? };
     Ok(Json(Done { message: format!("VM {name} stopped: its process {how}") }))
 }
 

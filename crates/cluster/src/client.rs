@@ -91,6 +91,11 @@ impl AgentClient {
         self.call("DELETE", &format!("/v1/vms/{name}"), None)
     }
 
+    /// Forgets the VM's process on that host only if it has ended.
+    pub fn delete_ended(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/vms/{name}?ended_only=true"), None)
+    }
+
     pub fn protect(&self, name: &str, req: &ProtectRequest) -> Result<Done, ClientError> {
         self.call("POST", &format!("/v1/vms/{name}/protect"), Some(serde_json::to_value(req).expect("serializes")))
     }

@@ -478,7 +478,10 @@ impl Reconciler {
                     .iter()
                     .any(|h| h.id != host.id && h.vms.iter().any(|v| v.name == vm.name && v.role != Role::Ended));
                 if runs_elsewhere && records.iter().any(|r| r.spec.name == vm.name) {
-                    let _ = self.cluster.agent(host).delete(&vm.name);
+                    // Only if it is still the ended one: the host may have
+                    // started the VM's new backup under the same name
+                    // since its record was read (a step of this pass).
+                    let _ = self.cluster.agent(host).delete_ended(&vm.name);
                 }
             }
         }

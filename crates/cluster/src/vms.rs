@@ -537,6 +537,21 @@ impl Vms {
         self.reap_and_forget(name).await
     }
 
+    /// Forgets a VM whose process has ended, with its directory; one that
+    /// runs is refused (409), whatever the asker saw of it before.
+    pub fn forget_ended(&self, name: &str) -> Result<String, ApiError> {
+        let mut vms = self.lock();
+        let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
+        vm.reap();
+        let Some(how) = vm.ended.clone() else {
+            return Err(ApiError::Conflict(format!("VM {name}'s process on this host runs: not forgotten")));
+        };
+        if let Some(vm) = vms.remove(name) {
+            let _ = std::fs::remove_dir_all(&vm.dir);
+        }
+        Ok(how)
+    }
+
     /// The agent is stopping: every VM is asked to stop at once, then
     /// waited for.
     pub async fn stop_all(&self) {
