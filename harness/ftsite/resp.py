@@ -78,9 +78,10 @@ class Resp:
         self.sock.close()
 
 
-def wait_for_redis(site, procs, timeout=BOOT_TIMEOUT):
-    """Connects from the client to the guest's redis once it answers PING;
-    TrialFailed if a process in `procs` dies or `timeout` s pass."""
+def wait_for_redis(site, procs, timeout=BOOT_TIMEOUT, ip=GUEST_IP):
+    """Connects from the client to the guest's redis (at `ip`) once it
+    answers PING; TrialFailed if a process in `procs` dies or `timeout` s
+    pass."""
     t0 = time.monotonic()
     last = "nothing"
     while time.monotonic() - t0 < timeout:
@@ -88,7 +89,7 @@ def wait_for_redis(site, procs, timeout=BOOT_TIMEOUT):
             if not p.alive():
                 raise TrialFailed(f"{p.name} exited (status {p.proc.returncode}) before redis answered:\n{p.tail()}")
         try:
-            conn = Resp(site.connect(GUEST_IP, REDIS_PORT, timeout=2.0), reply_timeout=10.0)
+            conn = Resp(site.connect(ip, REDIS_PORT, timeout=2.0), reply_timeout=10.0)
             if conn.command("PING") == "PONG":
                 conn.sock.settimeout(60.0)
                 return conn

@@ -396,13 +396,16 @@ async fn protect_vm(
     body: axum::body::Bytes,
 ) -> ApiResult<Done> {
     let req: ProtectRequest = parse_body(&body)?;
-    let words = format!(
+    let mut words = format!(
         "protect --backup {} --mode {} --etcd {} --vm-name {name} --pair-key {}",
         req.backup,
         req.mode,
         agent.etcd_local_first(),
         agent.pair_key(&name).display()
     );
+    if let Some(port) = req.heartbeat_port {
+        words.push_str(&format!(" --heartbeat-port {port}"));
+    }
     // The control API's own parser checks the options, as on the command
     // line (a wrong mode or address is its one-line refusal).
     let request = ftvm_vmm::control::parse(&words).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -426,12 +429,14 @@ async fn handover_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<Str
 
 async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let req: BackupRequest = parse_body(&body)?;
-    let port = free_port(agent.config.address).map_err(|e| ApiError::Internal(format!("no free port: {e}")))?;
+    let no_port = |e: std::io::Error| ApiError::Internal(format!("no free port: {e}"));
+    let port = free_port(agent.config.address).map_err(no_port)?;
+    let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;
     let listen = SocketAddr::new(agent.config.address, port).to_string();
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
-    agent.vms.create_backup(req.spec, &listen, &agent.etcd_local_first(), &key)?;
-    Ok((StatusCode::CREATED, Json(BackupStarted { listen })).into_response())
+    agent.vms.create_backup(req.spec, &listen, heartbeat_port, &agent.etcd_local_first(), &key)?;
+    Ok((StatusCode::CREATED, Json(BackupStarted { listen, heartbeat_port })).into_response())
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
@@ -520,4 +525,11 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
 /// A TCP port free on `ip` now (the kernel's choice).
 fn free_port(ip: IpAddr) -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(SocketAddr::new(ip, 0))?.local_addr()?.port())
+}
+
+/// A UDP port free on `ip` now (the kernel's choice): a backup's
+/// heartbeats. Each backup has its own: with one fixed port, a host's
+/// second backup could not bind it and failed at once.
+fn free_udp_port(ip: IpAddr) -> std::io::Result<u16> {
+    Ok(std::net::UdpSocket::bind(SocketAddr::new(ip, 0))?.local_addr()?.port())
 }

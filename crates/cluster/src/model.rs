@@ -199,6 +199,10 @@ pub struct ProtectRequest {
     /// lockstep, epoch or checkpoint.
     #[serde(default = "ProtectRequest::default_mode")]
     pub mode: String,
+    /// The UDP port of the backup's heartbeats (from [`BackupStarted`]);
+    /// none: ftvm's default, 7701.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_port: Option<u16>,
 }
 
 impl ProtectRequest {
@@ -220,6 +224,9 @@ pub struct BackupRequest {
 pub struct BackupStarted {
     /// `IP:PORT` of its logging channel.
     pub listen: String,
+    /// The UDP port of its heartbeats, on the same address: a port of its
+    /// own, so that a host can hold the backups of several VMs.
+    pub heartbeat_port: u16,
 }
 
 /// What a request did, when it is no VM's view.

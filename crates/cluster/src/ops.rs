@@ -272,7 +272,9 @@ impl Cluster {
         }
         let backup_agent = self.agent(target);
         let started = backup_agent.start_backup(&BackupRequest { spec: running.info.spec.clone() })?;
-        match self.agent(&running.host).protect(name, &ProtectRequest { backup: started.listen, mode: mode.into() }) {
+        let request =
+            ProtectRequest { backup: started.listen, mode: mode.into(), heartbeat_port: Some(started.heartbeat_port) };
+        match self.agent(&running.host).protect(name, &request) {
             Ok(done) => Ok(done),
             Err(e) => {
                 let _ = backup_agent.delete(name);

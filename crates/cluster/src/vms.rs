@@ -189,16 +189,30 @@ pub struct Vms {
     events: tokio::sync::mpsc::Sender<VmEvent>,
 }
 
-/// A TAP's name for a VM (Linux allows 15 bytes): `ftv` and a hash of its
-/// name, so any VM name fits. FNV-1a, written out: a name needs a hash
-/// that is the same on every host and in every build, which std's is not.
-pub fn tap_name(vm: &str) -> String {
+/// FNV-1a of a VM's name, written out: the TAP's name and the NIC's MAC
+/// need a hash that is the same on every host and in every build (a
+/// primary and its backup on two hosts are one VM), which std's is not.
+fn name_hash(vm: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in vm.bytes() {
         h ^= b as u32;
         h = h.wrapping_mul(0x0100_0193);
     }
-    format!("ftv{h:08x}")
+    h
+}
+
+/// A TAP's name for a VM (Linux allows 15 bytes): `ftv` and a hash of its
+/// name, so any VM name fits.
+pub fn tap_name(vm: &str) -> String {
+    format!("ftv{:08x}", name_hash(vm))
+}
+
+/// A VM's MAC address: locally administered, unicast (02:...), the rest
+/// from its name, so the cluster's VMs on one bridge do not all have the
+/// one default MAC, and both sides of a pair have the same.
+pub fn mac_of(vm: &str) -> String {
+    let [a, b, c, d] = name_hash(vm).to_be_bytes();
+    format!("02:66:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
@@ -259,9 +273,14 @@ impl Vms {
         Ok(dir)
     }
 
-    /// The options both sides' processes take for the VM's NIC.
-    fn net_options(spec: &VmSpec) -> Vec<String> {
+    /// The options a process of the VM takes for its NIC: its TAP on the
+    /// bridge, and for the VM itself (`ftvm run`) its MAC; a backup's NIC
+    /// is the primary's, MAC and all, from the machine it is sent.
+    fn net_options(spec: &VmSpec, with_mac: bool) -> Vec<String> {
         match &spec.network {
+            Some(NetworkSpec { bridge, .. }) if with_mac => {
+                vec!["--net".into(), format!("tap={},mac={},bridge={bridge}", tap_name(&spec.name), mac_of(&spec.name))]
+            }
             Some(NetworkSpec { bridge, .. }) => {
                 vec!["--net".into(), format!("tap={},bridge={bridge}", tap_name(&spec.name))]
             }
@@ -292,7 +311,7 @@ impl Vms {
             "--append".into(),
             append,
         ];
-        args.extend(Self::net_options(&spec));
+        args.extend(Self::net_options(&spec, true));
         if let Some(cmd) = &spec.command {
             args.extend(["--exec".into(), cmd.clone()]);
         }
@@ -301,7 +320,14 @@ impl Vms {
 
     /// Starts a backup of a VM (`ftvm ft backup`) listening on `listen`,
     /// its arbiter the cluster's etcd.
-    pub fn create_backup(&self, spec: VmSpec, listen: &str, etcd: &str, pair_key: &Path) -> Result<(), ApiError> {
+    pub fn create_backup(
+        &self,
+        spec: VmSpec,
+        listen: &str,
+        heartbeat_port: u16,
+        etcd: &str,
+        pair_key: &Path,
+    ) -> Result<(), ApiError> {
         spec.check()?;
         let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         self.may_start(&spec, "has a process")?;
@@ -311,6 +337,8 @@ impl Vms {
             "backup".into(),
             "--listen".into(),
             listen.into(),
+            "--heartbeat-port".into(),
+            heartbeat_port.to_string(),
             "--etcd".into(),
             etcd.into(),
             "--vm-name".into(),
@@ -324,7 +352,7 @@ impl Vms {
             "--events".into(),
             dir.join("events.jsonl").display().to_string(),
         ];
-        args.extend(Self::net_options(&spec));
+        args.extend(Self::net_options(&spec, false));
         self.spawn(spec, dir, args, Role::Backup)
     }
 
@@ -603,5 +631,23 @@ pub async fn ask(socket: PathBuf, request: Request, wait: Duration) -> Result<Re
         Ok((Response::Ok(reply), _)) => Ok(reply),
         Ok((Response::Error(e), _)) => Err(ApiError::Refused(e.to_string())),
         Err(e) => Err(ApiError::Unavailable(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_vm_has_its_own_tap_and_mac_the_same_on_every_host() {
+        assert_eq!(tap_name("redis"), tap_name("redis"));
+        assert_eq!(tap_name("redis").len(), 11);
+        assert_ne!(mac_of("redis"), mac_of("redis-2"));
+        assert_eq!(mac_of("redis"), mac_of("redis"));
+        let mac = mac_of("redis");
+        let bytes: Vec<u8> = mac.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+        assert_eq!(bytes.len(), 6, "{mac}");
+        // Locally administered, unicast.
+        assert_eq!(bytes[0] & 0b11, 0b10, "{mac}");
     }
 }

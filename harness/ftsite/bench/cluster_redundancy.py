@@ -32,9 +32,18 @@ etcd's traffic from its members' own /metrics: requests by gRPC method,
 lease renewals, puts, transactions, raft proposals committed, bytes.
 The difference of the two windows is the traffic one protected VM adds.
 
+With `--vms N`, N such VMs (redis, redis-2, ...; each its own address and
+writing client), all created on host primary: each trial kills the host
+of the first VM's primary, and redundancy is the time until every VM is
+protected again with neither side on the dead host (VMware's measure:
+"every VM"); failover is each VM's whose primary died there. The
+controller takes its steps for several VMs side by side, so N VMs should
+cost less than N times one.
+
   bench/cluster-redundancy                    10 trials, 60 s windows
   bench/cluster-redundancy --trials 3 --window 30
   bench/cluster-redundancy --no-cost          the trials only
+  bench/cluster-redundancy --vms 2 --trials 3 --no-cost
 
 Needs root, two cores, iproute2, Debian's etcd-server and etcd-client,
 the guest image; about a minute a trial on this 2-core host, plus boot
@@ -135,11 +144,22 @@ def stats(xs):
     return (statistics.median(xs), max(xs)) if xs else (None, None)
 
 
-def controller_protected_at(cl, since):
-    """When an agent's controller said it protected the VM, after `since`
+def vm_names(n):
+    """The benchmark's VMs' names: redis, redis-2, ..."""
+    return [VM] + [f"{VM}-{i + 1}" for i in range(1, n)]
+
+
+def vm_ip(i):
+    """The address of VM number `i` (0: the site's guest address)."""
+    head, last = ftsite.GUEST_IP.rsplit(".", 1)
+    return f"{head}.{int(last) + i}"
+
+
+def controller_protected_at(cl, vm, since):
+    """When an agent's controller said it protected VM `vm`, after `since`
     (its log line's arrival), or None."""
     times = [t for p in list(cl.agents.values()) for t, line in list(p.messages)
-             if t > since and f"controller: {VM}: protected" in line]
+             if t > since and f"controller: {vm}: protected" in line]
     return min(times) if times else None
 
 
@@ -151,9 +171,13 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the run's files (agents' and etcd's logs)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--seed", type=int, help="seed of the writing time before each death (default: new each run)")
+    ap.add_argument("--vms", type=int, default=1, help="protected VMs, all created on host primary (default 1)")
     args = ap.parse_args()
     if args.trials < 1 or args.window < 5:
         ap.error("--trials must be at least 1 and --window at least 5")
+    if not 1 <= args.vms <= 8:
+        ap.error("--vms must be from 1 to 8")
+    names = vm_names(args.vms)
     rng = random.Random(args.seed)
 
     with ftsite.session("cluster-redundancy"):
@@ -174,70 +198,89 @@ def main():
         idle = None if args.no_cost else cost(cl, args.window)
 
         t0 = time.monotonic()
-        cl.cli("vm", "create", VM, "--on", "primary", "--memory", "512", "--command", REDIS_FT,
-               "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint")
-        conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
+        for i, name in enumerate(names):
+            cl.cli("vm", "create", name, "--on", "primary", "--memory", "512", "--command", REDIS_FT,
+                   "--bridge", "br0", "--ip", f"{vm_ip(i)}/24", "--protect", "checkpoint")
+        conns = [wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT, ip=vm_ip(i))
+                 for i in range(len(names))]
         booted = time.monotonic() - t0
-        pair = wait_for("the first protection", 240, lambda: cl.protected(VM))
-        print(f"created on primary: redis answered after {booted:.1f} s, protected (backup on {pair[1]}) "
-              f"{time.monotonic() - t0:.1f} s after the create", flush=True)
+        pairs = {n: wait_for(f"{n}'s first protection", 240 * len(names), lambda n=n: cl.protected(n)) for n in names}
+        print(f"created {len(names)} VM(s) on primary: redis answered after {booted:.1f} s, protected (backups on "
+              f"{', '.join(sorted(set(p[1] for p in pairs.values())))}) {time.monotonic() - t0:.1f} s after the "
+              f"create", flush=True)
         one = None if args.no_cost else cost(cl, args.window)
 
-        writer = KeyWriter(conn)
-        writer.start()
+        writers = {n: KeyWriter(c) for n, c in zip(names, conns)}
+        for w in writers.values():
+            w.start()
         rows, bad = [], 0
         for i in range(args.trials):
             time.sleep(rng.uniform(2.0, 4.0))
-            pair = cl.protected(VM)
-            if not pair:
-                print(f"  {i + 1:2}/{args.trials}: FAILED: the VM is not protected before the trial", flush=True)
+            pairs = {n: cl.protected(n) for n in names}
+            if not all(pairs.values()):
+                print(f"  {i + 1:2}/{args.trials}: FAILED: not every VM is protected before the trial: {pairs}",
+                      flush=True)
                 bad += 1
                 break
-            victim, heir = pair
+            victim = pairs[names[0]][0]
+            heirs = {n: p[1] for n, p in pairs.items() if p[0] == victim}
             died = cl.kill_host(victim)
+
+            def restored():
+                now = {n: cl.protected(n) for n in names}
+                ok = all(p and victim not in p and (n not in heirs or p[0] == heirs[n]) for n, p in now.items())
+                return ok and now
             try:
-                again = wait_for("redundancy restored", REPROTECT_LIMIT,
-                                 lambda: (p := cl.protected(VM)) and p[0] == heir and p[1] != victim and p,
-                                 every=0.5)
+                again = wait_for("redundancy restored", REPROTECT_LIMIT * len(names), restored, every=0.5)
                 seen = time.monotonic()
             except TrialFailed as e:
                 print(f"  {i + 1:2}/{args.trials}: killed {victim}: FAILED: {e}", flush=True)
                 bad += 1
                 break
-            said = controller_protected_at(cl, died)
-            redundancy = (said if said is not None else seen) - died
-            ack = writer.first_ack_sent_after(died)
-            failover = None if ack is None else ack - died
+            # Each VM's protection said by the controller, else seen by
+            # vm show; the trial's redundancy is the last VM's.
+            said = [controller_protected_at(cl, n, died) for n in names if pairs[n] != again[n]]
+            redundancy = (max(said) if said and None not in said else seen) - died
+            acks = [writers[n].first_ack_sent_after(died) for n in heirs]
+            failovers = [None if a is None else a - died for a in acks]
+            failover = None if not failovers or None in failovers else max(failovers)
             cl.revive(victim)
             cl.wait_hosts()
             rows.append((failover, redundancy))
-            broke = f"; the client's connection FAILED: {writer.error}" if writer.error else ""
-            print(f"  {i + 1:2}/{args.trials}: killed {victim}: failover {s(failover)} (to {heir}), redundancy "
-                  f"{s(redundancy)} (backup on {again[1]}; {'the controller' if said else 'vm show'} said so, "
-                  f"vm show {seen - died:.1f} s); {victim} back; {writer.acked} keys so far{broke}", flush=True)
-            if writer.error:
+            broken = [f"{n}: {w.error}" for n, w in writers.items() if w.error]
+            broke = f"; a client's connection FAILED: {broken}" if broken else ""
+            moved = ", ".join(f"{n} to {again[n][0]} (backup on {again[n][1]})" for n in heirs)
+            print(f"  {i + 1:2}/{args.trials}: killed {victim}: failover {s(failover)} ({moved}), redundancy "
+                  f"{s(redundancy)} ({'the controller' if said and None not in said else 'vm show'} said so, "
+                  f"vm show {seen - died:.1f} s); {victim} back; "
+                  f"{sum(w.acked for w in writers.values())} keys so far{broke}", flush=True)
+            if broken:
                 bad += 1
                 break
         time.sleep(2)
-        writer.stop()
+        for w in writers.values():
+            w.stop()
         lost = None
-        if writer.error is None:
-            missing, wrong = check_keys(conn, writer.acked)
-            lost = missing + wrong
-            if lost or conn.command("DBSIZE") != writer.acked:
-                bad += 1
+        if not any(w.error for w in writers.values()):
+            lost = 0
+            for n, c in zip(names, conns):
+                missing, wrong = check_keys(c, writers[n].acked)
+                lost += missing + wrong
+                if missing + wrong or c.command("DBSIZE") != writers[n].acked:
+                    bad += 1
 
         if idle and one:
             print()
             print(f"the agents' own cost over {idle[0]:.0f} s windows (CPU % of one core, RSS MiB):")
-            print(f"{'process':14} {'CPU, 0 VMs':>11} {'CPU, 1 VM':>10} {'RSS, 0 VMs':>11} {'RSS, 1 VM':>10}")
+            k_vms = f"{len(names)} VM" + ("s" if len(names) > 1 else "")
+            print(f"{'process':14} {'CPU, 0 VMs':>11} {'CPU, ' + k_vms:>10} {'RSS, 0 VMs':>11} {'RSS, ' + k_vms:>10}")
             for k in idle[1]:
                 print(f"{k:14} {idle[1][k]:10.2f}% {one[1][k]:9.2f}% {idle[2][k] / 1024:11.1f} "
                       f"{one[2][k] / 1024:10.1f}")
             print(f"etcd's traffic per second (three hosts, all members):")
-            print(f"{'counter':28} {'0 VMs':>9} {'1 protected VM':>15} {'per VM':>9}")
+            print(f"{'counter':28} {'0 VMs':>9} {k_vms + ' protected':>15} {'per VM':>9}")
             for k in idle[3]:
-                print(f"{k:28} {idle[3][k]:9.2f} {one[3][k]:15.2f} {one[3][k] - idle[3][k]:9.2f}")
+                print(f"{k:28} {idle[3][k]:9.2f} {one[3][k]:15.2f} {(one[3][k] - idle[3][k]) / len(names):9.2f}")
         print()
         (fm, fx), (rm, rx) = stats(r[0] for r in rows), stats(r[1] for r in rows)
         print(f"cluster-redundancy: {len(rows)} of {args.trials} trial(s): failover median {s(fm)} max {s(fx)}; "
@@ -246,8 +289,10 @@ def main():
             print(f"beside VMware FT's \"within minutes\" (taken as {VMWARE_S} s, the least the plural says): "
                   f"median {rm / VMWARE_S:.3f}, max {rx / VMWARE_S:.3f}; against one minute ({VMWARE_ONE_MINUTE_S} s): "
                   f"{rm / VMWARE_ONE_MINUTE_S:.3f}, {rx / VMWARE_ONE_MINUTE_S:.3f}")
-        print(f"{writer.acked} keys acknowledged, {'n/a' if lost is None else lost} lost, connection "
-              f"{'DROPPED' if writer.error else 'kept'}" + (f"; {bad} FAILED" if bad else ""))
+        dropped = any(w.error for w in writers.values())
+        print(f"{sum(w.acked for w in writers.values())} keys acknowledged over {len(names)} VM(s), "
+              f"{'n/a' if lost is None else lost} lost, connection{'s' if len(names) > 1 else ''} "
+              f"{'DROPPED' if dropped else 'kept'}" + (f"; {bad} FAILED" if bad else ""))
     sys.exit(1 if bad or len(rows) < args.trials else 0)
 
 
