@@ -23,6 +23,7 @@ site's namespaces, so nothing appears in the host's root namespace.
 
 import ctypes
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -177,6 +178,22 @@ class Site:
 
     def close(self):
         for name in reversed(self.made):
+            # Whatever still runs in it dies first: a VM an agent started
+            # (its own process group, so not stopped with the agent's
+            # Proc), one started while the others were being stopped. A
+            # namespace whose name is deleted lives on around them, and
+            # they with it, unseen.
+            for _ in range(50):
+                pids = [p for p in sh(["ip", "netns", "pids", name], check=False).stdout.split()
+                        if p != str(os.getpid())]
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                time.sleep(0.1)
             r = sh(["ip", "netns", "del", name], check=False)
             if r.returncode != 0:
                 print(f"ftsite: warning: cannot delete network namespace {name}: {r.stderr.strip()}",
