@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// How long the charts reach back, ms.
 pub const HISTORY_MS: u64 = 5 * 60 * 1000;
+/// How long a look waits for an agent's answer: one that hangs is shown
+/// as not answering rather than holding every page's view.
+const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(8);
 /// How long a host that vanished from etcd is still shown (as lost).
 const LOST_SHOWN_MS: u64 = 10 * 60 * 1000;
 
@@ -29,7 +32,8 @@ pub struct Look {
 }
 
 /// Looks at the cluster once. A host's agent that does not answer costs
-/// its connection's timeout, in parallel with the others.
+/// its connection's timeout (at most [`ASK_WITHIN`]), in parallel with
+/// the others.
 pub fn look(cluster: &Cluster) -> Look {
     let unix_ms = now_ms();
     let hosts = cluster.hosts().ok();
@@ -39,7 +43,7 @@ pub fn look(cluster: &Cluster) -> Look {
         let asks: Vec<_> = hosts
             .iter()
             .flatten()
-            .map(|h| (h.id.clone(), s.spawn(|| cluster.agent(h).vms().map_err(|e| e.to_string()))))
+            .map(|h| (h.id.clone(), s.spawn(|| cluster.agent_within(h, ASK_WITHIN).vms().map_err(|e| e.to_string()))))
             .collect();
         asks.into_iter()
             .map(|(id, t)| (id, t.join().unwrap_or_else(|_| Err("the look at its agent failed".into()))))
@@ -52,6 +56,9 @@ pub fn look(cluster: &Cluster) -> Look {
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
+
+/// A VM's figures at a look: (unix ms, lag ms, Mbit/s).
+pub type Sample = (u64, Option<f64>, Option<f64>);
 
 /// A host's health as the dashboard shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,7 +132,7 @@ pub struct VmRow {
     pub figures: Figures,
     /// Its lag and bandwidth over the last minutes: (unix ms, lag ms,
     /// Mbit/s).
-    pub history: Vec<(u64, Option<f64>, Option<f64>)>,
+    pub history: Vec<Sample>,
 }
 
 /// The cluster as shown.
@@ -142,7 +149,7 @@ pub struct Watch {
     /// Each host last seen in etcd: its record and when.
     seen: BTreeMap<String, (HostRecord, u64)>,
     /// Each VM's samples: (unix ms, lag ms, Mbit/s).
-    samples: HashMap<String, VecDeque<(u64, Option<f64>, Option<f64>)>>,
+    samples: HashMap<String, VecDeque<Sample>>,
     /// Each VM's primary's stream bytes at the last look: (host, bytes,
     /// unix ms), for the bandwidth of checkpoint mode.
     stream_bytes: HashMap<String, (String, u64, u64)>,
@@ -207,8 +214,8 @@ impl Watch {
                 (None, _) => Protection::NotRunning,
                 (Some(_), Some(PairStatus::Primary(p))) => match &p.mode {
                     PrimaryMode::Transfer(t) => {
-                        let all = t.pages + t.round_left;
-                        let percent = if all == 0 { 0 } else { (t.pages * 100 / all).min(99) as u8 };
+                        let all = t.pages.saturating_add(t.round_left);
+                        let percent = t.pages.saturating_mul(100).checked_div(all).map_or(0, |p| p.min(99) as u8);
                         Protection::Protecting { round: t.round, percent }
                     }
                     PrimaryMode::Lockstep(log) | PrimaryMode::Epoch { log, .. } => {
@@ -219,7 +226,7 @@ impl Watch {
                     }
                     PrimaryMode::Checkpoint(c) => {
                         let unacked = c.checkpoints.saturating_sub(c.committed);
-                        figures.lag_ms = Some(((unacked + 1) * c.interval_ms) as f64);
+                        figures.lag_ms = Some(unacked.saturating_add(1).saturating_mul(c.interval_ms) as f64);
                         figures.outputs_held = Some(c.held);
                         figures.checkpoint_rate = Some(c.rate);
                         figures.pause_median_us = Some(c.pause_median_us);
