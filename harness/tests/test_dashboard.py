@@ -45,6 +45,21 @@ def card_state(b):
             b.text(f"{CARD} dd.backup"), b.text(f"{CARD} dd.lag"))
 
 
+def post_from_page(b, body, csrf):
+    """POST /ui/actions from the page's own origin with its cookie, the
+    CSRF header only if `csrf`: (status, JSON answer)."""
+    script = """
+        const [body, csrf, done] = arguments;
+        const headers = {"Content-Type": "application/json"};
+        if (csrf) headers["X-Ftvm-Csrf"] = csrf;
+        fetch("/ui/actions", {method: "POST", headers, body})
+            .then(async (r) => done([r.status, await r.text()]))
+            .catch((e) => done([0, String(e)]));
+    """
+    status, text = b.do(lambda d: d.execute_async_script(script, json.dumps(body), csrf))
+    return status, json.loads(text) if text.startswith("{") else text
+
+
 def test_the_dashboard_shows_a_failover_and_hands_over(ftvm, scratch):
     cl = Cluster(ftvm, scratch, "db")
     cl.wait_hosts()
@@ -84,6 +99,18 @@ def test_the_dashboard_shows_a_failover_and_hands_over(ftvm, scratch):
         b.type("#token", token)
         b.click("#login")
         b.console_errors()  # the wrong token's refusal is not the page's
+        wait_for("the page", 30, lambda: b.css("#view"), every=0.2)
+
+        # With the session's cookie but not the page's CSRF header, an
+        # action is refused; with it, a thing that is no action is too.
+        csrf = b.attr("meta[name=ftvm-csrf]", "content")
+        assert csrf and len(csrf) == 64, csrf
+        status, answer = post_from_page(b, {"action": "handover", "vm": "redis"}, None)
+        assert (status, answer["error"]) == (403, "unauthorized"), (status, answer)
+        status, answer = post_from_page(b, {"action": "format_disks", "vm": "redis"}, csrf)
+        assert (status, answer["error"]) == (400, "bad_request"), (status, answer)
+        assert not b.css("#jobs li.job"), "a refused action became a job"
+        b.console_errors()  # those refusals were the test's
 
         # The page opened while the backup takes the machine: protected,
         # with a lag that is a figure, and live: the view's time moves on.
