@@ -39,6 +39,9 @@ PACKAGES=(
     etcd-server           # the cluster's store: the tests start their own members
     etcd-client           # etcdctl: the tests ask etcd for its quorum
     prometheus            # promtool: the tests check the agent's /metrics with it
+    chromium              # a real browser on the dashboard (test_dashboard.py), headless
+    chromium-driver       # ... driven through WebDriver
+    python3-selenium      # ... from Debian's python3
 )
 
 CHECK_ONLY=

@@ -112,8 +112,9 @@ def json_schema(doc, schema, strict, seen=()):
 
 
 def router_routes():
-    """{path: {method}} as the agent's router (agent.rs) serves them."""
-    src = (REPO / "crates" / "cluster" / "src" / "agent.rs").read_text()
+    """{path: {method}} as the agent's router (agent.rs, and the
+    dashboard's routes it merges: dashboard.rs) serves them."""
+    src = "".join((REPO / "crates" / "cluster" / "src" / f).read_text() for f in ("agent.rs", "dashboard.rs"))
     routes = {}
     for path, handlers in re.findall(r'\.route\(\s*"([^"]+)",\s*(.*?)\)\s*\n', src):
         methods = set(re.findall(r"\b(get|post|put|delete|patch)\(", handlers))

@@ -9,7 +9,8 @@
 //!   host vanishes from the cluster a lease's time after its agent does;
 //! - serves the HTTP/JSON API (docs/api/openapi.json) and the Prometheus
 //!   metrics, every request but `/healthz` authenticated by the
-//!   cluster's bearer token;
+//!   cluster's bearer token, and the dashboard at `/ui`
+//!   ([`crate::dashboard`], logged into with the same token);
 //! - runs the cluster's controller when elected ([`crate::controller`]);
 //! - on SIGTERM or SIGINT stops taking requests, asks every VM to stop
 //!   (a protected primary hands over to its backup, a plain VM's guest
@@ -177,7 +178,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         agent.config.token.clone(),
         stop_rx.clone(),
     ));
-    let app = router(agent.clone());
+    let dashboard = crate::dashboard::Dashboard::new(&agent.config.id, &agent.etcd_local_first(), &agent.config.token);
+    let app = router(agent.clone(), dashboard);
     let mut server_stop = stop_rx.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -314,7 +316,7 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-fn router(agent: Arc<Agent>) -> Router {
+fn router(agent: Arc<Agent>, dashboard: Arc<crate::dashboard::Dashboard>) -> Router {
     let api = Router::new()
         .route("/v1/host", get(host))
         .route("/v1/vms", get(list_vms).post(create_vm))
@@ -328,6 +330,8 @@ fn router(agent: Arc<Agent>) -> Router {
         .route_layer(middleware::from_fn_with_state(agent.clone(), authenticate));
     Router::new()
         .merge(api)
+        // The dashboard: its own login, limits and headers.
+        .merge(crate::dashboard::routes(dashboard))
         .route("/healthz", get(|| async { "ok\n" }))
         // A request body of more than 64 KiB is no spec.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 10))

@@ -33,8 +33,14 @@ impl AgentClient {
     /// A client of the agent at `base` (`http://IP:PORT`), with the
     /// cluster's token.
     pub fn new(base: &str, token: &str) -> AgentClient {
+        AgentClient::with_deadline(base, token, DEADLINE)
+    }
+
+    /// The same, its requests given up after `deadline` (a look that must
+    /// not wait for an agent that hangs).
+    pub fn with_deadline(base: &str, token: &str, deadline: Duration) -> AgentClient {
         let http: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(DEADLINE))
+            .timeout_global(Some(deadline))
             .timeout_connect(Some(Duration::from_secs(5)))
             .http_status_as_error(false)
             .build()

@@ -184,43 +184,83 @@ pub struct History {
     pub reprotections: u64,
 }
 
-/// Each VM's [`History`] in `events` (oldest first). A going live is a
-/// handover when the same VM's backup received a handover before it (that
-/// event is always written before the going live it leads to), else a
-/// failover; a protection is a re-protection only when it is the first
-/// since the VM ran alone after a failure (its backup's failover, or its
-/// primary's going on without the backup that failed), so a backup moved
-/// by a drain is not one.
-pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
-    #[derive(Default)]
-    struct Reading {
-        history: History,
-        handed_over: bool,
-        exposed: bool,
-    }
-    let mut out: HashMap<String, Reading> = HashMap::new();
-    for e in events {
-        let (Some(vm), What::Pair { event }) = (&e.vm, &e.what) else { continue };
-        let r = out.entry(vm.clone()).or_default();
+/// What an event means for its VM's history, read in the log's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Meaning {
+    /// Its backup went live because the primary failed.
+    Failover,
+    /// Its backup went live because the primary handed the VM over.
+    Handover,
+    /// Its first protection after a failover or its backup's failure:
+    /// redundancy restored.
+    Reprotection,
+}
+
+/// A reader of the log that tells what each pair event means for its VM
+/// (the histories and the dashboard's timeline read through one). A going
+/// live is a handover when the same VM's backup received a handover
+/// before it (that event is always written before the going live it leads
+/// to), else a failover; a protection is a re-protection only when it is
+/// the first since the VM ran alone after a failure (its backup's
+/// failover, or its primary's going on without the backup that failed),
+/// so a backup moved by a drain is not one.
+#[derive(Debug, Default)]
+pub struct Story {
+    vms: HashMap<String, Reading>,
+}
+
+#[derive(Debug, Default)]
+struct Reading {
+    handed_over: bool,
+    exposed: bool,
+}
+
+impl Story {
+    /// The meaning of `e`, the next event of the log (oldest first).
+    pub fn read(&mut self, e: &ClusterEvent) -> Option<Meaning> {
+        let (Some(vm), What::Pair { event }) = (&e.vm, &e.what) else { return None };
+        let r = self.vms.entry(vm.clone()).or_default();
         match event {
-            PairEvent::HandOverReceived { .. } => r.handed_over = true,
+            PairEvent::HandOverReceived { .. } => {
+                r.handed_over = true;
+                None
+            }
             PairEvent::GoingLive { .. } if r.handed_over => {
                 r.handed_over = false;
-                r.history.handovers += 1;
+                Some(Meaning::Handover)
             }
             PairEvent::GoingLive { .. } => {
-                r.history.failovers += 1;
                 r.exposed = true;
+                Some(Meaning::Failover)
             }
-            PairEvent::Unprotected { .. } => r.exposed = true,
+            PairEvent::Unprotected { .. } => {
+                r.exposed = true;
+                None
+            }
             PairEvent::Protected { .. } if r.exposed => {
                 r.exposed = false;
-                r.history.reprotections += 1;
+                Some(Meaning::Reprotection)
             }
-            _ => {}
+            _ => None,
         }
     }
-    out.into_iter().map(|(vm, r)| (vm, r.history)).collect()
+}
+
+/// Each VM's [`History`] in `events` (oldest first), as [`Story`] reads
+/// them.
+pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
+    let mut story = Story::default();
+    let mut out: HashMap<String, History> = HashMap::new();
+    for e in events {
+        let Some(meaning) = story.read(e) else { continue };
+        let h = out.entry(e.vm.clone().unwrap_or_default()).or_default();
+        match meaning {
+            Meaning::Failover => h.failovers += 1,
+            Meaning::Handover => h.handovers += 1,
+            Meaning::Reprotection => h.reprotections += 1,
+        }
+    }
+    out
 }
 
 impl std::fmt::Display for ClusterEvent {
@@ -349,7 +389,7 @@ mod tests {
         ];
         let h = histories(&log);
         assert_eq!(h["v"], History { failovers: 2, handovers: 0, reprotections: 2 });
-        assert_eq!(h["w"], History::default());
+        assert_eq!(h.get("w").copied().unwrap_or_default(), History::default());
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   control sockets.
 //! - [`events`]: the cluster's event log in etcd (the pairs' events and
 //!   the controller's actions), read by the API's event stream.
+//! - [`dashboard`]: the web page every agent serves at `/ui`: the
+//!   cluster, its pairs and their history, and the operator's actions.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
 //! - [`session`]: connections to etcd, and leases held by a loop.
@@ -24,6 +26,7 @@
 pub mod agent;
 pub mod client;
 pub mod controller;
+pub mod dashboard;
 pub mod desired;
 pub mod events;
 pub mod keys;

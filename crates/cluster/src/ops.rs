@@ -80,6 +80,11 @@ impl Cluster {
         AgentClient::new(&host.api, &self.token)
     }
 
+    /// A client of a host's agent whose requests give up after `deadline`.
+    pub fn agent_within(&self, host: &HostRecord, deadline: Duration) -> AgentClient {
+        AgentClient::with_deadline(&host.api, &self.token, deadline)
+    }
+
     /// The hosts whose agents are alive (their records in etcd), by id.
     pub fn hosts(&self) -> Result<Vec<HostRecord>, OpsError> {
         let records = self.etcd.get_prefix(HOSTS_PREFIX, 0)?;

@@ -3,6 +3,7 @@
 //! handler runs (a body over the size limit, a path the API does not
 //! have, a method a path does not take), which axum answers in plain
 //! text. A client, and docs/api/openapi.json, then meet one error shape.
+//! (The one refusal left as it is: the dashboard's login form, in HTML.)
 
 use crate::model::ApiError;
 use axum::http::header;
@@ -15,12 +16,11 @@ const MESSAGE_LIMIT: usize = 512;
 /// refusal it stands for, as an [`ApiError`].
 pub async fn as_json(response: Response) -> Response {
     let status = response.status();
-    let json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || json {
+    let content_type = response.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let json = content_type.starts_with("application/json");
+    // An HTML refusal is the dashboard's login form, written for a person.
+    let html = content_type.starts_with("text/html");
+    if !(status.is_client_error() || status.is_server_error()) || json || html {
         return response;
     }
     let mut headers = response.headers().clone();
