@@ -190,6 +190,17 @@ def check_keys(conn, count, chunk=500):
     return missing, wrong
 
 
+def stop_and_check(writer, conn, settle=1.0):
+    """Lets `writer` run `settle` s more, stops it, and asserts what its
+    client saw: the connection held, and every acknowledged key reads back
+    over it (DBSIZE is their count)."""
+    time.sleep(settle)
+    writer.stop()
+    assert writer.error is None, f"the client's connection failed: {writer.error}"
+    assert conn.command("DBSIZE") == writer.acked
+    assert check_keys(conn, writer.acked) == (0, 0)
+
+
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
                    boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=(), then_protect=False):
     """One failover trial (or handover: `kind`, see fail_primary) on a fresh site with fresh shared storage:
