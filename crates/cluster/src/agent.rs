@@ -446,12 +446,7 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let etcd = agent.etcd;
-    let history = tokio::task::spawn_blocking(move || crate::events::since(etcd, 0))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|log| crate::events::histories(&log));
+    let history = read_events(agent.etcd, Cursor::default()).await.1.ok().map(|log| crate::events::histories(&log));
     let body = crate::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }

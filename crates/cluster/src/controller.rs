@@ -362,15 +362,16 @@ impl Reconciler {
         let done = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|scope| {
             for _ in 0..PARALLEL_STEPS.min(slow.len()) {
-                scope.spawn(|| loop {
-                    let Some(&i) = slow.get(next.fetch_add(1, Ordering::SeqCst)) else { break };
-                    let (record, step) = &steps[i];
-                    // A panic in one step is that step's failure, not the
-                    // pass's (the others' results are kept).
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.take(hosts, record, step)))
-                            .unwrap_or_else(|_| Err((None, "the step failed unexpectedly (a panic)".into())));
-                    done.lock().unwrap_or_else(|e| e.into_inner()).push((i, result));
+                scope.spawn(|| {
+                    while let Some(&i) = slow.get(next.fetch_add(1, Ordering::SeqCst)) {
+                        let (record, step) = &steps[i];
+                        // A panic in one step is that step's failure, not
+                        // the pass's (the others' results are kept).
+                        let result =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.take(hosts, record, step)))
+                                .unwrap_or_else(|_| Err((None, "the step failed unexpectedly (a panic)".into())));
+                        done.lock().unwrap_or_else(|e| e.into_inner()).push((i, result));
+                    }
                 });
             }
         });

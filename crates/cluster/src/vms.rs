@@ -403,17 +403,17 @@ impl Vms {
             };
             let socket = dir.join("control.sock");
             let process = match pidfd_of(pid, &socket) {
-                Some(fd) => Process::Adopted(fd),
-                None => Process::Gone,
+                Some(fd) => {
+                    eprintln!("ftvm agent: VM {} (pid {pid}) runs on: adopted", spec.name);
+                    let (vm, events, published) = (spec.name.clone(), self.events.clone(), read_published(&dir, pid));
+                    std::thread::spawn(move || follow(socket, vm, pid, published, events));
+                    Process::Adopted(fd)
+                }
+                None => {
+                    eprintln!("ftvm agent: VM {}'s process (pid {pid}) ended while no agent ran", spec.name);
+                    Process::Gone
+                }
             };
-            let published = read_published(&dir, pid);
-            if matches!(process, Process::Adopted(_)) {
-                eprintln!("ftvm agent: VM {} (pid {pid}) runs on: adopted", spec.name);
-                let (vm, events) = (spec.name.clone(), self.events.clone());
-                std::thread::spawn(move || follow(socket, vm, pid, published, events));
-            } else {
-                eprintln!("ftvm agent: VM {}'s process (pid {pid}) ended while no agent ran", spec.name);
-            }
             let name = spec.name.clone();
             let vm = Vm { spec, dir, process, pid: Some(pid), ended: None, started_as, terminated: false };
             self.lock().insert(name.clone(), vm);
@@ -552,9 +552,7 @@ impl Vms {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        if let Some(vm) = self.lock().remove(name) {
-            let _ = std::fs::remove_dir_all(&vm.dir);
-        }
+        forget(&mut self.lock(), name);
         Ok(how)
     }
 
@@ -574,9 +572,7 @@ impl Vms {
         let Some(how) = vm.ended.clone() else {
             return Err(ApiError::Conflict(format!("VM {name}'s process on this host runs: not forgotten")));
         };
-        if let Some(vm) = vms.remove(name) {
-            let _ = std::fs::remove_dir_all(&vm.dir);
-        }
+        forget(&mut vms, name);
         Ok(how)
     }
 
@@ -590,6 +586,13 @@ impl Vms {
         for n in &names {
             let _ = self.reap_and_forget(n).await;
         }
+    }
+}
+
+/// Drops VM `name` from `vms`, with its directory (its disk and logs).
+fn forget(vms: &mut BTreeMap<String, Vm>, name: &str) {
+    if let Some(vm) = vms.remove(name) {
+        let _ = std::fs::remove_dir_all(&vm.dir);
     }
 }
 
