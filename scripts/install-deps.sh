@@ -42,6 +42,7 @@ PACKAGES=(
     chromium              # a real browser on the dashboard (test_dashboard.py), headless
     chromium-driver       # ... driven through WebDriver
     python3-selenium      # ... from Debian's python3
+    openssl               # the browser is told the agents' public keys (harness/ftsite/pki.py)
 )
 
 CHECK_ONLY=

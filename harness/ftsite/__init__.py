@@ -21,6 +21,8 @@ Modules:
   resp     Resp, a small RESP (redis) client; wait_for_redis, wait_for_port.
   trial    failover_trial: one whole failover under load.
   etcd     EtcdCluster: an etcd member per host, killed and restarted.
+  pki      Pki: the cluster's credentials (authority, hosts', operator's)
+           and the TLS the tests' own clients speak with.
   cluster  Cluster: three hosts each with an etcd member and an `ftvm
            agent`, `ftvm cluster` from the client; a host killed and
            brought back (test_cluster, bench/cluster-redundancy).

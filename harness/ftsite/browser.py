@@ -25,9 +25,12 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 class Browser:
-    """Headless chromium in namespace `ns`, its window `size` (w, h)."""
+    """Headless chromium in namespace `ns`, its window `size` (w, h),
+    trusting the certificates of the public keys `pins` (ftsite.pki's
+    spki_pins: the agents serve HTTPS under the cluster's own authority,
+    which no browser knows)."""
 
-    def __init__(self, site, ns="client", size=(1400, 1500)):
+    def __init__(self, site, ns="client", size=(1400, 1500), pins=()):
         self.ns = site.ns[ns]
         self.profile = tempfile.TemporaryDirectory(prefix="ftvm-chromium-")
         options = webdriver.ChromeOptions()
@@ -36,6 +39,8 @@ class Browser:
                     "--no-first-run", f"--user-data-dir={self.profile.name}",
                     f"--window-size={size[0]},{size[1]}"):
             options.add_argument(arg)
+        if pins:
+            options.add_argument("--ignore-certificate-errors-spki-list=" + ",".join(pins))
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         # The driver (and the browser it starts) inherit the namespace.
         self.driver = in_netns(self.ns, lambda: webdriver.Chrome(service=Service(CHROMEDRIVER), options=options))

@@ -21,7 +21,8 @@ import urllib.request
 from pathlib import Path
 
 from .errors import TrialFailed
-from .etcd import CLIENT_PORT, EtcdCluster
+from .etcd import EtcdCluster
+from .pki import Pki
 from .proc import Proc
 from .site import Site, in_netns
 
@@ -42,18 +43,20 @@ def wait_for(what, within, f, every=1.0):
 
 
 class Cluster:
-    """The site with a spare host, a three-member etcd, the cluster's token
-    and an agent on each host; files under `work`."""
+    """The site with a spare host, the cluster's credentials (its
+    authority, each host's, the operator's), a three-member etcd speaking
+    TLS and an agent on each host; files under `work`. `token` is the
+    operator's token file."""
 
     def __init__(self, ftvm, work, tag, agent_options=None):
         self.ftvm, self.work = ftvm, Path(work)
         # {role: [extra `ftvm agent` options]}
         self.agent_options = agent_options or {}
         self.site = Site(tag, spare=True)
-        self.etcd = EtcdCluster(self.site, self.work)
-        self.token = self.work / "token"
-        subprocess.run([ftvm, "cluster", "token", str(self.token)], check=True, capture_output=True)
-        self.env = [f"FTVM_ETCD={self.etcd.endpoints}", f"FTVM_TOKEN_FILE={self.token}"]
+        self.pki = Pki(ftvm, self.work, HOSTS)
+        self.etcd = EtcdCluster(self.site, self.work, pki=self.pki)
+        self.token = self.pki.operator / "token"
+        self.env = [f"FTVM_ETCD={self.etcd.endpoints}", f"FTVM_CREDENTIALS={self.pki.operator}"]
         self.agents = {}
         self.lives = {role: 0 for role in HOSTS}  # agents started per host, for their logs' names
         for role in HOSTS:
@@ -65,7 +68,7 @@ class Cluster:
         self.lives[role] += 1
         argv = [self.ftvm, "agent", "--host-id", role, "--etcd", self.etcd.endpoints, "--address", ip,
                 "--state-dir", str(self.work / f"agent-{role}"),
-                "--token-file", str(self.token), *self.agent_options.get(role, [])]
+                "--credentials", str(self.pki.host(role)), *self.agent_options.get(role, [])]
         log = self.work / f"agent-{role}-{self.lives[role]}.log"
         self.agents[role] = Proc(f"agent on {role}", self.site, role, argv, log)
         return self.agents[role]
@@ -154,24 +157,32 @@ class Cluster:
         self.etcd.wait_ready()
         # The member itself healthy (caught up with the others), not only a
         # quorum: the next death must leave two members that answer.
-        ip = Site.HOSTS[role][1]
         wait_for(f"etcd on {role} healthy", 60, lambda: self.site.run(
-            role, ["etcdctl", "--endpoints", f"http://{ip}:{CLIENT_PORT}", "--command-timeout=2s", "endpoint",
-                   "health"], check=False).returncode == 0, every=0.5)
+            role, self.etcd.etcdctl("--command-timeout=2s", "endpoint", "health", endpoints=self.etcd.url(role)),
+            check=False).returncode == 0, every=0.5)
         return self.start_agent(role)
 
     def metrics(self, role):
         """Host `role`'s agent's /metrics, as text."""
         api = self.records()[role]["api"]
-        req = urllib.request.Request(f"{api}/metrics",
-                                     headers={"Authorization": f"Bearer {self.token.read_text().strip()}"})
-        return in_netns(self.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=30).read().decode())
+        return self.https(f"{api}/metrics", timeout=30).read().decode()
+
+    def https(self, url, method="GET", headers=None, data=None, timeout=30):
+        """A request to an agent from the client's host, as the operator
+        (the cluster's authority trusted, the token shown); the response.
+        urllib's HTTPError for a refusal."""
+        req = urllib.request.Request(url, method=method, data=data,
+                                     headers={"Authorization": f"Bearer {self.pki.token}", **(headers or {})})
+        ctx = self.pki.ssl_context()
+        return in_netns(self.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=timeout, context=ctx))
 
     def etcd_metrics(self, role):
         """The etcd member of host `role`'s /metrics, as {sample: value}
         (`name{labels}` as written)."""
-        url = f"http://{Site.HOSTS[role][1]}:{CLIENT_PORT}/metrics"
-        text = in_netns(self.site.ns["client"], lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+        url = f"{self.etcd.url(role)}/metrics"
+        ctx = self.pki.ssl_context(client_cert=True)
+        text = in_netns(self.site.ns["client"],
+                        lambda: urllib.request.urlopen(url, timeout=10, context=ctx).read().decode())
         out = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -190,11 +201,8 @@ class EventStream:
 
     def __init__(self, cl, role):
         api = cl.records()[role]["api"]
-        token = cl.token.read_text().strip()
-        req = urllib.request.Request(f"{api}/v1/events", headers={"Authorization": f"Bearer {token}",
-                                                                   "Accept": "text/event-stream"})
         # Connected in the client's namespace; the socket stays there.
-        self.response = in_netns(cl.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=600))
+        self.response = cl.https(f"{api}/v1/events", headers={"Accept": "text/event-stream"}, timeout=600)
         ctype = self.response.headers.get("Content-Type", "")
         assert ctype.startswith("text/event-stream"), f"GET /v1/events answered {ctype}"
         self.events, self.ids = [], []

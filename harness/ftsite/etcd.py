@@ -1,8 +1,11 @@
 """A real etcd cluster (Debian's etcd-server) on the site's hosts: one
 member in each host namespace, on the host's own address, as a cluster of
-real hosts would run it. A member is stopped with SIGKILL (a crash) and
-started again with its data, so a test can take the quorum away and give
-it back; everything is stopped at cleanup."""
+real hosts would run it: with `pki` (ftsite.pki), speaking TLS to its
+clients and peers and asking each for a certificate of the cluster's
+authority, as a cluster's etcd does (it holds the pairs' keys); without,
+plain (a bare pair's arbiter). A member is stopped with SIGKILL (a crash)
+and started again with its data, so a test can take the quorum away and
+give it back; everything is stopped at cleanup."""
 
 import shutil
 import time
@@ -20,14 +23,15 @@ class EtcdCluster:
     """Members on the site's hosts `roles` (e.g. primary, backup, spare),
     data under `work`."""
 
-    def __init__(self, site, work, roles=("primary", "backup", "spare")):
+    def __init__(self, site, work, roles=("primary", "backup", "spare"), pki=None):
         if not shutil.which("etcd"):
             raise SetupError("etcd not found on the host: install Debian's etcd-server "
                              "(apt-get install etcd-server, or scripts/install-deps.sh)")
-        self.site, self.work, self.roles = site, Path(work), list(roles)
+        self.site, self.work, self.roles, self.pki = site, Path(work), list(roles), pki
+        self.scheme = "https" if pki else "http"
         self.ips = {role: Site.HOSTS[role][1] for role in self.roles}
         self.members = {}
-        self.initial = ",".join(f"{role}=http://{ip}:{PEER_PORT}" for role, ip in self.ips.items())
+        self.initial = ",".join(f"{role}={self.scheme}://{ip}:{PEER_PORT}" for role, ip in self.ips.items())
         for role in self.roles:
             self.start(role)
         self.wait_ready()
@@ -35,18 +39,34 @@ class EtcdCluster:
     @property
     def endpoints(self):
         """The client endpoints, comma-separated (ftvm's --etcd)."""
-        return ",".join(f"http://{ip}:{CLIENT_PORT}" for ip in self.ips.values())
+        return ",".join(self.url(role) for role in self.roles)
+
+    def url(self, role):
+        """The client URL of host `role`'s member."""
+        return f"{self.scheme}://{self.ips[role]}:{CLIENT_PORT}"
+
+    def etcdctl(self, *args, endpoints=None):
+        """An etcdctl command line (TLS flags included) for `args`."""
+        tls = self.pki.etcdctl() if self.pki else []
+        return ["etcdctl", "--endpoints", endpoints or self.endpoints, *tls, *args]
 
     def start(self, role):
         """Starts (or restarts, with its data) the member on host `role`."""
         ip = self.ips[role]
+        scheme = self.scheme
         argv = ["etcd", "--name", role, "--data-dir", str(self.work / f"etcd-{role}"),
-                "--listen-client-urls", f"http://{ip}:{CLIENT_PORT}",
-                "--advertise-client-urls", f"http://{ip}:{CLIENT_PORT}",
-                "--listen-peer-urls", f"http://{ip}:{PEER_PORT}",
-                "--initial-advertise-peer-urls", f"http://{ip}:{PEER_PORT}",
+                "--listen-client-urls", f"{scheme}://{ip}:{CLIENT_PORT}",
+                "--advertise-client-urls", f"{scheme}://{ip}:{CLIENT_PORT}",
+                "--listen-peer-urls", f"{scheme}://{ip}:{PEER_PORT}",
+                "--initial-advertise-peer-urls", f"{scheme}://{ip}:{PEER_PORT}",
                 "--initial-cluster", self.initial, "--initial-cluster-state", "new",
                 "--initial-cluster-token", f"ftvm-{self.site.tag}", "--logger", "zap", "--log-outputs", "stderr"]
+        if self.pki:
+            creds = self.pki.host(role)
+            cert, key, ca = (str(creds / f) for f in ("cert.pem", "key.pem", "ca.pem"))
+            argv += ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth",
+                     "--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca,
+                     "--peer-client-cert-auth"]
         log = self.work / f"etcd-{role}.log"
         self.members[role] = Proc(f"etcd on {role}", self.site, role, argv, log)
 
@@ -60,8 +80,7 @@ class EtcdCluster:
         role = self.roles[0]
         deadline = time.monotonic() + timeout
         while True:
-            r = self.site.run(role, ["etcdctl", "--endpoints", self.endpoints, "--command-timeout=2s",
-                                     "put", "/ftvm/ready", "1"], check=False)
+            r = self.site.run(role, self.etcdctl("--command-timeout=2s", "put", "/ftvm/ready", "1"), check=False)
             if r.returncode == 0:
                 return
             if time.monotonic() > deadline:

@@ -81,13 +81,14 @@ def test_the_dashboard_shows_a_failover_and_hands_over(ftvm, scratch):
                                   ("/ui/stream", "GET", {"Cookie": "ftvm_session=" + "0" * 64})):
         req = urllib.request.Request(api + path, method=method, headers=headers, data=b"{}" if method == "POST" else None)
         try:
-            in_netns(cl.site.ns["client"], lambda: urllib.request.urlopen(req, timeout=10))
+            in_netns(cl.site.ns["client"],
+                     lambda: urllib.request.urlopen(req, timeout=10, context=cl.pki.ssl_context()))
             raise AssertionError(f"{method} {path} answered without a login")
         except urllib.error.HTTPError as e:
             assert e.code == 401, (path, e.code)
             assert json.loads(e.read())["error"] == "unauthorized"
 
-    b = Browser(cl.site)
+    b = Browser(cl.site, pins=cl.pki.spki_pins())
     try:
         b.get(api + "/ui")
         assert b.css("#token") and not b.css(CARD), "the login page shows the cluster"

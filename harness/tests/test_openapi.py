@@ -25,7 +25,6 @@
 import copy
 import json
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +39,7 @@ except ImportError:  # a missing tool fails the test (the suite never skips)
 
 from ftsite import REPO, Proc, Site, in_netns
 from ftsite.etcd import EtcdCluster
+from ftsite.pki import Pki
 from ftsite.site import PRIMARY_HOST_IP
 
 DOC = REPO / "docs" / "api" / "openapi.json"
@@ -156,8 +156,8 @@ class Api:
     """HTTP requests to the agent from the client's namespace; every answer
     is checked against the document (see the module's doc)."""
 
-    def __init__(self, site, base, token):
-        self.site, self.base, self.token = site, base, token
+    def __init__(self, site, base, token, ssl_context):
+        self.site, self.base, self.token, self.ssl = site, base, token, ssl_context
         self.doc = load_doc()
         self.checked = []  # (method, path template, status) of each answer checked
 
@@ -174,7 +174,7 @@ class Api:
 
         def send():
             try:
-                with urllib.request.urlopen(req, timeout=120) as r:
+                with urllib.request.urlopen(req, timeout=120, context=self.ssl) as r:
                     return r.status, r.headers.get("Content-Type", ""), r.read().decode()
             except urllib.error.HTTPError as e:
                 return e.code, e.headers.get("Content-Type", ""), e.read().decode()
@@ -237,15 +237,14 @@ def wait_for(what, within, f):
 def test_a_running_agent_answers_as_the_document_says(ftvm, scratch):
     need_jsonschema()
     site = Site("oa")
-    etcd = EtcdCluster(site, scratch, roles=("primary",))
-    token_file = scratch / "token"
-    subprocess.run([ftvm, "cluster", "token", str(token_file)], check=True, capture_output=True)
-    token = token_file.read_text().strip()
+    pki = Pki(ftvm, scratch, ["primary"])
+    etcd = EtcdCluster(site, scratch, roles=("primary",), pki=pki)
+    token = pki.token
     agent = Proc("agent", site, "primary",
                  [ftvm, "agent", "--host-id", "oa-host", "--etcd", etcd.endpoints, "--address", PRIMARY_HOST_IP,
-                  "--port", str(PORT), "--state-dir", str(scratch / "agent"), "--token-file", str(token_file)],
+                  "--port", str(PORT), "--state-dir", str(scratch / "agent"), "--credentials", str(pki.host("primary"))],
                  scratch / "agent.log")
-    api = Api(site, f"http://{PRIMARY_HOST_IP}:{PORT}", token)
+    api = Api(site, f"https://{PRIMARY_HOST_IP}:{PORT}", token, pki.ssl_context())
 
     def serving():
         agent.assert_running()
@@ -337,7 +336,7 @@ def test_a_running_agent_answers_as_the_document_says(ftvm, scratch):
 
         def send():
             try:
-                urllib.request.urlopen(req, timeout=30)
+                urllib.request.urlopen(req, timeout=30, context=api.ssl)
             except urllib.error.HTTPError as e:
                 return e.code, e.headers.get("Content-Type", ""), e.read().decode()
 

@@ -19,6 +19,7 @@
 //! etcd being unreachable never stops a VM: the record is written again
 //! once etcd answers.
 
+use crate::credentials::Credentials;
 use crate::events::{ClusterEvent, Cursor, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use crate::session::Leased;
@@ -30,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use etcd_client::PutOptions;
-use ftvm_etcd::Etcd;
+use ftvm_etcd::{Endpoints, Etcd};
 use ftvm_vmm::api::{Reply, Request};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -54,8 +55,8 @@ const LONG_REQUEST: Duration = Duration::from_secs(300);
 pub struct AgentConfig {
     /// The host's identity in the cluster.
     pub id: String,
-    /// etcd's endpoints, comma-separated.
-    pub etcd: String,
+    /// etcd's endpoints (TLS, with the credentials' certificate).
+    pub etcd: Endpoints,
     /// Where the API listens.
     pub listen: SocketAddr,
     /// This host's address on the cluster's network (backups listen
@@ -63,8 +64,9 @@ pub struct AgentConfig {
     pub address: IpAddr,
     /// The agent's files: the VMs' directories, the pair keys.
     pub state_dir: PathBuf,
-    /// The bearer token every API request must carry.
-    pub token: String,
+    /// The cluster's credentials: the bearer token every API request
+    /// must carry, and the certificate the API is served with.
+    pub credentials: Credentials,
     /// The ftvm binary the VMs run.
     pub ftvm: PathBuf,
     /// The memory this host's VMs may have in all, bytes; None: the
@@ -88,6 +90,8 @@ pub enum AgentError {
     StateDir { dir: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Etcd(#[from] ftvm_etcd::EtcdError),
+    #[error("{0}")]
+    Credentials(#[from] crate::credentials::CredentialsError),
     #[error("the API server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -111,7 +115,7 @@ impl Agent {
         let memory = self.config.vm_memory_bytes();
         HostRecord {
             id: self.config.id.clone(),
-            api: format!("http://{}", self.config.listen),
+            api: format!("https://{}", self.config.listen),
             address: self.config.address.to_string(),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             memory_bytes: memory,
@@ -126,20 +130,18 @@ impl Agent {
     /// and when a pair's other host dies, the member most likely alive is
     /// the one beside the VM that must go live (the dead host's own member
     /// costs its arbiter a try).
-    fn etcd_local_first(&self) -> String {
+    fn etcd_local_first(&self) -> Endpoints {
         Agent::local_first(&self.config)
     }
 
-    fn local_first(config: &AgentConfig) -> String {
+    fn local_first(config: &AgentConfig) -> Endpoints {
         let own = |e: &String| {
-            e.strip_prefix("http://")
-                .and_then(|r| r.rsplit_once(':'))
+            e.split_once("://")
+                .and_then(|(_, r)| r.rsplit_once(':'))
                 .and_then(|(host, _)| host.trim_matches(['[', ']']).parse::<IpAddr>().ok())
                 == Some(config.address)
         };
-        let mut endpoints = ftvm_etcd::client::parse_endpoints(&config.etcd).unwrap_or_default();
-        endpoints.sort_by_key(|e| !own(e));
-        endpoints.join(",")
+        config.etcd.sorted_by_key(|e| !own(e))
     }
 
     /// Where this host keeps a VM's pair key (the cluster's, from etcd:
@@ -151,7 +153,6 @@ impl Agent {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
-    ftvm_etcd::client::parse_endpoints(&config.etcd)?;
     for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
         std::fs::create_dir_all(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
     }
@@ -165,20 +166,23 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));
     }
     let own_first = Agent::local_first(&config);
-    let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(&own_first)?));
+    let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(own_first)?));
     let agent = Arc::new(Agent { config, vms, etcd });
     tokio::spawn(publish_events(agent.clone(), events_rx));
-    eprintln!("ftvm agent: host {} serving on http://{}", agent.config.id, agent.config.listen);
+    let listener = crate::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
+        .map_err(|source| AgentError::Listen { addr: agent.config.listen, source })?;
+    eprintln!("ftvm agent: host {} serving on https://{}", agent.config.id, agent.config.listen);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
     let controller = tokio::spawn(crate::controller::run(
         agent.config.id.clone(),
         agent.etcd_local_first(),
-        agent.config.token.clone(),
+        agent.config.credentials.clone(),
         stop_rx.clone(),
     ));
-    let dashboard = crate::dashboard::Dashboard::new(&agent.config.id, &agent.etcd_local_first(), &agent.config.token);
+    let dashboard =
+        crate::dashboard::Dashboard::new(&agent.config.id, agent.etcd_local_first(), agent.config.credentials.clone());
     let app = router(agent.clone(), dashboard);
     let mut server_stop = stop_rx.clone();
     let server = tokio::spawn(async move {
@@ -221,7 +225,7 @@ async fn wait_for_signal() {
 /// withdraws it (revokes the lease). Every failure is logged once per
 /// outage and retried: the VMs run on regardless.
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let endpoints: Vec<String> = ftvm_etcd::client::parse_endpoints(&agent.etcd_local_first()).unwrap_or_default();
+    let endpoints = agent.etcd_local_first();
     let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
     let mut session: Option<Leased> = None;
     // The record as last written under the session's lease: it is written
@@ -347,7 +351,7 @@ async fn authenticate(State(agent): State<Arc<Agent>>, request: HttpRequest, nex
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if !crate::token::matches(given, &agent.config.token) {
+    if !crate::token::matches(given, &agent.config.credentials.token) {
         let e = ApiError::Unauthorized("missing or wrong bearer token".into());
         let mut r = e.into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
@@ -401,10 +405,11 @@ async fn protect_vm(
 ) -> ApiResult<Done> {
     let req: ProtectRequest = parse_body(&body)?;
     let mut words = format!(
-        "protect --backup {} --mode {} --etcd {} --vm-name {name} --pair-key {}",
+        "protect --backup {} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
         req.backup,
         req.mode,
-        agent.etcd_local_first(),
+        agent.etcd_local_first().joined(),
+        agent.config.credentials.dir.display(),
         agent.pair_key(&name).display()
     );
     if let Some(port) = req.heartbeat_port {
@@ -439,7 +444,14 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let listen = SocketAddr::new(agent.config.address, port).to_string();
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
-    agent.vms.create_backup(req.spec, &listen, heartbeat_port, &agent.etcd_local_first(), &key)?;
+    agent.vms.create_backup(
+        req.spec,
+        &listen,
+        heartbeat_port,
+        &agent.etcd_local_first().joined(),
+        &agent.config.credentials.dir,
+        &key,
+    )?;
     Ok((StatusCode::CREATED, Json(BackupStarted { listen, heartbeat_port })).into_response())
 }
 

@@ -2,6 +2,7 @@
 //! blocking call per request, typed both ways ([`crate::model`]), with a
 //! deadline, and the agent's refusal returned as its typed error.
 
+use crate::credentials::Credentials;
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -30,16 +31,19 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
-    /// A client of the agent at `base` (`http://IP:PORT`), with the
-    /// cluster's token.
-    pub fn new(base: &str, token: &str) -> AgentClient {
-        AgentClient::with_deadline(base, token, DEADLINE)
+    /// A client of the agent at `base` (`https://IP:PORT`), with the
+    /// cluster's credentials (its token, and its authority as the only one
+    /// trusted).
+    pub fn new(base: &str, credentials: &Credentials) -> AgentClient {
+        AgentClient::with_deadline(base, credentials, DEADLINE)
     }
 
     /// The same, its requests given up after `deadline` (a look that must
     /// not wait for an agent that hangs).
-    pub fn with_deadline(base: &str, token: &str, deadline: Duration) -> AgentClient {
+    pub fn with_deadline(base: &str, credentials: &Credentials, deadline: Duration) -> AgentClient {
+        let token = &credentials.token;
         let http: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(credentials.agent_tls())
             .timeout_global(Some(deadline))
             .timeout_connect(Some(Duration::from_secs(5)))
             .http_status_as_error(false)

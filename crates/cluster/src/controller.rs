@@ -490,11 +490,15 @@ impl Reconciler {
 }
 
 /// Runs the controller loop until `stop`.
-pub async fn run(id: String, etcd: String, token: String, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let endpoints = ftvm_etcd::client::parse_endpoints(&etcd).unwrap_or_default();
+pub async fn run(
+    id: String,
+    endpoints: ftvm_etcd::Endpoints,
+    credentials: crate::credentials::Credentials,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let leading = Arc::new(AtomicBool::new(false));
     // Made again if a pass panicked (its memory of retries goes with it).
-    let make = || match Cluster::new(&etcd, &token) {
+    let make = || match Cluster::new(endpoints.clone(), &credentials) {
         Ok(cluster) => Some(Reconciler {
             cluster,
             retries: HashMap::new(),

@@ -23,6 +23,7 @@
 pub mod render;
 pub mod view;
 
+use crate::credentials::Credentials;
 use crate::events::{ClusterEvent, Cursor, Story};
 use crate::model::ApiError;
 use crate::ops::{Cluster, OpsError};
@@ -33,6 +34,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use ftvm_etcd::Endpoints;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -96,8 +98,8 @@ impl Job {
 /// The dashboard's state on one agent.
 pub struct Dashboard {
     host: String,
-    token: String,
-    etcd: String,
+    credentials: Credentials,
+    etcd: Endpoints,
     /// The cluster's client: made at first use and never dropped (its
     /// etcd connection has a runtime of its own, which must not be dropped
     /// inside the agent's).
@@ -117,12 +119,12 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// The dashboard of the agent of host `host`; `etcd`: the cluster's
-    /// endpoints; `token`: its API token.
-    pub fn new(host: &str, etcd: &str, token: &str) -> Arc<Dashboard> {
+    /// endpoints; `credentials`: its API token and authority.
+    pub fn new(host: &str, etcd: Endpoints, credentials: Credentials) -> Arc<Dashboard> {
         Arc::new(Dashboard {
             host: host.into(),
-            token: token.into(),
-            etcd: etcd.into(),
+            credentials,
+            etcd,
             cluster: OnceLock::new(),
             sessions: Mutex::new(Vec::new()),
             jobs: Mutex::new(VecDeque::new()),
@@ -139,8 +141,8 @@ impl Dashboard {
         if let Some(c) = self.cluster.get() {
             return Ok(c);
         }
-        let (etcd, token) = (self.etcd.clone(), self.token.clone());
-        let made = tokio::task::spawn_blocking(move || Cluster::new(&etcd, &token))
+        let (etcd, credentials) = (self.etcd.clone(), self.credentials.clone());
+        let made = tokio::task::spawn_blocking(move || Cluster::new(etcd, &credentials))
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))?
             .map_err(|e| ApiError::Unavailable(format!("cannot reach etcd: {e}")))?;
@@ -302,15 +304,20 @@ async fn login(
     let Ok(axum::Form(form)) = form else {
         return refuse(StatusCode::BAD_REQUEST, "the form was not sent whole: try again");
     };
-    if !crate::token::matches(form.token.trim(), &d.token) {
+    if !crate::token::matches(form.token.trim(), &d.credentials.token) {
         return refuse(StatusCode::UNAUTHORIZED, "wrong token: it is not this cluster's API token");
     }
     let session = match d.open_session() {
         Ok(s) => s,
         Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
-    let cookie =
-        format!("{COOKIE}={}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}", session.secret, SESSION_LIFE.as_secs());
+    // Secure: the page is only ever served over HTTPS, and the cookie must
+    // never travel without it.
+    let cookie = format!(
+        "{COOKIE}={}; Path=/ui; Secure; HttpOnly; SameSite=Strict; Max-Age={}",
+        session.secret,
+        SESSION_LIFE.as_secs()
+    );
     let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, "/ui")]).into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -320,7 +327,7 @@ async fn login(
 
 async fn logout(State(d): State<Arc<Dashboard>>, Extension(session): Extension<Session>) -> Response {
     d.sessions.lock().unwrap_or_else(|e| e.into_inner()).retain(|s| s.secret != session.secret);
-    let gone = format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0");
+    let gone = format!("{COOKIE}=; Path=/ui; Secure; HttpOnly; SameSite=Strict; Max-Age=0");
     let mut r = StatusCode::NO_CONTENT.into_response();
     if let Ok(v) = HeaderValue::from_str(&gone) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -574,7 +581,8 @@ mod tests {
 
     #[test]
     fn sessions_are_bounded_and_found_by_their_secret() {
-        let d = Dashboard::new("h", "http://127.0.0.1:2379", "0123456789abcdef0123");
+        let credentials = crate::credentials::scratch("sessions");
+        let d = Dashboard::new("h", credentials.etcd("https://127.0.0.1:2379").unwrap(), credentials);
         let mut first = None;
         for _ in 0..MAX_SESSIONS + 3 {
             let s = d.open_session().unwrap();

@@ -5,8 +5,9 @@
 //! is none, so two agents racing agree); each agent writes it to a file of
 //! its own, mode 0600, for its ftvm processes.
 //!
-//! Whoever can read etcd can read these keys: a production cluster's etcd
-//! takes clients by certificate (etcd's `--client-cert-auth`) only.
+//! Whoever can read etcd can read these keys: the cluster's etcd takes
+//! clients by a certificate of the cluster's authority only, over TLS
+//! (etcd's `--client-cert-auth`; [`crate::credentials`]).
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use ftvm_replication::pair_key::PairKey;
@@ -19,13 +20,12 @@ pub const KEYS_PREFIX: &str = "/ftvm/keys/";
 
 /// Writes the VM's key to `path`, from etcd, making it first if the
 /// cluster has none. Err: why, in one line.
-pub async fn ensure(etcd: &str, vm: &str, path: &Path) -> Result<(), String> {
-    let endpoints = ftvm_etcd::client::parse_endpoints(etcd).map_err(|e| e.to_string())?;
+pub async fn ensure(endpoints: &ftvm_etcd::Endpoints, vm: &str, path: &Path) -> Result<(), String> {
     let etcd_err = |e: etcd_client::Error| format!("cannot get VM {vm}'s pair key from etcd: {e}");
     // Each member in turn until one answers (a dead one fails its try).
     let mut result = Err("no etcd member".to_string());
-    for _ in 0..endpoints.len() {
-        let mut client = crate::session::connect(&endpoints).await.map_err(etcd_err)?;
+    for _ in 0..endpoints.urls().len() {
+        let mut client = crate::session::connect(endpoints).await.map_err(etcd_err)?;
         result = fetch(&mut client, vm, path).await;
         if result.is_ok() {
             break;

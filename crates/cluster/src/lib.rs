@@ -18,6 +18,9 @@
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
 //! - [`session`]: connections to etcd, and leases held by a loop.
 //! - [`token`]: the API's bearer token.
+//! - [`credentials`]: the cluster's authority, each host's and operator's
+//!   credentials, and the TLS made of them.
+//! - [`https`]: the agent's HTTPS listener.
 //! - [`refusal`]: every refusal of the API as the model's JSON error.
 //! - [`client`]: `ftvm cluster`'s client of an agent's API.
 //! - [`ops`]: operations across agents (create, protect a VM on another
@@ -26,9 +29,11 @@
 pub mod agent;
 pub mod client;
 pub mod controller;
+pub mod credentials;
 pub mod dashboard;
 pub mod desired;
 pub mod events;
+pub mod https;
 pub mod keys;
 pub mod metrics;
 pub mod model;

@@ -13,9 +13,10 @@
 
 use crate::agent::HOSTS_PREFIX;
 use crate::client::{AgentClient, ClientError};
+use crate::credentials::Credentials;
 use crate::desired::{self, DesiredError, VmRecord};
 use crate::model::{ApiError, BackupRequest, Done, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
-use ftvm_etcd::Etcd;
+use ftvm_etcd::{Endpoints, Etcd};
 use std::time::{Duration, Instant};
 
 /// How long an operation holds its VM at most (the longest protect the
@@ -64,25 +65,26 @@ pub struct VmSide {
     pub info: VmInfo,
 }
 
-/// The cluster, as a client sees it: its etcd and its API token.
+/// The cluster, as a client sees it: its etcd, and the credentials its
+/// agents are spoken to with.
 pub struct Cluster {
     pub etcd: Etcd,
-    token: String,
+    credentials: Credentials,
 }
 
 impl Cluster {
-    pub fn new(etcd: &str, token: &str) -> Result<Cluster, OpsError> {
-        Ok(Cluster { etcd: Etcd::new(etcd)?, token: token.into() })
+    pub fn new(etcd: Endpoints, credentials: &Credentials) -> Result<Cluster, OpsError> {
+        Ok(Cluster { etcd: Etcd::new(etcd)?, credentials: credentials.clone() })
     }
 
     /// A client of a host's agent.
     pub fn agent(&self, host: &HostRecord) -> AgentClient {
-        AgentClient::new(&host.api, &self.token)
+        AgentClient::new(&host.api, &self.credentials)
     }
 
     /// A client of a host's agent whose requests give up after `deadline`.
     pub fn agent_within(&self, host: &HostRecord, deadline: Duration) -> AgentClient {
-        AgentClient::with_deadline(&host.api, &self.token, deadline)
+        AgentClient::with_deadline(&host.api, &self.credentials, deadline)
     }
 
     /// The hosts whose agents are alive (their records in etcd), by id.

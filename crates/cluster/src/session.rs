@@ -12,7 +12,8 @@
 //! a reconnected session renews the same lease, and only a lease that
 //! expired while etcd was away makes its owner open a new session.
 
-use etcd_client::{Client, ConnectOptions, Error};
+use etcd_client::{Client, Error};
+use ftvm_etcd::Endpoints;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -26,20 +27,17 @@ pub fn next_member() {
 }
 
 /// A client of one member of the cluster at `endpoints` (the one in turn).
-pub async fn connect(endpoints: &[String]) -> Result<Client, Error> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(3))
-        .with_require_leader(true);
-    let member = endpoints.get(MEMBER.load(Ordering::Relaxed) % endpoints.len().max(1));
-    Client::connect(member.into_iter().collect::<Vec<_>>(), Some(options)).await
+pub async fn connect(endpoints: &Endpoints) -> Result<Client, Error> {
+    let urls = endpoints.urls();
+    let member = urls.get(MEMBER.load(Ordering::Relaxed) % urls.len().max(1));
+    Client::connect(member.into_iter().collect::<Vec<_>>(), Some(endpoints.options())).await
 }
 
 /// A client and a lease it holds.
 pub struct Leased {
     pub client: Client,
     pub lease: i64,
-    endpoints: Vec<String>,
+    endpoints: Endpoints,
     /// The last renewal found the lease gone (it expired while etcd was
     /// away): what it held is gone, and a new session is needed.
     pub expired: bool,
@@ -47,10 +45,10 @@ pub struct Leased {
 
 impl Leased {
     /// Connects and takes a lease of `ttl`.
-    pub async fn open(endpoints: &[String], ttl: Duration) -> Result<Leased, Error> {
+    pub async fn open(endpoints: &Endpoints, ttl: Duration) -> Result<Leased, Error> {
         let mut client = connect(endpoints).await?;
         let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
-        Ok(Leased { client, lease, endpoints: endpoints.to_vec(), expired: false })
+        Ok(Leased { client, lease, endpoints: endpoints.clone(), expired: false })
     }
 
     /// Renews the lease once.

@@ -319,13 +319,15 @@ impl Vms {
     }
 
     /// Starts a backup of a VM (`ftvm ft backup`) listening on `listen`,
-    /// its arbiter the cluster's etcd.
+    /// its arbiter the cluster's etcd (`etcd`'s URLs, spoken to with the
+    /// credentials in `credentials`).
     pub fn create_backup(
         &self,
         spec: VmSpec,
         listen: &str,
         heartbeat_port: u16,
         etcd: &str,
+        credentials: &Path,
         pair_key: &Path,
     ) -> Result<(), ApiError> {
         spec.check()?;
@@ -341,6 +343,8 @@ impl Vms {
             heartbeat_port.to_string(),
             "--etcd".into(),
             etcd.into(),
+            "--etcd-credentials".into(),
+            credentials.display().to_string(),
             "--vm-name".into(),
             spec.name.clone(),
             "--pair-key".into(),

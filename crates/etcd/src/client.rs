@@ -4,13 +4,11 @@
 //! member that cannot be reached, is an error the caller can wait out and
 //! retry, never a hang.
 
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
+use crate::endpoints::{Endpoints, REQUEST_TIMEOUT};
+use etcd_client::{Client, GetOptions, Txn, TxnResponse};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// How long one request may take. A write needs a majority of the members;
-/// without one, etcd never answers and this bounds the wait.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between the tries of one request.
 const RETRY: Duration = Duration::from_millis(50);
 /// How long the first try of a request may take on one member before the
@@ -20,14 +18,21 @@ const RETRY: Duration = Duration::from_millis(50);
 /// and a backup that asks the arbiter to go live would wait 3 s for the
 /// dead primary's own etcd member.
 const FIRST_TRY: Duration = Duration::from_millis(400);
-/// How long connecting to the members may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
-    /// An endpoint is not `http://HOST:PORT`.
-    #[error("etcd endpoint {0:?} is not http://HOST:PORT")]
+    /// An endpoint is not `http://HOST:PORT` (`https://` with TLS).
+    #[error("etcd endpoint {0:?} is not http://HOST:PORT or https://HOST:PORT")]
     Endpoint(String),
+    /// An `https://` endpoint, and no credentials to speak TLS with.
+    #[error("etcd endpoint {0:?} is https: give the cluster's credentials (--credentials DIR)")]
+    TlsNeeded(String),
+    /// An `http://` endpoint beside credentials: it would be plain.
+    #[error("etcd endpoint {0:?} is plain http, and the cluster's etcd speaks TLS: give https://")]
+    PlainWithTls(String),
+    /// The credentials for etcd's TLS cannot be read.
+    #[error("etcd's TLS: {0}")]
+    Tls(String),
     /// No endpoint was given.
     #[error("no etcd endpoint given")]
     NoEndpoint,
@@ -41,7 +46,7 @@ pub enum EtcdError {
 
 /// A blocking client of one etcd cluster.
 pub struct Etcd {
-    endpoints: Vec<String>,
+    endpoints: Endpoints,
     runtime: tokio::runtime::Runtime,
     /// Connected on first use, to one member, and again, to the next
     /// member, after a failed try.
@@ -52,36 +57,13 @@ pub struct Etcd {
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Etcd({})", self.endpoints.join(","))
+        write!(f, "Etcd({})", self.endpoints.joined())
     }
-}
-
-/// `http://host:port,http://host:port` (or `host:port`, taken as http) to
-/// a list of endpoints.
-pub fn parse_endpoints(list: &str) -> Result<Vec<String>, EtcdError> {
-    let mut out = Vec::new();
-    for e in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let rest = e.strip_prefix("http://").unwrap_or(e);
-        let ok = match rest.rsplit_once(':') {
-            Some((host, port)) => !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0),
-            None => false,
-        };
-        if !ok || e.contains("://") && !e.starts_with("http://") {
-            return Err(EtcdError::Endpoint(e.to_string()));
-        }
-        out.push(format!("http://{rest}"));
-    }
-    if out.is_empty() {
-        return Err(EtcdError::NoEndpoint);
-    }
-    Ok(out)
 }
 
 impl Etcd {
-    /// A client of the cluster at `endpoints` (see [`parse_endpoints`]);
-    /// nothing is contacted yet.
-    pub fn new(endpoints: &str) -> Result<Etcd, EtcdError> {
-        let endpoints = parse_endpoints(endpoints)?;
+    /// A client of the cluster at `endpoints`; nothing is contacted yet.
+    pub fn new(endpoints: Endpoints) -> Result<Etcd, EtcdError> {
         // One worker: the requests are few and small; `block_on` from any
         // thread hands its future to the runtime's own.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -95,7 +77,7 @@ impl Etcd {
 
     /// The endpoints, comma-separated, as messages name the cluster.
     pub fn endpoints(&self) -> String {
-        self.endpoints.join(",")
+        self.endpoints.joined()
     }
 
     fn error(&self, problem: impl std::fmt::Display) -> EtcdError {
@@ -108,21 +90,17 @@ impl Etcd {
         if let Some(c) = &*held {
             return Ok(c.clone());
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            // A member cut off from the others answers at once that it
-            // has no leader, rather than after the timeout.
-            .with_require_leader(true);
+        let options = self.endpoints.options();
         // One member at a time, rather than etcd-client's balance over
         // all: a try that fails moves to the next member for certain.
-        let member = self.member.load(std::sync::atomic::Ordering::Relaxed) % self.endpoints.len();
-        let endpoints = vec![self.endpoints[member].clone()];
+        let urls = self.endpoints.urls();
+        let member = self.member.load(std::sync::atomic::Ordering::Relaxed) % urls.len();
+        let endpoints = vec![urls[member].clone()];
         let connect = async move { tokio::time::timeout_at(until, Client::connect(endpoints, Some(options))).await };
         let client = match self.runtime.block_on(connect) {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(self.error(e)),
-            Err(_) => return Err(self.error(format!("member {} did not answer in time", self.endpoints[member]))),
+            Err(_) => return Err(self.error(format!("member {} did not answer in time", urls[member]))),
         };
         *held = Some(client.clone());
         Ok(client)
@@ -242,22 +220,5 @@ impl Etcd {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoints_are_http_host_port() {
-        assert_eq!(parse_endpoints("10.0.0.1:2379").unwrap(), vec!["http://10.0.0.1:2379"]);
-        assert_eq!(
-            parse_endpoints("http://a:1, http://b:2").unwrap(),
-            vec!["http://a:1".to_string(), "http://b:2".to_string()]
-        );
-        for bad in ["", ",", "a", "a:0", "a:x", "https://a:1", "ftp://a:1", ":1", "http://a:1/x"] {
-            assert!(parse_endpoints(bad).is_err(), "{bad:?}");
-        }
     }
 }

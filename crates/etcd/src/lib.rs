@@ -2,6 +2,8 @@
 //! replicated key-value store; Debian's `etcd-server`), and how it gets
 //! there.
 //!
+//! - [`endpoints`]: where etcd is and how to reach it (its URLs, and the
+//!   TLS a cluster's etcd is spoken to with).
 //! - [`client`]: a blocking client over etcd's own async one, for the
 //!   threads of a running VM (the arbiter is asked from the live loop's
 //!   side threads, which have no async runtime).
@@ -14,7 +16,9 @@
 
 pub mod arbiter;
 pub mod client;
+pub mod endpoints;
 pub mod local;
 
 pub use arbiter::EtcdArbiter;
 pub use client::{Etcd, EtcdError};
+pub use endpoints::{Endpoints, EtcdTls};

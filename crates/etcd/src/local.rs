@@ -1,7 +1,9 @@
 //! A cluster of real etcd members (Debian's `etcd` binary) on this host's
 //! loopback, each in a data directory of its own, for the tests: started,
 //! stopped and restarted one member at a time (to take the quorum away and
-//! give it back), and all stopped when dropped.
+//! give it back), and all stopped when dropped. Plain, or speaking TLS
+//! with client certificates as a cluster's etcd does (a credentials
+//! directory whose certificate names 127.0.0.1).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,8 @@ pub struct LocalEtcd {
     dir: PathBuf,
     members: Vec<Member>,
     initial_cluster: String,
+    /// The credentials directory the members' TLS is made of, if any.
+    tls: Option<PathBuf>,
 }
 
 /// A port free on loopback now (the kernel's choice; released at once,
@@ -34,6 +38,14 @@ impl LocalEtcd {
     /// the cluster answers. Err: the reason in one line (no `etcd` binary:
     /// install Debian's etcd-server).
     pub fn start(n: usize, dir: &Path) -> Result<LocalEtcd, String> {
+        LocalEtcd::start_with(n, dir, None)
+    }
+
+    /// The same; with `tls`, the credentials directory whose `cert.pem`
+    /// and `key.pem` the members serve and peer with, and whose `ca.pem`
+    /// signs every client's certificate (which they require).
+    pub fn start_with(n: usize, dir: &Path, tls: Option<&Path>) -> Result<LocalEtcd, String> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         let mut members = Vec::new();
         for i in 0..n {
@@ -45,10 +57,11 @@ impl LocalEtcd {
         }
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}={scheme}://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = LocalEtcd { dir: dir.to_path_buf(), members, initial_cluster };
+        let mut cluster =
+            LocalEtcd { dir: dir.to_path_buf(), members, initial_cluster, tls: tls.map(Path::to_path_buf) };
         for i in 0..n {
             cluster.start_member(i)?;
         }
@@ -56,9 +69,27 @@ impl LocalEtcd {
         Ok(cluster)
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// The client endpoints, comma-separated.
     pub fn endpoints(&self) -> String {
-        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect::<Vec<_>>().join(",")
+        let scheme = self.scheme();
+        self.members.iter().map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port)).collect::<Vec<_>>().join(",")
+    }
+
+    /// The endpoints, with the TLS a client needs.
+    pub fn client_endpoints(&self) -> Result<crate::Endpoints, String> {
+        let tls = match &self.tls {
+            Some(dir) => Some(crate::EtcdTls::from_dir(dir).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        crate::Endpoints::parse(&self.endpoints(), tls).map_err(|e| e.to_string())
     }
 
     /// Starts member `i` (again), with the data it had.
@@ -70,9 +101,18 @@ impl LocalEtcd {
         let data = self.dir.join(&m.name);
         let log = std::fs::File::create(self.dir.join(format!("{}.log", m.name)))
             .map_err(|e| format!("cannot write etcd's log in {}: {e}", self.dir.display()))?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new("etcd")
+        let scheme = self.scheme();
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
+        let peer = format!("{scheme}://127.0.0.1:{}", m.peer_port);
+        let mut etcd = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            let (cert, key, ca) = (tls.join("cert.pem"), tls.join("key.pem"), tls.join("ca.pem"));
+            etcd.arg("--cert-file").arg(&cert).arg("--key-file").arg(&key).arg("--trusted-ca-file").arg(&ca);
+            etcd.arg("--client-cert-auth");
+            etcd.arg("--peer-cert-file").arg(&cert).arg("--peer-key-file").arg(&key);
+            etcd.arg("--peer-trusted-ca-file").arg(&ca).arg("--peer-client-cert-auth");
+        }
+        let child = etcd
             .arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
@@ -106,7 +146,7 @@ impl LocalEtcd {
 
     /// Waits until a write succeeds through the client endpoints.
     pub fn wait_ready(&self, within: Duration) -> Result<(), String> {
-        let etcd = crate::Etcd::new(&self.endpoints()).map_err(|e| e.to_string())?;
+        let etcd = crate::Etcd::new(self.client_endpoints()?).map_err(|e| e.to_string())?;
         let until = Instant::now() + within;
         loop {
             let txn = etcd_client::Txn::new().and_then([etcd_client::TxnOp::put("/ftvm/ready", "", None)]);

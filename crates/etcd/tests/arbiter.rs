@@ -17,7 +17,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn store(cluster: &LocalEtcd, vm: &str) -> Arc<dyn ArbiterStore> {
-    let etcd = Arc::new(Etcd::new(&cluster.endpoints()).unwrap());
+    let etcd = Arc::new(Etcd::new(cluster.client_endpoints().unwrap()).unwrap());
     Arc::new(EtcdArbiter::new(etcd, vm).unwrap())
 }
 

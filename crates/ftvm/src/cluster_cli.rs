@@ -3,6 +3,7 @@
 
 use clap::{Args, Subcommand};
 use ftvm_cluster::agent::AgentConfig;
+use ftvm_cluster::credentials::{self, Credentials};
 use ftvm_cluster::desired::{self, VmRecord};
 use ftvm_cluster::model::{Done, NetworkSpec, VmInfo, VmSpec};
 use ftvm_cluster::ops::{self, Cluster};
@@ -19,7 +20,7 @@ pub struct AgentArgs {
     /// FTVM_HOST_ID, else the host name.
     #[arg(long, value_name = "ID")]
     host_id: Option<String>,
-    /// etcd's endpoints, comma-separated (http://HOST:PORT,...).
+    /// etcd's endpoints, comma-separated (https://HOST:PORT,...).
     #[arg(long, value_name = "URLS", env = "FTVM_ETCD")]
     etcd: String,
     /// This host's address on the cluster's network: the API listens
@@ -32,9 +33,11 @@ pub struct AgentArgs {
     /// The agent's files (VM directories, pair keys).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/ftvm")]
     state_dir: PathBuf,
-    /// The cluster's API token (a file, mode 0600: `ftvm cluster token FILE` makes one).
-    #[arg(long, value_name = "FILE", env = "FTVM_TOKEN_FILE")]
-    token_file: PathBuf,
+    /// This host's credentials (`ftvm cluster issue` makes them): the API's
+    /// token, the cluster's authority, and the host's certificate, which
+    /// the API is served with (HTTPS) and etcd is spoken to with.
+    #[arg(long, value_name = "DIR", env = "FTVM_CREDENTIALS")]
+    credentials: PathBuf,
     /// The memory this host's VMs may have in all, MiB (the rest is the
     /// host's own). Default: the host's memory.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
@@ -43,7 +46,7 @@ pub struct AgentArgs {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub fn agent(args: AgentArgs) -> CliResult {
-    let token = ftvm_cluster::token::read(&args.token_file)?;
+    let credentials = Credentials::read(&args.credentials)?;
     let id = args
         .host_id
         .or_else(|| std::env::var("FTVM_HOST_ID").ok().filter(|s| !s.is_empty()))
@@ -53,11 +56,11 @@ pub fn agent(args: AgentArgs) -> CliResult {
     let state_dir = std::path::absolute(&args.state_dir)?;
     let config = AgentConfig {
         id,
-        etcd: args.etcd,
+        etcd: credentials.etcd(&args.etcd)?,
         listen: SocketAddr::new(args.address, args.port),
         address: args.address,
         state_dir,
-        token,
+        credentials,
         ftvm: std::env::current_exe()?,
         vm_memory: args.vm_memory.map(|m| m << 20),
     };
@@ -72,9 +75,10 @@ pub struct ClusterArgs {
     /// etcd's endpoints, comma-separated: the hosts are found there.
     #[arg(long, value_name = "URLS", env = "FTVM_ETCD", global = true)]
     etcd: Option<String>,
-    /// The cluster's API token.
-    #[arg(long, value_name = "FILE", env = "FTVM_TOKEN_FILE", global = true)]
-    token_file: Option<PathBuf>,
+    /// The operator's credentials (`ftvm cluster issue` makes them): the
+    /// API's token, the cluster's authority and a certificate of its.
+    #[arg(long, value_name = "DIR", env = "FTVM_CREDENTIALS", global = true)]
+    credentials: Option<PathBuf>,
     /// Print JSON instead of the readable form.
     #[arg(long, global = true)]
     json: bool,
@@ -90,9 +94,28 @@ enum ClusterCommand {
     /// The cluster's VMs.
     #[command(subcommand)]
     Vm(VmCommand),
-    /// Write a new random API token to FILE (mode 0600), for every agent
-    /// and client of the cluster.
-    Token { file: PathBuf },
+    /// Make a new cluster's authority in DIR: its certificate (ca.pem),
+    /// its key (ca.key, which no host needs) and the API's token.
+    Init { dir: PathBuf },
+    /// Make the credentials of a host or an operator in OUT: a certificate
+    /// signed by the authority in CA_DIR (for the host's addresses), its
+    /// key, the authority's certificate and the API's token.
+    Issue {
+        /// The authority's directory (`init`).
+        ca_dir: PathBuf,
+        /// The credentials' directory (made; mode 0700).
+        out: PathBuf,
+        /// The host's or operator's name.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// An address the host serves on (its agent's and etcd member's);
+        /// repeat for more. None for an operator.
+        #[arg(long, value_name = "IP")]
+        ip: Vec<IpAddr>,
+        /// A DNS name the host serves under; repeat for more.
+        #[arg(long, value_name = "NAME")]
+        dns: Vec<String>,
+    },
     /// The cluster's event log: what happened to its VMs' pairs (protected,
     /// failure declared, gone live, handed over) and what its controller
     /// did, one line each (--json: one JSON object a line).
@@ -202,19 +225,28 @@ fn state_of(v: &VmInfo) -> String {
 
 /// Runs one `ftvm cluster` command.
 pub fn cluster(args: ClusterArgs) -> CliResult {
-    if let ClusterCommand::Token { file } = &args.command {
-        ftvm_cluster::token::create(file)?;
-        println!("{}", file.display());
-        return Ok(0);
+    match &args.command {
+        ClusterCommand::Init { dir } => {
+            credentials::init(dir)?;
+            println!("{}", dir.display());
+            return Ok(0);
+        }
+        ClusterCommand::Issue { ca_dir, out, name, ip, dns } => {
+            let subject = credentials::Subject { name: name.clone(), ips: ip.clone(), dns: dns.clone() };
+            credentials::issue(ca_dir, out, &subject)?;
+            println!("{}", out.display());
+            return Ok(0);
+        }
+        _ => {}
     }
     let etcd = need(&args.etcd, "--etcd URLS (or FTVM_ETCD)")?;
-    let token = ftvm_cluster::token::read(need(&args.token_file, "--token-file FILE (or FTVM_TOKEN_FILE)")?)?;
-    let cluster = Cluster::new(etcd, &token)?;
+    let credentials = Credentials::read(need(&args.credentials, "--credentials DIR (or FTVM_CREDENTIALS)")?)?;
+    let cluster = Cluster::new(credentials.etcd(etcd)?, &credentials)?;
     let json = args.json;
     let print_json = |v: &dyn erased::Json| println!("{}", v.json());
     let print_done = |done: &Done| if json { print_json(done) } else { println!("{}", done.message) };
     match args.command {
-        ClusterCommand::Token { .. } => unreachable!("answered above"),
+        ClusterCommand::Init { .. } | ClusterCommand::Issue { .. } => unreachable!("answered above"),
         ClusterCommand::Host(HostCommand::List) => {
             let hosts = cluster.hosts()?;
             let drained = desired::drained(&cluster.etcd)?;

@@ -69,7 +69,9 @@ const AS_WRITTEN: &[&str] = &[
     "ftvm record --log /tmp/vm.log --exec 'head -c 16 /dev/urandom | od -x'",
     "ftvm replay --log /tmp/vm.log --show-console",
     "ftvm ft keygen /etc/ftvm/pair.key",
-    "ftvm cluster token /etc/ftvm/token",
+    "ftvm cluster init /etc/ftvm/authority",
+    "ftvm cluster issue /etc/ftvm/authority /etc/ftvm/host-a --name a --ip 10.0.0.1",
+    "ftvm cluster issue /etc/ftvm/authority /etc/ftvm/alice --name alice",
 ];
 
 /// Run with a change: (the README's line, what runs instead, why).
@@ -137,15 +139,19 @@ const NOT_RUN: &[(&str, &str)] = &[
         SECOND_HOST,
     ),
     (
-        "ftvm ft backup --listen 10.0.0.2:7700 --etcd http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379 \
-         --vm-name redis-1 --pair-key /etc/ftvm/pair.key --disk /srv/b.img ...",
+        "ftvm ft backup --listen 10.0.0.2:7700 --etcd https://10.0.0.1:2379,https://10.0.0.2:2379,https://10.0.0.3:2379 \
+         --etcd-credentials /etc/ftvm/credentials --vm-name redis-1 --pair-key /etc/ftvm/pair.key --disk /srv/b.img ...",
         SECOND_HOST,
     ),
     (
-        "export FTVM_ETCD=http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379 FTVM_TOKEN_FILE=/etc/ftvm/token",
+        "export FTVM_ETCD=https://10.0.0.1:2379,https://10.0.0.2:2379,https://10.0.0.3:2379 \
+         FTVM_CREDENTIALS=/etc/ftvm/alice",
         CLUSTER,
     ),
-    ("ftvm agent --host-id a --address 10.0.0.1 --state-dir /var/lib/ftvm", CLUSTER),
+    (
+        "ftvm agent --host-id a --address 10.0.0.1 --state-dir /var/lib/ftvm --credentials /etc/ftvm/credentials",
+        CLUSTER,
+    ),
     ("ftvm cluster host list", CLUSTER),
     (
         "ftvm cluster vm create redis-1 --memory 512 --bridge br0 --ip 10.0.0.100/24 --protect checkpoint \
@@ -159,7 +165,11 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("ftvm cluster host drain a", CLUSTER),
     ("ftvm cluster host undrain a", CLUSTER),
     ("ftvm cluster events --follow", CLUSTER),
-    ("curl -H \"Authorization: Bearer $(cat /etc/ftvm/token)\" http://10.0.0.1:7800/metrics", CLUSTER),
+    (
+        "curl --cacert /etc/ftvm/alice/ca.pem -H \"Authorization: Bearer $(cat /etc/ftvm/alice/token)\" \
+         https://10.0.0.1:7800/metrics",
+        CLUSTER,
+    ),
 ];
 
 /// The command lines of the ```sh block under "## Using it": continuation
@@ -604,10 +614,27 @@ impl Cx {
                 assert!(self.ok(run).starts_with("ok snapshot"));
                 assert!(self.work.join("vm.snap").is_file(), "relative to the client's directory");
             }
-            "ftvm cluster token /etc/ftvm/token" => {
+            "ftvm cluster init /etc/ftvm/authority" => {
                 self.ok(run);
-                let meta = std::fs::metadata(self.path("/etc/ftvm/token")).unwrap();
+                for secret in ["/etc/ftvm/authority/ca.key", "/etc/ftvm/authority/token"] {
+                    let meta = std::fs::metadata(self.path(secret)).unwrap();
+                    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{secret}");
+                }
+            }
+            "ftvm cluster issue /etc/ftvm/authority /etc/ftvm/host-a --name a --ip 10.0.0.1"
+            | "ftvm cluster issue /etc/ftvm/authority /etc/ftvm/alice --name alice" => {
+                self.ok(run);
+                let dir = if line.contains("host-a") { "/etc/ftvm/host-a" } else { "/etc/ftvm/alice" };
+                let meta = std::fs::metadata(self.path(&format!("{dir}/key.pem"))).unwrap();
                 assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+                // The certificate is the authority's, as any TLS stack
+                // checks it (openssl here), and names the host's address.
+                let verify = self.ok(&format!("openssl verify -CAfile {dir}/ca.pem {dir}/cert.pem"));
+                assert!(verify.trim_end().ends_with(": OK"), "{verify}");
+                if line.contains("host-a") {
+                    let text = self.ok(&format!("openssl x509 -noout -text -in {dir}/cert.pem"));
+                    assert!(text.contains("IP Address:10.0.0.1"), "{text}");
+                }
             }
             other => panic!("classified as run but no check written: {other}"),
         }

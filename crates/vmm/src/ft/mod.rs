@@ -18,6 +18,7 @@ pub mod protect;
 use crate::error::{file, usage, NotReady, VmmError};
 use crate::host_io::HostEvent;
 use clap::Args;
+use ftvm_etcd::{Endpoints, Etcd, EtcdArbiter, EtcdTls};
 use ftvm_machine::Machine;
 use ftvm_protection::checkpoint;
 use ftvm_protection::control::TIMEOUT_RANGE_MS;
@@ -30,7 +31,6 @@ use ftvm_protection::pair::{DiskDigest, DiskPolicy, DiskSharing, Mode, ModeSetti
 use ftvm_protection::primary::Primary;
 use ftvm_replay::recorder::Recorder;
 use ftvm_replay::{Header, LogWriter};
-use ftvm_etcd::{Etcd, EtcdArbiter};
 use ftvm_replication::arbiter::{Arbiter, ArbiterStore, SharedDir};
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
@@ -55,11 +55,16 @@ pub struct PairArgs {
     #[arg(long, value_name = "DIR", required_unless_present = "etcd")]
     pub shared: Option<PathBuf>,
     /// The cluster's etcd as the arbiter instead of a shared directory
-    /// (endpoints, comma-separated: http://HOST:PORT,...); the VM's
-    /// records go under its --vm-name. Each host then keeps its own disk
-    /// (--disk) and the pair's key is given (--pair-key).
+    /// (endpoints, comma-separated: http://HOST:PORT,... or https://
+    /// with --etcd-credentials); the VM's records go under its --vm-name.
+    /// Each host then keeps its own disk (--disk) and the pair's key is
+    /// given (--pair-key).
     #[arg(long, value_name = "URLS", conflicts_with = "shared", requires = "vm_name")]
     pub etcd: Option<String>,
+    /// The credentials directory (`ftvm cluster issue`) whose ca.pem,
+    /// cert.pem and key.pem etcd is spoken to with, over TLS.
+    #[arg(long, value_name = "DIR", requires = "etcd")]
+    pub etcd_credentials: Option<PathBuf>,
     /// The VM's name in the cluster: its pairs' generations are recorded
     /// under it at the arbiter (with --etcd).
     #[arg(long, value_name = "NAME", requires = "etcd")]
@@ -186,8 +191,9 @@ impl PairArgs {
     /// directory, or the VM's keys in etcd.
     pub fn arbiter_store(&self) -> Result<Arc<dyn ArbiterStore>, VmmError> {
         match (&self.etcd, &self.vm_name) {
-            (Some(endpoints), Some(vm)) => {
-                let etcd = Arc::new(Etcd::new(endpoints)?);
+            (Some(urls), Some(vm)) => {
+                let tls = self.etcd_credentials.as_deref().map(EtcdTls::from_dir).transpose()?;
+                let etcd = Arc::new(Etcd::new(Endpoints::parse(urls, tls)?)?);
                 Ok(Arc::new(EtcdArbiter::new(etcd, vm)?))
             }
             (Some(_), None) => Err(usage("--etcd needs --vm-name")),
