@@ -260,8 +260,12 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
                        and r, every=0.5)
         print(f"host {b_host}'s row: {vms}")
         assert vms[0] == "up, drained", vms
-        # The drained host is no target: the page offers it nowhere.
+        # The drained host is no target: the page offers it nowhere; and
+        # as it was the only host that could take the backup, "move
+        # backup…" is not offered at all (a confirmation with no host to
+        # pick could only be refused).
         assert b_host not in (offered(b, "move") or []), offered(b, "move")
+        assert offered(b, "move_backup") is None, f"move backup offered to {offered(b, 'move_backup')}"
         assert cl.protected("redis") in ((others[0], others[1]), (others[1], others[0])), cl.views("redis")
         assert cl.sides("redis").get(b_host) in (None, "ended"), cl.sides("redis")
         assert [v for v in cl.records()[b_host]["vms"] if v["role"] != "ended"] == []
@@ -278,7 +282,7 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         health = wait_for("the host shown in use again", SHOWN_WITHIN,
                           lambda: (r := host_row(b, b_host))[0] == "up" and r[2] == "drain" and r, every=0.5)
         wait_for("the host offered as a target again", SHOWN_WITHIN,
-                 lambda: b_host in (offered(b, "move") or []), every=0.5)
+                 lambda: b_host in (offered(b, "move") or []) and offered(b, "move_backup") == [b_host], every=0.5)
         figures["undrain: shown in use"] = time.monotonic() - t0
         print(f"the page shows host {b_host}: {health}")
 
