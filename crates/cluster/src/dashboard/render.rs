@@ -180,14 +180,19 @@ fn vm_card(o: &mut String, vm: &VmRow, up_hosts: &[&str]) {
     let others: Vec<&str> = up_hosts.iter().copied().filter(|h| Some(*h) != vm.primary.as_deref()).collect();
     let choices = others.iter().filter(|h| Some(**h) != vm.backup.as_deref()).copied().collect::<Vec<_>>().join(",");
     let running = vm.primary.is_some();
+    // "protect…" always offers "the controller chooses"; a move is offered
+    // only with a host to move to (with none, say the only other host
+    // drained, its confirmation could only be refused).
     if running && vm.backup.is_none() {
         o.push_str(&action_button("protect", &vm.name, &choices, "protect…"));
     }
     if running && vm.backup.is_some() {
         o.push_str(&action_button("handover", &vm.name, "", "handover"));
-        o.push_str(&action_button("move_backup", &vm.name, &choices, "move backup…"));
+        if !choices.is_empty() {
+            o.push_str(&action_button("move_backup", &vm.name, &choices, "move backup…"));
+        }
     }
-    if running {
+    if running && !others.is_empty() {
         o.push_str(&action_button("move", &vm.name, &others.join(","), "move VM…"));
     }
     o.push_str("</p></article>");
@@ -350,6 +355,32 @@ mod tests {
         assert_eq!(esc("<script>\"x\"&'y'"), "&lt;script&gt;&quot;x&quot;&amp;&#39;y&#39;");
         let page = login("h<1>", Some("wrong \"token\""));
         assert!(page.contains("h&lt;1&gt;") && page.contains("wrong &quot;token&quot;"), "{page}");
+    }
+
+    #[test]
+    fn a_move_is_offered_only_with_a_host_to_move_to() {
+        let vm = VmRow {
+            name: "redis".into(),
+            primary: Some("a".into()),
+            backup: Some("b".into()),
+            mode: "checkpoint".into(),
+            protection: Protection::Protected,
+            figures: Default::default(),
+            history: Vec::new(),
+        };
+        // Host c drained: only the VM's own two hosts are up for it.
+        let mut o = String::new();
+        vm_card(&mut o, &vm, &["a", "b"]);
+        assert!(!o.contains("data-action=\"move_backup\""), "{o}");
+        assert!(o.contains("data-action=\"move\" data-vm=\"redis\" data-host=\"b\""), "{o}");
+        let mut o = String::new();
+        vm_card(&mut o, &vm, &["a", "b", "c"]);
+        assert!(o.contains("data-action=\"move_backup\" data-vm=\"redis\" data-host=\"c\""), "{o}");
+        // Alone in the cluster: nowhere to move it.
+        let mut o = String::new();
+        vm_card(&mut o, &VmRow { backup: None, ..vm }, &["a"]);
+        assert!(!o.contains("data-action=\"move\""), "{o}");
+        assert!(o.contains("data-action=\"protect\""), "{o}");
     }
 
     #[test]
