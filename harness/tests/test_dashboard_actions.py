@@ -172,7 +172,7 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
     token = cl.token.read_text().strip()
     figures = {}
 
-    b = Browser(cl.site)
+    b = Browser(cl.site, pins=cl.pki.spki_pins())
     try:
         b.get(api + "/ui")
         b.type("#token", token)
