@@ -1,8 +1,12 @@
 """The dashboard's other actions (issue 30) in a real browser, each done
 only through the page (its button, the confirmation with the host the
-page offers, "Confirm") on a three-host cluster running a protected
-redis VM, a client writing keys to it throughout:
+page offers, "Confirm") on a three-host cluster running a redis VM, a
+client writing keys to it throughout:
 
+0. "protect…" of the VM running alone, with its backup on the host
+   picked in the confirmation: the job running, then done; the card
+   protected with its backup there, the protection on the timeline, as
+   the agents say too;
 1. "move backup…" to the host that runs neither side: the page shows the
    job running, then done; the timeline the new pair's protection (its
    backup's address on that host); the card the VM protected with its
@@ -157,13 +161,12 @@ def job_result(b, first_id, within, expect_running=True):
 def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
     cl = Cluster(ftvm, scratch, "da")
     cl.wait_hosts()
+    # Created unprotected: it is protected from the page.
     cl.cli("vm", "create", "redis", "--on", "primary", "--memory", "512", "--command", REDIS_FT,
-           "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint")
+           "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24")
     conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
-    a = "primary"
-    a_, b_host = wait_for("the VM protected", PROTECTED_WITHIN, lambda: cl.protected("redis"), every=1)
-    assert a_ == a, f"created on {a}, runs on {a_}"
-    c = next(h for h in HOSTS if h not in (a, b_host))
+    a, b_host, c = "primary", "backup", "spare"
+    assert cl.sides("redis") == {a: "unprotected"}, cl.sides("redis")
     writer = KeyWriter(conn)
     writer.start()
     # Draining does not stop a host's agent: the page may be on any; the
@@ -178,10 +181,30 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         b.type("#token", token)
         b.click("#login")
         wait_for("the page", 30, lambda: b.css("#view"), every=0.2)
+        shown = wait_for("the VM running alone on the page", SHOWN_WITHIN,
+                         lambda: (s := card_state(b))[:2] == ("unprotected", a) and s, every=0.5)
+        print(f"the page shows redis {shown}")
+
+        # 0. Protect it with its backup on the host picked: the other two
+        # hosts are offered, and the controller's choice.
+        assert offered(b, "protect") == sorted([b_host, c]), offered(b, "protect")
+        since = last_event_id(b)
+        t0, job = act(b, f'{CARD} button[data-action="protect"]', b_host, offers=["", b_host, c])
+        done, running = job_result(b, job, PROTECTED_WITHIN)
+        figures["protect: job done"] = time.monotonic() - t0
+        print(f"protect: {len(running)} progress texts ({running[-1]!r}), then {done!r}")
+        ip_b = Site.HOSTS[b_host][1]
+        row = wait_for("the protection on the timeline", SHOWN_WITHIN,
+                       lambda: next((r for r in timeline_rows(b, since) if r[3] == "redis"
+                                     and r[4].startswith("protected") and f"backup {ip_b}:" in r[4]), None),
+                       every=0.5)
+        print(f"the timeline: {row}")
         shown = wait_for("the VM protected on the page", SHOWN_WITHIN,
                          lambda: (s := card_state(b)) == ("protected", a, b_host) and s, every=0.5)
+        figures["protect: shown protected"] = time.monotonic() - t0
         print(f"the page shows redis {shown}; hosts {a}, {b_host}, {c}")
-        wait_for("the timeline", 30, lambda: timeline_rows(b, 0), every=0.5)
+        assert cl.protected("redis") == (a, b_host), cl.views("redis")
+        assert writer.error is None, writer.error
 
         # 1. Move the backup to the third host: the one host offered.
         assert offered(b, "move_backup") == [c], offered(b, "move_backup")
@@ -291,6 +314,6 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
     finally:
         b.quit()
     stop_and_check(writer, conn)
-    print(f"{writer.acked} keys acknowledged through a backup's move, a VM's move, a drain and an undrain: "
+    print(f"{writer.acked} keys acknowledged through a protection, a backup's move, a VM's move, a drain and an undrain: "
           f"all read back")
     print("seconds from the confirmation: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
