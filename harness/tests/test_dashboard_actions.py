@@ -136,6 +136,23 @@ def act(b, selector, host=None, offers=None):
     return time.monotonic(), before + 1
 
 
+def pair_shown(b, cl, since, pair):
+    """After an action that gives the VM its backup on pair[1]: the
+    timeline's protection (newer than event `since`) naming that host's
+    address, then the card protected on `pair` (primary, backup), as the
+    agents say too. Returns the card's state."""
+    ip = Site.HOSTS[pair[1]][1]
+    row = wait_for(f"the protection with its backup on {pair[1]} on the timeline", SHOWN_WITHIN,
+                   lambda: next((r for r in timeline_rows(b, since) if r[3] == "redis"
+                                 and r[4].startswith("protected") and f"backup {ip}:" in r[4]), None),
+                   every=0.5)
+    print(f"the timeline: {row}")
+    shown = wait_for(f"the VM protected on {pair} on the page", SHOWN_WITHIN,
+                     lambda: (s := card_state(b)) == ("protected", *pair) and s, every=0.5)
+    assert cl.protected("redis") == pair, cl.views("redis")
+    return shown
+
+
 def job_result(b, first_id, within, expect_running=True):
     """Follows the job (the first with an id from `first_id` on) on the
     page to its end: (its text when done, the texts seen while it ran).
@@ -193,17 +210,9 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         done, running = job_result(b, job, PROTECTED_WITHIN)
         figures["protect: job done"] = time.monotonic() - t0
         print(f"protect: {len(running)} progress texts ({running[-1]!r}), then {done!r}")
-        ip_b = Site.HOSTS[b_host][1]
-        row = wait_for("the protection on the timeline", SHOWN_WITHIN,
-                       lambda: next((r for r in timeline_rows(b, since) if r[3] == "redis"
-                                     and r[4].startswith("protected") and f"backup {ip_b}:" in r[4]), None),
-                       every=0.5)
-        print(f"the timeline: {row}")
-        shown = wait_for("the VM protected on the page", SHOWN_WITHIN,
-                         lambda: (s := card_state(b)) == ("protected", a, b_host) and s, every=0.5)
+        shown = pair_shown(b, cl, since, (a, b_host))
         figures["protect: shown protected"] = time.monotonic() - t0
         print(f"the page shows redis {shown}; hosts {a}, {b_host}, {c}")
-        assert cl.protected("redis") == (a, b_host), cl.views("redis")
         assert writer.error is None, writer.error
 
         # 1. Move the backup to the third host: the one host offered.
@@ -214,16 +223,8 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         figures["move backup: job done"] = time.monotonic() - t0
         print(f"move backup: {len(running)} progress texts ({running[-1]!r}), then {done!r}")
         assert f"move redis's backup to {c}" in done, done
-        ip_c = Site.HOSTS[c][1]
-        row = wait_for("the new pair's protection on the timeline", SHOWN_WITHIN,
-                       lambda: next((r for r in timeline_rows(b, since) if r[3] == "redis"
-                                     and r[4].startswith("protected") and f"backup {ip_c}:" in r[4]), None),
-                       every=0.5)
-        print(f"the timeline: {row}")
-        shown = wait_for("the VM protected with its backup on the third host, on the page", SHOWN_WITHIN,
-                         lambda: (s := card_state(b)) == ("protected", a, c) and s, every=0.5)
+        pair_shown(b, cl, since, (a, c))
         figures["move backup: shown protected"] = time.monotonic() - t0
-        assert cl.protected("redis") == (a, c), cl.views("redis")
         assert b_host not in cl.sides("redis"), cl.sides("redis")
         assert writer.error is None, writer.error
 
