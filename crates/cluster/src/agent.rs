@@ -241,12 +241,19 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
                 written = None;
             }
             let s = session.as_mut().expect("made above");
+            // Renewed first: a lease that expired while etcd was away (or
+            // the agent could not reach it) is found so here, and the
+            // next attempt opens a new session. A put under it would fail
+            // ("lease not found") every time the record had changed
+            // meanwhile, and the record never came back: a host whose VM
+            // had just gone live vanished from the cluster for good.
+            s.renew().await?;
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
             if written.as_ref() != Some(&record) {
                 s.client.put(key.clone(), record.clone(), Some(PutOptions::new().with_lease(s.lease))).await?;
                 written = Some(record);
             }
-            s.renew().await
+            Ok::<_, etcd_client::Error>(())
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
             Ok(Ok(())) => {

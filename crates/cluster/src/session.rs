@@ -53,7 +53,22 @@ impl Leased {
 
     /// Renews the lease once.
     pub async fn renew(&mut self) -> Result<(), Error> {
-        let (mut keeper, mut responses) = self.client.lease_keep_alive(self.lease).await?;
+        let (mut keeper, mut responses) = match self.client.lease_keep_alive(self.lease).await {
+            Ok(stream) => stream,
+            // etcd-client opens the stream with a first keep-alive and
+            // answers a lease that is gone (a TTL of 0) with this error,
+            // which it also gives for a failure of its own: etcd is asked
+            // plainly, and a lease it no longer has (a TTL of -1) is
+            // expired. Taken for a passing failure, the owner renewed the
+            // dead lease for ever: the host's record never came back.
+            Err(Error::LeaseKeepAliveError(why)) => {
+                if self.client.lease_time_to_live(self.lease, None).await?.ttl() <= 0 {
+                    self.expired = true;
+                }
+                return Err(Error::LeaseKeepAliveError(why));
+            }
+            Err(e) => return Err(e),
+        };
         keeper.keep_alive().await?;
         match responses.message().await? {
             Some(r) if r.ttl() > 0 => Ok(()),

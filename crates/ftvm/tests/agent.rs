@@ -164,6 +164,31 @@ fn an_agent_records_its_host_runs_a_vm_and_withdraws_on_sigterm() {
         list.stdout
     );
 
+    // The host's lease lost (as when the agent could not reach etcd for
+    // longer than the lease: revoked here) while its record changes (a
+    // VM started through the agent's own API): the record comes back,
+    // under a new lease, with the change.
+    let etcdctl = |args: &[&str]| {
+        let mut c = Command::new("etcdctl");
+        c.args(["--endpoints", &endpoints, "--command-timeout=5s"]);
+        c.args(["--cacert", &path("admin/ca.pem"), "--cert", &path("admin/cert.pem"), "--key", &path("admin/key.pem")]);
+        c.args(args);
+        let r = run_with_timeout(c, Duration::from_secs(60));
+        assert!(r.status.is_some_and(|s| s.success()), "etcdctl {args:?}: {}", r.stderr);
+        r.stdout
+    };
+    let got: serde_json::Value = serde_json::from_str(&etcdctl(&["get", "/ftvm/hosts/h1", "-w", "json"])).unwrap();
+    let lease = got["kvs"][0]["lease"].as_i64().expect("the host's record is under a lease");
+    etcdctl(&["lease", "revoke", &format!("{lease:x}")]);
+    let mut second = info.spec.clone();
+    second.name = "v2".into();
+    client.create(&second).unwrap();
+    wait_for("the host's record back with v2", Duration::from_secs(60), || {
+        let r = cluster(&endpoints, admin, &["host", "list"]);
+        r.stdout.contains("v2:").then_some(())
+    });
+    client.delete("v2").unwrap();
+
     // Metrics a Prometheus server takes.
     let metrics = client.metrics().unwrap();
     assert!(metrics.contains(r#"ftvm_vm_info{vm="v1",role="unprotected",mode="none"} 1"#), "{metrics}");
