@@ -72,6 +72,8 @@ pub struct Credentials {
     key: Arc<PrivateKeyDer<'static>>,
     /// The same, as the agents' client takes them.
     agent_tls: ureq::tls::TlsConfig,
+    /// The same, as etcd's client takes them.
+    etcd_tls: ftvm_etcd::EtcdTls,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -90,7 +92,7 @@ fn invalid(path: &Path, why: impl Into<String>) -> CredentialsError {
 }
 
 /// Refuses a secret file that others may read.
-fn private(path: &Path) -> Result<(), CredentialsError> {
+pub(crate) fn private(path: &Path) -> Result<(), CredentialsError> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).map_err(|source| CredentialsError::Read { path: path.into(), source })?;
     if meta.permissions().mode() & 0o077 != 0 {
@@ -105,10 +107,12 @@ impl Credentials {
         let dir = std::path::absolute(dir).map_err(|source| CredentialsError::Read { path: dir.into(), source })?;
         let token = crate::token::read(&dir.join(TOKEN)).map_err(CredentialsError::Token)?;
         let ca_path = dir.join(CA_CERT);
-        let ca = CertificateDer::from_pem_slice(&read(&ca_path)?)
+        let ca_pem = read(&ca_path)?;
+        let ca = CertificateDer::from_pem_slice(&ca_pem)
             .map_err(|e| invalid(&ca_path, format!("holds no PEM certificate: {e}")))?;
         let cert_path = dir.join(CERT);
-        let chain = CertificateDer::pem_slice_iter(&read(&cert_path)?)
+        let cert_pem = read(&cert_path)?;
+        let chain = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid(&cert_path, format!("holds no PEM certificate: {e}")))?;
         if chain.is_empty() {
@@ -129,7 +133,8 @@ impl Credentials {
                 ureq::tls::PrivateKey::from_pem(&key_pem).map_err(|e| no_key(&e))?,
             )))
             .build();
-        Ok(Credentials { dir, token, chain, key: Arc::new(key), agent_tls })
+        let etcd_tls = ftvm_etcd::EtcdTls::new(ca_pem, cert_pem, key_pem);
+        Ok(Credentials { dir, token, chain, key: Arc::new(key), agent_tls, etcd_tls })
     }
 
     /// The same credentials with another token (a client that holds the
@@ -141,7 +146,7 @@ impl Credentials {
 
     /// How etcd is spoken to at `urls` (comma-separated `https://HOST:PORT`).
     pub fn etcd(&self, urls: &str) -> Result<ftvm_etcd::Endpoints, CredentialsError> {
-        Ok(ftvm_etcd::Endpoints::parse(urls, Some(ftvm_etcd::EtcdTls::from_dir(&self.dir)?))?)
+        Ok(ftvm_etcd::Endpoints::parse(urls, Some(self.etcd_tls.clone()))?)
     }
 
     /// The agent's HTTPS server: this host's certificate; clients are not
@@ -162,8 +167,9 @@ impl Credentials {
     }
 }
 
-/// Writes `contents` to a new file `path` (never over one), with `mode`.
-fn create(path: &Path, contents: &[u8], mode: u32) -> Result<(), CredentialsError> {
+/// Writes `contents` to a new file `path` (never over one), with `mode`,
+/// and syncs it.
+pub(crate) fn create(path: &Path, contents: &[u8], mode: u32) -> Result<(), CredentialsError> {
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(path)?;
         f.write_all(contents)?;

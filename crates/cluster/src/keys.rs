@@ -11,8 +11,6 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use ftvm_replication::pair_key::PairKey;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Where the VMs' keys live.
@@ -52,13 +50,8 @@ async fn fetch(client: &mut etcd_client::Client, vm: &str, path: &Path) -> Resul
     client.txn(txn).await.map_err(etcd_err)?;
     let got = client.get(key, None).await.map_err(etcd_err)?;
     let value = got.kvs().first().map(|kv| kv.value().to_vec()).ok_or("the pair key vanished from etcd")?;
-    let write = || -> std::io::Result<()> {
-        let _ = std::fs::remove_file(path);
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-        f.write_all(&value)?;
-        f.sync_all()
-    };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    crate::credentials::create(path, &value, 0o600).map_err(|e| e.to_string())?;
     // What etcd held must be a key.
     PairKey::read(path).map(|_| ()).map_err(|e| e.to_string())
 }

@@ -1,5 +1,6 @@
-//! The cluster's API token: a secret every agent and client holds (a file,
-//! `--token-file`), sent as `Authorization: Bearer TOKEN`. Compared in
+//! The cluster's API token: a secret every agent and client holds (the
+//! `token` file of its credentials directory, [`crate::credentials`]),
+//! sent as `Authorization: Bearer TOKEN`. Compared in
 //! constant time, so how long a refusal takes says nothing of how much of
 //! a guess was right.
 
@@ -18,11 +19,8 @@ pub fn matches(given: &str, expected: &str) -> bool {
 /// The token in `path`: its first line, which must hold at least 16
 /// characters; the file may be read only by its owner.
 pub fn read(path: &Path) -> Result<String, String> {
-    use std::os::unix::fs::PermissionsExt;
+    crate::credentials::private(path).map_err(|e| format!("the token file: {e}"))?;
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!("the token file {} may be read by others: chmod 600 it", path.display()));
-    }
     if meta.len() > 4096 {
         return Err(format!("the token file {} is too large to be a token", path.display()));
     }
@@ -38,18 +36,10 @@ pub fn read(path: &Path) -> Result<String, String> {
 /// A new random token (32 bytes, hex), written to `path` (mode 0600),
 /// which must not exist.
 pub fn create(path: &Path) -> Result<String, String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a token: {e}"))?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    writeln!(f, "{token}").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    crate::credentials::create(path, format!("{token}\n").as_bytes(), 0o600).map_err(|e| e.to_string())?;
     Ok(token)
 }
 

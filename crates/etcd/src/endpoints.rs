@@ -36,6 +36,12 @@ impl std::fmt::Debug for EtcdTls {
 }
 
 impl EtcdTls {
+    /// Of PEM texts already read and checked: the authority's
+    /// certificate, the client's certificate (chain) and its key.
+    pub fn new(ca: Vec<u8>, cert: Vec<u8>, key: Vec<u8>) -> EtcdTls {
+        EtcdTls { ca, cert, key }
+    }
+
     /// The files of the credentials directory `dir`.
     pub fn from_dir(dir: &Path) -> Result<EtcdTls, EtcdError> {
         let read = |name: &str| {
