@@ -19,9 +19,15 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use ftvm_replication::arbiter::{ArbiterError, ArbiterStore, Attempt, CLAIM_TRIES};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Where the arbiter keys of all VMs live.
 pub const ARBITER_ROOT: &str = "/ftvm/arbiter";
+
+/// How long a claim rides out an etcd that does not answer (see
+/// `claim_next` below); beyond it, the start fails with etcd's
+/// last error.
+const CLAIM_PATIENCE: Duration = Duration::from_secs(20);
 
 /// A generation's claim as recorded.
 #[derive(Serialize, Deserialize)]
@@ -66,6 +72,29 @@ impl EtcdArbiter {
         let last = self.etcd.get_prefix(&format!("{}/gen/", self.prefix), 1)?;
         Ok(last.first().and_then(|(k, _)| k.rsplit('/').next()?.parse().ok()).unwrap_or(0))
     }
+
+    /// One claim of the next free generation: etcd's answer, or its error.
+    fn try_claim_next(&self, pair: &str, token: &str) -> Result<u64, ArbiterError> {
+        let unreachable = |e: EtcdError| ArbiterError::Unreachable { store: self.describe(), problem: e.to_string() };
+        let first = self.highest().map_err(unreachable)? + 1;
+        let value =
+            serde_json::to_string(&Claim { pair: pair.into(), token: token.into() }).expect("a claim serializes");
+        for generation in first..first + CLAIM_TRIES {
+            let key = self.key("gen", generation);
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key, value.clone(), None::<PutOptions>)]);
+            let r = self.etcd.txn(txn).map_err(|e| ArbiterError::Claim {
+                store: self.describe(),
+                generation,
+                problem: e.to_string(),
+            })?;
+            if r.succeeded() {
+                return Ok(generation);
+            }
+        }
+        Err(ArbiterError::AllTaken { store: self.describe(), first, tries: CLAIM_TRIES })
+    }
 }
 
 /// The value of the first key a transaction's get returned.
@@ -92,25 +121,20 @@ impl ArbiterStore for EtcdArbiter {
     }
 
     fn claim_next(&self, pair: &str, token: &str) -> Result<u64, ArbiterError> {
-        let unreachable = |e: EtcdError| ArbiterError::Unreachable { store: self.describe(), problem: e.to_string() };
-        let first = self.highest().map_err(unreachable)? + 1;
-        let value =
-            serde_json::to_string(&Claim { pair: pair.into(), token: token.into() }).expect("a claim serializes");
-        for generation in first..first + CLAIM_TRIES {
-            let key = self.key("gen", generation);
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key, value.clone(), None::<PutOptions>)]);
-            let r = self.etcd.txn(txn).map_err(|e| ArbiterError::Claim {
-                store: self.describe(),
-                generation,
-                problem: e.to_string(),
-            })?;
-            if r.succeeded() {
-                return Ok(generation);
+        let since = Instant::now();
+        loop {
+            match self.try_claim_next(pair, token) {
+                // A request fails after etcd's request timeout; an election
+                // on a loaded host can take longer than that, and a pair's
+                // start should not fail for it. A retried claim whose first
+                // try was recorded but not answered takes the next
+                // generation: the skipped one never starts, so no side of
+                // it can go live.
+                Err(ArbiterError::Unreachable { .. } | ArbiterError::Claim { .. })
+                    if since.elapsed() < CLAIM_PATIENCE => {}
+                done => return done,
             }
         }
-        Err(ArbiterError::AllTaken { store: self.describe(), first, tries: CLAIM_TRIES })
     }
 
     fn token(&self, generation: u64) -> Result<Option<String>, String> {

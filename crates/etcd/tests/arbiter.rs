@@ -83,7 +83,8 @@ fn a_side_waits_while_etcd_has_no_quorum_and_decides_once_it_has() {
     cluster.kill_member(2);
     let t0 = Instant::now();
     let one_down = Arbiter::claim_generation(s.clone(), "primary").unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    // An election on a loaded host may outlast a request: the claim rides it out.
+    assert!(t0.elapsed() < Duration::from_secs(25), "{:?}", t0.elapsed());
     assert_eq!(one_down.generation(), 2);
     // Two down: no quorum. The side that wants to go live waits, told once.
     cluster.kill_member(1);
