@@ -202,7 +202,8 @@ def stop_and_check(writer, conn, settle=1.0):
 
 
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
-                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=(), then_protect=False):
+                   boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=(), then_protect=False,
+                   watch=None):
     """One failover trial (or handover: `kind`, see fail_primary) on a fresh site with fresh shared storage:
     protected redis (appendonly, fsync always) on the primary host, a
     client writing keys over one connection, after `delay` s the primary
@@ -212,7 +213,8 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
     back. `say(msg)` narrates. With `then_protect`, the new primary is
     protected onto a third host (the spare) once it serves, before those
     writes: the handover and the protection together move the primary.
-    Returns a TrialResult; failures of the run itself land in its
+    `watch(primary, backup)`, if given, is called about once a second
+    while the client writes before the failure. Returns a TrialResult; failures of the run itself land in its
     `error`."""
     work = Path(work)
     shared = work / "shared"
@@ -240,7 +242,11 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
             f"one at a time over one TCP connection")
         writer = KeyWriter(conn)
         writer.start()
-        time.sleep(delay)
+        until = time.monotonic() + delay
+        while time.monotonic() < until:
+            time.sleep(max(0.0, min(1.0, until - time.monotonic())))
+            if watch is not None and time.monotonic() < until:
+                watch(primary, backup)
         for p in (primary, backup):
             if not p.alive():
                 raise TrialFailed(f"{p.name} exited (status {p.proc.returncode}) before the failure:\n{p.tail()}")

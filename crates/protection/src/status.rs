@@ -33,6 +33,15 @@ pub struct PrimaryStatus {
     /// The backup's, as its last acknowledgement said (None before the
     /// first): the same but for a moment after a change.
     pub backup_timeout_ms: Option<u64>,
+    /// The heartbeat silence after which this side declares the backup
+    /// failed now, learned from its beats (at most `timeout_ms`).
+    #[serde(default)]
+    pub heartbeat_timeout_ms: u64,
+    /// The backup's, as its last acknowledgement said: how soon it
+    /// declares this side failed when its beats stop (None before the
+    /// first).
+    #[serde(default)]
+    pub backup_heartbeat_timeout_ms: Option<u64>,
 }
 
 impl PrimaryStatus {
@@ -44,6 +53,8 @@ impl PrimaryStatus {
             mode,
             timeout_ms: channel.timeout().as_millis() as u64,
             backup_timeout_ms: channel.backup_timeout().map(|t| t.as_millis() as u64),
+            heartbeat_timeout_ms: channel.heartbeat_timeout().as_millis() as u64,
+            backup_heartbeat_timeout_ms: channel.backup_heartbeat_timeout().map(|t| t.as_millis() as u64),
         }
     }
 }
@@ -260,6 +271,10 @@ pub struct BackupStatus {
     /// The failure timeout, in milliseconds (the primary's, once its
     /// change has reached this side).
     pub timeout_ms: u64,
+    /// The heartbeat silence after which the primary is declared failed
+    /// now, learned from its beats (at most `timeout_ms`).
+    #[serde(default)]
+    pub heartbeat_timeout_ms: u64,
 }
 
 /// The backup's figures of its mode.
@@ -302,10 +317,13 @@ impl fmt::Display for PrimaryStatus {
             PrimaryMode::Checkpoint(c) => write!(f, "{c}")?,
             PrimaryMode::Transfer(t) => write!(f, "{t}")?,
         }
-        write!(f, " timeout={}ms", self.timeout_ms)?;
-        match self.backup_timeout_ms {
-            Some(theirs) if theirs != self.timeout_ms => write!(f, " backup_timeout={theirs}ms"),
-            _ => Ok(()),
+        write!(f, " timeout={}ms heartbeat_timeout={}ms", self.timeout_ms, self.heartbeat_timeout_ms)?;
+        if let Some(theirs) = self.backup_timeout_ms.filter(|&t| t != self.timeout_ms) {
+            write!(f, " backup_timeout={theirs}ms")?;
+        }
+        match self.backup_heartbeat_timeout_ms {
+            Some(theirs) => write!(f, " backup_heartbeat_timeout={theirs}ms"),
+            None => Ok(()),
         }
     }
 }
@@ -400,8 +418,8 @@ impl fmt::Display for BackupStatus {
         }
         write!(
             f,
-            " log={:.3}Mbit/s received={} buffered={} timeout={}ms",
-            self.log_mbit_s, self.received, self.buffered, self.timeout_ms
+            " log={:.3}Mbit/s received={} buffered={} timeout={}ms heartbeat_timeout={}ms",
+            self.log_mbit_s, self.received, self.buffered, self.timeout_ms, self.heartbeat_timeout_ms
         )
     }
 }

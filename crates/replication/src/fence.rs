@@ -48,6 +48,15 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// When a lease ends that the backup granted by hearing from us as late
+/// as `heard_ns` (our clock), while it declares us failed after `timeout`
+/// of silence: then plus the timeout, less the allowances.
+pub fn lease_end(heard_ns: u64, timeout: Duration) -> u64 {
+    let timeout_ns = timeout.as_nanos() as u64;
+    let allowance = timeout_ns * RATE_ALLOWANCE_PER_MILLE / 1000 + MARGIN.as_nanos() as u64;
+    (heard_ns + timeout_ns).saturating_sub(allowance)
+}
+
 /// This side's right to release outputs; clones share it.
 #[derive(Clone)]
 pub struct Fence(Arc<Inner>);
@@ -102,10 +111,13 @@ impl Fence {
     /// The backup heard from us as late as `heard_ns` (our clock): the
     /// lease runs to then plus `timeout`, less the allowances.
     pub fn renew(&self, heard_ns: u64, timeout: Duration) {
-        let timeout_ns = timeout.as_nanos() as u64;
-        let allowance = timeout_ns * RATE_ALLOWANCE_PER_MILLE / 1000 + MARGIN.as_nanos() as u64;
-        let until = (heard_ns + timeout_ns).saturating_sub(allowance);
-        if until > self.0.until_ns.fetch_max(until, Ordering::AcqRel) {
+        self.renew_until(lease_end(heard_ns, timeout));
+    }
+
+    /// The lease runs to `until_ns` (see [`lease_end`]) unless it already
+    /// runs further.
+    pub fn renew_until(&self, until_ns: u64) {
+        if until_ns > self.0.until_ns.fetch_max(until_ns, Ordering::AcqRel) {
             self.notify();
         }
     }

@@ -17,6 +17,7 @@
 //! "FTH2" | generation u64 LE | sequence u64 LE | MAC (32 bytes) over the first 20
 //! ```
 
+use crate::adaptive::ArrivalGaps;
 use crate::pair_key::PairKey;
 use crate::LiveTiming;
 use std::collections::VecDeque;
@@ -60,6 +61,8 @@ struct Shared {
     /// Our recent beats: (sequence number, CLOCK_BOOTTIME ns when sent),
     /// oldest first, for the fence's lease (see `fence`).
     sent: Mutex<VecDeque<(u64, u64)>>,
+    /// The gaps between the peer's beats, which the timeout is learned from.
+    gaps: ArrivalGaps,
     stop: AtomicBool,
 }
 
@@ -76,6 +79,12 @@ impl HeartbeatLog {
     /// The sequence number of the peer's last beat heard (0: none yet).
     pub fn heard_seq(&self) -> u64 {
         self.0.heard_seq.load(Ordering::Acquire)
+    }
+
+    /// The heartbeat timeout learned from the peer's beats (see
+    /// [`Heartbeat::timeout`]).
+    pub fn timeout(&self, timing: crate::Timing) -> Duration {
+        self.0.gaps.timeout(timing, Instant::now())
     }
 
     /// When we sent our beat `seq` (CLOCK_BOOTTIME ns), if it is recent.
@@ -117,6 +126,7 @@ impl Heartbeat {
             last_heard_us: AtomicU64::new(0),
             heard_seq: AtomicU64::new(0),
             sent: Mutex::new(VecDeque::new()),
+            gaps: ArrivalGaps::new(),
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -132,6 +142,12 @@ impl Heartbeat {
     pub fn silence(&self) -> Duration {
         let heard = self.shared.last_heard_us.load(Ordering::Relaxed);
         self.shared.start.elapsed().saturating_sub(Duration::from_micros(heard))
+    }
+
+    /// The heartbeat silence after which the peer is failed, learned from
+    /// its beats' arrivals within `timing`'s bounds (see [`crate::adaptive`]).
+    pub fn timeout(&self, timing: crate::Timing) -> Duration {
+        self.shared.gaps.timeout(timing, Instant::now())
     }
 
     /// Whether the peer has been heard at all.
@@ -229,7 +245,9 @@ fn beat(sock: UdpSocket, mut peer: SocketAddr, beats: Beats, timing: LiveTiming,
                 // in two pairs at once while its backup moves): answered
                 // there, once a beat proved it is the peer's.
                 peer = from;
-                let us = s.start.elapsed().as_micros().max(1) as u64;
+                let now = Instant::now();
+                s.gaps.heard(now);
+                let us = now.saturating_duration_since(s.start).as_micros().max(1) as u64;
                 // The time first: whoever reads the sequence number may
                 // rely on the silence it implies.
                 s.last_heard_us.store(us, Ordering::Relaxed);
@@ -248,7 +266,7 @@ mod tests {
     }
 
     fn every(interval: Duration) -> crate::Timing {
-        crate::Timing { timeout: interval * 10, interval }
+        crate::Timing { timeout: interval * 10, min_timeout: interval * 10, interval }
     }
 
     /// What an attacker on the network can send, while the real peer is

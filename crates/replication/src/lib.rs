@@ -9,6 +9,8 @@
 //! - [`disk_sync`]: the blocks that make the backup's copy of a disk the
 //!   same as the primary's when protection starts;
 //! - [`heartbeat`]: UDP heartbeats between the two hosts, each with a MAC;
+//! - [`adaptive`]: the heartbeat timeout learned from the beats' arrival
+//!   gaps, and the timeouts a backup promised its primary;
 //! - [`pair_key`]: the secret the two hosts share, which keys the
 //!   channel's handshake and the heartbeats;
 //! - [`arbiter`]: the atomic test-and-set on shared storage that lets only
@@ -28,6 +30,7 @@
 //!
 //! The program drives a machine with these; nothing here runs guest code.
 
+pub mod adaptive;
 pub mod arbiter;
 pub mod channel;
 pub mod checkpoint_stream;
@@ -49,26 +52,49 @@ use std::time::{Duration, Instant};
 /// Failure detection settings shared by both ends.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
-    /// Silence after which the peer is declared failed.
+    /// Silence after which the peer is declared failed: of the channel
+    /// always, and of the heartbeats while nothing shorter was learned.
     pub timeout: Duration,
+    /// The shortest heartbeat silence ever declared a failure: the floor
+    /// of the timeout learned from the beats' arrivals (see [`adaptive`]).
+    /// Equal to `timeout`, nothing is learned.
+    pub min_timeout: Duration,
     /// How often each side shows it is alive (heartbeats, acknowledgements,
     /// keep-alive frames when the log is quiet).
     pub interval: Duration,
 }
 
-impl Timing {
-    /// Heartbeats every 50 ms, failure after 500 ms of silence: ten missed
-    /// beats. VMware FT waits "a few seconds" over a datacenter network; our
-    /// beats come from threads that never wait for the guest, so only a
-    /// stalled host or a broken link silences them, and a failover of a
-    /// second or less needs detection well under that.
-    pub const DEFAULT: Timing = Timing { timeout: Duration::from_millis(500), interval: Duration::from_millis(50) };
+/// The default floor of the learned heartbeat timeout: six beats of 10 ms.
+/// A crash is declared within it on a calm network, and a beat's path
+/// (a real-time thread, one datagram) is rarely late by more on a host
+/// that is not starved; a host whose beats are later learns a longer one.
+pub const DEFAULT_MIN_TIMEOUT: Duration = Duration::from_millis(60);
 
+impl Timing {
+    /// Failure after 500 ms of silence at most, and after the timeout
+    /// learned from the heartbeats' arrivals (60 ms at least) when the
+    /// network is calm enough; heartbeats every 10 ms. VMware FT waits "a
+    /// few seconds" over a datacenter network; our beats come from threads
+    /// that never wait for the guest, so only a stalled host or a broken
+    /// link silences them.
+    pub const DEFAULT: Timing = Timing {
+        timeout: Duration::from_millis(500),
+        min_timeout: DEFAULT_MIN_TIMEOUT,
+        interval: Duration::from_millis(10),
+    };
+
+    /// At most `timeout`, at least `min_timeout` (at most `timeout`).
+    pub fn new(timeout: Duration, min_timeout: Duration) -> Timing {
+        let min_timeout = min_timeout.min(timeout);
+        // Six beats within the shortest timeout, within bounds that keep a
+        // beat cheap and detection responsive.
+        let interval = (min_timeout / 6).clamp(Duration::from_millis(5), Duration::from_millis(1000));
+        Timing { timeout, min_timeout, interval }
+    }
+
+    /// At most `timeout`, with the default floor.
     pub fn with_timeout(timeout: Duration) -> Timing {
-        // Ten beats per timeout, within bounds that keep a beat cheap and
-        // detection responsive.
-        let interval = (timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(1000));
-        Timing { timeout, interval }
+        Timing::new(timeout, DEFAULT_MIN_TIMEOUT)
     }
 }
 
@@ -84,6 +110,7 @@ pub struct LiveTiming(Arc<LiveInner>);
 #[derive(Debug)]
 struct LiveInner {
     timeout_us: AtomicU64,
+    min_timeout_us: AtomicU64,
     interval_us: AtomicU64,
     /// A longer timeout that still holds until then (see [`LiveTiming::follow`]).
     held: Mutex<Option<(Duration, Instant)>>,
@@ -93,6 +120,7 @@ impl LiveTiming {
     pub fn new(timing: Timing) -> LiveTiming {
         let t = LiveTiming(Arc::new(LiveInner {
             timeout_us: AtomicU64::new(0),
+            min_timeout_us: AtomicU64::new(0),
             interval_us: AtomicU64::new(0),
             held: Mutex::new(None),
         }));
@@ -110,13 +138,14 @@ impl LiveTiming {
             Some(_) => *held = None,
             None => {}
         }
-        Timing { timeout, interval: us(&self.0.interval_us) }
+        Timing { timeout, min_timeout: us(&self.0.min_timeout_us).min(timeout), interval: us(&self.0.interval_us) }
     }
 
     /// From now on: `timing` (a reader may see the old timeout with the
     /// new interval for a moment; either pair is a sound setting).
     pub fn set(&self, timing: Timing) {
         self.0.timeout_us.store(timing.timeout.as_micros() as u64, Ordering::Relaxed);
+        self.0.min_timeout_us.store(timing.min_timeout.as_micros() as u64, Ordering::Relaxed);
         self.0.interval_us.store(timing.interval.as_micros() as u64, Ordering::Relaxed);
     }
 
@@ -126,14 +155,25 @@ impl LiveTiming {
     /// a lease it was granted under the old one may still run for up to
     /// the old timeout; declaring the primary failed sooner than that
     /// could let the backup go live while the primary still releases
-    /// outputs. The interval changes at once (beats more often are
-    /// harmless; the primary beats at the new one already).
-    pub fn follow(&self, timing: Timing) {
-        let old = self.get().timeout;
-        if timing.timeout < old {
-            *self.0.held.lock().unwrap() = Some((old, Instant::now() + old));
+    /// outputs. (Heartbeat timeouts told under the old one bind through
+    /// [`adaptive::Promises`].) Like the primary's, see [`LiveTiming::fix`].
+    pub fn follow(&self, timeout: Duration) {
+        let now = self.get();
+        if timeout < now.timeout {
+            *self.0.held.lock().unwrap() = Some((now.timeout, Instant::now() + now.timeout));
         }
-        self.set(timing);
+        self.fix(timeout);
+    }
+
+    /// From now on the peer is failed after exactly `timeout` of silence,
+    /// of the channel or the beats: a timeout set through the control
+    /// socket is the one the user wants, not a bound to learn within.
+    /// The beats keep their pace: the other side, until it takes the
+    /// change, still judges them by the timeout it learned.
+    pub fn fix(&self, timeout: Duration) {
+        let us = timeout.as_micros() as u64;
+        self.0.timeout_us.store(us, Ordering::Relaxed);
+        self.0.min_timeout_us.store(us, Ordering::Relaxed);
     }
 }
 
@@ -152,13 +192,16 @@ mod tests {
     /// longer one holds at once.
     #[test]
     fn a_followed_timeout_shortens_only_after_the_old_one_has_run() {
-        let t = LiveTiming::new(Timing::with_timeout(Duration::from_millis(300)));
-        t.follow(Timing::with_timeout(Duration::from_millis(100)));
+        let t = LiveTiming::new(Timing::new(Duration::from_millis(300), Duration::from_millis(60)));
+        t.follow(Duration::from_millis(100));
         assert_eq!(t.get().timeout, Duration::from_millis(300));
-        assert_eq!(t.get().interval, Duration::from_millis(10), "beats faster at once");
+        assert_eq!(t.get().min_timeout, Duration::from_millis(100), "fixed: nothing learned below it");
+        assert_eq!(t.get().interval, Duration::from_millis(10), "the beats keep their pace");
         std::thread::sleep(Duration::from_millis(320));
         assert_eq!(t.get().timeout, Duration::from_millis(100));
-        t.follow(Timing::with_timeout(Duration::from_millis(900)));
+        t.follow(Duration::from_millis(900));
         assert_eq!(t.get().timeout, Duration::from_millis(900));
+        assert_eq!(t.get().min_timeout, Duration::from_millis(900));
+        assert_eq!(t.get().interval, Duration::from_millis(10));
     }
 }

@@ -43,8 +43,8 @@ pub enum Request {
     /// Stop protecting the VM on purpose, without a failover: the backup
     /// stops following, and the VM runs on unprotected.
     Unprotect,
-    /// Change the pair's failure timeout (milliseconds), on the primary:
-    /// it takes the change now and sends it to its backup as a control
+    /// Fix the pair's failure timeout (milliseconds; the heartbeats'
+    /// too, nothing learned below it), on the primary: it takes the change now and sends it to its backup as a control
     /// entry on the channel (VMware FT §3.3), never by hand on the backup.
     Timeout {
         ms: u64,

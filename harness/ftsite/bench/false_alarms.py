@@ -25,6 +25,7 @@ acknowledged was lost, 1 otherwise, 2 on bad input.
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -64,8 +65,18 @@ def main():
         print(f"false-alarms: {args.mode}, timeout {args.timeout_ms} ms, {args.spinners} spinner(s), "
               f"{args.seconds:.0f} s loaded; load average {load_average():.2f} at the start; {binary.identity}", flush=True)
         started = time.monotonic()
+        learned = {"primary": [], "backup": []}
+
+        def watch(primary, backup):
+            # The heartbeat timeouts each side judges by, as learned.
+            for side, p in (("primary", primary), ("backup", backup)):
+                try:
+                    learned[side].append(ftsite.status(p.sock)["heartbeat_timeout_ms"])
+                except (ftsite.TrialFailed, OSError, KeyError, ValueError):
+                    pass
+
         r = ftsite.failover_trial(binary.path, work, "fa", "crash", args.seconds, timeout_ms=args.timeout_ms,
-                                  cores=None, primary_extra=extra,
+                                  cores=None, primary_extra=extra, watch=watch,
                                   say=lambda m: print(f"  [{time.monotonic() - started:6.1f} s] {m}", flush=True))
         load = load_average()
         for s in spinners:
@@ -89,6 +100,10 @@ def main():
               f"(load average {load:.2f} at the end); the crash declared after {declared} (limit "
               f"{limit * 1000:.0f} ms), the backup live after {live}; {r.acked} keys acknowledged, "
               f"lost {r.lost}, connection dropped: {r.dropped}")
+        for side, values in learned.items():
+            if values:
+                print(f"false-alarms: the {side}'s heartbeat timeout, sampled {len(values)} times a second apart: "
+                      f"min {min(values)} ms, median {statistics.median(values):.0f} ms, max {max(values)} ms")
         if r.error:
             print(f"false-alarms: the trial failed: {r.error}")
         ok = (not false and r.error is None and r.ok and r.declared is not None and r.declared <= limit)

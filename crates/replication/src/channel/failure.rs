@@ -48,18 +48,22 @@ pub(super) fn declare(failed: &Mutex<Option<Failure>>, f: &Failure) -> bool {
 }
 
 /// How much later than asked the detector may wake before it takes the
-/// delay for a stall of its own host: a quarter of the timeout (a peer's
-/// real silence is then still judged within the timeout and a beat).
-fn own_stall(timing: Timing) -> Duration {
-    timing.timeout / 4
+/// delay for a stall of its own host: a quarter of the shortest timeout
+/// it judges by (a peer's real silence is then still judged within the
+/// timeout and a beat).
+fn own_stall(shortest: Duration) -> Duration {
+    shortest / 4
 }
 
 /// The failure detector's loop: watches the peer's channel traffic and
-/// heartbeats until one is silent for the timeout or the end is stopped.
-/// `timing` says the settings at each look (they may change meanwhile).
+/// heartbeats until the channel is silent for the timeout, or the beats
+/// for the heartbeat timeout (`beat_timeout`, at most the timeout), or the
+/// end is stopped. `timing` says the settings at each look (they may
+/// change meanwhile).
 pub(super) fn detect(
     timing: impl Fn() -> Timing,
     heartbeat: &Mutex<Option<Heartbeat>>,
+    beat_timeout: impl Fn(&Heartbeat, Timing) -> Duration,
     stop: &AtomicBool,
     failed: &Mutex<Option<Failure>>,
     channel_silence: impl Fn() -> Duration,
@@ -75,6 +79,7 @@ pub(super) fn detect(
         if stop.load(Ordering::Relaxed) || failed.lock().unwrap().is_some() {
             return;
         }
+        let beats = heartbeat.lock().unwrap().as_ref().map(|hb| (hb.silence(), beat_timeout(hb, timing)));
         // Woken far later than asked: this host, not the peer, stalled
         // (stopped, suspended, or starved of CPU). What the peer sent
         // meanwhile may still be waiting to be read by threads that
@@ -82,7 +87,7 @@ pub(super) fn detect(
         // a couple of beats to catch up.
         let late = last_look.elapsed().saturating_sub(tick);
         last_look = std::time::Instant::now();
-        if late > own_stall(timing) {
+        if late > own_stall(beats.map_or(timing.timeout, |(_, t)| t.min(timing.timeout))) {
             judge_from = std::time::Instant::now() + timing.interval * 2;
         }
         if std::time::Instant::now() < judge_from {
@@ -92,9 +97,8 @@ pub(super) fn detect(
         if quiet > timing.timeout {
             return fail(Failure::ChannelSilent(quiet));
         }
-        if let Some(hb) = &*heartbeat.lock().unwrap() {
-            let quiet = hb.silence();
-            if quiet > timing.timeout {
+        if let Some((quiet, limit)) = beats {
+            if quiet > limit {
                 return fail(Failure::HeartbeatSilent(quiet));
             }
         }
@@ -113,13 +117,18 @@ mod tests {
     /// threads have had the time to read what came meanwhile.
     #[test]
     fn a_stall_of_our_own_is_not_taken_for_the_peers_silence() {
-        let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+        let timing = Timing {
+            timeout: Duration::from_millis(200),
+            min_timeout: Duration::from_millis(200),
+            interval: Duration::from_millis(20),
+        };
         let looks = AtomicU32::new(0);
         let woke = Mutex::new(None);
         let declared = Mutex::new(None);
         detect(
             || timing,
             &Mutex::new(None),
+            |_, t| t.timeout,
             &AtomicBool::new(false),
             &Mutex::new(None),
             || {

@@ -9,6 +9,7 @@ use super::secure::{self, HandshakeError, Opener, Sealer, Session};
 use super::sender::HANDSHAKE_WAIT;
 use super::wire::{self, MAX_REQUEST};
 use super::{spawn, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
+use crate::adaptive::Promises;
 use crate::heartbeat::Heartbeat;
 use crate::pair_key::PairKey;
 use crate::poll::{self, WaiterTurn};
@@ -60,6 +61,8 @@ struct BackupShared {
     /// The failure detection settings, given at [`LogReceiver::start`]
     /// and changed by the primary's control entries.
     timing: LiveTiming,
+    /// The heartbeat timeouts told the primary, which bind the detector.
+    promises: Promises,
 }
 
 /// The backup's end: receives the log, acknowledges it, detects failure.
@@ -108,6 +111,7 @@ impl LogReceiver {
             log_turn: WaiterTurn::default(),
             short_waits: AtomicBool::new(false),
             timing: LiveTiming::new(Timing::DEFAULT),
+            promises: Promises::default(),
         });
         Ok(LogReceiver { shared, peer, stream, session: Mutex::new(Some(session)) })
     }
@@ -163,7 +167,10 @@ impl LogReceiver {
             spawn_watcher("ft-detect", move || {
                 let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
                 let timing = || shared.timing.get();
-                detect(timing, &shared.heartbeat, &shared.stop, &shared.failed, silence, |f| fail(f))
+                // The timeout learned, or a longer one told the primary
+                // that may still bound its lease.
+                let beat_timeout = |hb: &Heartbeat, t| hb.timeout(t).max(shared.promises.binding());
+                detect(timing, &shared.heartbeat, beat_timeout, &shared.stop, &shared.failed, silence, |f| fail(f))
             })?;
         }
         Ok(())
@@ -183,7 +190,18 @@ impl LogReceiver {
     /// Takes the failure timeout the primary sent in a control entry
     /// (see [`LiveTiming::follow`] for when a shorter one holds).
     pub fn follow_timeout(&self, timeout: Duration) {
-        self.shared.timing.follow(Timing::with_timeout(timeout));
+        self.shared.timing.follow(timeout);
+    }
+
+    /// The heartbeat silence after which the primary is declared failed
+    /// now: learned from its beats, or a longer one this side told it
+    /// (the timeout while no beat is watched).
+    pub fn heartbeat_timeout(&self) -> Duration {
+        let timing = self.shared.timing.get();
+        match &*self.shared.heartbeat.lock().unwrap() {
+            Some(hb) => hb.timeout(timing).max(self.shared.promises.binding()),
+            None => timing.timeout,
+        }
     }
 
     /// Stops the heartbeats (a backup going live): its socket is let go,
@@ -478,9 +496,16 @@ impl Receipt {
         let now = (received, shared.executed.load(Ordering::Relaxed));
         let timing = shared.timing.get();
         if now.0 != self.acked.0 || self.last_ack.elapsed() >= timing.interval {
-            let heard = shared.heartbeat.lock().unwrap().as_ref().map_or(0, |h| h.log().heard_seq());
-            let timeout_ms = timing.timeout.as_millis().min(u32::MAX as u128) as u32;
-            self.send(&wire::ack(now.0, now.1, heard, timeout_ms)).map_err(|e| Failure::Closed(e.to_string()))?;
+            let (heard, beat_timeout) = match &*shared.heartbeat.lock().unwrap() {
+                Some(h) => (h.log().heard_seq(), h.timeout(timing)),
+                None => (0, timing.timeout),
+            };
+            // Kept before it is told: from the moment the primary may
+            // reckon a lease with it, the detector judges by it.
+            shared.promises.told(beat_timeout);
+            let ms = |d: Duration| d.as_millis().min(u32::MAX as u128) as u32;
+            let ack = wire::ack(now.0, now.1, heard, ms(timing.timeout), ms(beat_timeout));
+            self.send(&ack).map_err(|e| Failure::Closed(e.to_string()))?;
             self.acked = now;
             self.last_ack = Instant::now();
         }

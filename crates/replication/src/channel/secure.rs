@@ -34,7 +34,7 @@ const PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 /// other use of the same key cannot be passed off as one of ours, and
 /// two builds whose messages differ do not talk (v2: acknowledgements
 /// carry the backup's timeout).
-const PROLOGUE: &[u8] = b"ftvm logging channel v2";
+const PROLOGUE: &[u8] = b"ftvm logging channel v3";
 /// Noise's largest message.
 const MAX_MESSAGE: usize = 65535;
 const TAG: usize = 16;

@@ -74,6 +74,8 @@ struct PrimaryShared {
     timing: LiveTiming,
     /// The backup's failure timeout as its last acknowledgement said (µs).
     backup_timeout_us: AtomicU64,
+    /// The backup's heartbeat timeout as its last acknowledgement said (µs).
+    backup_beat_timeout_us: AtomicU64,
     /// Our heartbeats' send times, if the backup watches them too.
     heartbeat: Option<HeartbeatLog>,
     /// (bytes sent once the write was done, CLOCK_BOOTTIME ns as it
@@ -93,6 +95,15 @@ struct PrimaryShared {
     /// whether the sender thread writes them or a waiting caller does
     /// (and the frames their nonces' order).
     out: Mutex<SealedOut>,
+}
+
+/// When the backup last heard from us, by what an acknowledgement proves
+/// (CLOCK_BOOTTIME ns).
+struct Heard {
+    /// The start of the write that held the last byte it received.
+    channel: u64,
+    /// The sending of the last heartbeat it heard, if it watches them.
+    beat: Option<u64>,
 }
 
 /// The socket's writing end and what seals for it.
@@ -142,11 +153,11 @@ impl PrimaryShared {
 
     /// When the backup last heard from us, as an acknowledgement of
     /// `received` bytes, naming our heartbeat `heartbeat`, proves: the
-    /// start of the write that held the last byte received, or the
-    /// heartbeat's sending if earlier (the backup declares us failed when
-    /// either falls silent). None if it proves nothing (no byte yet, or a
-    /// watched heartbeat it has not heard).
-    fn heard_at(&self, received: u64, heartbeat: u64) -> Option<u64> {
+    /// start of the write that held the last byte received, and the
+    /// heartbeat's sending (the backup declares us failed when either
+    /// falls silent, each after a timeout of its own). None if it proves
+    /// nothing (no byte yet, or a watched heartbeat it has not heard).
+    fn heard_at(&self, received: u64, heartbeat: u64) -> Option<Heard> {
         let channel = {
             let mut times = self.write_times.lock().unwrap();
             // Acknowledgements only grow: writes wholly before this one
@@ -157,8 +168,8 @@ impl PrimaryShared {
             times.front().filter(|&&(end, _)| received > 0 && end >= received).map(|&(_, t)| t)?
         };
         match &self.heartbeat {
-            None => Some(channel),
-            Some(log) => log.sent_at(heartbeat).map(|beat| beat.min(channel)),
+            None => Some(Heard { channel, beat: None }),
+            Some(log) => log.sent_at(heartbeat).map(|beat| Heard { channel, beat: Some(beat) }),
         }
     }
 
@@ -212,15 +223,23 @@ impl AckStream {
         let mut at = 0;
         while let Some((msg, len)) = wire::parse(&self.partial[at..])? {
             match msg {
-                Message::Ack { received, icount, heartbeat, timeout_ms } => {
+                Message::Ack { received, icount, heartbeat, timeout_ms, beat_timeout_ms } => {
                     if let Some(heard) = shared.heard_at(received, heartbeat) {
                         // The lease runs no longer than either side's
                         // timeout: the backup's bounds when it may go
                         // live; ours is the lower while a shorter one we
                         // chose is on its way to it (see `set_timeout`).
-                        let theirs = Duration::from_millis(timeout_ms as u64);
-                        shared.fence.renew(heard, theirs.min(shared.timing.get().timeout));
+                        // It ends where the first of the backup's two
+                        // silences (channel, beats) could end.
+                        let ours = shared.timing.get().timeout;
+                        let ms = |ms: u32| Duration::from_millis(ms as u64).min(ours);
+                        let mut until = fence::lease_end(heard.channel, ms(timeout_ms));
+                        if let Some(beat) = heard.beat {
+                            until = until.min(fence::lease_end(beat, ms(beat_timeout_ms)));
+                        }
+                        shared.fence.renew_until(until);
                     }
+                    shared.backup_beat_timeout_us.store(beat_timeout_ms as u64 * 1000, Ordering::Relaxed);
                     shared.backup_timeout_us.store(timeout_ms as u64 * 1000, Ordering::Relaxed);
                     let now = shared.clock.now_us();
                     shared.last_ack_us.store(now, Ordering::Relaxed);
@@ -303,6 +322,7 @@ impl LogSender {
             fence,
             timing: timing.into(),
             backup_timeout_us: AtomicU64::new(0),
+            backup_beat_timeout_us: AtomicU64::new(0),
             heartbeat: heartbeat.as_ref().map(Heartbeat::log),
             write_times: Mutex::new(VecDeque::new()),
             last_sent_us: AtomicU64::new(0),
@@ -370,6 +390,7 @@ impl LogSender {
                 detect(
                     || shared.detection_timing(),
                     &heartbeat,
+                    |hb, timing| hb.timeout(timing),
                     &shared.stop,
                     &shared.failed,
                     || shared.clock.since(shared.last_ack_us.load(Ordering::Relaxed)),
@@ -559,7 +580,21 @@ impl SenderWatch {
     /// once runs no longer than the new timeout, and no longer than the
     /// backup's until it says it has taken the change.
     pub fn set_timeout(&self, timeout: Duration) {
-        self.shared.timing.set(Timing::with_timeout(timeout));
+        self.shared.timing.fix(timeout);
+    }
+
+    /// The backup's heartbeat timeout, as its last acknowledgement said
+    /// (None before the first): how soon it declares us failed when our
+    /// beats stop.
+    pub fn backup_heartbeat_timeout(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.shared.backup_beat_timeout_us.load(Ordering::Relaxed))).filter(|d| !d.is_zero())
+    }
+
+    /// Our heartbeat timeout now: how soon we declare the backup failed
+    /// when its beats stop (the timeout if we watch none).
+    pub fn heartbeat_timeout(&self) -> Duration {
+        let timing = self.shared.timing.get();
+        self.shared.heartbeat.as_ref().map_or(timing.timeout, |log| log.timeout(timing))
     }
 }
 

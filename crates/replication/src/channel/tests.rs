@@ -249,7 +249,11 @@ fn after_a_close_the_log_is_consumed_once_the_reader_has_read_it_all() {
 
 #[test]
 fn silence_is_a_failure_after_the_timeout() {
-    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let timing = Timing {
+        timeout: Duration::from_millis(200),
+        min_timeout: Duration::from_millis(200),
+        interval: Duration::from_millis(20),
+    };
     let (addr, acc) = backup_on_loopback(1 << 20);
     // A primary that completes the handshake and then sends nothing at
     // all, not even keep-alives (a link that stopped carrying its bytes).
@@ -273,7 +277,11 @@ fn a_primary_with_no_log_to_send_keeps_its_channel_alive() {
     // The VM's side writes nothing for three timeouts (a checkpoint being
     // compressed, a starved VM thread): the channel's own sender thread
     // keeps the backup hearing from it, and the log goes on in order.
-    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let timing = Timing {
+        timeout: Duration::from_millis(200),
+        min_timeout: Duration::from_millis(200),
+        interval: Duration::from_millis(20),
+    };
     let (mut s, prx, r, brx) = pair(1 << 20, timing);
     s.write_all(b"before").unwrap();
     s.send_now();
@@ -291,7 +299,11 @@ fn a_primary_with_no_log_to_send_keeps_its_channel_alive() {
 
 #[test]
 fn a_silent_backup_is_a_failure_for_the_primary() {
-    let timing = Timing { timeout: Duration::from_millis(200), interval: Duration::from_millis(20) };
+    let timing = Timing {
+        timeout: Duration::from_millis(200),
+        min_timeout: Duration::from_millis(200),
+        interval: Duration::from_millis(20),
+    };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     // Accepts, completes the handshake, and never acknowledges.
@@ -403,7 +415,11 @@ fn tampered_log_is_a_failure_not_data() {
 /// allowances) after the last, whatever the primary does meanwhile.
 #[test]
 fn acknowledgements_renew_the_primarys_lease_and_it_runs_out_without_them() {
-    let timing = Timing { timeout: Duration::from_millis(400), interval: Duration::from_millis(20) };
+    let timing = Timing {
+        timeout: Duration::from_millis(400),
+        min_timeout: Duration::from_millis(400),
+        interval: Duration::from_millis(20),
+    };
     let (mut s, _prx, r, _brx) = pair(1 << 20, timing);
     let fence = s.fence();
     assert!(!fence.allows(), "a lease before any acknowledgement");
@@ -436,7 +452,11 @@ fn within_5s(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn the_lease_runs_no_longer_than_the_backups_timeout() {
     let long = Timing::with_timeout(Duration::from_secs(4));
-    let short = Timing { timeout: Duration::from_millis(300), interval: Duration::from_millis(20) };
+    let short = Timing {
+        timeout: Duration::from_millis(300),
+        min_timeout: Duration::from_millis(300),
+        interval: Duration::from_millis(20),
+    };
     let (addr, acc) = backup_on_loopback(1 << 20);
     let (mut s, _prx) = primary_to(addr, long);
     let r = acc.join().unwrap();
@@ -455,4 +475,77 @@ fn the_lease_runs_no_longer_than_the_backups_timeout() {
     within_5s("the new timeout was never acknowledged", || {
         s.watch().backup_timeout() == Some(Duration::from_millis(900))
     });
+}
+
+/// Two heartbeats beating at each other on fresh loopback ports, each
+/// `(local, peer)`: the primary's and the backup's.
+fn beating(timing: Timing) -> (crate::heartbeat::Heartbeat, crate::heartbeat::Heartbeat) {
+    use crate::heartbeat::Heartbeat;
+    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (p, b) = (free(), free());
+    (Heartbeat::start(p, b, 1, timing, &key()).unwrap(), Heartbeat::start(b, p, 1, timing, &key()).unwrap())
+}
+
+/// Waits (up to 30 s: a loaded host's late beats are learned too) until
+/// `timeout()` is below the ceiling: a timeout was learned from the beats.
+fn learned(timing: Timing, timeout: impl Fn() -> Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let t = timeout();
+        if t < timing.timeout {
+            return t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "nothing learned from the beats: still {t:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The backup learns a heartbeat timeout shorter than the channel's from
+/// the primary's beats, tells it in its acknowledgements, and the
+/// primary's lease runs no longer than it: a backup that stops
+/// acknowledging leaves the primary releasing nothing within the learned
+/// timeout, not the channel's 500 ms.
+#[test]
+fn the_lease_runs_no_longer_than_the_learned_heartbeat_timeout() {
+    let timing = Timing::new(Duration::from_millis(500), Duration::from_millis(60));
+    let (primary_beat, backup_beat) = beating(timing);
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
+    let mut s =
+        LogSender::over(stream, session, DEFAULT_BUFFER, timing, Some(primary_beat), Fence::leased(), |_| {}).unwrap();
+    let r = acc.join().unwrap();
+    r.add_heartbeat(backup_beat);
+    r.start(timing, |_| {}).unwrap();
+    let watch = s.watch();
+    let told = learned(timing, || watch.backup_heartbeat_timeout().unwrap_or(timing.timeout));
+    assert!(told >= timing.min_timeout, "{told:?} below the floor");
+    assert!(learned(timing, || watch.heartbeat_timeout()) >= timing.min_timeout, "the primary learns too");
+    let fence = s.fence();
+    s.write_all(b"some log").unwrap();
+    assert!(s.wait_acked(8, Duration::from_secs(5)));
+    within_5s("the acknowledgement did not renew the lease", || fence.allows());
+    let told = watch.backup_heartbeat_timeout().unwrap();
+    r.hold_acks();
+    let held = Instant::now();
+    within_5s("the lease never ran out", || !fence.allows());
+    assert!(held.elapsed() <= told, "ran {:?}, longer than the {told:?} the backup told", held.elapsed());
+}
+
+/// A primary whose beats stop while its channel still carries keep-alives
+/// (as a crashed host's would not, but its beats are what the backup
+/// judges first) is declared failed after the learned heartbeat timeout,
+/// well within the channel's.
+#[test]
+fn silent_beats_are_a_failure_after_the_learned_timeout() {
+    let timing = Timing::new(Duration::from_millis(500), Duration::from_millis(60));
+    let (primary_beat, backup_beat) = beating(timing);
+    let (_s, _prx, r, brx) = pair(1 << 20, timing);
+    r.add_heartbeat(backup_beat);
+    let learned = learned(timing, || r.heartbeat_timeout());
+    drop(primary_beat);
+    let stopped = Instant::now();
+    let f = brx.recv_timeout(Duration::from_secs(5)).expect("declared");
+    let after = stopped.elapsed();
+    assert!(matches!(f, Failure::HeartbeatSilent(_)), "{f:?}");
+    assert!(after < timing.timeout, "declared {after:?} after the beats stopped (learned {learned:?})");
 }

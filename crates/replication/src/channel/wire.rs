@@ -7,6 +7,7 @@
 //! acknowledgement: kind 1 | bytes of log received u64 | instructions executed u64
 //!                  | sequence number of the primary's last heartbeat heard u64 (0: none)
 //!                  | the backup's failure timeout, ms u32
+//!                  | the backup's heartbeat timeout, ms u32
 //! refusal:         kind 2 | length u16 | reason
 //! request:         kind 3 | length u32 | bytes
 //! ```
@@ -14,7 +15,7 @@
 use super::failure::Failure;
 
 const ACK: u8 = 1;
-const ACK_LEN: usize = 29;
+const ACK_LEN: usize = 33;
 /// The backup will not follow this primary: kind, length (u16 LE), reason.
 const REFUSE: u8 = 2;
 /// Something the backup asks of the primary before it is ready to follow
@@ -25,7 +26,7 @@ pub const MAX_REQUEST: usize = 16 << 20;
 
 /// One message from the backup, as the primary reads it.
 pub enum Message<'a> {
-    Ack { received: u64, icount: u64, heartbeat: u64, timeout_ms: u32 },
+    Ack { received: u64, icount: u64, heartbeat: u64, timeout_ms: u32, beat_timeout_ms: u32 },
     Request(&'a [u8]),
     Refuse(String),
 }
@@ -33,17 +34,19 @@ pub enum Message<'a> {
 /// An acknowledgement of `received` bytes of log, the backup having
 /// executed up to `icount` and last heard the primary's heartbeat number
 /// `heartbeat`, while it declares the primary failed after `timeout_ms`
-/// of silence: what the primary's lease is reckoned from (`fence`). The
-/// backup says its timeout because the lease must never outrun it, and
-/// the two sides' timeouts may differ (started with different options,
-/// or for a moment while a change the primary sent is on its way).
-pub fn ack(received: u64, icount: u64, heartbeat: u64, timeout_ms: u32) -> [u8; ACK_LEN] {
+/// of the channel's silence or `beat_timeout_ms` of the heartbeats': what
+/// the primary's lease is reckoned from (`fence`). The backup says its
+/// timeouts because the lease must never outrun them, and the two sides'
+/// timeouts differ (the heartbeat timeout is learned by each side, the
+/// timeout may have been set differently or be changing).
+pub fn ack(received: u64, icount: u64, heartbeat: u64, timeout_ms: u32, beat_timeout_ms: u32) -> [u8; ACK_LEN] {
     let mut msg = [0u8; ACK_LEN];
     msg[0] = ACK;
     msg[1..9].copy_from_slice(&received.to_le_bytes());
     msg[9..17].copy_from_slice(&icount.to_le_bytes());
     msg[17..25].copy_from_slice(&heartbeat.to_le_bytes());
     msg[25..29].copy_from_slice(&timeout_ms.to_le_bytes());
+    msg[29..33].copy_from_slice(&beat_timeout_ms.to_le_bytes());
     msg
 }
 
@@ -74,7 +77,8 @@ pub fn parse(msg: &[u8]) -> Result<Option<(Message<'_>, usize)>, Failure> {
             let icount = u64::from_le_bytes(msg[9..17].try_into().unwrap());
             let heartbeat = u64::from_le_bytes(msg[17..25].try_into().unwrap());
             let timeout_ms = u32::from_le_bytes(msg[25..29].try_into().unwrap());
-            Ok(Some((Message::Ack { received, icount, heartbeat, timeout_ms }, ACK_LEN)))
+            let beat_timeout_ms = u32::from_le_bytes(msg[29..33].try_into().unwrap());
+            Ok(Some((Message::Ack { received, icount, heartbeat, timeout_ms, beat_timeout_ms }, ACK_LEN)))
         }
         REQUEST if msg.len() >= 5 => {
             let len = u32::from_le_bytes(msg[1..5].try_into().unwrap()) as usize;
@@ -114,7 +118,7 @@ mod tests {
 
     #[test]
     fn messages_parse_as_written_and_wait_until_whole() {
-        let mut bytes = ack(7, 9, 11, 500).to_vec();
+        let mut bytes = ack(7, 9, 11, 500, 60).to_vec();
         bytes.extend(request(b"digests".to_vec()));
         bytes.extend(refusal("its disk differs"));
         let mut at = 0;
@@ -125,15 +129,15 @@ mod tests {
                 assert!(parse(&bytes[at..cut]).unwrap().is_none(), "cut at {cut}");
             }
             got.push(match msg {
-                Message::Ack { received, icount, heartbeat, timeout_ms } => {
-                    format!("ack {received} {icount} {heartbeat} {timeout_ms}")
+                Message::Ack { received, icount, heartbeat, timeout_ms, beat_timeout_ms } => {
+                    format!("ack {received} {icount} {heartbeat} {timeout_ms} {beat_timeout_ms}")
                 }
                 Message::Request(r) => format!("request {}", String::from_utf8_lossy(r)),
                 Message::Refuse(why) => format!("refuse {why}"),
             });
             at += len;
         }
-        assert_eq!(got, ["ack 7 9 11 500", "request digests", "refuse its disk differs"]);
+        assert_eq!(got, ["ack 7 9 11 500 60", "request digests", "refuse its disk differs"]);
         assert_eq!(at, bytes.len());
         assert_eq!(at_end(&refusal("its disk")[..5]), Failure::Refused("it".into()));
         assert!(matches!(parse(&[9]), Err(Failure::Closed(_))));

@@ -375,6 +375,7 @@ fn following_status(
             received,
             buffered: receiver.buffered() as u64,
             timeout_ms: receiver.timing().get().timeout.as_millis() as u64,
+            heartbeat_timeout_ms: receiver.heartbeat_timeout().as_millis() as u64,
         };
         let status = VmStatus { state, icount, guest_time_s: None, pair: Some(PairStatus::Backup(backup)) };
         Response::Ok(Reply::Status(Box::new(status)))

@@ -37,7 +37,7 @@ use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
 use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
 use ftvm_replication::pair_key::PairKey;
-use ftvm_replication::{LiveTiming, Timing};
+use ftvm_replication::{LiveTiming, Timing, DEFAULT_MIN_TIMEOUT};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -69,9 +69,18 @@ pub struct PairArgs {
     /// under it at the arbiter (with --etcd).
     #[arg(long, value_name = "NAME", requires = "etcd")]
     pub vm_name: Option<String>,
-    /// Silence, in milliseconds, after which the other side is declared failed.
+    /// Silence, in milliseconds, after which the other side is declared
+    /// failed: the channel's, and the heartbeats' until a shorter timeout
+    /// is learned from their arrivals.
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub timeout: u64,
+    /// The shortest heartbeat silence, in milliseconds, declared a failure.
+    /// Each side learns its heartbeat timeout from the other's beats: four
+    /// times the longest gap between two of them in the last minute, at
+    /// least this, at most --timeout (which this may equal, to learn
+    /// nothing). Heartbeats go every sixth of it.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_MIN_TIMEOUT.as_millis() as u64)]
+    pub min_timeout: u64,
     /// UDP port of the heartbeats on the backup's logging-channel address
     /// (the primary beats from a port of its own, which the backup
     /// answers once it has heard it).
@@ -124,7 +133,15 @@ impl PairArgs {
             let (lo, hi) = (TIMEOUT_RANGE_MS.start(), TIMEOUT_RANGE_MS.end());
             return Err(usage(format!("--timeout {} is out of range ({lo} to {hi} ms)", self.timeout)));
         }
-        Ok(Timing::with_timeout(Duration::from_millis(self.timeout)))
+        if self.min_timeout < *TIMEOUT_RANGE_MS.start() || self.min_timeout > self.timeout {
+            return Err(usage(format!(
+                "--min-timeout {} is out of range ({} ms to --timeout, {} ms)",
+                self.min_timeout,
+                TIMEOUT_RANGE_MS.start(),
+                self.timeout
+            )));
+        }
+        Ok(Timing::new(Duration::from_millis(self.timeout), Duration::from_millis(self.min_timeout)))
     }
 
     /// The isolation check before contending at the arbiter: None when
