@@ -64,6 +64,9 @@ pub struct TakeOver {
     /// In epoch mode, the inputs it replayed, each at an epoch end, and
     /// of them those at a multiple of the epoch length.
     pub epoch_inputs: Option<(u64, u64)>,
+    /// Segments to send again as it goes live, as (NIC slot, frame), in
+    /// order ([`crate::resend`]).
+    pub resend: Vec<(usize, Vec<u8>)>,
 }
 
 /// The side that follows.

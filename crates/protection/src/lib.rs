@@ -12,6 +12,8 @@
 //! - [`lockstep`], [`epoch`], [`checkpoint`]: each mode's sides.
 //! - [`control`]: the control entries a primary sends its backup in
 //!   the stream (a new failure timeout).
+//! - [`resend`]: the TCP segments a replaying backup sends again when it
+//!   goes live, so a client waits for no retransmission timer.
 //! - [`transfer`]: a running VM's machine sent to its new backup while
 //!   the guest runs (pre-copy, then a final pause), before its pair starts.
 //! - [`local`]: the disks and files a backup's own host gives a pair:
@@ -36,5 +38,6 @@ pub mod local;
 pub mod lockstep;
 pub mod pair;
 pub mod primary;
+pub mod resend;
 pub mod status;
 pub mod transfer;

@@ -310,6 +310,19 @@ impl HostIo {
         }
     }
 
+    /// Sends `frames` (NIC slot, frame) again, in order, as outputs like
+    /// any other: only if this side may release them now.
+    pub fn resend(&mut self, frames: &[(usize, Vec<u8>)]) {
+        if !self.fence.allows() {
+            return;
+        }
+        for (slot, frame) in frames {
+            if let Some(Slot::Net { tap, .. }) = self.slots.get_mut(*slot) {
+                let _ = tap.send(frame);
+            }
+        }
+    }
+
     /// Holds a received frame for its NIC.
     pub fn receive(&mut self, slot: usize, frame: Vec<u8>) {
         if let Some(Slot::Net { backlog, dropped, .. }) = self.slots.get_mut(slot) {

@@ -110,6 +110,10 @@ pub struct LiveSetup {
     pub disks: Vec<PathBuf>,
     /// Announce the NICs' MACs from here (a backup taking over).
     pub announce: bool,
+    /// Frames to send again once announced, as (NIC slot, frame): the
+    /// last TCP segments a backup's replay made before its primary failed
+    /// (`ftvm_protection::resend`).
+    pub resend: Vec<(usize, Vec<u8>)>,
     pub console_input: bool,
     /// The VM's journal of events (a backup's, which goes on).
     pub events: Events,
@@ -122,6 +126,7 @@ impl LiveSetup {
             nets: Vec::new(),
             disks: Vec::new(),
             announce: false,
+            resend: Vec::new(),
             console_input: true,
             events: Events::default(),
         }
@@ -171,6 +176,10 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
     }
     if setup.announce {
         io.announce();
+        if !setup.resend.is_empty() {
+            io.resend(&setup.resend);
+            eprintln!("ftvm: sent again the last segment of {} TCP connection(s)", setup.resend.len());
+        }
     }
     crate::signals::forward_stop_signals(tx.clone());
     let _control = match &setup.control {

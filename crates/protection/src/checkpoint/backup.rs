@@ -524,7 +524,8 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         for r in records {
             eprintln!("ftvm: wrote the activation record {}", r.display());
         }
-        Ok(TakeOver { machine, disks, checkpoint, epoch_inputs: None })
+        // Its guest's frames were never seen here: nothing to send again.
+        Ok(TakeOver { machine, disks, checkpoint, epoch_inputs: None, resend: Vec::new() })
     }
 }
 

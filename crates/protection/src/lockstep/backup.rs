@@ -13,6 +13,7 @@ use crate::epoch::backup::EpochCheck;
 use crate::error::{PeerError, ProtectionError};
 use crate::local::LocalFiles;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
+use crate::resend::{Keeping, LastSegments};
 use crate::status::BackupMode;
 use ftvm_machine::Machine;
 use ftvm_replay::replayer::{self, FrameRule, NoRule, Outcome, Replayed};
@@ -35,6 +36,8 @@ pub struct ReplayBackup<R: Read> {
     disks: SlotDisks,
     rule: Box<dyn FrameRule>,
     replayed: Replayed,
+    /// The last segment of each TCP connection the replay made.
+    segments: LastSegments,
     show_console: bool,
     /// The last go-live point received, and the instruction replayed to.
     received_end: Arc<AtomicU64>,
@@ -86,6 +89,7 @@ impl<R: Read> ReplayBackup<R> {
             disks,
             rule,
             replayed: Replayed::default(),
+            segments: LastSegments::default(),
             show_console,
             received_end: Arc::default(),
             executed: Arc::default(),
@@ -131,6 +135,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             Some(d) => d,
             None => &mut replayer::Regenerate,
         };
+        let io = &mut Keeping { inner: io, segments: &mut self.segments };
         let (end, executed) = (&self.received_end, &self.executed);
         // Control entries come in order with the log; the report of the
         // progress and of them both go to the run, so both closures hand
@@ -189,6 +194,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             disks: self.disks.into_iter().map(|(_, p)| p).collect(),
             checkpoint: None,
             epoch_inputs,
+            resend: self.segments.recent(),
         })
     }
 }

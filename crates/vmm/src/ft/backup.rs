@@ -266,8 +266,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         }
     };
     let me = format!("backup on {}", hostname());
-    let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration| {
-        let TakeOver { machine, disks, checkpoint, epoch_inputs } = backup.take_over(why, since, gen, &me)?;
+    // `failed`: the primary failed (rather than handed over), so what it
+    // released last may not have reached anyone: sent again.
+    let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration, failed: bool| {
+        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend } = backup.take_over(why, since, gen, &me)?;
         events.emit(PairEvent::GoingLive {
             instruction: machine.icount(),
             checkpoint,
@@ -277,7 +279,9 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         drop(status_socket);
         receiver.stop_heartbeat();
         let control = args.control.clone();
-        let setup = LiveSetup { control, nets, disks, announce: true, console_input: false, events: events.clone() };
+        let resend = if failed { resend } else { Vec::new() };
+        let setup =
+            LiveSetup { control, nets, disks, announce: true, resend, console_input: false, events: events.clone() };
         replay::go_live(machine, &header, &setup)
     };
     match followed {
@@ -301,7 +305,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
                 _ => {
                     events.emit(PairEvent::ArbiterWon { generation: gen });
                     let why = format!("handed over; won generation {gen} at the arbiter");
-                    go_live(backup, &why, received.elapsed())
+                    go_live(backup, &why, received.elapsed(), false)
                 }
             }
         }
@@ -317,7 +321,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         Followed::Cut(unusable) => {
             let decided = decision.lock().unwrap().take();
             match decided {
-                Some((Decision::GoLive(why), detected)) => go_live(backup, &why, detected.elapsed()),
+                Some((Decision::GoLive(why), detected)) => go_live(backup, &why, detected.elapsed(), true),
                 Some((Decision::Halt(deposed), _)) => {
                     events.emit(PairEvent::Halting { reason: deposed.to_string() });
                     Err(VmmError::PrimaryWon(deposed))
