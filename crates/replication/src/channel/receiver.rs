@@ -65,6 +65,15 @@ struct BackupShared {
     promises: Promises,
 }
 
+impl BackupShared {
+    /// The heartbeat silence the detector judges by under `timing`: the
+    /// timeout learned from `hb`, or a longer one told the primary that
+    /// may still bound its lease.
+    fn beat_timeout(&self, hb: &Heartbeat, timing: Timing) -> Duration {
+        hb.timeout(timing).max(self.promises.binding())
+    }
+}
+
 /// The backup's end: receives the log, acknowledges it, detects failure.
 pub struct LogReceiver {
     shared: Arc<BackupShared>,
@@ -167,9 +176,7 @@ impl LogReceiver {
             spawn_watcher("ft-detect", move || {
                 let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
                 let timing = || shared.timing.get();
-                // The timeout learned, or a longer one told the primary
-                // that may still bound its lease.
-                let beat_timeout = |hb: &Heartbeat, t| hb.timeout(t).max(shared.promises.binding());
+                let beat_timeout = |hb: &Heartbeat, t| shared.beat_timeout(hb, t);
                 detect(timing, &shared.heartbeat, beat_timeout, &shared.stop, &shared.failed, silence, |f| fail(f))
             })?;
         }
@@ -199,7 +206,7 @@ impl LogReceiver {
     pub fn heartbeat_timeout(&self) -> Duration {
         let timing = self.shared.timing.get();
         match &*self.shared.heartbeat.lock().unwrap() {
-            Some(hb) => hb.timeout(timing).max(self.shared.promises.binding()),
+            Some(hb) => self.shared.beat_timeout(hb, timing),
             None => timing.timeout,
         }
     }
