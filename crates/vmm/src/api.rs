@@ -44,8 +44,9 @@ pub enum Request {
     /// stops following, and the VM runs on unprotected.
     Unprotect,
     /// Fix the pair's failure timeout (milliseconds; the heartbeats'
-    /// too, nothing learned below it), on the primary: it takes the change now and sends it to its backup as a control
-    /// entry on the channel (VMware FT §3.3), never by hand on the backup.
+    /// too, nothing learned below it), on the primary: it takes the change
+    /// now and sends it to its backup as a control entry on the channel
+    /// (VMware FT §3.3), never by hand on the backup.
     Timeout {
         ms: u64,
     },
