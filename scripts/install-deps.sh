@@ -30,6 +30,7 @@ PACKAGES=(
     qemu-system-misc      # qemu-system-riscv64: the reference machine
     redis-tools
     iperf3
+    iputils-ping          # ping: an echo request nothing resends (test_ft.py, a failover's received frames)
     iproute2
     python3               # the harness (harness/ftsite): site, benches, demo
     python3-pytest        # the FT integration tests (harness/tests), run by Debian's python3

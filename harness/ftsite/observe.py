@@ -147,7 +147,7 @@ EVENTS = {
     "arbiter": "a side went to the arbiter (to claim the pair's generation)",
     "unprotected": "a primary won at the arbiter and runs unprotected",
     "going-live": "a backup goes live; fields: instruction, checkpoint (checkpoint mode), "
-                  "epoch_inputs, epoch_inputs_at_multiples (epoch mode)",
+                  "epoch_inputs, epoch_inputs_at_multiples (epoch mode), segments_sent_again, frames_given",
     "halting": "a side lost at the arbiter and halts; fields: reason",
     "vm-ended": "a backup saw its primary end the VM; fields: powered_off, status (the guest's)",
     "refused-protection": "a primary's backup refused to follow it; fields: disk_not_a_copy",

@@ -51,12 +51,12 @@ def protected_vm(ftvm, tag, scratch, exec_cmd, primary=(), backup=()):
     return site, p, b
 
 
-def checkpoint_pair(ftvm, tag, scratch, exec_cmd, backup_extra=()):
+def checkpoint_pair(ftvm, tag, scratch, exec_cmd, backup_extra=(), primary_extra=()):
     """A checkpoint-mode pair on its own site, each host with its own copy
     of the disk."""
     site = Site(tag)
     mine, theirs = ftsite.two_copies(ftvm, scratch)
-    p, b = start_pair(ftvm, site, scratch, exec_cmd, ["--mode", "checkpoint", "--disk", mine],
+    p, b = start_pair(ftvm, site, scratch, exec_cmd, ["--mode", "checkpoint", "--disk", mine, *primary_extra],
                       ["--disk", theirs, *backup_extra])
     return site, p, b
 
@@ -497,6 +497,40 @@ def test_checkpoint_mode_frames_leave_only_once_their_checkpoint_is_acknowledged
     ms = str(round(ACK_DELAY * 1000))
     site, primary, backup = checkpoint_pair(ftvm, "m", scratch, REDIS, ["--ack-delay", ms])
     outputs_held_and_check(site, primary, backup)
+
+
+def test_checkpoint_mode_a_frame_the_dead_primary_received_reaches_the_guest_on_the_backup(ftvm, scratch):
+    """Issue 31: a frame the primary received after its last checkpoint
+    went to the backup as it arrived, and the backup, going live from
+    that checkpoint (whose guest never had it), gives it to its guest.
+    A ping shows it: nothing resends an ICMP echo request. With
+    checkpoints 2 s apart and none taken early, one is sent just after a
+    checkpoint and the primary is killed 0.4 s later, before the next:
+    the client still gets its echo reply, from the backup. Before, the
+    request died with the primary and the ping failed. (Not longer
+    apart: each side's ARP gives up after 3 s, and an ARP reply waits
+    for its checkpoint like any frame.)"""
+    site, primary, backup = checkpoint_pair(ftvm, "w", scratch, "sleep 100000",
+                                            primary_extra=["--interval", "2000", "--no-idle-checkpoints"])
+    ping = ["ping", "-n", "-c", "1", "-W", "20", GUEST_IP]
+    # Booted, and each side knows the other's MAC (a reply waits up to 2 s
+    # for its checkpoint).
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while site.run("client", ping, check=False, timeout=30).returncode != 0:
+        assert time.monotonic() < deadline, f"the guest never answered a ping:\n{primary.output()}"
+        primary.assert_running()
+    first = status(primary.sock)["checkpoints"]
+    while status(primary.sock)["checkpoints"] == first:
+        time.sleep(0.01)
+    pinging = subprocess.Popen(site.argv("client", *ping), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(0.4)
+    primary.kill9()
+    out, _ = pinging.communicate(timeout=60)
+    live = event(backup, "going-live", timeout=30)
+    print(f"{live.text}\n{out.decode(errors='replace')}")
+    assert pinging.returncode == 0, f"no echo reply after the primary was killed: {out.decode(errors='replace')}"
+    assert live.fields["frames_given"] >= 1, live.text
+    backup.assert_running()
 
 
 # ------------------------------------------------------------- restored

@@ -341,13 +341,15 @@ mod tests {
                     checkpoint: Some(3),
                     epoch_inputs: None,
                     epoch_inputs_at_multiples: None,
+                    segments_sent_again: 2,
+                    frames_given: 1,
                 },
             },
         };
         let json = serde_json::to_string(&e).unwrap();
         assert_eq!(serde_json::from_str::<ClusterEvent>(&json).unwrap(), e);
         assert!(json.contains(r#""source":"pair""#) && json.contains(r#""event":"going_live""#), "{json}");
-        assert_eq!(e.to_string(), "2026-11-26 18:57:32.566 backup redis going_live checkpoint=3 instruction=7");
+        assert_eq!(e.to_string(), "2026-11-26 18:57:32.566 backup redis going_live checkpoint=3 frames_given=1 instruction=7 segments_sent_again=2");
         let c = ClusterEvent {
             what: What::Controller {
                 action: ControllerAction::Protect { on: "spare".into(), mode: "checkpoint".into() },
@@ -374,7 +376,14 @@ mod tests {
     }
 
     fn live() -> PairEvent {
-        PairEvent::GoingLive { instruction: 1, checkpoint: None, epoch_inputs: None, epoch_inputs_at_multiples: None }
+        PairEvent::GoingLive {
+            instruction: 1,
+            checkpoint: None,
+            epoch_inputs: None,
+            epoch_inputs_at_multiples: None,
+            segments_sent_again: 0,
+            frames_given: 0,
+        }
     }
 
     #[test]

@@ -67,6 +67,11 @@ pub struct TakeOver {
     /// Segments to send again as it goes live, as (NIC slot, frame), in
     /// order ([`crate::resend`]).
     pub resend: Vec<(usize, Vec<u8>)>,
+    /// Frames the primary received and never gave its guest (it died
+    /// holding them for a point its stream had not reached), as (NIC
+    /// slot, frame), in order: given to this guest as it goes live, as
+    /// the network would deliver them late.
+    pub undelivered: Vec<(usize, Vec<u8>)>,
 }
 
 /// The side that follows.

@@ -209,6 +209,14 @@ pub enum PairEvent {
         epoch_inputs: Option<u64>,
         /// In epoch mode, those of them at a multiple of the epoch length.
         epoch_inputs_at_multiples: Option<u64>,
+        /// TCP segments it sends again, the last of each connection
+        /// (`resend`; after a failure only).
+        #[serde(default)]
+        segments_sent_again: u64,
+        /// Frames the primary received that its guest never had, given
+        /// to this guest.
+        #[serde(default)]
+        frames_given: u64,
     },
     /// This side lost at the arbiter and halts.
     Halting {
@@ -339,6 +347,8 @@ mod tests {
             checkpoint: None,
             epoch_inputs: None,
             epoch_inputs_at_multiples: None,
+            segments_sent_again: 0,
+            frames_given: 0,
         };
         events.emit(live.clone());
         let next = rx.try_recv().unwrap();

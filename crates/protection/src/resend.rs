@@ -1,7 +1,8 @@
-//! The frames a replaying backup sends again when it goes live (issue 31
-//! item 2): for each TCP connection, the last segment the guest sent that
-//! carried data or a FIN, if the replay made it in the last moments
-//! before the primary failed.
+//! The frames a backup sends again when it goes live (issue 31 item 2):
+//! for each TCP connection, the last segment the guest sent that carried
+//! data or a FIN, if its replay made it (or, in checkpoint mode, a
+//! committed checkpoint's guest sent it) in the last moments before the
+//! primary failed.
 //!
 //! Why: a host that fails without a FIN often dies with a reply just
 //! released into its dead switch port, or held by the Output Rule. The
@@ -24,8 +25,11 @@
 //! client with SACK retransmit: its RACK loss detection needs a SACK), and
 //! anything not TCP (UDP has no duplicates to absorb them).
 //!
-//! Only lockstep and epoch mode see the guest's frames on the backup;
-//! a checkpoint backup resumes from memory and has none to send.
+//! Lockstep and epoch mode see the guest's frames on the backup as the
+//! replay makes them; a checkpoint backup never runs the guest, so its
+//! primary sends the last segments of each interval ahead of the
+//! interval's checkpoint (`checkpoint_stream`'s `Sent` records), and
+//! they count once it commits.
 
 use ftvm_machine::{IoCompletion, IoRequest};
 use ftvm_replay::replayer::{HookError, ReplayIo};

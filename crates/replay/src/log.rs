@@ -10,6 +10,15 @@
 //! must be consumed together. The reader hands out a frame's entries only
 //! once the whole frame is there and its checksum matches.
 //!
+//! A frame whose length has its top bit set ([`WAITING`]) is not part of
+//! the recording: it carries received network frames that wait to be
+//! delivered at a point the log has not reached (epoch mode holds inputs
+//! to the end of their epoch), sent as they arrive so that a backup whose
+//! primary dies before that point can give them to its guest as it goes
+//! live, rather than lose them with the primary. Its entries are
+//! `NetRx` events at instruction 0; the next frame of the recording
+//! delivers every one of them, so reading one forgets them.
+//!
 //! The header is text, one `key value` per line, so a log says plainly
 //! which machine and which starting state it belongs to.
 
@@ -17,14 +26,22 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 
 use crate::codec::{encode, DecodeError, Decoder, Entry, Record};
+use ftvm_machine::{Event, IoCompletion};
 
 const MAGIC: &[u8; 8] = b"FTVMLOG\n";
 /// Bumped whenever the encoding changes; other formats are refused.
 /// 3: the header's machine names the RTC's base (`rtc_base_ns=`), and the
 /// board has an RTC.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: frames of received frames waiting for delivery ([`WAITING`]).
+pub const FORMAT_VERSION: u32 = 4;
 /// Larger frames are taken as corruption rather than allocated.
 pub const MAX_FRAME: u32 = 64 << 20;
+/// The bit of a frame's length that marks a frame of received frames
+/// waiting for delivery (see the module's doc).
+pub const WAITING: u32 = 1 << 31;
+/// Most received frames a reader keeps waiting: more is a primary that
+/// breaks the format (each frame of the recording forgets them all).
+const MAX_WAITING: usize = 4096;
 const MAX_HEADER: u32 = 1 << 20;
 
 /// What a log belongs to: the machine configuration and starting state,
@@ -131,6 +148,10 @@ pub enum LogErrorKind {
     FrameEnd,
     #[error("frame holds a go-live point before its end (corrupt)")]
     GoLiveInside,
+    #[error("a frame of received frames waiting holds something else (corrupt)")]
+    NotWaiting,
+    #[error("more than {MAX_WAITING} received frames waiting (corrupt)")]
+    TooManyWaiting,
 }
 
 /// Writes a log to any byte stream.
@@ -212,17 +233,33 @@ impl<W: Write> LogWriter<W> {
         !self.frame.is_empty()
     }
 
+    /// Sends a frame received on NIC `slot` that waits for delivery at a
+    /// point the log has not reached, at once and beside the frame being
+    /// filled (see the module's doc). The next frame of the recording must
+    /// deliver it.
+    pub fn waiting(&mut self, slot: usize, frame: Vec<u8>) -> std::io::Result<()> {
+        let mut payload = Vec::with_capacity(frame.len() + 16);
+        let ev = Event::Io { slot, completion: IoCompletion::NetRx { frame } };
+        encode(&mut payload, 0, &Record { icount: 0, entry: Entry::Event(ev) });
+        Self::write_frame(&mut self.out, &payload, WAITING)?;
+        self.written += 8 + payload.len() as u64;
+        Ok(())
+    }
+
     fn send_frame(&mut self) -> std::io::Result<()> {
-        let len = self.frame.len() as u32;
-        let mut head = [0u8; 8];
-        head[..4].copy_from_slice(&len.to_le_bytes());
-        head[4..].copy_from_slice(&crc32fast::hash(&self.frame).to_le_bytes());
-        self.out.write_all(&head)?;
-        self.out.write_all(&self.frame)?;
-        self.out.flush()?;
+        Self::write_frame(&mut self.out, &self.frame, 0)?;
         self.written += 8 + self.frame.len() as u64;
         self.frame.clear();
         Ok(())
+    }
+
+    fn write_frame(out: &mut W, payload: &[u8], flags: u32) -> std::io::Result<()> {
+        let mut head = [0u8; 8];
+        head[..4].copy_from_slice(&(payload.len() as u32 | flags).to_le_bytes());
+        head[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        out.write_all(&head)?;
+        out.write_all(payload)?;
+        out.flush()
     }
 }
 
@@ -234,6 +271,9 @@ pub struct LogReader<R: Read> {
     last_go_live: u64,
     ready: VecDeque<Record>,
     ended: bool,
+    /// Received frames waiting for a point the log has not reached, as
+    /// (NIC slot, frame), in order.
+    waiting: Vec<(usize, Vec<u8>)>,
 }
 
 impl<R: Read> LogReader<R> {
@@ -278,6 +318,7 @@ impl<R: Read> LogReader<R> {
             last_go_live: 0,
             ready: VecDeque::new(),
             ended: false,
+            waiting: Vec::new(),
         };
         Ok((reader, header))
     }
@@ -329,6 +370,14 @@ impl<R: Read> LogReader<R> {
         self.offset
     }
 
+    /// The received frames that wait for a point the frames read so far
+    /// have not reached, as (NIC slot, frame), in the order they came:
+    /// what a follower that goes live where the log stops gives its
+    /// guest, since its primary never delivered them.
+    pub fn take_waiting(&mut self) -> Vec<(usize, Vec<u8>)> {
+        std::mem::take(&mut self.waiting)
+    }
+
     fn err(&self, kind: LogErrorKind) -> LogError {
         LogError { offset: self.offset, icount: self.last_go_live, kind }
     }
@@ -343,6 +392,8 @@ impl<R: Read> LogReader<R> {
         }
         let len = u32::from_le_bytes(head[..4].try_into().unwrap());
         let crc = u32::from_le_bytes(head[4..].try_into().unwrap());
+        let waiting = len & WAITING != 0;
+        let len = len & !WAITING;
         if len == 0 || len > MAX_FRAME {
             return Err(self.err(LogErrorKind::FrameSize(len)));
         }
@@ -350,6 +401,9 @@ impl<R: Read> LogReader<R> {
         read_exact_or(&mut self.input, &mut payload).map_err(|_| self.err(LogErrorKind::FrameCut))?;
         if crc32fast::hash(&payload) != crc {
             return Err(self.err(LogErrorKind::FrameChecksum));
+        }
+        if waiting {
+            return self.read_waiting(&payload);
         }
         let mut d = Decoder::new(&payload);
         let mut prev = self.prev;
@@ -374,6 +428,29 @@ impl<R: Read> LogReader<R> {
         self.last_go_live = prev;
         self.offset += 8 + len as u64;
         self.ready.extend(records);
+        // This frame delivered every frame that waited before it.
+        self.waiting.clear();
+        Ok(())
+    }
+
+    /// Keeps the received frames of a frame of them (see the module's doc).
+    fn read_waiting(&mut self, payload: &[u8]) -> Result<(), LogError> {
+        let mut d = Decoder::new(payload);
+        while !d.at_end() {
+            let r = d.next(0).map_err(|e| self.err(LogErrorKind::Entry(e)))?;
+            let Record {
+                icount: 0,
+                entry: Entry::Event(Event::Io { slot, completion: IoCompletion::NetRx { frame } }),
+            } = r
+            else {
+                return Err(self.err(LogErrorKind::NotWaiting));
+            };
+            if self.waiting.len() == MAX_WAITING {
+                return Err(self.err(LogErrorKind::TooManyWaiting));
+            }
+            self.waiting.push((slot, frame));
+        }
+        self.offset += 8 + payload.len() as u64;
         Ok(())
     }
 }
@@ -490,6 +567,54 @@ mod tests {
                 Ok(()) => panic!("flip at byte {i} went unnoticed"),
             }
         }
+    }
+
+    fn rx(n: u8) -> (usize, Vec<u8>) {
+        (1, vec![n; 60])
+    }
+
+    /// Received frames sent beside the recording: not records, and each
+    /// frame of the recording forgets those before it; a log cut after
+    /// some leaves them to take.
+    #[test]
+    fn frames_waiting_are_kept_until_the_next_frame_delivers_them() {
+        let mut w = LogWriter::new(Vec::new(), &header()).unwrap();
+        w.waiting(rx(1).0, rx(1).1).unwrap();
+        w.push(&Record { icount: 10, entry: Entry::Event(Event::ConsoleInput(vec![1])) });
+        w.waiting(rx(2).0, rx(2).1).unwrap();
+        w.go_live(20).unwrap();
+        let delivered = w.bytes_written();
+        w.waiting(rx(3).0, rx(3).1).unwrap();
+        w.waiting(rx(4).0, rx(4).1).unwrap();
+        let bytes = w.sink().clone();
+        assert_eq!(w.bytes_written(), bytes.len() as u64);
+        let (mut r, _) = LogReader::open(&bytes[..]).unwrap();
+        assert_eq!(r.next_record().unwrap().unwrap().icount, 10);
+        assert_eq!(r.next_record().unwrap().unwrap().entry, Entry::GoLive);
+        assert_eq!(r.offset(), delivered);
+        assert!(r.next_record().unwrap_err().is_truncated());
+        assert_eq!(r.take_waiting(), vec![rx(3), rx(4)]);
+        assert_eq!(r.offset(), bytes.len() as u64);
+        // With the frame that delivers them, none is left.
+        w.push(&Record { icount: 30, entry: Entry::Event(Event::ConsoleInput(vec![2])) });
+        let bytes = w.finish(40, None).unwrap();
+        let (got, res) = read_all(&bytes);
+        res.unwrap();
+        assert_eq!(got.len(), 4);
+        let (mut r, _) = LogReader::open(&bytes[..]).unwrap();
+        while r.next_record().unwrap().is_some() {}
+        assert!(r.take_waiting().is_empty());
+    }
+
+    /// A frame marked waiting must hold received frames only.
+    #[test]
+    fn a_waiting_frame_of_anything_else_is_refused() {
+        let mut w = LogWriter::new(Vec::new(), &header()).unwrap();
+        let mut payload = Vec::new();
+        encode(&mut payload, 0, &Record { icount: 0, entry: Entry::Event(Event::ConsoleInput(vec![1])) });
+        LogWriter::write_frame(&mut w.out, &payload, WAITING).unwrap();
+        let (_, res) = read_all(w.sink());
+        assert!(matches!(res.unwrap_err().kind, LogErrorKind::NotWaiting));
     }
 
     #[test]

@@ -136,6 +136,13 @@ impl<W: Write> Recorder<W> {
         self.push(Record { icount, entry: Entry::Event(ev) });
     }
 
+    /// Sends a frame received on NIC `slot` that waits for a point where
+    /// inputs are delivered (an epoch's end) at once, beside the log
+    /// (`log`'s doc): the next frame must deliver it.
+    pub fn waiting(&mut self, slot: usize, frame: Vec<u8>) -> Result<(), RecordError> {
+        self.log.waiting(slot, frame).map_err(|e| self.error(e))
+    }
+
     /// Leaves the data of successful disk reads out of the log from now
     /// on: the backup reads it from the disk itself.
     pub fn omit_read_data(&mut self) {

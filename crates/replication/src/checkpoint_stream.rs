@@ -22,7 +22,22 @@
 //! kind 8, a control entry (VMware FT §3.3): a change made on the
 //!          primary that the backup makes too when it reads it; opaque
 //!          here (the pair's settings are the caller's)
+//! kind 9, a frame the guest received on NIC `slot` while it ran toward
+//!          checkpoint `number`, sent as it arrived:
+//!          number u64 | slot u32 | frame
+//! kind 10, the last TCP segment of a connection among the frames the
+//!          guest sent while it ran toward checkpoint `number` (ahead
+//!          of it): number u64 | slot u32 | frame
 //! ```
+//!
+//! Kinds 9 and 10 are what a backup that goes live from checkpoint c
+//! gives the network that its primary took with it: the frames received
+//! after c, which the guest resumed at c never had (the network may
+//! deliver a frame late), and the last segment of each connection the
+//! guest sent up to c, which the primary may have died holding or
+//! releasing into its dead port (a segment may arrive twice). Without
+//! them the client and the guest each wait for their retransmission
+//! timers.
 //!
 //! A large checkpoint (the first carries all of RAM) goes as several page
 //! records and then the checkpoint: compressing it whole would keep the
@@ -46,6 +61,8 @@ const DISK_SYNC: u8 = 5;
 const KEEP_ALIVE: u8 = 6;
 const HAND_OVER: u8 = 7;
 const CONTROL: u8 = 8;
+const RECEIVED: u8 = 9;
+const SENT: u8 = 10;
 /// Larger records are taken as corruption rather than allocated (a full
 /// first checkpoint of a large guest is the largest thing sent).
 pub const MAX_RECORD: u32 = 1 << 31;
@@ -64,6 +81,10 @@ pub enum Record {
     HandOver,
     /// A change the backup makes too (see the module's table).
     Control(Vec<u8>),
+    /// A frame received while the guest ran toward checkpoint `number`.
+    Received { number: u64, slot: u32, frame: Vec<u8> },
+    /// A connection's last segment sent toward checkpoint `number`.
+    Sent { number: u64, slot: u32, frame: Vec<u8> },
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel
@@ -107,6 +128,16 @@ pub fn encode(out: &mut Vec<u8>, r: &Record) {
         Record::Control(payload) => {
             out.extend_from_slice(payload);
             CONTROL
+        }
+        Record::Received { number, slot, frame } | Record::Sent { number, slot, frame } => {
+            out.extend_from_slice(&number.to_le_bytes());
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(frame);
+            if matches!(r, Record::Received { .. }) {
+                RECEIVED
+            } else {
+                SENT
+            }
         }
     };
     let payload_len = (out.len() - start - 9) as u32;
@@ -250,7 +281,15 @@ fn parse(kind: u8, mut p: Vec<u8>) -> Result<Record, Corruption> {
         KEEP_ALIVE if p.is_empty() => Ok(Record::KeepAlive),
         HAND_OVER if p.is_empty() => Ok(Record::HandOver),
         CONTROL => Ok(Record::Control(p)),
-        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE | HAND_OVER => {
+        RECEIVED | SENT if p.len() >= 12 => {
+            let (number, slot, frame) = (u64_at(&p, 0), u32_at(&p, 8), p.split_off(12));
+            Ok(if kind == RECEIVED {
+                Record::Received { number, slot, frame }
+            } else {
+                Record::Sent { number, slot, frame }
+            })
+        }
+        DISK_WRITE | CHECKPOINT | END | PAGES | DISK_SYNC | KEEP_ALIVE | HAND_OVER | RECEIVED | SENT => {
             Err(Corruption::Length { kind, payload_len: p.len() })
         }
         _ => Err(Corruption::UnknownKind { kind }),
@@ -273,6 +312,8 @@ mod tests {
             Record::KeepAlive,
             Record::HandOver,
             Record::Control(vec![1, 2, 3, 4, 5]),
+            Record::Received { number: 6, slot: 1, frame: vec![7; 60] },
+            Record::Sent { number: 6, slot: 0, frame: vec![8; 1514] },
         ]
     }
 
@@ -345,12 +386,12 @@ mod tests {
             }
         }
         // A record of a kind nobody knows, with a good checksum.
-        let mut odd = vec![9u8, 1, 0, 0, 0];
+        let mut odd = vec![11u8, 1, 0, 0, 0];
         odd.extend_from_slice(&crc32fast::hash(&[0]).to_le_bytes());
         odd.push(0);
         let odd = Reader::new(&odd[..]).next_record().unwrap_err();
-        assert_eq!(odd, ReadError::Corrupt { offset: 0, problem: Corruption::UnknownKind { kind: 9 } });
-        assert_eq!(odd.to_string(), "checkpoint stream at byte 0: unknown record kind 9");
+        assert_eq!(odd, ReadError::Corrupt { offset: 0, problem: Corruption::UnknownKind { kind: 11 } });
+        assert_eq!(odd.to_string(), "checkpoint stream at byte 0: unknown record kind 11");
         // A state longer than its record.
         let mut payload = vec![0u8; 20];
         payload[16..20].copy_from_slice(&100u32.to_le_bytes());

@@ -114,6 +114,9 @@ pub struct LiveSetup {
     /// last TCP segments a backup's replay made before its primary failed
     /// (`ftvm_protection::resend`).
     pub resend: Vec<(usize, Vec<u8>)>,
+    /// Frames received by the primary that its guest never had, as (NIC
+    /// slot, frame): given to the guest first.
+    pub undelivered: Vec<(usize, Vec<u8>)>,
     pub console_input: bool,
     /// The VM's journal of events (a backup's, which goes on).
     pub events: Events,
@@ -127,6 +130,7 @@ impl LiveSetup {
             disks: Vec::new(),
             announce: false,
             resend: Vec::new(),
+            undelivered: Vec::new(),
             console_input: true,
             events: Events::default(),
         }
@@ -180,6 +184,15 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
             io.resend(&setup.resend);
             eprintln!("ftvm: sent again the last segment of {} TCP connection(s)", setup.resend.len());
         }
+    }
+    if !setup.undelivered.is_empty() {
+        for (slot, frame) in &setup.undelivered {
+            io.receive(*slot, frame.clone());
+        }
+        eprintln!(
+            "ftvm: giving the guest {} frame(s) its primary received and never delivered",
+            setup.undelivered.len()
+        );
     }
     crate::signals::forward_stop_signals(tx.clone());
     let _control = match &setup.control {

@@ -19,6 +19,7 @@ use crate::events::{Events, PairEvent};
 use crate::local::LocalFiles;
 use crate::lockstep::backup::primary_digests;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
+use crate::resend::LastSegments;
 use crate::status::BackupMode;
 use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
@@ -28,7 +29,7 @@ use ftvm_replay::Header;
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
 use ftvm_replication::disk_sync::{self, DigestList};
 use ftvm_replication::page_delta::{self, PAGE_SIZE};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,9 @@ use std::time::Duration;
 
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
+/// Most received frames kept for checkpoints not committed; the oldest go
+/// first (each commit forgets those it holds).
+const MAX_RECEIVED: usize = 4096;
 
 /// What the backup holds: the last committed checkpoint.
 pub struct Committed {
@@ -52,6 +56,13 @@ pub struct Committed {
     pub checkpoints: u64,
     /// Disk writes applied so far.
     pub writes: u64,
+    /// Frames the primary's guest received toward checkpoints not
+    /// committed, as (the checkpoint's number, NIC slot, frame), in order:
+    /// a guest resumed from the last commit never had them.
+    pub received: VecDeque<(u64, usize, Vec<u8>)>,
+    /// The last segment of each connection the guest sent up to the last
+    /// commit.
+    pub segments: LastSegments,
 }
 
 impl Committed {
@@ -64,7 +75,17 @@ impl Committed {
             icount: 0,
             checkpoints: 0,
             writes: 0,
+            received: VecDeque::new(),
+            segments: LastSegments::default(),
         })
+    }
+
+    /// What the network lost with the primary, taken for the VM going live
+    /// from the last commit: the last segment of each connection, to send
+    /// again, and the frames received after it, to give the guest.
+    pub fn take_frames(&mut self) -> (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) {
+        let received = self.received.drain(..).map(|(_, slot, frame)| (slot, frame)).collect();
+        (std::mem::take(&mut self.segments).recent(), received)
     }
 
     /// The VM as of the last committed checkpoint.
@@ -215,6 +236,8 @@ pub fn follow(
     let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     // Pages of the checkpoint in progress that came ahead of it.
     let mut staged: Pages = Vec::new();
+    // Last segments of the checkpoint in progress, ahead of it.
+    let mut sent: Vec<(u64, usize, Vec<u8>)> = Vec::new();
     let next = |held: &Committed| if held.state.is_some() { held.number + 1 } else { 0 };
     loop {
         let record = match reader.next_record() {
@@ -269,6 +292,10 @@ pub fn follow(
                     backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
                     held.writes += 1;
                 }
+                held.received.retain(|(n, ..)| *n > number);
+                for (_, slot, frame) in sent.drain(..).filter(|(n, ..)| *n == number) {
+                    held.segments.saw(slot, &frame);
+                }
                 held.state = Some(state);
                 held.number = number;
                 held.icount = icount;
@@ -286,6 +313,16 @@ pub fn follow(
                 }
                 return Ok(Followed::HandedOver);
             }
+            Record::Received { number, slot, frame } => {
+                // Toward a checkpoint committed already: the guest had it.
+                if number >= next(held) {
+                    if held.received.len() == MAX_RECEIVED {
+                        held.received.pop_front();
+                    }
+                    held.received.push_back((number, slot as usize, frame));
+                }
+            }
+            Record::Sent { number, slot, frame } => sent.push((number, slot as usize, frame)),
             Record::KeepAlive => {}
         }
     }
@@ -330,7 +367,8 @@ pub fn receive_machine(input: impl Read, ram_size: u64) -> Result<Option<Machine
                 held.icount = icount;
                 return held.into_machine().map(Some);
             }
-            Record::KeepAlive => {}
+            // The running VM's frames are not held while it is copied.
+            Record::KeepAlive | Record::Received { .. } | Record::Sent { .. } => {}
             Record::Pages { number, .. } => return Err(PeerError::PagesOutOfOrder { number, due: 0 }.into()),
             Record::Checkpoint { number, .. } => return Err(PeerError::CheckpointOutOfOrder { number, due: 0 }.into()),
             Record::DiskWrite { .. } | Record::DiskSync { .. } => return Err(PeerError::NotTransfer("disk").into()),
@@ -503,7 +541,7 @@ impl<R: Read> Backup for CheckpointBackup<R> {
     }
 
     fn take_over(
-        self: Box<Self>,
+        mut self: Box<Self>,
         why: &str,
         since: Duration,
         generation: u64,
@@ -519,13 +557,13 @@ impl<R: Read> Backup for CheckpointBackup<R> {
         let disks: Vec<PathBuf> = self.disks.into_iter().map(|(_, p)| p).collect();
         let records = activate(&disks, &self.held, generation, me)?;
         let checkpoint = Some(self.held.number);
+        let (resend, undelivered) = self.held.take_frames();
         let machine = self.held.into_machine()?;
         eprintln!("{line}");
         for r in records {
             eprintln!("ftvm: wrote the activation record {}", r.display());
         }
-        // Its guest's frames were never seen here: nothing to send again.
-        Ok(TakeOver { machine, disks, checkpoint, epoch_inputs: None, resend: Vec::new() })
+        Ok(TakeOver { machine, disks, checkpoint, epoch_inputs: None, resend, undelivered })
     }
 }
 
@@ -608,5 +646,57 @@ mod tests {
         let last = base + (16 << 20) / PAGE_SIZE as u64 - 1;
         assert_eq!(decode_pages(&ram, 0, &enc.encode(&[last], &[1; PAGE_SIZE])).unwrap()[0].0, last);
         assert!(decode_pages(&ram, 0, &enc.encode(&[last + 1], &[1; PAGE_SIZE])).is_err());
+    }
+
+    /// A TCP segment with `payload` from the guest's port 6379 to `port`.
+    fn segment(port: u16, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 0, 0, 2], [10, 0, 0, 9], 64)
+            .tcp(6379, port, 1000, 65535)
+            .ack(77)
+            .write(&mut out, payload)
+            .unwrap();
+        out
+    }
+
+    /// A stream cut after checkpoint 1: the frames received toward
+    /// checkpoint 2 are what the guest resumed at 1 never had, and the
+    /// last segment of each connection sent up to 1 is sent again; what
+    /// was received toward a committed checkpoint, and the segments of the
+    /// checkpoint that never came whole, are not.
+    #[test]
+    fn going_live_gives_the_frames_after_the_last_commit_and_sends_the_last_segments_up_to_it() {
+        let mut enc = page_delta::PageEncoder::new(4);
+        let mut stream = Vec::new();
+        let state = zstd::bulk::compress(b"state", 1).unwrap();
+        let mut put = |r: Record| ftvm_replication::checkpoint_stream::write(&mut stream, &r).unwrap();
+        let checkpoint = |number: u64, enc: &mut page_delta::PageEncoder| Record::Checkpoint {
+            number,
+            icount: number * 1000,
+            state: state.clone(),
+            pages: enc.encode(&[], &[]),
+        };
+        put(Record::Received { number: 0, slot: 0, frame: b"had at 0".to_vec() });
+        put(checkpoint(0, &mut enc));
+        put(Record::Received { number: 1, slot: 0, frame: b"had at 1".to_vec() });
+        put(Record::Sent { number: 1, slot: 0, frame: segment(40000, b"+OK") });
+        put(Record::Sent { number: 1, slot: 0, frame: segment(40001, b":1") });
+        put(checkpoint(1, &mut enc));
+        put(Record::Received { number: 2, slot: 1, frame: b"never had".to_vec() });
+        put(Record::Sent { number: 2, slot: 0, frame: segment(40000, b"held") });
+        put(Record::Received { number: 2, slot: 0, frame: b"nor this".to_vec() });
+        let mut held = Committed::new(1 << 20).unwrap();
+        let mut disks = Disks::open(&[], Events::default()).unwrap();
+        let followed = follow(&stream[..], &mut held, &mut disks, |_| {}).unwrap();
+        assert!(matches!(followed, Followed::Cut));
+        assert_eq!(held.number, 1);
+        let (resend, undelivered) = held.take_frames();
+        assert_eq!(undelivered, vec![(1, b"never had".to_vec()), (0, b"nor this".to_vec())]);
+        let mut resend: Vec<_> = resend.into_iter().map(|(_, f)| f).collect();
+        resend.sort();
+        let mut want = vec![segment(40000, b"+OK"), segment(40001, b":1")];
+        want.sort();
+        assert_eq!(resend, want);
     }
 }

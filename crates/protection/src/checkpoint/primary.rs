@@ -26,8 +26,9 @@ use crate::primary::{
     apply_control, await_claim, backup_lost, protection_stopped, Alone, HandOver, Primary, Request, END_ACK_WAIT,
     HAND_OVER_WAIT,
 };
+use crate::resend::LastSegments;
 use crate::status::{CheckpointStatus, PairStatus, PauseBucket, PrimaryMode, PrimaryStatus};
-use ftvm_machine::{BlkOp, Engine, Event, IoRequest};
+use ftvm_machine::{BlkOp, Engine, Event, IoCompletion, IoRequest};
 use ftvm_replication::arbiter::Arbiter;
 use ftvm_replication::channel::{Failure, LogSender, SenderWatch};
 use ftvm_replication::checkpoint_stream::{self as stream, Record};
@@ -158,12 +159,17 @@ enum Job {
         state: Vec<u8>,
         pfns: Vec<u64>,
         pages: Vec<u8>,
+        /// The last segment of each connection among its frames, as
+        /// (NIC slot, frame): written ahead of it (`Record::Sent`).
+        sent: Vec<(usize, Vec<u8>)>,
     },
     End(Option<u32>),
     /// The stream ends in a handover (after a last checkpoint).
     HandOver,
     /// A control entry, in order with the rest.
     Control(Vec<u8>),
+    /// A frame received toward a checkpoint (`Record::Received`).
+    Received(Record),
 }
 
 /// What the sender thread reports back.
@@ -509,7 +515,17 @@ impl Checkpointer {
                 pause.as_millis()
             );
         }
-        let _ = self.jobs.send(Job::Checkpoint { number: self.number, icount: m.icount(), state, pfns, pages });
+        // Ahead of it, the last segment of each connection among the
+        // frames it holds: what the backup sends again if it goes live
+        // from this checkpoint (`Record::Sent`).
+        let mut last = LastSegments::default();
+        for (slot, req) in &self.this_interval {
+            if let IoRequest::NetTx { frame } = req {
+                last.saw(*slot, frame);
+            }
+        }
+        let sent = last.recent();
+        let _ = self.jobs.send(Job::Checkpoint { number: self.number, icount: m.icount(), state, pfns, pages, sent });
         // The wait for a busy sender is part of the pause the guest sees.
         let pause = pause.max(t0.elapsed());
         for out in self.this_interval.drain(..) {
@@ -678,7 +694,17 @@ impl<E: Engine> Primary<E> for Checkpointer {
         Ok(())
     }
 
+    /// A received frame goes to the backup at once as well: if this side
+    /// dies before the interval's checkpoint is acknowledged, the backup
+    /// resumes from a checkpoint whose guest never had it, and gives it
+    /// to the guest as it goes live rather than leave the client to send
+    /// it again at its retransmission timer. Dropped if the sender is
+    /// behind: it only saves time, and the guest must not wait for it.
     fn input(&mut self, _icount: u64, ev: Event) -> Option<Event> {
+        if let Event::Io { slot, completion: IoCompletion::NetRx { frame } } = &ev {
+            let record = Record::Received { number: self.number, slot: *slot as u32, frame: frame.clone() };
+            let _ = self.jobs.try_send(Job::Received(record));
+        }
         Some(ev)
     }
 
@@ -805,6 +831,15 @@ fn send_loop(
         match job {
             Job::Write { slot, offset, data } => stream::encode(&mut buf, &Record::DiskWrite { slot, offset, data }),
             Job::Control(entry) => stream::encode(&mut buf, &Record::Control(entry)),
+            Job::Received(record) => {
+                stream::encode(&mut buf, &record);
+                if channel.write_all(&buf).is_err() {
+                    return;
+                }
+                // Worth anything only if it is out before this side dies.
+                channel.send_now();
+                continue;
+            }
             Job::Pages { pfns, pages } => {
                 for (i, pfns) in pfns.chunks(PAGES_PER_RECORD).enumerate() {
                     let at = i * PAGES_PER_RECORD * PAGE_SIZE;
@@ -842,7 +877,14 @@ fn send_loop(
                 let _ = to.send(channel);
                 return;
             }
-            Job::Checkpoint { number, icount, state, pfns, pages } => {
+            Job::Checkpoint { number, icount, state, pfns, pages, sent } => {
+                for (slot, frame) in sent {
+                    buf.clear();
+                    stream::encode(&mut buf, &Record::Sent { number, slot: slot as u32, frame });
+                    if channel.write_all(&buf).is_err() {
+                        return;
+                    }
+                }
                 let mut written = 0;
                 let pieces = pfns.len().div_ceil(PAGES_PER_RECORD).max(1);
                 let mut blob = Vec::new();

@@ -9,7 +9,7 @@ use crate::error::ProtectionError;
 use crate::lockstep::primary::Lockstep;
 use crate::primary::{Alone, HandOver, Primary, Request};
 use crate::status::{EpochStatus, PairStatus, PrimaryMode};
-use ftvm_machine::{DeterministicEngine, Event, RunExit};
+use ftvm_machine::{DeterministicEngine, Event, IoCompletion, RunExit};
 use ftvm_replication::channel::Failure;
 use std::time::{Duration, Instant};
 
@@ -196,9 +196,21 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
         self.at_end
     }
 
-    /// Inside an epoch an input waits for its end (P1).
+    /// Inside an epoch an input waits for its end (P1). A received frame
+    /// goes to the backup at once as well, beside the log: if this side
+    /// dies before the end, the backup gives it to its guest as it goes
+    /// live, rather than leave the client to send it again after its
+    /// retransmission timer (200 ms at the least). Only frames: the
+    /// network may deliver one late or twice, while a disk completion
+    /// belongs to the request the backup issues again itself.
     fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
         if !self.at_end {
+            if let Event::Io { slot, completion: IoCompletion::NetRx { frame } } = &ev {
+                // The channel's sink takes every write (a failed backup's
+                // bytes go nowhere): nothing to handle here.
+                let _ = self.lockstep.recorder().waiting(*slot, frame.clone());
+                self.lockstep.channel().send_now();
+            }
             self.epochs.defer(ev);
             return None;
         }

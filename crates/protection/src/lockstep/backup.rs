@@ -174,7 +174,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
     }
 
     fn take_over(
-        self: Box<Self>,
+        mut self: Box<Self>,
         why: &str,
         since: Duration,
         _generation: u64,
@@ -195,6 +195,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             checkpoint: None,
             epoch_inputs,
             resend: self.segments.recent(),
+            undelivered: self.reader.take_waiting(),
         })
     }
 }

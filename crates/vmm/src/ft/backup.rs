@@ -269,19 +269,30 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     // `failed`: the primary failed (rather than handed over), so what it
     // released last may not have reached anyone: sent again.
     let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration, failed: bool| {
-        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend } = backup.take_over(why, since, gen, &me)?;
+        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered } =
+            backup.take_over(why, since, gen, &me)?;
+        let resend = if failed { resend } else { Vec::new() };
         events.emit(PairEvent::GoingLive {
             instruction: machine.icount(),
             checkpoint,
             epoch_inputs: epoch_inputs.map(|(all, _)| all),
             epoch_inputs_at_multiples: epoch_inputs.map(|(_, at_multiples)| at_multiples),
+            segments_sent_again: resend.len() as u64,
+            frames_given: undelivered.len() as u64,
         });
         drop(status_socket);
         receiver.stop_heartbeat();
         let control = args.control.clone();
-        let resend = if failed { resend } else { Vec::new() };
-        let setup =
-            LiveSetup { control, nets, disks, announce: true, resend, console_input: false, events: events.clone() };
+        let setup = LiveSetup {
+            control,
+            nets,
+            disks,
+            announce: true,
+            resend,
+            undelivered,
+            console_input: false,
+            events: events.clone(),
+        };
         replay::go_live(machine, &header, &setup)
     };
     match followed {
