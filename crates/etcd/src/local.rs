@@ -1,9 +1,10 @@
 //! A cluster of real etcd members (Debian's `etcd` binary) on this host's
 //! loopback, each in a data directory of its own, for the tests: started,
 //! stopped and restarted one member at a time (to take the quorum away and
-//! give it back), and all stopped when dropped. Plain, or speaking TLS
-//! with client certificates as a cluster's etcd does (a credentials
-//! directory whose certificate names 127.0.0.1).
+//! give it back) or frozen (a host that vanished), and all stopped when
+//! dropped. Plain, or speaking TLS with client
+//! certificates as a cluster's etcd does (a credentials directory whose
+//! certificate names 127.0.0.1).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -144,6 +145,32 @@ impl LocalEtcd {
         }
     }
 
+    /// Freezes member `i` (SIGSTOP): its connections stay open and it
+    /// answers nothing, as a host that vanished (no FIN, no RST).
+    pub fn freeze_member(&mut self, i: usize) {
+        self.signal_member(i, libc::SIGSTOP);
+    }
+
+    /// Lets a frozen member `i` run on (SIGCONT).
+    pub fn thaw_member(&mut self, i: usize) {
+        self.signal_member(i, libc::SIGCONT);
+    }
+
+    fn signal_member(&self, i: usize, signal: libc::c_int) {
+        if let Some(p) = &self.members[i].process {
+            // SAFETY: kill(2) on our own child's pid (not yet waited for,
+            // so not reused); no memory is passed.
+            unsafe {
+                libc::kill(p.id() as libc::pid_t, signal);
+            }
+        }
+    }
+
+    /// The client URL of member `i`.
+    pub fn member_endpoint(&self, i: usize) -> String {
+        format!("{}://127.0.0.1:{}", self.scheme(), self.members[i].client_port)
+    }
+
     /// Waits until a write succeeds through the client endpoints.
     pub fn wait_ready(&self, within: Duration) -> Result<(), String> {
         let etcd = crate::Etcd::new(self.client_endpoints()?).map_err(|e| e.to_string())?;
@@ -164,6 +191,7 @@ impl LocalEtcd {
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
+            // A frozen member dies of SIGKILL all the same.
             self.kill_member(i);
         }
     }
