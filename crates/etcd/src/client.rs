@@ -89,8 +89,8 @@ fn next_after(on: usize, seen: &[Option<Seen>]) -> usize {
 /// How one try ended.
 enum Outcome<T> {
     Answered(T),
-    /// A new leader: send the request there at once.
-    Moved(usize),
+    /// A new leader (and what it said): send the request there at once.
+    Moved(usize, Seen),
     /// The member refused (it answered: `true`) or did not answer.
     Failed(EtcdError, bool),
 }
@@ -239,19 +239,23 @@ impl Etcd {
     }
 
     /// Resolves once the leader changed while a try waits on member `on`
-    /// (see [`moved`]), with the member that leads now; never otherwise.
-    async fn leader_moved(&self, on: usize) -> usize {
+    /// (see [`moved`]), with the member that leads now and what it said;
+    /// never otherwise. `known`: what `on` said just before the request
+    /// was sent to it, if it was asked (else its first answer here stands
+    /// for it: a leader elected in the first [`WATCH_AFTER`] of a try is
+    /// then missed, and the try runs to its end).
+    async fn leader_moved(&self, on: usize, known: Option<Seen>) -> (usize, Seen) {
         tokio::time::sleep(WATCH_AFTER).await;
         let mut seen = vec![None; self.endpoints.urls().len()];
-        let mut start = None;
+        let mut start = known;
         let (_tasks, mut rx) = self.probes().await;
         while let Some((i, s)) = rx.recv().await {
             seen[i] = Some(s);
             if i == on && start.is_none() {
                 start = Some(s);
             }
-            if let Some(to) = start.and_then(|start| moved(start, &seen)) {
-                return to;
+            if let Some((to, Some(said))) = start.and_then(|start| moved(start, &seen)).map(|to| (to, seen[to])) {
+                return (to, said);
             }
         }
         std::future::pending().await
@@ -275,6 +279,8 @@ impl Etcd {
         let mut story: Vec<String> = Vec::new();
         let result = self.runtime.block_on(async {
             let mut on = self.preferred.load(Ordering::Relaxed) % urls.len();
+            // What `on` said when last asked, before this try.
+            let mut known = None;
             let mut last = None;
             let mut tries = 0u32;
             while Instant::now() < deadline {
@@ -288,7 +294,7 @@ impl Etcd {
                             Ok(Err(e)) => Outcome::Failed(self.error(format!("{}: {e}", urls[on])), true),
                             Err(_) => Outcome::Failed(self.error(format!("{} did not answer in time", urls[on])), false),
                         },
-                        to = self.leader_moved(on) => Outcome::Moved(to),
+                        (to, said) = self.leader_moved(on, known) => Outcome::Moved(to, said),
                     },
                 };
                 let at = began.elapsed().as_millis();
@@ -300,9 +306,10 @@ impl Etcd {
                         }
                         return Ok(v);
                     }
-                    Outcome::Moved(to) => {
+                    Outcome::Moved(to, said) => {
                         story.push(format!("{} leads now ({at} ms): sent there again", urls[to]));
                         on = to;
+                        known = Some(said);
                     }
                     Outcome::Failed(e, answered) => {
                         story.push(format!(
@@ -321,9 +328,12 @@ impl Etcd {
                             tokio::time::sleep(RETRY).await;
                         }
                         on = next;
+                        known = seen[next];
                     }
                 }
             }
+            // The next request starts where this one would have gone on.
+            self.preferred.store(on, Ordering::Relaxed);
             Err(last.unwrap_or_else(|| self.error("no answer within the request timeout (no quorum?)")))
         });
         if !story.is_empty() && result.is_ok() {
