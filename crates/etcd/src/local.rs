@@ -2,14 +2,22 @@
 //! loopback, each in a data directory of its own, for the tests: started,
 //! stopped and restarted one member at a time (to take the quorum away and
 //! give it back) or frozen (a host that vanished), and all stopped when
-//! dropped. Plain, or speaking TLS with client
-//! certificates as a cluster's etcd does (a credentials directory whose
-//! certificate names 127.0.0.1).
+//! dropped. They run with the cluster's timing ([`TUNING`]). Plain, or
+//! speaking TLS with client certificates as a cluster's etcd does (a
+//! credentials directory whose certificate names 127.0.0.1).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// etcd's timing as the project runs it (harness/ftsite/etcd.py, the
+/// README): a heartbeat every 100 ms and an election after 1000 ms without
+/// one (etcd's defaults, given here so that they are a choice), and
+/// pre-vote, so a member that was cut off and comes back cannot depose a
+/// working leader (etcd 3.4's default is off). docs/ARCHITECTURE.md ("The
+/// arbiter's store") says why not a shorter election timeout.
+pub const TUNING: [&str; 5] = ["--heartbeat-interval", "100", "--election-timeout", "1000", "--pre-vote"];
 
 /// One member: its name, ports and process (None while stopped).
 struct Member {
@@ -122,6 +130,7 @@ impl LocalEtcd {
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "ftvm-local"])
+            .args(TUNING)
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
