@@ -12,7 +12,8 @@
 //! So while a try waits longer than [`WATCH_AFTER`], every member is asked
 //! who leads (etcd's `Status`, each within [`PROBE`], again every
 //! [`PROBE_EVERY`]), and once a member says it leads that is not the
-//! leader the waiting member knew when first asked, the request goes to
+//! leader the waiting member named (when asked just before the request
+//! went to it, else when first asked during the try), the request goes to
 //! that new leader at once, rather than at the end of the try. A try that
 //! fails moves to the member the same questions find best: the leader,
 //! else one that follows a leader, else one that answers at all; a member
