@@ -5,7 +5,16 @@ clients and peers and asking each for a certificate of the cluster's
 authority, as a cluster's etcd does (it holds the pairs' keys); without,
 plain (a bare pair's arbiter). A member is stopped with SIGKILL (a crash)
 and started again with its data, so a test can take the quorum away and
-give it back; everything is stopped at cleanup."""
+give it back; everything is stopped at cleanup.
+
+The members run with the timing the README gives a cluster (TUNING, the
+same as crates/etcd/src/local.rs): a heartbeat every 100 ms and an election
+after 1000 ms without one (etcd's defaults, given so that they are a
+choice), and pre-vote, so a member that comes back after being cut off
+cannot depose the leader (off by default in Debian's etcd 3.4).
+docs/ARCHITECTURE.md ("The arbiter's store") says why not a shorter
+election timeout: on this shared host the leader's loop was seen 710 ms
+late."""
 
 import shutil
 import time
@@ -17,6 +26,7 @@ from .site import Site
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
+TUNING = ["--heartbeat-interval", "100", "--election-timeout", "1000", "--pre-vote"]
 
 
 class EtcdCluster:
@@ -60,7 +70,8 @@ class EtcdCluster:
                 "--listen-peer-urls", f"{scheme}://{ip}:{PEER_PORT}",
                 "--initial-advertise-peer-urls", f"{scheme}://{ip}:{PEER_PORT}",
                 "--initial-cluster", self.initial, "--initial-cluster-state", "new",
-                "--initial-cluster-token", f"ftvm-{self.site.tag}", "--logger", "zap", "--log-outputs", "stderr"]
+                "--initial-cluster-token", f"ftvm-{self.site.tag}", *TUNING,
+                "--logger", "zap", "--log-outputs", "stderr"]
         if self.pki:
             creds = self.pki.host(role)
             cert, key, ca = (str(creds / f) for f in ("cert.pem", "key.pem", "ca.pem"))

@@ -1,14 +1,23 @@
 //! A cluster of real etcd members (Debian's `etcd` binary) on this host's
 //! loopback, each in a data directory of its own, for the tests: started,
 //! stopped and restarted one member at a time (to take the quorum away and
-//! give it back), and all stopped when dropped. Plain, or speaking TLS
-//! with client certificates as a cluster's etcd does (a credentials
-//! directory whose certificate names 127.0.0.1).
+//! give it back) or frozen (a host that vanished), and all stopped when
+//! dropped. They run with the cluster's timing ([`TUNING`]). Plain, or
+//! speaking TLS with client certificates as a cluster's etcd does (a
+//! credentials directory whose certificate names 127.0.0.1).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// etcd's timing as the project runs it (harness/ftsite/etcd.py, the
+/// README): a heartbeat every 100 ms and an election after 1000 ms without
+/// one (etcd's defaults, given here so that they are a choice), and
+/// pre-vote, so a member that was cut off and comes back cannot depose a
+/// working leader (etcd 3.4's default is off). docs/ARCHITECTURE.md ("The
+/// arbiter's store") says why not a shorter election timeout.
+pub const TUNING: [&str; 5] = ["--heartbeat-interval", "100", "--election-timeout", "1000", "--pre-vote"];
 
 /// One member: its name, ports and process (None while stopped).
 struct Member {
@@ -121,6 +130,7 @@ impl LocalEtcd {
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "ftvm-local"])
+            .args(TUNING)
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -144,6 +154,32 @@ impl LocalEtcd {
         }
     }
 
+    /// Freezes member `i` (SIGSTOP): its connections stay open and it
+    /// answers nothing, as a host that vanished (no FIN, no RST).
+    pub fn freeze_member(&mut self, i: usize) {
+        self.signal_member(i, libc::SIGSTOP);
+    }
+
+    /// Lets a frozen member `i` run on (SIGCONT).
+    pub fn thaw_member(&mut self, i: usize) {
+        self.signal_member(i, libc::SIGCONT);
+    }
+
+    fn signal_member(&self, i: usize, signal: libc::c_int) {
+        if let Some(p) = &self.members[i].process {
+            // SAFETY: kill(2) on our own child's pid (not yet waited for,
+            // so not reused); no memory is passed.
+            unsafe {
+                libc::kill(p.id() as libc::pid_t, signal);
+            }
+        }
+    }
+
+    /// The client URL of member `i`.
+    pub fn member_endpoint(&self, i: usize) -> String {
+        format!("{}://127.0.0.1:{}", self.scheme(), self.members[i].client_port)
+    }
+
     /// Waits until a write succeeds through the client endpoints.
     pub fn wait_ready(&self, within: Duration) -> Result<(), String> {
         let etcd = crate::Etcd::new(self.client_endpoints()?).map_err(|e| e.to_string())?;
@@ -164,6 +200,7 @@ impl LocalEtcd {
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
+            // A frozen member dies of SIGKILL all the same.
             self.kill_member(i);
         }
     }

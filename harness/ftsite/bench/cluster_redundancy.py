@@ -15,7 +15,11 @@ agent, VM, etcd member) and measures
       log, each line stamped as it arrived), confirmed by `ftvm cluster
       vm show` (a primary in its mode, no longer the transfer, and a
       backup elsewhere);
-then brings the host back (its etcd member restarted on its data and
+and where the failover's time went: which host held etcd's leader at the
+death, when the survivors elected a new one (their etcd logs), and when
+the heir declared its primary failed, won the arbiter and went live (its
+events in the cluster's log, stamped by its host's clock: the same clock
+here); then brings the host back (its etcd member restarted on its data and
 rejoining, a fresh agent with the same identity), so the next trial has
 three hosts again. At the end every acknowledged key must read back over
 the same connection.
@@ -52,12 +56,15 @@ every acknowledged key was kept on an unbroken connection, 1 otherwise,
 2 on bad input.
 """
 
+import datetime
+import json
 import os
 import random
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+import re
 import time
 
 import ftsite
@@ -137,6 +144,59 @@ def cost(cl, window):
 
 def s(x):
     return "n/a" if x is None else f"{x:.2f} s"
+
+
+def etcd_leader(cl):
+    """The host whose etcd member leads now (asked of every member from the
+    client's host), or None if none says so."""
+    r = cl.site.run("client", cl.etcd.etcdctl("--command-timeout=2s", "endpoint", "status", "-w", "json"),
+                    check=False)
+    try:
+        statuses = json.loads(r.stdout)
+    except ValueError:
+        return None
+    ids = {st["Status"]["header"]["member_id"]: st["Endpoint"] for st in statuses}
+    leaders = {st["Status"]["leader"] for st in statuses}
+    for role in HOSTS:
+        if cl.etcd.url(role) in [ids.get(leader) for leader in leaders]:
+            return role
+    return None
+
+
+def etcd_elected_after(cl, roles, wall):
+    """Seconds from `wall` (Unix time) to the first "became leader" line
+    after it in the etcd logs of hosts `roles`, and the new leader's host;
+    (None, None) if there is none."""
+    best = (None, None)
+    for role in roles:
+        try:
+            lines = (cl.work / f"etcd-{role}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if "became leader at term" not in line:
+                continue
+            m = re.search(r'"ts":"([^"]+)"', line)
+            if not m:
+                continue
+            ts = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+            if ts > wall and (best[0] is None or ts - wall < best[0]):
+                best = (ts - wall, role)
+    return best
+
+
+def heir_times(cl, vm, heir, wall):
+    """Seconds from `wall` to the heir's failure declared, arbiter won and
+    going live (its first such events after `wall`), each None if absent."""
+    out = {"declared_failed": None, "arbiter_won": None, "going_live": None}
+    try:
+        events = cl.events(vm)
+    except TrialFailed:
+        return out
+    for kind, host, e in events:
+        if host == heir and kind in out and out[kind] is None and e["unix_ms"] / 1000 > wall - 1:
+            out[kind] = e["unix_ms"] / 1000 - wall
+    return out
 
 
 def stats(xs):
@@ -224,7 +284,9 @@ def main():
                 break
             victim = pairs[names[0]][0]
             heirs = {n: p[1] for n, p in pairs.items() if p[0] == victim}
+            leader = etcd_leader(cl)
             died = cl.kill_host(victim)
+            died_wall = time.time() - (time.monotonic() - died)
 
             def restored():
                 now = {n: cl.protected(n) for n in names}
@@ -244,9 +306,23 @@ def main():
             acks = [writers[n].first_ack_sent_after(died) for n in heirs]
             failovers = [None if a is None else a - died for a in acks]
             failover = None if not failovers or None in failovers else max(failovers)
+            # Where the first VM's failover went, before the dead host's
+            # member comes back (and its log is started anew).
+            elected, new_leader = etcd_elected_after(cl, [r for r in HOSTS if r != victim], died_wall)
+            heir = heirs[names[0]]
+            t = heir_times(cl, names[0], heir, died_wall)
+            at_arbiter = (None if t["declared_failed"] is None or t["arbiter_won"] is None
+                          else t["arbiter_won"] - t["declared_failed"])
+            leader_died = None if leader is None else leader == victim
+            print(f"      etcd's leader at the death: {leader or 'unknown'}"
+                  f"{' (died with the host)' if leader_died else ''}; a new leader elected "
+                  f"{'(none in the logs)' if elected is None else f'after {elected:.3f} s, on {new_leader}'}; "
+                  f"{names[0]} on {heir}: failure declared after {s(t['declared_failed'])}, arbiter won after "
+                  f"{s(t['arbiter_won'])} ({'n/a' if at_arbiter is None else f'{at_arbiter * 1000:.0f} ms'} at the "
+                  f"arbiter), live after {s(t['going_live'])}", flush=True)
             cl.revive(victim)
             cl.wait_hosts()
-            rows.append((failover, redundancy))
+            rows.append((failover, redundancy, leader_died, at_arbiter))
             broken = [f"{n}: {w.error}" for n, w in writers.items() if w.error]
             broke = f"; a client's connection FAILED: {broken}" if broken else ""
             moved = ", ".join(f"{n} to {again[n][0]} (backup on {again[n][1]})" for n in heirs)
@@ -285,6 +361,12 @@ def main():
         (fm, fx), (rm, rx) = stats(r[0] for r in rows), stats(r[1] for r in rows)
         print(f"cluster-redundancy: {len(rows)} of {args.trials} trial(s): failover median {s(fm)} max {s(fx)}; "
               f"redundancy restored median {s(rm)} max {s(rx)}")
+        for died_too, label in ((True, "the dead host held etcd's leader"), (False, "etcd's leader survived")):
+            some = [r for r in rows if r[2] is died_too]
+            if some:
+                print(f"  {label}: {len(some)} trial(s), failover "
+                      f"{', '.join(s(r[0]) for r in some)}; at the arbiter "
+                      f"{', '.join('n/a' if r[3] is None else f'{r[3] * 1000:.0f} ms' for r in some)}")
         if rm is not None:
             print(f"beside VMware FT's \"within minutes\" (taken as {VMWARE_S} s, the least the plural says): "
                   f"median {rm / VMWARE_S:.3f}, max {rx / VMWARE_S:.3f}; against one minute ({VMWARE_ONE_MINUTE_S} s): "
