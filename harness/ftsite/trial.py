@@ -6,6 +6,7 @@ import bisect
 import os
 import random
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -87,6 +88,7 @@ class TrialResult:
     error: str = None
     backup_line: str = ""
     logs: dict = field(default_factory=dict)
+    wire: list = field(default_factory=list)  # with `wire`: the client's TCP segments around the failover
 
     @property
     def lost(self):
@@ -201,9 +203,41 @@ def stop_and_check(writer, conn, settle=1.0):
     assert check_keys(conn, writer.acked) == (0, 0)
 
 
+def tcp_timeline(frames, failed, end, port=REDIS_PORT, before=0.05):
+    """The TCP segments to or from `port` among captured `frames` (on the
+    client's interface) from `before` s ahead of `failed` to `end` (wall
+    clock), one line each: the time from the failure, the direction, the
+    sequence and acknowledgement numbers relative to the first seen each
+    way, the payload's length and the flags."""
+    lines, base = [], {}
+    for f in frames:
+        d = f.data
+        if len(d) < 34 or d[12:14] != b"\x08\x00" or d[23] != 6:
+            continue
+        ihl = (d[14] & 0x0F) * 4
+        tcp = d[14 + ihl:]
+        if len(tcp) < 20:
+            continue
+        sport, dport, seq, ack = struct.unpack("!HHII", tcp[:12])
+        if port not in (sport, dport):
+            continue
+        to_server = dport == port
+        ours = base.setdefault(to_server, seq)
+        theirs = base.get(not to_server)
+        if not failed - before <= f.at <= end:
+            continue
+        flags = "".join(c for c, bit in zip("FSRPAU", (1, 2, 4, 8, 16, 32)) if tcp[13] & bit)
+        total = struct.unpack("!H", d[16:18])[0]
+        length = total - ihl - (tcp[12] >> 4) * 4
+        who = "client -> guest" if to_server else "guest -> client"
+        lines.append(f"{f.at - failed:+8.3f} s {who} seq {(seq - ours) % 2**32} "
+                     f"ack {'?' if theirs is None else (ack - theirs) % 2**32} len {length} {flags}")
+    return lines
+
+
 def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores=(0, 1), writes_after=2.0,
                    boot_timeout=BOOT_TIMEOUT, say=lambda msg: None, primary_extra=(), then_protect=False,
-                   watch=None):
+                   watch=None, wire=False):
     """One failover trial (or handover: `kind`, see fail_primary) on a fresh site with fresh shared storage:
     protected redis (appendonly, fsync always) on the primary host, a
     client writing keys over one connection, after `delay` s the primary
@@ -214,7 +248,10 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
     protected onto a third host (the spare) once it serves, before those
     writes: the handover and the protection together move the primary.
     `watch(primary, backup)`, if given, is called about once a second
-    while the client writes before the failure. Returns a TrialResult; failures of the run itself land in its
+    while the client writes before the failure. With `wire`, the client's
+    eth0 is captured and the result's `wire` lists its TCP segments from
+    just before the failure to the first acknowledgement after it (see
+    tcp_timeline). Returns a TrialResult; failures of the run itself land in its
     `error`."""
     work = Path(work)
     shared = work / "shared"
@@ -241,6 +278,7 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         say(f"redis answered after {r.boot:.0f} s; the VM is protected; the client writes keys "
             f"one at a time over one TCP connection")
         writer = KeyWriter(conn)
+        capture = site.capture("client", "eth0") if wire else None
         writer.start()
         until = time.monotonic() + delay
         while time.monotonic() < until:
@@ -273,6 +311,12 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         first = writer.first_ack_sent_after(failed_at)
         if first is not None:
             r.failover = first - failed_at
+        if capture is not None:
+            # Both clocks read now: the capture stamps frames with the
+            # wall clock, the trial keeps the monotonic one.
+            wall = time.time() - time.monotonic()
+            end = (first if first is not None else time.monotonic()) + 0.01
+            r.wire = tcp_timeline(capture.finish(), failed_at + wall, end + wall)
         live = event(backup, "going-live")
         if live is None and backup.alive():
             live = event(backup, "going-live", timeout=10)

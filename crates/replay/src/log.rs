@@ -39,9 +39,11 @@ pub const MAX_FRAME: u32 = 64 << 20;
 /// The bit of a frame's length that marks a frame of received frames
 /// waiting for delivery (see the module's doc).
 pub const WAITING: u32 = 1 << 31;
-/// Most received frames a reader keeps waiting: more is a primary that
-/// breaks the format (each frame of the recording forgets them all).
+/// Most received frames, and bytes of them, a reader keeps waiting; past
+/// either the oldest go (each frame of the recording forgets them all,
+/// and a frame lost here is one the network lost: TCP sends it again).
 const MAX_WAITING: usize = 4096;
+const MAX_WAITING_BYTES: usize = 16 << 20;
 const MAX_HEADER: u32 = 1 << 20;
 
 /// What a log belongs to: the machine configuration and starting state,
@@ -150,8 +152,6 @@ pub enum LogErrorKind {
     GoLiveInside,
     #[error("a frame of received frames waiting holds something else (corrupt)")]
     NotWaiting,
-    #[error("more than {MAX_WAITING} received frames waiting (corrupt)")]
-    TooManyWaiting,
 }
 
 /// Writes a log to any byte stream.
@@ -273,7 +273,8 @@ pub struct LogReader<R: Read> {
     ended: bool,
     /// Received frames waiting for a point the log has not reached, as
     /// (NIC slot, frame), in order.
-    waiting: Vec<(usize, Vec<u8>)>,
+    waiting: VecDeque<(usize, Vec<u8>)>,
+    waiting_bytes: usize,
 }
 
 impl<R: Read> LogReader<R> {
@@ -318,7 +319,8 @@ impl<R: Read> LogReader<R> {
             last_go_live: 0,
             ready: VecDeque::new(),
             ended: false,
-            waiting: Vec::new(),
+            waiting: VecDeque::new(),
+            waiting_bytes: 0,
         };
         Ok((reader, header))
     }
@@ -375,7 +377,8 @@ impl<R: Read> LogReader<R> {
     /// what a follower that goes live where the log stops gives its
     /// guest, since its primary never delivered them.
     pub fn take_waiting(&mut self) -> Vec<(usize, Vec<u8>)> {
-        std::mem::take(&mut self.waiting)
+        self.waiting_bytes = 0;
+        std::mem::take(&mut self.waiting).into()
     }
 
     fn err(&self, kind: LogErrorKind) -> LogError {
@@ -430,6 +433,7 @@ impl<R: Read> LogReader<R> {
         self.ready.extend(records);
         // This frame delivered every frame that waited before it.
         self.waiting.clear();
+        self.waiting_bytes = 0;
         Ok(())
     }
 
@@ -445,10 +449,12 @@ impl<R: Read> LogReader<R> {
             else {
                 return Err(self.err(LogErrorKind::NotWaiting));
             };
-            if self.waiting.len() == MAX_WAITING {
-                return Err(self.err(LogErrorKind::TooManyWaiting));
+            self.waiting_bytes += frame.len();
+            self.waiting.push_back((slot, frame));
+            while self.waiting.len() > MAX_WAITING || self.waiting_bytes > MAX_WAITING_BYTES {
+                let (_, old) = self.waiting.pop_front().expect("over a limit, so not empty");
+                self.waiting_bytes -= old.len();
             }
-            self.waiting.push((slot, frame));
         }
         self.offset += 8 + payload.len() as u64;
         Ok(())
@@ -604,6 +610,29 @@ mod tests {
         let (mut r, _) = LogReader::open(&bytes[..]).unwrap();
         while r.next_record().unwrap().is_some() {}
         assert!(r.take_waiting().is_empty());
+    }
+
+    /// Past the bounds the oldest waiting frames go, not the log.
+    #[test]
+    fn frames_waiting_past_the_bounds_drop_the_oldest() {
+        let mut w = LogWriter::new(Vec::new(), &header()).unwrap();
+        for i in 0..MAX_WAITING + 2 {
+            w.waiting(0, (i as u32).to_le_bytes().to_vec()).unwrap();
+        }
+        let big = MAX_WAITING_BYTES / 4 + 1;
+        let (mut r, _) = LogReader::open(&w.sink()[..]).unwrap();
+        assert!(r.next_record().unwrap_err().is_truncated());
+        let kept = r.take_waiting();
+        assert_eq!(kept.len(), MAX_WAITING);
+        assert_eq!(kept[0].1, 2u32.to_le_bytes());
+        for i in 0..4 {
+            w.waiting(1, vec![i; big]).unwrap();
+        }
+        let (mut r, _) = LogReader::open(&w.sink()[..]).unwrap();
+        assert!(r.next_record().unwrap_err().is_truncated());
+        let kept = r.take_waiting();
+        assert_eq!(kept.len(), 3, "four of a quarter of the bytes each are one too many");
+        assert_eq!(kept[0].1[0], 1);
     }
 
     /// A frame marked waiting must hold received frames only.

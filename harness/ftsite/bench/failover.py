@@ -30,7 +30,9 @@ Per trial it prints the failover time, when the backup said "going live",
 the keys acknowledged and lost; then medians and maxima per kind and
 overall. Targets (issue 5): median failover <= 1 s, 0 acknowledged writes
 lost, 0 dropped connections; (issue 31) crash median <= 150 ms and max
-<= 300 ms, kill median <= 50 ms.
+<= 300 ms, kill median <= 50 ms. With --wire, each trial slower than
+150 ms also prints the client's TCP segments around its failover (which
+retransmission timer it waited for).
 
   bench/failover                       20 trials, kill and crash alternating
   bench/failover --kills 4 --kind crash --log-dir /tmp/fo-logs
@@ -57,6 +59,10 @@ MEDIAN_TARGET = 1.0
 # Issue 31's targets per kind: (median, max) in s; None: no bound.
 KIND_TARGETS = {"kill": (0.050, None), "crash": (0.150, 0.300)}
 
+
+# The trials whose segments --wire prints: those that waited for more
+# than the detection and the start (issue 31's crash median).
+WIRE_AFTER = 0.15
 
 def fmt(x, spec=".2f", unit=" s"):
     return "n/a" if x is None else f"{x:{spec}}{unit}"
@@ -88,6 +94,9 @@ def main():
     ap.add_argument("--seed", type=int, help="seed of the random failure moments (default: new each run)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin primary and backup to cores 0 and 1")
     ap.add_argument("--log-dir", help="keep each trial's primary and backup output here")
+    ap.add_argument("--wire", action="store_true",
+                    help="capture the client's interface and print, for each trial slower than 150 ms, its TCP "
+                         "segments from just before the failure to the first acknowledgement after it")
     ap.add_argument("--mode", choices=("lockstep", "epoch", "checkpoint"), default="lockstep",
                     help="replication mode (default lockstep; epoch: Bressoud & Schneider; checkpoint: Remus, "
                          "each host its own disk copy)")
@@ -125,7 +134,7 @@ def main():
         for i, (kind, delay) in enumerate(zip(kinds, delays)):
             work = ftsite.work_dir(f"ftvm-failover-{i + 1}-")
             t = ftsite.failover_trial(binary.path, work, f"fo{i + 1}", kind, delay, timeout_ms=args.timeout_ms,
-                                      cores=cores, primary_extra=mode_args)
+                                      cores=cores, primary_extra=mode_args, wire=args.wire)
             trials.append(t)
             if args.log_dir:
                 for role, path in t.logs.items():
@@ -135,6 +144,9 @@ def main():
                     f"{t.acked} keys acked ({t.acked_before} before), DBSIZE {t.dbsize}, "
                     f"lost {fmt(t.lost, 'd', '')}, connection {'DROPPED' if t.dropped else 'kept'}")
             print(line, flush=True)
+            if t.failover is not None and t.failover > WIRE_AFTER:
+                for segment in t.wire:
+                    print(f"      {segment}", flush=True)
             if t.error:
                 print(f"    FAILED: {t.error}", flush=True)
             shutil.rmtree(work, ignore_errors=True)

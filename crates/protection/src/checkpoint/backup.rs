@@ -38,9 +38,11 @@ use std::time::Duration;
 
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
-/// Most received frames kept for checkpoints not committed; the oldest go
-/// first (each commit forgets those it holds).
+/// Most received frames, and bytes of them, kept for checkpoints not
+/// committed; past either the oldest go (each commit forgets those it
+/// holds, and a frame dropped here is one the network lost).
 const MAX_RECEIVED: usize = 4096;
+const MAX_RECEIVED_BYTES: usize = 16 << 20;
 
 /// What the backup holds: the last committed checkpoint.
 pub struct Committed {
@@ -60,6 +62,8 @@ pub struct Committed {
     /// committed, as (the checkpoint's number, NIC slot, frame), in order:
     /// a guest resumed from the last commit never had them.
     pub received: VecDeque<(u64, usize, Vec<u8>)>,
+    /// The bytes of those frames.
+    pub received_bytes: usize,
     /// The last segment of each connection the guest sent up to the last
     /// commit.
     pub segments: LastSegments,
@@ -76,6 +80,7 @@ impl Committed {
             checkpoints: 0,
             writes: 0,
             received: VecDeque::new(),
+            received_bytes: 0,
             segments: LastSegments::default(),
         })
     }
@@ -84,6 +89,7 @@ impl Committed {
     /// from the last commit: the last segment of each connection, to send
     /// again, and the frames received after it, to give the guest.
     pub fn take_frames(&mut self) -> (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) {
+        self.received_bytes = 0;
         let received = self.received.drain(..).map(|(_, slot, frame)| (slot, frame)).collect();
         (std::mem::take(&mut self.segments).recent(), received)
     }
@@ -293,6 +299,7 @@ pub fn follow(
                     held.writes += 1;
                 }
                 held.received.retain(|(n, ..)| *n > number);
+                held.received_bytes = held.received.iter().map(|(_, _, f)| f.len()).sum();
                 for (_, slot, frame) in sent.drain(..).filter(|(n, ..)| *n == number) {
                     held.segments.saw(slot, &frame);
                 }
@@ -316,10 +323,12 @@ pub fn follow(
             Record::Received { number, slot, frame } => {
                 // Toward a checkpoint committed already: the guest had it.
                 if number >= next(held) {
-                    if held.received.len() == MAX_RECEIVED {
-                        held.received.pop_front();
-                    }
+                    held.received_bytes += frame.len();
                     held.received.push_back((number, slot as usize, frame));
+                    while held.received.len() > MAX_RECEIVED || held.received_bytes > MAX_RECEIVED_BYTES {
+                        let (_, _, old) = held.received.pop_front().expect("over a limit, so not empty");
+                        held.received_bytes -= old.len();
+                    }
                 }
             }
             Record::Sent { number, slot, frame } => sent.push((number, slot as usize, frame)),
