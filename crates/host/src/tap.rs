@@ -19,6 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::describe;
 
@@ -277,6 +278,37 @@ impl Tap {
                 _ => TapError::Attach { tap, bridge, source },
             }),
         }
+    }
+
+    /// Waits, at most `within`, until frames written to the TAP go
+    /// somewhere: its carrier is up and, if it is a bridge's port, the
+    /// port forwards. Whether it does at the end.
+    ///
+    /// Why: a TAP opened a moment ago has its carrier come up, and its
+    /// bridge port start forwarding, a few milliseconds later (the
+    /// kernel's link watch runs after the open returns). A frame written
+    /// meanwhile is dropped by the bridge without a word. A backup going
+    /// live announces its guest's MAC right after it opens the TAP, and
+    /// that announcement is what moves the switches (and the host's own
+    /// bridge) off the dead primary's port: lost, the client's frames kept
+    /// going to the dead port until the guest happened to send something
+    /// (measured in a crash trial: the segment sent again lost, the
+    /// client's retransmission 0.21 s after the failure lost, its next at
+    /// 0.42 s answered). Read from sysfs, which shows the namespace sysfs
+    /// was mounted in: where it cannot say, this does not wait.
+    pub fn wait_forwarding(&self, within: Duration) -> bool {
+        let dir = format!("/sys/class/net/{}", self.name);
+        let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok().map(|s| s.trim().to_string());
+        // 3: BR_STATE_FORWARDING.
+        let ready = || read("carrier").is_none_or(|c| c == "1") && read("brport/state").is_none_or(|s| s == "3");
+        let until = std::time::Instant::now() + within;
+        while !ready() {
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        true
     }
 
     /// The device this TAP is a port of, if any (from sysfs, which shows

@@ -302,9 +302,20 @@ impl HostIo {
     /// when a backup goes live: a broadcast RARP request from the MAC
     /// makes every switch (bridge) on the way learn its new port, without
     /// the guest's help and whatever its IP addresses.
+    ///
+    /// Each TAP is first given up to [`ANNOUNCE_WAIT`] to forward (its
+    /// carrier up, its bridge port forwarding: see `Tap::wait_forwarding`),
+    /// since one opened just now drops what is written into it at first.
     pub fn announce(&mut self) {
         for (b, s) in self.backends.iter().zip(&self.slots) {
             if let (Backend::Tap { mac, .. }, Slot::Net { tap, .. }) = (b, s) {
+                if !tap.wait_forwarding(ANNOUNCE_WAIT) {
+                    eprintln!(
+                        "ftvm: TAP {} does not forward yet after {} ms (its carrier or bridge port); announcing anyway",
+                        tap.name(),
+                        ANNOUNCE_WAIT.as_millis()
+                    );
+                }
                 let _ = tap.send(&rarp_announcement(mac));
             }
         }
@@ -363,6 +374,10 @@ impl HostIo {
         describe(&self.backends)
     }
 }
+
+/// Longest a backup going live waits for a TAP it just opened to forward
+/// before it announces the MAC there.
+pub const ANNOUNCE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A RARP "request reverse" frame from `mac` (RFC 903), padded to the
 /// Ethernet minimum.
