@@ -254,6 +254,32 @@ def test_primary_killed_backup_takes_over_on_the_same_connection_with_every_ackn
     kill_primary_and_check(site, primary, backup)
 
 
+def test_the_backups_announcement_reaches_the_network(ftvm, scratch):
+    """Issue 31: the RARP a backup sends from its TAP as it goes live is
+    what moves the switches off the dead primary's port, so it must leave
+    the TAP, which the backup opens only then. Seen on the client's
+    interface after the primary is killed (a broadcast reaches every
+    port). Before, it was written in the TAP's first milliseconds, while
+    its bridge port did not forward yet, and dropped there."""
+    site, primary, backup = protected_vm(ftvm, "an", scratch, "sleep 100000")
+    ping = ["ping", "-n", "-c", "1", "-W", "5", GUEST_IP]
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while site.run("client", ping, check=False, timeout=30).returncode != 0:
+        assert time.monotonic() < deadline, f"the guest never answered a ping:\n{primary.output()}"
+        primary.assert_running()
+    capture = site.capture("client", "eth0")
+    primary.kill9()
+    live = event(backup, "going-live", timeout=30)
+    # The frames after it, and a ping answered from the backup's host.
+    assert site.run("client", ping, check=False, timeout=30).returncode == 0, backup.output()
+    frames = capture.finish()
+    rarp = [f for f in frames if f.data[12:14] == b"\x80\x35"]
+    print(f"{live.text}; {len(frames)} frames on the client's interface, {len(rarp)} RARP")
+    assert rarp, f"no RARP announcement reached the client's network: {backup.output()}"
+    assert rarp[0].data[6:12] == rarp[0].data[22:28], "the announcement names its own sender's MAC"
+    backup.assert_running()
+
+
 def test_separate_disks_with_backup_reads_take_over_with_every_acknowledged_write(ftvm, scratch):
     # Each host its own copy (§4.1); the backup performs the guest's
     # reads and writes on its copy itself (§4.2), and goes live on it.

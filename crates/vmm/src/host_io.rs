@@ -128,19 +128,36 @@ impl HostIo {
         events: Sender<HostEvent>,
         fence: Fence,
     ) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
-        Self::open_with(backends, events, fence, false)
+        Self::open_with(backends, events, fence, false, Vec::new())
+    }
+
+    /// Opens the TAPs among `backends` ahead of the rest, for a backup
+    /// about to go live: a TAP forwards only some milliseconds after it
+    /// is opened (`Tap::wait_forwarding`), and opened before the machine
+    /// is restored it does so by the time the MAC is announced. One that
+    /// cannot be opened now is left to `take_over`, which says why.
+    pub fn open_taps(backends: &[Backend]) -> Vec<Tap> {
+        backends
+            .iter()
+            .filter_map(|b| match b {
+                Backend::Tap { name, .. } => Tap::open(name).ok(),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Opens every backend for a backup that won the arbiter and goes
     /// live alone: its writable disks are taken over from the primary it
     /// replaces, which may still hold their locks but is fenced (see
-    /// `DiskImage::open_taking_over`). Also returns the disks whose lock
-    /// was still held.
+    /// `DiskImage::open_taking_over`). `opened`: TAPs it opened ahead
+    /// (`open_taps`), used for the backends of their names. Also returns
+    /// the disks whose lock was still held.
     pub fn take_over(
         backends: Vec<Backend>,
         events: Sender<HostEvent>,
+        opened: Vec<Tap>,
     ) -> Result<(HostIo, Vec<DeviceSpec>, Vec<PathBuf>), HostIoError> {
-        let (io, specs) = Self::open_with(backends, events, Fence::alone(), true)?;
+        let (io, specs) = Self::open_with(backends, events, Fence::alone(), true, opened)?;
         let held = io
             .slots
             .iter()
@@ -157,6 +174,7 @@ impl HostIo {
         events: Sender<HostEvent>,
         fence: Fence,
         take_over: bool,
+        mut opened: Vec<Tap>,
     ) -> Result<(HostIo, Vec<DeviceSpec>), HostIoError> {
         let mut slots = Vec::new();
         let mut specs = Vec::new();
@@ -181,7 +199,10 @@ impl HostIo {
                     slots.push(Slot::Disk { workers, _image: image });
                 }
                 Backend::Tap { name, mac, bridge } => {
-                    let tap = Tap::open(name)?;
+                    let tap = match opened.iter().position(|t| t.name() == name) {
+                        Some(i) => opened.swap_remove(i),
+                        None => Tap::open(name)?,
+                    };
                     if let Some(br) = bridge {
                         tap.attach_to_bridge(br)?;
                     }

@@ -14,6 +14,7 @@ use crate::ft::protect::MachineProtector;
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::{console, control, live};
 use clap::Args;
+use ftvm_host::tap::Tap;
 use ftvm_machine::Machine;
 use ftvm_protection::events::Events;
 use ftvm_replay::replayer::{field, replay_log, start_machine, AtRecordedPaths, NoRule, Outcome, Regenerate, Replayed};
@@ -70,7 +71,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
             match (status, args.then_run) {
                 (Some(_), true) => Err(usage("the recording ends with the guest powered off: nothing to run")),
                 (Some(s), false) => Ok(s),
-                (None, true) => go_live(m, &header, &LiveSetup::from_args(args)),
+                (None, true) => go_live(m, &header, &LiveSetup::from_args(args), Vec::new()),
                 (None, false) => Ok(0),
             }
         }
@@ -82,7 +83,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
                 m.icount()
             );
             if args.then_run {
-                go_live(m, &header, &LiveSetup::from_args(args))
+                go_live(m, &header, &LiveSetup::from_args(args), Vec::new())
             } else {
                 Ok(0)
             }
@@ -93,7 +94,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
             if args.then_run {
                 eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
                 eprintln!("ftvm: {cut}; going live there");
-                go_live(m, &header, &LiveSetup::from_args(args))
+                go_live(m, &header, &LiveSetup::from_args(args), Vec::new())
             } else {
                 Err(cut)
             }
@@ -137,11 +138,17 @@ impl LiveSetup {
     }
 }
 
-/// Continues the replayed machine as a live VM on the recorded backends.
-pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmError> {
+/// The backends a VM goes live on: those of the log's header, with this
+/// host's TAPs and disks (`nets`, `disks`, as in [`LiveSetup`]) in their
+/// places.
+pub fn live_backends(
+    h: &Header,
+    nets: &[(String, Option<String>)],
+    disks: &[PathBuf],
+) -> Result<Vec<host_io::Backend>, VmmError> {
     let mut backends =
         host_io::parse_description(&field(h, "backends")?.replace(';', "\n")).map_err(VmmError::Backends)?;
-    let (mut nets, mut disks) = (setup.nets.iter(), setup.disks.iter());
+    let (mut nets, mut disks) = (nets.iter(), disks.iter());
     for b in backends.iter_mut() {
         match b {
             host_io::Backend::Tap { name, bridge, .. } => {
@@ -158,13 +165,20 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup) -> Result<u32, VmmErro
             host_io::Backend::Rng => {}
         }
     }
+    Ok(backends)
+}
+
+/// Continues the replayed machine as a live VM on the recorded backends;
+/// `taps`: those of them opened ahead (`HostIo::open_taps`).
+pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup, taps: Vec<Tap>) -> Result<u32, VmmError> {
+    let backends = live_backends(h, &setup.nets, &setup.disks)?;
     let (tx, events) = std::sync::mpsc::channel();
     // Live alone: a replay's end, or a backup that won the arbiter. The
     // winner goes live whatever the primary it replaces is doing: that
     // one may still hold the disk's lock (stopped, or halting), but it is
     // fenced, so the disk is taken over rather than waited for.
     let (mut io, devices) = if setup.announce {
-        let (io, devices, held) = HostIo::take_over(backends, tx.clone())?;
+        let (io, devices, held) = HostIo::take_over(backends, tx.clone(), taps)?;
         for disk in held {
             eprintln!(
                 "ftvm: the old primary still holds the lock on {}: taken over (it is fenced: it writes nothing more)",

@@ -14,6 +14,7 @@ use super::{hostname, PairArgs};
 use crate::api::{BackupMode, BackupStatus, ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::control;
 use crate::error::{usage, VmmError};
+use crate::host_io::HostIo;
 use crate::replay::{self, LiveSetup};
 use clap::Args;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
@@ -269,6 +270,9 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     // `failed`: the primary failed (rather than handed over), so what it
     // released last may not have reached anyone: sent again.
     let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration, failed: bool| {
+        // The TAPs first: they forward only some milliseconds after they
+        // are opened, which the machine's restore covers.
+        let taps = replay::live_backends(&header, &nets, &[]).map_or_else(|_| Vec::new(), |b| HostIo::open_taps(&b));
         let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered } =
             backup.take_over(why, since, gen, &me)?;
         let resend = if failed { resend } else { Vec::new() };
@@ -293,7 +297,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             console_input: false,
             events: events.clone(),
         };
-        replay::go_live(machine, &header, &setup)
+        replay::go_live(machine, &header, &setup, taps)
     };
     match followed {
         Followed::HandedOver => {
