@@ -22,6 +22,7 @@ pub mod codec;
 pub mod log;
 pub mod recorder;
 pub mod replayer;
+pub mod waiting;
 
 pub use codec::{DecodeError, Entry, Record};
 pub use log::{Header, LogError, LogErrorKind, LogReader, LogWriter};

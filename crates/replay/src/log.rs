@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 
 use crate::codec::{encode, DecodeError, Decoder, Entry, Record};
+use crate::waiting::WaitingFrames;
 use ftvm_machine::{Event, IoCompletion};
 
 const MAGIC: &[u8; 8] = b"FTVMLOG\n";
@@ -39,11 +40,6 @@ pub const MAX_FRAME: u32 = 64 << 20;
 /// The bit of a frame's length that marks a frame of received frames
 /// waiting for delivery (see the module's doc).
 pub const WAITING: u32 = 1 << 31;
-/// Most received frames, and bytes of them, a reader keeps waiting; past
-/// either the oldest go (each frame of the recording forgets them all,
-/// and a frame lost here is one the network lost: TCP sends it again).
-const MAX_WAITING: usize = 4096;
-const MAX_WAITING_BYTES: usize = 16 << 20;
 const MAX_HEADER: u32 = 1 << 20;
 
 /// What a log belongs to: the machine configuration and starting state,
@@ -271,10 +267,9 @@ pub struct LogReader<R: Read> {
     last_go_live: u64,
     ready: VecDeque<Record>,
     ended: bool,
-    /// Received frames waiting for a point the log has not reached, as
-    /// (NIC slot, frame), in order.
-    waiting: VecDeque<(usize, Vec<u8>)>,
-    waiting_bytes: usize,
+    /// Received frames waiting for a point the log has not reached (each
+    /// frame of the recording forgets them all).
+    waiting: WaitingFrames<()>,
 }
 
 impl<R: Read> LogReader<R> {
@@ -319,8 +314,7 @@ impl<R: Read> LogReader<R> {
             last_go_live: 0,
             ready: VecDeque::new(),
             ended: false,
-            waiting: VecDeque::new(),
-            waiting_bytes: 0,
+            waiting: WaitingFrames::default(),
         };
         Ok((reader, header))
     }
@@ -377,8 +371,7 @@ impl<R: Read> LogReader<R> {
     /// what a follower that goes live where the log stops gives its
     /// guest, since its primary never delivered them.
     pub fn take_waiting(&mut self) -> Vec<(usize, Vec<u8>)> {
-        self.waiting_bytes = 0;
-        std::mem::take(&mut self.waiting).into()
+        self.waiting.take()
     }
 
     fn err(&self, kind: LogErrorKind) -> LogError {
@@ -433,7 +426,6 @@ impl<R: Read> LogReader<R> {
         self.ready.extend(records);
         // This frame delivered every frame that waited before it.
         self.waiting.clear();
-        self.waiting_bytes = 0;
         Ok(())
     }
 
@@ -449,12 +441,7 @@ impl<R: Read> LogReader<R> {
             else {
                 return Err(self.err(LogErrorKind::NotWaiting));
             };
-            self.waiting_bytes += frame.len();
-            self.waiting.push_back((slot, frame));
-            while self.waiting.len() > MAX_WAITING || self.waiting_bytes > MAX_WAITING_BYTES {
-                let (_, old) = self.waiting.pop_front().expect("over a limit, so not empty");
-                self.waiting_bytes -= old.len();
-            }
+            self.waiting.push((), slot, frame);
         }
         self.offset += 8 + payload.len() as u64;
         Ok(())
@@ -488,6 +475,7 @@ fn read_exact_or(r: &mut impl Read, buf: &mut [u8]) -> Result<(), ReadFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::waiting::{MAX_BYTES, MAX_FRAMES};
     use ftvm_machine::Event;
 
     fn header() -> Header {
@@ -616,14 +604,14 @@ mod tests {
     #[test]
     fn frames_waiting_past_the_bounds_drop_the_oldest() {
         let mut w = LogWriter::new(Vec::new(), &header()).unwrap();
-        for i in 0..MAX_WAITING + 2 {
+        for i in 0..MAX_FRAMES + 2 {
             w.waiting(0, (i as u32).to_le_bytes().to_vec()).unwrap();
         }
-        let big = MAX_WAITING_BYTES / 4 + 1;
+        let big = MAX_BYTES / 4 + 1;
         let (mut r, _) = LogReader::open(&w.sink()[..]).unwrap();
         assert!(r.next_record().unwrap_err().is_truncated());
         let kept = r.take_waiting();
-        assert_eq!(kept.len(), MAX_WAITING);
+        assert_eq!(kept.len(), MAX_FRAMES);
         assert_eq!(kept[0].1, 2u32.to_le_bytes());
         for i in 0..4 {
             w.waiting(1, vec![i; big]).unwrap();

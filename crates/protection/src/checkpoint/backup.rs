@@ -25,11 +25,12 @@ use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;
 use ftvm_machine::{GuestRam, Machine, MachineError};
+use ftvm_replay::waiting::WaitingFrames;
 use ftvm_replay::Header;
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
 use ftvm_replication::disk_sync::{self, DigestList};
 use ftvm_replication::page_delta::{self, PAGE_SIZE};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,11 +39,6 @@ use std::time::Duration;
 
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
-/// Most received frames, and bytes of them, kept for checkpoints not
-/// committed; past either the oldest go (each commit forgets those it
-/// holds, and a frame dropped here is one the network lost).
-const MAX_RECEIVED: usize = 4096;
-const MAX_RECEIVED_BYTES: usize = 16 << 20;
 
 /// What the backup holds: the last committed checkpoint.
 pub struct Committed {
@@ -59,11 +55,9 @@ pub struct Committed {
     /// Disk writes applied so far.
     pub writes: u64,
     /// Frames the primary's guest received toward checkpoints not
-    /// committed, as (the checkpoint's number, NIC slot, frame), in order:
-    /// a guest resumed from the last commit never had them.
-    pub received: VecDeque<(u64, usize, Vec<u8>)>,
-    /// The bytes of those frames.
-    pub received_bytes: usize,
+    /// committed, by the checkpoint's number: a guest resumed from the
+    /// last commit never had them.
+    pub received: WaitingFrames<u64>,
     /// The last segment of each connection the guest sent up to the last
     /// commit.
     pub segments: LastSegments,
@@ -79,8 +73,7 @@ impl Committed {
             icount: 0,
             checkpoints: 0,
             writes: 0,
-            received: VecDeque::new(),
-            received_bytes: 0,
+            received: WaitingFrames::default(),
             segments: LastSegments::default(),
         })
     }
@@ -89,9 +82,7 @@ impl Committed {
     /// from the last commit: the last segment of each connection, to send
     /// again, and the frames received after it, to give the guest.
     pub fn take_frames(&mut self) -> (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) {
-        self.received_bytes = 0;
-        let received = self.received.drain(..).map(|(_, slot, frame)| (slot, frame)).collect();
-        (std::mem::take(&mut self.segments).recent(), received)
+        (std::mem::take(&mut self.segments).recent(), self.received.take())
     }
 
     /// The VM as of the last committed checkpoint.
@@ -298,8 +289,7 @@ pub fn follow(
                     backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
                     held.writes += 1;
                 }
-                held.received.retain(|(n, ..)| *n > number);
-                held.received_bytes = held.received.iter().map(|(_, _, f)| f.len()).sum();
+                held.received.retain(|n| *n > number);
                 for (_, slot, frame) in sent.drain(..).filter(|(n, ..)| *n == number) {
                     held.segments.saw(slot, &frame);
                 }
@@ -323,12 +313,7 @@ pub fn follow(
             Record::Received { number, slot, frame } => {
                 // Toward a checkpoint committed already: the guest had it.
                 if number >= next(held) {
-                    held.received_bytes += frame.len();
-                    held.received.push_back((number, slot as usize, frame));
-                    while held.received.len() > MAX_RECEIVED || held.received_bytes > MAX_RECEIVED_BYTES {
-                        let (_, _, old) = held.received.pop_front().expect("over a limit, so not empty");
-                        held.received_bytes -= old.len();
-                    }
+                    held.received.push(number, slot as usize, frame);
                 }
             }
             Record::Sent { number, slot, frame } => sent.push((number, slot as usize, frame)),
