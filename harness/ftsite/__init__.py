@@ -63,7 +63,7 @@ from .proc import APPEND, TIMEOUT_MS, Proc, disk_options, guest_start, start_bac
 from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_port, wait_for_redis
 from .site import (BACKUP_HOST_IP, CHANNEL_PORT, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, Capture, Frame,
                    Site, in_netns)
-from .trial import (KeyWriter, ProtectedRedis, TrialResult, check_keys, fail_primary, failover_trial, protected_redis,
+from .trial import (KeyWriter, ProtectedRedis, TrialResult, aof_writes, check_keys, fail_primary, failover_trial, protected_redis,
                     random_delays)
 
 # The CPU job of bench/vs-qemu, between console markers timed on the host.

@@ -178,6 +178,18 @@ def shutdown_and_fsck(site, conn, vm, disk):
     assert fsck.returncode == 0, fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
 
 
+def aof_writes(image):
+    """How many SETs redis's append-only files hold in the disk image at
+    `image` (the VM gone): what the guest would find mounting it again."""
+    def debugfs(req):
+        out = subprocess.run(["debugfs", "-R", req, str(image)], capture_output=True)
+        return out.stdout.decode("utf-8", "replace")
+
+    d = "/var/lib/redis/appendonlydir"
+    listing = debugfs(f"ls -l {d}")
+    return sum(debugfs(f"cat {d}/{f}").count("\r\nSET\r\n") for f in listing.split() if f.endswith(".aof"))
+
+
 def check_keys(conn, count, chunk=500):
     """Reads every key written (MGET in chunks, over the same connection):
     (missing, wrong)."""

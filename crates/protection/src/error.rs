@@ -88,11 +88,6 @@ pub enum ProtectionError {
         /// Disks the VM has.
         disks: usize,
     },
-    /// A running VM with a copy of its disks on each host was to be given
-    /// a lockstep or epoch backup: its copies would have to be made the
-    /// same while the guest writes, which only checkpoint mode does yet.
-    #[error("a running VM's lockstep or epoch backup needs the disks on the shared storage (separate copies: use checkpoint mode)")]
-    StreamedSeparateDisks,
     /// Checkpoint mode was asked for with disks the two hosts share.
     #[error("checkpoint mode needs a copy of each disk on each host")]
     SharedDisks,

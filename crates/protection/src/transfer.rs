@@ -22,13 +22,15 @@
 //! whole, so until then the VM runs unprotected, outputs released as
 //! they come, and a failed backup only ends the attempt.
 //!
-//! Separate disks (checkpoint mode) are made the same beside it. The
-//! loop lets the writes already issued land before the transfer sees its
+//! Separate disks (every mode) are made the same beside it. The loop
+//! lets the writes already issued land before the transfer sees its
 //! first request; from then on every write goes into the stream too (to
 //! apply with checkpoint 0), and the sender hashes this host's disks and
 //! sends the blocks that differ from the backup's copies (whose digests
 //! it asked with). A block read while the guest writes it may be old or
-//! new: the write's record, applied after, makes it new.
+//! new: the write's record, applied after, makes it new. From checkpoint
+//! 0 on the copies are the same, and the pair keeps them so as it would
+//! from a boot (a replay backup performs the log's writes on its copy).
 
 use crate::checkpoint::primary::Checkpointer;
 use crate::epoch::primary::Epoch;
@@ -36,7 +38,7 @@ use crate::epoch::EpochMode;
 use crate::error::ProtectionError;
 use crate::events::{Events, PairEvent};
 use crate::lockstep::primary::Lockstep;
-use crate::pair::DiskPolicy;
+use crate::pair::{DiskPolicy, SlotDisks};
 use crate::primary::{Alone, Primary, Request, Transferred};
 use crate::status::{PairStatus, PrimaryMode, PrimaryStatus, TransferStatus};
 use ftvm_machine::{DeterministicEngine, Engine, Event, RunExit};
@@ -75,13 +77,16 @@ pub enum Then {
         go_live_every: Duration,
     },
     /// Checkpoints: the checkpointer that sent the transfer goes on.
-    Checkpoints {
-        /// This host's disks, whose copies on the backup are made the
-        /// same while the guest writes (slot, path).
-        disks: Vec<(usize, std::path::PathBuf)>,
-        /// The backup's requests: the digests of its copies.
-        requests: Vec<Vec<u8>>,
-    },
+    Checkpoints,
+}
+
+/// A running VM's disks of which the backup keeps copies of its own
+/// (separate disks), made the same while the guest writes.
+pub struct DiskCopies {
+    /// This host's disks (slot, path).
+    pub disks: SlotDisks,
+    /// The backup's requests: the digests of its copies.
+    pub requests: Vec<Vec<u8>>,
 }
 
 impl Then {
@@ -90,7 +95,7 @@ impl Then {
         match self {
             Then::Log { epoch: Some(_), .. } => "epoch",
             Then::Log { epoch: None, .. } => "lockstep",
-            Then::Checkpoints { .. } => "checkpoint",
+            Then::Checkpoints => "checkpoint",
         }
     }
 }
@@ -100,6 +105,10 @@ impl Then {
 pub struct Transfer {
     sender: Checkpointer,
     then: Then,
+    /// Separate disks, until their sync starts with the pre-copy.
+    copies: Option<DiskCopies>,
+    /// Whether the guest's writes go into the stream (separate disks).
+    mirror_writes: bool,
     me: String,
     events: Events,
     /// When the pre-copy began (the first slice after this was made).
@@ -119,12 +128,15 @@ pub struct Transfer {
 
 impl Transfer {
     /// A transfer over `sender`, the checkpoint sender on the pair's
-    /// channel (its header acknowledged: the backup can follow).
-    pub fn new(sender: Checkpointer, then: Then, me: String, events: Events) -> Transfer {
+    /// channel (its header acknowledged: the backup can follow), and
+    /// with separate disks, the `copies` made the same beside it.
+    pub fn new(sender: Checkpointer, then: Then, copies: Option<DiskCopies>, me: String, events: Events) -> Transfer {
         let (bytes_before, _) = sender.stream_bytes();
         Transfer {
             sender,
             then,
+            mirror_writes: copies.is_some(),
+            copies,
             me,
             events,
             started: None,
@@ -143,11 +155,11 @@ impl Transfer {
     fn step(&mut self, m: &mut dyn Engine) {
         if self.started.is_none() {
             self.started = Some(Instant::now());
-            if let Then::Checkpoints { disks, requests } = &mut self.then {
+            if let Some(DiskCopies { disks, requests }) = self.copies.take() {
                 // The guest's writes go into the stream from the first
                 // request this side's gate saw, and the loop let those
                 // before land: the disks can be read while it writes.
-                self.sender.sync_disks(std::mem::take(requests), std::mem::take(disks));
+                self.sender.sync_disks(requests, disks);
             }
             // From here on every page written is sent again: a view of
             // its own, as the pair in force (a moving backup's) takes the
@@ -235,7 +247,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
     /// Nothing is protected yet: everything goes out as it comes. Disk
     /// writes go into the stream too where the backup keeps its own copy.
     fn gate(&mut self, requests: Vec<Request>, _icount: u64) -> Vec<Request> {
-        if matches!(self.then, Then::Checkpoints { .. }) {
+        if self.mirror_writes {
             self.sender.mirror_writes(&requests);
         }
         requests
@@ -300,7 +312,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         let backup = sender.watch().peer().to_string();
         let mode = then.name().to_string();
         let (successor, bytes): (Box<dyn Primary<E>>, u64) = match then {
-            Then::Checkpoints { .. } => {
+            Then::Checkpoints => {
                 if !sender.wait_checkpoint_acked(0, START_WAIT) {
                     return Err(not_acked);
                 }

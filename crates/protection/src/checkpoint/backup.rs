@@ -176,6 +176,28 @@ impl Disks {
         Ok(disk)
     }
 
+    /// A block of the disk as it was before the guest ran (or, for a
+    /// running VM, as its sync read it): written at once, with no
+    /// interval to wait for.
+    fn sync_block(&mut self, slot: u32, offset: u64, data: &[u8]) -> Result<(), ProtectionError> {
+        let (image, backend) = self.range(slot, offset, data.len())?;
+        backend.write_at(offset, data).map_err(file("cannot write the backup's disk", image.path()))?;
+        self.synced.0 += 1;
+        self.synced.1 += data.len() as u64;
+        Ok(())
+    }
+
+    /// Applies the writes of a checkpoint that commits, in order (each
+    /// was checked against its disk on receipt).
+    fn apply(&mut self, writes: &mut Vec<(u32, u64, Vec<u8>)>) -> Result<u64, ProtectionError> {
+        let n = writes.len() as u64;
+        for (slot, offset, data) in writes.drain(..) {
+            let (image, backend) = self.disks.get_mut(&slot).expect("checked on receipt");
+            backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
+        }
+        Ok(n)
+    }
+
     /// Once the blocks are in: each copy that differed hashes as the
     /// primary's now, or the backup cannot follow.
     fn check_synced(&mut self) -> Result<(), ProtectionError> {
@@ -251,12 +273,7 @@ pub fn follow(
                 if held.state.is_some() {
                     return Err(PeerError::LateDiskBlocks.into());
                 }
-                let (image, backend) = disks.range(slot, offset, data.len())?;
-                // The disk as it was before the guest ran: no interval to
-                // wait for.
-                backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
-                disks.synced.0 += 1;
-                disks.synced.1 += data.len() as u64;
+                disks.sync_block(slot, offset, &data)?;
             }
             Record::Pages { number, pages } => {
                 if number != next(held) {
@@ -284,11 +301,7 @@ pub fn follow(
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
                 write_pages(&mut held.ram, staged.drain(..));
-                for (slot, offset, data) in writes.drain(..) {
-                    let (image, backend) = disks.disks.get_mut(&slot).expect("checked on receipt");
-                    backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
-                    held.writes += 1;
-                }
+                held.writes += disks.apply(&mut writes)?;
                 held.received.retain(|n| *n > number);
                 for (_, slot, frame) in sent.drain(..).filter(|(n, ..)| *n == number) {
                     held.segments.saw(slot, &frame);
@@ -337,10 +350,19 @@ fn write_pages(ram: &mut GuestRam, pages: impl IntoIterator<Item = (u64, Box<[u8
 /// streams it after the header (`transfer`): the pages pre-copied while
 /// it ran, then checkpoint 0, the rest and the state, taken in a final
 /// pause with no I/O in flight. None if the stream is cut before the
-/// machine is whole. Its disks are shared, so no disk data may come.
-pub fn receive_machine(input: impl Read, ram_size: u64) -> Result<Option<Machine>, ProtectionError> {
+/// machine is whole. With separate disks, `disks` are this host's copies:
+/// the blocks that differ come at once, and the guest's writes since the
+/// transfer began are applied with checkpoint 0, after them (a block the
+/// sync read while the guest wrote it is made new by the write). With
+/// shared disks (None), no disk data may come.
+pub fn receive_machine(
+    input: impl Read,
+    ram_size: u64,
+    mut disks: Option<&mut Disks>,
+) -> Result<Option<Machine>, ProtectionError> {
     let mut held = Committed::new(ram_size)?;
     let mut reader = Reader::new(input);
+    let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     loop {
         let record = match reader.next_record() {
             Ok(r) => r,
@@ -357,15 +379,33 @@ pub fn receive_machine(input: impl Read, ram_size: u64) -> Result<Option<Machine
                     .map_err(|source| PeerError::CheckpointState { number: 0, source })?;
                 let pages = decode_pages(&held.ram, 0, &pages)?;
                 write_pages(&mut held.ram, pages);
+                if let Some(disks) = disks.as_deref_mut() {
+                    disks.apply(&mut writes)?;
+                    let (blocks, bytes) = disks.synced;
+                    eprintln!(
+                        "ftvm: the backup's disks are copies of the primary's ({blocks} blocks, {:.1} MiB received)",
+                        bytes as f64 / (1 << 20) as f64
+                    );
+                }
                 held.state = Some(state);
                 held.icount = icount;
                 return held.into_machine().map(Some);
             }
+            Record::DiskSync { slot, offset, data } => match disks.as_deref_mut() {
+                Some(disks) => disks.sync_block(slot, offset, &data)?,
+                None => return Err(PeerError::NotTransfer("disk").into()),
+            },
+            Record::DiskWrite { slot, offset, data } => match disks.as_deref_mut() {
+                Some(disks) => {
+                    disks.range(slot, offset, data.len())?;
+                    writes.push((slot, offset, data));
+                }
+                None => return Err(PeerError::NotTransfer("disk").into()),
+            },
             // The running VM's frames are not held while it is copied.
             Record::KeepAlive | Record::Received { .. } | Record::Sent { .. } => {}
             Record::Pages { number, .. } => return Err(PeerError::PagesOutOfOrder { number, due: 0 }.into()),
             Record::Checkpoint { number, .. } => return Err(PeerError::CheckpointOutOfOrder { number, due: 0 }.into()),
-            Record::DiskWrite { .. } | Record::DiskSync { .. } => return Err(PeerError::NotTransfer("disk").into()),
             Record::End { .. } => return Err(PeerError::NotTransfer("end").into()),
             Record::HandOver => return Err(PeerError::NotTransfer("handover").into()),
             Record::Control(_) => return Err(PeerError::NotTransfer("control").into()),
@@ -565,7 +605,7 @@ impl<R: Read> Backup for CheckpointBackup<R> {
 /// the digests in the pair's header) is made the same size, and the
 /// primary is asked for the blocks whose digests differ (Remus §2.5: the
 /// copies start the same). Returns (slot, the primary's digest) of those.
-fn copies_to_sync(
+pub(crate) fn copies_to_sync(
     pair: &PairHeader,
     disks: &[(usize, PathBuf)],
     request: &dyn Fn(Vec<u8>) -> Result<(), ProtectionError>,

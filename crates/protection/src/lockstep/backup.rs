@@ -8,9 +8,11 @@
 
 use super::backup_disks::BackupDisks;
 use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
+use crate::checkpoint::backup::{copies_to_sync, receive_machine, Disks};
 use crate::control::ControlEntry;
 use crate::epoch::backup::EpochCheck;
 use crate::error::{PeerError, ProtectionError};
+use crate::events::Events;
 use crate::local::LocalFiles;
 use crate::pair::{DiskDigest, DiskSharing, PairHeader, SlotDisks};
 use crate::resend::{Keeping, LastSegments};
@@ -32,6 +34,10 @@ pub struct ReplayBackup<R: Read> {
     m: Result<Machine, u64>,
     /// Its own disk I/O, when it does any.
     disks_io: Option<BackupDisks>,
+    /// A running VM's separate disks: this host's copies, made the same
+    /// as the primary's while its machine comes; its disk I/O (the
+    /// policy's backup reads) starts once they are.
+    copies: Option<(Disks, bool)>,
     /// This host's path of each disk.
     disks: SlotDisks,
     rule: Box<dyn FrameRule>,
@@ -48,34 +54,38 @@ pub struct ReplayBackup<R: Read> {
 impl<R: Read> ReplayBackup<R> {
     /// Everything a backup checks before it acknowledges the header: the
     /// same machine in the same state, and with separate disks the same
-    /// disks. `given`: this host's paths of the disks, in order (default:
-    /// the primary's).
+    /// disks (a running VM's: the blocks that differ asked for with
+    /// `request`, to come with its machine). The disks' paths are this
+    /// host's (`local`).
     pub fn prepare(
         reader: LogReader<R>,
         header: &Header,
         pair: &PairHeader,
         local: &LocalFiles,
+        request: &dyn Fn(Vec<u8>) -> Result<(), ProtectionError>,
+        events: &Events,
         show_console: bool,
     ) -> Result<Self, ProtectionError> {
         let policy = pair.disk_policy;
-        let m = if replayer::is_streamed(header) {
-            if policy.sharing == DiskSharing::Separate {
-                return Err(ProtectionError::StreamedSeparateDisks);
-            }
-            Err(replayer::header_ram(header)?)
-        } else {
-            Ok(replayer::start_machine(header, local)?)
-        };
+        let streamed = replayer::is_streamed(header);
+        let m = if streamed { Err(replayer::header_ram(header)?) } else { Ok(replayer::start_machine(header, local)?) };
         let disks = local.disk_paths(pair)?;
-        if policy.sharing == DiskSharing::Separate {
+        let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+        let separate = policy.sharing == DiskSharing::Separate;
+        let mut copies = None;
+        if separate && streamed {
+            // A running VM's disk changes while it is copied: the blocks
+            // that differ now come with its machine, and its writes since.
+            copies_to_sync(pair, &disks, request, events)?;
+            copies = Some((Disks::open(&paths, events.clone())?, policy.backup_reads));
+        } else if separate {
             check_copies(pair, &disks)?;
         }
         let disks_io = match (policy.sharing, policy.backup_reads) {
             (DiskSharing::Shared, false) => None,
-            (sharing, reads) => {
-                let paths: Vec<(usize, &Path)> = disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
-                Some(BackupDisks::open(&paths, sharing == DiskSharing::Separate, reads)?)
-            }
+            // Opened (and locked) once the copies are made the same.
+            _ if copies.is_some() => None,
+            (_, reads) => Some(BackupDisks::open(&paths, separate, reads)?),
         };
         let mode = pair.epoch_mode();
         let rule: Box<dyn FrameRule> = match mode {
@@ -86,6 +96,7 @@ impl<R: Read> ReplayBackup<R> {
             reader,
             m,
             disks_io,
+            copies,
             disks,
             rule,
             replayed: Replayed::default(),
@@ -121,9 +132,17 @@ impl<R: Read> Backup for ReplayBackup<R> {
 
     fn follow(&mut self, report: &mut dyn FnMut(Report)) -> Result<Followed, ProtectionError> {
         if let Err(ram_size) = self.m {
-            let Some(mut m) = crate::checkpoint::backup::receive_machine(self.reader.input_mut(), ram_size)? else {
+            let copies = self.copies.as_mut().map(|(disks, _)| disks);
+            let Some(mut m) = receive_machine(self.reader.input_mut(), ram_size, copies)? else {
                 return Ok(Followed::Cut("the primary's stream ended before its machine had come whole".into()));
             };
+            if let Some((disks, reads)) = self.copies.take() {
+                // The copies are the primary's: from here on this side
+                // performs the log's writes on them, as from a boot.
+                drop(disks);
+                let paths: Vec<(usize, &Path)> = self.disks.iter().map(|(s, p)| (*s, p.as_path())).collect();
+                self.disks_io = Some(BackupDisks::open(&paths, true, reads)?);
+            }
             // The state digests of the log hash the pages written.
             m.set_dirty_tracking(true);
             eprintln!("ftvm: the primary's running machine has come, at instruction {}", m.icount());

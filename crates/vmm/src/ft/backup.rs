@@ -220,14 +220,15 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         receiver.timing(),
         &key,
     )?);
+    // With separate disks the backup asks for the blocks its copies lack.
+    let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| PeerError::from(e).into());
     let prepared: Result<Box<dyn Backup>, ProtectionError> = match pair.mode {
         ModeSetting::Checkpoint { interval_ms } => {
-            let request = |digests: Vec<u8>| receiver.request(digests).map_err(|e| PeerError::from(e).into());
             CheckpointBackup::prepare(reader.into_input(), &header, &pair, interval_ms, &local, &request, &events)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
         ModeSetting::Lockstep | ModeSetting::Epoch(_) => {
-            ReplayBackup::prepare(reader, &header, &pair, &local, args.show_console)
+            ReplayBackup::prepare(reader, &header, &pair, &local, &request, &events, args.show_console)
                 .map(|b| Box::new(b) as Box<dyn Backup>)
         }
     };

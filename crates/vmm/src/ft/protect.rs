@@ -17,7 +17,7 @@ use ftvm_protection::events::{Events, PairEvent};
 use ftvm_protection::lockstep::BUSY_GO_LIVE;
 use ftvm_protection::pair::DiskSharing;
 use ftvm_protection::primary::Primary;
-use ftvm_protection::transfer::{Then, Transfer};
+use ftvm_protection::transfer::{DiskCopies, Then, Transfer};
 use ftvm_replay::recorder::{self, Start};
 use std::sync::mpsc::Sender;
 use std::time::Duration;
@@ -62,12 +62,7 @@ impl Protector<Machine> for MachineProtector {
         host_events: Sender<HostEvent>,
     ) -> Result<(), ControlError> {
         let refuse = |e: VmmError| ControlError::ProtectFailed(e.to_string());
-        let sharing = args.disk_sharing().map_err(refuse)?;
-        if args.mode != ftvm_protection::pair::Mode::Checkpoint && sharing == DiskSharing::Separate {
-            return Err(ControlError::ProtectFailed(
-                ftvm_protection::error::ProtectionError::StreamedSeparateDisks.to_string(),
-            ));
-        }
+        args.disk_sharing().map_err(refuse)?;
         let events = match &args.pair.events {
             Some(path) => Events::with_file(path).map_err(|e| ControlError::ProtectFailed(e.to_string()))?,
             None => self.journal.clone(),
@@ -104,8 +99,10 @@ fn connect(
     let Connected { channel, arbiter, me, disks, copies, epoch, interval, .. } =
         connect_pair(args, header, host_events, events, fence)?;
     let generation = arbiter.generation();
+    let copies = (disks.sharing == DiskSharing::Separate)
+        .then(|| DiskCopies { disks: copies, requests: channel.take_requests() });
     let then = match interval {
-        Some(_) => Then::Checkpoints { disks: copies, requests: channel.take_requests() },
+        Some(_) => Then::Checkpoints,
         None => Then::Log {
             lag_threshold: Duration::from_millis(args.lag_threshold),
             disks,
@@ -120,5 +117,5 @@ fn connect(
     let sender = Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me.clone(), events.clone())?;
     eprintln!("ftvm: protecting the running VM: its machine goes to the backup at {} ({mode})", args.backup);
     events.emit(PairEvent::Protecting { backup: args.backup.to_string(), generation, mode: mode.into() });
-    Ok(Box::new(Transfer::new(sender, then, me, events.clone())))
+    Ok(Box::new(Transfer::new(sender, then, copies, me, events.clone())))
 }
