@@ -1,6 +1,7 @@
 """The cluster on etcd (issue 29): three hosts, each with an etcd member
 and an `ftvm agent` (ftsite.cluster); a redis VM created through `ftvm
-cluster` with `--protect checkpoint` is given a backup on another host by
+cluster` with `--protect checkpoint` (or `lockstep`: each host keeps its
+own copy of the disk in either) is given a backup on another host by
 the cluster's controller without anyone asking; the primary's host dies
 (its switch port down, every process of it killed: agent, VM, etcd
 member); the VM fails over, and the controller protects it again on the
@@ -11,6 +12,8 @@ protected again), `ftvm cluster events` prints it, and the surviving
 agents' metrics count one failover and a re-protection."""
 
 import time
+
+import pytest
 
 import ftsite
 from ftsite import REDIS_FT, wait_for_redis
@@ -27,13 +30,14 @@ PROTECTED_WITHIN = 240
 REPROTECTED_WITHIN = 120
 
 
-def test_the_cluster_protects_a_vm_and_protects_it_again_after_its_host_dies(ftvm, scratch):
-    cl = Cluster(ftvm, scratch, "cl")
+@pytest.mark.parametrize("mode", ["checkpoint", "lockstep"])
+def test_the_cluster_protects_a_vm_and_protects_it_again_after_its_host_dies(ftvm, scratch, mode):
+    cl = Cluster(ftvm, scratch, f"c{mode[0]}")
     cl.wait_hosts()
 
     t0 = time.monotonic()
     cl.cli("vm", "create", "redis", "--on", "primary", "--memory", "512", "--command", REDIS_FT,
-           "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint")
+           "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24", "--protect", mode)
     conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
     # Protected: the backup holds the machine (the transfer is over). A
     # primary shown with a backup may still be sending it its machine, and

@@ -132,19 +132,11 @@ impl VmSpec {
         if !(1..=8).contains(&self.cpus) {
             return bad(format!("cpus {} is out of range (1 to 8)", self.cpus));
         }
+        // A cluster's VM is protected while it runs (and again after a
+        // failover), each host on a disk of its own, in any mode.
         match self.protect.as_deref() {
-            None | Some("checkpoint") => {}
-            // A cluster's VM is protected while it runs (and again after a
-            // failover), each host on a disk of its own: ftvm protects a
-            // running VM with separate disks in checkpoint mode only.
-            Some("lockstep" | "epoch") => {
-                return bad(format!(
-                    "protect {:?}: a cluster protects a running VM on each host's own disk, which only checkpoint \
-                     mode does yet",
-                    self.protect.as_deref().unwrap_or("")
-                ))
-            }
-            Some(mode) => return bad(format!("protect {mode:?} is not a mode (checkpoint)")),
+            None | Some("lockstep" | "epoch" | "checkpoint") => {}
+            Some(mode) => return bad(format!("protect {mode:?} is not a mode (lockstep, epoch or checkpoint)")),
         }
         if let Some(net) = &self.network {
             if net.bridge.is_empty() || net.bridge.len() > 15 || net.bridge.contains(['/', ' ', ',', '=']) {
@@ -300,7 +292,6 @@ mod tests {
             r#"{"name": "x", "memory_mib": 1}"#,
             r#"{"name": "x", "cpus": 0}"#,
             r#"{"name": "x", "protect": "mirror"}"#,
-            r#"{"name": "x", "protect": "lockstep"}"#,
             r#"{"name": "x", "colour": "red"}"#,
             r#"{"name": "x", "network": {"bridge": "br0", "ip": "10.0.0.300/24"}}"#,
             r#"{"name": "x", "network": {"bridge": "br0,x", "ip": "10.0.0.3/24"}}"#,

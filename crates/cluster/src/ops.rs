@@ -325,8 +325,10 @@ impl Cluster {
                 return Err(OpsError::AlreadyThere { vm: name.into(), host: to.into() });
             }
             if backup.as_ref().map(|b| b.host.id.as_str()) != Some(to) {
-                // Checkpoint mode: each host has its own copy of the disk.
-                self.backup_onto(&hosts, &running, to, "checkpoint")?;
+                // Its own mode if it has one (each host keeps its own
+                // copy of the disk in every mode).
+                let mode = running.info.spec.protect.clone().unwrap_or_else(|| "checkpoint".into());
+                self.backup_onto(&hosts, &running, to, &mode)?;
             }
             let done = self.agent(&running.host).handover(name)?;
             Ok(Done { message: format!("VM {name} moved from {} to {to}: {}", running.host.id, done.message) })

@@ -175,8 +175,8 @@ enum VmCommand {
         /// The guest's address, IPv4/LEN (with --bridge).
         #[arg(long, value_name = "IP/LEN", requires = "bridge")]
         ip: Option<String>,
-        /// Keep it protected in this mode (checkpoint: the one that
-        /// protects a running VM on each host's own disk):
+        /// Keep it protected in this mode (lockstep, epoch or
+        /// checkpoint; each host keeps its own copy of the disk):
         /// the controller gives it a backup on another host, and a new
         /// one after a failover.
         #[arg(long, value_name = "MODE")]
@@ -192,8 +192,8 @@ enum VmCommand {
         /// The backup's host.
         #[arg(long, value_name = "HOST")]
         on: Option<String>,
-        /// The mode (checkpoint: the one that protects a running VM on
-        /// each host's own disk).
+        /// The mode: lockstep, epoch or checkpoint (each host keeps its
+        /// own copy of the disk).
         #[arg(long, default_value = "checkpoint")]
         mode: String,
     },
