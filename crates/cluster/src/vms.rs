@@ -32,6 +32,10 @@ const STATUS_WAIT: Duration = Duration::from_secs(3);
 /// is 30 s).
 const STOP_WAIT: Duration = Duration::from_secs(40);
 
+/// What a request to a VM of this host needs of it: its control socket,
+/// spec, process id, how it ended (if it did) and the part it started as.
+type Handle = (PathBuf, VmSpec, Option<u32>, Option<String>, Role);
+
 /// A VM's process.
 enum Process {
     /// Started by this agent.
@@ -446,7 +450,7 @@ impl Vms {
     }
 
     /// The control socket and spec of a VM, if this host has it.
-    fn handle(&self, name: &str) -> Result<(PathBuf, VmSpec, Option<u32>, Option<String>, Role), ApiError> {
+    fn handle(&self, name: &str) -> Result<Handle, ApiError> {
         let mut vms = self.lock();
         let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
         vm.reap();

@@ -163,7 +163,7 @@ impl Rtc {
             return None;
         }
         // An alarm before `base` (a time before power-on) is already due.
-        let need = self.alarm.checked_sub(self.base).unwrap_or(0) as u128;
+        let need = self.alarm.saturating_sub(self.base) as u128;
         let ticks = (need * self.timer_hz as u128).div_ceil(NS_PER_SEC);
         Some(ticks.min(u64::MAX as u128) as u64)
     }

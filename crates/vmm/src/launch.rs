@@ -347,6 +347,8 @@ struct Sources {
 }
 
 /// Where a running VM's log goes.
+// One per process, read once at its start.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     None,
     /// `ftvm record`

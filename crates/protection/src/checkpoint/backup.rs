@@ -37,6 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Frames, each with the slot of the NIC it belongs to.
+type SlotFrames = Vec<(usize, Vec<u8>)>;
+
 /// Largest machine state (without RAM) a checkpoint may unpack to.
 const MAX_STATE: usize = 64 << 20;
 
@@ -81,7 +84,7 @@ impl Committed {
     /// What the network lost with the primary, taken for the VM going live
     /// from the last commit: the last segment of each connection, to send
     /// again, and the frames received after it, to give the guest.
-    pub fn take_frames(&mut self) -> (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) {
+    pub fn take_frames(&mut self) -> (SlotFrames, SlotFrames) {
         (std::mem::take(&mut self.segments).recent(), self.received.take())
     }
 
