@@ -5,7 +5,8 @@ a failure to "protected again" with a spare host given.
 
 Per mode, on one site: a plain `ftvm run --mem 1G` (core 0) of redis
 (appendonly, fsync always; its disk on the shared storage, or in
-checkpoint mode each host its own copy) is filled with --fill-mb of
+checkpoint mode, and with --separate in every mode, each host its own
+copy, the transfer making the backup's the same) is filled with --fill-mb of
 data (DEBUG POPULATE), then loaded from the client by redis-benchmark
 (SET, 2 connections, random keys) while a probe client writes keys one at
 a time over its own connection, each reply awaited. Then --trials times:
@@ -23,6 +24,7 @@ protection of the VM from its new host), the probe's keys all checked.
   bench/protect                         5 protections per mode, all three
   bench/protect --trials 10 --modes lockstep --fill-mb 800
   bench/protect --fill-mb 100 --random-mb 500   memory in use that does not compress
+  bench/protect --modes lockstep,epoch --separate   each host its own copy of the disk
 
 Needs root, two cores, redis-benchmark (Debian redis-tools); the fill
 takes some minutes a mode on this emulator. Target: a final pause of at
@@ -64,14 +66,15 @@ def backup(site, ftvm, work, role, shared, name, extra, core):
     return p
 
 
-def protect(vm, journal, backup_ip, shared, mode):
+def protect(vm, journal, backup_ip, shared, mode, separate=False):
     """`protect` on `vm`'s control socket (the typed request, its events
     in `journal`); the typed reply's figures: rounds, pages, final_pages,
     bytes, pause_ms (the guest stopped, the I/O in flight let finish
     included), total_ms."""
     Path(journal).unlink(missing_ok=True)
     args = {"backup": f"{backup_ip}:{CHANNEL_PORT}", "lag_threshold": 1000, "connect_wait": 60,
-            "disk_sharing": None, "backup_reads": False, "mode": mode, "epoch_length": 65536,
+            "disk_sharing": "separate" if separate and mode != "checkpoint" else None,
+            "backup_reads": False, "mode": mode, "epoch_length": 65536,
             "epoch_protocol": "revised", "interval": 25, "no_idle_checkpoints": False,
             "pair": {"shared": str(shared), "timeout": TIMEOUT_MS, "heartbeat_port": 7701, "events": str(journal),
                      "pair_key": None, "isolation_addresses": [], "isolation_defer": 3000, "host_id": None,
@@ -99,7 +102,7 @@ def run_mode(binary, mode, args):
     shared = Path(work) / "shared"
     shared.mkdir()
     image = rootfs(binary.path)
-    if mode == "checkpoint":
+    if mode == "checkpoint" or args.separate:
         disk = sparse_copy(image, Path(work) / "a-disk.img")
         copies = {n: ["--disk", str(sparse_copy(image, Path(work) / f"{n}-disk.img"))] for n in ("b", "c")}
     else:
@@ -133,7 +136,7 @@ def run_mode(binary, mode, args):
             procs.append(b)
             before = [a - s for s, a in probe.times[-200:]]
             start = time.monotonic()
-            sent = protect(vm, Path(work) / f"protect{i + 1}.events", BACKUP_HOST_IP, shared, mode)
+            sent = protect(vm, Path(work) / f"protect{i + 1}.events", BACKUP_HOST_IP, shared, mode, args.separate)
             done = time.monotonic()
             time.sleep(2.0)
             worst = wait_stats(probe, start, done)
@@ -151,13 +154,13 @@ def run_mode(binary, mode, args):
         # A failure, then protected again from the new host onto a spare.
         b = backup(site, binary.path, work, "backup", shared, "last", copies["b"], core=1)
         procs.append(b)
-        protect(vm, Path(work) / "vm-last.events", BACKUP_HOST_IP, shared, mode)
+        protect(vm, Path(work) / "vm-last.events", BACKUP_HOST_IP, shared, mode, args.separate)
         spare = backup(site, binary.path, work, "spare", shared, "spare", copies["c"], core=0)
         procs.append(spare)
         time.sleep(1.0)
         failed = vm.kill9()
         event(b, "going-live", timeout=60, watch=[b])
-        protect(b, Path(work) / "vm-again.events", SPARE_HOST_IP, shared, mode)
+        protect(b, Path(work) / "vm-again.events", SPARE_HOST_IP, shared, mode, args.separate)
         row["again"] = time.monotonic() - failed
         event(spare, "following", timeout=10, watch=[spare])
         time.sleep(2.0)
@@ -190,6 +193,8 @@ def main():
     ap.add_argument("--fill-mb", type=int, default=600, help="data put into redis first (default 600 MiB)")
     ap.add_argument("--random-mb", type=int, default=0,
                     help="random bytes the guest writes into a tmpfs before redis starts (default 0)")
+    ap.add_argument("--separate", action="store_true",
+                    help="each host its own copy of the disk in lockstep and epoch mode too (checkpoint mode always)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -201,7 +206,8 @@ def main():
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
         print(f"protect: {args.trials} protection(s) per mode ({', '.join(modes)}) of a 1 GiB redis guest "
-              f"holding {args.fill_mb} MiB (and {args.random_mb} MiB of random bytes in a tmpfs), under redis-benchmark; {binary.identity}", flush=True)
+              f"holding {args.fill_mb} MiB (and {args.random_mb} MiB of random bytes in a tmpfs), under redis-benchmark; "
+              f"disks {'separate' if args.separate else 'shared (checkpoint mode: separate)'}; {binary.identity}", flush=True)
         rows = [run_mode(binary, mode, args) for mode in modes]
         print()
         print("pause = the final pause (guest stopped); probe = a client's longest wait for a reply during the "
