@@ -27,6 +27,7 @@
 //! decoding whenever the slot's check against RAM fails.
 
 use crate::decode::{decode, Decoded, Op};
+use crate::ext::Extensions;
 use crate::jit::{self, Arena, JitFn};
 use std::collections::HashMap;
 
@@ -160,7 +161,7 @@ impl Block {
 
     /// Decodes the block at RAM offset `off`. `None` if not even its first
     /// instruction lies wholly within its page.
-    fn decode_at(ram: &[u8], off: usize) -> Option<Block> {
+    fn decode_at(ram: &[u8], off: usize, ext: Extensions) -> Option<Block> {
         let page_end = (off | 0xfff) + 1;
         let mut b = Block { off, ..Block::EMPTY };
         let mut at = 0;
@@ -174,7 +175,7 @@ impl Block {
                 (false, false) => lo,
                 (true, false) => break,
             };
-            let inst = Inst::new(&decode(raw), at);
+            let inst = Inst::new(&decode(raw, ext), at);
             b.insts[b.n] = inst;
             b.n += 1;
             at = inst.next as usize;
@@ -344,11 +345,11 @@ impl BlockCache {
     /// none there or RAM changed under it; `None` if no block can start
     /// there (its first instruction crosses the page).
     #[inline(always)]
-    pub fn get(&mut self, ram: &[u8], off: usize) -> Option<&Block> {
+    pub fn get(&mut self, ram: &[u8], off: usize, ext: Extensions) -> Option<&Block> {
         let i = slot_of(off);
         let hit = self.slots[i].off == off && self.slots[i].still_in(ram);
         if !hit {
-            self.slots[i] = Block::decode_at(ram, off)?;
+            self.slots[i] = Block::decode_at(ram, off, ext)?;
             self.reuse(i);
         }
         self.count(i);
@@ -372,7 +373,7 @@ mod tests {
     #[test]
     fn a_block_runs_to_its_branch_and_keeps_offsets() {
         let ram = ram_with(&CODE, 0x1006);
-        let b = Block::decode_at(&ram, 0x1006).unwrap();
+        let b = Block::decode_at(&ram, 0x1006, Extensions::ALL).unwrap();
         assert_eq!(b.n, 3);
         assert_eq!(b.bytes, 10);
         let ops: Vec<_> = b.insts[..3].iter().map(|i| (i.op, i.at, i.next)).collect();
@@ -383,14 +384,14 @@ mod tests {
     fn a_block_is_decoded_again_when_its_bytes_change() {
         let mut ram = ram_with(&CODE, 0x1006);
         let mut cache = BlockCache::new();
-        assert_eq!(cache.get(&ram, 0x1006).unwrap().insts[0].op, Op::Addi);
+        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().insts[0].op, Op::Addi);
         // addi -> xori, one byte changed
         ram[0x1007] = 0x45;
-        assert_eq!(cache.get(&ram, 0x1006).unwrap().insts[0].op, Op::Xori);
+        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().insts[0].op, Op::Xori);
         // A change in the word beyond the block's end is seen too (the
         // compare covers whole words); it only costs a decode.
         ram[0x1010] ^= 1;
-        assert_eq!(cache.get(&ram, 0x1006).unwrap().n, 3);
+        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().n, 3);
     }
 
     #[test]
@@ -398,7 +399,7 @@ mod tests {
         // addi x0, a0, 1 ; ld x0, 0(a0) ; jal x0, 0
         let code = [0x13, 0x00, 0x15, 0x00, 0x03, 0x30, 0x05, 0x00, 0x6f, 0x00, 0x00, 0x00];
         let ram = ram_with(&code, 0x1000);
-        let b = Block::decode_at(&ram, 0x1000).unwrap();
+        let b = Block::decode_at(&ram, 0x1000, Extensions::ALL).unwrap();
         let ops: Vec<_> = b.insts[..b.n].iter().map(|i| i.op).collect();
         assert_eq!(ops, [Op::Nop, Op::Ld, Op::Jal]);
     }
@@ -411,12 +412,12 @@ mod tests {
             code.extend_from_slice(&[0x13, 0x05, 0x15, 0x00]);
         }
         let ram = ram_with(&code, 0x1ff2);
-        let b = Block::decode_at(&ram, 0x1ff2).unwrap();
+        let b = Block::decode_at(&ram, 0x1ff2, Extensions::ALL).unwrap();
         assert_eq!((b.n, b.bytes), (3, 12));
         // A 32-bit instruction that crosses the page starts no block.
-        assert!(Block::decode_at(&ram, 0x1ffe).is_none());
+        assert!(Block::decode_at(&ram, 0x1ffe, Extensions::ALL).is_none());
         // A compressed one in the last halfword does.
         let ram = ram_with(&[0x85, 0x05], 0x1ffe);
-        assert_eq!(Block::decode_at(&ram, 0x1ffe).unwrap().n, 1);
+        assert_eq!(Block::decode_at(&ram, 0x1ffe, Extensions::ALL).unwrap().n, 1);
     }
 }

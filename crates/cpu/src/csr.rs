@@ -1,6 +1,7 @@
 //! Control and status registers: numbering, WARL rules, and the access
 //! checks of Zicsr (privilege, read-only, counter enables).
 
+use crate::ext::Extensions;
 use crate::hart::{Hart, PrivilegeMode};
 use crate::trap::Trap;
 use crate::Bus;
@@ -21,6 +22,7 @@ pub const SEPC: u16 = 0x141;
 pub const SCAUSE: u16 = 0x142;
 pub const STVAL: u16 = 0x143;
 pub const SIP: u16 = 0x144;
+pub const STIMECMP: u16 = 0x14d;
 pub const SATP: u16 = 0x180;
 pub const MVENDORID: u16 = 0xf11;
 pub const MARCHID: u16 = 0xf12;
@@ -67,6 +69,11 @@ pub const MSTATUS_TW: u64 = 1 << 21;
 pub const MSTATUS_TSR: u64 = 1 << 22;
 pub const MSTATUS_UXL_SXL: u64 = (2 << 32) | (2 << 34);
 pub const MSTATUS_SD: u64 = 1 << 63;
+/// menvcfg.STCE: Sstc's stimecmp is on (and STIP follows it).
+pub const MENVCFG_STCE: u64 = 1 << 63;
+pub const MIP_STIP: u64 = 1 << 5;
+/// mcounteren.TM: S-mode may read `time` and, with Sstc, access stimecmp.
+const MCOUNTEREN_TM: u64 = 1 << 1;
 
 const MSTATUS_WRITABLE: u64 = MSTATUS_SIE
     | MSTATUS_MIE
@@ -103,6 +110,10 @@ pub enum WriteEffect {
     Interrupts,
     /// Address translation changed: flush the TLB.
     Translation,
+    /// A timer deadline changed (stimecmp, or whether it counts): the
+    /// platform must re-derive STIP and when the next timer fires, as
+    /// after a store to the CLINT's mtimecmp.
+    Timer,
 }
 
 impl Hart {
@@ -124,6 +135,17 @@ impl Hart {
             PrivilegeMode::Supervisor => self.s.mcounteren & bit != 0,
             PrivilegeMode::User => self.s.mcounteren & bit != 0 && self.s.scounteren & bit != 0,
         }
+    }
+
+    /// Sstc: below M-mode, stimecmp needs menvcfg.STCE and, in S-mode,
+    /// mcounteren.TM; without Sstc it does not exist.
+    fn stimecmp_accessible(&self) -> bool {
+        self.s.ext.has(Extensions::SSTC)
+            && match self.s.prv {
+                PrivilegeMode::Machine => true,
+                PrivilegeMode::Supervisor => self.sstc_enabled() && self.s.mcounteren & MCOUNTEREN_TM != 0,
+                PrivilegeMode::User => false,
+            }
     }
 
     fn fs_enabled(&self) -> bool {
@@ -156,7 +178,8 @@ impl Hart {
                     return Err(Trap::illegal(insn));
                 }
                 match csr {
-                    CYCLE | INSTRET => s.instret,
+                    CYCLE => s.instret.wrapping_add(s.cycle_offset),
+                    INSTRET => s.instret,
                     TIME => bus.time(self.progress),
                     _ => 0,
                 }
@@ -171,6 +194,8 @@ impl Hart {
             SCAUSE => s.scause,
             STVAL => s.stval,
             SIP => self.mip() & s.mideleg,
+            STIMECMP if !self.stimecmp_accessible() => return Err(Trap::illegal(insn)),
+            STIMECMP => s.stimecmp,
             SATP => {
                 if s.prv == PrivilegeMode::Supervisor && s.mstatus & MSTATUS_TVM != 0 {
                     return Err(Trap::illegal(insn));
@@ -210,7 +235,8 @@ impl Hart {
                     0
                 }
             }
-            MCYCLE | MINSTRET => s.instret,
+            MCYCLE => s.instret.wrapping_add(s.cycle_offset),
+            MINSTRET => s.instret,
             0xb03..=0xb1f | 0x323..=0x33f => 0,
             TSELECT => s.tselect,
             TDATA1 | TDATA2 | TDATA3 => 0,
@@ -221,6 +247,9 @@ impl Hart {
 
     pub(crate) fn csr_write(&mut self, csr: u16, v: u64, insn: u32) -> Result<WriteEffect, Trap> {
         self.check_csr_access(csr, true, insn)?;
+        if csr == STIMECMP && !self.stimecmp_accessible() {
+            return Err(Trap::illegal(insn));
+        }
         let s = &mut self.s;
         let mut effect = WriteEffect::None;
         match csr {
@@ -254,6 +283,10 @@ impl Hart {
             SEPC => s.sepc = v & !1,
             SCAUSE => s.scause = v,
             STVAL => s.stval = v,
+            STIMECMP => {
+                s.stimecmp = v;
+                effect = WriteEffect::Timer;
+            }
             SIP => {
                 // Only SSIP is writable through sip.
                 let mask = s.mideleg & (1 << 1);
@@ -296,14 +329,25 @@ impl Hart {
             }
             MTVEC => s.mtvec = v & !2,
             MCOUNTEREN => s.mcounteren = v & 0xffff_ffff,
-            MENVCFG => s.menvcfg = 0,
+            // Of menvcfg, only Sstc's STCE is implemented (the rest, FIOM
+            // and the cache-block and page-attribute enables, read zero).
+            MENVCFG => {
+                let stce = if s.ext.has(Extensions::SSTC) { MENVCFG_STCE } else { 0 };
+                if (s.menvcfg ^ v) & stce != 0 {
+                    effect = WriteEffect::Timer;
+                }
+                s.menvcfg = v & stce;
+            }
             MCOUNTINHIBIT => s.mcountinhibit = v & !2,
             MSCRATCH => s.mscratch = v,
             MEPC => s.mepc = v & !1,
             MCAUSE => s.mcause = v,
             MTVAL => s.mtval = v,
             MIP => {
-                s.mip = (s.mip & !S_INTERRUPTS) | (v & S_INTERRUPTS);
+                // With Sstc on, STIP is read-only: stimecmp drives it.
+                let stce = s.menvcfg & MENVCFG_STCE != 0;
+                let mask = if stce { S_INTERRUPTS & !MIP_STIP } else { S_INTERRUPTS };
+                s.mip = (s.mip & !mask) | (v & mask);
                 effect = WriteEffect::Interrupts;
             }
             0x3a0..=0x3af => match csr - PMPCFG0 {
@@ -318,7 +362,16 @@ impl Hart {
                     s.pmpaddr[i] = v & ((1u64 << 54) - 1);
                 }
             }
-            MCYCLE | MINSTRET => s.instret = v,
+            // A write to a counter is the value it holds after the writing
+            // instruction: it replaces that instruction's increment (the
+            // executor adds one to instret when the instruction retires,
+            // and mcycle follows instret), and the other counter runs on.
+            MCYCLE => s.cycle_offset = v.wrapping_sub(s.instret.wrapping_add(1)),
+            MINSTRET => {
+                let cycle_after = s.instret.wrapping_add(s.cycle_offset).wrapping_add(1);
+                s.instret = v.wrapping_sub(1);
+                s.cycle_offset = cycle_after.wrapping_sub(v);
+            }
             0xb03..=0xb1f | 0x323..=0x33f => {}
             TSELECT => {}
             TDATA1 | TDATA2 | TDATA3 => {}

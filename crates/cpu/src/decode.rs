@@ -1,9 +1,12 @@
 //! The decoder: the raw bits at an instruction's location into an
 //! operation with a fast path and its operands, or `Other` for the general
 //! executor. Decoding depends only on the bits (pc-relative targets are
-//! computed at execution); the block cache keeps what it decodes.
+//! computed at execution) and on the hart's optional extensions (an
+//! instruction of one it lacks is left to the general executor, which
+//! finds it illegal); the block cache keeps what it decodes.
 
 use crate::compressed;
+use crate::ext::Extensions;
 
 /// Operations with a fast path. Everything else is `Other`, executed by
 /// the general decoder from the expanded 32-bit instruction.
@@ -84,6 +87,52 @@ pub(crate) enum Op {
     Fp,
     Fload,
     Fstore,
+    // Zba.
+    Sh1add,
+    Sh2add,
+    Sh3add,
+    AddUw,
+    Sh1addUw,
+    Sh2addUw,
+    Sh3addUw,
+    SlliUw,
+    // Zbb.
+    Andn,
+    Orn,
+    Xnor,
+    Clz,
+    Ctz,
+    Cpop,
+    Clzw,
+    Ctzw,
+    Cpopw,
+    Max,
+    Maxu,
+    Min,
+    Minu,
+    SextB,
+    SextH,
+    ZextH,
+    Rol,
+    Ror,
+    Rori,
+    Rolw,
+    Rorw,
+    Roriw,
+    OrcB,
+    Rev8,
+    // Zbs.
+    Bclr,
+    Bclri,
+    Bext,
+    Bexti,
+    Binv,
+    Binvi,
+    Bset,
+    Bseti,
+    // Zicond.
+    CzeroEqz,
+    CzeroNez,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -106,8 +155,9 @@ fn sext(v: u32, bits: u32) -> u64 {
     (((v << (32 - bits)) as i32) >> (32 - bits)) as i64 as u64
 }
 
-/// Decode the 32 raw bits at an instruction's location.
-pub(crate) fn decode(raw: u32) -> Decoded {
+/// Decode the 32 raw bits at an instruction's location, for a hart with
+/// the extensions `ext`.
+pub(crate) fn decode(raw: u32, ext: Extensions) -> Decoded {
     let (insn, len) = if raw & 3 != 3 {
         match compressed::expand(raw & 0xffff) {
             Some(i) => (i, 2),
@@ -131,6 +181,12 @@ pub(crate) fn decode(raw: u32) -> Decoded {
         sext(((insn >> 31) << 20) | (insn & 0xff000) | (((insn >> 20) & 1) << 11) | (((insn >> 21) & 0x3ff) << 1), 21);
     let imm_u = (insn & 0xffff_f000) as i32 as i64 as u64;
     let shamt = ((insn >> 20) & 0x3f) as u64;
+    let (zba, zbb, zbs) = (ext.has(Extensions::ZBA), ext.has(Extensions::ZBB), ext.has(Extensions::ZBS));
+    let zicond = ext.has(Extensions::ZICOND);
+    // The bits above a 6-bit shift amount, and the whole immediate field
+    // (which selects the unary operations of Zbb).
+    let f6 = insn >> 26;
+    let f12 = insn >> 20;
     use Op::*;
     let (op, imm) = match insn & 0x7f {
         0x37 => (Lui, imm_u),
@@ -170,9 +226,21 @@ pub(crate) fn decode(raw: u32) -> Decoded {
             4 => (Xori, imm_i),
             6 => (Ori, imm_i),
             7 => (Andi, imm_i),
-            1 if insn >> 26 == 0 => (Slli, shamt),
-            5 if insn >> 26 == 0 => (Srli, shamt),
-            5 if insn >> 26 == 0x10 => (Srai, shamt),
+            1 if f6 == 0 => (Slli, shamt),
+            5 if f6 == 0 => (Srli, shamt),
+            5 if f6 == 0x10 => (Srai, shamt),
+            1 if zbb && f12 == 0x600 => (Clz, 0),
+            1 if zbb && f12 == 0x601 => (Ctz, 0),
+            1 if zbb && f12 == 0x602 => (Cpop, 0),
+            1 if zbb && f12 == 0x604 => (SextB, 0),
+            1 if zbb && f12 == 0x605 => (SextH, 0),
+            5 if zbb && f6 == 0x18 => (Rori, shamt),
+            5 if zbb && f12 == 0x287 => (OrcB, 0),
+            5 if zbb && f12 == 0x6b8 => (Rev8, 0),
+            1 if zbs && f6 == 0x12 => (Bclri, shamt),
+            1 if zbs && f6 == 0x1a => (Binvi, shamt),
+            1 if zbs && f6 == 0x0a => (Bseti, shamt),
+            5 if zbs && f6 == 0x12 => (Bexti, shamt),
             _ => (Other, 0),
         },
         0x1b => match (f3, f7) {
@@ -180,6 +248,11 @@ pub(crate) fn decode(raw: u32) -> Decoded {
             (1, 0) => (Slliw, shamt & 31),
             (5, 0) => (Srliw, shamt & 31),
             (5, 0x20) => (Sraiw, shamt & 31),
+            (1, _) if zba && f6 == 0x02 => (SlliUw, shamt),
+            (1, 0x30) if zbb && rs2 == 0 => (Clzw, 0),
+            (1, 0x30) if zbb && rs2 == 1 => (Ctzw, 0),
+            (1, 0x30) if zbb && rs2 == 2 => (Cpopw, 0),
+            (5, 0x30) if zbb => (Roriw, shamt & 31),
             _ => (Other, 0),
         },
         0x33 => match (f7, f3) {
@@ -201,6 +274,24 @@ pub(crate) fn decode(raw: u32) -> Decoded {
             (1, 5) => (Divu, 0),
             (1, 6) => (Rem, 0),
             (1, 7) => (Remu, 0),
+            (0x10, 2) if zba => (Sh1add, 0),
+            (0x10, 4) if zba => (Sh2add, 0),
+            (0x10, 6) if zba => (Sh3add, 0),
+            (0x20, 7) if zbb => (Andn, 0),
+            (0x20, 6) if zbb => (Orn, 0),
+            (0x20, 4) if zbb => (Xnor, 0),
+            (0x05, 4) if zbb => (Min, 0),
+            (0x05, 5) if zbb => (Minu, 0),
+            (0x05, 6) if zbb => (Max, 0),
+            (0x05, 7) if zbb => (Maxu, 0),
+            (0x30, 1) if zbb => (Rol, 0),
+            (0x30, 5) if zbb => (Ror, 0),
+            (0x24, 1) if zbs => (Bclr, 0),
+            (0x24, 5) if zbs => (Bext, 0),
+            (0x34, 1) if zbs => (Binv, 0),
+            (0x14, 1) if zbs => (Bset, 0),
+            (0x07, 5) if zicond => (CzeroEqz, 0),
+            (0x07, 7) if zicond => (CzeroNez, 0),
             _ => (Other, 0),
         },
         0x07 if f3 == 2 || f3 == 3 => (Fload, 0),
@@ -217,6 +308,13 @@ pub(crate) fn decode(raw: u32) -> Decoded {
             (1, 5) => (Divuw, 0),
             (1, 6) => (Remw, 0),
             (1, 7) => (Remuw, 0),
+            (0x04, 0) if zba => (AddUw, 0),
+            (0x10, 2) if zba => (Sh1addUw, 0),
+            (0x10, 4) if zba => (Sh2addUw, 0),
+            (0x10, 6) if zba => (Sh3addUw, 0),
+            (0x04, 4) if zbb && rs2 == 0 => (ZextH, 0),
+            (0x30, 1) if zbb => (Rolw, 0),
+            (0x30, 5) if zbb => (Rorw, 0),
             _ => (Other, 0),
         },
         _ => (Other, 0),

@@ -89,6 +89,17 @@ fn rem_signed(a: u64, b: u64) -> u64 {
     }
 }
 
+/// orc.b: each byte all ones if any of its bits is set, else zero.
+#[inline(always)]
+pub(crate) fn orc_b(x: u64) -> u64 {
+    // A byte's top bit, set if any bit of the byte is: the low seven bits
+    // plus 0x7f carry into it, and the top bit itself is or-ed in.
+    let low = 0x7f7f_7f7f_7f7f_7f7f;
+    let top = ((x & low) + low | x) & !low;
+    // 0x80 -> 0xff in each byte.
+    (top >> 7) * 0xff
+}
+
 #[inline(always)]
 fn unbox32(v: u64) -> u32 {
     if v & BOX32 == BOX32 {
@@ -201,7 +212,7 @@ impl Hart {
             }
             let pc = self.s.pc;
             let then = match self.fetch_offset(pc) {
-                Some(off) => match cache.get(ram.as_slice(), off) {
+                Some(off) => match cache.get(ram.as_slice(), off, self.s.ext) {
                     // Translated code only runs whole blocks: the budget
                     // must not end inside it.
                     Some(block) => match block.jit {
@@ -257,7 +268,7 @@ impl Hart {
             }
         });
         match raw {
-            Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw)), pc, budget, steps, 0),
+            Ok(raw) => self.run_block(ram, bus, &Block::single(&decode(raw, self.s.ext)), pc, budget, steps, 0),
             Err(t) => self.trap_at(0, pc, t, steps),
         }
     }
@@ -564,6 +575,60 @@ impl Hart {
                 Divuw => sext32((x1 as u32).checked_div(x2 as u32).unwrap_or(u32::MAX) as u64),
                 Remw => sext32(rem_signed(x1 as i32 as i64 as u64, x2 as i32 as i64 as u64)),
                 Remuw => sext32((x1 as u32).checked_rem(x2 as u32).unwrap_or(x1 as u32) as u64),
+                Sh1add => (x1 << 1).wrapping_add(x2),
+                Sh2add => (x1 << 2).wrapping_add(x2),
+                Sh3add => (x1 << 3).wrapping_add(x2),
+                AddUw => (x1 as u32 as u64).wrapping_add(x2),
+                Sh1addUw => ((x1 as u32 as u64) << 1).wrapping_add(x2),
+                Sh2addUw => ((x1 as u32 as u64) << 2).wrapping_add(x2),
+                Sh3addUw => ((x1 as u32 as u64) << 3).wrapping_add(x2),
+                SlliUw => (x1 as u32 as u64) << (imm & 63),
+                Andn => x1 & !x2,
+                Orn => x1 | !x2,
+                Xnor => !(x1 ^ x2),
+                Clz => x1.leading_zeros() as u64,
+                Ctz => x1.trailing_zeros() as u64,
+                Cpop => x1.count_ones() as u64,
+                Clzw => (x1 as u32).leading_zeros() as u64,
+                Ctzw => (x1 as u32).trailing_zeros() as u64,
+                Cpopw => (x1 as u32).count_ones() as u64,
+                Max => (x1 as i64).max(x2 as i64) as u64,
+                Maxu => x1.max(x2),
+                Min => (x1 as i64).min(x2 as i64) as u64,
+                Minu => x1.min(x2),
+                SextB => x1 as i8 as i64 as u64,
+                SextH => x1 as i16 as i64 as u64,
+                ZextH => x1 as u16 as u64,
+                Rol => x1.rotate_left((x2 & 63) as u32),
+                Ror => x1.rotate_right((x2 & 63) as u32),
+                Rori => x1.rotate_right((imm & 63) as u32),
+                Rolw => sext32((x1 as u32).rotate_left((x2 & 31) as u32) as u64),
+                Rorw => sext32((x1 as u32).rotate_right((x2 & 31) as u32) as u64),
+                Roriw => sext32((x1 as u32).rotate_right((imm & 31) as u32) as u64),
+                OrcB => orc_b(x1),
+                Rev8 => x1.swap_bytes(),
+                Bclr => x1 & !(1 << (x2 & 63)),
+                Bclri => x1 & !(1 << (imm & 63)),
+                Bext => (x1 >> (x2 & 63)) & 1,
+                Bexti => (x1 >> (imm & 63)) & 1,
+                Binv => x1 ^ (1 << (x2 & 63)),
+                Binvi => x1 ^ (1 << (imm & 63)),
+                Bset => x1 | (1 << (x2 & 63)),
+                Bseti => x1 | (1 << (imm & 63)),
+                CzeroEqz => {
+                    if x2 == 0 {
+                        0
+                    } else {
+                        x1
+                    }
+                }
+                CzeroNez => {
+                    if x2 != 0 {
+                        0
+                    } else {
+                        x1
+                    }
+                }
             };
             // Operations that reach here never have rd = 0 (the block
             // cache made those `Nop`), so x0 needs no reset.
@@ -734,6 +799,9 @@ impl Hart {
                 self.flush_tlb();
                 Ok(Flow::Reeval)
             }
+            // The platform re-derives STIP and its next deadline at the
+            // end of the slice, as after a store to mtimecmp.
+            WriteEffect::Timer => Ok(Flow::Device),
         }
     }
 

@@ -2,6 +2,7 @@
 //! that executes a bounded slice of instructions.
 
 use crate::block::BlockCache;
+use crate::ext::Extensions;
 use crate::mmu::Tlb;
 use crate::trap;
 use crate::Bus;
@@ -78,6 +79,15 @@ pub struct HartState {
     pub pmpcfg: [u64; 2],
     pub pmpaddr: [u64; 16],
     pub tselect: u64,
+    /// The optional extensions this hart implements (fixed when the
+    /// machine is built, as misa is).
+    pub ext: Extensions,
+    /// Sstc's supervisor timer compare register.
+    pub stimecmp: u64,
+    /// `mcycle` minus `instret`: the cycle counter is defined from the
+    /// instructions retired, but a write to either counter leaves the
+    /// other running on.
+    pub cycle_offset: u64,
 }
 
 pub struct Hart {
@@ -131,6 +141,10 @@ impl Hart {
             pmpcfg: [0; 2],
             pmpaddr: [0; 16],
             tselect: 0,
+            ext: Extensions::ALL,
+            // No supervisor timer until the kernel sets one.
+            stimecmp: u64::MAX,
+            cycle_offset: 0,
         };
         Hart {
             s,
@@ -188,7 +202,24 @@ impl Hart {
 
     #[inline]
     pub(crate) fn mip(&self) -> u64 {
-        self.s.mip | self.s.irq_lines
+        // With Sstc on, STIP is the platform's comparison of time with
+        // stimecmp (in `irq_lines`), not the software bit.
+        let soft = if self.sstc_enabled() { self.s.mip & !crate::csr::MIP_STIP } else { self.s.mip };
+        soft | self.s.irq_lines
+    }
+
+    /// Whether Sstc's timer drives STIP: implemented and enabled by
+    /// M-mode (menvcfg.STCE).
+    #[inline]
+    pub fn sstc_enabled(&self) -> bool {
+        self.s.menvcfg & crate::csr::MENVCFG_STCE != 0
+    }
+
+    /// The `time` at which Sstc's timer makes STIP pending, if it is on.
+    /// The platform sets STIP in the interrupt lines from `time` on, as it
+    /// sets MTIP from mtimecmp, and ends slices there.
+    pub fn stimecmp_deadline(&self) -> Option<u64> {
+        self.sstc_enabled().then_some(self.s.stimecmp)
     }
 
     /// True when an interrupt is pending and enabled in mie: what wakes WFI,

@@ -181,7 +181,59 @@ enum Loc {
 
 /// Whether the translator handles `op`.
 fn supported(op: Op) -> bool {
-    !matches!(op, Op::Other | Op::Illegal)
+    use Op::*;
+    !matches!(op, Other | Illegal) && !bitmanip(op)
+}
+
+/// The operations of Zba, Zbb, Zbs and Zicond: left to the interpreter
+/// (translated code resumes it at the first one).
+fn bitmanip(op: Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        Sh1add
+            | Sh2add
+            | Sh3add
+            | AddUw
+            | Sh1addUw
+            | Sh2addUw
+            | Sh3addUw
+            | SlliUw
+            | Andn
+            | Orn
+            | Xnor
+            | Clz
+            | Ctz
+            | Cpop
+            | Clzw
+            | Ctzw
+            | Cpopw
+            | Max
+            | Maxu
+            | Min
+            | Minu
+            | SextB
+            | SextH
+            | ZextH
+            | Rol
+            | Ror
+            | Rori
+            | Rolw
+            | Rorw
+            | Roriw
+            | OrcB
+            | Rev8
+            | Bclr
+            | Bclri
+            | Bext
+            | Bexti
+            | Binv
+            | Binvi
+            | Bset
+            | Bseti
+            | CzeroEqz
+            | CzeroNez
+    )
 }
 
 /// Bytes of executable memory allocated at a time. Each is made writable
@@ -905,6 +957,7 @@ impl Emitter {
             Fp => self.fp_compute(k, d),
             Fload | Fstore => self.fp_load_store(block, k, d),
             Other | Illegal => unreachable!("not translated"),
+            _ => unreachable!("not translated"),
         }
         false
     }

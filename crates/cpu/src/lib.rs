@@ -13,6 +13,7 @@ mod compressed;
 pub mod csr;
 mod decode;
 mod exec;
+mod ext;
 pub mod fpu;
 mod hart;
 // dynasm's macros convert every register operand with `.into()`, u8 to u8.
@@ -23,6 +24,7 @@ mod peek;
 mod trap;
 
 use ftvm_memory::GuestRam;
+pub use ext::Extensions;
 pub use hart::{Exit, Hart, HartState, PrivilegeMode};
 pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;

@@ -1,6 +1,6 @@
 //! The translation tier against the interpreter: random programs of the
 //! operations it translates (and some it does not: CSR reads, fences,
-//! ecall, illegal instructions), with loads and stores that hit RAM, a
+//! ecall, illegal instructions, the bitmanip and Zicond operations), with loads and stores that hit RAM, a
 //! device, nothing (access faults) and the program's own code, run from
 //! the same state with translation off and on, in the same and in
 //! different slices. Everything must come out identical: registers, CSRs,
@@ -126,6 +126,62 @@ const OP_FUNCTS: [(u32, u32); 18] = [
 const OP32_FUNCTS: [(u32, u32); 10] =
     [(0, 0), (0x20, 0), (0, 1), (0, 5), (0x20, 5), (1, 0), (1, 4), (1, 5), (1, 6), (1, 7)];
 
+/// Every Zba, Zbb, Zbs and Zicond instruction with these registers, the
+/// immediate forms shifting by `sh` (taken mod 32 for the word forms).
+fn bitmanip(rd: u32, rs1: u32, rs2: u32, sh: u32) -> Vec<u32> {
+    let rr = |f7: u32, f3: u32, opc: u32| r_type(f7, rs2, rs1, f3, rd, opc);
+    let unary = |f12: u32, f3: u32, opc: u32| i_type(f12 as i32, rs1, f3, rd, opc);
+    let (sh, shw) = (sh & 63, sh & 31);
+    vec![
+        // Zba
+        rr(0x10, 2, 0x33),
+        rr(0x10, 4, 0x33),
+        rr(0x10, 6, 0x33),
+        rr(0x04, 0, 0x3b),
+        rr(0x10, 2, 0x3b),
+        rr(0x10, 4, 0x3b),
+        rr(0x10, 6, 0x3b),
+        unary(0x080 | sh, 1, 0x1b), // slli.uw
+        // Zbb
+        rr(0x20, 7, 0x33),
+        rr(0x20, 6, 0x33),
+        rr(0x20, 4, 0x33),
+        unary(0x600, 1, 0x13),
+        unary(0x601, 1, 0x13),
+        unary(0x602, 1, 0x13),
+        unary(0x600, 1, 0x1b),
+        unary(0x601, 1, 0x1b),
+        unary(0x602, 1, 0x1b),
+        rr(0x05, 4, 0x33),
+        rr(0x05, 5, 0x33),
+        rr(0x05, 6, 0x33),
+        rr(0x05, 7, 0x33),
+        unary(0x604, 1, 0x13),
+        unary(0x605, 1, 0x13),
+        unary(0x080, 4, 0x3b), // zext.h
+        rr(0x30, 1, 0x33),
+        rr(0x30, 5, 0x33),
+        unary(0x600 | sh, 5, 0x13), // rori
+        rr(0x30, 1, 0x3b),
+        rr(0x30, 5, 0x3b),
+        unary(0x600 | shw, 5, 0x1b), // roriw
+        unary(0x287, 5, 0x13),       // orc.b
+        unary(0x6b8, 5, 0x13),       // rev8
+        // Zbs
+        rr(0x24, 1, 0x33),
+        rr(0x24, 5, 0x33),
+        rr(0x34, 1, 0x33),
+        rr(0x14, 1, 0x33),
+        unary(0x480 | sh, 1, 0x13),
+        unary(0x480 | sh, 5, 0x13),
+        unary(0x680 | sh, 1, 0x13),
+        unary(0x280 | sh, 1, 0x13),
+        // Zicond
+        rr(0x07, 5, 0x33),
+        rr(0x07, 7, 0x33),
+    ]
+}
+
 /// A random program at BASE: a loop over `len` random instructions.
 fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
     let mut p = Vec::new();
@@ -233,6 +289,10 @@ fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
             95 => 0x0000_0073,                        // ecall: trap, handler skips it
             96 => 0,                                  // illegal: likewise
             97 => i_type(0x340, rs1, 1, 0, 0x73),     // csrw mscratch, rs1
+            98 => {
+                let ops = bitmanip(rd, rs1, rs2, rng.below(64) as u32);
+                rng.pick(&ops)
+            }
             _ => r_type(0, rs2, rs1, 0, rd, 0x33),
         };
         p.push(insn);
@@ -401,6 +461,9 @@ fn each_operation_on_edge_operands() {
             ops.push(i_type(sh, 11, 5, 10, 0x1b));
             ops.push(i_type(sh | 0x400, 11, 5, 10, 0x1b));
         }
+    }
+    for sh in [0, 1, 31, 32, 63] {
+        ops.extend(bitmanip(10, 11, 12, sh));
     }
     // rd = rs1 = rs2 and rd = rs2 alias cases.
     ops.push(r_type(0x20, 10, 11, 0, 10, 0x33)); // sub x10, x11, x10

@@ -335,3 +335,22 @@ fn sha256_hex(data: &[u8]) -> String {
     let out = c.wait_with_output().unwrap();
     format!("{} -", String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap())
 }
+
+/// The kernel finds the optional extensions the device tree advertises
+/// (through OpenSBI) and lists them on /proc/cpuinfo's isa line: Zba, Zbb,
+/// Zbs, Zicond, and Sstc, which it then uses for its timer instead of an
+/// SBI call per tick.
+#[test]
+fn the_guest_kernel_reports_the_new_extensions() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "isa");
+    let o = exec("grep -m1 '^isa' /proc/cpuinfo", &disk, &[]);
+    assert_eq!(o.status.code(), Some(0), "grep isa /proc/cpuinfo: stdout {:?} stderr {:?}", o.stdout, o.stderr);
+    let line = o.stdout.trim();
+    let isa = line.split(':').nth(1).map(str::trim).unwrap_or_else(|| panic!("no isa line: {line:?}"));
+    let parts: Vec<&str> = isa.split('_').collect();
+    assert!(parts[0].starts_with("rv64imafdc"), "isa line {isa:?}");
+    for ext in ["zicond", "zba", "zbb", "zbs", "sstc"] {
+        assert!(parts.contains(&ext), "{ext} missing from the guest's isa line {isa:?}");
+    }
+}

@@ -6,8 +6,9 @@
 //! outside any numbered check). The program's UART output is shown on
 //! failure; it names the check and the values found and expected.
 //!
-//! Header lines at the top of a source (`# cpus: 2`) select the number of
-//! harts. The same programs run unchanged on QEMU (`tests/isa/run-on-qemu.sh`).
+//! Header lines at the top of a source select the number of harts
+//! (`# cpus: 2`) and the extensions it is assembled for (`# march:
+//! rv64gc_zba_zbb_zbs`, rv64gc without it). The same programs run unchanged on QEMU (`tests/isa/run-on-qemu.sh`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,9 @@ isa_tests! {
     pmp => "pmp.S",
     smp => "smp.S",
     smc => "smc.S",
+    zb => "zb.S",
+    zicond => "zicond.S",
+    sstc => "sstc.S",
 }
 
 #[test]
@@ -84,25 +88,24 @@ fn isa_dir() -> PathBuf {
     workspace_root().join("tests/isa")
 }
 
-/// `# cpus: N` in the leading comment lines of the source.
-fn cpus_of(source: &str) -> u32 {
-    for line in source.lines().take(20) {
-        let line = line.trim();
-        if !line.starts_with('#') {
-            continue;
-        }
-        if let Some(rest) = line.trim_start_matches('#').trim().strip_prefix("cpus:") {
-            return rest.trim().parse().unwrap_or_else(|_| panic!("bad `# cpus:` line: {line}"));
-        }
-    }
-    1
+/// The value of `# key: value` in the leading comment lines of the source.
+fn header_of<'a>(source: &'a str, key: &str) -> Option<&'a str> {
+    source.lines().take(20).map(str::trim).filter(|l| l.starts_with('#')).find_map(|line| {
+        line.trim_start_matches('#').trim().strip_prefix(key).and_then(|r| r.strip_prefix(':')).map(str::trim)
+    })
 }
 
-fn assemble(source: &Path, elf: &Path) {
+/// `# cpus: N`, 1 without it.
+fn cpus_of(source: &str) -> u32 {
+    header_of(source, "cpus").map_or(1, |v| v.parse().unwrap_or_else(|_| panic!("bad `# cpus:` line: {v}")))
+}
+
+fn assemble(source: &Path, march: &str, elf: &Path) {
     let root = workspace_root();
     let output = Command::new(CROSS_CC)
         .current_dir(&root)
-        .args(["-march=rv64gc", "-mabi=lp64d", "-nostdlib", "-nostartfiles", "-static", "-T"])
+        .arg(format!("-march={march}"))
+        .args(["-mabi=lp64d", "-nostdlib", "-nostartfiles", "-static", "-T"])
         .arg(root.join("tests/isa/link.ld"))
         .arg("-o")
         .arg(elf)
@@ -173,7 +176,7 @@ fn run_isa_test(file: &str) {
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("isa");
     std::fs::create_dir_all(&out_dir).expect("creating the output directory");
     let elf = out_dir.join(file).with_extension("elf");
-    assemble(&source_path, &elf);
+    assemble(&source_path, header_of(&source, "march").unwrap_or("rv64gc"), &elf);
 
     let mut command = Command::new(env!("CARGO_BIN_EXE_ftvm"));
     command.args(["run", "--bios", "none", "--kernel"]).arg(&elf).args(["--mem", "128M"]);

@@ -57,6 +57,7 @@ fn main() {
         devices: Vec::new(),
         guest_ips: 100_000_000,
         rtc_base_ns: 0,
+        extensions: ftvm_machine::Extensions::ALL,
     };
     let limit: u64 = args.get(4).map(|s| s.parse().unwrap()).unwrap_or(2_000_000_000);
     let mut a = machine(&cfg, "0");

@@ -7,6 +7,7 @@
 //! The blob is a pure function of [`FdtConfig`]: no rng-seed, no host
 //! facts, so two machines built from the same config boot identically.
 
+use ftvm_cpu::Extensions;
 use ftvm_devices::layout::{
     CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, RTC_BASE, RTC_IRQ, RTC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE,
     UART_CLOCK_HZ, UART_IRQ, UART_SIZE, VIRTIO_STRIDE,
@@ -29,13 +30,36 @@ pub struct FdtConfig {
     /// order, which is the order Linux probes them in (so the first block
     /// device listed becomes /dev/vda).
     pub virtio: Vec<(u64, u32)>,
+    /// The optional extensions the harts implement, advertised to
+    /// firmware and kernel.
+    pub extensions: Extensions,
 }
 
-/// The ISA the CPU implements, in both the legacy string form (OpenSBI and
-/// older kernels) and the per-extension list newer kernels prefer.
-const ISA: &str = "rv64imafdc_zicntr_zicsr_zifencei";
+/// The ISA every hart implements, in both the legacy string form (OpenSBI
+/// and older kernels) and the per-extension list newer kernels prefer;
+/// the optional extensions come on top (see [`isa_string`]).
 const ISA_BASE: &str = "rv64i";
 const ISA_EXTENSIONS: &[&str] = &["i", "m", "a", "f", "d", "c", "zicntr", "zicsr", "zifencei"];
+
+/// The `riscv,isa` string: the multi-letter extensions in canonical
+/// order (Z extensions by the single-letter category they belong to, I
+/// then B, alphabetically within it; then S extensions), which stricter
+/// parsers require.
+fn isa_string(ext: Extensions) -> String {
+    let optional = |e: Extensions, name: &'static str| ext.has(e).then_some(name);
+    let parts = [
+        Some("rv64imafdc"),
+        Some("zicntr"),
+        optional(Extensions::ZICOND, "zicond"),
+        Some("zicsr"),
+        Some("zifencei"),
+        optional(Extensions::ZBA, "zba"),
+        optional(Extensions::ZBB, "zbb"),
+        optional(Extensions::ZBS, "zbs"),
+        optional(Extensions::SSTC, "sstc"),
+    ];
+    parts.into_iter().flatten().collect::<Vec<_>>().join("_")
+}
 const MMU_TYPE: &str = "riscv,sv48";
 
 /// Local interrupt numbers as the CPU's interrupt controller sees them.
@@ -143,14 +167,16 @@ fn cpus(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
     w.property_u32("#address-cells", 1)?;
     w.property_u32("#size-cells", 0)?;
     w.property_u32("timebase-frequency", cfg.timebase_freq as u32)?;
-    let extensions: Vec<String> = ISA_EXTENSIONS.iter().map(|s| s.to_string()).collect();
+    let extensions: Vec<String> =
+        ISA_EXTENSIONS.iter().copied().chain(cfg.extensions.names()).map(|s| s.to_string()).collect();
+    let isa = isa_string(cfg.extensions);
     for hart in 0..cfg.harts {
         let cpu = w.begin_node(&format!("cpu@{hart:x}"))?;
         w.property_string("device_type", "cpu")?;
         w.property_u32("reg", hart as u32)?;
         w.property_string("status", "okay")?;
         w.property_string("compatible", "riscv")?;
-        w.property_string("riscv,isa", ISA)?;
+        w.property_string("riscv,isa", &isa)?;
         w.property_string("riscv,isa-base", ISA_BASE)?;
         w.property_string_list("riscv,isa-extensions", extensions.clone())?;
         w.property_string("mmu-type", MMU_TYPE)?;
@@ -338,7 +364,19 @@ mod tests {
             initrd: Some((0x9000_0000, 0x9100_0000)),
             timebase_freq: 10_000_000,
             virtio: (0..8).map(|i| (0x1000_1000 + 0x1000 * i as u64, 1 + i)).collect(),
+            extensions: Extensions::ALL,
         }
+    }
+
+    /// A machine of the old extension set (replaying an older build's
+    /// log) describes the harts exactly as that build did.
+    #[test]
+    fn no_optional_extensions_is_the_old_isa() {
+        let blob = build_fdt(&FdtConfig { extensions: Extensions::NONE, ..config() }).unwrap();
+        let t = parse(&blob);
+        assert_eq!(strs(prop(&t, "/cpus/cpu@0", "riscv,isa")), ["rv64imafdc_zicntr_zicsr_zifencei"]);
+        assert_eq!(strs(prop(&t, "/cpus/cpu@0", "riscv,isa-extensions")), ISA_EXTENSIONS);
+        assert_eq!(isa_string(Extensions::ZBB), "rv64imafdc_zicntr_zicsr_zifencei_zbb");
     }
 
     #[test]
@@ -359,9 +397,12 @@ mod tests {
         for h in 0..2 {
             let cpu = format!("/cpus/cpu@{h}");
             assert_eq!(cells(prop(&t, &cpu, "reg")), [h]);
-            assert_eq!(strs(prop(&t, &cpu, "riscv,isa")), ["rv64imafdc_zicntr_zicsr_zifencei"]);
+            assert_eq!(strs(prop(&t, &cpu, "riscv,isa")), ["rv64imafdc_zicntr_zicond_zicsr_zifencei_zba_zbb_zbs_sstc"]);
             assert_eq!(strs(prop(&t, &cpu, "riscv,isa-base")), ["rv64i"]);
-            assert_eq!(strs(prop(&t, &cpu, "riscv,isa-extensions")), ISA_EXTENSIONS);
+            assert_eq!(
+                strs(prop(&t, &cpu, "riscv,isa-extensions")),
+                ["i", "m", "a", "f", "d", "c", "zicntr", "zicsr", "zifencei", "zicond", "zba", "zbb", "zbs", "sstc"]
+            );
             assert_eq!(strs(prop(&t, &cpu, "mmu-type")), ["riscv,sv48"]);
             let ic = format!("{cpu}/interrupt-controller");
             assert_eq!(strs(prop(&t, &ic, "compatible")), ["riscv,cpu-intc"]);

@@ -23,6 +23,8 @@ pub use board::BoardError;
 pub use digest::StateDigest;
 pub use engine::{DeterministicEngine, Engine};
 pub use fdt::FdtError;
+/// The optional extensions a machine's harts implement.
+pub use ftvm_cpu::Extensions;
 pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
 pub use ftvm_devices::{IoCompletion, IoRequest};
 /// How much console input the guest's UART holds: `Engine::console_room`

@@ -15,7 +15,7 @@ use crate::fdt::FdtError;
 use crate::layout::{RAM_BASE, TIMEBASE_HZ};
 use crate::loader::{self, LoadError};
 use crate::snapshot::StateError;
-use ftvm_cpu::{Exit, Hart};
+use ftvm_cpu::{Exit, Extensions, Hart};
 use ftvm_devices::{IoCompletion, IoRequest};
 use ftvm_memory::{GuestRam, RamAllocError};
 
@@ -56,6 +56,10 @@ pub struct MachineConfig {
     /// shows it plus the virtual time elapsed since. The host chooses it
     /// (its clock when the VM is created); the machine never reads a clock.
     pub rtc_base_ns: u64,
+    /// The optional extensions the harts implement (and the device tree
+    /// advertises): [`Extensions::ALL`] for a new machine, what a log or
+    /// snapshot names for one that replays or restores.
+    pub extensions: Extensions,
 }
 
 /// An input from outside, applied at the current instruction boundary.
@@ -160,12 +164,14 @@ impl Machine {
             initrd: plan.initrd,
             timebase_freq: TIMEBASE_HZ,
             virtio: board.virtio_windows(),
+            extensions: cfg.extensions,
         })
         .map_err(MachineError::DeviceTree)?;
         loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)?;
         let mut harts = Vec::with_capacity(cfg.harts);
         for id in 0..cfg.harts {
             let mut h = Hart::new(id as u64);
+            h.s.ext = cfg.extensions;
             h.s.pc = plan.entry;
             h.s.x[10] = id as u64;
             h.s.x[11] = plan.fdt_addr;
@@ -338,6 +344,11 @@ impl Machine {
         &self.harts
     }
 
+    /// The optional extensions the harts implement (all alike).
+    pub fn extensions(&self) -> Extensions {
+        self.harts[0].s.ext
+    }
+
     pub fn ram(&self) -> &GuestRam {
         &self.ram
     }
@@ -447,8 +458,23 @@ impl Machine {
     fn update_interrupts(&mut self) {
         let mtime = self.clock.ticks_at(self.icount);
         for (i, h) in self.harts.iter_mut().enumerate() {
-            h.set_irq_lines(self.board.irq_bits(i, mtime));
+            let mut lines = self.board.irq_bits(i, mtime);
+            // Sstc: STIP while time >= stimecmp, as MTIP for mtimecmp.
+            if h.stimecmp_deadline().is_some_and(|t| mtime >= t) {
+                lines |= ftvm_cpu::csr::MIP_STIP;
+            }
+            h.set_irq_lines(lines);
         }
+    }
+
+    /// The earliest time after `now` at which a timer fires: the board's
+    /// (CLINT, RTC) or a hart's stimecmp. Slices end there and an idle
+    /// machine wakes there, so a timer interrupt is seen at the same
+    /// instruction however a run is split.
+    fn next_timer_after(&self, now: u64) -> Option<u64> {
+        // A stimecmp of all ones, like an mtimecmp, is no timer at all.
+        let sstc = self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX).min();
+        [self.board.next_timer_deadline_after(now), sstc].into_iter().flatten().min()
     }
 
     /// Run until the instruction count reaches `target` or the machine
@@ -471,7 +497,12 @@ impl Machine {
             self.update_interrupts();
             let runnable = |h: &Hart| !h.is_idle() || h.wake_pending();
             if !self.harts.iter().any(runnable) {
-                return RunExit::Idle { wake_at: self.board.next_timer_deadline() };
+                // A stimecmp already passed would have woken a hart (STIP
+                // is pending): only those ahead can.
+                let now = self.clock.ticks_at(self.icount);
+                let sstc = self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX);
+                let wake_at = self.board.next_timer_deadline().into_iter().chain(sstc).min();
+                return RunExit::Idle { wake_at };
             }
             if self.quantum_left == 0 || !runnable(&self.harts[self.current]) {
                 self.current = (self.current + 1) % n;
@@ -486,7 +517,7 @@ impl Machine {
             let now = self.clock.ticks_at(self.icount);
             // End the slice where a timer fires, so the interrupt is seen at
             // the same instruction however the caller splits the run.
-            if let Some(deadline) = self.board.next_timer_deadline_after(now) {
+            if let Some(deadline) = self.next_timer_after(now) {
                 if let Some(at) = self.clock.icount_reaching(deadline) {
                     budget = budget.min(at.saturating_sub(self.icount).max(1));
                 }
@@ -588,6 +619,7 @@ mod tests {
             devices: vec![DeviceSpec::Rng],
             guest_ips: DEFAULT_GUEST_IPS,
             rtc_base_ns: 0,
+            extensions: Extensions::ALL,
         };
         Machine::new(&cfg).unwrap()
     }

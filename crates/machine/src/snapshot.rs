@@ -3,7 +3,7 @@
 //! the whole machine (what a snapshot file holds, before compression).
 
 use crate::machine::DeviceSpec;
-use ftvm_cpu::{HartState, PrivilegeMode};
+use ftvm_cpu::{Extensions, HartState, PrivilegeMode};
 use ftvm_devices::snapshot::{SnapReader, SnapWriter, SnapshotError};
 use ftvm_memory::{GuestRam, PAGE_SIZE};
 
@@ -35,6 +35,8 @@ pub enum StateError {
     PageData,
     #[error("bad device snapshot: invalid privilege level {0}")]
     Privilege(u8),
+    #[error("bad device snapshot: a hart with extensions this ftvm does not implement ({0:#x})")]
+    Extensions(u32),
     #[error("bad device snapshot: board state version {0}")]
     BoardVersion(u32),
     #[error("bad device snapshot: board state has {saved} virtio devices, machine has {actual}")]
@@ -231,10 +233,20 @@ pub(crate) fn decode_machine(buf: &[u8]) -> StateResult<(DecodedState, GuestRam)
 }
 
 const HART_TAG: &[u8; 4] = b"HART";
-const HART_VERSION: u32 = 1;
+/// Version 2 appends the optional extensions, stimecmp and the cycle
+/// counter's offset to version 1. A hart whose new state is what version
+/// 1 implied (no extensions, no stimecmp set, mcycle = minstret) is
+/// written as version 1, byte for byte as before: these bytes are hashed
+/// into the state digests and start-state hashes of logs, so a machine
+/// replaying an older build's log hashes as that build did.
+const HART_VERSION: u32 = 2;
+const HART_VERSION_1: u32 = 1;
+/// What a version-1 hart's stimecmp is (a fresh hart's).
+const STIMECMP_RESET: u64 = u64::MAX;
 
 pub fn hart_bytes(s: &HartState) -> Vec<u8> {
-    let mut w = SnapWriter::new(HART_TAG, HART_VERSION);
+    let v1 = s.ext == Extensions::NONE && s.stimecmp == STIMECMP_RESET && s.cycle_offset == 0;
+    let mut w = SnapWriter::new(HART_TAG, if v1 { HART_VERSION_1 } else { HART_VERSION });
     w.u64(s.id);
     for v in s.x.iter().chain(s.f.iter()) {
         w.u64(*v);
@@ -277,12 +289,17 @@ pub fn hart_bytes(s: &HartState) -> Vec<u8> {
         w.u64(*v);
     }
     w.u64(s.tselect);
+    if !v1 {
+        w.u64(s.ext.bits() as u64);
+        w.u64(s.stimecmp);
+        w.u64(s.cycle_offset);
+    }
     w.finish()
 }
 
 pub fn hart_from_bytes(buf: &[u8]) -> StateResult<HartState> {
     let (mut r, version) = SnapReader::new(buf, HART_TAG)?;
-    if version != HART_VERSION {
+    if version != HART_VERSION && version != HART_VERSION_1 {
         return Err(StateError::Version { what: "hart", found: version, expected: HART_VERSION });
     }
     let id = r.u64()?;
@@ -314,6 +331,13 @@ pub fn hart_from_bytes(buf: &[u8]) -> StateResult<HartState> {
         *v = r.u64()?;
     }
     let tselect = r.u64()?;
+    let (ext, stimecmp, cycle_offset) = if version == HART_VERSION_1 {
+        (Extensions::NONE, STIMECMP_RESET, 0)
+    } else {
+        let bits = r.u64()?;
+        let ext = u32::try_from(bits).ok().and_then(Extensions::from_bits);
+        (ext.ok_or(StateError::Extensions(bits as u32))?, r.u64()?, r.u64()?)
+    };
     r.end()?;
     Ok(HartState {
         id,
@@ -351,6 +375,9 @@ pub fn hart_from_bytes(buf: &[u8]) -> StateResult<HartState> {
         pmpcfg,
         pmpaddr,
         tselect,
+        ext,
+        stimecmp,
+        cycle_offset,
     })
 }
 
@@ -366,8 +393,34 @@ mod tests {
         h.s.satp = 9 << 60 | 1234;
         h.s.reservation = Some(0x40);
         h.s.prv = PrivilegeMode::Supervisor;
+        h.s.stimecmp = 77;
+        h.s.menvcfg = ftvm_cpu::csr::MENVCFG_STCE;
+        h.s.cycle_offset = 5;
         let b = hart_bytes(&h.s);
         assert_eq!(hart_from_bytes(&b).unwrap(), h.s);
         assert!(hart_from_bytes(&b[..b.len() - 1]).is_err());
+    }
+
+    /// A hart of the old extension set is written in version 1, as an
+    /// older build wrote it (same bytes, so same hashes), and version 1
+    /// reads back as that set.
+    #[test]
+    fn an_old_hart_keeps_version_1() {
+        let mut h = ftvm_cpu::Hart::new(1);
+        h.s.ext = Extensions::NONE;
+        h.s.x[3] = 9;
+        let b = hart_bytes(&h.s);
+        assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), 1, "{:x?}", &b[..8]);
+        assert_eq!(hart_from_bytes(&b).unwrap(), h.s);
+        let mut new = h.s.clone();
+        new.ext = Extensions::ALL;
+        let b2 = hart_bytes(&new);
+        assert_eq!(b2.len(), b.len() + 24);
+        assert_eq!(hart_from_bytes(&b2).unwrap(), new);
+        // An extension this build does not know: refused, not dropped.
+        let mut bad = b2.clone();
+        let at = b.len();
+        bad[at..at + 8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        assert_eq!(hart_from_bytes(&bad), Err(StateError::Extensions(1 << 20)));
     }
 }

@@ -176,6 +176,7 @@ fn boot() -> Vm {
         devices: vec![DeviceSpec::Disk { size: disk.size(), readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: 0,
+        extensions: ftvm_machine::Extensions::ALL,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
     let io = disk.open();

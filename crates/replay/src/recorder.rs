@@ -272,7 +272,11 @@ pub fn header(m: &Machine, ram_size: u64, guest_ips: u64, backends: &str, start:
     // created, or when a snapshot was restored): the replay or the backup
     // takes it from here, never from its own clock.
     let rtc = m.rtc_base_ns();
-    h.set("machine", format!("harts={} ram={ram_size} ips={guest_ips} rtc_base_ns={rtc}", m.harts().len()));
+    // The optional CPU extensions (`ext=`, see `Extensions::text`), which
+    // the replay must build the machine with: a header without them is
+    // from a build before them.
+    let ext = m.extensions().text();
+    h.set("machine", format!("harts={} ram={ram_size} ips={guest_ips} rtc_base_ns={rtc} ext={ext}", m.harts().len()));
     h.set("devices", m.devices().iter().map(device_text).collect::<Vec<_>>().join(";"));
     h.set("backends", backends.trim_end().replace('\n', ";"));
     match start {

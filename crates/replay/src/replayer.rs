@@ -13,7 +13,7 @@ use crate::recorder::{parse_device, DeviceTextError};
 use crate::{Entry, Header, LogError, LogReader};
 use ftvm_machine::snapshot_file::{self, SnapshotFormatError};
 use ftvm_machine::{
-    DeterministicEngine, Event, IoCompletion, IoRequest, Machine, MachineConfig, MachineError, RunExit,
+    DeterministicEngine, Event, Extensions, IoCompletion, IoRequest, Machine, MachineConfig, MachineError, RunExit,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -89,6 +89,8 @@ pub enum HeaderError {
     UnreadableMachine(String),
     #[error("the header names no {0}")]
     NoFile(&'static str),
+    #[error("the recorded machine has the CPU extension '{0}', which this ftvm does not implement")]
+    Extension(String),
     #[error("cannot read the recorded {key} {}: {source}", .path.display())]
     Read { key: &'static str, path: PathBuf, source: std::io::Error },
     #[error("the {key} {} is not the one recorded (its hash differs)", .path.display())]
@@ -419,6 +421,13 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
     };
+    // The optional CPU extensions: the device tree advertised them to the
+    // guest and the harts executed them, so the replay has exactly these.
+    // A header without them is from a build before them: none.
+    let extensions = match machine.split(' ').find_map(|kv| kv.strip_prefix("ext=")) {
+        Some(text) => Extensions::parse(text).map_err(HeaderError::Extension)?,
+        None => Extensions::NONE,
+    };
     if field(h, "start")? == "snapshot" {
         let bytes = checked_file(h, "snapshot", files)?.ok_or(HeaderError::NoFile("snapshot"))?;
         let snap = snapshot_file::decode(&bytes)?;
@@ -443,6 +452,7 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
         devices,
         guest_ips: num("ips")?,
         rtc_base_ns: num("rtc_base_ns")?,
+        extensions,
     };
     Ok(Machine::new(&cfg)?)
 }

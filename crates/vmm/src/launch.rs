@@ -328,6 +328,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         devices: Vec::new(),
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: wall_clock_ns(),
+        extensions: ftvm_machine::Extensions::ALL,
     };
     Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }, overlay))
 }
@@ -613,6 +614,7 @@ mod tests {
             devices: Vec::new(),
             guest_ips: DEFAULT_GUEST_IPS,
             rtc_base_ns: 0,
+            extensions: ftvm_machine::Extensions::ALL,
         };
         let small = Machine::new(&cfg).unwrap().snapshot().unwrap();
         // The same state up to its RAM, then 64 GiB of it: the whole page

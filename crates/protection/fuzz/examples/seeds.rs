@@ -60,6 +60,7 @@ fn main() {
         devices: vec![DeviceSpec::Disk { size: 1 << 20, readonly: false }],
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: 0,
+        extensions: ftvm_machine::Extensions::ALL,
     };
     let mut m = Machine::new(&cfg).expect("a machine");
     m.run_until(1000);
