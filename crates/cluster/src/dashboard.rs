@@ -481,11 +481,16 @@ impl Action {
 
     /// Does it, through the operations `ftvm cluster` uses. Blocking.
     fn run(self, cluster: &Cluster) -> Result<String, OpsError> {
-        const MODE: &str = "checkpoint";
         Ok(match self {
-            Action::Protect { vm, host } => cluster.protect(&vm, host.as_deref(), MODE)?.message,
+            Action::Protect { vm, host } => {
+                let mode = cluster.protection_mode(&vm)?;
+                cluster.protect(&vm, host.as_deref(), &mode)?.message
+            }
             Action::Handover { vm } => cluster.handover(&vm)?.message,
-            Action::MoveBackup { vm, host } => cluster.move_backup(&vm, &host, MODE)?.message,
+            Action::MoveBackup { vm, host } => {
+                let mode = cluster.protection_mode(&vm)?;
+                cluster.move_backup(&vm, &host, &mode)?.message
+            }
             Action::Move { vm, host } => cluster.move_to(&vm, &host)?.message,
             Action::Drain { host } => {
                 cluster.drain(&host, true)?;

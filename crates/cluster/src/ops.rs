@@ -239,6 +239,14 @@ impl Cluster {
         }
     }
 
+    /// The mode VM `name` is kept protected in (its record's), or
+    /// checkpoint mode for a VM with none: what a protection asked for
+    /// without a mode (the dashboard's, a move's) uses.
+    pub fn protection_mode(&self, name: &str) -> Result<String, OpsError> {
+        let record = desired::get(&self.etcd, name)?;
+        Ok(record.and_then(|r| r.spec.protect).unwrap_or_else(|| "checkpoint".into()))
+    }
+
     /// Gives VM `name` a backup on host `on`: that host's agent starts one
     /// (waiting for its primary), then the VM's agent protects the VM toward
     /// it in `mode`. A backup that the protection did not take is stopped.
@@ -325,9 +333,7 @@ impl Cluster {
                 return Err(OpsError::AlreadyThere { vm: name.into(), host: to.into() });
             }
             if backup.as_ref().map(|b| b.host.id.as_str()) != Some(to) {
-                // Its own mode if it has one (each host keeps its own
-                // copy of the disk in every mode).
-                let mode = running.info.spec.protect.clone().unwrap_or_else(|| "checkpoint".into());
+                let mode = self.protection_mode(name)?;
                 self.backup_onto(&hosts, &running, to, &mode)?;
             }
             let done = self.agent(&running.host).handover(name)?;

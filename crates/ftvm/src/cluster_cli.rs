@@ -193,9 +193,10 @@ enum VmCommand {
         #[arg(long, value_name = "HOST")]
         on: Option<String>,
         /// The mode: lockstep, epoch or checkpoint (each host keeps its
-        /// own copy of the disk).
-        #[arg(long, default_value = "checkpoint")]
-        mode: String,
+        /// own copy of the disk). Default: the one its record keeps it
+        /// protected in, else checkpoint.
+        #[arg(long)]
+        mode: Option<String>,
     },
     /// Stop protecting a VM (its backup stops; it runs on alone).
     Unprotect { name: String },
@@ -348,6 +349,10 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             }
         }
         ClusterCommand::Vm(VmCommand::Protect { name, on, mode }) => {
+            let mode = match mode {
+                Some(mode) => mode,
+                None => cluster.protection_mode(&name)?,
+            };
             print_done(&cluster.protect(&name, on.as_deref(), &mode)?);
         }
         ClusterCommand::Vm(VmCommand::Unprotect { name }) => print_done(&cluster.unprotect(&name)?),
