@@ -124,6 +124,9 @@ pub(crate) struct Block {
     pub jit: Option<JitFn>,
     /// ... and where other blocks' code jumps to it (0 if none).
     pub chain: usize,
+    /// The instructions it translated (from the first); the interpreter
+    /// executes the rest.
+    pub jit_n: usize,
 }
 
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
@@ -140,6 +143,7 @@ impl Block {
         hits: 0,
         jit: None,
         chain: 0,
+        jit_n: 0,
     };
 
     /// A block of one instruction that is not in RAM's cache (it crosses a
@@ -217,6 +221,8 @@ pub(crate) struct BlockCache {
     /// decoded again after its words changed and changed back) gets its
     /// code back at once instead of being translated again.
     known: HashMap<usize, Known>,
+    /// The host instructions translations may use.
+    host: jit::Host,
 }
 
 /// A translation and the code it was made from.
@@ -225,12 +231,13 @@ struct Known {
     words: [u64; WORDS],
     entry: JitFn,
     chain: usize,
+    n: usize,
 }
 
 impl Default for BlockCache {
     /// An empty stand-in (no slots) for while the executor holds the cache.
     fn default() -> BlockCache {
-        BlockCache { slots: Box::new([]), arena: None, hot: 0, known: HashMap::new() }
+        BlockCache { slots: Box::new([]), arena: None, hot: 0, known: HashMap::new(), host: jit::Host::PORTABLE }
     }
 }
 
@@ -257,6 +264,7 @@ impl BlockCache {
             arena: None,
             hot: 0,
             known: HashMap::new(),
+            host: jit::Host::detect(),
         };
         cache.set_jit(jit_default());
         cache
@@ -270,6 +278,14 @@ impl BlockCache {
         self.arena = (hot > 0).then(Arena::default);
     }
 
+    /// Translates as for a host without LZCNT, TZCNT and POPCNT (with
+    /// their portable sequences, to test those on a host that has them),
+    /// or as this host allows. Forgets every translation made so far.
+    pub fn set_jit_portable(&mut self, portable: bool) {
+        self.forget_translations();
+        self.host = if portable { jit::Host::PORTABLE } else { jit::Host::detect() };
+    }
+
     /// How many slots hold a translation.
     pub fn translated(&self) -> usize {
         self.slots.iter().filter(|b| b.jit.is_some()).count()
@@ -279,6 +295,7 @@ impl BlockCache {
         for b in self.slots.iter_mut() {
             b.jit = None;
             b.chain = 0;
+            b.jit_n = 0;
             b.hits = 0;
         }
         self.known.clear();
@@ -303,19 +320,21 @@ impl BlockCache {
     #[inline(never)]
     fn translate(&mut self, i: usize) {
         let Some(arena) = &mut self.arena else { return };
-        let mut code = jit::translate(arena, &self.slots[i], i, &self.slots);
+        let mut code = jit::translate(arena, &self.slots[i], i, &self.slots, self.host);
         if code.is_none() && arena.full() {
             // Start over: every translation goes, this one goes in first.
             self.forget_translations();
             let arena = self.arena.as_mut().expect("translation is on");
-            code = jit::translate(arena, &self.slots[i], i, &self.slots);
+            code = jit::translate(arena, &self.slots[i], i, &self.slots, self.host);
             self.slots[i].hits = self.hot;
         }
         if let Some(t) = code {
             let b = &mut self.slots[i];
             b.jit = Some(t.entry);
             b.chain = t.chain;
-            self.known.insert(b.off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain });
+            b.jit_n = t.n;
+            self.known
+                .insert(b.off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain, n: t.n });
         }
     }
 
@@ -331,6 +350,7 @@ impl BlockCache {
             if k.nwords == b.nwords && k.words[..k.nwords] == b.words[..b.nwords] {
                 b.jit = Some(k.entry);
                 b.chain = k.chain;
+                b.jit_n = k.n;
                 b.hits = self.hot;
             }
         }

@@ -322,6 +322,7 @@ impl Hart {
         // the interpreter's fast paths do; it reads the fetch TLB and the
         // block cache's table, which is borrowed shared for the call.
         let r = unsafe { code(regs, &mut ctx) };
+        self.jit_stats.calls += 1;
         // The fetch cache as the jumps through the fetch TLB left it.
         self.fetch_tag = ctx.fetch_tag;
         self.fetch_off = ctx.fetch_off;
@@ -332,6 +333,9 @@ impl Hart {
         }
         let k = (r >> 8 & 0xff) as usize;
         let block = cache.slot((r >> 16) as usize);
+        if k == block.jit_n && !matches!(block.insts[k].op, Op::Other | Op::Illegal) {
+            self.jit_stats.handoffs += 1;
+        }
         self.run_block(ram, bus, block, ctx.pc, budget, steps, k)
     }
 

@@ -90,6 +90,20 @@ pub struct HartState {
     pub cycle_offset: u64,
 }
 
+/// What translated code did, for tests and measurements: nothing the
+/// guest sees depends on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JitStats {
+    /// Calls of translated code from the executor (not counting the blocks
+    /// it went on to by itself).
+    pub calls: u64,
+    /// Returns from translated code to the interpreter at an instruction
+    /// the translator left to it although the interpreter has a fast path
+    /// for it (unlike the general executor's instructions, which end
+    /// translated code by design): every one is a missing translation.
+    pub handoffs: u64,
+}
+
 pub struct Hart {
     pub s: HartState,
     pub(crate) tlb: Box<Tlb>,
@@ -101,6 +115,7 @@ pub struct Hart {
     /// Steps executed so far in the current slice (see `Bus`).
     pub(crate) progress: u64,
     pub(crate) blocks: BlockCache,
+    pub(crate) jit_stats: JitStats,
 }
 
 impl Hart {
@@ -153,6 +168,7 @@ impl Hart {
             fetch_off: 0,
             progress: 0,
             blocks: BlockCache::new(),
+            jit_stats: JitStats::default(),
         }
     }
 
@@ -169,6 +185,18 @@ impl Hart {
     /// comparing and testing.
     pub fn set_jit(&mut self, hot: u32) {
         self.blocks.set_jit(hot);
+    }
+
+    /// Translates as for a host without LZCNT, TZCNT and POPCNT (true) or
+    /// with what this host has (false, the default): for testing the
+    /// translations made for older hosts on a newer one.
+    pub fn set_jit_portable(&mut self, portable: bool) {
+        self.blocks.set_jit_portable(portable);
+    }
+
+    /// What translated code has done so far.
+    pub fn jit_stats(&self) -> JitStats {
+        self.jit_stats
     }
 
     /// How many blocks have host code now.

@@ -22,7 +22,9 @@
 //! results, fflags, canonical NaNs, every rounding mode) from translated
 //! code, which costs a call instead of a return to Rust and back, and
 //! cannot differ from the interpreter. The f registers stay in the
-//! register file.
+//! register file. The bit-manipulation extensions (Zba, Zbb, Zbs, Zicond)
+//! are translated inline; clz, ctz and cpop use the host's LZCNT, TZCNT
+//! and POPCNT if it has them and equivalent sequences if not (see `Host`).
 //!
 //! A block whose next pc is known (a branch either way, `jal`, the
 //! straight line running on) and lies on the same page goes on to that
@@ -179,61 +181,52 @@ enum Loc {
     Mem(i32),
 }
 
-/// Whether the translator handles `op`.
+/// Whether the translator handles `op`: everything with a fast path in
+/// the interpreter; the general executor's instructions (CSRs, atomics,
+/// fences, system instructions) and illegal ones end translated code.
 fn supported(op: Op) -> bool {
-    use Op::*;
-    !matches!(op, Other | Illegal) && !bitmanip(op)
+    !matches!(op, Op::Other | Op::Illegal)
 }
 
-/// The operations of Zba, Zbb, Zbs and Zicond: left to the interpreter
-/// (translated code resumes it at the first one).
-fn bitmanip(op: Op) -> bool {
-    use Op::*;
-    matches!(
-        op,
-        Sh1add
-            | Sh2add
-            | Sh3add
-            | AddUw
-            | Sh1addUw
-            | Sh2addUw
-            | Sh3addUw
-            | SlliUw
-            | Andn
-            | Orn
-            | Xnor
-            | Clz
-            | Ctz
-            | Cpop
-            | Clzw
-            | Ctzw
-            | Cpopw
-            | Max
-            | Maxu
-            | Min
-            | Minu
-            | SextB
-            | SextH
-            | ZextH
-            | Rol
-            | Ror
-            | Rori
-            | Rolw
-            | Rorw
-            | Roriw
-            | OrcB
-            | Rev8
-            | Bclr
-            | Bclri
-            | Bext
-            | Bexti
-            | Binv
-            | Binvi
-            | Bset
-            | Bseti
-            | CzeroEqz
-            | CzeroNez
-    )
+/// The optional instructions of the host that translations use, found out
+/// once per process. clz, ctz and cpop map to single instructions (LZCNT,
+/// TZCNT, POPCNT) only where the host has ABM, BMI1 and POPCNT: elsewhere
+/// LZCNT and TZCNT execute as BSR and BSF (the index of the highest set
+/// bit rather than the zeros above it; an undefined result for zero) and
+/// POPCNT faults. So a translation made for a host without them uses
+/// portable sequences that compute the same results: what the guest sees
+/// does not depend on the host (a log recorded on one replays on another).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Host {
+    pub lzcnt: bool,
+    pub tzcnt: bool,
+    pub popcnt: bool,
+}
+
+impl Host {
+    /// None of the optional instructions: the portable sequences only.
+    pub const PORTABLE: Host = Host { lzcnt: false, tzcnt: false, popcnt: false };
+
+    /// What this host has (CPUID, read once).
+    pub fn detect() -> Host {
+        static HOST: std::sync::OnceLock<Host> = std::sync::OnceLock::new();
+        *HOST.get_or_init(Host::probe)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn probe() -> Host {
+        Host {
+            lzcnt: std::is_x86_feature_detected!("lzcnt"),
+            tzcnt: std::is_x86_feature_detected!("bmi1"),
+            popcnt: std::is_x86_feature_detected!("popcnt"),
+        }
+    }
+
+    /// Nothing is translated on other hosts.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn probe() -> Host {
+        Host::PORTABLE
+    }
 }
 
 /// Bytes of executable memory allocated at a time. Each is made writable
@@ -304,12 +297,22 @@ impl Arena {
 pub(crate) struct Translation {
     pub entry: JitFn,
     pub chain: usize,
+    /// The instructions translated: the block's longest prefix the
+    /// translator handles.
+    pub n: usize,
 }
 
-/// Translate `block`, which is in `slots[slot]`, into the arena. `None` if
-/// its first instruction is not handled or the arena is full.
-pub(crate) fn translate(arena: &mut Arena, block: &Block, slot: usize, slots: &[Block]) -> Option<Translation> {
-    let (code, chain) = assemble(block, slot, slots)?;
+/// Translate `block`, which is in `slots[slot]`, into the arena, for a
+/// host with the instructions `host`. `None` if its first instruction is
+/// not handled or the arena is full.
+pub(crate) fn translate(
+    arena: &mut Arena,
+    block: &Block,
+    slot: usize,
+    slots: &[Block],
+    host: Host,
+) -> Option<Translation> {
+    let (code, chain, n) = assemble(block, slot, slots, host)?;
     let ptr = arena.place(&code)?;
     // SAFETY: `ptr` is the start of the code just assembled for exactly
     // this signature (System V: rdi = guest registers, rsi = context,
@@ -317,14 +320,15 @@ pub(crate) fn translate(arena: &mut Arena, block: &Block, slot: usize, slots: &[
     // into memory that stays mapped and executable until `Arena::reset`,
     // before which the block cache drops every `JitFn`.
     let entry = unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) };
-    Some(Translation { entry, chain: ptr as usize + chain })
+    Some(Translation { entry, chain: ptr as usize + chain, n })
 }
 
-/// The host code for `block`'s longest prefix of handled operations, and
-/// the offset in it of the entry for other blocks. `slots` is the block
-/// cache's table, whose address the code keeps (the table does not move
-/// while the cache, and with it the arena, lives).
-fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usize)> {
+/// The host code for `block`'s longest prefix of handled operations, the
+/// offset in it of the entry for other blocks, and the length of the
+/// prefix. `slots` is the block cache's table, whose address the code
+/// keeps (the table does not move while the cache, and with it the arena,
+/// lives).
+fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(Vec<u8>, usize, usize)> {
     let insts = &block.insts[..block.n];
     let m = insts.iter().position(|d| !supported(d.op)).unwrap_or(insts.len());
     if m == 0 {
@@ -375,6 +379,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
         slots: slots.as_ptr() as usize,
         off: block.off,
         n: m,
+        host,
     };
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
@@ -469,7 +474,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block]) -> Option<(Vec<u8>, usi
             }
         }
     }
-    Some((e.ops.finalize().ok()?, chain))
+    Some((e.ops.finalize().ok()?, chain, m))
 }
 
 /// Which of rs1 and rs2 an operation reads.
@@ -481,6 +486,9 @@ fn reads(op: Op) -> (bool, bool) {
         Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
         Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Fload | Fstore => (true, false),
         Addi | Slti | Sltiu | Xori | Ori | Andi | Slli | Srli | Srai | Addiw | Slliw | Srliw | Sraiw => (true, false),
+        // The rs2 field of these is part of the operation or the shift.
+        SlliUw | Clz | Ctz | Cpop | Clzw | Ctzw | Cpopw | SextB | SextH | ZextH | Rori | Roriw | OrcB | Rev8
+        | Bclri | Bexti | Binvi | Bseti => (true, false),
         _ => (true, true),
     }
 }
@@ -522,6 +530,7 @@ struct Emitter {
     slots: usize,
     off: usize,
     n: usize,
+    host: Host,
 }
 
 /// A 64-bit ALU operation `dst op= src` on host registers.
@@ -956,10 +965,253 @@ impl Emitter {
             Div | Divu | Rem | Remu | Divw | Divuw | Remw | Remuw => self.div(d.op, rd, rs1, rs2),
             Fp => self.fp_compute(k, d),
             Fload | Fstore => self.fp_load_store(block, k, d),
+            Sh1add | Sh2add | Sh3add | AddUw | Sh1addUw | Sh2addUw | Sh3addUw | SlliUw | Andn | Orn | Xnor | Clz
+            | Ctz | Cpop | Clzw | Ctzw | Cpopw | Max | Maxu | Min | Minu | SextB | SextH | ZextH | Rol | Ror | Rori
+            | Rolw | Rorw | Roriw | OrcB | Rev8 | Bclr | Bclri | Bext | Bexti | Binv | Binvi | Bset | Bseti
+            | CzeroEqz | CzeroNez => self.bitmanip(d),
             Other | Illegal => unreachable!("not translated"),
-            _ => unreachable!("not translated"),
         }
         false
+    }
+
+    /// Zba, Zbb, Zbs and Zicond, as `exec` computes them. None of them
+    /// can trap or has a slow path. rd is never x0 (the block cache made
+    /// those `Nop`; `put` would drop the write anyway), and an operand
+    /// another one or rd aliases is read, or copied to a scratch
+    /// register, before rd's host register is written.
+    fn bitmanip(&mut self, d: &crate::block::Inst) {
+        use Op::*;
+        let (rd, rs1, rs2) = (d.rd, d.rs1, d.rs2);
+        // The immediate forms' shift amount (the word form's was taken
+        // mod 32 by the decoder).
+        let sh = (d.imm & 63) as i8;
+        match d.op {
+            Sh1add | Sh2add | Sh3add => {
+                // lea reads both operands before it writes.
+                let a = self.src(rs1, RAX);
+                let b = self.src(rs2, RCX);
+                let dst = self.dest(rd, None);
+                match d.op {
+                    Sh1add => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 2]),
+                    Sh2add => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 4]),
+                    _ => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 8]),
+                }
+                self.put(rd, dst);
+            }
+            AddUw | Sh1addUw | Sh2addUw | Sh3addUw => {
+                // rs2 first, in a register other than rax, which takes the
+                // low word of rs1 zero-extended.
+                let b = self.src(rs2, RCX);
+                let a = self.src(rs1, RAX);
+                dynasm!(self.ops ; .arch x64 ; mov eax, Rd(a));
+                let dst = self.dest(rd, None);
+                match d.op {
+                    AddUw => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + rax]),
+                    Sh1addUw => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + rax * 2]),
+                    Sh2addUw => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + rax * 4]),
+                    _ => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + rax * 8]),
+                }
+                self.put(rd, dst);
+            }
+            SlliUw => {
+                let a = self.src(rs1, RAX);
+                dynasm!(self.ops ; .arch x64 ; mov eax, Rd(a) ; shl rax, sh);
+                self.put(rd, RAX);
+            }
+            Andn | Orn => {
+                // !rs2 in rcx first: rd may be rs2.
+                self.get(RCX, rs2);
+                dynasm!(self.ops ; .arch x64 ; not rcx);
+                let dst = self.dest(rd, None);
+                self.get(dst, rs1);
+                match d.op {
+                    Andn => dynasm!(self.ops ; .arch x64 ; and Rq(dst), rcx),
+                    _ => dynasm!(self.ops ; .arch x64 ; or Rq(dst), rcx),
+                }
+                self.put(rd, dst);
+            }
+            Xnor => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s) ; not Rq(d))),
+            Clz | Ctz | Cpop | Clzw | Ctzw | Cpopw => self.count(d.op, rd, rs1),
+            Max | Maxu | Min | Minu => {
+                // rax := rs1, replaced by rs2 where rs2 is the one wanted.
+                let b = self.src(rs2, RCX);
+                self.get(RAX, rs1);
+                dynasm!(self.ops ; .arch x64 ; cmp rax, Rq(b));
+                match d.op {
+                    Max => dynasm!(self.ops ; .arch x64 ; cmovl rax, Rq(b)),
+                    Maxu => dynasm!(self.ops ; .arch x64 ; cmovb rax, Rq(b)),
+                    Min => dynasm!(self.ops ; .arch x64 ; cmovg rax, Rq(b)),
+                    _ => dynasm!(self.ops ; .arch x64 ; cmova rax, Rq(b)),
+                }
+                self.put(rd, RAX);
+            }
+            SextB | SextH | ZextH => {
+                let a = self.src(rs1, RAX);
+                let dst = self.dest(rd, None);
+                match d.op {
+                    SextB => dynasm!(self.ops ; .arch x64 ; movsx Rq(dst), Rb(a)),
+                    SextH => dynasm!(self.ops ; .arch x64 ; movsx Rq(dst), Rw(a)),
+                    // A 32-bit destination clears the upper half.
+                    _ => dynasm!(self.ops ; .arch x64 ; movzx Rd(dst), Rw(a)),
+                }
+                self.put(rd, dst);
+            }
+            Rol | Ror | Bclr | Bset | Binv => {
+                // The count or bit index in rcx first (rd may be rs2). x86
+                // takes a 64-bit rotate's count, and the bit index of a bit
+                // test on a register, mod 64, as RISC-V does.
+                self.get(RCX, rs2);
+                let dst = self.dest(rd, None);
+                self.get(dst, rs1);
+                match d.op {
+                    Rol => dynasm!(self.ops ; .arch x64 ; rol Rq(dst), cl),
+                    Ror => dynasm!(self.ops ; .arch x64 ; ror Rq(dst), cl),
+                    Bclr => dynasm!(self.ops ; .arch x64 ; btr Rq(dst), rcx),
+                    Bset => dynasm!(self.ops ; .arch x64 ; bts Rq(dst), rcx),
+                    _ => dynasm!(self.ops ; .arch x64 ; btc Rq(dst), rcx),
+                }
+                self.put(rd, dst);
+            }
+            Rolw | Rorw => {
+                // A 32-bit rotate takes its count mod 32, as RISC-V does;
+                // the result is sign-extended.
+                self.get(RCX, rs2);
+                self.get(RAX, rs1);
+                match d.op {
+                    Rolw => dynasm!(self.ops ; .arch x64 ; rol eax, cl),
+                    _ => dynasm!(self.ops ; .arch x64 ; ror eax, cl),
+                }
+                dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
+                self.put(rd, RAX);
+            }
+            Bext => {
+                self.get(RCX, rs2);
+                self.get(RAX, rs1);
+                dynasm!(self.ops ; .arch x64 ; shr rax, cl ; and eax, 1);
+                self.put(rd, RAX);
+            }
+            Rori => self.alu_imm(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; ror Rq(d), i as i8)),
+            Roriw => self.alu_imm_w(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; ror Rd(d), i as i8)),
+            // A bit test's immediate index is taken mod 64 too; `sh` is
+            // below 64 anyway.
+            Bclri => self.alu_imm(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; btr Rq(d), BYTE i as i8)),
+            Bseti => self.alu_imm(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; bts Rq(d), BYTE i as i8)),
+            Binvi => self.alu_imm(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; btc Rq(d), BYTE i as i8)),
+            Bexti => {
+                self.alu_imm(rd, rs1, sh as i32, |o, d, i| dynasm!(o ; .arch x64 ; shr Rq(d), i as i8 ; and Rq(d), 1))
+            }
+            OrcB => {
+                // As `exec::orc_b`: in each byte, the low seven bits plus
+                // 0x7f carry into the top bit if any is set, or-ed with
+                // the top bit itself; then 0x80 becomes 0xff.
+                self.get(RAX, rs1);
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; mov rdx, QWORD 0x7f7f_7f7f_7f7f_7f7f_i64
+                    ; mov rcx, rax
+                    ; and rax, rdx
+                    ; add rax, rdx
+                    ; or rax, rcx
+                    ; not rdx
+                    ; and rax, rdx
+                    ; shr rax, 7
+                    ; imul rax, rax, DWORD 0xff
+                );
+                self.put(rd, RAX);
+            }
+            Rev8 => {
+                let dst = self.dest(rd, None);
+                self.get(dst, rs1);
+                dynasm!(self.ops ; .arch x64 ; bswap Rq(dst));
+                self.put(rd, dst);
+            }
+            CzeroEqz | CzeroNez => {
+                // rax := rs1, or 0 (from rdx) by rs2's test. The zero is
+                // made before the test: xor changes the flags.
+                let b = self.src(rs2, RCX);
+                self.get(RAX, rs1);
+                dynasm!(self.ops ; .arch x64 ; xor edx, edx ; test Rq(b), Rq(b));
+                match d.op {
+                    CzeroEqz => dynasm!(self.ops ; .arch x64 ; cmovz rax, rdx),
+                    _ => dynasm!(self.ops ; .arch x64 ; cmovnz rax, rdx),
+                }
+                self.put(rd, RAX);
+            }
+            _ => unreachable!("not a bitmanip operation"),
+        }
+    }
+
+    /// clz, ctz, cpop and their word forms into rd: LZCNT, TZCNT and POPCNT
+    /// where the host has them (see `Host`), else sequences that give the
+    /// same results. BSR and BSF leave the destination undefined for a
+    /// zero operand, so their zero flag picks the result for zero instead
+    /// (cmov writes its destination, the upper half cleared, either way).
+    fn count(&mut self, op: Op, rd: u8, rs1: u8) {
+        use Op::*;
+        // Not in rax or rcx, which the sequences write first.
+        let a = self.src(rs1, RDX);
+        let host = self.host;
+        match op {
+            Clz if host.lzcnt => dynasm!(self.ops ; .arch x64 ; lzcnt rax, Rq(a)),
+            Clzw if host.lzcnt => dynasm!(self.ops ; .arch x64 ; lzcnt eax, Rd(a)),
+            Ctz if host.tzcnt => dynasm!(self.ops ; .arch x64 ; tzcnt rax, Rq(a)),
+            Ctzw if host.tzcnt => dynasm!(self.ops ; .arch x64 ; tzcnt eax, Rd(a)),
+            Cpop if host.popcnt => dynasm!(self.ops ; .arch x64 ; popcnt rax, Rq(a)),
+            Cpopw if host.popcnt => dynasm!(self.ops ; .arch x64 ; popcnt eax, Rd(a)),
+            // The index of the highest set bit, or -1 for none: 63 (31)
+            // less it counts the leading zeros, 64 (32) for zero.
+            Clz => dynasm!(self.ops
+                ; .arch x64
+                ; mov rcx, -1
+                ; bsr rax, Rq(a)
+                ; cmovz rax, rcx
+                ; neg rax
+                ; add rax, 63
+            ),
+            Clzw => dynasm!(self.ops
+                ; .arch x64
+                ; mov ecx, -1
+                ; bsr eax, Rd(a)
+                ; cmovz eax, ecx
+                ; neg eax
+                ; add eax, 31
+            ),
+            Ctz => dynasm!(self.ops ; .arch x64 ; mov ecx, 64 ; bsf rax, Rq(a) ; cmovz rax, rcx),
+            Ctzw => dynasm!(self.ops ; .arch x64 ; mov ecx, 32 ; bsf eax, Rd(a) ; cmovz eax, ecx),
+            _ => {
+                // The bits summed in pairs, nibbles, bytes, then the bytes
+                // by a multiplication (the word form counts the low word,
+                // zero-extended).
+                if op == Cpopw {
+                    dynasm!(self.ops ; .arch x64 ; mov eax, Rd(a));
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; mov rax, Rq(a));
+                }
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; mov rcx, rax
+                    ; shr rcx, 1
+                    ; mov rdx, QWORD 0x5555_5555_5555_5555_i64
+                    ; and rcx, rdx
+                    ; sub rax, rcx
+                    ; mov rdx, QWORD 0x3333_3333_3333_3333_i64
+                    ; mov rcx, rax
+                    ; shr rcx, 2
+                    ; and rcx, rdx
+                    ; and rax, rdx
+                    ; add rax, rcx
+                    ; mov rcx, rax
+                    ; shr rcx, 4
+                    ; add rax, rcx
+                    ; mov rdx, QWORD 0x0f0f_0f0f_0f0f_0f0f_i64
+                    ; and rax, rdx
+                    ; mov rdx, QWORD 0x0101_0101_0101_0101_i64
+                    ; imul rax, rdx
+                    ; shr rax, 56
+                );
+            }
+        }
+        self.put(rd, RAX);
     }
 
     /// Floating-point computation `k`: a call of `fp_helper`. The x

@@ -25,7 +25,7 @@ mod trap;
 
 use ftvm_memory::GuestRam;
 pub use ext::Extensions;
-pub use hart::{Exit, Hart, HartState, PrivilegeMode};
+pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode};
 pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;
 

@@ -1,11 +1,14 @@
 //! The translation tier against the interpreter: random programs of the
 //! operations it translates (and some it does not: CSR reads, fences,
-//! ecall, illegal instructions, the bitmanip and Zicond operations), with loads and stores that hit RAM, a
+//! ecall, illegal instructions), with loads and stores that hit RAM, a
 //! device, nothing (access faults) and the program's own code, run from
 //! the same state with translation off and on, in the same and in
 //! different slices. Everything must come out identical: registers, CSRs,
 //! pc, instret, every slice's step count and exit, what the device saw
-//! and when, and RAM.
+//! and when, and RAM. The translated runs must also have run translated
+//! code, and never have left an instruction with an interpreter fast path
+//! (the bitmanip and Zicond ones among them) to the interpreter: else the
+//! comparison would be of the interpreter with itself.
 
 use ftvm_cpu::{Bus, Exit, Hart, HartState};
 use ftvm_memory::GuestRam;
@@ -182,8 +185,19 @@ fn bitmanip(rd: u32, rs1: u32, rs2: u32, sh: u32) -> Vec<u32> {
     ]
 }
 
+/// What random programs are made of besides the integer operations, loads,
+/// stores, jumps and system instructions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    Int,
+    /// Floating point, two instructions in five.
+    Fp,
+    /// Zba, Zbb, Zbs and Zicond, two in five (else one in a hundred).
+    Bits,
+}
+
 /// A random program at BASE: a loop over `len` random instructions.
-fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
+fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
     let mut p = Vec::new();
     let any =
         |rng: &mut Rng| if rng.below(4) == 0 { rng.below(FIXED as u64 + 1) as u32 } else { 9 + rng.below(23) as u32 };
@@ -193,8 +207,16 @@ fn program(rng: &mut Rng, len: usize, fp: bool) -> Vec<u32> {
         let left = len - p.len();
         let kind = rng.below(100);
         let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
-        if fp && kind < 40 {
+        if mix == Mix::Fp && kind < 40 {
             fp_insns(rng, rd, rs1, &mut p, len);
+            continue;
+        }
+        if mix == Mix::Bits && kind < 40 {
+            // rd as an operand too, one time in four each.
+            let rs1 = if rng.below(4) == 0 { rd } else { rs1 };
+            let rs2 = if rng.below(4) == 0 { rd } else { rs2 };
+            let ops = bitmanip(rd, rs1, rs2, rng.below(64) as u32);
+            p.push(rng.pick(&ops));
             continue;
         }
         let insn = match kind {
@@ -313,13 +335,10 @@ struct Run {
     slices: Vec<(u64, Exit)>,
 }
 
-fn setup(seed: u64, len: usize, jit: u32) -> Run {
-    setup_with(seed, len, jit, false)
-}
-
-fn setup_with(seed: u64, len: usize, jit: u32, fp: bool) -> Run {
+fn setup_with(seed: u64, len: usize, jit: u32, mix: Mix) -> Run {
     let mut rng = Rng(seed | 1);
-    let prog = program(&mut rng, len, fp);
+    let prog = program(&mut rng, len, mix);
+    let fp = mix == Mix::Fp;
     assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
     let mut ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
@@ -395,7 +414,23 @@ fn check(what: &str, a: &Run, b: &Run) {
 
 #[test]
 fn translated_code_matches_the_interpreter() {
+    random_programs(Mix::Int, false);
+}
+
+/// Programs dense with Zba, Zbb, Zbs and Zicond instructions (rd also an
+/// operand now and then), translated with the host's LZCNT, TZCNT and
+/// POPCNT where it has them and with the portable sequences.
+#[test]
+fn bitmanip_translated_matches_the_interpreter() {
+    random_programs(Mix::Bits, false);
+    random_programs(Mix::Bits, true);
+}
+
+/// Random programs of `mix`, interpreted and translated (with the
+/// portable sequences for clz, ctz and cpop if `portable`).
+fn random_programs(mix: Mix, portable: bool) {
     let mut translated = 0;
+    let mut calls = 0;
     for seed in 1..=60u64 {
         let len = 20 + (seed as usize * 37) % 200;
         let total = 50_000;
@@ -406,14 +441,19 @@ fn translated_code_matches_the_interpreter() {
                 1 + rng.below(max)
             }
         };
+        let jit_setup = |hot: u32| {
+            let mut r = setup_with(seed, len, hot, mix);
+            r.hart.set_jit_portable(portable);
+            r
+        };
         // The same slices, interpreted and translated (translating at the
         // first entry and at the default threshold).
         // Each slice's end state, interpreted.
         let mut states = Vec::new();
-        let mut interp = setup(seed, len, 0);
+        let mut interp = setup_with(seed, len, 0, mix);
         run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
         for hot in [1, 32] {
-            let mut jit = setup(seed, len, hot);
+            let mut jit = jit_setup(hot);
             let mut i = 0;
             run(&mut jit, total, slices(seed), |r| {
                 assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
@@ -422,21 +462,29 @@ fn translated_code_matches_the_interpreter() {
             assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
             check(&format!("seed {seed}, hot {hot}, same slices"), &interp, &jit);
             translated += jit.hart.translated_blocks();
+            let stats = jit.hart.jit_stats();
+            assert_eq!(stats.handoffs, 0, "seed {seed}, hot {hot}: left to the interpreter untranslated");
+            calls += stats.calls;
         }
         // Other slices, interpreted and translated: the same state after
         // the same number of steps.
-        let mut whole = setup(seed, len, 1);
+        let mut whole = jit_setup(1);
         run(&mut whole, total, || 1 << 20, |_| {});
-        let mut interp2 = setup(seed, len, 0);
+        assert_eq!(whole.hart.jit_stats().handoffs, 0, "seed {seed}: left to the interpreter untranslated");
+        let mut interp2 = setup_with(seed, len, 0, mix);
         run(&mut interp2, total, slices(seed + 1000), |_| {});
         check(&format!("seed {seed}, one slice against others"), &interp2, &whole);
     }
     assert!(translated > 100, "only {translated} blocks were translated");
+    assert!(calls > 10_000, "translated code called only {calls} times");
 }
 
 /// Every translated ALU operation on operands chosen for their edge cases
 /// (zero, ±1, the extremes of 64 and 32 bits, shift counts around 31, 32
-/// and 63) and random ones, interpreted and translated.
+/// and 63, single bytes and bits) and random ones, interpreted and
+/// translated (clz, ctz and cpop both ways: with the host's instructions
+/// and with the portable sequences). Every run must be one call of
+/// translated code that leaves nothing to the interpreter.
 #[test]
 fn each_operation_on_edge_operands() {
     let mut ops = Vec::new();
@@ -465,6 +513,13 @@ fn each_operation_on_edge_operands() {
     for sh in [0, 1, 31, 32, 63] {
         ops.extend(bitmanip(10, 11, 12, sh));
     }
+    // The bitmanip operations with rd as an operand (rs1, rs2, both), x0
+    // as one and as rd (a no-op).
+    for sh in [1, 63] {
+        for (rd, rs1, rs2) in [(11, 11, 12), (12, 11, 12), (11, 11, 11), (10, 0, 12), (10, 11, 0), (0, 11, 12)] {
+            ops.extend(bitmanip(rd, rs1, rs2, sh));
+        }
+    }
     // rd = rs1 = rs2 and rd = rs2 alias cases.
     ops.push(r_type(0x20, 10, 11, 0, 10, 0x33)); // sub x10, x11, x10
     ops.push(r_type(0, 10, 10, 1, 10, 0x33)); // sll x10, x10, x10
@@ -486,6 +541,9 @@ fn each_operation_on_edge_operands() {
         33,
         63,
         64,
+        0x80,
+        0x8000,
+        0x0100_0000_0000_0000,
         0x1234_5678_9abc_def0,
     ];
     let mut rng = Rng(99);
@@ -499,28 +557,38 @@ fn each_operation_on_edge_operands() {
         pairs.push((rng.next(), rng.next()));
     }
     let mut ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
+    let mut harts = [Hart::new(0), Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);
+    harts[2].set_jit(1);
+    harts[2].set_jit_portable(true);
     let mut bus = Device::default();
     for &op in &ops {
         ram.write_u32(BASE, op).unwrap();
         ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
         for &(a, b) in &pairs {
-            let mut out = [0u64; 2];
-            for (h, o) in harts.iter_mut().zip(out.iter_mut()) {
+            let mut out = [[0u64; 32]; 3];
+            for (i, (h, o)) in harts.iter_mut().zip(out.iter_mut()).enumerate() {
                 h.s.pc = BASE;
                 h.s.x[10] = 0x5555;
                 h.s.x[11] = a;
                 h.s.x[12] = b;
+                let calls = h.jit_stats().calls;
                 // Two instructions: the whole block, so translated code runs.
                 assert_eq!(h.run(&mut ram, &mut bus, 2), (2, Exit::Budget));
-                *o = h.s.x[10];
+                *o = h.s.x;
+                if i > 0 {
+                    assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
+                }
             }
             assert_eq!(out[0], out[1], "{op:#010x} with {a:#x}, {b:#x}: interpreted, translated");
+            assert_eq!(out[0], out[2], "{op:#010x} with {a:#x}, {b:#x}: interpreted, translated portably");
         }
     }
-    assert!(harts[1].translated_blocks() > 0);
+    for h in &harts[1..] {
+        assert!(h.translated_blocks() > 0);
+        assert_eq!(h.jit_stats().handoffs, 0, "left to the interpreter untranslated");
+    }
 }
 
 /// A loop whose second block rewrites an instruction of its first (which
@@ -928,10 +996,10 @@ fn floating_point_translated_matches_the_interpreter() {
             }
         };
         let mut states = Vec::new();
-        let mut interp = setup_with(seed, len, 0, true);
+        let mut interp = setup_with(seed, len, 0, Mix::Fp);
         run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
         for hot in [1, 32] {
-            let mut jit = setup_with(seed, len, hot, true);
+            let mut jit = setup_with(seed, len, hot, Mix::Fp);
             let mut i = 0;
             run(&mut jit, total, slices(seed), |r| {
                 assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
