@@ -95,7 +95,7 @@ pub(crate) fn orc_b(x: u64) -> u64 {
     // A byte's top bit, set if any bit of the byte is: the low seven bits
     // plus 0x7f carry into it, and the top bit itself is or-ed in.
     let low = 0x7f7f_7f7f_7f7f_7f7f;
-    let top = ((x & low) + low | x) & !low;
+    let top = (((x & low) + low) | x) & !low;
     // 0x80 -> 0xff in each byte.
     (top >> 7) * 0xff
 }
