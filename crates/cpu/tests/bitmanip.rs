@@ -5,22 +5,11 @@
 //! the word forms. And a hart without an extension traps on its
 //! instructions as illegal.
 
-use ftvm_cpu::{Bus, Extensions, Hart};
+mod common;
+
+use common::NoDevices;
+use ftvm_cpu::{Extensions, Hart};
 use ftvm_memory::GuestRam;
-
-struct NoDevices;
-
-impl Bus for NoDevices {
-    fn read(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64) -> Option<u64> {
-        None
-    }
-    fn write(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64, _: u64) -> bool {
-        false
-    }
-    fn time(&mut self, _: u64) -> u64 {
-        0
-    }
-}
 
 const BASE: u64 = 0x8000_0000;
 const HANDLER: u64 = BASE + 0x100;

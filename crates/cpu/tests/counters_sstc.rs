@@ -4,22 +4,11 @@
 //! and the two count apart; stimecmp exists only with Sstc, and below
 //! M-mode only with menvcfg.STCE (and in S-mode mcounteren.TM).
 
-use ftvm_cpu::{csr, Bus, Extensions, Hart, PrivilegeMode};
+mod common;
+
+use common::NoDevices;
+use ftvm_cpu::{csr, Extensions, Hart, PrivilegeMode};
 use ftvm_memory::GuestRam;
-
-struct NoDevices;
-
-impl Bus for NoDevices {
-    fn read(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64) -> Option<u64> {
-        None
-    }
-    fn write(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64, _: u64) -> bool {
-        false
-    }
-    fn time(&mut self, _: u64) -> u64 {
-        0
-    }
-}
 
 const BASE: u64 = 0x8000_0000;
 const HANDLER: u64 = BASE + 0x800;

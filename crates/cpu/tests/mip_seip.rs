@@ -4,22 +4,11 @@
 //! Firmware does exactly that when it sets STIP while a device interrupt
 //! is pending, and a latched SEIP means an endless interrupt storm.
 
-use ftvm_cpu::{Bus, Hart};
+mod common;
+
+use common::NoDevices;
+use ftvm_cpu::Hart;
 use ftvm_memory::GuestRam;
-
-struct NoDevices;
-
-impl Bus for NoDevices {
-    fn read(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64) -> Option<u64> {
-        None
-    }
-    fn write(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64, _: u64) -> bool {
-        false
-    }
-    fn time(&mut self, _: u64) -> u64 {
-        0
-    }
-}
 
 const SEIP: u64 = 1 << 9;
 const STIP: u64 = 1 << 5;
