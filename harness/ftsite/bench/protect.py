@@ -76,7 +76,8 @@ def protect(vm, journal, backup_ip, shared, mode, separate=False):
             "disk_sharing": "separate" if separate and mode != "checkpoint" else None,
             "backup_reads": False, "mode": mode, "epoch_length": 65536,
             "epoch_protocol": "revised", "interval": 25, "no_idle_checkpoints": False,
-            "pair": {"shared": str(shared), "timeout": TIMEOUT_MS, "heartbeat_port": 7701, "events": str(journal),
+            "pair": {"shared": str(shared), "timeout": TIMEOUT_MS, "min_timeout": 60, "heartbeat_port": 7701,
+                     "events": str(journal),
                      "pair_key": None, "isolation_addresses": [], "isolation_defer": 3000, "host_id": None,
                      "no_isolation_check": False}}
     answer = ask(vm.sock, {"request": "protect", **args}, timeout=600)
