@@ -161,6 +161,9 @@ pub struct Disks {
     unsynced: Vec<(u32, String)>,
     /// Blocks and bytes received to make the copies the same.
     synced: (u64, u64),
+    /// Writes of the checkpoint in progress (slot, offset, data), applied
+    /// when it commits.
+    staged: Vec<(u32, u64, Vec<u8>)>,
     events: Events,
 }
 
@@ -173,7 +176,7 @@ impl Disks {
             let backend = image.backend().map_err(file("disk", path))?;
             open.insert(slot as u32, (image, backend));
         }
-        Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0), events })
+        Ok(Disks { disks: open, unsynced: Vec::new(), synced: (0, 0), staged: Vec::new(), events })
     }
 
     /// The copy in `slot` differs from the primary's, whose digest is
@@ -202,11 +205,19 @@ impl Disks {
         Ok(())
     }
 
-    /// Applies the writes of a checkpoint that commits, in order (each
-    /// was checked against its disk on receipt).
-    fn apply(&mut self, writes: &mut Vec<(u32, u64, Vec<u8>)>) -> Result<u64, ProtectionError> {
-        let n = writes.len() as u64;
-        for (slot, offset, data) in writes.drain(..) {
+    /// A write of the checkpoint in progress, checked against its disk,
+    /// kept until the checkpoint commits.
+    fn stage(&mut self, slot: u32, offset: u64, data: Vec<u8>) -> Result<(), PeerError> {
+        self.range(slot, offset, data.len())?;
+        self.staged.push((slot, offset, data));
+        Ok(())
+    }
+
+    /// Applies the staged writes of a checkpoint that commits, in order;
+    /// returns how many.
+    fn apply_staged(&mut self) -> Result<u64, ProtectionError> {
+        let n = self.staged.len() as u64;
+        for (slot, offset, data) in std::mem::take(&mut self.staged) {
             let (image, backend) = self.disks.get_mut(&slot).expect("checked on receipt");
             backend.write_at(offset, &data).map_err(file("cannot write the backup's disk", image.path()))?;
         }
@@ -266,8 +277,6 @@ pub fn follow(
     mut step: impl FnMut(Step),
 ) -> Result<Followed, ProtectionError> {
     let mut reader = Reader::new(input);
-    // Disk writes of the interval in progress, applied when it commits.
-    let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     // Pages of the checkpoint in progress that came ahead of it.
     let mut staged: Pages = Vec::new();
     // Last segments of the checkpoint in progress, ahead of it.
@@ -280,10 +289,7 @@ pub fn follow(
             Err(e @ ReadError::Corrupt { .. }) => return Err(PeerError::Stream(e).into()),
         };
         match record {
-            Record::DiskWrite { slot, offset, data } => {
-                disks.range(slot, offset, data.len())?;
-                writes.push((slot, offset, data));
-            }
+            Record::DiskWrite { slot, offset, data } => disks.stage(slot, offset, data)?,
             Record::DiskSync { slot, offset, data } => {
                 if held.state.is_some() {
                     return Err(PeerError::LateDiskBlocks.into());
@@ -316,7 +322,7 @@ pub fn follow(
                 // Commit: everything was checked above, so nothing below
                 // leaves the copy half-updated.
                 write_pages(&mut held.ram, staged.drain(..));
-                held.writes += disks.apply(&mut writes)?;
+                held.writes += disks.apply_staged()?;
                 held.received.retain(|n| *n > number);
                 for (_, slot, frame) in sent.drain(..).filter(|(n, ..)| *n == number) {
                     held.segments.saw(slot, &frame);
@@ -333,7 +339,7 @@ pub fn follow(
                 // The primary's guest stopped at the last checkpoint: a
                 // write after it, or no checkpoint at all, is a primary
                 // that does not know what it hands over.
-                if held.state.is_none() || !writes.is_empty() {
+                if held.state.is_none() || !disks.staged.is_empty() {
                     return Err(PeerError::HandOverMidInterval.into());
                 }
                 return Ok(Followed::HandedOver);
@@ -377,7 +383,6 @@ pub fn receive_machine(
 ) -> Result<Option<Machine>, ProtectionError> {
     let mut held = Committed::new(ram_size)?;
     let mut reader = Reader::new(input);
-    let mut writes: Vec<(u32, u64, Vec<u8>)> = Vec::new();
     loop {
         let record = match reader.next_record() {
             Ok(r) => r,
@@ -395,7 +400,7 @@ pub fn receive_machine(
                 let pages = decode_pages(&held.ram, 0, &pages)?;
                 write_pages(&mut held.ram, pages);
                 if let Some(disks) = disks.as_deref_mut() {
-                    disks.apply(&mut writes)?;
+                    disks.apply_staged()?;
                     let (blocks, bytes) = disks.synced;
                     eprintln!(
                         "ftvm: the backup's disks are copies of the primary's ({blocks} blocks, {:.1} MiB received)",
@@ -411,10 +416,7 @@ pub fn receive_machine(
                 None => return Err(PeerError::NotTransfer("disk").into()),
             },
             Record::DiskWrite { slot, offset, data } => match disks.as_deref_mut() {
-                Some(disks) => {
-                    disks.range(slot, offset, data.len())?;
-                    writes.push((slot, offset, data));
-                }
+                Some(disks) => disks.stage(slot, offset, data)?,
                 None => return Err(PeerError::NotTransfer("disk").into()),
             },
             // The running VM's frames are not held while it is copied.
