@@ -472,9 +472,14 @@ impl Machine {
     /// machine wakes there, so a timer interrupt is seen at the same
     /// instruction however a run is split.
     fn next_timer_after(&self, now: u64) -> Option<u64> {
+        [self.board.next_timer_deadline_after(now), self.stimecmp_after(now)].into_iter().flatten().min()
+    }
+
+    /// The earliest Sstc timer of a hart still ahead of `now` (one passed
+    /// already has made STIP pending).
+    fn stimecmp_after(&self, now: u64) -> Option<u64> {
         // A stimecmp of all ones, like an mtimecmp, is no timer at all.
-        let sstc = self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX).min();
-        [self.board.next_timer_deadline_after(now), sstc].into_iter().flatten().min()
+        self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX).min()
     }
 
     /// Run until the instruction count reaches `target` or the machine
@@ -499,9 +504,8 @@ impl Machine {
             if !self.harts.iter().any(runnable) {
                 // A stimecmp already passed would have woken a hart (STIP
                 // is pending): only those ahead can.
-                let now = self.clock.ticks_at(self.icount);
-                let sstc = self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX);
-                let wake_at = self.board.next_timer_deadline().into_iter().chain(sstc).min();
+                let sstc = self.stimecmp_after(self.clock.ticks_at(self.icount));
+                let wake_at = [self.board.next_timer_deadline(), sstc].into_iter().flatten().min();
                 return RunExit::Idle { wake_at };
             }
             if self.quantum_left == 0 || !runnable(&self.harts[self.current]) {
