@@ -148,8 +148,10 @@ def every_key_there(r):
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scratch, case):
     mode, separate = CASES[case]
-    mode_args = MODES[mode] + (SEPARATE if separate and mode != "checkpoint" else [])
-    tag = f"pr{mode[0]}{'s' if separate and mode != 'checkpoint' else ''}"
+    # Checkpoint mode always keeps separate disks; the others are told.
+    told = separate and mode != "checkpoint"
+    mode_args = MODES[mode] + (SEPARATE if told else [])
+    tag = f"pr{mode[0]}{'s' if told else ''}"
     r = running_redis(ftvm, scratch, tag, mode, spare=True, separate=separate)
     writer, shared = r.writer, r.shared
     time.sleep(1.0 + random.random() * 2.0)
