@@ -162,12 +162,17 @@ fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
 #[test]
 fn full_buffers_stall_the_primary() {
     // 64 KiB at the backup, nobody consuming: the primary's own 64 KiB
-    // buffer fills behind the socket buffers, and writes block.
+    // buffer fills behind the socket buffers, and writes block. A stalled
+    // channel is silent, so with the default timeout either side may
+    // declare the other failed before a loaded host shows the stall (CI
+    // saw it: the sender's writes then go nowhere, at memory speed); this
+    // test is about flow control, so no failure comes within it.
+    let timing = Timing { timeout: Duration::from_secs(120), min_timeout: Duration::from_secs(120), ..Timing::DEFAULT };
     let (addr, acc) = backup_on_loopback(64 << 10);
     let (stream, session) = connect(addr, Duration::from_secs(5), &key()).unwrap();
-    let mut s = LogSender::over(stream, session, 64 << 10, Timing::DEFAULT, None, Fence::leased(), |_| {}).unwrap();
+    let mut s = LogSender::over(stream, session, 64 << 10, timing, None, Fence::leased(), |_| {}).unwrap();
     let r = acc.join().unwrap();
-    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    r.start(timing, |_| {}).unwrap();
     let written = Arc::new(AtomicU64::new(0));
     let w = written.clone();
     std::thread::spawn(move || {
