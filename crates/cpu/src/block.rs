@@ -30,6 +30,7 @@ use crate::decode::{decode, Decoded, Op};
 use crate::ext::Extensions;
 use crate::jit::{self, Arena, JitFn};
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// The longest block, in instructions.
 pub(crate) const MAX_INSTS: usize = 16;
@@ -41,8 +42,6 @@ pub(crate) const SLOTS: usize = 1 << 15;
 /// RAM words a block's bytes can span: 4 bytes per instruction, plus the
 /// alignment of its start.
 const WORDS: usize = MAX_INSTS * 4 / 8 + 2;
-/// `Block::off` of an empty slot: no RAM offset is this large.
-const NO_OFFSET: usize = usize::MAX;
 
 /// One decoded instruction of a block.
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +105,7 @@ impl Inst {
 
 #[derive(Clone)]
 pub(crate) struct Block {
-    /// RAM offset of the first instruction (`NO_OFFSET` when empty).
+    /// RAM offset of the first instruction.
     pub off: usize,
     /// Length of the block's code in bytes.
     pub bytes: usize,
@@ -115,6 +114,8 @@ pub(crate) struct Block {
     pub base: usize,
     pub nwords: usize,
     pub words: [u64; WORDS],
+    /// Its instructions; 0 in an empty slot, whose other fields are all
+    /// zero too (so `off` 0 says nothing, and its `chain` 0 stops a jump).
     pub n: usize,
     pub insts: [Inst; MAX_INSTS],
     /// Entries so far, up to the cache's `hot`, when it is translated (or
@@ -133,7 +134,7 @@ const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, 
 
 impl Block {
     const EMPTY: Block = Block {
-        off: NO_OFFSET,
+        off: 0,
         bytes: 0,
         base: 0,
         nwords: 0,
@@ -209,6 +210,50 @@ pub(crate) fn slot_of(off: usize) -> usize {
     ((off >> 1) ^ (off >> 14)) & (SLOTS - 1)
 }
 
+/// Tables made ahead of time by [`prepare_tables`], taken first by the
+/// caches made after.
+static PREPARED: Mutex<Vec<Box<[Block]>>> = Mutex::new(Vec::new());
+
+/// A table of empty slots: one prepared ahead if there is one, else
+/// zeroed memory the allocator gets fresh from the kernel, which nothing
+/// touches until a slot is used (a boot uses a fraction of its 13 MB).
+fn empty_slots() -> Box<[Block]> {
+    PREPARED.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_else(empty_slots_fresh)
+}
+
+/// Makes `harts` tables of empty slots now, every page of them touched,
+/// for the next harts made in this process. The first touch of a page
+/// costs about 5 µs on a host without hardware virtualization (3300 pages
+/// a table): a backup building its machine as it goes live paid 10 ms of
+/// them in its guest's first 60,000 instructions (4.5 instead of some
+/// 40 million a second, measured in a handover), or as many building the
+/// tables filled. It makes them while it waits instead.
+pub fn prepare_tables(harts: usize) {
+    let mut made = Vec::new();
+    for _ in 0..harts {
+        let mut slots = empty_slots_fresh();
+        let bytes = std::mem::size_of_val(&*slots);
+        let base = slots.as_mut_ptr().cast::<u8>();
+        for at in (0..bytes).step_by(4096) {
+            // SAFETY: inside the table; a zero byte where one already is
+            // (the volatile write is what makes the kernel map the page).
+            unsafe { std::ptr::write_volatile(base.add(at), 0) };
+        }
+        made.push(slots);
+    }
+    PREPARED.lock().unwrap_or_else(|e| e.into_inner()).extend(made);
+}
+
+fn empty_slots_fresh() -> Box<[Block]> {
+    let slots = Box::<[Block]>::new_zeroed_slice(SLOTS);
+    // SAFETY: all-zero bytes are a valid `Block`, `Block::EMPTY` itself:
+    // its fields are integers, arrays of them and of `Inst` (integers and
+    // an `Op`, a `repr(u8)` enum whose `Other` is 0), and an
+    // `Option<JitFn>`, whose `None` is the null function pointer.
+    unsafe { slots.assume_init() }
+}
+const _: () = assert!(Op::Other as u8 == 0, "a zeroed Inst must hold a valid Op");
+
 /// The table of blocks of one hart.
 pub(crate) struct BlockCache {
     slots: Box<[Block]>,
@@ -259,15 +304,14 @@ fn jit_default() -> u32 {
 
 impl BlockCache {
     pub fn new() -> BlockCache {
-        let mut cache = BlockCache {
-            slots: vec![Block::EMPTY; SLOTS].into_boxed_slice(),
-            arena: None,
-            hot: 0,
+        let hot = jit_default();
+        BlockCache {
+            slots: empty_slots(),
+            arena: (hot > 0).then(Arena::default),
+            hot,
             known: HashMap::new(),
             host: jit::Host::detect(),
-        };
-        cache.set_jit(jit_default());
-        cache
+        }
     }
 
     /// Translates blocks after `hot` entries, or never if 0. Forgets every
@@ -367,7 +411,8 @@ impl BlockCache {
     #[inline(always)]
     pub fn get(&mut self, ram: &[u8], off: usize, ext: Extensions) -> Option<&Block> {
         let i = slot_of(off);
-        let hit = self.slots[i].off == off && self.slots[i].still_in(ram);
+        let b = &self.slots[i];
+        let hit = b.off == off && b.n != 0 && b.still_in(ram);
         if !hit {
             self.slots[i] = Block::decode_at(ram, off, ext)?;
             self.reuse(i);
@@ -389,6 +434,17 @@ mod tests {
 
     // addi a0, a0, 1 ; c.addi a1, 1 ; beq a0, a1, 0 ; addi a2, a2, 1
     const CODE: [u8; 14] = [0x13, 0x05, 0x15, 0x00, 0x85, 0x05, 0x63, 0x00, 0xb5, 0x00, 0x13, 0x06, 0x16, 0x00];
+
+    /// A new table's slots are zeroed memory: the empty slot that RAM
+    /// offset 0 maps to (`off` 0) is not taken for the block there.
+    #[test]
+    fn a_new_tables_empty_slot_is_no_block_at_offset_0() {
+        let ram = ram_with(&CODE, 0);
+        let mut cache = BlockCache::new();
+        let b = cache.get(&ram, 0, Extensions::ALL).unwrap();
+        assert_eq!((b.off, b.n, b.bytes), (0, 3, 10));
+        assert!(cache.slots.iter().filter(|b| b.n != 0).count() == 1);
+    }
 
     #[test]
     fn a_block_runs_to_its_branch_and_keeps_offsets() {

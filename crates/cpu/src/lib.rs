@@ -24,6 +24,7 @@ mod peek;
 mod trap;
 
 use ftvm_memory::GuestRam;
+pub use block::prepare_tables as prepare_block_tables;
 pub use ext::Extensions;
 pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode};
 pub use peek::{peek_instruction, Flow, Peek};

@@ -238,6 +238,15 @@ impl Machine {
     /// The machine [`Machine::checkpoint_state`] saved, with `ram` holding
     /// what its RAM held then. I/O in flight is issued again, as after
     /// [`Machine::restore`].
+    /// Makes ahead of time what the first instructions of the next
+    /// machine built in this process, with `harts` harts, would otherwise
+    /// wait for: their block tables, their memory touched. For a side that
+    /// builds its machine at a moment that counts (a checkpoint backup
+    /// going live), and has time before it.
+    pub fn prepare_harts(harts: usize) {
+        ftvm_cpu::prepare_block_tables(harts);
+    }
+
     pub fn from_checkpoint(state: &[u8], ram: GuestRam) -> Result<Machine, MachineError> {
         let d = crate::snapshot::decode_state(state).map_err(MachineError::State)?;
         if (d.ram_base, d.ram_size) != (ram.base(), ram.size()) {
