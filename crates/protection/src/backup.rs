@@ -9,6 +9,7 @@
 //! until it ends or is cut, and after a cut whose arbiter it won hands
 //! back the machine to go live with.
 
+use crate::checkpoint::backup::PendingActivation;
 use crate::control::ControlEntry;
 use crate::error::ProtectionError;
 use crate::status::BackupMode;
@@ -72,6 +73,10 @@ pub struct TakeOver {
     /// slot, frame), in order: given to this guest as it goes live, as
     /// the network would deliver them late.
     pub undelivered: Vec<(usize, Vec<u8>)>,
+    /// In checkpoint mode, the activation records still to write: the VM
+    /// may run meanwhile, but none of its outputs may leave the host
+    /// before they are written (see [`PendingActivation`]).
+    pub activation: Option<PendingActivation>,
 }
 
 /// The side that follows.

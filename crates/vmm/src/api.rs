@@ -156,6 +156,10 @@ pub enum ControlError {
     /// while it runs.
     #[error("the VM is paused: resume it to protect it")]
     ProtectPaused,
+    /// A backup that went live moments ago cannot be given a backup
+    /// until its activation records are written (milliseconds).
+    #[error("the VM went live moments ago and is still writing its activation records: try again")]
+    Activating,
     /// This VM cannot be given a backup (a recording, or a replay).
     #[error("this VM cannot be protected")]
     NotProtectable,

@@ -40,6 +40,10 @@ pub enum HostEvent {
     Terminate(i32),
     /// A pair set up for the running VM (`protect`), or why not.
     Protection(crate::ft::protect::Setup),
+    /// A checkpoint backup that went live has written its activation
+    /// records (their paths), and its frames may go; or it could not, and
+    /// nothing of this VM may ever leave the host.
+    Activated(Result<Vec<PathBuf>, ftvm_protection::error::ProtectionError>),
 }
 
 /// How the host serves one virtio slot, as given on the command line and
@@ -107,6 +111,15 @@ pub struct HostIo {
     /// Outputs the fence held back, in order: they go once it allows,
     /// and never if this side is deposed.
     fenced: VecDeque<(usize, IoRequest)>,
+    /// A checkpoint backup gone live: its activation records, which must
+    /// be durable before anything of the VM leaves the host (Remus §2.5),
+    /// are being written, and this says when they are (won: the frames
+    /// go; deposed: they never do). The disk writes need not wait: the
+    /// copies are this host's own, and a record never written leaves
+    /// them unvouched for.
+    activation: Option<Fence>,
+    /// Frames the activation holds back, in order.
+    unactivated: VecDeque<(usize, IoRequest)>,
 }
 
 /// Whether a request is an output: something the world outside the VM
@@ -150,14 +163,17 @@ impl HostIo {
     /// live alone: its writable disks are taken over from the primary it
     /// replaces, which may still hold their locks but is fenced (see
     /// `DiskImage::open_taking_over`). `opened`: TAPs it opened ahead
-    /// (`open_taps`), used for the backends of their names. Also returns
-    /// the disks whose lock was still held.
+    /// (`open_taps`), used for the backends of their names; `activation`:
+    /// what its frames wait for, if anything. Also returns the disks whose
+    /// lock was still held.
     pub fn take_over(
         backends: Vec<Backend>,
         events: Sender<HostEvent>,
         opened: Vec<Tap>,
+        activation: Option<Fence>,
     ) -> Result<(HostIo, Vec<DeviceSpec>, Vec<PathBuf>), HostIoError> {
-        let (io, specs) = Self::open_with(backends, events, Fence::alone(), true, opened)?;
+        let (mut io, specs) = Self::open_with(backends, events, Fence::alone(), true, opened)?;
+        io.activation = activation;
         let held = io
             .slots
             .iter()
@@ -220,7 +236,17 @@ impl HostIo {
                 }
             }
         }
-        Ok((HostIo { backends, slots, events, control: false, fence, fenced: VecDeque::new() }, specs))
+        let io = HostIo {
+            backends,
+            slots,
+            events,
+            control: false,
+            fence,
+            fenced: VecDeque::new(),
+            activation: None,
+            unactivated: VecDeque::new(),
+        };
+        Ok((io, specs))
     }
 
     pub fn backends(&self) -> &[Backend] {
@@ -254,10 +280,19 @@ impl HostIo {
     /// while the fence allows (held back, in order, until it does), the
     /// rest at once. Outputs held earlier go first, if they may now.
     pub fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
+        let activated = self.activated();
+        let requests = match activated {
+            Some(frames) => frames.into_iter().chain(requests).collect(),
+            None => requests,
+        };
         self.release_fenced();
         for (slot, req) in requests {
             if is_output(&req) {
                 if self.fence.standing() == Standing::Deposed {
+                    continue;
+                }
+                if self.activation.is_some() && matches!(req, IoRequest::NetTx { .. }) {
+                    self.unactivated.push_back((slot, req));
                     continue;
                 }
                 if !self.fenced.is_empty() || !self.fence.allows() {
@@ -267,6 +302,18 @@ impl HostIo {
             }
             self.perform(slot, req);
         }
+    }
+
+    /// Once the activation has ended: the frames it held (none if it
+    /// failed: nothing of this VM may leave), and it holds no more.
+    fn activated(&mut self) -> Option<VecDeque<(usize, IoRequest)>> {
+        let standing = self.activation.as_ref()?.standing();
+        if standing == Standing::Leased {
+            return None;
+        }
+        self.activation = None;
+        let frames = std::mem::take(&mut self.unactivated);
+        Some(if standing == Standing::Deposed { VecDeque::new() } else { frames })
     }
 
     /// Outputs the fence held back go, in order, while it allows; all are
@@ -343,16 +390,17 @@ impl HostIo {
     }
 
     /// Sends `frames` (NIC slot, frame) again, in order, as outputs like
-    /// any other: only if this side may release them now.
+    /// any other: held back while the fence does not allow them yet (a
+    /// backup still writing its activation records), never sent by a
+    /// deposed side.
     pub fn resend(&mut self, frames: &[(usize, Vec<u8>)]) {
-        if !self.fence.allows() {
-            return;
-        }
-        for (slot, frame) in frames {
-            if let Some(Slot::Net { tap, .. }) = self.slots.get_mut(*slot) {
-                let _ = tap.send(frame);
-            }
-        }
+        let net = |slot: usize| matches!(self.slots.get(slot), Some(Slot::Net { .. }));
+        let frames: Vec<_> = frames
+            .iter()
+            .filter(|(slot, _)| net(*slot))
+            .map(|(slot, frame)| (*slot, IoRequest::NetTx { frame: frame.clone() }))
+            .collect();
+        self.dispatch(frames);
     }
 
     /// Holds a received frame for its NIC.
@@ -564,6 +612,37 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A checkpoint backup going live holds its frames until its
+    /// activation records are durable, not its disk writes: they go to
+    /// this host's own copy, and the guest's first request (an AOF write
+    /// and its flush) goes on beside the records' fsyncs.
+    #[test]
+    fn a_going_live_backups_disk_writes_do_not_wait_for_its_activation() {
+        let dir = std::env::temp_dir().join(format!("ftvm-host-io-activation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, vec![0u8; 1 << 16]).unwrap();
+        let backends = vec![Backend::Disk { path: disk.clone(), readonly: false, latency: Duration::ZERO }];
+        let activation = Fence::leased();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut io, _, _) = HostIo::take_over(backends, tx, Vec::new(), Some(activation.clone())).unwrap();
+        let write = IoRequest::Disk { tag: 1, op: BlkOp::Write { offset: 0, data: vec![0xaa; 512] } };
+        io.dispatch(vec![(0, write), (0, IoRequest::Disk { tag: 2, op: BlkOp::Flush })]);
+        let mut done = Vec::new();
+        for _ in 0..2 {
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(HostEvent::Io(0, IoCompletion::Disk { tag, result })) => done.push((tag, result.status)),
+                _ => panic!("a disk write waited for the activation"),
+            }
+        }
+        done.sort();
+        assert_eq!(done, [(1, 0), (2, 0)]);
+        assert_eq!(io.fenced(), 0);
+        assert_eq!(std::fs::read(&disk).unwrap()[0], 0xaa);
+        drop(io);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn descriptions_round_trip() {
         let backends = vec![
@@ -581,6 +660,8 @@ mod tests {
             control: false,
             fence: Fence::alone(),
             fenced: VecDeque::new(),
+            activation: None,
+            unactivated: VecDeque::new(),
         };
         assert_eq!(parse_description(&io.describe()).unwrap(), backends);
         assert!(parse_description("floppy /dev/fd0").is_err());

@@ -135,6 +135,10 @@ pub struct Options {
     /// The run's copies of an image's root disk (`overlay`): a snapshot
     /// names them, so taking one keeps them after the run.
     pub disk_keepers: Vec<crate::overlay::Keeper>,
+    /// A checkpoint backup gone live whose activation records are still
+    /// being written (`HostEvent::Activated` ends it): its frames wait
+    /// (`HostIo::take_over`), and it cannot be given a backup yet.
+    pub activating: bool,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -697,6 +701,14 @@ impl<E: Engine> Live<E> {
             HostEvent::Frame(slot, frame) => self.io.receive(slot, frame),
             HostEvent::Control(req) => return self.control(req),
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
+            HostEvent::Activated(written) => {
+                self.opts.activating = false;
+                for record in written? {
+                    eprintln!("ftvm: wrote the activation record {}", record.display());
+                }
+                // What the VM did meanwhile leaves now, in order.
+                self.dispatch(Vec::new());
+            }
             HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
                 // A move's new backup failed: the move is off, the pair in
                 // force goes on (unless its own backup failed too).
@@ -811,6 +823,7 @@ impl<E: Engine> Live<E> {
                 return Ok(Next::Continue);
             }
         };
+        let released = stopped.elapsed();
         self.io.dispatch(out);
         self.io.drain();
         // Inputs that came meanwhile go in before the stream ends: the
@@ -833,9 +846,16 @@ impl<E: Engine> Live<E> {
             }
         }
         self.feed_inputs();
+        let absorbed = stopped.elapsed();
         let p = self.primary.as_mut().expect("still protected");
         let next = match p.hand_over_end(&mut self.m) {
             Ok(HandOver::Done { generation }) => {
+                tracing::debug!(
+                    released_us = released.as_micros() as u64,
+                    absorbed_us = absorbed.as_micros() as u64,
+                    claimed_us = stopped.elapsed().as_micros() as u64,
+                    "handover: the held outputs released, what came after taken in, the backup's claim seen"
+                );
                 // Nothing more leaves this side: its stream has ended.
                 self.halted = true;
                 let millis = stopped.elapsed().as_millis() as u64;
@@ -1108,6 +1128,7 @@ impl<E: Engine> Live<E> {
                 (Err(ControlError::AlreadyProtected), Next::Continue)
             }
             Request::Protect(_) if self.paused => (Err(ControlError::ProtectPaused), Next::Continue),
+            Request::Protect(_) if self.opts.activating => (Err(ControlError::Activating), Next::Continue),
             Request::Protect(args) => {
                 let protector = self.protector.as_mut().expect("checked above");
                 match protector.start(&self.m, &self.io, *args, self.io.events()) {

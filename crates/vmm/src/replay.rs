@@ -16,6 +16,8 @@ use crate::{console, control, live};
 use clap::Args;
 use ftvm_host::tap::Tap;
 use ftvm_machine::Machine;
+use ftvm_protection::checkpoint::backup::PendingActivation;
+use ftvm_protection::error::ProtectionError;
 use ftvm_protection::events::Events;
 use ftvm_replay::replayer::{field, replay_log, start_machine, AtRecordedPaths, NoRule, Outcome, Regenerate, Replayed};
 use ftvm_replay::{Header, LogReader};
@@ -71,7 +73,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
             match (status, args.then_run) {
                 (Some(_), true) => Err(usage("the recording ends with the guest powered off: nothing to run")),
                 (Some(s), false) => Ok(s),
-                (None, true) => go_live(m, &header, &LiveSetup::from_args(args), Vec::new()),
+                (None, true) => go_live(m, &header, &LiveSetup::from_args(args), Vec::new(), None),
                 (None, false) => Ok(0),
             }
         }
@@ -83,7 +85,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
                 m.icount()
             );
             if args.then_run {
-                go_live(m, &header, &LiveSetup::from_args(args), Vec::new())
+                go_live(m, &header, &LiveSetup::from_args(args), Vec::new(), None)
             } else {
                 Ok(0)
             }
@@ -94,7 +96,7 @@ pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
             if args.then_run {
                 eprintln!("ftvm: replayed {} instructions in {secs:.1} s, {digests} state checks matched", m.icount());
                 eprintln!("ftvm: {cut}; going live there");
-                go_live(m, &header, &LiveSetup::from_args(args), Vec::new())
+                go_live(m, &header, &LiveSetup::from_args(args), Vec::new(), None)
             } else {
                 Err(cut)
             }
@@ -170,15 +172,25 @@ pub fn live_backends(
 
 /// Continues the replayed machine as a live VM on the recorded backends;
 /// `taps`: those of them opened ahead (`HostIo::open_taps`).
-pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup, taps: Vec<Tap>) -> Result<u32, VmmError> {
+pub fn go_live(
+    m: Machine,
+    h: &Header,
+    setup: &LiveSetup,
+    taps: Vec<Tap>,
+    activation: Option<PendingActivation>,
+) -> Result<u32, VmmError> {
+    let started = std::time::Instant::now();
     let backends = live_backends(h, &setup.nets, &setup.disks)?;
     let (tx, events) = std::sync::mpsc::channel();
     // Live alone: a replay's end, or a backup that won the arbiter. The
     // winner goes live whatever the primary it replaces is doing: that
     // one may still hold the disk's lock (stopped, or halting), but it is
     // fenced, so the disk is taken over rather than waited for.
-    let (mut io, devices) = if setup.announce {
-        let (io, devices, held) = HostIo::take_over(backends, tx.clone(), taps)?;
+    // A checkpoint backup's activation records are written while the VM
+    // runs: until they are, its frames wait (`HostIo::take_over`).
+    let activated = activation.as_ref().map(|_| Fence::leased());
+    let (mut io, devices) = if setup.announce || activated.is_some() {
+        let (io, devices, held) = HostIo::take_over(backends, tx.clone(), taps, activated.clone())?;
         for disk in held {
             eprintln!(
                 "ftvm: the old primary still holds the lock on {}: taken over (it is fenced: it writes nothing more)",
@@ -208,6 +220,24 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup, taps: Vec<Tap>) -> Res
             setup.undelivered.len()
         );
     }
+    let activating = activation.is_some();
+    if let (Some(activation), Some(fence)) = (activation, activated) {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name("ft-activation".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let written = activation.write();
+                // Before the loop hears of it: the outputs may go, or never.
+                match &written {
+                    Ok(_) => fence.won(),
+                    Err(_) => fence.deposed(),
+                }
+                tracing::debug!(activation_us = started.elapsed().as_micros() as u64, "going live: activated");
+                let _ = tx.send(HostEvent::Activated(written));
+            })
+            .map_err(|e| ProtectionError::Thread("activation", e))?;
+    }
     crate::signals::forward_stop_signals(tx.clone());
     let _control = match &setup.control {
         Some(path) => {
@@ -230,7 +260,9 @@ pub fn go_live(m: Machine, h: &Header, setup: &LiveSetup, taps: Vec<Tap>) -> Res
         limits: None,
         stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
         disk_keepers: Vec::new(),
+        activating,
     };
+    tracing::debug!(setup_us = started.elapsed().as_micros() as u64, "going live: the host's devices set up");
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
     // Live, it is a VM like any other: it can be given a backup (again).
     let protector = MachineProtector { journal: setup.events.clone() };

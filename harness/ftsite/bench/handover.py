@@ -25,6 +25,7 @@ kill, so both see the same host.
 
   bench/handover                     5 handovers and 5 kills per mode, all three modes
   bench/handover --trials 20 --modes lockstep
+  bench/handover --trials 20 --kills 5         20 handovers, the first 5 each followed by a kill
   bench/handover --move-primary      each handover followed by `protect` of the new
                                      primary onto a third host: moving the primary
                                      (VMware FT §3.3), its client-visible pauses
@@ -63,7 +64,9 @@ def stats(xs):
 
 def main():
     ap = parser("handover", __doc__)
-    ap.add_argument("--trials", type=int, default=5, help="handovers per mode, and as many kills (default 5)")
+    ap.add_argument("--trials", type=int, default=5, help="handovers per mode (default 5)")
+    ap.add_argument("--kills", type=int, help="kills per mode, alternating with the first handovers "
+                    "(default: as many as handovers)")
     ap.add_argument("--modes", default="lockstep,epoch,checkpoint", help="comma-separated (default all three)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--seed", type=int, help="seed of the random moments (default: new each run)")
@@ -71,19 +74,20 @@ def main():
                     help="after each handover, protect the new primary onto a third host")
     args = ap.parse_args()
     modes = args.modes.split(",")
-    if args.trials < 1 or any(m not in MODES for m in modes):
-        ap.error(f"--trials must be at least 1 and --modes a list of {', '.join(MODES)}")
+    kills = args.trials if args.kills is None else args.kills
+    if args.trials < 1 or not 0 <= kills <= args.trials or any(m not in MODES for m in modes):
+        ap.error(f"--trials must be at least 1, --kills from 0 to --trials, and --modes a list of {', '.join(MODES)}")
 
     with ftsite.session("handover"):
         ftsite.check_host(("ip", "taskset"), cores=2)
         binary = ftsite.private_ftvm(args.ftvm)
         ftsite.image_dir(binary.path)
-        print(f"handover: {args.trials} handover(s) and {args.trials} kill(s) per mode ({', '.join(modes)}), "
+        print(f"handover: {args.trials} handover(s) and {kills} kill(s) per mode ({', '.join(modes)}), "
               f"alternating; {binary.identity}", flush=True)
         bad = 0
         rows = []
         for mode in modes:
-            kinds = [k for _ in range(args.trials) for k in ("handover", "kill")]
+            kinds = [k for i in range(args.trials) for k in ("handover", "kill")[:2 if i < kills else 1]]
             delays = ftsite.random_delays(len(kinds), 2.0, 6.0, args.seed)
             trials = []
             for i, (kind, delay) in enumerate(zip(kinds, delays)):

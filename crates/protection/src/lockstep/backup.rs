@@ -215,6 +215,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             epoch_inputs,
             resend: self.segments.recent(),
             undelivered: self.reader.take_waiting(),
+            activation: None,
         })
     }
 }

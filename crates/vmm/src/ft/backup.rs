@@ -273,9 +273,16 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration, failed: bool| {
         // The TAPs first: they forward only some milliseconds after they
         // are opened, which the machine's restore covers.
+        let started = Instant::now();
         let taps = replay::live_backends(&header, &nets, &[]).map_or_else(|_| Vec::new(), |b| HostIo::open_taps(&b));
-        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered } =
+        let opened = started.elapsed();
+        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered, activation } =
             backup.take_over(why, since, gen, &me)?;
+        tracing::debug!(
+            taps_us = opened.as_micros() as u64,
+            take_over_us = started.elapsed().as_micros() as u64,
+            "going live: the TAPs opened, then the machine taken over"
+        );
         let resend = if failed { resend } else { Vec::new() };
         events.emit(PairEvent::GoingLive {
             instruction: machine.icount(),
@@ -298,7 +305,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             console_input: false,
             events: events.clone(),
         };
-        replay::go_live(machine, &header, &setup, taps)
+        replay::go_live(machine, &header, &setup, taps, activation)
     };
     match followed {
         Followed::HandedOver => {
