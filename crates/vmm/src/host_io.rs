@@ -120,6 +120,8 @@ pub struct HostIo {
     activation: Option<Fence>,
     /// Frames the activation holds back, in order.
     unactivated: VecDeque<(usize, IoRequest)>,
+    /// When this side last sent one of the VM's frames.
+    last_frame_sent: Option<std::time::Instant>,
 }
 
 /// Whether a request is an output: something the world outside the VM
@@ -245,6 +247,7 @@ impl HostIo {
             fenced: VecDeque::new(),
             activation: None,
             unactivated: VecDeque::new(),
+            last_frame_sent: None,
         };
         Ok((io, specs))
     }
@@ -335,6 +338,11 @@ impl HostIo {
         self.fence.clone()
     }
 
+    /// When this side last sent one of the VM's frames (None: never).
+    pub fn last_frame_sent(&self) -> Option<std::time::Instant> {
+        self.last_frame_sent
+    }
+
     /// Outputs held back by the fence.
     pub fn fenced(&self) -> usize {
         self.fenced.len()
@@ -348,6 +356,7 @@ impl HostIo {
                     // A frame the host cannot take (link down, queue full)
                     // is lost, as on a wire.
                     let _ = tap.send(&frame);
+                    self.last_frame_sent = Some(std::time::Instant::now());
                 }
                 (Some(Slot::Rng), IoRequest::Entropy { tag, len }) => {
                     let mut data = vec![0u8; len as usize];
@@ -662,6 +671,7 @@ mod tests {
             fenced: VecDeque::new(),
             activation: None,
             unactivated: VecDeque::new(),
+            last_frame_sent: None,
         };
         assert_eq!(parse_description(&io.describe()).unwrap(), backends);
         assert!(parse_description("floppy /dev/fd0").is_err());

@@ -47,9 +47,13 @@ const PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// Over how long a correction closes the gap between guest and wall time.
 const PACE_HORIZON_S: f64 = 1.0;
 /// A handover takes in what arrives after it released the held outputs
-/// until nothing has come for this long (a client answers a reply within
-/// a round trip), ...
+/// until this long after the last frame it sent (a client answers a
+/// reply within a round trip and its own processing), ...
 const ABSORB_QUIET: Duration = Duration::from_millis(2);
+/// ... and this long after the last input that came (what is already on
+/// its way arrives within microseconds on a LAN; the machine is stopped,
+/// so nothing that came can be answered now), ...
+const ABSORB_IN_FLIGHT: Duration = Duration::from_micros(500);
 /// ... but for no longer than this.
 const ABSORB_MOST: Duration = Duration::from_millis(10);
 /// After its panic line, how long the guest's kernel may go on printing
@@ -828,16 +832,22 @@ impl<E: Engine> Live<E> {
         self.io.drain();
         // Inputs that came meanwhile go in before the stream ends: the
         // completions of what drained, and a client's next request, sent
-        // as soon as the reply just released reached it. Left out, that
-        // request would be lost with this side, and the client would wait
-        // out a retransmission (200 ms at least). So they are taken until
-        // none has come for ABSORB_QUIET (at most ABSORB_MOST). News for
-        // the pair and control requests wait for the outcome.
+        // as soon as the last reply it had from this side reached it.
+        // Left out, that request would be lost with this side, and the
+        // client would wait out a retransmission (200 ms at least). So
+        // they are taken until ABSORB_QUIET after the last frame this side
+        // sent (a client has answered by then) and ABSORB_IN_FLIGHT after
+        // the last that came, at most ABSORB_MOST. News for the pair and
+        // control requests wait for the outcome.
         let mut later = Vec::new();
         let absorb_until = Instant::now() + ABSORB_MOST;
+        let answered_by = self.io.last_frame_sent().map(|sent| sent + ABSORB_QUIET);
+        let mut last_came = Instant::now();
         loop {
-            let wait = ABSORB_QUIET.min(absorb_until.saturating_duration_since(Instant::now()));
+            let until = answered_by.map_or(last_came, |t| t.max(last_came)).max(last_came + ABSORB_IN_FLIGHT);
+            let wait = until.min(absorb_until).saturating_duration_since(Instant::now());
             let Ok(ev) = events.recv_timeout(wait) else { break };
+            last_came = Instant::now();
             match ev {
                 HostEvent::Replication(_) | HostEvent::Control(_) | HostEvent::Terminate(_) => later.push(ev),
                 ev => {
