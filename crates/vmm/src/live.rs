@@ -179,16 +179,22 @@ struct Pacer {
     start_ticks: u64,
     last: Instant,
     last_icount: u64,
-    /// Time spent running the machine since `last`: what the host's speed
-    /// is measured over. Wall time would count the pauses between runs
-    /// (a checkpoint, the lag control's, a protection's final pause, I/O
-    /// let finish), take the host for that much slower, and set a rate
-    /// that races guest time ahead of the wall clock once the machine
-    /// runs again; the rate's bounds, taken from the same speed, then
-    /// kept it from slowing down enough to come back (a guest's date was
-    /// found up to 114 s ahead after a minute of protection under load).
-    /// Idle spells count in neither: guest time is brought to the wall
-    /// clock's across them by `ClockAdvance`.
+    /// This thread's CPU time spent running the machine since `last`: what
+    /// the host's speed is measured over. Wall time would count the pauses
+    /// between runs (a checkpoint, the lag control's, a protection's final
+    /// pause, I/O let finish), and even wall time inside the runs counts
+    /// the moments a starved host took the core away: either takes the
+    /// host for slower than it runs, and sets a rate that races guest time
+    /// ahead of the wall clock once the machine runs unimpeded. The pauses
+    /// did (a guest's date up to 114 s ahead after a minute of protection
+    /// under load, whose rate bounds, taken from the same speed, kept it
+    /// from coming back); the starved runs did in CI (a guest's date 4 and
+    /// 9 s ahead after a protection on a loaded host, the transfer's
+    /// compression and the disks' hashing beside it). With CPU time a
+    /// starved guest's time can only fall behind, which the next
+    /// correction and every idle spell bring back. Idle spells count in
+    /// neither: guest time is brought to the wall clock's across them by
+    /// `ClockAdvance`.
     running: Duration,
 }
 
@@ -238,6 +244,15 @@ impl Pacer {
         let fixed = (rate * (1u64 << 32) as f64) as u64;
         (fixed != current).then_some(Event::ClockRate(fixed))
     }
+}
+
+/// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the one we pass.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    debug_assert_eq!(r, 0, "every thread has a CPU-time clock");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// What handling a host event asks of the loop.
@@ -400,10 +415,10 @@ impl<E: Engine> Live<E> {
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
             }
-            let started = Instant::now();
+            let (started, cpu_before) = (Instant::now(), thread_cpu_time());
             let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
-            self.pacer.ran(busy);
+            self.pacer.ran(thread_cpu_time().saturating_sub(cpu_before));
             let injected_before = self.injected;
             if let (Some(exit), Some(t)) = (&exit, &mut self.moving) {
                 // A transfer delivers no inputs: it only notes where the
