@@ -235,9 +235,6 @@ impl Machine {
         Ok(crate::snapshot::encode_state(&self.parts()))
     }
 
-    /// The machine [`Machine::checkpoint_state`] saved, with `ram` holding
-    /// what its RAM held then. I/O in flight is issued again, as after
-    /// [`Machine::restore`].
     /// Makes ahead of time what the first instructions of the next
     /// machine built in this process, with `harts` harts, would otherwise
     /// wait for: their block tables, their memory touched. For a side that
@@ -247,6 +244,9 @@ impl Machine {
         ftvm_cpu::prepare_block_tables(harts);
     }
 
+    /// The machine [`Machine::checkpoint_state`] saved, with `ram` holding
+    /// what its RAM held then. I/O in flight is issued again, as after
+    /// [`Machine::restore`].
     pub fn from_checkpoint(state: &[u8], ram: GuestRam) -> Result<Machine, MachineError> {
         let d = crate::snapshot::decode_state(state).map_err(MachineError::State)?;
         if (d.ram_base, d.ram_size) != (ram.base(), ram.size()) {
