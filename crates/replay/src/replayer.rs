@@ -399,10 +399,16 @@ pub fn is_streamed(h: &Header) -> bool {
 /// The guest RAM, in bytes, of the machine a header names (to check
 /// before building it).
 pub fn header_ram(h: &Header) -> Result<u64, HeaderError> {
+    machine_number(h, "ram")
+}
+
+/// A number of the header's machine line (`harts`, `ram`, `ips`,
+/// `rtc_base_ns`), as `key=N`.
+pub fn machine_number(h: &Header, key: &str) -> Result<u64, HeaderError> {
     let machine = field(h, "machine")?;
     machine
         .split(' ')
-        .find_map(|kv| kv.strip_prefix("ram="))
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
 }
@@ -414,13 +420,7 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
         return Err(HeaderError::Streamed);
     }
     let machine = field(h, "machine")?;
-    let num = |key: &str| -> Result<u64, HeaderError> {
-        machine
-            .split(' ')
-            .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| HeaderError::UnreadableMachine(machine.to_string()))
-    };
+    let num = |key: &str| machine_number(h, key);
     // The optional CPU extensions: the device tree advertised them to the
     // guest and the harts executed them, so the replay has exactly these.
     // A header without them is from a build before them: none.

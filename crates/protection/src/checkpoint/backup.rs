@@ -25,6 +25,7 @@ use ftvm_host::{DiskImage, FileBackend};
 use ftvm_machine::layout::RAM_BASE;
 use ftvm_machine::BlockBackend;
 use ftvm_machine::{GuestRam, Machine, MachineError};
+use ftvm_replay::replayer::{header_ram, machine_number};
 use ftvm_replay::waiting::WaitingFrames;
 use ftvm_replay::Header;
 use ftvm_replication::checkpoint_stream::{ReadError, Reader, Record};
@@ -707,12 +708,8 @@ pub(crate) fn copies_to_sync(
 /// it has none), at most [`PREPARED_HARTS_MOST`] (13 MB each; any more
 /// are made as the machine runs).
 fn harts_to_prepare(header: &Header) -> usize {
-    header
-        .get("machine")
-        .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("harts=")))
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(1)
-        .clamp(1, PREPARED_HARTS_MOST)
+    let harts = machine_number(header, "harts").ok().and_then(|n| usize::try_from(n).ok());
+    harts.unwrap_or(1).clamp(1, PREPARED_HARTS_MOST)
 }
 
 /// See [`harts_to_prepare`].
@@ -720,11 +717,7 @@ const PREPARED_HARTS_MOST: usize = 16;
 
 /// The VM's RAM size, from the header's machine line.
 fn ram_size(header: &Header) -> Result<u64, PeerError> {
-    header
-        .get("machine")
-        .and_then(|m| m.split(' ').find_map(|f| f.strip_prefix("ram=")))
-        .and_then(|v| v.parse().ok())
-        .ok_or(PeerError::NoRamSize)
+    header_ram(header).map_err(|_| PeerError::NoRamSize)
 }
 
 #[cfg(test)]
