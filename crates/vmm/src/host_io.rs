@@ -338,6 +338,12 @@ impl HostIo {
         self.fence.clone()
     }
 
+    /// Whether a backup gone live is still writing its activation records
+    /// (its frames wait; it is not given a backup of its own yet).
+    pub fn activating(&self) -> bool {
+        self.activation.as_ref().is_some_and(|a| a.standing() == Standing::Leased)
+    }
+
     /// When this side last sent one of the VM's frames (None: never).
     pub fn last_frame_sent(&self) -> Option<std::time::Instant> {
         self.last_frame_sent

@@ -500,7 +500,6 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         }),
         stop_timeout: Duration::from_secs(args.stop_timeout),
         disk_keepers: overlay.iter().map(Overlay::keeper).collect(),
-        activating: false,
     };
     // A plain VM, and a primary whose backup is lost, can be given one
     // while it runs; a recording cannot (its log is the file's).

@@ -139,10 +139,6 @@ pub struct Options {
     /// The run's copies of an image's root disk (`overlay`): a snapshot
     /// names them, so taking one keeps them after the run.
     pub disk_keepers: Vec<crate::overlay::Keeper>,
-    /// A checkpoint backup gone live whose activation records are still
-    /// being written (`HostEvent::Activated` ends it): its frames wait
-    /// (`HostIo::take_over`), and it cannot be given a backup yet.
-    pub activating: bool,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -721,7 +717,6 @@ impl<E: Engine> Live<E> {
             HostEvent::Control(req) => return self.control(req),
             HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
             HostEvent::Activated(written) => {
-                self.opts.activating = false;
                 for record in written? {
                     eprintln!("ftvm: wrote the activation record {}", record.display());
                 }
@@ -1153,7 +1148,7 @@ impl<E: Engine> Live<E> {
                 (Err(ControlError::AlreadyProtected), Next::Continue)
             }
             Request::Protect(_) if self.paused => (Err(ControlError::ProtectPaused), Next::Continue),
-            Request::Protect(_) if self.opts.activating => (Err(ControlError::Activating), Next::Continue),
+            Request::Protect(_) if self.io.activating() => (Err(ControlError::Activating), Next::Continue),
             Request::Protect(args) => {
                 let protector = self.protector.as_mut().expect("checked above");
                 match protector.start(&self.m, &self.io, *args, self.io.events()) {

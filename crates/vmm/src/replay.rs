@@ -220,7 +220,6 @@ pub fn go_live(
             setup.undelivered.len()
         );
     }
-    let activating = activation.is_some();
     if let (Some(activation), Some(fence)) = (activation, activated) {
         let tx = tx.clone();
         std::thread::Builder::new()
@@ -260,7 +259,6 @@ pub fn go_live(
         limits: None,
         stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
         disk_keepers: Vec::new(),
-        activating,
     };
     tracing::debug!(setup_us = started.elapsed().as_micros() as u64, "going live: the host's devices set up");
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);
