@@ -304,6 +304,8 @@ fn jit_default() -> u32 {
 
 impl BlockCache {
     pub fn new() -> BlockCache {
+        // Not `set_jit`: a new table has no translation to forget, and
+        // forgetting would touch every slot of the lazily mapped table.
         let hot = jit_default();
         BlockCache {
             slots: empty_slots(),
