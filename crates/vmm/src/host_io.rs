@@ -576,17 +576,24 @@ pub fn parse_latency(s: &str) -> Result<Duration, LatencyError> {
 mod tests {
     use super::*;
 
+    /// A scratch directory named after `test`, a 64 KiB zeroed disk image
+    /// in it, and the backends of a VM with that disk alone.
+    fn one_disk(test: &str) -> (PathBuf, PathBuf, Vec<Backend>) {
+        let dir = std::env::temp_dir().join(format!("ftvm-host-io-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, vec![0u8; 1 << 16]).unwrap();
+        let backends = vec![Backend::Disk { path: disk.clone(), readonly: false, latency: Duration::ZERO }];
+        (dir, disk, backends)
+    }
+
     /// A protected primary whose lease ran out (it stalled) holds every
     /// output, here a disk write and a flush, behind its fence, in order,
     /// while reads go on; they go once the lease is renewed or the
     /// arbiter is won, and never once it is lost.
     #[test]
     fn outputs_wait_for_the_fence_and_die_with_a_lost_arbiter() {
-        let dir = std::env::temp_dir().join(format!("ftvm-host-io-fence-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let disk = dir.join("disk.img");
-        std::fs::write(&disk, vec![0u8; 1 << 16]).unwrap();
-        let backends = vec![Backend::Disk { path: disk.clone(), readonly: false, latency: Duration::ZERO }];
+        let (dir, disk, backends) = one_disk("fence");
         let recv = |rx: &std::sync::mpsc::Receiver<HostEvent>| match rx.recv_timeout(Duration::from_millis(300)) {
             Ok(HostEvent::Io(0, IoCompletion::Disk { tag, result })) => Some((tag, result.status)),
             Ok(_) => panic!("another event"),
@@ -633,11 +640,7 @@ mod tests {
     /// and its flush) goes on beside the records' fsyncs.
     #[test]
     fn a_going_live_backups_disk_writes_do_not_wait_for_its_activation() {
-        let dir = std::env::temp_dir().join(format!("ftvm-host-io-activation-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let disk = dir.join("disk.img");
-        std::fs::write(&disk, vec![0u8; 1 << 16]).unwrap();
-        let backends = vec![Backend::Disk { path: disk.clone(), readonly: false, latency: Duration::ZERO }];
+        let (dir, disk, backends) = one_disk("activation");
         let activation = Fence::leased();
         let (tx, rx) = std::sync::mpsc::channel();
         let (mut io, _, _) = HostIo::take_over(backends, tx, Vec::new(), Some(activation.clone())).unwrap();
