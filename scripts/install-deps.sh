@@ -30,6 +30,7 @@ PACKAGES=(
     qemu-system-misc      # qemu-system-riscv64: the reference machine
     redis-tools
     iperf3
+    linux-perf            # perf: bench/encryption-price samples where ftvm's CPU time goes
     iputils-ping          # ping: an echo request nothing resends (test_ft.py, a failover's received frames)
     iproute2
     python3               # the harness (harness/ftsite): site, benches, demo

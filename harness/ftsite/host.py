@@ -23,6 +23,7 @@ HOST_TOOLS = {
     "redis-cli": "redis-tools",
     "redis-benchmark": "redis-tools",
     "iperf3": "iperf3",
+    "perf": "linux-perf",
     "e2fsck": "e2fsprogs",
     "debugfs": "e2fsprogs",
 }
