@@ -414,6 +414,24 @@ mod tests {
         assert_eq!(refused.to_string(), "error a protected VM cannot be paused (its backup would take over)");
     }
 
+    /// A typed `protect` names only what it changes: an option left out
+    /// takes the value the command line gives it when left out, so that a
+    /// client written before an option existed still protects a VM.
+    #[test]
+    fn a_typed_protect_takes_the_command_lines_defaults() {
+        let words = parse("protect --backup 10.0.0.2:7700 --shared /srv/ft").unwrap();
+        let typed = r#"{"request":"protect","backup":"10.0.0.2:7700","pair":{"shared":"/srv/ft"}}"#;
+        assert_eq!(serde_json::from_str::<Request>(typed).unwrap(), words);
+        let words = parse("protect --backup 10.0.0.2:7700 --shared /srv/ft --mode checkpoint --timeout 800").unwrap();
+        let typed = r#"{"request":"protect","backup":"10.0.0.2:7700","mode":"checkpoint","pair":{"shared":"/srv/ft","timeout":800}}"#;
+        assert_eq!(serde_json::from_str::<Request>(typed).unwrap(), words);
+        // What must be given still must be, and a name it does not know
+        // is still refused.
+        assert!(serde_json::from_str::<Request>(r#"{"request":"protect","pair":{"shared":"/srv/ft"}}"#).is_err());
+        let unknown = r#"{"request":"protect","backup":"10.0.0.2:7700","pair":{"shared":"/s"},"lag":5}"#;
+        assert!(serde_json::from_str::<Request>(unknown).is_err());
+    }
+
     #[test]
     fn the_socket_answers_json_with_json_and_words_with_the_readable_form() {
         let dir = std::env::temp_dir().join(format!("ftvm-control-test-{}", std::process::id()));

@@ -45,7 +45,45 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Options both sides take (also the `protect` request's, as JSON).
+// The defaults of the options that have one, for the command line and
+// for a typed `protect` request alike: a request that leaves an option out
+// gets what the command line would give, so a client written before an
+// option existed still works (serde leaves out only `Option`s by itself).
+const DEFAULT_TIMEOUT_MS: u64 = 500;
+const DEFAULT_HEARTBEAT_PORT: u16 = 7701;
+const DEFAULT_LAG_THRESHOLD_MS: u64 = 1000;
+const DEFAULT_CONNECT_WAIT_S: u64 = 60;
+
+fn default_timeout() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+
+fn default_min_timeout() -> u64 {
+    DEFAULT_MIN_TIMEOUT.as_millis() as u64
+}
+
+fn default_heartbeat_port() -> u16 {
+    DEFAULT_HEARTBEAT_PORT
+}
+
+fn default_isolation_defer() -> u64 {
+    DEFAULT_DEFER.as_millis() as u64
+}
+
+fn default_lag_threshold() -> u64 {
+    DEFAULT_LAG_THRESHOLD_MS
+}
+
+fn default_connect_wait() -> u64 {
+    DEFAULT_CONNECT_WAIT_S
+}
+
+fn default_mode() -> Mode {
+    Mode::Lockstep
+}
+
+/// Options both sides take (also the `protect` request's, as JSON, where
+/// each option left out takes its command-line default).
 #[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairArgs {
@@ -72,19 +110,23 @@ pub struct PairArgs {
     /// Silence, in milliseconds, after which the other side is declared
     /// failed: the channel's, and the heartbeats' until a shorter timeout
     /// is learned from their arrivals.
-    #[arg(long, value_name = "MS", default_value_t = 500)]
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_TIMEOUT_MS)]
+    #[serde(default = "default_timeout")]
     pub timeout: u64,
     /// The shortest heartbeat silence, in milliseconds, declared a failure.
     /// Each side learns its heartbeat timeout from the other's beats: four
     /// times the longest gap between two of them in the last minute, at
     /// least this, at most --timeout (which this may equal, to learn
     /// nothing). Heartbeats go every sixth of it.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_MIN_TIMEOUT.as_millis() as u64)]
+    #[arg(long, value_name = "MS", default_value_t = default_min_timeout())]
+    #[serde(default = "default_min_timeout")]
     pub min_timeout: u64,
     /// UDP port of the heartbeats on the backup's logging-channel address
     /// (the primary beats from a port of its own, which the backup
     /// answers once it has heard it).
-    #[arg(long, value_name = "PORT", default_value_t = 7701, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_HEARTBEAT_PORT,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    #[serde(default = "default_heartbeat_port")]
     pub heartbeat_port: u16,
     /// Append every event of this side's life (protected, failure
     /// declared, arbiter won, going live, ...) to FILE, a JSON object a
@@ -103,10 +145,12 @@ pub struct PairArgs {
     /// the arbiter to the other side for --isolation-defer ms, so the side
     /// clients can reach wins. Default: this host's default gateway.
     #[arg(long = "isolation-address", value_name = "IP")]
+    #[serde(default)]
     pub isolation_addresses: Vec<Ipv4Addr>,
     /// How long, in milliseconds, a side that reaches no isolation address
     /// waits for the other side to claim the arbiter before it contends.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_DEFER.as_millis() as u64)]
+    #[arg(long, value_name = "MS", default_value_t = default_isolation_defer())]
+    #[serde(default = "default_isolation_defer")]
     pub isolation_defer: u64,
     /// This host's identity, which the two sides of a pair compare (a
     /// backup on its primary's own host is refused). Default: the
@@ -115,6 +159,7 @@ pub struct PairArgs {
     pub host_id: Option<String>,
     /// Contend at the arbiter without checking the isolation addresses.
     #[arg(long, conflicts_with = "isolation_addresses")]
+    #[serde(default)]
     pub no_isolation_check: bool,
 }
 
@@ -244,11 +289,13 @@ pub struct PrimaryArgs {
     /// Execution lag, in milliseconds, past which the primary is slowed
     /// until the backup follows; below it, a lag over 3/40 of it (75 ms by default)
     /// trims the primary's CPU share by at most 10 %.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_LAG_THRESHOLD_MS)]
+    #[serde(default = "default_lag_threshold")]
     pub lag_threshold: u64,
     /// How long to wait, in seconds, for the backup to accept the channel
     /// and to be ready to follow.
-    #[arg(long, value_name = "S", default_value_t = 60)]
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_CONNECT_WAIT_S)]
+    #[serde(default = "default_connect_wait")]
     pub connect_wait: u64,
     /// shared: one disk on the shared storage, written by the primary
     /// alone under the Output Rule; separate: each host has its own copy
@@ -260,11 +307,13 @@ pub struct PrimaryArgs {
     /// The backup performs the guest's disk reads itself instead of
     /// receiving their data in the log: less log, a slower backup (§4.2).
     #[arg(long)]
+    #[serde(default)]
     pub backup_reads: bool,
     /// lockstep: inputs delivered at the instruction they arrive (VMware
     /// FT); epoch: inputs buffered and delivered at the end of each epoch
     /// (Bressoud & Schneider); checkpoint: whole-VM checkpoints (Remus).
-    #[arg(long, value_enum, default_value_t = Mode::Lockstep)]
+    #[arg(long, value_enum, default_value_t = default_mode())]
+    #[serde(default = "default_mode")]
     pub mode: Mode,
     /// With --mode epoch: instructions per epoch [default: 65536].
     // Options of one mode are Options, not defaults: given with another
@@ -285,6 +334,7 @@ pub struct PrimaryArgs {
     /// as soon as the guest idles with frames waiting to leave (at most
     /// one every 2 ms), so a reply does not wait out the interval.
     #[arg(long)]
+    #[serde(default)]
     pub no_idle_checkpoints: bool,
     #[command(flatten)]
     pub pair: PairArgs,
