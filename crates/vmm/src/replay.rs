@@ -140,6 +140,12 @@ impl LiveSetup {
     }
 }
 
+/// The backends a log's header records, slot by slot (the header keeps
+/// [`HostIo::describe`]'s lines on one line, `;` between them).
+pub fn header_backends(h: &Header) -> Result<Vec<host_io::Backend>, VmmError> {
+    host_io::parse_description(&field(h, "backends")?.replace(';', "\n")).map_err(VmmError::Backends)
+}
+
 /// The backends a VM goes live on: those of the log's header, with this
 /// host's TAPs and disks (`nets`, `disks`, as in [`LiveSetup`]) in their
 /// places.
@@ -148,8 +154,7 @@ pub fn live_backends(
     nets: &[(String, Option<String>)],
     disks: &[PathBuf],
 ) -> Result<Vec<host_io::Backend>, VmmError> {
-    let mut backends =
-        host_io::parse_description(&field(h, "backends")?.replace(';', "\n")).map_err(VmmError::Backends)?;
+    let mut backends = header_backends(h)?;
     let (mut nets, mut disks) = (nets.iter(), disks.iter());
     for b in backends.iter_mut() {
         match b {

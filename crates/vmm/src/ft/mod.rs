@@ -266,9 +266,7 @@ impl PairArgs {
 
 /// The disks a log's header names.
 pub fn header_disks(h: &Header) -> Result<SlotDisks, VmmError> {
-    let backends = ftvm_replay::replayer::field(h, "backends")?;
-    let backends = crate::host_io::parse_description(&backends.replace(';', "\n")).map_err(VmmError::Backends)?;
-    Ok(backends
+    Ok(crate::replay::header_backends(h)?
         .into_iter()
         .enumerate()
         .filter_map(|(slot, b)| match b {
