@@ -734,6 +734,113 @@ fn each_atomic_on_edge_operands() {
     assert_eq!(harts[1].jit_stats().handoffs, 0, "left to the interpreter untranslated");
 }
 
+/// SCs and AMOs under Sv39 paging, in S-mode, on a page they may write,
+/// one they may only read (which loads put in the load TLB, not the store
+/// TLB), one with no mapping and one not yet dirty: the translated ones
+/// must take the store TLB's fast path only where the interpreter's
+/// `amo_offset` does, and leave page faults (to an M-mode handler that
+/// skips the instruction) to the interpreter, slice by slice the same.
+#[test]
+fn atomics_on_pages_they_may_not_write() {
+    const VA: u64 = 0x4000_0000;
+    const ROOT: u64 = BASE + 0x20000;
+    const CODE: u64 = BASE + 0x40000;
+    let mut traps = 0;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed * 131 + 5);
+        let len = 20 + rng.below(60) as usize;
+        let mut p = Vec::new();
+        while p.len() < len {
+            // x5..x8: the writable, read-only, unmapped and clean pages.
+            let base = 5 + rng.below(4) as u32;
+            let t = 10 + rng.below(6) as u32;
+            let (rd, rs2) = (rng.pick(&[0, 16, 17, 18, t]), 16 + rng.below(3) as u32);
+            let d = rng.below(2) == 0;
+            match rng.below(5) {
+                0 => p.push(i_type(8 * rng.below(4) as i32, base, 3, 19, 0x03)),
+                k => {
+                    p.push(i_type(8 * rng.below(4) as i32, base, 0, t, 0x13));
+                    let f5 = match k {
+                        1 => 0b00010,
+                        2 => 0b00011,
+                        _ => rng.pick(&AMO_FUNCT5),
+                    };
+                    p.push(atomic(f5, d, if f5 == 0b00010 { 0 } else { rs2 }, t, rd));
+                }
+            }
+        }
+        p.push(i_type(-1, 4, 0, 4, 0x13));
+        p.push(b_type(-4 * (p.len() as i32), 0, 4, 1));
+        p.push(j_type(0, 0));
+        let make = |hot: u32| -> Run {
+            let mut ram = GuestRam::new(BASE, RAM).unwrap();
+            for (i, w) in p.iter().enumerate() {
+                ram.write_u32(CODE + 4 * i as u64, *w).unwrap();
+            }
+            let handler = [
+                0x3410_2ff3u32, // csrr x31, mepc
+                i_type(4, 31, 0, 31, 0x13),
+                0x3412_9073, // csrw mepc, x31
+                0x3420_2f73, // csrr x30, mcause
+                0x3020_0073, // mret
+            ];
+            for (i, w) in handler.iter().enumerate() {
+                ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
+            }
+            for i in 0..0x800u64 {
+                ram.write_u64(CODE + 0x1000 + 8 * i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).unwrap();
+            }
+            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
+            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+            // Code V R X A; data V R W A D; read-only V R A; page 3 none;
+            // page 4 V R W A, not D.
+            for (vpage, bits) in [(0u64, 0x4b), (1, 0xc7), (2, 0x43), (4, 0x47)] {
+                ram.write_u64(l0 + 8 * vpage, ((CODE + 0x1000 * vpage) >> 12) << 10 | bits).unwrap();
+            }
+            let mut hart = Hart::new(0);
+            hart.set_jit(hot);
+            hart.s.satp = 8 << 60 | ROOT >> 12;
+            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
+            hart.s.mtvec = HANDLER;
+            hart.s.pc = VA;
+            for (k, x) in (5..=8).enumerate() {
+                hart.s.x[x] = VA + 0x1000 * (k as u64 + 1);
+            }
+            let mut r = Rng(seed);
+            for x in 16..=18 {
+                hart.s.x[x] = r.next();
+            }
+            hart.s.x[4] = 300;
+            Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+        };
+        let total = 20_000;
+        let slices = || {
+            let mut rng = Rng(seed * 7919 + 11);
+            move || {
+                let max = if rng.below(2) == 0 { 30 } else { 2000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = make(0);
+        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        traps += (interp.hart.s.mcause != 0) as u32;
+        for hot in [1, 32] {
+            let mut jit = make(hot);
+            let mut i = 0;
+            run(&mut jit, total, slices(), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            assert!(jit.hart.jit_stats().calls > 100, "seed {seed}, hot {hot}: hardly translated");
+        }
+    }
+    assert!(traps > 12, "only {traps} programs trapped");
+}
+
 /// A loop whose second block rewrites an instruction of its first (which
 /// it then reaches straight from translated code): every iteration must
 /// run the new instruction. With translation at the first entry, every
