@@ -834,34 +834,11 @@ impl Hart {
                 self.s.reservation = Some(off as u64);
                 self.set_x(rd(i), sext(v));
             }
-            0b00011 => {
-                let off = self.amo_offset(ram, addr, size)?;
-                let ok = self.s.reservation == Some(off as u64);
-                self.s.reservation = None;
-                if ok {
-                    write_le(&mut ram.as_mut_slice_untracked()[off..], size, src);
-                }
-                self.set_x(rd(i), (!ok) as u64);
-            }
             _ => {
                 let off = self.amo_offset(ram, addr, size)?;
-                let old = sext(read_le(&ram.as_slice()[off..], size));
-                let (o, s) = if size == 4 { (old as i32 as i64, src as i32 as i64) } else { (old as i64, src as i64) };
-                let (ou, su) = if size == 4 { (old as u32 as u64, src as u32 as u64) } else { (old, src) };
-                let new = match funct5 {
-                    0b00001 => src,
-                    0b00000 => old.wrapping_add(src),
-                    0b00100 => old ^ src,
-                    0b01100 => old & src,
-                    0b01000 => old | src,
-                    0b10000 => o.min(s) as u64,
-                    0b10100 => o.max(s) as u64,
-                    0b11000 => ou.min(su),
-                    0b11100 => ou.max(su),
-                    _ => return Err(Trap::illegal(raw)),
-                };
-                write_le(&mut ram.as_mut_slice_untracked()[off..], size, new);
-                self.set_x(rd(i), old);
+                let mem = &mut ram.as_mut_slice_untracked()[off..off + size as usize];
+                let v = self.s.sc_or_amo(mem, off as u64, i, src).ok_or(Trap::illegal(raw))?;
+                self.set_x(rd(i), v);
             }
         }
         self.s.pc = next;
@@ -905,6 +882,44 @@ impl Hart {
 }
 
 impl HartState {
+    /// An SC or an AMO (funct5 of `i`, .w or .d by its funct3) on `mem`,
+    /// the access's bytes at RAM offset `off`, already translated for a
+    /// store and checked aligned: the memory and reservation effects, and
+    /// what rd gets (an AMO's old value, sign-extended for .w; an SC's 0 on
+    /// success). `None` for a funct5 that is neither (illegal), having
+    /// changed nothing. The general executor's and translated code's
+    /// (`jit::amo_helper`) one implementation, so the two cannot differ.
+    pub(crate) fn sc_or_amo(&mut self, mem: &mut [u8], off: u64, i: u32, src: u64) -> Option<u64> {
+        let size: u8 = if funct3(i) == 2 { 4 } else { 8 };
+        let funct5 = i >> 27;
+        if funct5 == 0b00011 {
+            let ok = self.reservation == Some(off);
+            self.reservation = None;
+            if ok {
+                write_le(mem, size, src);
+            }
+            return Some((!ok) as u64);
+        }
+        let sext = |v: u64| if size == 4 { sext32(v) } else { v };
+        let old = sext(read_le(mem, size));
+        let (o, s) = if size == 4 { (old as i32 as i64, src as i32 as i64) } else { (old as i64, src as i64) };
+        let (ou, su) = if size == 4 { (old as u32 as u64, src as u32 as u64) } else { (old, src) };
+        let new = match funct5 {
+            0b00001 => src,
+            0b00000 => old.wrapping_add(src),
+            0b00100 => old ^ src,
+            0b01100 => old & src,
+            0b01000 => old | src,
+            0b10000 => o.min(s) as u64,
+            0b10100 => o.max(s) as u64,
+            0b11000 => ou.min(su),
+            0b11100 => ou.max(su),
+            _ => return None,
+        };
+        write_le(mem, size, new);
+        Some(old)
+    }
+
     #[inline(always)]
     fn set_x(&mut self, r: usize, v: u64) {
         self.x[r] = v;

@@ -14,8 +14,15 @@
 //! read and written in place in the hart's register file), runs the
 //! block's operations with no dispatch, and writes the dirty registers
 //! back at every exit. It does only what the interpreter's fast paths do
-//! and returns to Rust for everything else (atomics, CSRs, fences, system
-//! instructions), with one exception: floating point. Loads and stores of
+//! and returns to Rust for everything else (LR, CSRs, system
+//! instructions), with two exceptions. Of the general executor's
+//! instructions, which end their block, it steps over fences (all the
+//! general executor does with them) and runs SCs and AMOs: their address
+//! checks and the store TLB's hit test inline, the rest in the
+//! interpreter's own `HartState::sc_or_amo` through a call (a misaligned
+//! address or a TLB miss returns to Rust at the instruction, which traps
+//! or walks the page tables as the interpreter does; see `General`). The
+//! other exception is floating point. Loads and stores of
 //! f registers take the integer ones' TLB fast paths (after the FS check;
 //! flw NaN-boxes, a load marks FS dirty); computations call the
 //! interpreter's own `HartState::fp_compute` (the software FPU: exact
@@ -54,7 +61,8 @@
 //! - `RESUME | k << 8 | slot << 16`: the blocks before the one in `slot`
 //!   retired; that one, at `JitCtx::pc`, executed its instructions `0..k`
 //!   but counted none, and the interpreter carries on from instruction
-//!   `k`: a load or store whose TLB fast path missed, a floating-point
+//!   `k`: a load or store whose TLB fast path missed, an SC or AMO whose
+//!   did or whose address is misaligned, a floating-point
 //!   instruction that traps (FS off, a reserved rounding mode or
 //!   encoding: `fp_compute` declines without changing anything), or an
 //!   instruction the translator does not handle (the general executor's,
@@ -74,7 +82,7 @@
 //! code assembler would do too, but encodes every instruction at run time
 //! through a much larger crate.
 
-use crate::block::{slot_of, Block, SLOTS};
+use crate::block::{slot_of, Block, Inst, SLOTS};
 use crate::csr::{MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
 use crate::decode::Op;
 use crate::hart::HartState;
@@ -161,6 +169,25 @@ unsafe extern "sysv64" fn fp_helper(s: *mut HartState, insn: u32, raw: u32) -> u
     r.is_ok() as u64
 }
 
+/// An SC or AMO for translated code: the interpreter's own
+/// (`HartState::sc_or_amo`), on the bytes at RAM offset `off`, which the
+/// code found in the store TLB and checked aligned, as `Hart::amo_offset`
+/// does before the general executor's. Returns what rd gets. The
+/// translator only translates the funct5 values `sc_or_amo` does.
+///
+/// # Safety
+/// `s` points to a live `HartState` that nothing else accesses for the
+/// call; `ram + off` to the access's bytes (4 for .w, 8 for .d) in guest
+/// RAM, which nothing else accesses for the call either.
+unsafe extern "sysv64" fn amo_helper(s: *mut HartState, ram: *mut u8, off: u64, insn: u32, src: u64) -> u64 {
+    let size = if (insn >> 12) & 7 == 2 { 4 } else { 8 };
+    // SAFETY: as the caller promises: translated code passes the state its
+    // register pointer is in and an aligned offset from a store TLB entry
+    // (a RAM page), and touches nothing during the call.
+    let (s, mem) = unsafe { (&mut *s, std::slice::from_raw_parts_mut(ram.add(off as usize), size)) };
+    s.sc_or_amo(mem, off, insn, src).expect("only valid SCs and AMOs are translated")
+}
+
 /// Host registers (x86-64 encodings). rdi holds the guest register file,
 /// rsi the context; rax, rcx, rdx and r11 are scratch.
 const RAX: u8 = 0;
@@ -181,11 +208,57 @@ enum Loc {
     Mem(i32),
 }
 
-/// Whether the translator handles `op`: everything with a fast path in
-/// the interpreter; the general executor's instructions (CSRs, atomics,
-/// fences, system instructions) and illegal ones end translated code.
-fn supported(op: Op) -> bool {
-    !matches!(op, Op::Other | Op::Illegal)
+/// Whether the translator handles `d`: everything with a fast path in
+/// the interpreter, and of the general executor's instructions the fences
+/// and the SCs and AMOs (see `General`); the others (CSRs, LR, system
+/// instructions) and illegal ones end translated code.
+fn supported(d: &Inst) -> bool {
+    match d.op {
+        Op::Illegal => false,
+        Op::Other => general(d.insn).is_some(),
+        _ => true,
+    }
+}
+
+/// The instructions of the general executor (`Op::Other`, always the last
+/// of a block) that translated code runs itself: the ones the guest runs
+/// most (a Linux boot: the kernel's atomics and fences around locks and
+/// reference counts), and only where the general executor does nothing
+/// more than the translation can do exactly.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum General {
+    /// fence and fence.i, which the general executor only steps over: one
+    /// thread runs every hart, so memory is always coherent, and blocks
+    /// are checked against RAM, so no decoding is ever stale.
+    Fence,
+    /// An SC or AMO, .w or .d: the alignment check and the store TLB's hit
+    /// test of `Hart::amo_offset` inline, then `HartState::sc_or_amo`
+    /// through `amo_helper`; a misaligned address or a TLB miss returns to
+    /// the interpreter at the instruction, which traps or walks the page
+    /// tables exactly. Not LR, which the general executor translates with
+    /// a page walk every time rather than through a TLB.
+    ScAmo,
+}
+
+/// What `insn`, an `Op::Other`, is for the translator; `None` if it returns
+/// to Rust.
+fn general(insn: u32) -> Option<General> {
+    let funct3 = (insn >> 12) & 7;
+    match insn & 0x7f {
+        0x0f if funct3 <= 1 => Some(General::Fence),
+        // SC, then amoswap, amoadd, amoxor, amoor, amoand, amomin, amomax,
+        // amominu, amomaxu: every funct5 `sc_or_amo` does (others are
+        // illegal, which the interpreter raises after the address checks).
+        0x2f if matches!(funct3, 2 | 3)
+            && matches!(
+                insn >> 27,
+                0b00011 | 0b00001 | 0 | 0b00100 | 0b01000 | 0b01100 | 0b10000 | 0b10100 | 0b11000 | 0b11100
+            ) =>
+        {
+            Some(General::ScAmo)
+        }
+        _ => None,
+    }
 }
 
 /// The optional instructions of the host that translations use, found out
@@ -393,7 +466,7 @@ pub(crate) fn translate(
 /// lives).
 fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(Vec<u8>, usize, usize)> {
     let insts = &block.insts[..block.n];
-    let m = insts.iter().position(|d| !supported(d.op)).unwrap_or(insts.len());
+    let m = insts.iter().position(|d| !supported(d)).unwrap_or(insts.len());
     if m == 0 {
         return None;
     }
@@ -403,7 +476,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     let mut uses = [0u32; 32];
     let mut read = 0u32;
     for d in insts {
-        let (r1, r2) = reads(d.op);
+        let (r1, r2) = reads(d);
         if r1 {
             uses[d.rs1 as usize] += 1;
             read |= 1 << d.rs1;
@@ -412,7 +485,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
             uses[d.rs2 as usize] += 1;
             read |= 1 << d.rs2;
         }
-        if writes(d.op) {
+        if writes(d) {
             uses[d.rd as usize] += 1;
         }
     }
@@ -540,10 +613,12 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     Some((e.ops.finalize().ok()?, chain, m))
 }
 
-/// Which of rs1 and rs2 an operation reads.
-fn reads(op: Op) -> (bool, bool) {
+/// Which of rs1 and rs2 an instruction reads.
+fn reads(d: &Inst) -> (bool, bool) {
     use Op::*;
-    match op {
+    match d.op {
+        // An SC or AMO reads an address and a value.
+        Other if general(d.insn) == Some(General::ScAmo) => (true, true),
         // Floating point's x registers are read and written in place (see
         // `Emitter::fp_compute`); a load's or store's rs1 is an address.
         Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
@@ -556,10 +631,16 @@ fn reads(op: Op) -> (bool, bool) {
     }
 }
 
-/// Whether an operation writes rd.
-fn writes(op: Op) -> bool {
+/// Whether an instruction writes rd.
+fn writes(d: &Inst) -> bool {
     use Op::*;
-    !matches!(op, Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore)
+    if d.op == Other {
+        return general(d.insn) == Some(General::ScAmo);
+    }
+    !matches!(
+        d.op,
+        Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore
+    )
 }
 
 /// A side exit: where it starts, which registers it writes back, what it
@@ -851,6 +932,13 @@ impl Emitter {
         let len = (d.next - d.at) as i64;
         match d.op {
             Nop => {}
+            // The last of its block (the general executor's): the block
+            // leaves to the next instruction after it.
+            Other => match general(d.insn) {
+                Some(General::Fence) => {}
+                Some(General::ScAmo) => self.sc_amo(k, d),
+                None => unreachable!("not translated"),
+            },
             Lui => {
                 let dst = self.dest(rd, None);
                 dynasm!(self.ops ; .arch x64 ; mov Rq(dst), QWORD imm as i64);
@@ -1032,7 +1120,7 @@ impl Emitter {
             | Ctz | Cpop | Clzw | Ctzw | Cpopw | Max | Maxu | Min | Minu | SextB | SextH | ZextH | Rol | Ror | Rori
             | Rolw | Rorw | Roriw | OrcB | Rev8 | Bclr | Bclri | Bext | Bexti | Binv | Binvi | Bset | Bseti
             | CzeroEqz | CzeroNez => self.bitmanip(d),
-            Other | Illegal => unreachable!("not translated"),
+            Illegal => unreachable!("not translated"),
         }
         false
     }
@@ -1327,6 +1415,44 @@ impl Emitter {
                 self.dirty &= !(1 << rd);
             }
         }
+    }
+
+    /// SC or AMO `k` (see `General::ScAmo`). Nothing here reads or writes
+    /// the register file or changes what the block keeps in host
+    /// registers: the helper sees only the state's reservation and RAM.
+    fn sc_amo(&mut self, k: usize, d: &Inst) {
+        let size = if (d.insn >> 12) & 7 == 2 { 4 } else { 8 };
+        let resume = self.stub(Exit::Resume(k));
+        // Misaligned: the interpreter raises the misaligned fault.
+        let a = self.src(d.rs1, R11);
+        dynasm!(self.ops ; .arch x64 ; test Rq(a), DWORD size - 1 ; jnz =>resume);
+        // rdx := the RAM offset, on a store TLB hit (aligned, so the
+        // lookup's test for an access across the page never fails).
+        self.tlb_lookup(d.rs1, 0, size, CTX_STORE_TLB, resume);
+        self.get(RAX, d.rs2);
+        // Arguments: the state, RAM, the offset (in rdx), the instruction,
+        // rs2's value. The pushes are those of `fp_compute`: the caller-
+        // saved registers of the pool, rdi and rsi, aligning the stack.
+        dynasm!(self.ops
+            ; .arch x64
+            ; push rdi
+            ; push rsi
+            ; push r8
+            ; push r9
+            ; push r10
+            ; mov r8, rax
+            ; mov rsi, QWORD [rsi + CTX_RAM]
+            ; sub rdi, X_OFF
+            ; mov ecx, d.insn as i32
+            ; mov rax, QWORD amo_helper as *const () as i64
+            ; call rax
+            ; pop r10
+            ; pop r9
+            ; pop r8
+            ; pop rsi
+            ; pop rdi
+        );
+        self.put(d.rd, RAX);
     }
 
     /// flw, fld, fsw, fsd: the integer loads' and stores' TLB fast paths,

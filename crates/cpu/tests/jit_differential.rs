@@ -1,8 +1,9 @@
 //! The translation tier against the interpreter: random programs of the
-//! operations it translates (and some it does not: CSR reads, fences,
-//! ecall, illegal instructions), with loads and stores that hit RAM, a
-//! device, nothing (access faults) and the program's own code, run from
-//! the same state with translation off and on, in the same and in
+//! operations it translates (fences, SCs and AMOs among them, and some it
+//! does not: CSR reads, LR, ecall, illegal instructions), with loads and
+//! stores that hit RAM, a device, nothing (access faults) and the
+//! program's own code, and atomics on RAM, misaligned, on the device and
+//! on nothing, run from the same state with translation off and on, in the same and in
 //! different slices. Everything must come out identical: registers, CSRs,
 //! pc, instret, every slice's step count and exit, what the device saw
 //! and when, and RAM. The translated runs must also have run translated
@@ -194,6 +195,53 @@ enum Mix {
     Fp,
     /// Zba, Zbb, Zbs and Zicond, two in five (else one in a hundred).
     Bits,
+    /// LR/SC pairs, lone SCs and AMOs, two in five: on data, misaligned,
+    /// on the device and on nothing (the last three trap).
+    Atomic,
+}
+
+/// The funct5 of every AMO: amoswap, amoadd, amoxor, amoor, amoand, amomin,
+/// amomax, amominu, amomaxu.
+const AMO_FUNCT5: [u32; 9] = [0b00001, 0, 0b00100, 0b01000, 0b01100, 0b10000, 0b10100, 0b11000, 0b11100];
+
+/// An A-extension instruction: funct5 `f5`, .w (`d` false) or .d.
+fn atomic(f5: u32, d: bool, rs2: u32, rs1: u32, rd: u32) -> u32 {
+    r_type(f5 << 2, rs2, rs1, if d { 3 } else { 2 }, rd, 0x2f)
+}
+
+/// Atomics for `Mix::Atomic`: the address into a free register `t` first
+/// (rd and rs2 are now and then `t` too), then an LR and an SC of it with
+/// maybe an operation between, an SC alone (which succeeds only if an
+/// earlier LR's reservation is still there), or an AMO.
+fn atomic_insns(rng: &mut Rng, rd: u32, rs2: u32, p: &mut Vec<u32>) {
+    let d = rng.below(2) == 0;
+    let t = 9 + rng.below(23) as u32;
+    let (base, off) = match rng.below(16) {
+        0 => (6, 0),
+        1 => (7, 8 * rng.below(8) as i32),
+        // Misaligned (now and then aligned after all).
+        2 => (5, rng.below(4096) as i32 - 2048),
+        // Aligned, in a few words so that LRs and SCs meet.
+        _ => (5, 8 * rng.below(4) as i32 + if d { 0 } else { 4 * rng.below(2) as i32 }),
+    };
+    p.push(i_type(off, base, 0, t, 0x13));
+    let rd = if rng.below(8) == 0 { t } else { rd };
+    let rs2 = if rng.below(8) == 0 { t } else { rs2 };
+    match rng.below(4) {
+        0 => {
+            let lr_rd = if rng.below(4) == 0 { 0 } else { 9 + rng.below(23) as u32 };
+            p.push(atomic(0b00010, d, 0, t, if lr_rd == t { 0 } else { lr_rd }));
+            if rng.below(2) == 0 {
+                p.push(r_type(0, rs2, lr_rd, 0, 9 + rng.below(23) as u32, 0x33));
+            }
+            // Now and then of the other width (which only succeeds if
+            // aligned for it: the reservation is of the address).
+            let sc_d = if rng.below(4) == 0 { !d } else { d };
+            p.push(atomic(0b00011, sc_d, rs2, t, rd));
+        }
+        1 => p.push(atomic(0b00011, d, rs2, t, rd)),
+        _ => p.push(atomic(rng.pick(&AMO_FUNCT5), d, rs2, t, rd)),
+    }
 }
 
 /// A random program at BASE: a loop over `len` random instructions.
@@ -209,6 +257,10 @@ fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
         let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
         if mix == Mix::Fp && kind < 40 {
             fp_insns(rng, rd, rs1, &mut p, len);
+            continue;
+        }
+        if mix == Mix::Atomic && kind < 40 {
+            atomic_insns(rng, rd, rs2, &mut p);
             continue;
         }
         if mix == Mix::Bits && kind < 40 {
@@ -305,9 +357,10 @@ fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
                     _ => b_type(4 * skip, rs2, rs1, rng.pick(&[0, 1, 4, 5, 6, 7])),
                 }
             }
+            // fences (translated: steps over them, as the interpreter)
+            94 => rng.pick(&[0x0ff0_000f, 0x0330_000f, 0x8330_000f, 0x0000_100f]), // fence, fence rw,rw, fence.tso, fence.i
             // what the translator leaves to the interpreter
             91..=93 => i_type(0x340, 0, 2, rd, 0x73), // csrr rd, mscratch
-            94 => 0x0ff0_000f,                        // fence
             95 => 0x0000_0073,                        // ecall: trap, handler skips it
             96 => 0,                                  // illegal: likewise
             97 => i_type(0x340, rs1, 1, 0, 0x73),     // csrw mscratch, rs1
@@ -424,6 +477,15 @@ fn translated_code_matches_the_interpreter() {
 fn bitmanip_translated_matches_the_interpreter() {
     random_programs(Mix::Bits, false);
     random_programs(Mix::Bits, true);
+}
+
+/// Programs dense with LR, SC and AMOs (see `atomic_insns`): the SCs and
+/// AMOs are translated, their misaligned and faulting cases and TLB misses
+/// go back to the interpreter at the instruction, LR is interpreted; the
+/// reservation is part of the state compared after every slice.
+#[test]
+fn atomics_translated_match_the_interpreter() {
+    random_programs(Mix::Atomic, false);
 }
 
 /// Random programs of `mix`, interpreted and translated (with the
@@ -589,6 +651,194 @@ fn each_operation_on_edge_operands() {
         assert!(h.translated_blocks() > 0);
         assert_eq!(h.jit_stats().handoffs, 0, "left to the interpreter untranslated");
     }
+}
+
+/// Every SC and AMO, .w and .d, on edge values in memory and in rs2, with
+/// rd a third register, x0, rs1 or rs2, and rs1 = rs2 (the address is
+/// the value) and an SC with a reservation of the address, of another and
+/// none: translated (a single call of translated code, so no return to
+/// the interpreter) and interpreted, the same registers, memory and
+/// reservation after.
+#[test]
+fn each_atomic_on_edge_operands() {
+    let mut ops = Vec::new();
+    for d in [false, true] {
+        for f5 in AMO_FUNCT5.into_iter().chain([0b00011]) {
+            for (rd, rs1, rs2) in [(10, 11, 12), (0, 11, 12), (11, 11, 12), (12, 11, 12), (10, 11, 11), (11, 11, 11)] {
+                ops.push(atomic(f5, d, rs2, rs1, rd));
+            }
+        }
+    }
+    let edge = [
+        0u64,
+        1,
+        u64::MAX,
+        1 << 63,
+        (1 << 63) - 1,
+        0xffff_ffff,
+        0x8000_0000,
+        0x7fff_ffff,
+        0xffff_ffff_8000_0000,
+        0x0000_0001_ffff_fffe,
+        0x1234_5678_9abc_def0,
+    ];
+    let mut rng = Rng(7);
+    let mut pairs = Vec::new();
+    for &a in &edge {
+        for &b in &edge {
+            pairs.push((a, b));
+        }
+    }
+    for _ in 0..100 {
+        pairs.push((rng.next(), rng.next()));
+    }
+    let off = DATA - BASE;
+    let reservations = [None, Some(off), Some(off + 8), Some(off + 4)];
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    for &op in &ops {
+        // The jump's block is decoded and translated again for each op
+        // (its RAM word holds the atomic too).
+        let mut warm = false;
+        ram.write_u32(BASE, op).unwrap();
+        ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+        for &(a, b) in &pairs {
+            for &res in &reservations {
+                let mut out = Vec::new();
+                for (i, h) in harts.iter_mut().enumerate() {
+                    ram.write_u64(DATA, a).unwrap();
+                    ram.write_u64(DATA + 8, !a).unwrap();
+                    h.s.pc = BASE;
+                    h.s.x[10] = 0x5555;
+                    h.s.x[11] = DATA;
+                    h.s.x[12] = b;
+                    h.s.reservation = res;
+                    let calls = h.jit_stats().calls;
+                    // The atomic's block, then the jump's.
+                    assert_eq!(h.run(&mut ram, &mut bus, 2), (2, Exit::Budget));
+                    out.push((h.s.clone(), ram.read_u64(DATA).unwrap(), ram.read_u64(DATA + 8).unwrap()));
+                    // Once the store TLB holds the page and the jump is
+                    // translated: one call, which ran both blocks.
+                    if i > 0 && warm {
+                        assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated alone");
+                    }
+                }
+                warm = true;
+                assert_eq!(out[0], out[1], "{op:#010x} with {a:#x} in memory, {b:#x}, reservation {res:?}");
+            }
+        }
+    }
+    assert_eq!(harts[1].jit_stats().handoffs, 0, "left to the interpreter untranslated");
+}
+
+/// SCs and AMOs under Sv39 paging, in S-mode, on a page they may write,
+/// one they may only read (which loads put in the load TLB, not the store
+/// TLB), one with no mapping and one not yet dirty: the translated ones
+/// must take the store TLB's fast path only where the interpreter's
+/// `amo_offset` does, and leave page faults (to an M-mode handler that
+/// skips the instruction) to the interpreter, slice by slice the same.
+#[test]
+fn atomics_on_pages_they_may_not_write() {
+    const VA: u64 = 0x4000_0000;
+    const ROOT: u64 = BASE + 0x20000;
+    const CODE: u64 = BASE + 0x40000;
+    let mut traps = 0;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed * 131 + 5);
+        let len = 20 + rng.below(60) as usize;
+        let mut p = Vec::new();
+        while p.len() < len {
+            // x5..x8: the writable, read-only, unmapped and clean pages.
+            let base = 5 + rng.below(4) as u32;
+            let t = 10 + rng.below(6) as u32;
+            let (rd, rs2) = (rng.pick(&[0, 16, 17, 18, t]), 16 + rng.below(3) as u32);
+            let d = rng.below(2) == 0;
+            match rng.below(5) {
+                0 => p.push(i_type(8 * rng.below(4) as i32, base, 3, 19, 0x03)),
+                k => {
+                    p.push(i_type(8 * rng.below(4) as i32, base, 0, t, 0x13));
+                    let f5 = match k {
+                        1 => 0b00010,
+                        2 => 0b00011,
+                        _ => rng.pick(&AMO_FUNCT5),
+                    };
+                    p.push(atomic(f5, d, if f5 == 0b00010 { 0 } else { rs2 }, t, rd));
+                }
+            }
+        }
+        p.push(i_type(-1, 4, 0, 4, 0x13));
+        p.push(b_type(-4 * (p.len() as i32), 0, 4, 1));
+        p.push(j_type(0, 0));
+        let make = |hot: u32| -> Run {
+            let mut ram = GuestRam::new(BASE, RAM).unwrap();
+            for (i, w) in p.iter().enumerate() {
+                ram.write_u32(CODE + 4 * i as u64, *w).unwrap();
+            }
+            let handler = [
+                0x3410_2ff3u32, // csrr x31, mepc
+                i_type(4, 31, 0, 31, 0x13),
+                0x3412_9073, // csrw mepc, x31
+                0x3420_2f73, // csrr x30, mcause
+                0x3020_0073, // mret
+            ];
+            for (i, w) in handler.iter().enumerate() {
+                ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
+            }
+            for i in 0..0x800u64 {
+                ram.write_u64(CODE + 0x1000 + 8 * i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).unwrap();
+            }
+            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
+            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+            // Code V R X A; data V R W A D; read-only V R A; page 3 none;
+            // page 4 V R W A, not D.
+            for (vpage, bits) in [(0u64, 0x4b), (1, 0xc7), (2, 0x43), (4, 0x47)] {
+                ram.write_u64(l0 + 8 * vpage, ((CODE + 0x1000 * vpage) >> 12) << 10 | bits).unwrap();
+            }
+            let mut hart = Hart::new(0);
+            hart.set_jit(hot);
+            hart.s.satp = 8 << 60 | ROOT >> 12;
+            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
+            hart.s.mtvec = HANDLER;
+            hart.s.pc = VA;
+            for (k, x) in (5..=8).enumerate() {
+                hart.s.x[x] = VA + 0x1000 * (k as u64 + 1);
+            }
+            let mut r = Rng(seed);
+            for x in 16..=18 {
+                hart.s.x[x] = r.next();
+            }
+            hart.s.x[4] = 300;
+            Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+        };
+        let total = 20_000;
+        let slices = || {
+            let mut rng = Rng(seed * 7919 + 11);
+            move || {
+                let max = if rng.below(2) == 0 { 30 } else { 2000 };
+                1 + rng.below(max)
+            }
+        };
+        let mut states = Vec::new();
+        let mut interp = make(0);
+        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        traps += (interp.hart.s.mcause != 0) as u32;
+        for hot in [1, 32] {
+            let mut jit = make(hot);
+            let mut i = 0;
+            run(&mut jit, total, slices(), |r| {
+                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
+                i += 1;
+            });
+            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
+            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            assert!(jit.hart.jit_stats().calls > 100, "seed {seed}, hot {hot}: hardly translated");
+        }
+    }
+    assert!(traps > 12, "only {traps} programs trapped");
 }
 
 /// A loop whose second block rewrites an instruction of its first (which
