@@ -119,10 +119,11 @@ def resolve_image(args, ftvm):
     return img
 
 
-def run_once(argv, timeout, log_path, on_mark=None):
+def run_once(argv, timeout, log_path, on_mark=None, on_line=None):
     """Run an emulator, timestamping console lines. Returns dict of times.
     `on_mark(key)` is called when a marker is first seen (e.g. to sample a
-    file the emulator writes at that moment)."""
+    file the emulator writes at that moment); `on_line(line, seconds)` for
+    every console line, with when it came (for a bench's own markers)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
     marks = {}
@@ -148,6 +149,8 @@ def run_once(argv, timeout, log_path, on_mark=None):
                 raw, buf = buf.split(b"\n", 1)
                 line = raw.decode("utf-8", "replace").rstrip("\r")
                 lines.append(line)
+                if on_line:
+                    on_line(line, now)
                 for key, prefix in (("begin", BEGIN), ("job_start", JOB_START), ("job_end", JOB_END)):
                     if line == prefix and key not in marks:
                         marks[key] = now
