@@ -185,7 +185,7 @@ enum Loc {
 /// the interpreter; the general executor's instructions (CSRs, atomics,
 /// fences, system instructions) and illegal ones end translated code.
 fn supported(op: Op) -> bool {
-    !matches!(op, Op::Other | Op::Illegal)
+    !matches!(op, Op::Other | Op::Illegal | Op::CboZero)
 }
 
 /// The optional instructions of the host that translations use, found out
@@ -1032,7 +1032,7 @@ impl Emitter {
             | Ctz | Cpop | Clzw | Ctzw | Cpopw | Max | Maxu | Min | Minu | SextB | SextH | ZextH | Rol | Ror | Rori
             | Rolw | Rorw | Roriw | OrcB | Rev8 | Bclr | Bclri | Bext | Bexti | Binv | Binvi | Bset | Bseti
             | CzeroEqz | CzeroNez => self.bitmanip(d),
-            Other | Illegal => unreachable!("not translated"),
+            Other | Illegal | CboZero => unreachable!("not translated"),
         }
         false
     }
