@@ -292,22 +292,34 @@ fn through_paging_faults_are_store_faults_at_rs1_and_cbo_zero_sets_a_and_d() {
 
 #[test]
 fn cbo_zero_over_the_running_block_cuts_it_short() {
-    // A store first brings the page into the store TLB (its slow path
-    // ends the block), so the next block's cbo.zero takes the fast path:
-    // it zeroes its own block, the addi after it included, which must
-    // then be fetched again (zeros: an illegal instruction) rather than
-    // run as decoded.
-    let prog = [0x1005_b023 /* sd x0, 0x100(x11) */, cbo(ZERO, 11), ADDI_X10, ADDI_X10];
+    // A store first brings the code's page into the store TLB (its slow
+    // path ends the block). Then a loop zeroes blocks of that page from
+    // 0x700 down, each through the fast path (translated, with the JIT,
+    // from the loop's first entry), the last one the loop's own block:
+    // the addi after the cbo.zero is then zeros, which must be fetched
+    // again (an illegal instruction) rather than run as decoded.
+    let prog = [
+        0x7e07_3c23, // sd x0, 0x7f8(x14)
+        cbo(ZERO, 11),
+        ADDI_X10,
+        0x00c5_85b3, // add x11, x11, x12
+        0xfed5_1ae3, // bne x10, x13, -12
+    ];
     for jit in [0, 1] {
-        let (mut hart, mut ram) = hart_running(&prog, Extensions::ALL);
+        // M-mode with CBZE set: translated code zeroes the blocks itself
+        // (it leaves M-mode without CBZE to the interpreter).
+        let (mut hart, mut ram) = enabled_hart(&prog, PrivilegeMode::Machine);
         hart.set_jit(jit);
-        hart.s.x[11] = BASE;
-        run(&mut hart, &mut ram, 4);
+        hart.s.x[11] = BASE + 0x700;
+        hart.s.x[12] = (-0x100i64) as u64;
+        hart.s.x[13] = 100;
+        hart.s.x[14] = BASE;
+        run(&mut hart, &mut ram, 100);
         assert_eq!(hart.s.pc, HANDLER, "jit {jit}");
         assert_eq!((hart.s.mcause, hart.s.mtval, hart.s.mepc), (2, 0, BASE + 8), "jit {jit}");
-        assert_eq!(hart.s.x[10], 0, "jit {jit}: the zeroed addi did not run");
+        assert_eq!(hart.s.x[10], 7, "jit {jit}: the zeroed addi did not run an eighth time");
         if jit == 1 {
-            assert!(hart.jit_stats().calls > 0, "translated at its first entry");
+            assert!(hart.jit_stats().calls > 0, "the loop ran translated");
         }
     }
 }
