@@ -51,8 +51,8 @@ pub(crate) struct Inst {
     pub rs1: u8,
     pub rs2: u8,
     /// The immediate (every fast-path immediate fits 32 bits). For `Other`,
-    /// `Illegal` and floating point: the instruction's own bits as a trap
-    /// reports them (the 16 bits of a compressed one).
+    /// `Illegal`, floating point and `cbo.zero`: the instruction's own bits
+    /// as a trap reports them (the 16 bits of a compressed one).
     pub imm: i32,
     /// Offsets, from the start of the block, of this instruction and of
     /// the one after it.
@@ -65,16 +65,19 @@ pub(crate) struct Inst {
 impl Inst {
     fn new(d: &Decoded, at: usize) -> Inst {
         use Op::*;
-        // Loads keep rd = 0: they still access memory, and may fault.
+        // Loads keep rd = 0: they still access memory, and may fault
+        // (cbo.zero, a store, always has rd = 0).
         // Floating point's rd is an f register, or an x register written
         // by `fp_compute` itself.
         let only_writes_x0 = d.rd == 0
             && !matches!(d.op, Other | Illegal | Jal | Jalr | Beq | Bne | Blt | Bge | Bltu | Bgeu)
             && !matches!(d.op, Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Sb | Sh | Sw | Sd)
-            && !matches!(d.op, Fp | Fload | Fstore);
+            && !matches!(d.op, Fp | Fload | Fstore | CboZero);
         let op = if only_writes_x0 { Nop } else { d.op };
         let imm = match d.op {
-            Other | Illegal | Fp | Fload | Fstore => (if d.len == 2 { d.raw & 0xffff } else { d.insn }) as i32,
+            Other | Illegal | Fp | Fload | Fstore | CboZero => {
+                (if d.len == 2 { d.raw & 0xffff } else { d.insn }) as i32
+            }
             _ => d.imm as i32,
         };
         Inst {

@@ -71,6 +71,15 @@ pub const MSTATUS_UXL_SXL: u64 = (2 << 32) | (2 << 34);
 pub const MSTATUS_SD: u64 = 1 << 63;
 /// menvcfg.STCE: Sstc's stimecmp is on (and STIP follows it).
 pub const MENVCFG_STCE: u64 = 1 << 63;
+/// The cache-block enables of menvcfg and senvcfg (same bits in both):
+/// CBIE (2 bits: 00 cbo.inval illegal, 01 it flushes, 11 it invalidates;
+/// 10 reserved), CBCFE (cbo.clean and cbo.flush) and CBZE (cbo.zero).
+/// Each gates the instructions of the privilege levels below the
+/// register's: menvcfg S and U, senvcfg U.
+pub const ENVCFG_CBIE: u64 = 3 << 4;
+pub const ENVCFG_CBIE_FLUSH: u64 = 1 << 4;
+pub const ENVCFG_CBCFE: u64 = 1 << 6;
+pub const ENVCFG_CBZE: u64 = 1 << 7;
 pub const MIP_STIP: u64 = 1 << 5;
 /// mcounteren.TM: S-mode may read `time` and, with Sstc, access stimecmp.
 const MCOUNTEREN_TM: u64 = 1 << 1;
@@ -278,7 +287,7 @@ impl Hart {
             }
             STVEC => s.stvec = v & !2,
             SCOUNTEREN => s.scounteren = v & 0xffff_ffff,
-            SENVCFG => s.senvcfg = 0,
+            SENVCFG => s.senvcfg = warl_envcfg(s.senvcfg, v, cbo_bits(s.ext)),
             SSCRATCH => s.sscratch = v,
             SEPC => s.sepc = v & !1,
             SCAUSE => s.scause = v,
@@ -329,14 +338,15 @@ impl Hart {
             }
             MTVEC => s.mtvec = v & !2,
             MCOUNTEREN => s.mcounteren = v & 0xffff_ffff,
-            // Of menvcfg, only Sstc's STCE is implemented (the rest, FIOM
-            // and the cache-block and page-attribute enables, read zero).
+            // Of menvcfg, Sstc's STCE and the cache-block enables of the
+            // extensions the hart has are implemented (the rest, FIOM and
+            // the page-attribute enables, read zero).
             MENVCFG => {
                 let stce = if s.ext.has(Extensions::SSTC) { MENVCFG_STCE } else { 0 };
                 if (s.menvcfg ^ v) & stce != 0 {
                     effect = WriteEffect::Timer;
                 }
-                s.menvcfg = v & stce;
+                s.menvcfg = warl_envcfg(s.menvcfg, v, stce | cbo_bits(s.ext));
             }
             MCOUNTINHIBIT => s.mcountinhibit = v & !2,
             MSCRATCH => s.mscratch = v,
@@ -379,6 +389,31 @@ impl Hart {
         }
         Ok(effect)
     }
+}
+
+/// The cache-block enables a hart with `ext` has in menvcfg and senvcfg:
+/// none without the extensions, so a hart without them keeps reading
+/// zero there as before them.
+fn cbo_bits(ext: Extensions) -> u64 {
+    let mut bits = 0;
+    if ext.has(Extensions::ZICBOM) {
+        bits |= ENVCFG_CBIE | ENVCFG_CBCFE;
+    }
+    if ext.has(Extensions::ZICBOZ) {
+        bits |= ENVCFG_CBZE;
+    }
+    bits
+}
+
+/// menvcfg or senvcfg written with `new`, of which the bits `writable`
+/// are implemented. CBIE is WARL: the reserved value 10 keeps the old
+/// field (as mstatus.MPP does with its reserved value).
+fn warl_envcfg(old: u64, new: u64, writable: u64) -> u64 {
+    let mut v = new & writable;
+    if writable & ENVCFG_CBIE != 0 && v & ENVCFG_CBIE == 2 << 4 {
+        v = (v & !ENVCFG_CBIE) | (old & ENVCFG_CBIE);
+    }
+    v
 }
 
 fn status_effect(old: u64, new: u64) -> WriteEffect {

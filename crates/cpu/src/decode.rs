@@ -133,6 +133,10 @@ pub(crate) enum Op {
     // Zicond.
     CzeroEqz,
     CzeroNez,
+    /// Zicboz's `cbo.zero`: a store of zeros to the cache block holding
+    /// rs1's address. Its `Inst::imm` is the raw bits, as for `Other` (an
+    /// illegal-instruction trap reports them when the enables forbid it).
+    CboZero,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -183,6 +187,7 @@ pub(crate) fn decode(raw: u32, ext: Extensions) -> Decoded {
     let shamt = ((insn >> 20) & 0x3f) as u64;
     let (zba, zbb, zbs) = (ext.has(Extensions::ZBA), ext.has(Extensions::ZBB), ext.has(Extensions::ZBS));
     let zicond = ext.has(Extensions::ZICOND);
+    let zicboz = ext.has(Extensions::ZICBOZ);
     // The bits above a 6-bit shift amount, and the whole immediate field
     // (which selects the unary operations of Zbb).
     let f6 = insn >> 26;
@@ -294,6 +299,11 @@ pub(crate) fn decode(raw: u32, ext: Extensions) -> Decoded {
             (0x07, 7) if zicond => (CzeroNez, 0),
             _ => (Other, 0),
         },
+        // The cache-block operations (MISC-MEM, funct3 2, rd 0): cbo.zero
+        // has a fast path; cbo.clean/flush/inval, which Linux issues only
+        // for devices that are not DMA-coherent (none here), are left to
+        // the general executor.
+        0x0f if zicboz && f3 == 2 && rd == 0 && f12 == 4 => (CboZero, 0),
         0x07 if f3 == 2 || f3 == 3 => (Fload, 0),
         0x27 if f3 == 2 || f3 == 3 => (Fstore, 0),
         0x53 | 0x43 | 0x47 | 0x4b | 0x4f => (Fp, 0),

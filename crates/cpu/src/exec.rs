@@ -7,6 +7,7 @@
 use crate::block::{Block, BlockCache};
 use crate::csr;
 use crate::decode::{decode, Op};
+use crate::ext::{Extensions, CBO_BLOCK_BYTES};
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, HartState, PrivilegeMode};
 use crate::jit::{self, JitCtx, JitFn};
@@ -191,6 +192,97 @@ impl Hart {
             return Ok(());
         }
         self.store_slow(ram, bus, vaddr, size, value, dev)
+    }
+
+    /// Whether the privilege level running may execute the cache-block
+    /// operations that `enable` of menvcfg and senvcfg allows (CBZE,
+    /// CBCFE, or CBIE, which allows cbo.inval when not 00): M-mode always,
+    /// S-mode if menvcfg allows them, U-mode if both do. Without the
+    /// hypervisor extension there is no virtual-instruction case.
+    #[inline(always)]
+    fn cbo_enabled(&self, enable: u64) -> bool {
+        match self.s.prv {
+            PrivilegeMode::Machine => true,
+            PrivilegeMode::Supervisor => self.s.menvcfg & enable != 0,
+            // Both CBIE fields' allowed values (01, 11) have the low bit.
+            PrivilegeMode::User => self.s.menvcfg & self.s.senvcfg & enable != 0,
+        }
+    }
+
+    /// `cbo.zero` at `vaddr` through the store TLB: the block zeroed, and
+    /// its RAM offset; `None` when the slow path must do it. A hit needs no
+    /// dirty bookkeeping, as for a store: the page was marked dirty when it
+    /// entered the store TLB.
+    #[inline(always)]
+    fn cbo_zero_fast(&mut self, ram: &mut GuestRam, vaddr: u64) -> Option<usize> {
+        let e = self.tlb.store[index(vaddr)];
+        if e.tag == tag(vaddr, self.data_prv()) {
+            // A block lies within its page: the entry covers it whole.
+            let off = e.off + (vaddr & 0xfff & !(CBO_BLOCK_BYTES - 1)) as usize;
+            ram.as_mut_slice_untracked()[off..off + CBO_BLOCK_BYTES as usize].fill(0);
+            return Some(off);
+        }
+        None
+    }
+
+    /// `cbo.zero` at `vaddr` translated as a store (A and D set, the page
+    /// marked dirty as it enters the store TLB). Its faults report `vaddr`,
+    /// the address the instruction was given, not the block's start (the
+    /// CMO spec, as the Sail model does). A block outside RAM is a store
+    /// access fault: no device here takes a block of zeros.
+    #[inline(never)]
+    fn cbo_zero_slow(&mut self, ram: &mut GuestRam, vaddr: u64) -> Result<(), Trap> {
+        let start = vaddr & !(CBO_BLOCK_BYTES - 1);
+        let pa = self.translate_fill(ram, start, Access::Store).map_err(|t| Trap::new(t.cause, vaddr))?;
+        let off = ram.offset_of(pa, CBO_BLOCK_BYTES).ok_or(Access::Store.access_fault(vaddr))?;
+        // translate_fill marked the page dirty as it entered the store TLB.
+        ram.as_mut_slice_untracked()[off..off + CBO_BLOCK_BYTES as usize].fill(0);
+        Ok(())
+    }
+
+    /// cbo.clean, cbo.flush and cbo.inval: RAM here has no caches in front
+    /// of it (one thread runs every hart, devices read RAM itself), so
+    /// each only checks that its block may be accessed. As the Sail model
+    /// does, that is a load's translation (the A bit set), whose faults
+    /// are reported as the store faults the CMO spec gives, with the
+    /// instruction's address. With no PMP enforced, a physical address
+    /// raises nothing.
+    #[inline(never)]
+    fn cbo_manage(&mut self, ram: &mut GuestRam, vaddr: u64) -> Result<(), Trap> {
+        match self.translate_fill(ram, vaddr, Access::Load) {
+            Ok(_) => Ok(()),
+            Err(t) if t.cause == trap::LOAD_PAGE_FAULT => Err(Access::Store.page_fault(vaddr)),
+            Err(_) => Err(Access::Store.access_fault(vaddr)),
+        }
+    }
+
+    /// The cache-block operations without a fast path (MISC-MEM, funct3
+    /// 2): the management ones, and any `cbo.zero` the decoder left to the
+    /// general executor. Those of an extension the hart lacks, reserved
+    /// encodings (rd not x0, other funct12 values) and those the enables
+    /// forbid are illegal.
+    #[inline(never)]
+    fn cbo(&mut self, ram: &mut GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+        let ext = self.s.ext;
+        let enable = match i >> 20 {
+            _ if rd(i) != 0 => return Err(Trap::illegal(raw)),
+            0 if ext.has(Extensions::ZICBOM) => csr::ENVCFG_CBIE,
+            1 | 2 if ext.has(Extensions::ZICBOM) => csr::ENVCFG_CBCFE,
+            4 if ext.has(Extensions::ZICBOZ) => csr::ENVCFG_CBZE,
+            _ => return Err(Trap::illegal(raw)),
+        };
+        if !self.cbo_enabled(enable) {
+            return Err(Trap::illegal(raw));
+        }
+        let vaddr = self.s.x[rs1(i)];
+        if enable == csr::ENVCFG_CBZE {
+            self.cbo_zero_slow(ram, vaddr)?;
+        } else {
+            // cbo.inval with CBIE = 01 is a flush, and a flush is this.
+            self.cbo_manage(ram, vaddr)?;
+        }
+        self.s.pc = next;
+        Ok(Flow::Next)
     }
 
     /// Run blocks of instructions until the budget is used or something
@@ -483,6 +575,29 @@ impl Hart {
                 Nop => {
                     continue;
                 }
+                CboZero => {
+                    // Illegal as the general executor finds it (decoding
+                    // checked the extension and the encoding).
+                    if !self.cbo_enabled(csr::ENVCFG_CBZE) {
+                        return self.trap_at(i, at(), Trap::illegal(d.imm as u32), steps);
+                    }
+                    match self.cbo_zero_fast(ram, x1) {
+                        // Into the block itself, as for the stores above.
+                        Some(off) if off < block.off + block.bytes && block.off < off + CBO_BLOCK_BYTES as usize => {
+                            return self.retire(done, at().wrapping_add(d.len()), steps);
+                        }
+                        Some(_) => {}
+                        None => {
+                            if let Err(t) = self.cbo_zero_slow(ram, x1) {
+                                return self.trap_at(i, at(), t, steps);
+                            }
+                            // As after a store's slow path: page-table bits
+                            // (or the block itself) may have changed.
+                            return self.retire(done, at().wrapping_add(d.len()), steps);
+                        }
+                    }
+                    continue;
+                }
                 Fp => match self.s.fp_compute(d.insn, d.imm as u32) {
                     Ok(()) => continue,
                     Err(t) => return self.trap_at(i, at(), t, steps),
@@ -668,8 +783,9 @@ impl Hart {
         Then::Next
     }
 
-    /// Instructions without a fast path: fences, system, atomics, and the
-    /// floating-point loads and stores of the widths without F or D.
+    /// Instructions without a fast path: fences, cache-block management,
+    /// system, atomics, and the floating-point loads and stores of the
+    /// widths without F or D.
     /// Encodings of fast-path opcodes that reach here are the invalid
     /// ones.
     #[inline(never)]
@@ -684,6 +800,7 @@ impl Hart {
                     self.s.pc = next;
                     Ok(Flow::Next)
                 }
+                2 => self.cbo(ram, i, raw, next),
                 _ => Err(Trap::illegal(raw)),
             },
             0x73 => self.system(bus, i, raw, next),

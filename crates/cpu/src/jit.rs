@@ -32,6 +32,10 @@
 //! register file. The bit-manipulation extensions (Zba, Zbb, Zbs, Zicond)
 //! are translated inline; clz, ctz and cpop use the host's LZCNT, TZCNT
 //! and POPCNT if it has them and equivalent sequences if not (see `Host`).
+//! So is Zicboz's `cbo.zero`, which Linux's `clear_page` issues 64 times
+//! a page: its enables and the store TLB checked inline, 64 bytes zeroed,
+//! anything else (a miss, an enable off, M-mode's unconditional one) left
+//! to the interpreter at that instruction.
 //!
 //! A block whose next pc is known (a branch either way, `jal`, the
 //! straight line running on) and lies on the same page goes on to that
@@ -71,8 +75,8 @@
 //!   accesses and traps (precise: pc, tval, registers, counts) need no
 //!   second implementation here.
 //!
-//! A store into the running block's own bytes ends the block after the
-//! store, as in the interpreter, and returns to Rust.
+//! A store (or `cbo.zero`) into the running block's own bytes ends the
+//! block after it, as in the interpreter, and returns to Rust.
 //!
 //! The emitter is dynasm-rs (`dynasmrt`): the assembly is written inline
 //! in Intel syntax, checked and encoded at compile time into plain byte
@@ -83,8 +87,9 @@
 //! through a much larger crate.
 
 use crate::block::{slot_of, Block, Inst, SLOTS};
-use crate::csr::{MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
+use crate::csr::{ENVCFG_CBZE, MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
 use crate::decode::Op;
+use crate::ext::CBO_BLOCK_BYTES;
 use crate::hart::HartState;
 use crate::mmu::{TlbEntry, TLB_SIZE};
 use crate::trap::Trap;
@@ -147,6 +152,8 @@ const BLOCK_SIZE: i32 = std::mem::size_of::<Block>() as i32;
 const X_OFF: i32 = offset_of!(HartState, x) as i32;
 const F_REL: i32 = offset_of!(HartState, f) as i32 - X_OFF;
 const MSTATUS_REL: i32 = offset_of!(HartState, mstatus) as i32 - X_OFF;
+const MENVCFG_REL: i32 = offset_of!(HartState, menvcfg) as i32 - X_OFF;
+const SENVCFG_REL: i32 = offset_of!(HartState, senvcfg) as i32 - X_OFF;
 
 /// A translated block: the guest registers (`HartState::x`, a pointer
 /// valid for the whole `HartState`), the context; returns an exit code.
@@ -622,7 +629,7 @@ fn reads(d: &Inst) -> (bool, bool) {
         // Floating point's x registers are read and written in place (see
         // `Emitter::fp_compute`); a load's or store's rs1 is an address.
         Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
-        Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Fload | Fstore => (true, false),
+        Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Fload | Fstore | CboZero => (true, false),
         Addi | Slti | Sltiu | Xori | Ori | Andi | Slli | Srli | Srai | Addiw | Slliw | Srliw | Sraiw => (true, false),
         // The rs2 field of these is part of the operation or the shift.
         SlliUw | Clz | Ctz | Cpop | Clzw | Ctzw | Cpopw | SextB | SextH | ZextH | Rori | Roriw | OrcB | Rev8
@@ -639,7 +646,7 @@ fn writes(d: &Inst) -> bool {
     }
     !matches!(
         d.op,
-        Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore
+        Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore | CboZero
     )
 }
 
@@ -1120,6 +1127,7 @@ impl Emitter {
             | Ctz | Cpop | Clzw | Ctzw | Cpopw | Max | Maxu | Min | Minu | SextB | SextH | ZextH | Rol | Ror | Rori
             | Rolw | Rorw | Roriw | OrcB | Rev8 | Bclr | Bclri | Bext | Bexti | Binv | Binvi | Bset | Bseti
             | CzeroEqz | CzeroNez => self.bitmanip(d),
+            CboZero => self.cbo_zero(block, k, d),
             Illegal => unreachable!("not translated"),
         }
         false
@@ -1512,6 +1520,55 @@ impl Emitter {
                 ; jb =>cut
             );
         }
+    }
+
+    /// cbo.zero (Zicboz), as the interpreter's fast path does it: the
+    /// enable (menvcfg.CBZE, and senvcfg.CBZE in U-mode), then the store
+    /// TLB; the 64 bytes of the block are in the entry's page. Everything
+    /// else goes back to the interpreter at this instruction: a TLB miss,
+    /// an enable off (illegal there, or M-mode, which needs none and is
+    /// left to the interpreter for being rare). Like a store, it cuts the
+    /// block if it zeroed any of the block's own bytes.
+    fn cbo_zero(&mut self, block: &Block, k: usize, d: &crate::block::Inst) {
+        let resume = self.stub(Exit::Resume(k));
+        let cbze = ENVCFG_CBZE as u8 as i8;
+        dynasm!(self.ops
+            ; .arch x64
+            ; test BYTE [rdi + MENVCFG_REL], cbze
+            ; jz =>resume
+            // U-mode (0) needs senvcfg's too; S and M menvcfg's alone.
+            ; cmp QWORD [rsi + CTX_FETCH_PRV], 0
+            ; jne >enabled
+            ; test BYTE [rdi + SENVCFG_REL], cbze
+            ; jz =>resume
+            ; enabled:
+        );
+        // The byte at rs1: its page's entry covers the whole block.
+        self.tlb_lookup(d.rs1, 0, 1, CTX_STORE_TLB, resume);
+        // rdx: the RAM offset of the block (rs1's, less rs1's offset in
+        // the block, which r11 holds); rcx: its host address.
+        dynasm!(self.ops
+            ; .arch x64
+            ; and r11d, (CBO_BLOCK_BYTES - 1) as i32
+            ; sub rdx, r11
+            ; mov rcx, QWORD [rsi + CTX_RAM]
+            ; add rcx, rdx
+            ; xor eax, eax
+        );
+        for q in 0..(CBO_BLOCK_BYTES / 8) as i32 {
+            dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx + 8 * q], rax);
+        }
+        // Into the block itself: if the 64 bytes from rdx overlap the
+        // block's, i.e. rdx - (off - 63) < bytes + 63, unsigned.
+        let cut = self.stub(Exit::Cut(k));
+        let reach = CBO_BLOCK_BYTES as i64 - 1;
+        dynasm!(self.ops
+            ; .arch x64
+            ; mov r11, QWORD block.off as i64 - reach
+            ; sub rdx, r11
+            ; cmp rdx, DWORD (block.bytes as i64 + reach) as i32
+            ; jb =>cut
+        );
     }
 
     /// Division with RISC-V's results for a zero divisor (all ones, or the

@@ -25,7 +25,7 @@ mod trap;
 
 use ftvm_memory::GuestRam;
 pub use block::prepare_tables as prepare_block_tables;
-pub use ext::Extensions;
+pub use ext::{Extensions, CBO_BLOCK_BYTES};
 pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode};
 pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;

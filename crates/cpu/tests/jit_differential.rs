@@ -11,7 +11,7 @@
 //! (the bitmanip and Zicond ones among them) to the interpreter: else the
 //! comparison would be of the interpreter with itself.
 
-use ftvm_cpu::{Bus, Exit, Hart, HartState};
+use ftvm_cpu::{csr, Bus, Exit, Hart, HartState, PrivilegeMode};
 use ftvm_memory::GuestRam;
 
 const BASE: u64 = 0x8000_0000;
@@ -198,6 +198,9 @@ enum Mix {
     /// LR/SC pairs, lone SCs and AMOs, two in five: on data, misaligned,
     /// on the device and on nothing (the last three trap).
     Atomic,
+    /// cbo.zero, one in five, run in M-, S- or U-mode with the enables
+    /// each way (see `setup_with`).
+    Cbo,
 }
 
 /// The funct5 of every AMO: amoswap, amoadd, amoxor, amoor, amoand, amomin,
@@ -269,6 +272,23 @@ fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
             let rs2 = if rng.below(4) == 0 { rd } else { rs2 };
             let ops = bitmanip(rd, rs1, rs2, rng.below(64) as u32);
             p.push(rng.pick(&ops));
+            continue;
+        }
+        if mix == Mix::Cbo && kind < 20 && left >= 2 {
+            // cbo.zero at an address near the data (any offset in its
+            // block), the device or nothing (access faults), or rarely a
+            // block of the loop's body (then illegal zeros the handler
+            // skips; never the loop's control at its end, which would
+            // leave nothing but zeros to run).
+            let t = 9 + rng.below(23) as u32;
+            let (base, off) = match rng.below(40) {
+                0 | 1 => (6, rng.below(4096) as i32 - 2048),
+                2 | 3 => (7, rng.below(4096) as i32 - 2048),
+                4 if len >= 32 => (8, rng.below(len as u64 * 4 / 64 - 1) as i32 * 64 + rng.below(64) as i32),
+                _ => (5, rng.below(4096) as i32 - 2048),
+            };
+            p.push(i_type(off, base, 0, t, 0x13));
+            p.push(4 << 20 | t << 15 | 2 << 12 | 0x0f);
             continue;
         }
         let insn = match kind {
@@ -429,6 +449,14 @@ fn setup_with(seed: u64, len: usize, jit: u32, mix: Mix) -> Run {
             hart.s.f[f] = if rng.below(2) == 0 { rng.pick(&F64_EDGE) } else { rng.pick(&F32_EDGE) };
         }
     }
+    if mix == Mix::Cbo {
+        // The privilege level and the cache-block enables, per seed (the
+        // handler's mret returns to the level that trapped; paging is off,
+        // so every level reaches RAM and the device alike).
+        hart.s.prv = [PrivilegeMode::Machine, PrivilegeMode::Supervisor, PrivilegeMode::User][seed as usize % 3];
+        hart.s.menvcfg = if seed % 4 != 3 { csr::ENVCFG_CBZE } else { 0 };
+        hart.s.senvcfg = if seed % 5 != 4 { csr::ENVCFG_CBZE } else { 0 };
+    }
     let special = [0, 1, u64::MAX, 1 << 63, 0xffff_ffff_8000_0000, 0x7fff_ffff, 0x8000_0000, 63, 64, 31];
     for r in 1..32 {
         hart.s.x[r] = if rng.below(3) == 0 { rng.pick(&special) } else { rng.next() };
@@ -486,6 +514,77 @@ fn bitmanip_translated_matches_the_interpreter() {
 #[test]
 fn atomics_translated_match_the_interpreter() {
     random_programs(Mix::Atomic, false);
+}
+
+/// Programs with cbo.zero in every privilege level, enabled and not,
+/// into the data, the device, nothing and their own code.
+#[test]
+fn cbo_zero_translated_matches_the_interpreter() {
+    random_programs(Mix::Cbo, false);
+}
+
+/// Linux's clear_page at 64-byte blocks: a loop of cbo.zero over a page.
+/// Translated, it runs in one call of translated code after the first
+/// iteration's TLB miss (the loop jumps to itself), and leaves what the
+/// interpreter leaves; an enable off (illegal below M-mode, or M-mode,
+/// left to the interpreter) goes back to it every time, with the same
+/// result.
+#[test]
+fn a_cbo_zero_loop_runs_translated() {
+    use PrivilegeMode::*;
+    // A store first, so that the enables are what the translated
+    // cbo.zero checks when it first runs (not a TLB miss).
+    let prog = [
+        s_type(0, 0, 12, 3),                 // sd x0, 0(x12)
+        4 << 20 | 11 << 15 | 2 << 12 | 0x0f, // cbo.zero (x11)
+        i_type(64, 11, 0, 11, 0x13),         // addi x11, x11, 64
+        i_type(-1, 4, 0, 4, 0x13),           // addi x4, x4, -1
+        b_type(-12, 0, 4, 1),                // bne x4, x0, BASE + 4
+        j_type(0, 0),                        // j .
+    ];
+    let cbze = csr::ENVCFG_CBZE;
+    for (prv, menvcfg, senvcfg, fast) in [
+        (Machine, cbze, 0, true),
+        (Supervisor, cbze, 0, true),
+        (User, cbze, cbze, true),
+        (Machine, 0, 0, false),
+        (User, cbze, 0, false),
+    ] {
+        let mut runs = Vec::new();
+        for jit in [0, 1] {
+            let mut ram = GuestRam::new(BASE, RAM).unwrap();
+            for (i, w) in prog.iter().enumerate() {
+                ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+            }
+            ram.write(DATA, &[0xa5; 0x1000]).unwrap();
+            // The handler spins: an illegal cbo.zero stops there.
+            ram.write_u32(HANDLER, j_type(0, 0)).unwrap();
+            let mut hart = Hart::new(0);
+            hart.set_jit(jit);
+            hart.s.pc = BASE;
+            hart.s.mtvec = HANDLER;
+            hart.s.prv = prv;
+            hart.s.menvcfg = menvcfg;
+            hart.s.senvcfg = senvcfg;
+            hart.s.x[11] = DATA + 0x11;
+            hart.s.x[12] = DATA;
+            hart.s.x[4] = 64;
+            let mut bus = Device::default();
+            let mut steps = 0;
+            while steps < 4 * 64 + 2 {
+                steps += hart.run(&mut ram, &mut bus, 4 * 64 + 2 - steps).0;
+            }
+            if jit == 1 && fast {
+                assert!(hart.jit_stats().calls <= 3, "{prv:?}: {} calls", hart.jit_stats().calls);
+            }
+            let mut data = vec![0; 0x1000];
+            ram.read(DATA, &mut data).unwrap();
+            runs.push((hart.s.clone(), data));
+        }
+        assert_eq!(runs[0], runs[1], "{prv:?}, menvcfg {menvcfg:#x}, senvcfg {senvcfg:#x}");
+        let zeroed = runs[0].1.iter().all(|&b| b == 0);
+        assert_eq!(zeroed, fast || prv == Machine, "{prv:?}: the page zeroed");
+    }
 }
 
 /// Random programs of `mix`, interpreted and translated (with the

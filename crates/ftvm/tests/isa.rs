@@ -51,6 +51,7 @@ isa_tests! {
     zb => "zb.S",
     zicond => "zicond.S",
     sstc => "sstc.S",
+    zicbo => "zicbo.S",
 }
 
 #[test]

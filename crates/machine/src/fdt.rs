@@ -7,7 +7,7 @@
 //! The blob is a pure function of [`FdtConfig`]: no rng-seed, no host
 //! facts, so two machines built from the same config boot identically.
 
-use ftvm_cpu::Extensions;
+use ftvm_cpu::{Extensions, CBO_BLOCK_BYTES};
 use ftvm_devices::layout::{
     CLINT_BASE, CLINT_SIZE, PLIC_BASE, PLIC_SIZE, RTC_BASE, RTC_IRQ, RTC_SIZE, SYSCON_BASE, SYSCON_SIZE, UART_BASE,
     UART_CLOCK_HZ, UART_IRQ, UART_SIZE, VIRTIO_STRIDE,
@@ -49,6 +49,8 @@ fn isa_string(ext: Extensions) -> String {
     let optional = |e: Extensions, name: &'static str| ext.has(e).then_some(name);
     let parts = [
         Some("rv64imafdc"),
+        optional(Extensions::ZICBOM, "zicbom"),
+        optional(Extensions::ZICBOZ, "zicboz"),
         Some("zicntr"),
         optional(Extensions::ZICOND, "zicond"),
         Some("zicsr"),
@@ -180,6 +182,14 @@ fn cpus(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
         w.property_string("riscv,isa-base", ISA_BASE)?;
         w.property_string_list("riscv,isa-extensions", extensions.clone())?;
         w.property_string("mmu-type", MMU_TYPE)?;
+        // Without its block size, Linux turns either extension off (and
+        // OpenSBI would still enable it): the two go together.
+        if cfg.extensions.has(Extensions::ZICBOM) {
+            w.property_u32("riscv,cbom-block-size", CBO_BLOCK_BYTES as u32)?;
+        }
+        if cfg.extensions.has(Extensions::ZICBOZ) {
+            w.property_u32("riscv,cboz-block-size", CBO_BLOCK_BYTES as u32)?;
+        }
         w.property_phandle(phandle_cpu(hart))?;
         let intc = w.begin_node("interrupt-controller")?;
         // No child addresses; dtc warns about interrupt providers without it.
@@ -377,6 +387,17 @@ mod tests {
         assert_eq!(strs(prop(&t, "/cpus/cpu@0", "riscv,isa")), ["rv64imafdc_zicntr_zicsr_zifencei"]);
         assert_eq!(strs(prop(&t, "/cpus/cpu@0", "riscv,isa-extensions")), ISA_EXTENSIONS);
         assert_eq!(isa_string(Extensions::ZBB), "rv64imafdc_zicntr_zicsr_zifencei_zbb");
+        assert!(!t["/cpus/cpu@0"].contains_key("riscv,cbom-block-size"));
+        assert!(!t["/cpus/cpu@0"].contains_key("riscv,cboz-block-size"));
+        // The build before the cache-block operations: no block sizes.
+        let sstc_era = Extensions::parse("zicond_zba_zbb_zbs_sstc").unwrap();
+        let t = parse(&build_fdt(&FdtConfig { extensions: sstc_era, ..config() }).unwrap());
+        assert_eq!(
+            strs(prop(&t, "/cpus/cpu@0", "riscv,isa")),
+            ["rv64imafdc_zicntr_zicond_zicsr_zifencei_zba_zbb_zbs_sstc"]
+        );
+        assert!(!t["/cpus/cpu@0"].contains_key("riscv,cbom-block-size"));
+        assert!(!t["/cpus/cpu@0"].contains_key("riscv,cboz-block-size"));
     }
 
     #[test]
@@ -397,12 +418,20 @@ mod tests {
         for h in 0..2 {
             let cpu = format!("/cpus/cpu@{h}");
             assert_eq!(cells(prop(&t, &cpu, "reg")), [h]);
-            assert_eq!(strs(prop(&t, &cpu, "riscv,isa")), ["rv64imafdc_zicntr_zicond_zicsr_zifencei_zba_zbb_zbs_sstc"]);
+            assert_eq!(
+                strs(prop(&t, &cpu, "riscv,isa")),
+                ["rv64imafdc_zicbom_zicboz_zicntr_zicond_zicsr_zifencei_zba_zbb_zbs_sstc"]
+            );
             assert_eq!(strs(prop(&t, &cpu, "riscv,isa-base")), ["rv64i"]);
             assert_eq!(
                 strs(prop(&t, &cpu, "riscv,isa-extensions")),
-                ["i", "m", "a", "f", "d", "c", "zicntr", "zicsr", "zifencei", "zicond", "zba", "zbb", "zbs", "sstc"]
+                [
+                    "i", "m", "a", "f", "d", "c", "zicntr", "zicsr", "zifencei", "zicbom", "zicboz", "zicond", "zba",
+                    "zbb", "zbs", "sstc"
+                ]
             );
+            assert_eq!(cells(prop(&t, &cpu, "riscv,cbom-block-size")), [64]);
+            assert_eq!(cells(prop(&t, &cpu, "riscv,cboz-block-size")), [64]);
             assert_eq!(strs(prop(&t, &cpu, "mmu-type")), ["riscv,sv48"]);
             let ic = format!("{cpu}/interrupt-controller");
             assert_eq!(strs(prop(&t, &ic, "compatible")), ["riscv,cpu-intc"]);
