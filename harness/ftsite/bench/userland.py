@@ -293,15 +293,7 @@ def main():
     if not args.tests.replace("_", "").replace(" ", "").replace(".", "").isalnum():
         die(f"--tests {args.tests!r}: test module names separated by spaces")
 
-    ftvm = None
-    if not args.qemu_only:
-        ftvm = Path(args.ftvm)
-        if not (ftvm.is_file() and os.access(ftvm, os.X_OK)):
-            die(f"ftvm binary not found at {ftvm}: build it with `cargo build --release -p ftvm`, "
-                f"pass --ftvm PATH, or use --qemu-only")
-    qemu = shutil.which(args.qemu)
-    if not qemu:
-        die(f"{args.qemu} not found: install Debian's qemu-system-misc (scripts/install-deps.sh)")
+    ftvm, qemu = vs_qemu.emulators(args, die)
     if not shutil.which("debugfs"):
         die("debugfs not found: install Debian's e2fsprogs")
     img, image_dir = resolve_image(args, ftvm)

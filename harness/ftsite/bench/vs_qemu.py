@@ -100,6 +100,21 @@ def paths_from_ftvm(ftvm):
     return found
 
 
+def emulators(args, die):
+    """The ftvm binary (None with --qemu-only) and QEMU's, checked: `die`
+    (the calling bench's) with a one-line fix if either is missing."""
+    ftvm = None
+    if not args.qemu_only:
+        ftvm = Path(args.ftvm)
+        if not (ftvm.is_file() and os.access(ftvm, os.X_OK)):
+            die(f"ftvm binary not found at {ftvm}: build it with `cargo build --release -p ftvm`, "
+                f"pass --ftvm PATH, or use --qemu-only")
+    qemu = shutil.which(args.qemu)
+    if not qemu:
+        die(f"{args.qemu} not found: install Debian's qemu-system-misc (scripts/install-deps.sh)")
+    return ftvm, qemu
+
+
 def resolve_image(args, ftvm):
     img = {}
     if ftvm is not None and ftvm.exists():
@@ -258,15 +273,7 @@ def main():
     if args.runs < 1:
         die("--runs must be at least 1")
 
-    ftvm = None
-    if not args.qemu_only:
-        ftvm = Path(args.ftvm)
-        if not (ftvm.is_file() and os.access(ftvm, os.X_OK)):
-            die(f"ftvm binary not found at {ftvm}: build it with `cargo build --release -p ftvm`, "
-                f"pass --ftvm PATH, or use --qemu-only")
-    qemu = shutil.which(args.qemu)
-    if not qemu:
-        die(f"{args.qemu} not found: install Debian's qemu-system-misc (scripts/install-deps.sh)")
+    ftvm, qemu = emulators(args, die)
     img = resolve_image(args, ftvm)
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
