@@ -486,6 +486,30 @@ fn run(r: &mut Run, total: u64, mut slice: impl FnMut() -> u64, mut each: impl F
     }
 }
 
+/// Slice lengths drawn from `seed`: half of them up to `short`, half up
+/// to `long`, so that slices end inside blocks as well as after many.
+fn random_slices(seed: u64, short: u64, long: u64) -> impl FnMut() -> u64 {
+    let mut rng = Rng(seed);
+    move || {
+        let max = if rng.below(2) == 0 { short } else { long };
+        1 + rng.below(max)
+    }
+}
+
+/// Runs `jit` with the slices `interp` ran with (`slices` gives the same
+/// lengths again) and checks it against the interpreter: the hart after
+/// every slice (`states`, the interpreter's), each slice's steps and
+/// exit, and the end state.
+fn follow(what: &str, interp: &Run, states: &[HartState], jit: &mut Run, total: u64, slices: impl FnMut() -> u64) {
+    let mut i = 0;
+    run(jit, total, slices, |r| {
+        assert_eq!(r.hart.s, states[i], "{what}: hart state after slice {i}");
+        i += 1;
+    });
+    assert_eq!(interp.slices, jit.slices, "{what}: slice steps and exits");
+    check(what, interp, jit);
+}
+
 fn check(what: &str, a: &Run, b: &Run) {
     let (sa, sb): (&HartState, &HartState) = (&a.hart.s, &b.hart.s);
     assert_eq!(sa, sb, "{what}: hart state");
@@ -595,13 +619,7 @@ fn random_programs(mix: Mix, portable: bool) {
     for seed in 1..=60u64 {
         let len = 20 + (seed as usize * 37) % 200;
         let total = 50_000;
-        let slices = |s: u64| {
-            let mut rng = Rng(s * 7919 + 1);
-            move || {
-                let max = if rng.below(2) == 0 { 40 } else { 3000 };
-                1 + rng.below(max)
-            }
-        };
+        let slices = |s: u64| random_slices(s * 7919 + 1, 40, 3000);
         let jit_setup = |hot: u32| {
             let mut r = setup_with(seed, len, hot, mix);
             r.hart.set_jit_portable(portable);
@@ -615,13 +633,7 @@ fn random_programs(mix: Mix, portable: bool) {
         run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
         for hot in [1, 32] {
             let mut jit = jit_setup(hot);
-            let mut i = 0;
-            run(&mut jit, total, slices(seed), |r| {
-                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
-                i += 1;
-            });
-            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
-            check(&format!("seed {seed}, hot {hot}, same slices"), &interp, &jit);
+            follow(&format!("seed {seed}, hot {hot}, same slices"), &interp, &states, &mut jit, total, slices(seed));
             translated += jit.hart.translated_blocks();
             let stats = jit.hart.jit_stats();
             assert_eq!(stats.handoffs, 0, "seed {seed}, hot {hot}: left to the interpreter untranslated");
@@ -914,26 +926,14 @@ fn atomics_on_pages_they_may_not_write() {
             Run { hart, ram, bus: Device::default(), slices: Vec::new() }
         };
         let total = 20_000;
-        let slices = || {
-            let mut rng = Rng(seed * 7919 + 11);
-            move || {
-                let max = if rng.below(2) == 0 { 30 } else { 2000 };
-                1 + rng.below(max)
-            }
-        };
+        let slices = || random_slices(seed * 7919 + 11, 30, 2000);
         let mut states = Vec::new();
         let mut interp = make(0);
         run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
         traps += (interp.hart.s.mcause != 0) as u32;
         for hot in [1, 32] {
             let mut jit = make(hot);
-            let mut i = 0;
-            run(&mut jit, total, slices(), |r| {
-                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
-                i += 1;
-            });
-            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
-            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices());
             assert!(jit.hart.jit_stats().calls > 100, "seed {seed}, hot {hot}: hardly translated");
         }
     }
@@ -1112,13 +1112,7 @@ fn jumps_across_pages_and_through_registers() {
             Run { hart, ram, bus: Device::default(), slices: Vec::new() }
         };
         let total = 30_000;
-        let slices = || {
-            let mut rng = Rng(seed * 7919 + 3);
-            move || {
-                let max = if rng.below(2) == 0 { 30 } else { 2000 };
-                1 + rng.below(max)
-            }
-        };
+        let slices = || random_slices(seed * 7919 + 3, 30, 2000);
         let mut states = Vec::new();
         let mut interp = make(0);
         run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
@@ -1126,13 +1120,7 @@ fn jumps_across_pages_and_through_registers() {
         assert!(interp.hart.s.x[4] < 200, "seed {seed}: the loop does not run");
         for hot in [1, 2, 32] {
             let mut jit = make(hot);
-            let mut i = 0;
-            run(&mut jit, total, slices(), |r| {
-                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
-                i += 1;
-            });
-            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
-            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices());
             translated += jit.hart.translated_blocks();
         }
         // One slice for everything, against the interpreter's slices.
@@ -1337,25 +1325,13 @@ fn floating_point_translated_matches_the_interpreter() {
     for seed in 1..=40u64 {
         let len = 20 + (seed as usize * 53) % 180;
         let total = 40_000;
-        let slices = |s: u64| {
-            let mut rng = Rng(s * 104729 + 5);
-            move || {
-                let max = if rng.below(2) == 0 { 40 } else { 3000 };
-                1 + rng.below(max)
-            }
-        };
+        let slices = |s: u64| random_slices(s * 104729 + 5, 40, 3000);
         let mut states = Vec::new();
         let mut interp = setup_with(seed, len, 0, Mix::Fp);
         run(&mut interp, total, slices(seed), |r| states.push(r.hart.s.clone()));
         for hot in [1, 32] {
             let mut jit = setup_with(seed, len, hot, Mix::Fp);
-            let mut i = 0;
-            run(&mut jit, total, slices(seed), |r| {
-                assert_eq!(r.hart.s, states[i], "seed {seed}, hot {hot}: hart state after slice {i}");
-                i += 1;
-            });
-            assert_eq!(interp.slices, jit.slices, "seed {seed}, hot {hot}: slice steps and exits");
-            check(&format!("seed {seed}, hot {hot}"), &interp, &jit);
+            follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices(seed));
             translated += jit.hart.translated_blocks();
         }
     }
