@@ -1392,29 +1392,15 @@ impl Emitter {
             }
         }
         let declined = self.stub(Exit::Resume(k));
-        // rdi, rsi and the pool's r8-r10 are caller-saved. The stack is 8
-        // past a multiple of 16 in a block (its entry was called, then
-        // pushed six registers): five pushes align it for the call.
+        self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
-            ; push rdi
-            ; push rsi
-            ; push r8
-            ; push r9
-            ; push r10
             ; sub rdi, X_OFF
             ; mov esi, i as i32
             ; mov edx, d.imm
-            ; mov rax, QWORD fp_helper as *const () as i64
-            ; call rax
-            ; pop r10
-            ; pop r9
-            ; pop r8
-            ; pop rsi
-            ; pop rdi
-            ; test eax, eax
-            ; jz =>declined
         );
+        self.call_and_restore(fp_helper as *const ());
+        dynasm!(self.ops ; .arch x64 ; test eax, eax ; jz =>declined);
         let rd = d.rd as usize;
         if writes_x {
             if let Loc::Host(h) = self.loc[rd] {
@@ -1423,6 +1409,37 @@ impl Emitter {
                 self.dirty &= !(1 << rd);
             }
         }
+    }
+
+    /// Before a call from translated code into Rust: rdi, rsi and the
+    /// pool's r8-r10 are caller-saved. The stack is 8 past a multiple of
+    /// 16 in a block (its entry was called, then pushed six registers):
+    /// these five pushes also align it for the call. The arguments are
+    /// set after this (rdi and rsi are saved as the block holds them).
+    fn save_for_call(&mut self) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; push rdi
+            ; push rsi
+            ; push r8
+            ; push r9
+            ; push r10
+        );
+    }
+
+    /// Calls `f` and restores what `save_for_call` saved; its result is
+    /// in rax.
+    fn call_and_restore(&mut self, f: *const ()) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; mov rax, QWORD f as i64
+            ; call rax
+            ; pop r10
+            ; pop r9
+            ; pop r8
+            ; pop rsi
+            ; pop rdi
+        );
     }
 
     /// SC or AMO `k` (see `General::ScAmo`). Nothing here reads or writes
@@ -1439,27 +1456,16 @@ impl Emitter {
         self.tlb_lookup(d.rs1, 0, size, CTX_STORE_TLB, resume);
         self.get(RAX, d.rs2);
         // Arguments: the state, RAM, the offset (in rdx), the instruction,
-        // rs2's value. The pushes are those of `fp_compute`: the caller-
-        // saved registers of the pool, rdi and rsi, aligning the stack.
+        // rs2's value.
+        self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
-            ; push rdi
-            ; push rsi
-            ; push r8
-            ; push r9
-            ; push r10
             ; mov r8, rax
             ; mov rsi, QWORD [rsi + CTX_RAM]
             ; sub rdi, X_OFF
             ; mov ecx, d.insn as i32
-            ; mov rax, QWORD amo_helper as *const () as i64
-            ; call rax
-            ; pop r10
-            ; pop r9
-            ; pop r8
-            ; pop rsi
-            ; pop rdi
         );
+        self.call_and_restore(amo_helper as *const ());
         self.put(d.rd, RAX);
     }
 
