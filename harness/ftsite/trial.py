@@ -20,6 +20,10 @@ from .proc import TIMEOUT_MS, disk_options, start_backup, start_primary
 from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_redis
 from .site import BACKUP_HOST_IP, CHANNEL_PORT, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, SPARE_HOST_IP, Site
 
+# How far before a failure the client's longest wait is looked for, beside
+# the longest after it (the trial writes for 2 s after it by default).
+TAIL_WINDOW = 2.0
+
 class KeyWriter(threading.Thread):
     """Writes key0, key1, ... one SET at a time over one connection, each
     reply awaited; records when each was sent and acknowledged."""
@@ -75,6 +79,9 @@ class TrialResult:
     longest_wait: float = None  # the longest any one SET waited for its reply
     pause: float = None  # the longest wait of a SET answered after the failure: what the client saw of it
     typical_wait: float = None  # the median wait of the SETs answered before the failure
+    spanning_wait: float = None  # the longest wait of a SET sent before the new primary went live, answered after the failure
+    tail_before: float = None  # the longest wait of a SET answered in the TAIL_WINDOW s before the failure
+    tail_after: float = None  # the longest wait of a SET sent after the new primary went live
     acked: int = 0
     acked_before: int = 0
     dbsize: int = None
@@ -89,6 +96,8 @@ class TrialResult:
     backup_line: str = ""
     logs: dict = field(default_factory=dict)
     wire: list = field(default_factory=list)  # with `wire`: the client's TCP segments around the failover
+    # The client's waits answered after the failure, longest first: (sent, answered) from the failure, in s.
+    slowest: list = field(default_factory=list)
 
     @property
     def lost(self):
@@ -370,6 +379,17 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         r.longest_wait = max((a - s for s, a in writer.times), default=None)
         r.pause = max((a - s for s, a in writer.times if a >= failed_at
                        and (protected_at is None or s < protected_at)), default=None)
+        # The requests the failure could have delayed: answered after it,
+        # sent before the new primary went live (or, that unknown, before
+        # the first one it answered).
+        live_at = failed_at + (r.go_live if r.go_live is not None else r.failover or 0.0)
+        r.spanning_wait = max((a - s for s, a in writer.times if a >= failed_at and s <= live_at), default=None)
+        r.tail_before = max((a - s for s, a in writer.times if failed_at - TAIL_WINDOW <= a < failed_at),
+                            default=None)
+        r.tail_after = max((a - s for s, a in writer.times if live_at < s
+                            and (protected_at is None or a < protected_at)), default=None)
+        r.slowest = sorted(((s - failed_at, a - failed_at) for s, a in writer.times if a >= failed_at),
+                           key=lambda w: w[0] - w[1])[:5]
         if protected_at is not None:
             r.protect_pause = max((a - s for s, a in writer.times if a >= protected_at and s <= answered_at),
                                   default=None)
