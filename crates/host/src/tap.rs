@@ -311,6 +311,23 @@ impl Tap {
         true
     }
 
+    /// Reads and drops every frame queued in the TAP now; how many. For a
+    /// TAP opened long before anyone reads it (a backup's, opened while it
+    /// follows its primary so that it forwards at once when the backup goes
+    /// live): what the bridge flooded to it meanwhile is stale, and its
+    /// primary already had every copy of it that mattered.
+    pub fn discard_queued(&self) -> usize {
+        let mut buf = vec![0u8; MAX_FRAME];
+        let mut n = 0;
+        // Non-blocking (see `open`): the read fails with EAGAIN once the
+        // queue is empty; any other error ends it too.
+        // SAFETY: the pointer and length describe `buf`.
+        while unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } >= 0 {
+            n += 1;
+        }
+        n
+    }
+
     /// The device this TAP is a port of, if any (from sysfs, which shows
     /// the namespace sysfs was mounted in; good enough for an error path).
     fn master(&self) -> Option<String> {

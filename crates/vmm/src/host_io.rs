@@ -146,16 +146,24 @@ impl HostIo {
         Self::open_with(backends, events, fence, false, Vec::new())
     }
 
-    /// Opens the TAPs among `backends` ahead of the rest, for a backup
-    /// about to go live: a TAP forwards only some milliseconds after it
-    /// is opened (`Tap::wait_forwarding`), and opened before the machine
-    /// is restored it does so by the time the MAC is announced. One that
+    /// Opens the TAPs among `backends` (in their bridges) ahead of the
+    /// rest, for a backup that may go live: a TAP forwards only some
+    /// milliseconds after it is opened (`Tap::wait_forwarding`), so a
+    /// backup opens its TAPs while it follows, and they forward by the
+    /// time it announces the MAC. Nothing reads them until then: what
+    /// queued is dropped when the backup goes live (`take_over`). One that
     /// cannot be opened now is left to `take_over`, which says why.
     pub fn open_taps(backends: &[Backend]) -> Vec<Tap> {
         backends
             .iter()
             .filter_map(|b| match b {
-                Backend::Tap { name, .. } => Tap::open(name).ok(),
+                Backend::Tap { name, bridge, .. } => {
+                    let tap = Tap::open(name).ok()?;
+                    match bridge {
+                        Some(br) => tap.attach_to_bridge(br).ok().map(|_| tap),
+                        None => Some(tap),
+                    }
+                }
                 _ => None,
             })
             .collect()
@@ -218,7 +226,18 @@ impl HostIo {
                 }
                 Backend::Tap { name, mac, bridge } => {
                     let tap = match opened.iter().position(|t| t.name() == name) {
-                        Some(i) => opened.swap_remove(i),
+                        Some(i) => {
+                            let tap = opened.swap_remove(i);
+                            let stale = tap.discard_queued();
+                            if stale > 0 {
+                                tracing::debug!(
+                                    tap = name.as_str(),
+                                    frames = stale,
+                                    "dropped what queued while following"
+                                );
+                            }
+                            tap
+                        }
                         None => Tap::open(name)?,
                     };
                     if let Some(br) = bridge {
@@ -392,7 +411,10 @@ impl HostIo {
     pub fn announce(&mut self) {
         for (b, s) in self.backends.iter().zip(&self.slots) {
             if let (Backend::Tap { mac, .. }, Slot::Net { tap, .. }) = (b, s) {
-                if !tap.wait_forwarding(ANNOUNCE_WAIT) {
+                let waiting = std::time::Instant::now();
+                let forwards = tap.wait_forwarding(ANNOUNCE_WAIT);
+                tracing::debug!(tap = tap.name(), waited_us = waiting.elapsed().as_micros() as u64, "announcing");
+                if !forwards {
                     eprintln!(
                         "ftvm: TAP {} does not forward yet after {} ms (its carrier or bridge port); announcing anyway",
                         tap.name(),

@@ -17,6 +17,7 @@ use crate::error::{usage, VmmError};
 use crate::host_io::HostIo;
 use crate::replay::{self, LiveSetup};
 use clap::Args;
+use ftvm_host::tap::Tap;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
 use ftvm_protection::control::ControlEntry;
@@ -241,6 +242,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         // It waits for log at every epoch end, microseconds apart.
         receiver.short_waits();
     }
+    // The TAPs now, while the backup follows: a TAP forwards only some
+    // milliseconds after it is opened, and opened when going live that
+    // wait would be the clients' (a handover's pause, a failover's). One
+    // that cannot be opened now is opened (or refused) when going live.
+    let taps = replay::live_backends(&header, &nets, &[]).map_or_else(|_| Vec::new(), |b| HostIo::open_taps(&b));
     receiver.ready();
     let doing =
         if matches!(pair.mode, ModeSetting::Checkpoint { .. }) { "committing checkpoints" } else { "replaying" };
@@ -270,19 +276,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let me = format!("backup on {}", hostname());
     // `failed`: the primary failed (rather than handed over), so what it
     // released last may not have reached anyone: sent again.
-    let go_live = |backup: Box<dyn Backup>, why: &str, since: Duration, failed: bool| {
-        // The TAPs first: they forward only some milliseconds after they
-        // are opened, which the machine's restore covers.
+    let go_live = |backup: Box<dyn Backup>, taps: Vec<Tap>, why: &str, since: Duration, failed: bool| {
         let started = Instant::now();
-        let taps = replay::live_backends(&header, &nets, &[]).map_or_else(|_| Vec::new(), |b| HostIo::open_taps(&b));
-        let opened = started.elapsed();
         let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered, activation } =
             backup.take_over(why, since, gen, &me)?;
-        tracing::debug!(
-            taps_us = opened.as_micros() as u64,
-            take_over_us = started.elapsed().as_micros() as u64,
-            "going live: the TAPs opened, then the machine taken over"
-        );
+        tracing::debug!(take_over_us = started.elapsed().as_micros() as u64, "going live: the machine taken over");
         let resend = if failed { resend } else { Vec::new() };
         events.emit(PairEvent::GoingLive {
             instruction: machine.icount(),
@@ -318,7 +316,9 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             // too, when the primary's channel closes first: for the same
             // side, under the same name.
             let arbiter = Arbiter::new(store.clone(), gen);
-            match arbiter.go_live(&me, |n| events.arbiter_note(n)) {
+            let verdict = arbiter.go_live(&me, |n| events.arbiter_note(n));
+            tracing::debug!(claim_us = received.elapsed().as_micros() as u64, "handover: claimed at the arbiter");
+            match verdict {
                 Verdict::Lost(who) if who != me => {
                     events.emit(PairEvent::ArbiterLost { generation: gen, winner: who.clone() });
                     let deposed = Deposed { who, generation: gen };
@@ -328,7 +328,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
                 _ => {
                     events.emit(PairEvent::ArbiterWon { generation: gen });
                     let why = format!("handed over; won generation {gen} at the arbiter");
-                    go_live(backup, &why, received.elapsed(), false)
+                    go_live(backup, taps, &why, received.elapsed(), false)
                 }
             }
         }
@@ -344,7 +344,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
         Followed::Cut(unusable) => {
             let decided = decision.lock().unwrap().take();
             match decided {
-                Some((Decision::GoLive(why), detected)) => go_live(backup, &why, detected.elapsed(), true),
+                Some((Decision::GoLive(why), detected)) => go_live(backup, taps, &why, detected.elapsed(), true),
                 Some((Decision::Halt(deposed), _)) => {
                     events.emit(PairEvent::Halting { reason: deposed.to_string() });
                     Err(VmmError::PrimaryWon(deposed))
