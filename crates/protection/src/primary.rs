@@ -147,16 +147,6 @@ pub trait Primary<E: Engine> {
     /// was held, or an error (halt) because the peer went live first.
     fn peer_lost(&mut self, failure: &Failure) -> Result<Alone, ProtectionError>;
 
-    /// A planned handover was asked for and the machine stands where
-    /// inputs may be delivered: whether the loop may stop the guest now.
-    /// Until then the guest runs on as usual; a mode whose backup may
-    /// stand some way behind its primary says no while the backup closes
-    /// in, so that the stop (which the clients wait out) does not include
-    /// replaying that distance.
-    fn ready_to_hand_over(&mut self, _m: &E) -> bool {
-        true
-    }
-
     /// A planned handover (a switchover), first step: the loop stopped
     /// the machine where inputs may be delivered, before
     /// [`Primary::before_run`] closed what the stream owes there (the

@@ -169,13 +169,6 @@ impl<W: Write> Recorder<W> {
         self.close(m, quiet)
     }
 
-    /// Called before the machine runs on, when the follower should get as
-    /// close as it can (a handover waits for it): a digest when one is
-    /// due, then a go-live point whatever was logged.
-    pub fn close_frame_now(&mut self, m: &mut dyn DeterministicEngine) -> Result<(), RecordError> {
-        self.close(m, true)
-    }
-
     /// At the end of an epoch: a digest when one is due, then the epoch's
     /// end mark ([end, E]), a go-live point, whatever the epoch logged.
     pub fn end_epoch(&mut self, m: &mut dyn DeterministicEngine) -> Result<(), RecordError> {

@@ -400,9 +400,7 @@ impl<E: Engine> Live<E> {
             // Before the stream closes what it owes here: in epoch mode
             // the handover's mark is this epoch end's (the backup runs on
             // past an end it has taken, so no second frame may come at it).
-            if self.hand_over_asked.is_some()
-                && self.primary.as_mut().is_some_and(|p| p.accepts_inputs() && p.ready_to_hand_over(&self.m))
-            {
+            if self.hand_over_asked.is_some() && self.primary.as_ref().is_some_and(|p| p.accepts_inputs()) {
                 if let Next::Exit(code) = self.hand_over(events)? {
                     return Ok(code);
                 }

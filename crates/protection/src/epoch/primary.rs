@@ -251,12 +251,6 @@ impl<E: DeterministicEngine> Primary<E> for Epoch {
 
     /// At an epoch end (the loop hands over only where inputs may be
     /// delivered), with this end's inputs delivered and logged.
-    /// Epoch ends are go-live points, so the backup is at most an epoch
-    /// behind what it was sent; the log goes out at once meanwhile.
-    fn ready_to_hand_over(&mut self, m: &E) -> bool {
-        self.lockstep.converged(m.icount())
-    }
-
     fn hand_over(&mut self, _m: &mut E) -> Result<Vec<Request>, ProtectionError> {
         Ok(self.lockstep.hand_over_outputs())
     }

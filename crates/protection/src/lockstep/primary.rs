@@ -63,18 +63,7 @@ pub struct Lockstep {
     hold_outputs: bool,
     /// When a handover stopped the guest.
     handing_over: Option<Instant>,
-    /// When a handover asked for began to wait for the backup to close
-    /// in, and the first go-live point sent since (see [`Lockstep::converged`]).
-    converging: Option<(Instant, Option<u64>)>,
 }
-
-/// A planned handover stops the guest once the backup has replayed to
-/// the first go-live point sent for it and stands at most this many
-/// instructions behind (two of the host loop's runs: what the reports
-/// trail by when the backup keeps up), ...
-const CONVERGED_BEHIND: u64 = 400_000;
-/// ... or once it has waited this long for that, the guest running on.
-const CONVERGE_MOST: Duration = Duration::from_millis(100);
 
 /// Whether a request changes the world outside the VM: a sent frame, or a
 /// write to a shared disk (a flush orders writes, so it waits with them).
@@ -120,7 +109,6 @@ impl Lockstep {
             backup_reads: Vec::new(),
             hold_outputs: true,
             handing_over: None,
-            converging: None,
         }
     }
 
@@ -216,45 +204,11 @@ impl Lockstep {
         protection_stopped(acknowledged, &arbiter, &me, &events, &fence, || gate.release_all())
     }
 
-    /// Before a handover stops the guest (see [`Primary::ready_to_hand_over`]),
-    /// with the machine at `icount`: whether the backup stands close enough
-    /// behind. The backup runs no further than the last go-live point it
-    /// has, and while the guest computes with no input one goes out only
-    /// every [`BUSY_GO_LIVE`](crate::lockstep::BUSY_GO_LIVE): stopped
-    /// then, the clients would wait for the backup to replay up to that
-    /// much (2-22 ms measured on a redis under load). So the guest runs on
-    /// while a go-live point goes out before every run (see `before_run`),
-    /// until the backup reports having replayed to the first of them: it
-    /// then trails by what is in flight, a run or two, however far behind
-    /// it was. For at most [`CONVERGE_MOST`].
-    pub fn converged(&mut self, icount: u64) -> bool {
-        let now = Instant::now();
-        let (since, first_point) = *self.converging.get_or_insert((now, None));
-        let channel = self.recorder.sink();
-        channel.send_now();
-        let backup = channel.backup_icount();
-        let waited = now - since;
-        let done = icount.saturating_sub(backup) <= CONVERGED_BEHIND && first_point.is_some_and(|p| backup >= p)
-            || backup >= icount
-            || waited >= CONVERGE_MOST
-            || channel.failure().is_some();
-        if done {
-            tracing::debug!(
-                waited_us = waited.as_micros() as u64,
-                behind = icount.saturating_sub(backup),
-                "handover: the backup closed in before the guest stops"
-            );
-        }
-        done
-    }
-
     /// A handover's first step (see [`Primary::hand_over`]): the log so
     /// far goes now, and every held output is waited for.
     pub fn hand_over_outputs(&mut self) -> Vec<Request> {
         let started = Instant::now();
         self.handing_over = Some(started);
-        // Stopped now: a handover that fails and is asked for again waits anew.
-        self.converging = None;
         let channel = self.recorder.sink();
         self.events
             .emit(PairEvent::HandingOver { backup: channel.peer().to_string(), generation: self.arbiter.generation() });
@@ -353,20 +307,8 @@ impl Lockstep {
 
 impl<E: DeterministicEngine> Primary<E> for Lockstep {
     fn before_run(&mut self, m: &mut E, _paused: bool) -> Result<(), ProtectionError> {
-        if let Some((_, first_point)) = &mut self.converging {
-            // A handover waits for the backup: a go-live point at every
-            // run, out at once, lets it follow as close as it can.
-            first_point.get_or_insert(m.icount());
-            self.recorder.close_frame_now(m)?;
-            self.channel().send_now();
-            return Ok(());
-        }
         self.channel().send_if_due();
         Ok(self.recorder.close_frame(m)?)
-    }
-
-    fn ready_to_hand_over(&mut self, m: &E) -> bool {
-        self.converged(m.icount())
     }
 
     fn input(&mut self, icount: u64, ev: Event) -> Option<Event> {
