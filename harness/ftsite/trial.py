@@ -24,6 +24,7 @@ from .site import BACKUP_HOST_IP, CHANNEL_PORT, CLIENT_IP, GUEST_IP, PRIMARY_HOS
 # the longest after it (the trial writes for 2 s after it by default).
 TAIL_WINDOW = 2.0
 
+
 class KeyWriter(threading.Thread):
     """Writes key0, key1, ... one SET at a time over one connection, each
     reply awaited; records when each was sent and acknowledged."""
@@ -77,7 +78,6 @@ class TrialResult:
     declared: float = None  # failure to the backup's declaring it
     failed_at: float = None  # when the primary was failed (time.monotonic())
     longest_wait: float = None  # the longest any one SET waited for its reply
-    pause: float = None  # the longest wait of a SET answered after the failure: what the client saw of it
     typical_wait: float = None  # the median wait of the SETs answered before the failure
     spanning_wait: float = None  # the longest wait of a SET sent before the new primary went live, answered after the failure
     tail_before: float = None  # the longest wait of a SET answered in the TAIL_WINDOW s before the failure
@@ -377,8 +377,6 @@ def failover_trial(ftvm, work, tag, kind, delay, *, timeout_ms=TIMEOUT_MS, cores
         writer.stop()
         r.acked = writer.acked
         r.longest_wait = max((a - s for s, a in writer.times), default=None)
-        r.pause = max((a - s for s, a in writer.times if a >= failed_at
-                       and (protected_at is None or s < protected_at)), default=None)
         # The requests the failure could have delayed: answered after it,
         # sent before the new primary went live (or, that unknown, before
         # the first one it answered).

@@ -226,6 +226,7 @@ impl HostIo {
                 }
                 Backend::Tap { name, mac, bridge } => {
                     let tap = match opened.iter().position(|t| t.name() == name) {
+                        // `open_taps` kept it only once it was in its bridge.
                         Some(i) => {
                             let tap = opened.swap_remove(i);
                             let stale = tap.discard_queued();
@@ -238,11 +239,14 @@ impl HostIo {
                             }
                             tap
                         }
-                        None => Tap::open(name)?,
+                        None => {
+                            let tap = Tap::open(name)?;
+                            if let Some(br) = bridge {
+                                tap.attach_to_bridge(br)?;
+                            }
+                            tap
+                        }
                     };
-                    if let Some(br) = bridge {
-                        tap.attach_to_bridge(br)?;
-                    }
                     let tx = events.clone();
                     tap.spawn_reader(slot, move |slot, frame| {
                         let _ = tx.send(HostEvent::Frame(slot, frame));

@@ -32,7 +32,7 @@ alternate handover and kill, so both see the same host.
   bench/handover                     5 handovers and 5 kills per mode, all three modes
   bench/handover --trials 20 --modes lockstep
   bench/handover --trials 20 --kills 5         20 handovers, the first 5 each followed by a kill
-  bench/handover --wire              the client's segments around each handover over the target
+  bench/handover --wire              the client's segments around each handover that added over the target
   bench/handover --log-dir /tmp/ho   keep each trial's primary and backup output
   bench/handover --move-primary      each handover followed by `protect` of the new
                                      primary onto a third host: moving the primary
@@ -91,8 +91,8 @@ def main():
                     help="after each handover, protect the new primary onto a third host")
     ap.add_argument("--log-dir", help="keep each trial's primary and backup output here")
     ap.add_argument("--wire", action="store_true",
-                    help="capture the client's TCP segments and print them for each handover whose pause "
-                         f"is over {TARGET_MS} ms (times from the SIGTERM)")
+                    help="capture the client's TCP segments and print them for each handover that added "
+                         f"over {TARGET_MS} ms to a reply (times from the SIGTERM)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     kills = args.trials if args.kills is None else args.kills
