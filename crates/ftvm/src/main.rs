@@ -37,7 +37,7 @@ enum Command {
     Record(Box<RecordArgs>),
     /// Re-execute a recorded VM from its log, with no host I/O.
     Replay(replay::ReplayArgs),
-    /// Fault tolerance (VMware FT's lockstep): a primary VM and its backup.
+    /// Fault tolerance: a primary VM and its backup on another host (lockstep, epoch or checkpoint mode).
     #[command(subcommand)]
     Ft(FtCommand),
     /// Build, list, locate or remove guest images.
@@ -48,10 +48,6 @@ enum Command {
     Agent(Box<cluster_cli::AgentArgs>),
     /// The cluster's hosts and VMs, through etcd and the agents' API.
     Cluster(Box<cluster_cli::ClusterArgs>),
-    /// Send a command to a running VM's control socket: status, pause,
-    /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
-    /// --shared DIR [...] (give the running VM a backup; `protect --help`),
-    /// events (its events so far and as they come, until it ends).
     /// The VMs on this host that have a control socket (`--control`), with
     /// their sockets, roles (alone, primary, backup, unprotected) and states.
     List {
@@ -71,6 +67,10 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Send a command to a running VM's control socket: status, pause,
+    /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
+    /// --shared DIR [...] (give the running VM a backup; `protect --help`),
+    /// events (its events so far and as they come, until it ends).
     Control {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]

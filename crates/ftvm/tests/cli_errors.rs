@@ -620,3 +620,28 @@ fn backup_image_is_refused_for_start_file() {
     assert!(help.stdout.contains("--start-file <FILE>"), "{}", help.stdout);
     assert!(!help.stdout.contains("--image"), "the old spelling is hidden:\n{}", help.stdout);
 }
+
+/// `ftvm --help` gives every command a line of its own saying what it
+/// does: a doc comment that slips to the next command (as `control`'s
+/// once did, onto `list`) leaves one command blank and the other wrong.
+#[test]
+fn every_command_in_the_help_says_what_it_does() {
+    let help = ftvm(&["--help"]);
+    let commands: Vec<&str> = help
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert!(commands.len() >= 10, "no command list in:\n{}", help.stdout);
+    for line in &commands {
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap();
+        assert!(words.next().is_some(), "`{name}` has no description in `ftvm --help`:\n{}", help.stdout);
+    }
+    let list = commands.iter().find(|l| l.trim_start().starts_with("list ")).expect("a list command");
+    assert!(!list.contains("Send a command"), "`list` carries another command's description: {list}");
+    let control = ftvm(&["control", "--help"]);
+    assert!(control.stdout.starts_with("Send a command to a running VM's control socket"), "{}", control.stdout);
+}
