@@ -14,15 +14,20 @@
 //! read and written in place in the hart's register file), runs the
 //! block's operations with no dispatch, and writes the dirty registers
 //! back at every exit. It does only what the interpreter's fast paths do
-//! and returns to Rust for everything else (LR, CSRs, system
-//! instructions), with two exceptions. Of the general executor's
-//! instructions, which end their block, it steps over fences (all the
-//! general executor does with them) and runs SCs and AMOs: their address
-//! checks and the store TLB's hit test inline, the rest in the
-//! interpreter's own `HartState::sc_or_amo` through a call (a misaligned
-//! address or a TLB miss returns to Rust at the instruction, which traps
-//! or walks the page tables as the interpreter does; see `General`). The
-//! other exception is floating point. Loads and stores of
+//! and returns to Rust for everything else (LR, the CSRs other than
+//! floating point's, system instructions), with two exceptions. Of the
+//! general executor's instructions, which end their block, it steps over
+//! fences (all the general executor does with them), runs SCs and AMOs
+//! (their address checks and the store TLB's hit test inline, the rest in
+//! the interpreter's own `HartState::sc_or_amo` through a call: a
+//! misaligned address or a TLB miss returns to Rust at the instruction,
+//! which traps or walks the page tables as the interpreter does), and
+//! runs the accesses to fflags, frm and fcsr inline (glibc's floor, ceil,
+//! trunc and round save and restore fflags around their conversions, and
+//! its rounding-mode changes read and write frm and fcsr: two returns to
+//! Rust per call otherwise); FS off returns to Rust at the instruction,
+//! which raises the illegal instruction. See `General`. The other
+//! exception is floating point. Loads and stores of
 //! f registers take the integer ones' TLB fast paths (after the FS check;
 //! flw NaN-boxes, a load marks FS dirty); computations call the
 //! interpreter's own `HartState::fp_compute` (the software FPU: exact
@@ -87,7 +92,7 @@
 //! through a much larger crate.
 
 use crate::block::{slot_of, Block, Inst, SLOTS};
-use crate::csr::{ENVCFG_CBZE, MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
+use crate::csr::{ENVCFG_CBZE, FCSR, FFLAGS, FRM, MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
 use crate::decode::Op;
 use crate::ext::CBO_BLOCK_BYTES;
 use crate::hart::HartState;
@@ -154,6 +159,8 @@ const F_REL: i32 = offset_of!(HartState, f) as i32 - X_OFF;
 const MSTATUS_REL: i32 = offset_of!(HartState, mstatus) as i32 - X_OFF;
 const MENVCFG_REL: i32 = offset_of!(HartState, menvcfg) as i32 - X_OFF;
 const SENVCFG_REL: i32 = offset_of!(HartState, senvcfg) as i32 - X_OFF;
+const FFLAGS_REL: i32 = offset_of!(HartState, fflags) as i32 - X_OFF;
+const FRM_REL: i32 = offset_of!(HartState, frm) as i32 - X_OFF;
 
 /// A translated block: the guest registers (`HartState::x`, a pointer
 /// valid for the whole `HartState`), the context; returns an exit code.
@@ -216,9 +223,10 @@ enum Loc {
 }
 
 /// Whether the translator handles `d`: everything with a fast path in
-/// the interpreter, and of the general executor's instructions the fences
-/// and the SCs and AMOs (see `General`); the others (CSRs, LR, system
-/// instructions) and illegal ones end translated code.
+/// the interpreter, and of the general executor's instructions the fences,
+/// the SCs and AMOs and the accesses to floating point's CSRs (see
+/// `General`); the others (other CSRs, LR, system instructions) and
+/// illegal ones end translated code.
 fn supported(d: &Inst) -> bool {
     match d.op {
         Op::Illegal => false,
@@ -245,6 +253,14 @@ enum General {
     /// tables exactly. Not LR, which the general executor translates with
     /// a page walk every time rather than through a TLB.
     ScAmo,
+    /// csrrw, csrrs, csrrc and their immediate forms on fflags, frm and
+    /// fcsr (frflags, fsflags, frrm, fsrm, frcsr, fscsr): inline, as the
+    /// general executor's `system` makes them; FS off (illegal) returns to
+    /// the interpreter at the instruction. They read and write nothing
+    /// but rd, rs1, fflags, frm and mstatus.FS, can trap for nothing else
+    /// (the three are read-write at every privilege level), and change
+    /// nothing a block or translated code depends on.
+    FpCsr,
 }
 
 /// What `insn`, an `Op::Other`, is for the translator; `None` if it returns
@@ -263,6 +279,11 @@ fn general(insn: u32) -> Option<General> {
             ) =>
         {
             Some(General::ScAmo)
+        }
+        // csrrw, csrrs, csrrc, csrrwi, csrrsi, csrrci (funct3 4 is
+        // illegal) of fflags, frm and fcsr.
+        0x73 if matches!(funct3, 1 | 2 | 3 | 5 | 6 | 7) && matches!((insn >> 20) as u16, FFLAGS | FRM | FCSR) => {
+            Some(General::FpCsr)
         }
         _ => None,
     }
@@ -626,6 +647,9 @@ fn reads(d: &Inst) -> (bool, bool) {
     match d.op {
         // An SC or AMO reads an address and a value.
         Other if general(d.insn) == Some(General::ScAmo) => (true, true),
+        // A CSR access reads rs1 in its register forms (funct3 below 4);
+        // the immediate forms' rs1 field is the immediate.
+        Other if general(d.insn) == Some(General::FpCsr) => ((d.insn >> 12) & 7 < 4, false),
         // Floating point's x registers are read and written in place (see
         // `Emitter::fp_compute`); a load's or store's rs1 is an address.
         Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
@@ -642,7 +666,7 @@ fn reads(d: &Inst) -> (bool, bool) {
 fn writes(d: &Inst) -> bool {
     use Op::*;
     if d.op == Other {
-        return general(d.insn) == Some(General::ScAmo);
+        return matches!(general(d.insn), Some(General::ScAmo | General::FpCsr));
     }
     !matches!(
         d.op,
@@ -944,6 +968,7 @@ impl Emitter {
             Other => match general(d.insn) {
                 Some(General::Fence) => {}
                 Some(General::ScAmo) => self.sc_amo(k, d),
+                Some(General::FpCsr) => self.fp_csr(k, d),
                 None => unreachable!("not translated"),
             },
             Lui => {
@@ -1466,6 +1491,84 @@ impl Emitter {
             ; mov ecx, d.insn as i32
         );
         self.call_and_restore(amo_helper as *const ());
+        self.put(d.rd, RAX);
+    }
+
+    /// An access to fflags, frm or fcsr (see `General::FpCsr`), as the
+    /// general executor's `system` makes it: FS off is illegal (left to
+    /// the interpreter at this instruction); the old value goes to rd; a
+    /// csrrw, or a csrrs/csrrc whose source is not x0 (or a zero
+    /// immediate), writes the new value's bits of the field and marks FS
+    /// dirty. None of them can trap once FS is on (the three are
+    /// read-write at every privilege level), and nothing a block depends
+    /// on changes.
+    fn fp_csr(&mut self, k: usize, d: &Inst) {
+        let i = d.insn;
+        let f3 = (i >> 12) & 7;
+        let csr = (i >> 20) as u16;
+        let uimm = ((i >> 15) & 31) as i32;
+        let write = f3 & 3 == 1 || uimm != 0;
+        let resume = self.stub(Exit::Resume(k));
+        dynasm!(self.ops
+            ; .arch x64
+            ; test QWORD [rdi + MSTATUS_REL], MSTATUS_FS as i32
+            ; jz =>resume
+        );
+        // rcx := the source, read before rd is written (rd may be rs1).
+        if write {
+            if f3 >= 5 {
+                dynasm!(self.ops ; .arch x64 ; mov ecx, uimm);
+            } else {
+                self.get(RCX, d.rs1);
+            }
+        }
+        // rax := the old value.
+        match csr {
+            FFLAGS => dynasm!(self.ops ; .arch x64 ; movzx eax, BYTE [rdi + FFLAGS_REL]),
+            FRM => dynasm!(self.ops ; .arch x64 ; movzx eax, BYTE [rdi + FRM_REL]),
+            _ => dynasm!(self.ops
+                ; .arch x64
+                ; movzx eax, BYTE [rdi + FRM_REL]
+                ; shl eax, 5
+                ; movzx edx, BYTE [rdi + FFLAGS_REL]
+                ; or eax, edx
+            ),
+        }
+        if write {
+            // rdx := the value written: the source, or the old value with
+            // its bits set or cleared.
+            match f3 & 3 {
+                1 => dynasm!(self.ops ; .arch x64 ; mov rdx, rcx),
+                2 => dynasm!(self.ops ; .arch x64 ; mov rdx, rax ; or rdx, rcx),
+                _ => dynasm!(self.ops ; .arch x64 ; mov rdx, rcx ; not rdx ; and rdx, rax),
+            }
+            match csr {
+                FFLAGS => dynasm!(self.ops
+                    ; .arch x64
+                    ; and edx, 0x1f
+                    ; mov BYTE [rdi + FFLAGS_REL], dl
+                ),
+                FRM => dynasm!(self.ops
+                    ; .arch x64
+                    ; and edx, 7
+                    ; mov BYTE [rdi + FRM_REL], dl
+                ),
+                _ => dynasm!(self.ops
+                    ; .arch x64
+                    ; mov ecx, edx
+                    ; and ecx, 0x1f
+                    ; mov BYTE [rdi + FFLAGS_REL], cl
+                    ; shr edx, 5
+                    ; and edx, 7
+                    ; mov BYTE [rdi + FRM_REL], dl
+                ),
+            }
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov rcx, QWORD (MSTATUS_FS_DIRTY | MSTATUS_SD) as i64
+                ; or QWORD [rdi + MSTATUS_REL], rcx
+            );
+        }
         self.put(d.rd, RAX);
     }
 

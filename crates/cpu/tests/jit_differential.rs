@@ -1312,13 +1312,28 @@ fn fp_insns(rng: &mut Rng, rd: u32, rs1: u32, p: &mut Vec<u32>, len: usize) {
             p.push(4 << 12 | t << 7 | 0x37);
             p.push(i_type(0x300, t, 3, 0, 0x73));
         }
-        // csrw frm, rs1 (a reserved mode now and then) or fsflags.
-        _ => p.push(i_type(rng.pick(&[2, 1]), rs1, 1, 0, 0x73)),
+        // An access to fflags, frm or fcsr in any form (a reserved mode
+        // written to frm now and then), into a free register or x0, its
+        // source now and then its destination too.
+        _ => {
+            let csr = 1 + rng.below(3) as i32;
+            let f3 = rng.pick(&[1, 2, 3, 5, 6, 7]);
+            let src = if f3 >= 5 {
+                rng.below(32) as u32
+            } else if rng.below(4) == 0 {
+                rd
+            } else {
+                rs1
+            };
+            let rd = if rng.below(4) == 0 { 0 } else { rd };
+            p.push(i_type(csr, src, f3, rd, 0x73));
+        }
     }
 }
 
 /// Random programs with floating point in them: computations, loads and
-/// stores of f registers, frm changes, interpreted and translated.
+/// stores of f registers, accesses to fflags, frm and fcsr, interpreted
+/// and translated.
 #[test]
 fn floating_point_translated_matches_the_interpreter() {
     let mut translated = 0;
@@ -1492,4 +1507,78 @@ fn fp_store_into_its_own_block() {
     for (i, r) in runs.iter().enumerate() {
         assert_eq!(r, &runs[0], "run {i}");
     }
+}
+
+/// Every access to fflags, frm and fcsr (csrrw, csrrs, csrrc and their
+/// immediate forms: frflags, fsflags, frrm, fsrm, frcsr, fscsr, and the
+/// csrrs/csrrc that write nothing), with rd a third register, x0 and rs1,
+/// on values with bits in and out of each field, with FS off (illegal,
+/// left to the interpreter), initial and dirty, and every frm and
+/// fflags: interpreted and translated, the whole hart compared; where FS
+/// is on, one call of translated code ran the access and the jump after.
+#[test]
+fn each_fp_csr_access() {
+    let mut ops = Vec::new();
+    for csr in 1..=3 {
+        for f3 in [1, 2, 3] {
+            for (rd, rs1) in [(10, 11), (0, 11), (11, 11), (10, 0), (0, 0)] {
+                ops.push(i_type(csr, rs1, f3, rd, 0x73));
+            }
+        }
+        for f3 in [5, 6, 7] {
+            for uimm in [0, 1, 0x15, 0x1f] {
+                for rd in [10, 0] {
+                    ops.push(i_type(csr, uimm, f3, rd, 0x73));
+                }
+            }
+        }
+    }
+    let values = [0u64, 1, 0x1f, 0x20, 0xe0, 0xff, 0x15a, u64::MAX, 1 << 63 | 0xa5, 0x1234_5678_9abc_def0];
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+    // Traps go to a `j .` of their own.
+    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    let mut runs = 0;
+    for &op in &ops {
+        ram.write_u32(BASE, op).unwrap();
+        let mut warm = false;
+        for (vi, &v) in values.iter().enumerate() {
+            for fs in [0u64, 1, 3] {
+                for flags in [0u8, 0x0a, 0x1f] {
+                    let frm = ((vi as u8) + flags) % 8;
+                    let mut out = Vec::new();
+                    for (i, h) in harts.iter_mut().enumerate() {
+                        h.s.pc = BASE;
+                        h.s.mtvec = BASE + 8;
+                        h.s.mstatus = fs << 13;
+                        h.s.frm = frm;
+                        h.s.fflags = flags;
+                        h.s.x[10] = 0x5555;
+                        h.s.x[11] = v;
+                        h.s.mcause = 0;
+                        h.s.mepc = 0;
+                        h.s.mtval = 0;
+                        let calls = h.jit_stats().calls;
+                        assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                        out.push(h.s.clone());
+                        if i > 0 && warm && fs != 0 {
+                            assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated alone");
+                        }
+                    }
+                    warm |= fs != 0;
+                    runs += 1;
+                    assert_eq!(
+                        out[0], out[1],
+                        "{op:#010x} with {v:#x}, FS {fs}, frm {frm}, fflags {flags:#x}: interpreted, translated"
+                    );
+                }
+            }
+        }
+    }
+    assert!(runs > 1000, "{runs}");
+    assert_eq!(harts[1].jit_stats().handoffs, 0, "left to the interpreter untranslated");
 }
