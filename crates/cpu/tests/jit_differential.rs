@@ -1368,14 +1368,7 @@ fn each_floating_point_operation_on_edge_operands() {
     }
     let ints =
         [0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1, 0x7fff_ffff, 0xffff_ffff_8000_0000, 0xffff_ffff, 3, 1 << 53 | 1];
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
-    harts[0].set_jit(0);
-    harts[1].set_jit(1);
-    let mut bus = Device::default();
-    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
-    // Traps go to a `j .` of their own.
-    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    let (mut ram, mut harts, mut bus) = one_op_bench();
     let mut runs = 0;
     for t in fp_templates() {
         let rms: &[u32] = if has_rm(t) { &[0, 1, 2, 3, 4, 5, 7] } else { &[(t >> 12) & 7] };
@@ -1534,14 +1527,7 @@ fn each_fp_csr_access() {
         }
     }
     let values = [0u64, 1, 0x1f, 0x20, 0xe0, 0xff, 0x15a, u64::MAX, 1 << 63 | 0xa5, 0x1234_5678_9abc_def0];
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
-    harts[0].set_jit(0);
-    harts[1].set_jit(1);
-    let mut bus = Device::default();
-    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
-    // Traps go to a `j .` of their own.
-    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    let (mut ram, mut harts, mut bus) = one_op_bench();
     let mut runs = 0;
     for &op in &ops {
         ram.write_u32(BASE, op).unwrap();
@@ -1581,4 +1567,18 @@ fn each_fp_csr_access() {
     }
     assert!(runs > 1000, "{runs}");
     assert_eq!(harts[1].jit_stats().handoffs, 0, "left to the interpreter untranslated");
+}
+
+/// RAM for one instruction at BASE followed by a `j .`, traps going to a
+/// `j .` of their own at BASE + 8, and two harts to run it on: the
+/// interpreter's (translation off) and the translator's (every block
+/// translated at first entry).
+fn one_op_bench() -> (GuestRam, [Hart; 2], Device) {
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
+    ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
+    (ram, harts, Device::default())
 }
