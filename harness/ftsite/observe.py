@@ -62,7 +62,7 @@ def _ask(sock, request, timeout):
 # us, Mbit/s, %, per s, s).
 _RENAMED = {
     "guest_time_s": "time", "lag_ms": "lag", "lag_max_ms": "lag_max", "log_mbit_s": "log",
-    "cpu_share_percent": "cpu_share", "paused_total_ms": "paused_total", "ends": "epochs",
+    "cpu_share_percent": "cpu_share", "cpu_limit_percent": "cpu_limit", "paused_total_ms": "paused_total", "ends": "epochs",
     "length": "epoch_length", "interval_ms": "interval", "pause_median_us": "pause_median",
     "pause_p99_us": "pause_p99", "ack_wait_total_ms": "ack_wait_total", "ack_wait_mean_us": "ack_wait_mean",
 }
@@ -165,6 +165,8 @@ EVENTS = {
                           "fields: released",
     "timeout-changed": "the pair's failure timeout changed: on the primary when it sent the change, on the backup "
                        "when the control entry reached it; fields: timeout_ms",
+    "cpu-limit-changed": "the VM's CPU limit changed: on the primary when it sent the change, on the backup when "
+                         "the control entry reached it (its VM runs under it once live); fields: percent",
 }
 
 

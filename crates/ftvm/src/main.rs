@@ -70,7 +70,8 @@ enum Command {
     /// Send a command to a running VM's control socket: status, pause,
     /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
     /// --shared DIR [...] (give the running VM a backup; `protect --help`),
-    /// events (its events so far and as they come, until it ends).
+    /// unprotect, timeout MS, cpu-limit PERCENT, events (its events so far
+    /// and as they come, until it ends).
     Control {
         /// Print the VM's answer as the JSON line it came in.
         #[arg(long)]

@@ -11,17 +11,25 @@
 //!
 //! ```text
 //! kind 1, the failure timeout: milliseconds u32
+//! kind 2, the VM's CPU limit: percent of one host core u8 (100: none)
 //! ```
 
 use crate::error::PeerError;
 use std::time::Duration;
 
 const TIMEOUT: u8 = 1;
+const CPU_LIMIT: u8 = 2;
 
 /// The timeouts a pair may be given, in milliseconds: under 20 ms a
 /// host's scheduling alone would be taken for a failure; a minute is
 /// longer than anyone waits for a failover.
 pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 20..=60_000;
+
+/// The CPU limits a VM may be given, in percent of one host core; 100
+/// is none (its one VM thread cannot use more). Under 5 % each rest
+/// would be over 20 times the run before it, tens of milliseconds in
+/// which a primary logs nothing (the lag control's floor is 5 % too).
+pub const CPU_LIMIT_RANGE: std::ops::RangeInclusive<u8> = 5..=100;
 
 /// A change the backup makes because the primary made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +37,10 @@ pub enum ControlEntry {
     /// Declare the other side failed after this much silence (both sides:
     /// the primary takes it first, the backup as it reads it).
     Timeout(Duration),
+    /// The VM may use at most this percentage of a host core (a resource
+    /// setting, VMware FT §3.3's "CPU share"): the backup keeps it, and
+    /// its VM runs under it once it goes live.
+    CpuLimit(u8),
 }
 
 impl ControlEntry {
@@ -40,6 +52,7 @@ impl ControlEntry {
                 out.extend((t.as_millis().min(u32::MAX as u128) as u32).to_le_bytes());
                 out
             }
+            ControlEntry::CpuLimit(percent) => vec![CPU_LIMIT, *percent],
         }
     }
 
@@ -54,6 +67,8 @@ impl ControlEntry {
                 }
                 Ok(ControlEntry::Timeout(Duration::from_millis(ms)))
             }
+            [CPU_LIMIT, percent] if CPU_LIMIT_RANGE.contains(percent) => Ok(ControlEntry::CpuLimit(*percent)),
+            [CPU_LIMIT, ..] => Err(PeerError::Control(format!("a CPU limit entry of {} bytes", bytes.len()))),
             [kind, ..] => Err(PeerError::Control(format!("an entry of unknown kind {kind}"))),
             [] => Err(PeerError::Control("an empty entry".into())),
         }
@@ -66,11 +81,23 @@ mod tests {
 
     #[test]
     fn entries_decode_as_encoded_and_nothing_else_does() {
-        let e = ControlEntry::Timeout(Duration::from_millis(1500));
-        assert_eq!(ControlEntry::decode(&e.encode()).unwrap(), e);
-        for bad in
-            [&[][..], &[9, 0, 0, 0, 0], &[TIMEOUT, 1, 0], &[TIMEOUT, 5, 0, 0, 0], &[TIMEOUT, 0xff, 0xff, 0xff, 0xff]]
+        for e in
+            [ControlEntry::Timeout(Duration::from_millis(1500)), ControlEntry::CpuLimit(5), ControlEntry::CpuLimit(100)]
         {
+            assert_eq!(ControlEntry::decode(&e.encode()).unwrap(), e);
+        }
+        for bad in [
+            &[][..],
+            &[9, 0, 0, 0, 0],
+            &[TIMEOUT, 1, 0],
+            &[TIMEOUT, 5, 0, 0, 0],
+            &[TIMEOUT, 0xff, 0xff, 0xff, 0xff],
+            &[CPU_LIMIT],
+            &[CPU_LIMIT, 0],
+            &[CPU_LIMIT, 4],
+            &[CPU_LIMIT, 101],
+            &[CPU_LIMIT, 50, 0],
+        ] {
             assert!(ControlEntry::decode(bad).is_err(), "{bad:?}");
         }
     }

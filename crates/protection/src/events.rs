@@ -191,6 +191,13 @@ pub enum PairEvent {
         /// The new timeout, in milliseconds.
         timeout_ms: u64,
     },
+    /// The VM's CPU limit changed on purpose: on the primary when it
+    /// sent the change to its backup, on the backup when the control
+    /// entry reached it (its VM runs under it once it goes live).
+    CpuLimitChanged {
+        /// Percent of one host core; 100 is no limit.
+        percent: u8,
+    },
     /// A primary that won runs on alone, its held outputs released.
     Unprotected {
         /// Outputs that had been held and were released.

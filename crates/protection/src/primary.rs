@@ -207,7 +207,7 @@ pub trait Primary<E: Engine> {
     }
 
     /// An operation on this side that the backup must follow (a new
-    /// failure timeout): this side makes the change now and sends it to
+    /// failure timeout, a CPU limit): this side makes the change now and sends it to
     /// the backup as a control entry in the stream, which takes it when
     /// it reads it.
     fn control(&mut self, _m: &mut E, _entry: ControlEntry) -> Result<(), ProtectionError> {
@@ -384,13 +384,18 @@ const CLAIM_POLL: Duration = Duration::from_millis(1);
 pub const CLAIM_GRACE: Duration = Duration::from_secs(2);
 
 /// What a primary does on its own side for a control entry before it
-/// sends it: the change that concerns its channel and heartbeats.
+/// sends it: the change that concerns its channel and heartbeats. (A CPU
+/// limit concerns the VM: the host loop that paces it has taken it.)
 pub fn apply_control(channel: &SenderWatch, entry: ControlEntry, events: &Events) {
     match entry {
         ControlEntry::Timeout(timeout) => {
             channel.set_timeout(timeout);
             eprintln!("ftvm: the pair's failure timeout is {} ms (sent to the backup)", timeout.as_millis());
             events.emit(PairEvent::TimeoutChanged { timeout_ms: timeout.as_millis() as u64 });
+        }
+        ControlEntry::CpuLimit(percent) => {
+            eprintln!("ftvm: the VM's CPU limit is {percent} % of a host core (sent to the backup)");
+            events.emit(PairEvent::CpuLimitChanged { percent });
         }
     }
 }

@@ -9,6 +9,7 @@
 //! threshold a gentler trim keeps a backup that is only a little slower
 //! from walking the lag up to it.
 
+use crate::duty::DutyCycle;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -108,18 +109,9 @@ pub struct Throttle {
     engagements: u64,
     /// Time the primary paused for the share, in all.
     paused_total: Duration,
-    /// Pause owed to the share and not yet taken, in seconds; below zero,
-    /// time overslept that the next pauses give back.
-    owed: f64,
+    /// The pauses that keep it to the share.
+    duty: DutyCycle,
 }
-
-/// Pauses shorter than this are owed rather than taken: each sleep
-/// overshoots by the timer slack and the wake-up (50-150 µs here), which
-/// on chunks of a few hundred microseconds would take the primary far
-/// below its share.
-const MIN_PAUSE: Duration = Duration::from_millis(2);
-/// The most oversleeping that is credited to later pauses.
-const MAX_CREDIT: Duration = Duration::from_millis(5);
 
 /// How often the share moves.
 const STEP_EVERY: Duration = Duration::from_millis(250);
@@ -166,7 +158,7 @@ impl Throttle {
             backup_rate: None,
             engagements: 0,
             paused_total: Duration::ZERO,
-            owed: 0.0,
+            duty: DutyCycle::default(),
         }
     }
 
@@ -278,24 +270,16 @@ impl Throttle {
     }
 
     /// The pause that keeps the primary to its share after it ran for
-    /// `busy`: what the share asks is owed, and taken once it adds up to
-    /// [`MIN_PAUSE`]. Tell [`Throttle::paused`] how long the pause was.
+    /// `busy` (see [`DutyCycle::pause_after`]). Tell [`Throttle::paused`]
+    /// how long the pause was.
     pub fn pause_after(&mut self, busy: Duration) -> Duration {
-        if self.share >= 1.0 {
-            self.owed = 0.0;
-            return Duration::ZERO;
-        }
-        self.owed += busy.as_secs_f64() * (1.0 - self.share) / self.share;
-        if self.owed < MIN_PAUSE.as_secs_f64() {
-            return Duration::ZERO;
-        }
-        Duration::from_secs_f64(self.owed)
+        self.duty.pause_after(self.share, busy)
     }
 
     /// The primary paused for `slept` (a sleep may overshoot).
     pub fn paused(&mut self, slept: Duration) {
         self.paused_total += slept;
-        self.owed = (self.owed - slept.as_secs_f64()).max(-MAX_CREDIT.as_secs_f64());
+        self.duty.paused(slept);
     }
 }
 

@@ -23,6 +23,8 @@
 //!   acknowledged;
 //! - [`lag`]: the backup's execution lag, measured on the primary, and the
 //!   CPU-share feedback loop that bounds it;
+//! - [`duty`]: the pauses that hold the VM thread to a share of a core
+//!   (the lag control's, and a VM's CPU limit);
 //! - [`page_delta`]: checkpoint pages sent as XOR deltas or zstd (Remus §3.4);
 //! - [`priority`]: the threads the peer's failure detector listens to,
 //!   raised where the VM's threads cannot starve them;
@@ -35,6 +37,7 @@ pub mod arbiter;
 pub mod channel;
 pub mod checkpoint_stream;
 pub mod disk_sync;
+pub mod duty;
 pub mod fence;
 pub mod heartbeat;
 pub mod isolation;

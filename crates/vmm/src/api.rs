@@ -50,6 +50,13 @@ pub enum Request {
     Timeout {
         ms: u64,
     },
+    /// Limit the VM to this percentage of one host core (100: no limit),
+    /// a resource setting (VMware FT §3.3's "CPU share"): taken here at
+    /// once, and by a primary sent to its backup as a control entry on
+    /// the channel, so the VM keeps it when the backup goes live.
+    CpuLimit {
+        percent: u8,
+    },
     /// The VM's events so far and then as they happen, one
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
@@ -107,6 +114,12 @@ pub enum Reply {
     /// taken it).
     TimeoutSet {
         timeout_ms: u64,
+    },
+    /// The VM runs under the CPU limit `percent` from now on; `sent`: a
+    /// primary sent it to its backup (its status shows when it has it).
+    CpuLimitSet {
+        percent: u8,
+        sent: bool,
     },
 }
 
@@ -215,6 +228,10 @@ pub struct VmStatus {
     pub guest_time_s: Option<f64>,
     /// Its part of a fault-tolerant pair, if it is in one.
     pub pair: Option<PairStatus>,
+    /// The VM's CPU limit, in percent of one host core, if it has one (a
+    /// backup: the one its primary sent, under which it goes live).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_percent: Option<u8>,
 }
 
 impl fmt::Display for Response {
@@ -251,6 +268,13 @@ impl fmt::Display for Reply {
             Reply::TimeoutSet { timeout_ms } => {
                 write!(f, "timeout {timeout_ms} ms: taken here, and sent to the backup")
             }
+            Reply::CpuLimitSet { percent, sent } => {
+                write!(f, "cpu limit {percent} % of a host core")?;
+                if *sent {
+                    write!(f, ": taken here, and sent to the backup")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -274,6 +298,9 @@ impl fmt::Display for VmStatus {
         }
         if let Some(t) = self.guest_time_s {
             write!(f, " time={t:.3}s")?;
+        }
+        if let Some(p) = self.cpu_limit_percent {
+            write!(f, " cpu_limit={p}%")?;
         }
         match &self.pair {
             None => Ok(()),

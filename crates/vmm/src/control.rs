@@ -11,7 +11,7 @@
 
 use crate::api::{ControlError, Request, Response};
 use crate::host_io::HostEvent;
-use ftvm_protection::control::TIMEOUT_RANGE_MS;
+use ftvm_protection::control::{CPU_LIMIT_RANGE, TIMEOUT_RANGE_MS};
 use ftvm_protection::events::{EventRecord, Events};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -72,7 +72,8 @@ pub enum ControlSocketError {
 
 /// A request as a person writes it on the command line: `status`,
 /// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `protect
-/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `timeout MS`, `events`.
+/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `timeout MS`, `cpu-limit
+/// PERCENT`, `events`.
 pub fn parse(line: &str) -> Result<Request, ControlError> {
     let bad = |m: String| ControlError::BadRequest(m);
     let line = line.trim();
@@ -96,6 +97,14 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
                 TIMEOUT_RANGE_MS.end()
             ))),
         },
+        ("cpu-limit", percent) => match percent.parse::<u8>() {
+            Ok(percent) if CPU_LIMIT_RANGE.contains(&percent) => Ok(Request::CpuLimit { percent }),
+            _ => Err(bad(format!(
+                "cpu-limit needs a percentage of one host core from {} to {}, not '{percent}'",
+                CPU_LIMIT_RANGE.start(),
+                CPU_LIMIT_RANGE.end()
+            ))),
+        },
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
             Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
@@ -103,7 +112,7 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         }),
         _ => Err(bad(format!(
             "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, \
-             unprotect, protect --backup HOST:PORT --shared DIR [...], timeout MS, events)"
+             unprotect, protect --backup HOST:PORT --shared DIR [...], timeout MS, cpu-limit PERCENT, events)"
         ))),
     }
 }
@@ -380,6 +389,10 @@ mod tests {
         for bad in ["timeout", "timeout 10", "timeout 60001", "timeout 2s", "timeout -5"] {
             assert!(parse(bad).unwrap_err().to_string().contains("from 20 to 60000"), "{bad}");
         }
+        assert_eq!(parse("cpu-limit 40").unwrap(), Request::CpuLimit { percent: 40 });
+        for bad in ["cpu-limit", "cpu-limit 4", "cpu-limit 101", "cpu-limit 256", "cpu-limit 50%", "cpu-limit -5"] {
+            assert!(parse(bad).unwrap_err().to_string().contains("from 5 to 100"), "{bad}");
+        }
         // An unknown command is quoted, but not whole.
         let long = format!("x{}", "y".repeat(10_000));
         assert!(parse(&long).unwrap_err().to_string().len() < 300);
@@ -403,6 +416,7 @@ mod tests {
             icount: 42,
             guest_time_s: Some(1.5),
             pair: Some(PairStatus::Unprotected),
+            cpu_limit_percent: None,
         };
         let response = Response::Ok(Reply::Status(Box::new(status)));
         let line = serde_json::to_string(&response).unwrap();
@@ -443,6 +457,7 @@ mod tests {
                 icount: 7,
                 guest_time_s: Some(0.25),
                 pair: None,
+                cpu_limit_percent: Some(40),
             }))),
             _ => Response::Error(ControlError::Stopped),
         })
@@ -454,12 +469,12 @@ mod tests {
             BufReader::new(s).read_line(&mut reply).unwrap();
             reply.trim_end().to_string()
         };
-        assert_eq!(ask("status"), "ok paused icount=7 time=0.250s");
+        assert_eq!(ask("status"), "ok paused icount=7 time=0.250s cpu_limit=40%");
         assert_eq!(ask("quit"), "error the VM has stopped");
         assert!(ask("reboot").starts_with("error unknown command 'reboot'"));
         let (response, line) = send(&path, &Request::Status, Duration::from_secs(10)).unwrap();
         assert!(line.starts_with(r#"{"ok":{"reply":"status","state":"paused","icount":7,"#), "{line}");
-        assert_eq!(response.to_string(), "ok paused icount=7 time=0.250s");
+        assert_eq!(response.to_string(), "ok paused icount=7 time=0.250s cpu_limit=40%");
         assert!(ask(r#"{"request":"reboot"}"#)
             .starts_with(r#"{"error":{"error":"bad_request","message":"unreadable request"#));
         let _ = std::fs::remove_dir_all(&dir);

@@ -110,6 +110,11 @@ pub struct RunArgs {
     /// hands over to its backup instead, and a recording ends as `quit`.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STOP_TIMEOUT_S)]
     pub stop_timeout: u64,
+    /// Limit the VM to this percentage of one host core (5 to 100; the
+    /// control socket's `cpu-limit` changes it). A protected VM's backup
+    /// keeps it and runs under it once it goes live.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(5..=100))]
+    pub cpu_limit: Option<u8>,
     /// Record which guest pages are written (what checkpoints and live
     /// migration need); off, stores cost nothing extra.
     #[arg(long)]
@@ -500,6 +505,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         }),
         stop_timeout: Duration::from_secs(args.stop_timeout),
         disk_keepers: overlay.iter().map(Overlay::keeper).collect(),
+        cpu_limit: args.cpu_limit.filter(|&p| p < 100),
     };
     // A plain VM, and a primary whose backup is lost, can be given one
     // while it runs; a recording cannot (its log is the file's).

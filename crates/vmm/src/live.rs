@@ -30,10 +30,11 @@ use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
-use ftvm_protection::control::{ControlEntry, TIMEOUT_RANGE_MS};
+use ftvm_protection::control::{ControlEntry, CPU_LIMIT_RANGE, TIMEOUT_RANGE_MS};
 use ftvm_protection::error::ProtectionError;
 use ftvm_protection::primary::{Alone, HandOver, Primary};
 use ftvm_replication::channel::PrimaryEvent;
+use ftvm_replication::duty::DutyCycle;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -139,6 +140,8 @@ pub struct Options {
     /// The run's copies of an image's root disk (`overlay`): a snapshot
     /// names them, so taking one keeps them after the run.
     pub disk_keepers: Vec<crate::overlay::Keeper>,
+    /// The VM's CPU limit, in percent of one host core (None: none).
+    pub cpu_limit: Option<u8>,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -312,6 +315,11 @@ struct Live<E: Engine> {
     terminate_signal: i32,
     /// A clean stop under way (SIGTERM or SIGINT on a VM alone).
     stopping: Option<Stopping>,
+    /// The pauses that hold the VM thread to `opts.cpu_limit`.
+    cpu_duty: DutyCycle,
+    /// The CPU limit is to go to the backup (a pair just started): sent
+    /// after the next run, once the pair's stream is flowing.
+    cpu_limit_unsent: bool,
 }
 
 pub fn run<E: Engine>(
@@ -360,7 +368,10 @@ pub fn run<E: Engine>(
         moving: None,
         terminate_signal: signal_hook::consts::SIGTERM,
         stopping: None,
+        cpu_duty: DutyCycle::default(),
+        cpu_limit_unsent: false,
     };
+    live.cpu_limit_unsent = live.opts.cpu_limit.is_some();
     // After a restore, the I/O the machine was waiting for is issued again.
     let again = live.m.io_in_flight();
     live.io.dispatch(again);
@@ -431,6 +442,7 @@ impl<E: Engine> Live<E> {
             self.dispatch(requests);
             if let Some(exit) = &exit {
                 self.after_slice(busy, matches!(exit, RunExit::Idle { .. }))?;
+                self.send_cpu_limit();
             }
             if self.successor_due() {
                 if let Next::Exit(code) = self.succeed(events)? {
@@ -993,6 +1005,7 @@ impl<E: Engine> Live<E> {
             Ok((pair, done)) => {
                 self.primary = Some(pair);
                 self.opts.ft_alone = false;
+                self.cpu_limit_unsent = self.opts.cpu_limit.is_some();
                 let pause_ms = stopped.elapsed().as_millis() as u64;
                 let mode = self.primary.as_mut().and_then(|p| p.status()).map_or(String::new(), |s| match s {
                     PairStatus::Primary(p) => p.mode.name().to_string(),
@@ -1070,19 +1083,45 @@ impl<E: Engine> Live<E> {
     }
 
     /// After a run: a checkpoint when one is due, and the pause the
-    /// primary asks for to keep its backup near.
+    /// primary asks for to keep its backup near or the CPU limit asks
+    /// for, the longer (one rest serves both).
     fn after_slice(&mut self, busy: Duration, idle: bool) -> Result<(), VmmError> {
         if let Some(t) = &mut self.moving {
             t.after_slice(&mut self.m, busy, idle)?;
         }
-        let Some(p) = &mut self.primary else { return Ok(()) };
-        let pause = p.after_slice(&mut self.m, busy, idle)?;
+        let for_pair = match &mut self.primary {
+            Some(p) => p.after_slice(&mut self.m, busy, idle)?,
+            None => Duration::ZERO,
+        };
+        let share = self.opts.cpu_limit.map_or(1.0, |p| p as f64 / 100.0);
+        let for_limit = self.cpu_duty.pause_after(share, busy);
+        let pause = for_pair.max(for_limit);
         if !pause.is_zero() {
             let started = Instant::now();
             std::thread::sleep(pause);
-            p.paused(started.elapsed());
+            let slept = started.elapsed();
+            self.cpu_duty.paused(slept);
+            if let (Some(p), false) = (&mut self.primary, for_pair.is_zero()) {
+                p.paused(slept);
+            }
         }
         Ok(())
+    }
+
+    /// Sends the VM's CPU limit to its backup as a control entry, if a
+    /// pair started since it was last sent: the backup's VM must run
+    /// under it once it goes live.
+    fn send_cpu_limit(&mut self) {
+        let (Some(percent), true, Some(p)) = (self.opts.cpu_limit, self.cpu_limit_unsent, &mut self.primary) else {
+            return;
+        };
+        self.cpu_limit_unsent = false;
+        match p.control(&mut self.m, ControlEntry::CpuLimit(percent)) {
+            Ok(()) => {}
+            // A pair still being set up: sent after a later run.
+            Err(ProtectionError::NoBackupToControl) => self.cpu_limit_unsent = true,
+            Err(e) => eprintln!("ftvm: the VM's CPU limit could not be sent to the backup: {e}"),
+        }
     }
 
     fn control(&mut self, req: ControlRequest) -> Result<Next, VmmError> {
@@ -1099,6 +1138,7 @@ impl<E: Engine> Live<E> {
                     icount: self.m.icount(),
                     guest_time_s: Some(self.m.time() as f64 / TIMEBASE_HZ as f64),
                     pair,
+                    cpu_limit_percent: self.opts.cpu_limit,
                 };
                 (Ok(Reply::Status(Box::new(status))), Next::Continue)
             }
@@ -1179,6 +1219,41 @@ impl<E: Engine> Live<E> {
             ),
             Request::Timeout { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
                 (Err(ControlError::StopUnderWay), Next::Continue)
+            }
+            Request::CpuLimit { percent } if !CPU_LIMIT_RANGE.contains(&percent) => (
+                Err(ControlError::BadRequest(format!(
+                    "a CPU limit of {percent} % is out of range ({} to {} %)",
+                    CPU_LIMIT_RANGE.start(),
+                    CPU_LIMIT_RANGE.end()
+                ))),
+                Next::Continue,
+            ),
+            Request::CpuLimit { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
+                (Err(ControlError::StopUnderWay), Next::Continue)
+            }
+            Request::CpuLimit { percent } => {
+                self.opts.cpu_limit = (percent < 100).then_some(percent);
+                self.cpu_duty = DutyCycle::default();
+                // A backup that is moving gets it as its pair starts.
+                self.cpu_limit_unsent = false;
+                let sent = match self.primary.as_mut() {
+                    None => false,
+                    Some(p) => match p.control(&mut self.m, ControlEntry::CpuLimit(percent)) {
+                        Ok(()) => true,
+                        Err(ProtectionError::NoBackupToControl) => {
+                            self.cpu_limit_unsent = true;
+                            false
+                        }
+                        Err(e) => {
+                            eprintln!("ftvm: the VM's CPU limit could not be sent to the backup: {e}");
+                            false
+                        }
+                    },
+                };
+                if !sent {
+                    eprintln!("ftvm: the VM's CPU limit is {percent} % of a host core");
+                }
+                (Ok(Reply::CpuLimitSet { percent, sent }), Next::Continue)
             }
             Request::Timeout { ms } => match self.primary.as_mut() {
                 None => (Err(ControlError::NotProtected), Next::Continue),

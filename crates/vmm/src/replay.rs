@@ -123,6 +123,8 @@ pub struct LiveSetup {
     pub console_input: bool,
     /// The VM's journal of events (a backup's, which goes on).
     pub events: Events,
+    /// The CPU limit the VM runs under (a backup's: its primary's).
+    pub cpu_limit: Option<u8>,
 }
 
 impl LiveSetup {
@@ -136,6 +138,7 @@ impl LiveSetup {
             undelivered: Vec::new(),
             console_input: true,
             events: Events::default(),
+            cpu_limit: None,
         }
     }
 }
@@ -264,6 +267,7 @@ pub fn go_live(
         limits: None,
         stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
         disk_keepers: Vec::new(),
+        cpu_limit: setup.cpu_limit,
     };
     tracing::debug!(setup_us = started.elapsed().as_micros() as u64, "going live: the host's devices set up");
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);

@@ -32,6 +32,7 @@ use ftvm_replication::channel::{HandshakeError, LogReceiver, DEFAULT_BUFFER};
 use ftvm_replication::heartbeat::Heartbeat;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -237,7 +238,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     if backup.ready_to_take_over() {
         let _ = generation.set(gen);
     }
-    *answer.write().unwrap() = Box::new(following_status(receiver.clone(), backup.progress(), gen));
+    // The VM's CPU limit as its primary last sent it (0: none): its VM
+    // runs under it once it goes live.
+    let cpu_limit = Arc::new(AtomicU8::new(0));
+    *answer.write().unwrap() = Box::new(following_status(receiver.clone(), backup.progress(), gen, cpu_limit.clone()));
     if pair.epoch_mode().is_some() {
         // It waits for log at every epoch end, microseconds apart.
         receiver.short_waits();
@@ -261,6 +265,11 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             receiver.follow_timeout(timeout);
             eprintln!("ftvm: the primary set the pair's failure timeout to {} ms", timeout.as_millis());
             events.emit(PairEvent::TimeoutChanged { timeout_ms: timeout.as_millis() as u64 });
+        }
+        Report::Control(ControlEntry::CpuLimit(percent)) => {
+            cpu_limit.store(if percent < 100 { percent } else { 0 }, Ordering::Relaxed);
+            eprintln!("ftvm: the primary set the VM's CPU limit to {percent} % of a host core");
+            events.emit(PairEvent::CpuLimitChanged { percent });
         }
     });
     receiver.reading_done();
@@ -302,6 +311,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             undelivered,
             console_input: false,
             events: events.clone(),
+            cpu_limit: Some(cpu_limit.load(Ordering::Relaxed)).filter(|&p| p > 0),
         };
         replay::go_live(machine, &header, &setup, taps, activation)
     };
@@ -365,7 +375,13 @@ fn waiting_status(listen: SocketAddr) -> impl Fn(Request) -> Response + Send + S
         if request != Request::Status {
             return Response::Error(ControlError::BackupAnswersStatusOnly);
         }
-        let status = VmStatus { state: RunState::Waiting { listen }, icount: 0, guest_time_s: None, pair: None };
+        let status = VmStatus {
+            state: RunState::Waiting { listen },
+            icount: 0,
+            guest_time_s: None,
+            pair: None,
+            cpu_limit_percent: None,
+        };
         Response::Ok(Reply::Status(Box::new(status)))
     }
 }
@@ -377,6 +393,7 @@ fn following_status(
     receiver: Arc<LogReceiver>,
     progress: Arc<dyn Fn() -> Progress + Send + Sync>,
     generation: u64,
+    cpu_limit: Arc<AtomicU8>,
 ) -> impl Fn(Request) -> Response + Send + Sync {
     let rate = Mutex::new((Instant::now(), 0u64, 0.0f64));
     move |request| {
@@ -404,7 +421,13 @@ fn following_status(
             timeout_ms: receiver.timing().get().timeout.as_millis() as u64,
             heartbeat_timeout_ms: receiver.heartbeat_timeout().as_millis() as u64,
         };
-        let status = VmStatus { state, icount, guest_time_s: None, pair: Some(PairStatus::Backup(backup)) };
+        let status = VmStatus {
+            state,
+            icount,
+            guest_time_s: None,
+            pair: Some(PairStatus::Backup(backup)),
+            cpu_limit_percent: Some(cpu_limit.load(Ordering::Relaxed)).filter(|&p| p > 0),
+        };
         Response::Ok(Reply::Status(Box::new(status)))
     }
 }
