@@ -187,7 +187,10 @@ pub struct Vms {
     memory: u64,
     /// Held through each start: the check of free memory and the VM's
     /// entry in `vms` are one step, so two starts at once cannot both
-    /// take the last of it.
+    /// take the last of it. Held too to forget a VM: a start makes the
+    /// VM's directory afresh, at the path an ended process of the same VM
+    /// had, and forgetting that one (its directory removed) in the midst
+    /// of the start would take the new one's. (Taken before `vms`.)
     starting: Mutex<()>,
     /// Where the VMs' pair events go (the agent's publisher).
     events: tokio::sync::mpsc::Sender<VmEvent>,
@@ -549,8 +552,15 @@ impl Vms {
     async fn reap_and_forget(&self, name: &str) -> Result<String, ApiError> {
         let deadline = tokio::time::Instant::now() + STOP_WAIT;
         let how = loop {
-            let (_, _, _, ended, _) = self.handle(name)?;
+            let (_, _, pid, ended, _) = self.handle(name)?;
             if let Some(how) = ended {
+                // Only the process waited for: a start since may have
+                // put a new one in its place.
+                let _no_start = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+                let mut vms = self.lock();
+                if vms.get(name).is_some_and(|vm| vm.pid == pid && vm.ended.is_some()) {
+                    forget(&mut vms, name);
+                }
                 break how;
             }
             if tokio::time::Instant::now() > deadline {
@@ -560,7 +570,6 @@ impl Vms {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        forget(&mut self.lock(), name);
         Ok(how)
     }
 
@@ -574,6 +583,7 @@ impl Vms {
     /// Forgets a VM whose process has ended, with its directory; one that
     /// runs is refused (409), whatever the asker saw of it before.
     pub fn forget_ended(&self, name: &str) -> Result<String, ApiError> {
+        let _no_start = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         let mut vms = self.lock();
         let vm = vms.get_mut(name).ok_or_else(|| ApiError::NotFound(format!("no VM {name} on this host")))?;
         vm.reap();
