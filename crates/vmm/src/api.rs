@@ -63,6 +63,20 @@ pub enum Request {
     Events,
 }
 
+impl Request {
+    /// Why the request cannot be taken as it is (a number out of its
+    /// range), whichever way it came: the socket checks every request
+    /// with this before the VM sees it.
+    pub fn check(&self) -> Result<(), String> {
+        use ftvm_protection::control::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
+        match *self {
+            Request::Timeout { ms } => TIMEOUT_MS.check("a timeout", ms).map(drop),
+            Request::CpuLimit { percent } => CPU_LIMIT_PERCENT.check("a CPU limit", percent).map(drop),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The answer to a request: a reply, or why there is none.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

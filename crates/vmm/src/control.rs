@@ -11,7 +11,7 @@
 
 use crate::api::{ControlError, Request, Response};
 use crate::host_io::HostEvent;
-use ftvm_protection::control::{CPU_LIMIT_RANGE, TIMEOUT_RANGE_MS};
+use ftvm_protection::control::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
 use ftvm_protection::events::{EventRecord, Events};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -89,22 +89,10 @@ pub fn parse(line: &str) -> Result<Request, ControlError> {
         ("unprotect", "") => Ok(Request::Unprotect),
         ("events", "") => Ok(Request::Events),
         ("protect", rest) => parse_protect(rest),
-        ("timeout", ms) => match ms.parse::<u64>() {
-            Ok(ms) if TIMEOUT_RANGE_MS.contains(&ms) => Ok(Request::Timeout { ms }),
-            _ => Err(bad(format!(
-                "timeout needs a number of milliseconds from {} to {}, not '{ms}'",
-                TIMEOUT_RANGE_MS.start(),
-                TIMEOUT_RANGE_MS.end()
-            ))),
-        },
-        ("cpu-limit", percent) => match percent.parse::<u8>() {
-            Ok(percent) if CPU_LIMIT_RANGE.contains(&percent) => Ok(Request::CpuLimit { percent }),
-            _ => Err(bad(format!(
-                "cpu-limit needs a percentage of one host core from {} to {}, not '{percent}'",
-                CPU_LIMIT_RANGE.start(),
-                CPU_LIMIT_RANGE.end()
-            ))),
-        },
+        ("timeout", ms) => TIMEOUT_MS.parse("timeout", ms).map(|ms| Request::Timeout { ms }).map_err(bad),
+        ("cpu-limit", percent) => {
+            CPU_LIMIT_PERCENT.parse("cpu-limit", percent).map(|percent| Request::CpuLimit { percent }).map_err(bad)
+        }
         ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
         ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
             Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
@@ -267,7 +255,8 @@ fn serve_one(
         true => serde_json::from_str::<Request>(&line)
             .map_err(|e| ControlError::BadRequest(format!("unreadable request: {e}"))),
         false => parse(&line),
-    };
+    }
+    .and_then(|r| r.check().map(|()| r).map_err(ControlError::BadRequest));
     let response = match request {
         Ok(Request::Events) => return stream_events(writer, journal, json),
         Ok(request) => {
@@ -387,12 +376,22 @@ mod tests {
         assert!(parse("snapshot --overwrite").is_err());
         assert_eq!(parse("timeout 2000").unwrap(), Request::Timeout { ms: 2000 });
         for bad in ["timeout", "timeout 10", "timeout 60001", "timeout 2s", "timeout -5"] {
-            assert!(parse(bad).unwrap_err().to_string().contains("from 20 to 60000"), "{bad}");
+            assert!(parse(bad).unwrap_err().to_string().contains("20 to 60000 ms"), "{bad}");
         }
         assert_eq!(parse("cpu-limit 40").unwrap(), Request::CpuLimit { percent: 40 });
         for bad in ["cpu-limit", "cpu-limit 4", "cpu-limit 101", "cpu-limit 256", "cpu-limit 50%", "cpu-limit -5"] {
-            assert!(parse(bad).unwrap_err().to_string().contains("from 5 to 100"), "{bad}");
+            assert!(parse(bad).unwrap_err().to_string().contains("5 to 100 %"), "{bad}");
         }
+        // A typed request is checked the same way, at the socket.
+        assert_eq!(
+            Request::CpuLimit { percent: 4 }.check().unwrap_err(),
+            "a CPU limit of 4 % is out of range (5 to 100 %)"
+        );
+        assert_eq!(
+            Request::Timeout { ms: 19 }.check().unwrap_err(),
+            "a timeout of 19 ms is out of range (20 to 60000 ms)"
+        );
+        assert!(Request::CpuLimit { percent: 100 }.check().is_ok() && Request::Timeout { ms: 20 }.check().is_ok());
         // An unknown command is quoted, but not whole.
         let long = format!("x{}", "y".repeat(10_000));
         assert!(parse(&long).unwrap_err().to_string().len() < 300);
@@ -477,6 +476,12 @@ mod tests {
         assert_eq!(response.to_string(), "ok paused icount=7 time=0.250s cpu_limit=40%");
         assert!(ask(r#"{"request":"reboot"}"#)
             .starts_with(r#"{"error":{"error":"bad_request","message":"unreadable request"#));
+        // A typed request out of range never reaches the VM (which would
+        // answer "stopped" here).
+        assert_eq!(
+            ask(r#"{"request":"cpu_limit","percent":200}"#),
+            r#"{"error":{"error":"bad_request","message":"a CPU limit of 200 % is out of range (5 to 100 %)"}}"#
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

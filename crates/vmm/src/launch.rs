@@ -12,6 +12,7 @@ use crate::overlay::Overlay;
 use crate::{console, control, exec, ft, live, record};
 use clap::Args;
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use ftvm_protection::control::CPU_LIMIT_PERCENT;
 use ftvm_protection::events::Events;
 use ftvm_protection::pair::{DiskSharing, Mode};
 use ftvm_protection::primary::Primary;
@@ -113,7 +114,7 @@ pub struct RunArgs {
     /// Limit the VM to this percentage of one host core (5 to 100; the
     /// control socket's `cpu-limit` changes it). A protected VM's backup
     /// keeps it and runs under it once it goes live.
-    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(5..=100))]
+    #[arg(long, value_name = "PERCENT", value_parser = |text: &str| CPU_LIMIT_PERCENT.parse("a CPU limit", text))]
     pub cpu_limit: Option<u8>,
     /// Record which guest pages are written (what checkpoints and live
     /// migration need); off, stores cost nothing extra.

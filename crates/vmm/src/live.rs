@@ -30,7 +30,7 @@ use crate::host_io::{HostEvent, HostIo};
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
-use ftvm_protection::control::{ControlEntry, CPU_LIMIT_RANGE, TIMEOUT_RANGE_MS};
+use ftvm_protection::control::ControlEntry;
 use ftvm_protection::error::ProtectionError;
 use ftvm_protection::primary::{Alone, HandOver, Primary};
 use ftvm_replication::channel::PrimaryEvent;
@@ -442,7 +442,9 @@ impl<E: Engine> Live<E> {
             self.dispatch(requests);
             if let Some(exit) = &exit {
                 self.after_slice(busy, matches!(exit, RunExit::Idle { .. }))?;
-                self.send_cpu_limit();
+                if self.cpu_limit_unsent {
+                    self.send_cpu_limit(self.opts.cpu_limit.unwrap_or(100));
+                }
             }
             if self.successor_due() {
                 if let Next::Exit(code) = self.succeed(events)? {
@@ -1108,19 +1110,24 @@ impl<E: Engine> Live<E> {
         Ok(())
     }
 
-    /// Sends the VM's CPU limit to its backup as a control entry, if a
-    /// pair started since it was last sent: the backup's VM must run
-    /// under it once it goes live.
-    fn send_cpu_limit(&mut self) {
-        let (Some(percent), true, Some(p)) = (self.opts.cpu_limit, self.cpu_limit_unsent, &mut self.primary) else {
-            return;
-        };
+    /// Sends CPU limit `percent` (100: none) to the backup as a control
+    /// entry, the backup's VM to run under it once it goes live: true if
+    /// sent. A pair still being set up has no backup to take it yet: it
+    /// is sent after a later run (`cpu_limit_unsent`), as it is whenever
+    /// a pair starts.
+    fn send_cpu_limit(&mut self, percent: u8) -> bool {
+        let Some(p) = &mut self.primary else { return false };
         self.cpu_limit_unsent = false;
         match p.control(&mut self.m, ControlEntry::CpuLimit(percent)) {
-            Ok(()) => {}
-            // A pair still being set up: sent after a later run.
-            Err(ProtectionError::NoBackupToControl) => self.cpu_limit_unsent = true,
-            Err(e) => eprintln!("ftvm: the VM's CPU limit could not be sent to the backup: {e}"),
+            Ok(()) => true,
+            Err(ProtectionError::NoBackupToControl) => {
+                self.cpu_limit_unsent = true;
+                false
+            }
+            Err(e) => {
+                eprintln!("ftvm: the VM's CPU limit could not be sent to the backup: {e}");
+                false
+            }
         }
     }
 
@@ -1209,47 +1216,16 @@ impl<E: Engine> Live<E> {
                 self.unprotect_asked = Some(req.reply);
                 return Ok(Next::Continue);
             }
-            Request::Timeout { ms } if !TIMEOUT_RANGE_MS.contains(&ms) => (
-                Err(ControlError::BadRequest(format!(
-                    "a timeout of {ms} ms is out of range ({} to {} ms)",
-                    TIMEOUT_RANGE_MS.start(),
-                    TIMEOUT_RANGE_MS.end()
-                ))),
-                Next::Continue,
-            ),
             Request::Timeout { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
                 (Err(ControlError::StopUnderWay), Next::Continue)
             }
-            Request::CpuLimit { percent } if !CPU_LIMIT_RANGE.contains(&percent) => (
-                Err(ControlError::BadRequest(format!(
-                    "a CPU limit of {percent} % is out of range ({} to {} %)",
-                    CPU_LIMIT_RANGE.start(),
-                    CPU_LIMIT_RANGE.end()
-                ))),
-                Next::Continue,
-            ),
             Request::CpuLimit { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
                 (Err(ControlError::StopUnderWay), Next::Continue)
             }
             Request::CpuLimit { percent } => {
                 self.opts.cpu_limit = (percent < 100).then_some(percent);
                 self.cpu_duty = DutyCycle::default();
-                // A backup that is moving gets it as its pair starts.
-                self.cpu_limit_unsent = false;
-                let sent = match self.primary.as_mut() {
-                    None => false,
-                    Some(p) => match p.control(&mut self.m, ControlEntry::CpuLimit(percent)) {
-                        Ok(()) => true,
-                        Err(ProtectionError::NoBackupToControl) => {
-                            self.cpu_limit_unsent = true;
-                            false
-                        }
-                        Err(e) => {
-                            eprintln!("ftvm: the VM's CPU limit could not be sent to the backup: {e}");
-                            false
-                        }
-                    },
-                };
+                let sent = self.send_cpu_limit(percent);
                 if !sent {
                     eprintln!("ftvm: the VM's CPU limit is {percent} % of a host core");
                 }

@@ -21,7 +21,7 @@ use clap::Args;
 use ftvm_etcd::{Endpoints, Etcd, EtcdArbiter, EtcdTls};
 use ftvm_machine::Machine;
 use ftvm_protection::checkpoint;
-use ftvm_protection::control::TIMEOUT_RANGE_MS;
+use ftvm_protection::control::TIMEOUT_MS;
 use ftvm_protection::epoch::primary::Epoch;
 use ftvm_protection::epoch::{EpochMode, EpochProtocol};
 use ftvm_protection::events::{Events, PairEvent};
@@ -174,15 +174,12 @@ impl PairArgs {
     }
 
     pub fn timing(&self) -> Result<Timing, VmmError> {
-        if !TIMEOUT_RANGE_MS.contains(&self.timeout) {
-            let (lo, hi) = (TIMEOUT_RANGE_MS.start(), TIMEOUT_RANGE_MS.end());
-            return Err(usage(format!("--timeout {} is out of range ({lo} to {hi} ms)", self.timeout)));
-        }
-        if self.min_timeout < *TIMEOUT_RANGE_MS.start() || self.min_timeout > self.timeout {
+        TIMEOUT_MS.check("--timeout", self.timeout).map_err(usage)?;
+        if self.min_timeout < *TIMEOUT_MS.range.start() || self.min_timeout > self.timeout {
             return Err(usage(format!(
                 "--min-timeout {} is out of range ({} ms to --timeout, {} ms)",
                 self.min_timeout,
-                TIMEOUT_RANGE_MS.start(),
+                TIMEOUT_MS.range.start(),
                 self.timeout
             )));
         }
