@@ -45,9 +45,9 @@ fn a_start_is_not_undone_by_clearing_away_the_ended_process_before_it() {
 
     for round in 0..5 {
         vms.create(spec.clone()).unwrap_or_else(|e| panic!("round {round}: the first start: {e}"));
-        // Let it end, then start it again (the new process runs on
-        // through the clearing away: an ended one may be cleared) while the controller, on its
-        // own, clears away the ended process (as it does each pass).
+        // Let it end, then start it again while the controller clears
+        // away the ended process (as it does each pass). The new process
+        // runs on through the clearing away (an ended one may be cleared).
         let ended = Instant::now();
         while runtime.block_on(vms.info("redis")).expect("the VM is known").ended.is_none() {
             assert!(ended.elapsed() < Duration::from_secs(60), "the process did not end");

@@ -1216,10 +1216,9 @@ impl<E: Engine> Live<E> {
                 self.unprotect_asked = Some(req.reply);
                 return Ok(Next::Continue);
             }
-            Request::Timeout { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
-                (Err(ControlError::StopUnderWay), Next::Continue)
-            }
-            Request::CpuLimit { .. } if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() => {
+            Request::Timeout { .. } | Request::CpuLimit { .. }
+                if self.unprotect_asked.is_some() || self.hand_over_asked.is_some() =>
+            {
                 (Err(ControlError::StopUnderWay), Next::Continue)
             }
             Request::CpuLimit { percent } => {
