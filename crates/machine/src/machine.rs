@@ -548,10 +548,19 @@ impl Machine {
         }
     }
 
-    /// Starts the chain of [`Machine::state_digest`] afresh, where a
-    /// machine restored from a checkpoint starts it.
-    pub fn restart_digest_chain(&mut self) {
+    /// Makes the machine what one restored from its checkpoint state is,
+    /// so that it and a replica restored from that state run alike from
+    /// here: the chain of [`Machine::state_digest`] starts afresh, and the
+    /// harts drop their cached translations. (A cached translation is
+    /// guest-visible where the guest changes a PTE without `sfence.vma`,
+    /// as Linux clears accessed bits: a hart holding one sets no accessed
+    /// bit where one walking the tables does, and the replicas' RAM would
+    /// differ.)
+    pub fn begin_as_restored(&mut self) {
         self.last_ram_digest = [0; 8];
+        for h in &mut self.harts {
+            h.flush_tlb();
+        }
     }
 
     /// A cheap, chained digest of the machine for replay checks: each
