@@ -62,6 +62,26 @@ pub struct MachineConfig {
     pub extensions: Extensions,
 }
 
+impl MachineConfig {
+    /// One hart, `ram_size` bytes of RAM, no firmware and no devices but
+    /// the entropy source: `program` runs from RAM's base in M-mode (the
+    /// machine's own tests of what a hart does on the board).
+    pub fn bare_metal(program: Vec<u8>, ram_size: u64) -> MachineConfig {
+        MachineConfig {
+            harts: 1,
+            ram_size,
+            firmware: None,
+            kernel: program,
+            initrd: None,
+            cmdline: String::new(),
+            devices: vec![DeviceSpec::Rng],
+            guest_ips: DEFAULT_GUEST_IPS,
+            rtc_base_ns: 0,
+            extensions: Extensions::ALL,
+        }
+    }
+}
+
 /// An input from outside, applied at the current instruction boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -631,19 +651,7 @@ mod tests {
 
     /// A machine whose kernel spins (`j .`), with `ram` bytes of RAM.
     fn spinning(ram_size: u64) -> Machine {
-        let cfg = MachineConfig {
-            harts: 1,
-            ram_size,
-            firmware: None,
-            kernel: 0x0000_006fu32.to_le_bytes().to_vec(),
-            initrd: None,
-            cmdline: String::new(),
-            devices: vec![DeviceSpec::Rng],
-            guest_ips: DEFAULT_GUEST_IPS,
-            rtc_base_ns: 0,
-            extensions: Extensions::ALL,
-        };
-        Machine::new(&cfg).unwrap()
+        Machine::new(&MachineConfig::bare_metal(0x0000_006fu32.to_le_bytes().to_vec(), ram_size)).unwrap()
     }
 
     /// What a snapshot declares is read before anything is allocated for

@@ -6,7 +6,7 @@
 //! where a hart walking the tables (the restored one, which holds none)
 //! does. `Machine::begin_as_restored` drops them.
 
-use ftvm_machine::{DeviceSpec, Extensions, Machine, MachineConfig, DEFAULT_GUEST_IPS};
+use ftvm_machine::{Machine, MachineConfig};
 
 const SATP: u32 = 0x180;
 const MSTATUS: u32 = 0x300;
@@ -84,18 +84,7 @@ fn machine() -> (Machine, u64) {
         ld(13, 6, 16),
         0x0000_006f, // j .
     ];
-    let cfg = MachineConfig {
-        harts: 1,
-        ram_size: 16 << 20,
-        firmware: None,
-        kernel: prog.iter().flat_map(|w| w.to_le_bytes()).collect(),
-        initrd: None,
-        cmdline: String::new(),
-        devices: vec![DeviceSpec::Rng],
-        guest_ips: DEFAULT_GUEST_IPS,
-        rtc_base_ns: 0,
-        extensions: Extensions::ALL,
-    };
+    let cfg = MachineConfig::bare_metal(prog.iter().flat_map(|w| w.to_le_bytes()).collect(), 16 << 20);
     (Machine::new(&cfg).unwrap(), prog.len() as u64 - 4)
 }
 
