@@ -2,7 +2,7 @@
 # rules with SUM and MXR; execute-only pages; A and D bits set by the
 # hardware; load/store/fetch page faults with mtval = the faulting address;
 # misaligned superpages; reserved PTE encodings; non-canonical addresses;
-# sfence.vma (global and by address); an instruction that crosses into an
+# sfence.vma (global, by address, by an address in a superpage); an instruction that crosses into an
 # unmapped page; MPRV; delegated page faults; satp WARL for unsupported
 # modes. M-mode builds the tables and runs tiny snippets in S or U mode
 # (run_in_mode); every trap lands in M-mode and is checked there.
@@ -288,8 +288,21 @@ test_main:
     S_LOAD(0x800000000000); ASSERT_EQ(a0, CAUSE_LOAD_PAGE)
     TEST_BEGIN(59); S_LOAD(0xffff800000000000); EXPECT_FAULT(CAUSE_LOAD_PAGE, 0xffff800000000000)
 
-    /* ---- back to Bare */
+    /* ---- sfence.vma with an address in a superpage drops the
+       translation of every address in it, not only of that 4 KiB */
     TEST_BEGIN(60)
+    li a0, DATA2M + 0x1f8000; li a1, 0x6161; sd a1, 0(a0)
+    li a0, PAGES + 0x1f8000; li a1, 0x6262; sd a1, 0(a0)
+    S_LOAD(VA_2M + 0x1f8000); EXPECT_OK_S; ASSERT_EQ(a3, 0x6161)
+    TEST_BEGIN(61)                   /* the 2 MiB page moved; S flushes another address in it */
+    SET_PTE_PA(pt_l1, 0, PAGES, RW_AD)
+    li a2, VA_2M + 0x1f8000; li a4, VA_2M + 0x5000; RUN_S(snip_flush_other_load)
+    EXPECT_OK_S; ASSERT_EQ(a3, 0x6262)
+    SET_PTE_PA(pt_l1, 0, DATA2M, RW_AD)
+    sfence.vma
+
+    /* ---- back to Bare */
+    TEST_BEGIN(62)
     csrw satp, zero
     sfence.vma
     li a2, PAGES + 0x10; RUN_S(snip_load); EXPECT_OK_S; ASSERT_EQ(a3, 0x5555666677778888)
@@ -359,6 +372,10 @@ snip_flush_load:
     ecall
 snip_flush_va_load:
     sfence.vma a2
+    ld a3, 0(a2)
+    ecall
+snip_flush_other_load:
+    sfence.vma a4
     ld a3, 0(a2)
     ecall
     .balign 4096

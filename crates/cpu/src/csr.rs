@@ -418,7 +418,10 @@ fn warl_envcfg(old: u64, new: u64, writable: u64) -> u64 {
 
 fn status_effect(old: u64, new: u64) -> WriteEffect {
     let changed = old ^ new;
-    if changed & (MSTATUS_MPRV | MSTATUS_SUM | MSTATUS_MXR | MSTATUS_MPP) != 0 {
+    // MPRV, MPP and SUM change which TLB tag a data access looks for
+    // (`Hart::data_tag_prv`), never what an entry means: no flush. MXR
+    // changes what a load may read through the entries there are.
+    if changed & MSTATUS_MXR != 0 {
         WriteEffect::Translation
     } else if changed & (MSTATUS_MIE | MSTATUS_SIE) != 0 {
         WriteEffect::Interrupts

@@ -121,7 +121,7 @@ impl Hart {
     #[inline(always)]
     fn load_fast(&self, ram: &GuestRam, vaddr: u64, size: u8) -> Option<u64> {
         let e = self.tlb.load[index(vaddr)];
-        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
+        if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
             return Some(read_le(&ram.as_slice()[off..], size));
         }
@@ -170,7 +170,7 @@ impl Hart {
     #[inline(always)]
     fn store_fast(&mut self, ram: &mut GuestRam, vaddr: u64, size: u8, value: u64) -> Option<usize> {
         let e = self.tlb.store[index(vaddr)];
-        if e.tag == tag(vaddr, self.data_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
+        if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
             write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
             return Some(off);
@@ -216,7 +216,7 @@ impl Hart {
     #[inline(always)]
     fn cbo_zero_fast(&mut self, ram: &mut GuestRam, vaddr: u64) -> Option<usize> {
         let e = self.tlb.store[index(vaddr)];
-        if e.tag == tag(vaddr, self.data_prv()) {
+        if e.tag == tag(vaddr, self.data_tag_prv()) {
             // A block lies within its page: the entry covers it whole.
             let off = e.off + (vaddr & 0xfff & !(CBO_BLOCK_BYTES - 1)) as usize;
             ram.as_mut_slice_untracked()[off..off + CBO_BLOCK_BYTES as usize].fill(0);
@@ -329,7 +329,7 @@ impl Hart {
     /// fetch TLB.
     #[inline(always)]
     fn fetch_offset(&mut self, pc: u64) -> Option<usize> {
-        let t = tag(pc, self.s.prv);
+        let t = tag(pc, self.s.prv as u64);
         if t != self.fetch_tag {
             let e = self.tlb.fetch[index(pc)];
             if e.tag != t {
@@ -390,7 +390,7 @@ impl Hart {
             ram: ram.as_mut_slice_untracked().as_mut_ptr(),
             load_tlb: self.tlb.load.as_ptr(),
             store_tlb: self.tlb.store.as_ptr(),
-            prv: self.data_prv() as u64,
+            prv: self.data_tag_prv(),
             fetch_tlb: self.tlb.fetch.as_ptr(),
             fetch_prv: self.s.prv as u64,
             fetch_tag: self.fetch_tag,
@@ -881,7 +881,13 @@ impl Hart {
                     {
                         return Err(Trap::illegal(raw));
                     }
-                    self.flush_tlb();
+                    // rs2's ASID is not looked at: the TLB holds no ASIDs
+                    // (a satp write flushes it), so one address is flushed
+                    // for every address space.
+                    match rs1(i) {
+                        0 => self.flush_tlb(),
+                        r => self.flush_tlb_page(self.s.x[r]),
+                    }
                     self.s.pc = next;
                     return Ok(Flow::Next);
                 }

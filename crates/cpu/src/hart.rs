@@ -210,6 +210,13 @@ impl Hart {
         self.fetch_tag = crate::mmu::NO_TAG;
     }
 
+    /// Drop the cached translations of the page mapping `vaddr`
+    /// (`sfence.vma` with an address; see `Tlb::flush_page`).
+    pub(crate) fn flush_tlb_page(&mut self, vaddr: u64) {
+        self.tlb.flush_page(vaddr);
+        self.fetch_tag = crate::mmu::NO_TAG;
+    }
+
     /// Drop cached store translations. The store TLB marks a page dirty when
     /// it caches it, so after the board resets the dirty map it must call
     /// this, or later stores through old entries would go unrecorded.

@@ -122,8 +122,8 @@ pub(crate) struct JitCtx {
     pub ram: *mut u8,
     pub load_tlb: *const TlbEntry,
     pub store_tlb: *const TlbEntry,
-    /// The privilege level loads and stores are checked at (the low bits
-    /// of a TLB tag).
+    /// The privilege part of a load's or store's TLB tag (its low bits,
+    /// `Hart::data_tag_prv`).
     pub prv: u64,
     /// The fetch side, for jumps to a pc known only at run time: the fetch
     /// TLB, the privilege level fetches are checked at, and the

@@ -3,7 +3,9 @@
 //!
 //! TLB entries are tagged with the virtual page *and* the effective
 //! privilege level, so switching between U and S (every system call) needs
-//! no flush. Only RAM pages are cached; device pages always take the slow
+//! no flush; S with mstatus.SUM set is a level of its own in the tag, so
+//! neither does setting SUM and clearing it again, which Linux does around
+//! every copy to or from user memory. Only RAM pages are cached; device pages always take the slow
 //! path to the bus. A page enters the store TLB only after its PTE's D bit
 //! is set, and is marked dirty in guest RAM when it enters: stores that hit
 //! the TLB then need no dirty bookkeeping of their own.
@@ -16,8 +18,12 @@ use ftvm_memory::GuestRam;
 
 pub(crate) const TLB_SIZE: usize = 256;
 /// A tag no lookup can produce (page addresses have zero low bits and the
-/// privilege level is 0, 1 or 3).
+/// privilege part is 0, 1, 2 or 3).
 pub(crate) const NO_TAG: u64 = 4;
+/// The privilege part of the tag of a data access made in S with SUM set
+/// (2: no privilege level has it). Such an access may reach U pages, so
+/// its translations must not serve S without SUM, nor the other way.
+const S_WITH_SUM: u64 = 2;
 
 /// `repr(C)`: translated code reads the fields at fixed offsets (see `jit`).
 #[derive(Clone, Copy)]
@@ -32,13 +38,23 @@ pub(crate) struct Tlb {
     pub load: [TlbEntry; TLB_SIZE],
     pub store: [TlbEntry; TLB_SIZE],
     pub fetch: [TlbEntry; TLB_SIZE],
+    /// For each entry of `load`, `store`, `fetch`: log2 of the size of the
+    /// page its leaf PTE maps (12, or 21, 30, 39 for a superpage, of which
+    /// an entry caches one 4 KiB piece), for `flush_page`. Translated code
+    /// never reads them.
+    leaf_bits: [[u8; TLB_SIZE]; 3],
 }
 
 const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, off: 0 };
 
 impl Tlb {
     pub fn new() -> Tlb {
-        Tlb { load: [EMPTY; TLB_SIZE], store: [EMPTY; TLB_SIZE], fetch: [EMPTY; TLB_SIZE] }
+        Tlb {
+            load: [EMPTY; TLB_SIZE],
+            store: [EMPTY; TLB_SIZE],
+            fetch: [EMPTY; TLB_SIZE],
+            leaf_bits: [[12; TLB_SIZE]; 3],
+        }
     }
 
     pub fn flush(&mut self) {
@@ -50,11 +66,38 @@ impl Tlb {
     pub fn flush_stores(&mut self) {
         self.store = [EMPTY; TLB_SIZE];
     }
+
+    /// Drops every entry the leaf PTE mapping `vaddr` may have made, at
+    /// any privilege level: `sfence.vma` with an address. Linux issues
+    /// one after each page fault it handles (riscv may cache a missing
+    /// translation); flushing everything there made a program that grows
+    /// its heap walk its page tables again for all it touched. An entry
+    /// from a superpage is dropped if `vaddr` is anywhere in that
+    /// superpage, so every slot is looked at, not only `vaddr`'s.
+    pub fn flush_page(&mut self, vaddr: u64) {
+        for (entries, bits) in [&mut self.load, &mut self.store, &mut self.fetch].into_iter().zip(&self.leaf_bits) {
+            for (e, &b) in entries.iter_mut().zip(bits) {
+                if (e.tag ^ vaddr) >> b == 0 {
+                    *e = EMPTY;
+                }
+            }
+        }
+    }
+
+    fn fill(&mut self, access: Access, i: usize, e: TlbEntry, leaf_bits: u8) {
+        let kind = match access {
+            Access::Load => 0,
+            Access::Store => 1,
+            Access::Fetch => 2,
+        };
+        [&mut self.load, &mut self.store, &mut self.fetch][kind][i] = e;
+        self.leaf_bits[kind][i] = leaf_bits;
+    }
 }
 
 #[inline(always)]
-pub(crate) fn tag(vaddr: u64, prv: PrivilegeMode) -> u64 {
-    (vaddr & !0xfff) | prv as u64
+pub(crate) fn tag(vaddr: u64, prv: u64) -> u64 {
+    (vaddr & !0xfff) | prv
 }
 
 #[inline(always)]
@@ -84,17 +127,29 @@ impl Hart {
         }
     }
 
-    /// Translate a virtual address for an access at privilege `prv`.
+    /// The privilege part of a data access's TLB tag: the level loads and
+    /// stores are checked against, or [`S_WITH_SUM`].
+    #[inline(always)]
+    pub(crate) fn data_tag_prv(&self) -> u64 {
+        match self.data_prv() {
+            PrivilegeMode::Supervisor if self.s.mstatus & MSTATUS_SUM != 0 => S_WITH_SUM,
+            prv => prv as u64,
+        }
+    }
+
+    /// Translate a virtual address for an access at privilege `prv`: the
+    /// physical address, and log2 of the size of the page that maps it
+    /// (12 without translation: nothing a PTE says).
     pub(crate) fn translate(
         &mut self,
         ram: &mut GuestRam,
         vaddr: u64,
         access: Access,
         prv: PrivilegeMode,
-    ) -> Result<u64, Trap> {
+    ) -> Result<(u64, u8), Trap> {
         let mode = self.s.satp >> 60;
         if prv == PrivilegeMode::Machine || mode == 0 {
-            return Ok(vaddr);
+            return Ok((vaddr, 12));
         }
         let levels = if mode == 9 { 4 } else { 3 };
         let va_bits = 12 + 9 * levels;
@@ -135,8 +190,9 @@ impl Hart {
             if new_pte != pte {
                 ram.write_u64(pte_addr, new_pte).map_err(|_| access.access_fault(vaddr))?;
             }
-            let page_off_mask = (1u64 << (12 + 9 * level)) - 1;
-            return Ok((ppn << 12) & !page_off_mask | (vaddr & page_off_mask));
+            let page_bits = 12 + 9 * level as u8;
+            let page_off_mask = (1u64 << page_bits) - 1;
+            return Ok(((ppn << 12) & !page_off_mask | (vaddr & page_off_mask), page_bits));
         }
     }
 
@@ -168,19 +224,14 @@ impl Hart {
     #[inline(never)]
     pub(crate) fn translate_fill(&mut self, ram: &mut GuestRam, vaddr: u64, access: Access) -> Result<u64, Trap> {
         let prv = if access == Access::Fetch { self.s.prv } else { self.data_prv() };
-        let paddr = self.translate(ram, vaddr, access, prv)?;
+        let (paddr, leaf_bits) = self.translate(ram, vaddr, access, prv)?;
         let page = paddr & !0xfff;
         if let Some(off) = ram.offset_of(page, 0x1000) {
-            let e = crate::mmu::TlbEntry { tag: tag(vaddr, prv), off };
-            let i = index(vaddr);
-            match access {
-                Access::Load => self.tlb.load[i] = e,
-                Access::Fetch => self.tlb.fetch[i] = e,
-                Access::Store => {
-                    ram.mark_dirty_offset(off, 0x1000);
-                    self.tlb.store[i] = e;
-                }
+            if access == Access::Store {
+                ram.mark_dirty_offset(off, 0x1000);
             }
+            let tag_prv = if access == Access::Fetch { prv as u64 } else { self.data_tag_prv() };
+            self.tlb.fill(access, index(vaddr), TlbEntry { tag: tag(vaddr, tag_prv), off }, leaf_bits);
         }
         Ok(paddr)
     }
@@ -269,10 +320,9 @@ impl Hart {
         if vaddr & (size as u64 - 1) != 0 {
             return Err(Access::Store.misaligned(vaddr));
         }
-        let prv = self.data_prv();
         let i = index(vaddr);
         let e = self.tlb.store[i];
-        if e.tag == tag(vaddr, prv) {
+        if e.tag == tag(vaddr, self.data_tag_prv()) {
             return Ok(e.off + (vaddr & 0xfff) as usize);
         }
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;

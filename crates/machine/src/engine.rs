@@ -78,10 +78,11 @@ pub trait DeterministicEngine: Engine {
     fn digest_part_names(&self) -> Vec<String>;
     /// Whether every hart waits for an interrupt.
     fn all_harts_idle(&self) -> bool;
-    /// Starts the digest chain afresh, as on a machine just restored from
-    /// a checkpoint: where a replica begins from a transferred state
-    /// rather than from the same start, both chains begin there.
-    fn restart_digest_chain(&mut self);
+    /// Makes the machine what one restored from its checkpoint state is:
+    /// where a replica begins from a transferred state rather than from
+    /// the same start, the other carries on as though restored too (see
+    /// [`Machine::begin_as_restored`]).
+    fn begin_as_restored(&mut self);
 }
 
 impl Engine for Machine {
@@ -154,7 +155,7 @@ impl DeterministicEngine for Machine {
     fn all_harts_idle(&self) -> bool {
         self.harts().iter().all(|h| h.is_idle())
     }
-    fn restart_digest_chain(&mut self) {
-        Machine::restart_digest_chain(self)
+    fn begin_as_restored(&mut self) {
+        Machine::begin_as_restored(self)
     }
 }

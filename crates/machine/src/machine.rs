@@ -62,6 +62,26 @@ pub struct MachineConfig {
     pub extensions: Extensions,
 }
 
+impl MachineConfig {
+    /// One hart, `ram_size` bytes of RAM, no firmware and no devices but
+    /// the entropy source: `program` runs from RAM's base in M-mode (the
+    /// machine's own tests of what a hart does on the board).
+    pub fn bare_metal(program: Vec<u8>, ram_size: u64) -> MachineConfig {
+        MachineConfig {
+            harts: 1,
+            ram_size,
+            firmware: None,
+            kernel: program,
+            initrd: None,
+            cmdline: String::new(),
+            devices: vec![DeviceSpec::Rng],
+            guest_ips: DEFAULT_GUEST_IPS,
+            rtc_base_ns: 0,
+            extensions: Extensions::ALL,
+        }
+    }
+}
+
 /// An input from outside, applied at the current instruction boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -548,10 +568,19 @@ impl Machine {
         }
     }
 
-    /// Starts the chain of [`Machine::state_digest`] afresh, where a
-    /// machine restored from a checkpoint starts it.
-    pub fn restart_digest_chain(&mut self) {
+    /// Makes the machine what one restored from its checkpoint state is,
+    /// so that it and a replica restored from that state run alike from
+    /// here: the chain of [`Machine::state_digest`] starts afresh, and the
+    /// harts drop their cached translations. (A cached translation is
+    /// guest-visible where the guest changes a PTE without `sfence.vma`,
+    /// as Linux clears accessed bits: a hart holding one sets no accessed
+    /// bit where one walking the tables does, and the replicas' RAM would
+    /// differ.)
+    pub fn begin_as_restored(&mut self) {
         self.last_ram_digest = [0; 8];
+        for h in &mut self.harts {
+            h.flush_tlb();
+        }
     }
 
     /// A cheap, chained digest of the machine for replay checks: each
@@ -622,19 +651,7 @@ mod tests {
 
     /// A machine whose kernel spins (`j .`), with `ram` bytes of RAM.
     fn spinning(ram_size: u64) -> Machine {
-        let cfg = MachineConfig {
-            harts: 1,
-            ram_size,
-            firmware: None,
-            kernel: 0x0000_006fu32.to_le_bytes().to_vec(),
-            initrd: None,
-            cmdline: String::new(),
-            devices: vec![DeviceSpec::Rng],
-            guest_ips: DEFAULT_GUEST_IPS,
-            rtc_base_ns: 0,
-            extensions: Extensions::ALL,
-        };
-        Machine::new(&cfg).unwrap()
+        Machine::new(&MachineConfig::bare_metal(0x0000_006fu32.to_le_bytes().to_vec(), ram_size)).unwrap()
     }
 
     /// What a snapshot declares is read before anything is allocated for

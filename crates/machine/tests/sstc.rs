@@ -3,7 +3,7 @@
 //! once), and a busy one sees the interrupt at the same instruction
 //! however its run is split, as for the CLINT's mtimecmp.
 
-use ftvm_machine::{DeviceSpec, Event, Extensions, Machine, MachineConfig, RunExit, DEFAULT_GUEST_IPS};
+use ftvm_machine::{Event, Machine, MachineConfig, RunExit};
 
 const STIMECMP: u32 = 0x14d;
 const MENVCFG: u32 = 0x30a;
@@ -43,18 +43,7 @@ fn machine(at: i32, spin: bool) -> Machine {
         prog.extend([0x1050_0073, csrr(7, MIP)]);
     }
     prog.push(0x0000_006f);
-    let cfg = MachineConfig {
-        harts: 1,
-        ram_size: 16 << 20,
-        firmware: None,
-        kernel: prog.iter().flat_map(|w| w.to_le_bytes()).collect(),
-        initrd: None,
-        cmdline: String::new(),
-        devices: vec![DeviceSpec::Rng],
-        guest_ips: DEFAULT_GUEST_IPS,
-        rtc_base_ns: 0,
-        extensions: Extensions::ALL,
-    };
+    let cfg = MachineConfig::bare_metal(prog.iter().flat_map(|w| w.to_le_bytes()).collect(), 16 << 20);
     Machine::new(&cfg).unwrap()
 }
 

@@ -334,9 +334,10 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
                 let _ = m.take_dirty_pages();
                 arbiter.mark_started()?;
                 let bytes = channel.written() - bytes_before;
-                // Both replicas' digest chains start here, where the
-                // backup's machine is restored from checkpoint 0.
-                m.restart_digest_chain();
+                // Both replicas start here as the backup's machine,
+                // restored from checkpoint 0: digest chains and cached
+                // translations (none) alike.
+                m.begin_as_restored();
                 let name = format!("the backup at {}", channel.peer());
                 let written = channel.written();
                 let mut recorder = Recorder::resume(channel, written, name, Some(go_live_every));
