@@ -5,10 +5,11 @@
 //! privilege level, so switching between U and S (every system call) needs
 //! no flush; S with mstatus.SUM set is a level of its own in the tag, so
 //! neither does setting SUM and clearing it again, which Linux does around
-//! every copy to or from user memory. Only RAM pages are cached; device pages always take the slow
-//! path to the bus. A page enters the store TLB only after its PTE's D bit
-//! is set, and is marked dirty in guest RAM when it enters: stores that hit
-//! the TLB then need no dirty bookkeeping of their own.
+//! every copy to or from user memory. Only RAM pages are cached; device
+//! pages always take the slow path to the bus. A page enters the store TLB
+//! only after its PTE's D bit is set, and is marked dirty in guest RAM when
+//! it enters: stores that hit the TLB then need no dirty bookkeeping of
+//! their own.
 
 use crate::csr::{MSTATUS_MPP, MSTATUS_MPP_SHIFT, MSTATUS_MPRV, MSTATUS_MXR, MSTATUS_SUM};
 use crate::hart::{Hart, PrivilegeMode};
