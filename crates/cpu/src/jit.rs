@@ -148,7 +148,7 @@ const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
 const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
-const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE <= 256);
+const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
 const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
 const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
 const BLOCK_SIZE: i32 = std::mem::size_of::<Block>() as i32;

@@ -44,7 +44,13 @@ pub(crate) struct Tlb {
     /// an entry caches one 4 KiB piece), for `flush_page`. Translated code
     /// never reads them.
     leaf_bits: [[u8; TLB_SIZE]; 3],
+    /// The lowest and highest address of the superpages entries were
+    /// made from since the last full flush (`lo > hi`: none), so that a
+    /// `flush_page` elsewhere looks at `vaddr`'s own slots only.
+    superpages: (u64, u64),
 }
+
+const NO_SUPERPAGES: (u64, u64) = (u64::MAX, 0);
 
 const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, off: 0 };
 
@@ -55,6 +61,7 @@ impl Tlb {
             store: [EMPTY; TLB_SIZE],
             fetch: [EMPTY; TLB_SIZE],
             leaf_bits: [[12; TLB_SIZE]; 3],
+            superpages: NO_SUPERPAGES,
         }
     }
 
@@ -62,6 +69,7 @@ impl Tlb {
         self.load = [EMPTY; TLB_SIZE];
         self.store = [EMPTY; TLB_SIZE];
         self.fetch = [EMPTY; TLB_SIZE];
+        self.superpages = NO_SUPERPAGES;
     }
 
     pub fn flush_stores(&mut self) {
@@ -74,8 +82,20 @@ impl Tlb {
     /// translation); flushing everything there made a program that grows
     /// its heap walk its page tables again for all it touched. An entry
     /// from a superpage is dropped if `vaddr` is anywhere in that
-    /// superpage, so every slot is looked at, not only `vaddr`'s.
+    /// superpage, so every slot is looked at, not only `vaddr`'s, when
+    /// `vaddr` is within the superpages cached (Linux maps the kernel's
+    /// memory with them; the faults it handles are in user pages).
     pub fn flush_page(&mut self, vaddr: u64) {
+        let (lo, hi) = self.superpages;
+        if vaddr < lo || vaddr > hi {
+            let i = index(vaddr);
+            for entries in [&mut self.load, &mut self.store, &mut self.fetch] {
+                if (entries[i].tag ^ vaddr) >> 12 == 0 {
+                    entries[i] = EMPTY;
+                }
+            }
+            return;
+        }
         for (entries, bits) in [&mut self.load, &mut self.store, &mut self.fetch].into_iter().zip(&self.leaf_bits) {
             for (e, &b) in entries.iter_mut().zip(bits) {
                 if (e.tag ^ vaddr) >> b == 0 {
@@ -93,6 +113,12 @@ impl Tlb {
         };
         [&mut self.load, &mut self.store, &mut self.fetch][kind][i] = e;
         self.leaf_bits[kind][i] = leaf_bits;
+        if leaf_bits > 12 {
+            let size_mask = (1u64 << leaf_bits) - 1;
+            let (lo, hi) = &mut self.superpages;
+            *lo = (*lo).min(e.tag & !size_mask);
+            *hi = (*hi).max(e.tag | size_mask);
+        }
     }
 }
 
@@ -349,5 +375,42 @@ pub(crate) fn write_le(b: &mut [u8], size: u8, v: u64) {
         2 => b[..2].copy_from_slice(&(v as u16).to_le_bytes()),
         4 => b[..4].copy_from_slice(&(v as u32).to_le_bytes()),
         _ => b[..8].copy_from_slice(&v.to_le_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(vaddr: u64) -> TlbEntry {
+        TlbEntry { tag: tag(vaddr, PrivilegeMode::Supervisor as u64), off: 0x1000 }
+    }
+
+    fn cached(tlb: &Tlb, vaddr: u64) -> bool {
+        tlb.load[index(vaddr)].tag == entry(vaddr).tag
+    }
+
+    /// A page's own slot is enough while no superpage holds the address;
+    /// an address anywhere in a cached superpage drops all its pieces.
+    #[test]
+    fn an_address_flush_drops_its_page_and_the_superpage_it_is_in() {
+        let mut tlb = Tlb::new();
+        let user = 0x4000_1000;
+        let other_with_the_same_slot = user + (TLB_SIZE as u64) * 0x1000;
+        let kernel = 0xffff_ffd8_0020_0000u64; // a 2 MiB page
+        let piece = kernel + 0x3000;
+        tlb.fill(Access::Load, index(user), entry(user), 12);
+        tlb.fill(Access::Load, index(piece), entry(piece), 21);
+        tlb.flush_page(other_with_the_same_slot);
+        assert!(cached(&tlb, user) && cached(&tlb, piece), "another page's flush dropped an entry");
+        tlb.flush_page(user);
+        assert!(!cached(&tlb, user) && cached(&tlb, piece));
+        // Another address of the same 2 MiB page, in another slot.
+        tlb.flush_page(kernel + 0x1f_f000);
+        assert!(!cached(&tlb, piece), "the superpage's piece survived a flush of its page");
+        // After a full flush no superpage is cached: the scan is skipped.
+        tlb.fill(Access::Load, index(piece), entry(piece), 21);
+        tlb.flush();
+        assert_eq!(tlb.superpages, NO_SUPERPAGES);
     }
 }
