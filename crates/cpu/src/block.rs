@@ -34,11 +34,15 @@ use std::sync::Mutex;
 
 /// The longest block, in instructions.
 pub(crate) const MAX_INSTS: usize = 16;
-/// Blocks in the table (a power of two). A boot runs so much code once or
-/// a few times that with 8192 slots 97% of its 6M decodes were of blocks
-/// decoded before and pushed out; with 32768 it decodes 3.5M (65536:
-/// 3M), for about 13 MB a hart.
-pub(crate) const SLOTS: usize = 1 << 15;
+/// Blocks in the table (a power of two), about 400 bytes each: 52 MB a
+/// hart, which the kernel maps only as slots are used (a backup about to
+/// go live touches it all ahead, see [`prepare_tables`]). A boot runs so
+/// much code once or a few times that with 8192 slots 97% of its 6M
+/// decodes were of blocks decoded before and pushed out; with 32768 it
+/// decodes 3.5M (65536: 3M). Real userland spans more code than a boot:
+/// python3's test_math decoded 26M blocks with 32768 slots, 5M with
+/// 131072.
+pub(crate) const SLOTS: usize = 1 << 17;
 /// RAM words a block's bytes can span: 4 bytes per instruction, plus the
 /// alignment of its start.
 const WORDS: usize = MAX_INSTS * 4 / 8 + 2;
@@ -219,15 +223,15 @@ static PREPARED: Mutex<Vec<Box<[Block]>>> = Mutex::new(Vec::new());
 
 /// A table of empty slots: one prepared ahead if there is one, else
 /// zeroed memory the allocator gets fresh from the kernel, which nothing
-/// touches until a slot is used (a boot uses a fraction of its 13 MB).
+/// touches until a slot is used (a boot uses a fraction of it).
 fn empty_slots() -> Box<[Block]> {
     PREPARED.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_else(empty_slots_fresh)
 }
 
 /// Makes `harts` tables of empty slots now, every page of them touched,
 /// for the next harts made in this process. The first touch of a page
-/// costs about 5 µs on a host without hardware virtualization (3300 pages
-/// a table): a backup building its machine as it goes live paid 10 ms of
+/// costs about 5 µs on a host without hardware virtualization (12,800
+/// pages a table): a backup building its machine as it goes live paid 10 ms of
 /// them in its guest's first 60,000 instructions (4.5 instead of some
 /// 40 million a second, measured in a handover), or as many building the
 /// tables filled. It makes them while it waits instead.

@@ -705,15 +705,15 @@ pub(crate) fn copies_to_sync(
 }
 
 /// The harts whose tables a backup makes ahead: the header's count (1 if
-/// it has none), at most [`PREPARED_HARTS_MOST`] (13 MB each; any more
-/// are made as the machine runs).
+/// it has none), at most [`PREPARED_HARTS_MOST`] (52 MB each, held for
+/// as long as the backup follows; any more are made as the machine runs).
 fn harts_to_prepare(header: &Header) -> usize {
     let harts = machine_number(header, "harts").ok().and_then(|n| usize::try_from(n).ok());
     harts.unwrap_or(1).clamp(1, PREPARED_HARTS_MOST)
 }
 
 /// See [`harts_to_prepare`].
-const PREPARED_HARTS_MOST: usize = 16;
+const PREPARED_HARTS_MOST: usize = 8;
 
 /// The VM's RAM size, from the header's machine line.
 fn ram_size(header: &Header) -> Result<u64, PeerError> {
