@@ -13,14 +13,22 @@
 //! mapped at two addresses (or reached from U and S mode) shares its
 //! decoding, and pc-relative operands are computed when executed.
 //!
-//! Nothing ever invalidates a block. Each keeps a copy of the guest RAM
-//! words it was decoded from and is reused only if they still hold the
-//! same bits: a few word compares per block, in exchange for which no
-//! store, DMA transfer or other hart can leave a stale decoding behind.
-//! Within one run through a block, the executor ends the block early when
-//! the guest stores into its own bytes. (QEMU instead write-protects pages
-//! holding translated code; comparing is cheaper for an interpreter and
-//! needs no hook in the devices' DMA.)
+//! Nothing ever invalidates a block. Each records its page's code state
+//! as it was decoded ([`GuestRam::code_state`]) and is reused only while
+//! the state is unchanged: the state changes with every write into a page
+//! instructions were decoded from, whether by a store, DMA or another
+//! hart, so no decoding is ever stale, and the check is one compare
+//! instead of a compare of every RAM word the block covers. Stores reach
+//! RAM directly only through a store TLB, which never holds a page while
+//! it is code (see [`GuestRam::begin_code`]): a page becoming code leaves
+//! this hart's store TLB here, and the other harts' as they start their
+//! next slice. The block also keeps the words it was decoded from, to
+//! find its translation again after it was pushed out of its slot, and
+//! for `FTVM_VERIFY_CODE=1`, which compares them too at every use and
+//! stops the process if a block whose state is unchanged no longer
+//! matches RAM (for tests). Within one run through a block, the executor
+//! ends the block early when the guest stores into its own bytes (the
+//! store went the slow way, making the page no longer code).
 //!
 //! A block entered often enough is translated to host code (see `jit`);
 //! the translation lives in the block's slot, so it is dropped with the
@@ -29,6 +37,8 @@
 use crate::decode::{decode, Decoded, Op};
 use crate::ext::Extensions;
 use crate::jit::{self, Arena, JitFn};
+use crate::mmu::Tlb;
+use ftvm_memory::GuestRam;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -135,6 +145,9 @@ pub(crate) struct Block {
     /// The instructions it translated (from the first); the interpreter
     /// executes the rest.
     pub jit_n: usize,
+    /// Its page's code state when it was decoded (0 in an empty slot:
+    /// never a code state).
+    pub code: u32,
 }
 
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };
@@ -152,6 +165,7 @@ impl Block {
         jit: None,
         chain: 0,
         jit_n: 0,
+        code: 0,
     };
 
     /// A block of one instruction that is not in RAM's cache (it crosses a
@@ -166,7 +180,7 @@ impl Block {
 
     /// Whether RAM still holds the bits this block was decoded from.
     #[inline(always)]
-    fn still_in(&self, ram: &[u8]) -> bool {
+    pub(crate) fn still_in(&self, ram: &[u8]) -> bool {
         let Some(code) = ram.get(self.base..self.base + self.nwords * 8) else { return false };
         code.chunks_exact(8).zip(&self.words).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
     }
@@ -415,29 +429,73 @@ impl BlockCache {
     }
 
     /// The block at RAM offset `off`, decoded afresh if the table holds
-    /// none there or RAM changed under it; `None` if no block can start
-    /// there (its first instruction crosses the page).
+    /// none there or its page was written since; `None` if no block can
+    /// start there (its first instruction crosses the page). A page that
+    /// becomes code here leaves `tlb`'s store side (the hart's own).
     #[inline(always)]
-    pub fn get(&mut self, ram: &[u8], off: usize, ext: Extensions) -> Option<&Block> {
+    pub fn get(&mut self, ram: &mut GuestRam, tlb: &mut Tlb, off: usize, ext: Extensions) -> Option<&Block> {
         let i = slot_of(off);
         let b = &self.slots[i];
-        let hit = b.off == off && b.n != 0 && b.still_in(ram);
+        let hit = b.off == off && b.n != 0 && b.code == ram.code_state(off);
         if !hit {
-            self.slots[i] = Block::decode_at(ram, off, ext)?;
-            self.reuse(i);
+            self.decode(ram, tlb, i, off, ext)?;
+        } else if verify_code() {
+            verify(b, ram);
         }
         self.count(i);
         Some(&self.slots[i])
     }
+
+    /// Decodes the block at `off` into slot `i`, its page made code first.
+    #[cold]
+    #[inline(never)]
+    fn decode(&mut self, ram: &mut GuestRam, tlb: &mut Tlb, i: usize, off: usize, ext: Extensions) -> Option<()> {
+        if ram.begin_code(off) {
+            tlb.purge_store_page(off, ram.code_purges());
+        }
+        let mut b = Block::decode_at(ram.as_slice(), off, ext)?;
+        b.code = ram.code_state(off);
+        self.slots[i] = b;
+        self.reuse(i);
+        Some(())
+    }
+}
+
+/// Whether every use of a block compares its words with RAM too (see the
+/// module's comment): `FTVM_VERIFY_CODE=1`, read once.
+pub(crate) fn verify_code() -> bool {
+    static VERIFY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VERIFY.get_or_init(|| std::env::var("FTVM_VERIFY_CODE").is_ok_and(|v| v == "1"))
+}
+
+/// Stops the process if `block`, whose code state is unchanged, is not
+/// what RAM holds: a write into code that did not change its page's state.
+#[cold]
+pub(crate) fn verify(block: &Block, ram: &GuestRam) {
+    assert!(
+        block.still_in(ram.as_slice()),
+        "FTVM_VERIFY_CODE: the block at RAM offset {:#x} changed in RAM but its page's code state ({:#x}) did not",
+        block.off,
+        block.code
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mmu::TlbEntry;
+    use crate::trap::Access;
 
     fn ram_with(code: &[u8], at: usize) -> Vec<u8> {
         let mut ram = vec![0u8; 0x3000];
         ram[at..at + code.len()].copy_from_slice(code);
+        ram
+    }
+
+    /// Guest RAM (at 0) holding `code` at offset `at`.
+    fn guest_ram_with(code: &[u8], at: usize) -> GuestRam {
+        let mut ram = GuestRam::new(0, 0x3000).unwrap();
+        ram.write(at as u64, code).unwrap();
         ram
     }
 
@@ -448,9 +506,9 @@ mod tests {
     /// offset 0 maps to (`off` 0) is not taken for the block there.
     #[test]
     fn a_new_tables_empty_slot_is_no_block_at_offset_0() {
-        let ram = ram_with(&CODE, 0);
+        let mut ram = guest_ram_with(&CODE, 0);
         let mut cache = BlockCache::new();
-        let b = cache.get(&ram, 0, Extensions::ALL).unwrap();
+        let b = cache.get(&mut ram, &mut Tlb::new(), 0, Extensions::ALL).unwrap();
         assert_eq!((b.off, b.n, b.bytes), (0, 3, 10));
         assert!(cache.slots.iter().filter(|b| b.n != 0).count() == 1);
     }
@@ -466,17 +524,43 @@ mod tests {
     }
 
     #[test]
-    fn a_block_is_decoded_again_when_its_bytes_change() {
-        let mut ram = ram_with(&CODE, 0x1006);
+    fn a_block_is_decoded_again_when_its_page_is_written() {
+        let mut ram = guest_ram_with(&CODE, 0x1006);
+        let mut tlb = Tlb::new();
         let mut cache = BlockCache::new();
-        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().insts[0].op, Op::Addi);
+        let mut get = |ram: &mut GuestRam| cache.get(ram, &mut tlb, 0x1006, Extensions::ALL).unwrap().clone();
+        assert_eq!(get(&mut ram).insts[0].op, Op::Addi);
         // addi -> xori, one byte changed
-        ram[0x1007] = 0x45;
-        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().insts[0].op, Op::Xori);
-        // A change in the word beyond the block's end is seen too (the
-        // compare covers whole words); it only costs a decode.
-        ram[0x1010] ^= 1;
-        assert_eq!(cache.get(&ram, 0x1006, Extensions::ALL).unwrap().n, 3);
+        ram.write(0x1007, &[0x45]).unwrap();
+        let b = get(&mut ram);
+        assert_eq!(b.insts[0].op, Op::Xori);
+        // A write anywhere in the page changes its state: a decode, the
+        // same block.
+        ram.write(0x1f00, &[1]).unwrap();
+        let again = get(&mut ram);
+        assert_ne!(again.code, b.code);
+        assert_eq!((again.n, again.insts[0].op), (3, Op::Xori));
+        // Another page's write does not.
+        ram.write(0x2000, &[1]).unwrap();
+        assert_eq!(get(&mut ram).code, again.code);
+    }
+
+    /// A store TLB holding a page that becomes code loses it (stores to
+    /// code must go the slow way, which changes the page's state).
+    #[test]
+    fn a_page_that_becomes_code_leaves_the_store_tlb() {
+        let mut ram = guest_ram_with(&CODE, 0x1006);
+        let mut tlb = Tlb::new();
+        let entry = TlbEntry { tag: 0x7000_1000, off: 0x1000 };
+        let other = TlbEntry { tag: 0x7000_2000, off: 0x2000 };
+        ram.store_cached(0x1000);
+        tlb.fill(Access::Store, 1, entry, 12);
+        tlb.fill(Access::Store, 2, other, 12);
+        let mut cache = BlockCache::new();
+        cache.get(&mut ram, &mut tlb, 0x1006, Extensions::ALL).unwrap();
+        assert_eq!(tlb.store[1].tag, crate::mmu::NO_TAG, "the code page stayed in the store TLB");
+        assert_eq!(tlb.store[2].tag, other.tag, "another page left the store TLB");
+        assert_eq!(tlb.code_purges_seen(), ram.code_purges());
     }
 
     #[test]

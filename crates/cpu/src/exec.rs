@@ -304,7 +304,7 @@ impl Hart {
             }
             let pc = self.s.pc;
             let then = match self.fetch_offset(pc) {
-                Some(off) => match cache.get(ram.as_slice(), off, self.s.ext) {
+                Some(off) => match cache.get(ram, &mut self.tlb, off, self.s.ext) {
                     // Translated code only runs whole blocks: the budget
                     // must not end inside it.
                     Some(block) => match block.jit {
@@ -395,6 +395,7 @@ impl Hart {
             fetch_prv: self.s.prv as u64,
             fetch_tag: self.fetch_tag,
             fetch_off: self.fetch_off,
+            code: ram.code_states(),
         };
         // The x registers' address, derived from the whole state's: the
         // code also reaches the f registers and mstatus from it, and hands
@@ -412,7 +413,9 @@ impl Hart {
         // store TLBs and, at the RAM offsets their entries give (pages
         // inside RAM, accesses checked not to cross them), guest RAM, as
         // the interpreter's fast paths do; it reads the fetch TLB and the
-        // block cache's table, which is borrowed shared for the call.
+        // block cache's table, which is borrowed shared for the call, and
+        // RAM's code states (one `u32` a page, for the pages of blocks in
+        // the table).
         let r = unsafe { code(regs, &mut ctx) };
         self.jit_stats.calls += 1;
         // The fetch cache as the jumps through the fetch TLB left it.
@@ -422,6 +425,9 @@ impl Hart {
         self.retire(left - ctx.left, ctx.pc, steps);
         if r & 0xff == jit::END {
             return Then::Next;
+        }
+        if r & 0xff == jit::STALE {
+            crate::block::verify(cache.slot((r >> 16) as usize), ram);
         }
         let k = (r >> 8 & 0xff) as usize;
         let block = cache.slot((r >> 16) as usize);

@@ -340,6 +340,9 @@ impl Hart {
     /// at an instruction boundary.
     pub fn run(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
         let mut steps = 0u64;
+        // Pages another hart made code must leave the store TLB before
+        // this hart stores again.
+        self.tlb.catch_up(ram.code_purges());
         loop {
             if let Some(irq) = self.pending_interrupt() {
                 self.s.wfi = false;

@@ -108,6 +108,9 @@ pub(crate) const HOT: u32 = 32;
 /// Exit codes of translated code (the low byte of what it returns).
 pub(crate) const END: u64 = 0;
 pub(crate) const RESUME: u64 = 1;
+/// `FTVM_VERIFY_CODE` only: the block in slot `code >> 16` was entered
+/// with its page's code state unchanged but its bits changed in RAM.
+pub(crate) const STALE: u64 = 2;
 
 /// What translated code reads and writes besides the guest registers
 /// (which it gets as a pointer to `HartState::x`).
@@ -134,6 +137,8 @@ pub(crate) struct JitCtx {
     pub fetch_prv: u64,
     pub fetch_tag: u64,
     pub fetch_off: usize,
+    /// The RAM's code states, one `u32` a page (`GuestRam::code_states`).
+    pub code: *const u32,
 }
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
@@ -146,11 +151,13 @@ const CTX_FETCH_TLB: i32 = offset_of!(JitCtx, fetch_tlb) as i32;
 const CTX_FETCH_PRV: i32 = offset_of!(JitCtx, fetch_prv) as i32;
 const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
 const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
+const CTX_CODE: i32 = offset_of!(JitCtx, code) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
 const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
 const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
+const BLOCK_CODE: i32 = offset_of!(Block, code) as i32;
 const BLOCK_SIZE: i32 = std::mem::size_of::<Block>() as i32;
 /// Where the f registers and mstatus are, from the x registers (the
 /// pointer translated code gets): the offsets within `HartState`.
@@ -562,22 +569,38 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     // block within the budget (else the executor runs it interpreted, as
     // far as the budget allows)...
     let chain = e.ops.offset().0;
+    let page = i32::try_from(4 * (block.off >> 12)).ok()?;
+    let own_slot = e.slots + slot * std::mem::size_of::<Block>();
     dynasm!(e.ops
         ; .arch x64
         ; cmp QWORD [rsi + CTX_LEFT], block.n as i32
         ; jb =>bail
-        ; mov rdx, QWORD [rsi + CTX_RAM]
-        ; mov rcx, QWORD block.base as i64
-        ; add rdx, rcx
+        // ... and its page's code state the one it was decoded with
+        // (read from its slot: a translation found again for a block
+        // decoded again serves a later state of the page).
+        ; mov rdx, QWORD [rsi + CTX_CODE]
+        ; mov eax, DWORD [rdx + page]
+        ; mov rcx, QWORD own_slot as i64
+        ; cmp eax, DWORD [rcx + BLOCK_CODE]
+        ; jne =>bail
     );
-    // ... and RAM holding the bits it was decoded from.
-    for (k, &w) in block.words[..block.nwords].iter().enumerate() {
+    let stale = e.ops.new_dynamic_label();
+    if crate::block::verify_code() {
+        // FTVM_VERIFY_CODE: RAM holding the bits it was decoded from too.
         dynasm!(e.ops
             ; .arch x64
-            ; mov rax, QWORD w as i64
-            ; cmp QWORD [rdx + 8 * k as i32], rax
-            ; jne =>bail
+            ; mov rdx, QWORD [rsi + CTX_RAM]
+            ; mov rcx, QWORD block.base as i64
+            ; add rdx, rcx
         );
+        for (k, &w) in block.words[..block.nwords].iter().enumerate() {
+            dynasm!(e.ops
+                ; .arch x64
+                ; mov rax, QWORD w as i64
+                ; cmp QWORD [rdx + 8 * k as i32], rax
+                ; jne =>stale
+            );
+        }
     }
     dynasm!(e.ops ; .arch x64 ; =>body);
     for (r, &l) in loc.iter().enumerate().skip(1) {
@@ -601,6 +624,14 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
             // The block ran out: on to the next instruction.
             e.leave(insts[m - 1].next as i64);
         }
+    }
+    if crate::block::verify_code() {
+        dynasm!(e.ops
+            ; .arch x64
+            ; =>stale
+            ; mov rax, QWORD STALE as i64 | (slot as i64) << 16
+            ; jmp =>epilogue
+        );
     }
     dynasm!(e.ops
         ; .arch x64

@@ -9,7 +9,10 @@
 //! pages always take the slow path to the bus. A page enters the store TLB
 //! only after its PTE's D bit is set, and is marked dirty in guest RAM when
 //! it enters: stores that hit the TLB then need no dirty bookkeeping of
-//! their own.
+//! their own. For the same reason a page is never in the store TLB while
+//! instructions decoded from it are in use (its code state, see
+//! `GuestRam::begin_code`): entering ends its time as code, and a page
+//! becoming code leaves it.
 
 use crate::csr::{MSTATUS_MPP, MSTATUS_MPP_SHIFT, MSTATUS_MPRV, MSTATUS_MXR, MSTATUS_SUM};
 use crate::hart::{Hart, PrivilegeMode};
@@ -53,6 +56,9 @@ pub(crate) struct Tlb {
     /// made from since the last full flush (`lo > hi`: none), so that a
     /// `flush_page` elsewhere looks at `vaddr`'s own slots only.
     superpages: (u64, u64),
+    /// The RAM's [`GuestRam::code_purges`] when the store side last caught
+    /// up with it.
+    code_purges_seen: u64,
 }
 
 const NO_SUPERPAGES: (u64, u64) = (u64::MAX, 0);
@@ -67,7 +73,37 @@ impl Tlb {
             fetch: [EMPTY; TLB_SIZE],
             leaf_bits: [[12; TLB_SIZE]; 3],
             superpages: NO_SUPERPAGES,
+            code_purges_seen: 0,
         }
+    }
+
+    /// Drops the store side's entries for the RAM page at offset `off`,
+    /// which just became code, `purges` being the RAM's count of such
+    /// pages with this one (so this TLB is up to date with it).
+    pub fn purge_store_page(&mut self, off: usize, purges: u64) {
+        let page = off & !0xfff;
+        for e in self.store.iter_mut() {
+            if e.off == page {
+                *e = EMPTY;
+            }
+        }
+        self.code_purges_seen = purges;
+    }
+
+    /// Drops the whole store side if pages became code since it last
+    /// caught up (`purges`, the RAM's count): another hart's decoding, for
+    /// which a page must leave every store TLB.
+    #[inline(always)]
+    pub fn catch_up(&mut self, purges: u64) {
+        if purges != self.code_purges_seen {
+            self.flush_stores();
+            self.code_purges_seen = purges;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn code_purges_seen(&self) -> u64 {
+        self.code_purges_seen
     }
 
     pub fn flush(&mut self) {
@@ -110,7 +146,7 @@ impl Tlb {
         }
     }
 
-    fn fill(&mut self, access: Access, i: usize, e: TlbEntry, leaf_bits: u8) {
+    pub(crate) fn fill(&mut self, access: Access, i: usize, e: TlbEntry, leaf_bits: u8) {
         let kind = match access {
             Access::Load => 0,
             Access::Store => 1,
@@ -260,7 +296,9 @@ impl Hart {
         let page = paddr & !0xfff;
         if let Some(off) = ram.offset_of(page, 0x1000) {
             if access == Access::Store {
-                ram.mark_dirty_offset(off, 0x1000);
+                // Dirty, and code no longer: stores through the entry
+                // will write RAM directly.
+                ram.store_cached(off);
             }
             let tag_prv = if access == Access::Fetch { prv as u64 } else { self.data_tag_prv() };
             self.tlb.fill(access, index(vaddr), TlbEntry { tag: tag(vaddr, tag_prv), off }, leaf_bits);

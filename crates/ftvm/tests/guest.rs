@@ -70,12 +70,17 @@ struct Outcome {
     stderr: String,
 }
 
-/// Run `ftvm run --exec CMD --mem 512M --disk DISK EXTRA...`, failing the
-/// test if it has not finished after `BOOT_TIMEOUT`.
+/// Run `ftvm run --exec CMD --mem 512M --disk DISK EXTRA...` with
+/// `FTVM_VERIFY_CODE=1`, failing the test if it has not finished after
+/// `BOOT_TIMEOUT`.
 fn exec(cmd: &str, disk: &TempDisk, extra: &[&str]) -> Outcome {
     let started = Instant::now();
     let mut c = Command::new(env!("CARGO_BIN_EXE_ftvm"));
     c.args(["run", "--exec", cmd, "--mem", "512M", "--disk", &disk.arg()]).args(extra);
+    // Every use of decoded code also compares it with RAM: a write into
+    // code that its page's code state missed stops ftvm (a guest as fast
+    // as before the code states, which made that compare instead).
+    c.env("FTVM_VERIFY_CODE", "1");
     let run = common::run_with_timeout(c, BOOT_TIMEOUT);
     let Some(status) = run.status else {
         panic!(

@@ -2,7 +2,9 @@
 
 //! Guest physical RAM: one contiguous region at a fixed guest-physical base,
 //! plus a dirty-page bitmap that records every page written since the last
-//! [`GuestRam::take_dirty`], whether by a CPU store or by device DMA.
+//! [`GuestRam::take_dirty`], whether by a CPU store or by device DMA, and
+//! each page's code state: whether instructions were decoded from it since
+//! it was last written (see [`GuestRam::begin_code`]).
 //!
 //! We keep our own type instead of vm-memory's `GuestMemoryMmap` because the
 //! CPU's hot path wants a raw host pointer into a single region and a dirty
@@ -85,6 +87,34 @@ pub struct GuestRam {
     /// A second reader's bitmap of the pages written ([`GuestRam::start_view`]),
     /// marked beside the first and taken apart from it.
     view: Option<Vec<u64>>,
+    /// Each page's code state (see [`GuestRam::begin_code`]).
+    code: Vec<u32>,
+    /// How many times a page that a store TLB may cache became code.
+    code_purges: u64,
+    /// See [`CodeStats`].
+    code_stats: CodeStats,
+}
+
+/// A page's code state: instructions were decoded from it since it was
+/// last written.
+pub const CODE: u32 = 1;
+/// A page's code state: a CPU's store TLB may hold it (it entered one
+/// since it last became code).
+const STORE_CACHED: u32 = 2;
+/// A page's code state: the count of times it stopped being code, in the
+/// bits above [`CODE`] and `STORE_CACHED`.
+const CODE_WRITTEN: u32 = 4;
+
+/// What the code states saw, for measurements: nothing the guest sees
+/// depends on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodeStats {
+    /// Pages that became code.
+    pub became_code: u64,
+    /// Of those, the ones a store TLB may have held.
+    pub purges: u64,
+    /// Writes into code, each ending a page's time as code.
+    pub code_written: u64,
 }
 
 impl GuestRam {
@@ -98,7 +128,16 @@ impl GuestRam {
         let len = usize::try_from(size).map_err(|_| refused)?;
         let pages = (size >> PAGE_SHIFT) as usize;
         let dirty = vec![0u64; pages.div_ceil(64)];
-        Ok(GuestRam { base, bytes: zeroed(len).ok_or(refused)?, dirty, tracking: true, view: None })
+        Ok(GuestRam {
+            base,
+            bytes: zeroed(len).ok_or(refused)?,
+            dirty,
+            tracking: true,
+            view: None,
+            code: vec![0; pages],
+            code_purges: 0,
+            code_stats: CodeStats::default(),
+        })
     }
 
     /// Guest-physical address of RAM's first byte.
@@ -136,7 +175,10 @@ impl GuestRam {
     }
 
     /// Raw access for the CPU's fast path. Writers through this slice must
-    /// call [`GuestRam::mark_dirty_offset`] themselves.
+    /// call [`GuestRam::mark_dirty_offset`] themselves, and write no page
+    /// that is code (a page in a store TLB is not: see
+    /// [`GuestRam::begin_code`]) unless nothing was decoded from this RAM
+    /// yet (filling a new machine's RAM).
     pub fn as_mut_slice_untracked(&mut self) -> &mut [u8] {
         &mut self.bytes
     }
@@ -170,6 +212,93 @@ impl GuestRam {
                 view[p >> 6] |= 1u64 << (p & 63);
             }
         }
+    }
+
+    /// Ends the time as code of every page in `[off, off+len)` that is
+    /// code: what was decoded from it may be stale now.
+    #[inline]
+    fn code_written(&mut self, off: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        for p in off >> PAGE_SHIFT..=(off + len - 1) >> PAGE_SHIFT {
+            let state = &mut self.code[p];
+            if *state & CODE != 0 {
+                *state = (*state & !(CODE | STORE_CACHED)).wrapping_add(CODE_WRITTEN);
+                self.code_stats.code_written += 1;
+            }
+        }
+    }
+
+    /// The code state of the page at RAM offset `off`: a block decoded
+    /// from the page when it had this state is still what RAM holds while
+    /// the state is unchanged. Code states are odd (they have [`CODE`]).
+    #[inline(always)]
+    pub fn code_state(&self, off: usize) -> u32 {
+        self.code[off >> PAGE_SHIFT]
+    }
+
+    /// The code states, one `u32` per page, for translated code that
+    /// compares a block's state as [`GuestRam::code_state`] does.
+    pub fn code_states(&self) -> *const u32 {
+        self.code.as_ptr()
+    }
+
+    /// Instructions are being decoded from the page at RAM offset `off`:
+    /// from now on every write to it ends its time as code, changing its
+    /// state, so a decoder can trust what it decoded while the state is
+    /// unchanged instead of comparing the bytes again.
+    ///
+    /// Writes through this type's methods do that themselves. A CPU's
+    /// store TLB lets stores write RAM directly, so a page must never be
+    /// in a store TLB while it is code: a store that fills a store TLB
+    /// calls [`GuestRam::store_cached`] first, which ends the page's time
+    /// as code, and when a page that a store TLB may hold becomes code,
+    /// this returns true: the caller drops the page from its own store
+    /// TLB, and [`GuestRam::code_purges`] tells the other harts to drop
+    /// theirs before they store again.
+    ///
+    /// (QEMU write-protects the host pages that hold translated code
+    /// instead; here every store already goes through a TLB of our own,
+    /// and one `u32` a page keeps the check to a compare.)
+    #[inline]
+    pub fn begin_code(&mut self, off: usize) -> bool {
+        let state = &mut self.code[off >> PAGE_SHIFT];
+        if *state & CODE != 0 {
+            return false;
+        }
+        let purge = *state & STORE_CACHED != 0;
+        *state = (*state & !STORE_CACHED) | CODE;
+        self.code_stats.became_code += 1;
+        if purge {
+            self.code_purges += 1;
+            self.code_stats.purges += 1;
+        }
+        purge
+    }
+
+    /// The page at RAM offset `off` enters a CPU's store TLB (a store to
+    /// it, which is about to be written): it is code no longer, and it
+    /// is marked dirty.
+    #[inline]
+    pub fn store_cached(&mut self, off: usize) {
+        let page = off & !(PAGE_SIZE as usize - 1);
+        self.code_written(page, PAGE_SIZE as usize);
+        self.code[page >> PAGE_SHIFT] |= STORE_CACHED;
+        self.mark_dirty_offset(page, PAGE_SIZE as usize);
+    }
+
+    /// How many times a page that a store TLB may hold became code: a
+    /// hart that saw this change since it last looked drops its store
+    /// TLB before it stores again.
+    #[inline(always)]
+    pub fn code_purges(&self) -> u64 {
+        self.code_purges
+    }
+
+    /// What the code states saw so far.
+    pub fn code_stats(&self) -> CodeStats {
+        self.code_stats
     }
 
     /// A second reader of the pages written from now on (a running VM's
@@ -207,6 +336,7 @@ impl GuestRam {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
         self.bytes[off..off + buf.len()].copy_from_slice(buf);
         self.mark_dirty_offset(off, buf.len());
+        self.code_written(off, buf.len());
         Ok(())
     }
 
@@ -220,6 +350,7 @@ impl GuestRam {
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], OutOfRange> {
         let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
         self.mark_dirty_offset(off, len as usize);
+        self.code_written(off, len as usize);
         Ok(&mut self.bytes[off..off + len as usize])
     }
 
@@ -312,6 +443,41 @@ mod tests {
         ram.write_u32(0x8000_0000 + 9 * PAGE_SIZE, 1).unwrap();
         assert!(ram.take_view().is_empty());
         assert_eq!(ram.take_dirty(), vec![base + 9]);
+    }
+
+    /// A page's code state changes with every write while it is code,
+    /// and only then; a page a store TLB took asks for a purge when it
+    /// becomes code again.
+    #[test]
+    fn code_states_change_when_code_is_written() {
+        let mut ram = GuestRam::new(0x8000_0000, 4 * PAGE_SIZE).unwrap();
+        let page = PAGE_SIZE as usize;
+        assert!(!ram.begin_code(page), "a fresh page is in no store TLB");
+        let decoded = ram.code_state(page);
+        assert_eq!(decoded & CODE, CODE);
+        ram.write_u32(0x8000_0000 + 2 * PAGE_SIZE, 1).unwrap();
+        assert_eq!(ram.code_state(page), decoded, "another page's write changed it");
+        // DMA into the page (a straddling write reaches it too).
+        ram.write(0x8000_0000 + PAGE_SIZE - 2, &[1, 2, 3, 4]).unwrap();
+        let written = ram.code_state(page);
+        assert_ne!(written, decoded);
+        assert_eq!(written & CODE, 0);
+        ram.write_u32(0x8000_0000 + PAGE_SIZE, 1).unwrap();
+        assert_eq!(ram.code_state(page), written, "a page that is not code changes no more");
+        assert!(!ram.begin_code(page));
+        let again = ram.code_state(page);
+        assert!(again != decoded && again & CODE == CODE);
+        // A store TLB takes it: no longer code; it becomes code again only
+        // with a purge.
+        ram.store_cached(page + 8);
+        assert_eq!(ram.code_state(page) & CODE, 0);
+        assert_ne!(ram.code_state(page) & !STORE_CACHED, again);
+        let purges = ram.code_purges();
+        assert!(ram.begin_code(page));
+        assert_eq!(ram.code_purges(), purges + 1);
+        assert!(!ram.begin_code(page), "already code");
+        let s = ram.code_stats();
+        assert_eq!((s.became_code, s.purges, s.code_written), (3, 1, 2));
     }
 
     #[test]
