@@ -46,8 +46,8 @@
 //! straight line running on) and lies on the same page goes on to that
 //! block's translation directly, without returning, doing what the
 //! executor's loop would: the target's code first checks that the budget
-//! holds the whole block and that RAM still holds the bits it was
-//! translated from (the block cache's check, compiled in), and returns
+//! holds the whole block and that its page's code state is the one it
+//! was decoded with (the block cache's check, compiled in), and returns
 //! to Rust if not. The virtual page maps to the same RAM page throughout
 //! (nothing in translated code changes the privilege level or the TLB),
 //! so the target's RAM offset is fixed at translation. Each block adds
@@ -80,8 +80,11 @@
 //!   accesses and traps (precise: pc, tval, registers, counts) need no
 //!   second implementation here.
 //!
-//! A store (or `cbo.zero`) into the running block's own bytes ends the
-//! block after it, as in the interpreter, and returns to Rust.
+//! A store (or `cbo.zero`) cannot reach the running block's own bytes,
+//! nor any other code: translated code stores only through the store
+//! TLB, which holds no page while it is code (see the block cache), so a
+//! store into code leaves translated code for the interpreter, which cuts
+//! its block after a store into its own bytes.
 //!
 //! The emitter is dynasm-rs (`dynasmrt`): the assembly is written inline
 //! in Intel syntax, checked and encoded at compile time into plain byte
@@ -251,7 +254,8 @@ fn supported(d: &Inst) -> bool {
 enum General {
     /// fence and fence.i, which the general executor only steps over: one
     /// thread runs every hart, so memory is always coherent, and blocks
-    /// are checked against RAM, so no decoding is ever stale.
+    /// are used only while their page is unchanged, so no decoding is ever
+    /// stale.
     Fence,
     /// An SC or AMO, .w or .d: the alignment check and the store TLB's hit
     /// test of `Hart::amo_offset` inline, then `HartState::sc_or_amo`
@@ -612,7 +616,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     }
     let mut ended = false;
     for (k, d) in insts.iter().enumerate() {
-        ended = e.inst(block, k, d);
+        ended = e.inst(k, d);
     }
     if !ended {
         e.writeback(e.dirty);
@@ -651,23 +655,8 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
         e.writeback(s.dirty);
-        match s.exit {
-            Exit::Resume(k) => {
-                let code = e.resume(k);
-                dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
-            }
-            Exit::Cut(k) => {
-                // Instructions 0..=k retired; on to the one after k.
-                let next = block.insts[k].next as i32;
-                dynasm!(e.ops
-                    ; .arch x64
-                    ; sub QWORD [rsi + CTX_LEFT], k as i32 + 1
-                    ; add QWORD [rsi + CTX_PC], next
-                    ; xor eax, eax
-                    ; jmp =>epilogue
-                );
-            }
-        }
+        let code = e.resume(s.resume);
+        dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
     }
     Some((e.ops.finalize().ok()?, chain, m))
 }
@@ -710,14 +699,8 @@ fn writes(d: &Inst) -> bool {
 struct Stub {
     label: DynamicLabel,
     dirty: u32,
-    exit: Exit,
-}
-
-enum Exit {
-    /// To the interpreter, at this instruction.
-    Resume(usize),
-    /// After this instruction, a store into the block.
-    Cut(usize),
+    /// The instruction the interpreter goes on at.
+    resume: usize,
 }
 
 struct Emitter {
@@ -804,10 +787,11 @@ impl Emitter {
         }
     }
 
-    /// A side exit with the registers dirty now.
-    fn stub(&mut self, exit: Exit) -> DynamicLabel {
+    /// A side exit to the interpreter at instruction `k`, with the
+    /// registers dirty now.
+    fn stub(&mut self, k: usize) -> DynamicLabel {
         let label = self.ops.new_dynamic_label();
-        self.stubs.push(Stub { label, dirty: self.dirty, exit });
+        self.stubs.push(Stub { label, dirty: self.dirty, resume: k });
         label
     }
 
@@ -873,7 +857,7 @@ impl Emitter {
     /// a miss returns to Rust, which walks the page tables); the block at
     /// that offset from its slot of the block cache (`BlockCache::get`;
     /// another block there or none translated returns to Rust). The
-    /// target's chain entry then checks the budget and the RAM words, as
+    /// target's chain entry then checks the budget and the code state, as
     /// for the jumps within a page.
     fn emit_lookup(&mut self) {
         let Some(l) = self.lookup else { return };
@@ -986,9 +970,9 @@ impl Emitter {
         }
     }
 
-    /// Emits instruction `k` of `block`. True if it ends the block (a jump
-    /// or branch, which left it).
-    fn inst(&mut self, block: &Block, k: usize, d: &crate::block::Inst) -> bool {
+    /// Emits `d`, instruction `k` of the block. True if it ends the block
+    /// (a jump or branch, which left it).
+    fn inst(&mut self, k: usize, d: &crate::block::Inst) -> bool {
         use Op::*;
         let (rd, rs1, rs2, imm) = (d.rd, d.rs1, d.rs2, d.imm);
         let len = (d.next - d.at) as i64;
@@ -1062,7 +1046,7 @@ impl Emitter {
                     Lw | Lwu => 4,
                     _ => 8,
                 };
-                let miss = self.stub(Exit::Resume(k));
+                let miss = self.stub(k);
                 self.tlb_lookup(rs1, imm, size, CTX_LOAD_TLB, miss);
                 // rdx: the host address.
                 dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
@@ -1084,7 +1068,7 @@ impl Emitter {
                     Sw => 4,
                     _ => 8,
                 };
-                let miss = self.stub(Exit::Resume(k));
+                let miss = self.stub(k);
                 self.tlb_lookup(rs1, imm, size, CTX_STORE_TLB, miss);
                 // rdx: the RAM offset; rcx: the host address.
                 dynasm!(self.ops ; .arch x64 ; mov rcx, QWORD [rsi + CTX_RAM] ; add rcx, rdx);
@@ -1095,17 +1079,6 @@ impl Emitter {
                     4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rcx], Rd(v)),
                     _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx], Rq(v)),
                 }
-                // A store into the block itself: what follows must be
-                // fetched again (the interpreter's test, on the offset the
-                // store started at).
-                let cut = self.stub(Exit::Cut(k));
-                dynasm!(self.ops
-                    ; .arch x64
-                    ; mov r11, QWORD block.off as i64
-                    ; sub rdx, r11
-                    ; cmp rdx, DWORD block.bytes as i32
-                    ; jb =>cut
-                );
             }
             Addi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rq(d), DWORD i)),
             Slti => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setl al)),
@@ -1178,12 +1151,12 @@ impl Emitter {
             }
             Div | Divu | Rem | Remu | Divw | Divuw | Remw | Remuw => self.div(d.op, rd, rs1, rs2),
             Fp => self.fp_compute(k, d),
-            Fload | Fstore => self.fp_load_store(block, k, d),
+            Fload | Fstore => self.fp_load_store(k, d),
             Sh1add | Sh2add | Sh3add | AddUw | Sh1addUw | Sh2addUw | Sh3addUw | SlliUw | Andn | Orn | Xnor | Clz
             | Ctz | Cpop | Clzw | Ctzw | Cpopw | Max | Maxu | Min | Minu | SextB | SextH | ZextH | Rol | Ror | Rori
             | Rolw | Rorw | Roriw | OrcB | Rev8 | Bclr | Bclri | Bext | Bexti | Binv | Binvi | Bset | Bseti
             | CzeroEqz | CzeroNez => self.bitmanip(d),
-            CboZero => self.cbo_zero(block, k, d),
+            CboZero => self.cbo_zero(k, d),
             Illegal => unreachable!("not translated"),
         }
         false
@@ -1447,7 +1420,7 @@ impl Emitter {
                 dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * rs1 as i32], Rq(h));
             }
         }
-        let declined = self.stub(Exit::Resume(k));
+        let declined = self.stub(k);
         self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
@@ -1503,7 +1476,7 @@ impl Emitter {
     /// registers: the helper sees only the state's reservation and RAM.
     fn sc_amo(&mut self, k: usize, d: &Inst) {
         let size = if (d.insn >> 12) & 7 == 2 { 4 } else { 8 };
-        let resume = self.stub(Exit::Resume(k));
+        let resume = self.stub(k);
         // Misaligned: the interpreter raises the misaligned fault.
         let a = self.src(d.rs1, R11);
         dynasm!(self.ops ; .arch x64 ; test Rq(a), DWORD size - 1 ; jnz =>resume);
@@ -1539,7 +1512,7 @@ impl Emitter {
         let csr = (i >> 20) as u16;
         let uimm = ((i >> 15) & 31) as i32;
         let write = f3 & 3 == 1 || uimm != 0;
-        let resume = self.stub(Exit::Resume(k));
+        let resume = self.stub(k);
         dynasm!(self.ops
             ; .arch x64
             ; test QWORD [rdi + MSTATUS_REL], MSTATUS_FS as i32
@@ -1606,11 +1579,11 @@ impl Emitter {
     /// flw, fld, fsw, fsd: the integer loads' and stores' TLB fast paths,
     /// after the check the interpreter makes first (FS off: illegal, which
     /// the interpreter raises); a load marks FS dirty, as the interpreter's.
-    fn fp_load_store(&mut self, block: &Block, k: usize, d: &crate::block::Inst) {
+    fn fp_load_store(&mut self, k: usize, d: &crate::block::Inst) {
         let double = (d.insn >> 12) & 7 == 3;
         let size = if double { 8 } else { 4 };
         let i = d.insn as i32;
-        let resume = self.stub(Exit::Resume(k));
+        let resume = self.stub(k);
         dynasm!(self.ops
             ; .arch x64
             ; test QWORD [rdi + MSTATUS_REL], MSTATUS_FS as i32
@@ -1650,15 +1623,6 @@ impl Emitter {
             } else {
                 dynasm!(self.ops ; .arch x64 ; mov DWORD [rcx], eax);
             }
-            // Into the block itself: as for the integer stores.
-            let cut = self.stub(Exit::Cut(k));
-            dynasm!(self.ops
-                ; .arch x64
-                ; mov r11, QWORD block.off as i64
-                ; sub rdx, r11
-                ; cmp rdx, DWORD block.bytes as i32
-                ; jb =>cut
-            );
         }
     }
 
@@ -1667,10 +1631,10 @@ impl Emitter {
     /// TLB; the 64 bytes of the block are in the entry's page. Everything
     /// else goes back to the interpreter at this instruction: a TLB miss,
     /// an enable off (illegal there, or M-mode, which needs none and is
-    /// left to the interpreter for being rare). Like a store, it cuts the
-    /// block if it zeroed any of the block's own bytes.
-    fn cbo_zero(&mut self, block: &Block, k: usize, d: &crate::block::Inst) {
-        let resume = self.stub(Exit::Resume(k));
+    /// left to the interpreter for being rare). Like a store, it cannot
+    /// reach the block's own bytes (see the module's comment).
+    fn cbo_zero(&mut self, k: usize, d: &crate::block::Inst) {
+        let resume = self.stub(k);
         let cbze = ENVCFG_CBZE as u8 as i8;
         dynasm!(self.ops
             ; .arch x64
@@ -1698,17 +1662,6 @@ impl Emitter {
         for q in 0..(CBO_BLOCK_BYTES / 8) as i32 {
             dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx + 8 * q], rax);
         }
-        // Into the block itself: if the 64 bytes from rdx overlap the
-        // block's, i.e. rdx - (off - 63) < bytes + 63, unsigned.
-        let cut = self.stub(Exit::Cut(k));
-        let reach = CBO_BLOCK_BYTES as i64 - 1;
-        dynasm!(self.ops
-            ; .arch x64
-            ; mov r11, QWORD block.off as i64 - reach
-            ; sub rdx, r11
-            ; cmp rdx, DWORD (block.bytes as i64 + reach) as i32
-            ; jb =>cut
-        );
     }
 
     /// Division with RISC-V's results for a zero divisor (all ones, or the

@@ -988,6 +988,57 @@ fn code_changed_under_a_translated_loop() {
     }
 }
 
+/// A store from one hart into code another hart runs, the storing hart's
+/// store TLB having held the page before it became code: the page must
+/// leave that TLB before the hart stores again, or the store would reach
+/// RAM behind the code's back and the other hart would run the old
+/// instruction. Interpreted and translated alike; the expected sum is
+/// counted, not compared with another run (both would run the same stale
+/// block).
+#[test]
+fn a_store_from_another_hart_reaches_code_decoded_after_it_cached_the_page() {
+    const CODE: u64 = BASE + 0x1000;
+    let add = |n| i_type(n, 10, 0, 10, 0x13); // addi x10, x10, n
+    let storer = [
+        s_type(0x7f8, 0, 8, 2), // sw x0, 0x7f8(x8): the code's page enters the store TLB
+        s_type(0, 12, 8, 2),    // sw x12, 0(x8): addi x10, x10, 1 becomes 2
+        j_type(0, 0),           // j .
+    ];
+    let looper = [
+        add(1),                    // addi x10, x10, 1 (rewritten)
+        i_type(-1, 4, 0, 4, 0x13), // addi x4, x4, -1
+        b_type(-8, 0, 4, 1),       // bne x4, x0, -8
+        j_type(0, 0),              // j .
+    ];
+    for hot in [0, 1, 32] {
+        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        for (i, w) in storer.iter().enumerate() {
+            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+        }
+        for (i, w) in looper.iter().enumerate() {
+            ram.write_u32(CODE + 4 * i as u64, *w).unwrap();
+        }
+        let mut harts = [Hart::new(0), Hart::new(1)];
+        for h in harts.iter_mut() {
+            h.set_jit(hot);
+        }
+        harts[0].s.pc = BASE;
+        harts[0].s.x[8] = CODE;
+        harts[0].s.x[12] = add(2) as u64;
+        harts[1].s.pc = CODE;
+        harts[1].s.x[4] = 200;
+        let mut bus = Device::default();
+        assert_eq!(harts[0].run(&mut ram, &mut bus, 1).0, 1);
+        // 100 rounds of three instructions.
+        assert_eq!(harts[1].run(&mut ram, &mut bus, 300).0, 300);
+        assert_eq!(harts[1].s.x[10], 100, "hot {hot}: before the rewrite");
+        assert_eq!(harts[0].run(&mut ram, &mut bus, 1).0, 1);
+        assert_eq!(ram.read_u32(CODE).unwrap(), add(2));
+        assert_eq!(harts[1].run(&mut ram, &mut bus, 300).0, 300);
+        assert_eq!(harts[1].s.x[10], 300, "hot {hot}: the rewritten instruction did not run");
+    }
+}
+
 /// Calls and returns across pages under Sv39 paging, in S-mode: a loop in
 /// one page calls functions in others, directly (`jal`) and through a
 /// register (`auipc` + `jalr`), each function returns with `jalr`, and
