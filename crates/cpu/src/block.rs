@@ -147,7 +147,7 @@ pub(crate) struct Block {
     pub jit_n: usize,
     /// Its page's code state when it was decoded (0 in an empty slot:
     /// never a code state).
-    pub code: u32,
+    pub code: u64,
 }
 
 const NOP: Inst = Inst { op: Op::Illegal, rd: 0, rs1: 0, rs2: 0, imm: 0, at: 0, next: 0, insn: 0 };

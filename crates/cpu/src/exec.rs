@@ -414,7 +414,7 @@ impl Hart {
         // inside RAM, accesses checked not to cross them), guest RAM, as
         // the interpreter's fast paths do; it reads the fetch TLB and the
         // block cache's table, which is borrowed shared for the call, and
-        // RAM's code states (one `u32` a page, for the pages of blocks in
+        // RAM's code states (one `u64` a page, for the pages of blocks in
         // the table).
         let r = unsafe { code(regs, &mut ctx) };
         self.jit_stats.calls += 1;

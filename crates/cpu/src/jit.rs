@@ -140,8 +140,8 @@ pub(crate) struct JitCtx {
     pub fetch_prv: u64,
     pub fetch_tag: u64,
     pub fetch_off: usize,
-    /// The RAM's code states, one `u32` a page (`GuestRam::code_states`).
-    pub code: *const u32,
+    /// The RAM's code states, one `u64` a page (`GuestRam::code_states`).
+    pub code: *const u64,
 }
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
@@ -573,7 +573,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     // block within the budget (else the executor runs it interpreted, as
     // far as the budget allows)...
     let chain = e.ops.offset().0;
-    let page = i32::try_from(4 * (block.off >> 12)).ok()?;
+    let page = i32::try_from(8 * (block.off >> 12)).ok()?;
     let own_slot = e.slots + slot * std::mem::size_of::<Block>();
     dynasm!(e.ops
         ; .arch x64
@@ -583,9 +583,9 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         // (read from its slot: a translation found again for a block
         // decoded again serves a later state of the page).
         ; mov rdx, QWORD [rsi + CTX_CODE]
-        ; mov eax, DWORD [rdx + page]
+        ; mov rax, QWORD [rdx + page]
         ; mov rcx, QWORD own_slot as i64
-        ; cmp eax, DWORD [rcx + BLOCK_CODE]
+        ; cmp rax, QWORD [rcx + BLOCK_CODE]
         ; jne =>bail
     );
     let stale = e.ops.new_dynamic_label();

@@ -88,7 +88,7 @@ pub struct GuestRam {
     /// marked beside the first and taken apart from it.
     view: Option<Vec<u64>>,
     /// Each page's code state (see [`GuestRam::begin_code`]).
-    code: Vec<u32>,
+    code: Vec<u64>,
     /// How many times a page that a store TLB may cache became code.
     code_purges: u64,
     /// See [`CodeStats`].
@@ -97,13 +97,13 @@ pub struct GuestRam {
 
 /// A page's code state: instructions were decoded from it since it was
 /// last written.
-pub const CODE: u32 = 1;
+pub const CODE: u64 = 1;
 /// A page's code state: a CPU's store TLB may hold it (it entered one
 /// since it last became code).
-const STORE_CACHED: u32 = 2;
+const STORE_CACHED: u64 = 2;
 /// A page's code state: the count of times it stopped being code, in the
 /// bits above [`CODE`] and `STORE_CACHED`.
-const CODE_WRITTEN: u32 = 4;
+const CODE_WRITTEN: u64 = 4;
 
 /// What the code states saw, for measurements: nothing the guest sees
 /// depends on it.
@@ -224,7 +224,7 @@ impl GuestRam {
         for p in off >> PAGE_SHIFT..=(off + len - 1) >> PAGE_SHIFT {
             let state = &mut self.code[p];
             if *state & CODE != 0 {
-                *state = (*state & !(CODE | STORE_CACHED)).wrapping_add(CODE_WRITTEN);
+                *state = (*state & !(CODE | STORE_CACHED)) + CODE_WRITTEN;
                 self.code_stats.code_written += 1;
             }
         }
@@ -234,13 +234,13 @@ impl GuestRam {
     /// from the page when it had this state is still what RAM holds while
     /// the state is unchanged. Code states are odd (they have [`CODE`]).
     #[inline(always)]
-    pub fn code_state(&self, off: usize) -> u32 {
+    pub fn code_state(&self, off: usize) -> u64 {
         self.code[off >> PAGE_SHIFT]
     }
 
-    /// The code states, one `u32` per page, for translated code that
+    /// The code states, one `u64` per page, for translated code that
     /// compares a block's state as [`GuestRam::code_state`] does.
-    pub fn code_states(&self) -> *const u32 {
+    pub fn code_states(&self) -> *const u64 {
         self.code.as_ptr()
     }
 
@@ -260,7 +260,8 @@ impl GuestRam {
     ///
     /// (QEMU write-protects the host pages that hold translated code
     /// instead; here every store already goes through a TLB of our own,
-    /// and one `u32` a page keeps the check to a compare.)
+    /// and one `u64` a page keeps the check to a compare: 64 bits, so
+    /// that no count of writes a guest could make brings a state back.)
     #[inline]
     pub fn begin_code(&mut self, off: usize) -> bool {
         let state = &mut self.code[off >> PAGE_SHIFT];
