@@ -180,7 +180,7 @@ impl Block {
 
     /// Whether RAM still holds the bits this block was decoded from.
     #[inline(always)]
-    pub(crate) fn still_in(&self, ram: &[u8]) -> bool {
+    fn still_in(&self, ram: &[u8]) -> bool {
         let Some(code) = ram.get(self.base..self.base + self.nwords * 8) else { return false };
         code.chunks_exact(8).zip(&self.words).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
     }
@@ -245,10 +245,10 @@ fn empty_slots() -> Box<[Block]> {
 /// Makes `harts` tables of empty slots now, every page of them touched,
 /// for the next harts made in this process. The first touch of a page
 /// costs about 5 µs on a host without hardware virtualization (12,800
-/// pages a table): a backup building its machine as it goes live paid 10 ms of
-/// them in its guest's first 60,000 instructions (4.5 instead of some
-/// 40 million a second, measured in a handover), or as many building the
-/// tables filled. It makes them while it waits instead.
+/// pages a table): a backup building its machine as it goes live paid
+/// 10 ms of them in its guest's first 60,000 instructions (4.5 instead of
+/// some 40 million a second, measured in a handover), or as many building
+/// the tables filled. It makes them while it waits instead.
 pub fn prepare_tables(harts: usize) {
     let mut made = Vec::new();
     for _ in 0..harts {

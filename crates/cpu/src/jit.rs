@@ -588,9 +588,9 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         ; cmp rax, QWORD [rcx + BLOCK_CODE]
         ; jne =>bail
     );
-    let stale = e.ops.new_dynamic_label();
-    if crate::block::verify_code() {
-        // FTVM_VERIFY_CODE: RAM holding the bits it was decoded from too.
+    // FTVM_VERIFY_CODE: RAM holding the bits it was decoded from too.
+    let stale = crate::block::verify_code().then(|| e.ops.new_dynamic_label());
+    if let Some(stale) = stale {
         dynasm!(e.ops
             ; .arch x64
             ; mov rdx, QWORD [rsi + CTX_RAM]
@@ -629,7 +629,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
             e.leave(insts[m - 1].next as i64);
         }
     }
-    if crate::block::verify_code() {
+    if let Some(stale) = stale {
         dynasm!(e.ops
             ; .arch x64
             ; =>stale

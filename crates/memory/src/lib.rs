@@ -109,10 +109,9 @@ const CODE_WRITTEN: u64 = 4;
 /// depends on it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodeStats {
-    /// Pages that became code.
+    /// Pages that became code (of which those a store TLB may have held
+    /// are counted by [`GuestRam::code_purges`]).
     pub became_code: u64,
-    /// Of those, the ones a store TLB may have held.
-    pub purges: u64,
     /// Writes into code, each ending a page's time as code.
     pub code_written: u64,
 }
@@ -214,6 +213,14 @@ impl GuestRam {
         }
     }
 
+    /// What a write into `[off, off+len)` changes besides the bytes: the
+    /// pages are dirty, and code no longer.
+    #[inline]
+    fn written(&mut self, off: usize, len: usize) {
+        self.mark_dirty_offset(off, len);
+        self.code_written(off, len);
+    }
+
     /// Ends the time as code of every page in `[off, off+len)` that is
     /// code: what was decoded from it may be stale now.
     #[inline]
@@ -273,7 +280,6 @@ impl GuestRam {
         self.code_stats.became_code += 1;
         if purge {
             self.code_purges += 1;
-            self.code_stats.purges += 1;
         }
         purge
     }
@@ -284,9 +290,8 @@ impl GuestRam {
     #[inline]
     pub fn store_cached(&mut self, off: usize) {
         let page = off & !(PAGE_SIZE as usize - 1);
-        self.code_written(page, PAGE_SIZE as usize);
+        self.written(page, PAGE_SIZE as usize);
         self.code[page >> PAGE_SHIFT] |= STORE_CACHED;
-        self.mark_dirty_offset(page, PAGE_SIZE as usize);
     }
 
     /// How many times a page that a store TLB may hold became code: a
@@ -336,8 +341,7 @@ impl GuestRam {
     pub fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), OutOfRange> {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
         self.bytes[off..off + buf.len()].copy_from_slice(buf);
-        self.mark_dirty_offset(off, buf.len());
-        self.code_written(off, buf.len());
+        self.written(off, buf.len());
         Ok(())
     }
 
@@ -350,8 +354,7 @@ impl GuestRam {
     /// Borrow a guest range for writing (device DMA in); marks it dirty.
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], OutOfRange> {
         let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
-        self.mark_dirty_offset(off, len as usize);
-        self.code_written(off, len as usize);
+        self.written(off, len as usize);
         Ok(&mut self.bytes[off..off + len as usize])
     }
 
@@ -478,7 +481,7 @@ mod tests {
         assert_eq!(ram.code_purges(), purges + 1);
         assert!(!ram.begin_code(page), "already code");
         let s = ram.code_stats();
-        assert_eq!((s.became_code, s.purges, s.code_written), (3, 1, 2));
+        assert_eq!((s.became_code, ram.code_purges(), s.code_written), (3, 1, 2));
     }
 
     #[test]
