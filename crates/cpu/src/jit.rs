@@ -489,6 +489,7 @@ pub(crate) fn translate(
 ) -> Option<Translation> {
     let (code, chain, n) = assemble(block, slot, slots, host)?;
     let ptr = arena.place(&code)?;
+    perf_map(ptr, code.len(), block.off);
     // SAFETY: `ptr` is the start of the code just assembled for exactly
     // this signature (System V: rdi = guest registers, rsi = context,
     // returns rax; it saves the callee-saved registers it uses), copied
@@ -496,6 +497,34 @@ pub(crate) fn translate(
     // before which the block cache drops every `JitFn`.
     let entry = unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) };
     Some(Translation { entry, chain: ptr as usize + chain, n })
+}
+
+/// With `FTVM_PERF_MAP=1`, names each translation in `/tmp/perf-PID.map`
+/// (the format `perf report` reads for code it has no file for) by its
+/// block's RAM offset, so a profile shows which guest code the time in
+/// translated code went to. A line per translation, appended as made
+/// (buffered: the last few hundred reach the file later); the file is never
+/// trimmed, and a later line for the same addresses (the arena started
+/// over) replaces the earlier. A profiling aid, not for production runs.
+fn perf_map(ptr: *const u8, len: usize, off: usize) {
+    use std::io::Write;
+    type MapFile = std::sync::Mutex<std::io::BufWriter<std::fs::File>>;
+    static MAP: std::sync::OnceLock<Option<MapFile>> = std::sync::OnceLock::new();
+    let map = MAP.get_or_init(|| {
+        if std::env::var("FTVM_PERF_MAP").is_ok_and(|v| v == "1") {
+            let path = format!("/tmp/perf-{}.map", std::process::id());
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).ok()?;
+            Some(std::sync::Mutex::new(std::io::BufWriter::with_capacity(1 << 16, file)))
+        } else {
+            None
+        }
+    });
+    if let Some(file) = map {
+        if let Ok(mut f) = file.lock() {
+            // A failed write loses a name in a profile, nothing else.
+            let _ = writeln!(f, "{:x} {:x} ftvm-block-{:x}", ptr as usize, len, off);
+        }
+    }
 }
 
 /// The host code for `block`'s longest prefix of handled operations, the
