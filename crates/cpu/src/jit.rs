@@ -1077,18 +1077,20 @@ impl Emitter {
                 };
                 let miss = self.stub(k);
                 self.tlb_lookup(rs1, imm, size, CTX_LOAD_TLB, miss);
-                // rdx: the host address.
+                // rdx: the host address; the value straight into rd's
+                // host register if it has one.
                 dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+                let v = self.dest(rd, None);
                 match d.op {
-                    Lb => dynasm!(self.ops ; .arch x64 ; movsx rax, BYTE [rdx]),
-                    Lbu => dynasm!(self.ops ; .arch x64 ; movzx eax, BYTE [rdx]),
-                    Lh => dynasm!(self.ops ; .arch x64 ; movsx rax, WORD [rdx]),
-                    Lhu => dynasm!(self.ops ; .arch x64 ; movzx eax, WORD [rdx]),
-                    Lw => dynasm!(self.ops ; .arch x64 ; movsxd rax, DWORD [rdx]),
-                    Lwu => dynasm!(self.ops ; .arch x64 ; mov eax, DWORD [rdx]),
-                    _ => dynasm!(self.ops ; .arch x64 ; mov rax, QWORD [rdx]),
+                    Lb => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), BYTE [rdx]),
+                    Lbu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), BYTE [rdx]),
+                    Lh => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), WORD [rdx]),
+                    Lhu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), WORD [rdx]),
+                    Lw => dynasm!(self.ops ; .arch x64 ; movsxd Rq(v), DWORD [rdx]),
+                    Lwu => dynasm!(self.ops ; .arch x64 ; mov Rd(v), DWORD [rdx]),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov Rq(v), QWORD [rdx]),
                 }
-                self.put(rd, RAX);
+                self.put(rd, v);
             }
             Sb | Sh | Sw | Sd => {
                 let size = match d.op {
@@ -1099,14 +1101,14 @@ impl Emitter {
                 };
                 let miss = self.stub(k);
                 self.tlb_lookup(rs1, imm, size, CTX_STORE_TLB, miss);
-                // rdx: the RAM offset; rcx: the host address.
-                dynasm!(self.ops ; .arch x64 ; mov rcx, QWORD [rsi + CTX_RAM] ; add rcx, rdx);
+                // rdx: the host address.
+                dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
                 let v = self.src(rs2, RAX);
                 match size {
-                    1 => dynasm!(self.ops ; .arch x64 ; mov BYTE [rcx], Rb(v)),
-                    2 => dynasm!(self.ops ; .arch x64 ; mov WORD [rcx], Rw(v)),
-                    4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rcx], Rd(v)),
-                    _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rcx], Rq(v)),
+                    1 => dynasm!(self.ops ; .arch x64 ; mov BYTE [rdx], Rb(v)),
+                    2 => dynasm!(self.ops ; .arch x64 ; mov WORD [rdx], Rw(v)),
+                    4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rdx], Rd(v)),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rdx], Rq(v)),
                 }
             }
             Addi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rq(d), DWORD i)),
@@ -1757,34 +1759,45 @@ impl Emitter {
     }
 
     /// The inlined TLB hit test of a `size`-byte access at rs1 + imm: on a
-    /// hit rdx is the RAM offset, else it jumps to `miss`. Clobbers rcx
-    /// and r11.
+    /// hit rdx is the RAM offset, else it jumps to `miss`. r11 is left
+    /// holding the address; clobbers rcx.
     fn tlb_lookup(&mut self, rs1: u8, imm: i32, size: i32, tlb: i32, miss: DynamicLabel) {
-        self.get(R11, rs1);
-        if imm != 0 {
-            dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm);
+        match self.loc[rs1 as usize] {
+            Loc::Host(h) if imm != 0 => dynasm!(self.ops ; .arch x64 ; lea r11, [Rq(h) + imm]),
+            _ => {
+                self.get(R11, rs1);
+                if imm != 0 {
+                    dynasm!(self.ops ; .arch x64 ; add r11, DWORD imm);
+                }
+            }
         }
         dynasm!(self.ops
             ; .arch x64
-            // The entry: tlb[(vaddr >> 12) % TLB_SIZE], 16 bytes each.
+            // The entry: tlb[(vaddr >> 12) % TLB_SIZE], 16 bytes each, its
+            // offset in the table taken from the address in one shift.
             ; mov rcx, r11
-            ; shr rcx, 12
-            ; and ecx, (TLB_SIZE - 1) as i32
-            ; shl ecx, 4
+            ; shr rcx, 12 - 4
+            ; and ecx, ((TLB_SIZE - 1) << 4) as i32
             ; add rcx, QWORD [rsi + tlb]
-            // The tag: the page and the privilege level.
-            ; mov rdx, r11
+        );
+        // The tag: the page and the privilege level. Taken from the
+        // access's last byte, so that one running into the next page fails
+        // the compare (the entry is the first byte's page's) and takes the
+        // slow path, which splits it.
+        if size > 1 {
+            dynasm!(self.ops ; .arch x64 ; lea rdx, [r11 + size - 1]);
+        } else {
+            dynasm!(self.ops ; .arch x64 ; mov rdx, r11);
+        }
+        dynasm!(self.ops
+            ; .arch x64
             ; and rdx, -4096
             ; or rdx, QWORD [rsi + CTX_PRV]
             ; cmp rdx, QWORD [rcx + TLB_TAG]
             ; jne =>miss
             ; mov edx, r11d
             ; and edx, 0xfff
+            ; add rdx, QWORD [rcx + TLB_OFF]
         );
-        if size > 1 {
-            // Not across the page.
-            dynasm!(self.ops ; .arch x64 ; cmp edx, 0x1000 - size ; ja =>miss);
-        }
-        dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rcx + TLB_OFF]);
     }
 }
