@@ -222,6 +222,18 @@ const R11: u8 = 11;
 /// and r12-r15 are callee-saved: the prologue saves them.
 const POOL: [u8; 9] = [3, 5, 8, 9, 10, 12, 13, 14, 15];
 
+/// Where rsi and rdi are in the frame, from rsp in a block (see
+/// `assemble`).
+const FRAME_RSI: i32 = 0;
+const FRAME_RDI: i32 = 8;
+
+/// The registers `Emitter::save_for_call` pushed, and whether it padded
+/// the stack.
+struct Saved {
+    regs: Vec<u8>,
+    pad: bool,
+}
+
 /// Where a guest register is during a block.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Loc {
@@ -588,6 +600,9 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
     // From Rust, which has checked the block and the budget.
+    // The frame every block chained from here shares: the callee-saved
+    // registers, then rdi and rsi, which calls into Rust may clobber and
+    // which stay the same for the whole call (see `call_and_restore`).
     dynasm!(e.ops
         ; .arch x64
         ; push rbx
@@ -596,6 +611,8 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         ; push r13
         ; push r14
         ; push r15
+        ; push rdi
+        ; push rsi
         ; jmp =>body
     );
     // From another block: the checks of the executor's loop. The whole
@@ -671,6 +688,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         ; =>bail
         ; xor eax, eax
         ; =>epilogue
+        ; add rsp, 16
         ; pop r15
         ; pop r14
         ; pop r13
@@ -1452,14 +1470,14 @@ impl Emitter {
             }
         }
         let declined = self.stub(k);
-        self.save_for_call();
+        let saved = self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
             ; sub rdi, X_OFF
             ; mov esi, i as i32
             ; mov edx, d.imm
         );
-        self.call_and_restore(fp_helper as *const ());
+        self.call_and_restore(fp_helper as *const (), saved);
         dynasm!(self.ops ; .arch x64 ; test eax, eax ; jz =>declined);
         let rd = d.rd as usize;
         if writes_x {
@@ -1471,34 +1489,38 @@ impl Emitter {
         }
     }
 
-    /// Before a call from translated code into Rust: rdi, rsi and the
-    /// pool's r8-r10 are caller-saved. The stack is 8 past a multiple of
-    /// 16 in a block (its entry was called, then pushed six registers):
-    /// these five pushes also align it for the call. The arguments are
-    /// set after this (rdi and rsi are saved as the block holds them).
-    fn save_for_call(&mut self) {
-        dynasm!(self.ops
-            ; .arch x64
-            ; push rdi
-            ; push rsi
-            ; push r8
-            ; push r9
-            ; push r10
-        );
+    /// Before a call from translated code into Rust: of the pool, r8-r10
+    /// are caller-saved, so those holding guest registers in this block
+    /// are pushed (and the stack aligned for the call); rdi and rsi come
+    /// back from the frame (see `assemble`). The arguments are set after
+    /// this.
+    fn save_for_call(&mut self) -> Saved {
+        let regs: Vec<u8> = [8u8, 9, 10].into_iter().filter(|&h| self.loc.contains(&Loc::Host(h))).collect();
+        for &r in &regs {
+            dynasm!(self.ops ; .arch x64 ; push Rq(r));
+        }
+        // The frame leaves the stack 8 past a multiple of 16.
+        let pad = regs.len().is_multiple_of(2);
+        if pad {
+            dynasm!(self.ops ; .arch x64 ; sub rsp, 8);
+        }
+        Saved { regs, pad }
     }
 
-    /// Calls `f` and restores what `save_for_call` saved; its result is
-    /// in rax.
-    fn call_and_restore(&mut self, f: *const ()) {
+    /// Calls `f` and restores what `save_for_call` saved, and rdi and rsi
+    /// from the frame; its result is in rax.
+    fn call_and_restore(&mut self, f: *const (), saved: Saved) {
+        dynasm!(self.ops ; .arch x64 ; mov rax, QWORD f as i64 ; call rax);
+        if saved.pad {
+            dynasm!(self.ops ; .arch x64 ; add rsp, 8);
+        }
+        for &r in saved.regs.iter().rev() {
+            dynasm!(self.ops ; .arch x64 ; pop Rq(r));
+        }
         dynasm!(self.ops
             ; .arch x64
-            ; mov rax, QWORD f as i64
-            ; call rax
-            ; pop r10
-            ; pop r9
-            ; pop r8
-            ; pop rsi
-            ; pop rdi
+            ; mov rsi, QWORD [rsp + FRAME_RSI]
+            ; mov rdi, QWORD [rsp + FRAME_RDI]
         );
     }
 
@@ -1517,7 +1539,7 @@ impl Emitter {
         self.get(RAX, d.rs2);
         // Arguments: the state, RAM, the offset (in rdx), the instruction,
         // rs2's value.
-        self.save_for_call();
+        let saved = self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
             ; mov r8, rax
@@ -1525,7 +1547,7 @@ impl Emitter {
             ; sub rdi, X_OFF
             ; mov ecx, d.insn as i32
         );
-        self.call_and_restore(amo_helper as *const ());
+        self.call_and_restore(amo_helper as *const (), saved);
         self.put(d.rd, RAX);
     }
 
