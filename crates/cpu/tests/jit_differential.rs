@@ -401,6 +401,103 @@ fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
     p
 }
 
+/// The tests under Sv39 paging: virtual addresses from `VA` (1 GiB), the
+/// page tables at `ROOT`, the pages' RAM from `PAGED` on.
+const VA: u64 = 0x4000_0000;
+const ROOT: u64 = BASE + 0x20000;
+const PAGED: u64 = BASE + 0x40000;
+
+/// The trap handler at `HANDLER`: skip the instruction (all are 4 bytes,
+/// and the illegal all-zero one is two zero halfwords) and note the cause.
+fn write_skip_handler(ram: &mut GuestRam) {
+    let handler = [
+        0x3410_2ff3u32, // csrr x31, mepc
+        i_type(4, 31, 0, 31, 0x13),
+        0x3412_9073, // csrw mepc, x31
+        0x3420_2f73, // csrr x30, mcause
+        0x3020_0073, // mret
+    ];
+    for (i, w) in handler.iter().enumerate() {
+        ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
+    }
+}
+
+/// Sv39 tables at `ROOT` (root[1] -> l1[0] -> l0[page]) mapping virtual
+/// page `v` (at `VA` + v * 4 KiB) to the RAM at `pa` with the PTE's low
+/// bits `bits`, for each (v, pa, bits).
+fn sv39(ram: &mut GuestRam, maps: impl IntoIterator<Item = (u64, u64, u64)>) {
+    let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
+    ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
+    ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+    for (v, pa, bits) in maps {
+        ram.write_u64(l0 + 8 * v, (pa >> 12) << 10 | bits).unwrap();
+    }
+}
+
+/// A hart in S-mode under the tables of `sv39`, at `VA`, trapping to
+/// `HANDLER`, translating after `hot` entries.
+fn s_mode_hart(hot: u32) -> Hart {
+    let mut hart = Hart::new(0);
+    hart.set_jit(hot);
+    hart.s.satp = 8 << 60 | ROOT >> 12;
+    hart.s.prv = PrivilegeMode::Supervisor;
+    hart.s.mtvec = HANDLER;
+    hart.s.pc = VA;
+    hart
+}
+
+/// Ends program `p` with x4 counting down and a branch back to its start
+/// while not zero, then a jump to itself.
+fn close_loop(p: &mut Vec<u32>) {
+    p.push(i_type(-1, 4, 0, 4, 0x13));
+    p.push(b_type(-4 * (p.len() as i32), 0, 4, 1));
+    p.push(j_type(0, 0));
+}
+
+/// RAM for a test under paging: program `p` at `PAGED`, the handler,
+/// `words` u64s of `fill(i)` from the page after the program's, and the
+/// Sv39 tables of `maps` (see `sv39`).
+fn paged_ram(
+    p: &[u32],
+    words: u64,
+    fill: impl Fn(u64) -> u64,
+    maps: impl IntoIterator<Item = (u64, u64, u64)>,
+) -> GuestRam {
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    for (i, w) in p.iter().enumerate() {
+        ram.write_u32(PAGED + 4 * i as u64, *w).unwrap();
+    }
+    write_skip_handler(&mut ram);
+    for i in 0..words {
+        ram.write_u64(PAGED + 0x1000 + 8 * i, fill(i)).unwrap();
+    }
+    sv39(&mut ram, maps);
+    ram
+}
+
+/// Runs `make(0)` interpreted for `total` steps in the slices `slices`
+/// gives, then `make(1)` and `make(32)` (translating at the first entry
+/// and after 32) in the same slices, each checked against it after every
+/// slice and each having called translated code more than `min_calls`
+/// times. Returns the interpreted run.
+fn interpreted_then_translated<S: FnMut() -> u64>(
+    seed: u64,
+    total: u64,
+    slices: impl Fn() -> S,
+    make: impl Fn(u32) -> Run,
+    min_calls: u64,
+) -> Run {
+    let mut states = Vec::new();
+    let mut interp = make(0);
+    run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+    for hot in [1, 32] {
+        let mut jit = make(hot);
+        follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices());
+        assert!(jit.hart.jit_stats().calls > min_calls, "seed {seed}, hot {hot}: hardly translated");
+    }
+    interp
+}
+
 struct Run {
     hart: Hart,
     ram: GuestRam,
@@ -417,18 +514,7 @@ fn setup_with(seed: u64, len: usize, jit: u32, mix: Mix) -> Run {
     for (i, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
     }
-    // The handler: skip the instruction (all are 4 bytes, and the illegal
-    // all-zero one is two zero halfwords) and note the cause.
-    let handler = [
-        0x3410_2ff3u32, // csrr x31, mepc
-        i_type(4, 31, 0, 31, 0x13),
-        0x3412_9073, // csrw mepc, x31
-        0x3420_2f73, // csrr x30, mcause
-        0x3020_0073, // mret
-    ];
-    for (i, w) in handler.iter().enumerate() {
-        ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
-    }
+    write_skip_handler(&mut ram);
     for i in 0..0x1000u64 {
         ram.write_u64(DATA - 0x800 + 8 * i, rng.next()).unwrap();
     }
@@ -905,9 +991,6 @@ fn each_atomic_on_edge_operands() {
 /// skips the instruction) to the interpreter, slice by slice the same.
 #[test]
 fn atomics_on_pages_they_may_not_write() {
-    const VA: u64 = 0x4000_0000;
-    const ROOT: u64 = BASE + 0x20000;
-    const CODE: u64 = BASE + 0x40000;
     let mut traps = 0;
     for seed in 1..=24u64 {
         let mut rng = Rng(seed * 131 + 5);
@@ -932,41 +1015,13 @@ fn atomics_on_pages_they_may_not_write() {
                 }
             }
         }
-        p.push(i_type(-1, 4, 0, 4, 0x13));
-        p.push(b_type(-4 * (p.len() as i32), 0, 4, 1));
-        p.push(j_type(0, 0));
+        close_loop(&mut p);
         let make = |hot: u32| -> Run {
-            let mut ram = GuestRam::new(BASE, RAM).unwrap();
-            for (i, w) in p.iter().enumerate() {
-                ram.write_u32(CODE + 4 * i as u64, *w).unwrap();
-            }
-            let handler = [
-                0x3410_2ff3u32, // csrr x31, mepc
-                i_type(4, 31, 0, 31, 0x13),
-                0x3412_9073, // csrw mepc, x31
-                0x3420_2f73, // csrr x30, mcause
-                0x3020_0073, // mret
-            ];
-            for (i, w) in handler.iter().enumerate() {
-                ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
-            }
-            for i in 0..0x800u64 {
-                ram.write_u64(CODE + 0x1000 + 8 * i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).unwrap();
-            }
-            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
-            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
-            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
             // Code V R X A; data V R W A D; read-only V R A; page 3 none;
             // page 4 V R W A, not D.
-            for (vpage, bits) in [(0u64, 0x4b), (1, 0xc7), (2, 0x43), (4, 0x47)] {
-                ram.write_u64(l0 + 8 * vpage, ((CODE + 0x1000 * vpage) >> 12) << 10 | bits).unwrap();
-            }
-            let mut hart = Hart::new(0);
-            hart.set_jit(hot);
-            hart.s.satp = 8 << 60 | ROOT >> 12;
-            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
-            hart.s.mtvec = HANDLER;
-            hart.s.pc = VA;
+            let maps = [(0u64, 0x4b), (1, 0xc7), (2, 0x43), (4, 0x47)].map(|(v, bits)| (v, PAGED + 0x1000 * v, bits));
+            let ram = paged_ram(&p, 0x800, |i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15), maps);
+            let mut hart = s_mode_hart(hot);
             for (k, x) in (5..=8).enumerate() {
                 hart.s.x[x] = VA + 0x1000 * (k as u64 + 1);
             }
@@ -977,17 +1032,8 @@ fn atomics_on_pages_they_may_not_write() {
             hart.s.x[4] = 300;
             Run { hart, ram, bus: Device::default(), slices: Vec::new() }
         };
-        let total = 20_000;
-        let slices = || random_slices(seed * 7919 + 11, 30, 2000);
-        let mut states = Vec::new();
-        let mut interp = make(0);
-        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        let interp = interpreted_then_translated(seed, 20_000, || random_slices(seed * 7919 + 11, 30, 2000), make, 100);
         traps += (interp.hart.s.mcause != 0) as u32;
-        for hot in [1, 32] {
-            let mut jit = make(hot);
-            follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices());
-            assert!(jit.hart.jit_stats().calls > 100, "seed {seed}, hot {hot}: hardly translated");
-        }
     }
     assert!(traps > 12, "only {traps} programs trapped");
 }
@@ -1002,9 +1048,6 @@ fn atomics_on_pages_they_may_not_write() {
 /// access that wrongly stays on its first page.
 #[test]
 fn accesses_across_pages_under_paging() {
-    const VA: u64 = 0x4000_0000;
-    const ROOT: u64 = BASE + 0x20000;
-    const CODE: u64 = BASE + 0x40000;
     let mut crossed = 0;
     for seed in 1..=16u64 {
         let mut rng = Rng(seed * 7 + 3);
@@ -1025,41 +1068,14 @@ fn accesses_across_pages_under_paging() {
                 _ => p.push(s_type(imm, rng.below(4) as u32, base, 2 + rng.below(2) as u32) & !0x7f | 0x27),
             }
         }
-        p.push(i_type(-1, 4, 0, 4, 0x13));
-        p.push(b_type(-4 * (p.len() as i32), 0, 4, 1));
-        p.push(j_type(0, 0));
+        close_loop(&mut p);
         let make = |hot: u32| -> Run {
-            let mut ram = GuestRam::new(BASE, RAM).unwrap();
-            for (i, w) in p.iter().enumerate() {
-                ram.write_u32(CODE + 4 * i as u64, *w).unwrap();
-            }
-            let handler = [
-                0x3410_2ff3u32, // csrr x31, mepc
-                i_type(4, 31, 0, 31, 0x13),
-                0x3412_9073, // csrw mepc, x31
-                0x3420_2f73, // csrr x30, mcause
-                0x3020_0073, // mret
-            ];
-            for (i, w) in handler.iter().enumerate() {
-                ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
-            }
-            for i in 0..0x1000u64 {
-                ram.write_u64(CODE + 0x1000 + 8 * i, (i + seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)).unwrap();
-            }
-            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
-            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
-            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
             // Code V R X A; data pages V R W A D, out of order.
-            for (vpage, ppage, bits) in [(0u64, 0u64, 0x4b), (1, 1, 0xc7), (2, 3, 0xc7), (3, 1, 0xc7)] {
-                ram.write_u64(l0 + 8 * vpage, ((CODE + 0x1000 * ppage) >> 12) << 10 | bits).unwrap();
-            }
-            let mut hart = Hart::new(0);
-            hart.set_jit(hot);
-            hart.s.satp = 8 << 60 | ROOT >> 12;
-            hart.s.prv = ftvm_cpu::PrivilegeMode::Supervisor;
-            hart.s.mtvec = HANDLER;
+            let maps = [(0u64, 0u64, 0x4b), (1, 1, 0xc7), (2, 3, 0xc7), (3, 1, 0xc7)]
+                .map(|(v, p, bits)| (v, PAGED + 0x1000 * p, bits));
+            let ram = paged_ram(&p, 0x1000, |i| (i + seed).wrapping_mul(0x9e37_79b9_7f4a_7c15), maps);
+            let mut hart = s_mode_hart(hot);
             hart.s.mstatus = 1 << 13;
-            hart.s.pc = VA;
             hart.s.x[5] = VA + 0x1800;
             hart.s.x[6] = VA + 0x2800;
             let mut r = Rng(seed);
@@ -1069,18 +1085,9 @@ fn accesses_across_pages_under_paging() {
             hart.s.x[4] = 200;
             Run { hart, ram, bus: Device::default(), slices: Vec::new() }
         };
-        let total = 12_000;
-        let slices = || random_slices(seed * 31 + 7, 30, 2000);
-        let mut states = Vec::new();
-        let mut interp = make(0);
-        run(&mut interp, total, slices(), |r| states.push(r.hart.s.clone()));
+        let interp = interpreted_then_translated(seed, 12_000, || random_slices(seed * 31 + 7, 30, 2000), make, 50);
         assert_eq!(interp.hart.s.mcause, 0, "seed {seed}: an access trapped");
         crossed += p.iter().filter(|&&w| (w >> 20 & 0xf) + 8 > 0x10 || (w >> 7 & 0xf) + 8 > 0x10).count();
-        for hot in [1, 32] {
-            let mut jit = make(hot);
-            follow(&format!("seed {seed}, hot {hot}"), &interp, &states, &mut jit, total, slices());
-            assert!(jit.hart.jit_stats().calls > 50, "seed {seed}, hot {hot}: hardly translated");
-        }
     }
     assert!(crossed > 50, "only {crossed} accesses that may cross");
 }
@@ -1197,9 +1204,7 @@ fn a_store_from_another_hart_reaches_code_decoded_after_it_cached_the_page() {
 /// come out as interpreted, slice by slice.
 #[test]
 fn jumps_across_pages_and_through_registers() {
-    const VA: u64 = 0x4000_0000;
-    const ROOT: u64 = BASE + 0x20000;
-    const CODE: u64 = BASE + 0x40000;
+    const CODE: u64 = PAGED;
     // Virtual pages 0..8 (main, six functions, the last one's tail), and
     // 256 + 3, 256 + 4 aliasing 3 and 4.
     const ALIAS: u64 = 256;
@@ -1287,14 +1292,8 @@ fn jumps_across_pages_and_through_registers() {
                 let vpage = (va - VA) >> 12;
                 ram.write_u32(phys(vpage) + (va & 0xfff), w).unwrap();
             }
-            // Sv39: root[1] -> l1[0] -> l0[page] for VA = 1 GiB + page * 4 KiB.
-            let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
-            ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
-            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
-            for vpage in (0..8).chain([ALIAS + 3, ALIAS + 4]) {
-                // V, R, W, X, A, D.
-                ram.write_u64(l0 + 8 * vpage, (phys(vpage) >> 12) << 10 | 0xcf).unwrap();
-            }
+            // V, R, W, X, A, D.
+            sv39(&mut ram, (0..8).chain([ALIAS + 3, ALIAS + 4]).map(|v| (v, phys(v), 0xcf)));
             let mut hart = Hart::new(0);
             hart.set_jit(hot);
             hart.s.satp = 8 << 60 | ROOT >> 12;
