@@ -227,11 +227,18 @@ const POOL: [u8; 9] = [3, 5, 8, 9, 10, 12, 13, 14, 15];
 const FRAME_RSI: i32 = 0;
 const FRAME_RDI: i32 = 8;
 
-/// The registers `Emitter::save_for_call` pushed, and whether it padded
-/// the stack.
+/// The registers `Emitter::save_for_call` pushed; it padded the stack if
+/// they are an even number.
 struct Saved {
     regs: Vec<u8>,
-    pad: bool,
+}
+
+impl Saved {
+    /// The frame leaves the stack 8 past a multiple of 16: an even number
+    /// of pushes needs 8 more bytes for the call.
+    fn pad(&self) -> bool {
+        self.regs.len().is_multiple_of(2)
+    }
 }
 
 /// Where a guest register is during a block.
@@ -1499,19 +1506,18 @@ impl Emitter {
         for &r in &regs {
             dynasm!(self.ops ; .arch x64 ; push Rq(r));
         }
-        // The frame leaves the stack 8 past a multiple of 16.
-        let pad = regs.len().is_multiple_of(2);
-        if pad {
+        let saved = Saved { regs };
+        if saved.pad() {
             dynasm!(self.ops ; .arch x64 ; sub rsp, 8);
         }
-        Saved { regs, pad }
+        saved
     }
 
     /// Calls `f` and restores what `save_for_call` saved, and rdi and rsi
     /// from the frame; its result is in rax.
     fn call_and_restore(&mut self, f: *const (), saved: Saved) {
         dynasm!(self.ops ; .arch x64 ; mov rax, QWORD f as i64 ; call rax);
-        if saved.pad {
+        if saved.pad() {
             dynasm!(self.ops ; .arch x64 ; add rsp, 8);
         }
         for &r in saved.regs.iter().rev() {

@@ -715,9 +715,7 @@ fn a_loop_of_loads_and_stores_runs_translated() {
         prog.push(i_type(0, base, 4, 17, 0x03)); // lbu
         prog.push(i_type(0, base, 6, 17, 0x03)); // lwu
     }
-    prog.push(i_type(-1, 4, 0, 4, 0x13)); // addi x4, x4, -1
-    prog.push(b_type(-4 * (prog.len() as i32), 0, 4, 1)); // bne x4, x0, BASE
-    prog.push(j_type(0, 0));
+    close_loop(&mut prog);
     let iterations = 200;
     let mut runs = Vec::new();
     for jit in [0, 1] {
