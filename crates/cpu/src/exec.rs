@@ -396,6 +396,8 @@ impl Hart {
             fetch_tag: self.fetch_tag,
             fetch_off: self.fetch_off,
             code: ram.code_states(),
+            mxcsr_default: jit::MXCSR_DEFAULT,
+            mxcsr: 0,
         };
         // The x registers' address, derived from the whole state's: the
         // code also reaches the f registers and mstatus from it, and hands

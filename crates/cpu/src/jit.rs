@@ -29,12 +29,19 @@
 //! which raises the illegal instruction. See `General`. The other
 //! exception is floating point. Loads and stores of
 //! f registers take the integer ones' TLB fast paths (after the FS check;
-//! flw NaN-boxes, a load marks FS dirty); computations call the
+//! flw NaN-boxes, a load marks FS dirty). What compiled code computes
+//! most (arithmetic, square roots, fused multiply-adds where the host has
+//! FMA3, comparisons, sign injection, moves, conversions), in round to
+//! nearest even, runs inline on the host's SSE when the result is one the
+//! host computes exactly as the guest does (finite, normal and clear of
+//! the subnormal range: only inexact can have been raised, and x86's
+//! inexact flag gives it; see `Emitter::fp_inline`); everything else
+//! (NaNs, infinities, zeros and tiny results, the other rounding modes,
+//! fmin, fmax, fclass, the unsigned conversions to an integer) calls the
 //! interpreter's own `HartState::fp_compute` (the software FPU: exact
 //! results, fflags, canonical NaNs, every rounding mode) from translated
-//! code, which costs a call instead of a return to Rust and back, and
-//! cannot differ from the interpreter. The f registers stay in the
-//! register file. The bit-manipulation extensions (Zba, Zbb, Zbs, Zicond)
+//! code, which costs a call instead of a return to Rust and back. The f
+//! registers stay in the register file. The bit-manipulation extensions (Zba, Zbb, Zbs, Zicond)
 //! are translated inline; clz, ctz and cpop use the host's LZCNT, TZCNT
 //! and POPCNT if it has them and equivalent sequences if not (see `Host`).
 //! So is Zicboz's `cbo.zero`, which Linux's `clear_page` issues 64 times
@@ -142,7 +149,19 @@ pub(crate) struct JitCtx {
     pub fetch_off: usize,
     /// The RAM's code states, one `u64` a page (`GuestRam::code_states`).
     pub code: *const u64,
+    /// `MXCSR_DEFAULT`, for `ldmxcsr`, which takes only a memory operand.
+    pub mxcsr_default: u32,
+    /// Where translated code stores MXCSR to test its inexact flag.
+    pub mxcsr: u32,
 }
+
+/// The host's SSE control and status register as every thread starts
+/// with it and Rust code leaves it: every exception masked, round to
+/// nearest even, subnormals neither flushed nor treated as zero, no flag
+/// raised. Translated code computes floating point in this mode only, and
+/// loads it to clear the flags before an operation whose inexact flag it
+/// needs (see `Emitter::fp_inline`).
+pub(crate) const MXCSR_DEFAULT: u32 = 0x1f80;
 
 const CTX_PC: i32 = offset_of!(JitCtx, pc) as i32;
 const CTX_LEFT: i32 = offset_of!(JitCtx, left) as i32;
@@ -155,6 +174,8 @@ const CTX_FETCH_PRV: i32 = offset_of!(JitCtx, fetch_prv) as i32;
 const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
 const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
 const CTX_CODE: i32 = offset_of!(JitCtx, code) as i32;
+const CTX_MXCSR_DEFAULT: i32 = offset_of!(JitCtx, mxcsr_default) as i32;
+const CTX_MXCSR: i32 = offset_of!(JitCtx, mxcsr) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
@@ -327,16 +348,19 @@ fn general(insn: u32) -> Option<General> {
 /// POPCNT faults. So a translation made for a host without them uses
 /// portable sequences that compute the same results: what the guest sees
 /// does not depend on the host (a log recorded on one replays on another).
+/// Fused multiply-adds are computed inline with FMA3 where the host has it
+/// (a single rounding, as the guest's) and by the software FPU elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Host {
     pub lzcnt: bool,
     pub tzcnt: bool,
     pub popcnt: bool,
+    pub fma: bool,
 }
 
 impl Host {
     /// None of the optional instructions: the portable sequences only.
-    pub const PORTABLE: Host = Host { lzcnt: false, tzcnt: false, popcnt: false };
+    pub const PORTABLE: Host = Host { lzcnt: false, tzcnt: false, popcnt: false, fma: false };
 
     /// What this host has (CPUID, read once).
     pub fn detect() -> Host {
@@ -350,6 +374,7 @@ impl Host {
             lzcnt: std::is_x86_feature_detected!("lzcnt"),
             tzcnt: std::is_x86_feature_detected!("bmi1"),
             popcnt: std::is_x86_feature_detected!("popcnt"),
+            fma: std::is_x86_feature_detected!("fma"),
         }
     }
 
@@ -724,9 +749,9 @@ fn reads(d: &Inst) -> (bool, bool) {
         // A CSR access reads rs1 in its register forms (funct3 below 4);
         // the immediate forms' rs1 field is the immediate.
         Other if general(d.insn) == Some(General::FpCsr) => ((d.insn >> 12) & 7 < 4, false),
-        // Floating point's x registers are read and written in place (see
-        // `Emitter::fp_compute`); a load's or store's rs1 is an address.
-        Other | Illegal | Nop | Lui | Auipc | Jal | Fp => (false, false),
+        // fmv.fmt.x and the conversions from an integer read an x register.
+        Fp => (fp_x(d.insn) == Some(FpX::Reads), false),
+        Other | Illegal | Nop | Lui | Auipc | Jal => (false, false),
         Jalr | Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu | Fload | Fstore | CboZero => (true, false),
         Addi | Slti | Sltiu | Xori | Ori | Andi | Slli | Srli | Srai | Addiw | Slliw | Srliw | Sraiw => (true, false),
         // The rs2 field of these is part of the operation or the shift.
@@ -739,13 +764,35 @@ fn reads(d: &Inst) -> (bool, bool) {
 /// Whether an instruction writes rd.
 fn writes(d: &Inst) -> bool {
     use Op::*;
-    if d.op == Other {
-        return matches!(general(d.insn), Some(General::ScAmo | General::FpCsr));
+    match d.op {
+        Other => matches!(general(d.insn), Some(General::ScAmo | General::FpCsr)),
+        Fp => fp_x(d.insn) == Some(FpX::Writes),
+        _ => !matches!(
+            d.op,
+            Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fload | Fstore | CboZero
+        ),
     }
-    !matches!(
-        d.op,
-        Other | Illegal | Nop | Beq | Bne | Blt | Bge | Bltu | Bgeu | Sb | Sh | Sw | Sd | Fp | Fload | Fstore | CboZero
-    )
+}
+
+/// The x register a floating-point computation reads (as rs1) or writes
+/// (as rd), if any.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FpX {
+    /// fmv.fmt.x, fcvt.fmt.{w,wu,l,lu}.
+    Reads,
+    /// Comparisons, fcvt.{w,wu,l,lu}.fmt, fmv.x.fmt, fclass.
+    Writes,
+}
+
+fn fp_x(insn: u32) -> Option<FpX> {
+    if insn & 0x7f != 0x53 {
+        return None;
+    }
+    match insn >> 27 {
+        0x1a | 0x1e => Some(FpX::Reads),
+        0x14 | 0x18 | 0x1c => Some(FpX::Writes),
+        _ => None,
+    }
 }
 
 /// A side exit: where it starts, which registers it writes back, what it
@@ -1458,25 +1505,36 @@ impl Emitter {
         self.put(rd, RAX);
     }
 
-    /// Floating-point computation `k`: a call of `fp_helper`. The x
-    /// register some of these read (fmv.d.x, fcvt from an integer) is
-    /// written back first if a host register holds a newer value; the one
-    /// others write (fmv.x.d, comparisons, fclass, fcvt to an integer) is
-    /// loaded again after. If the helper declines, the interpreter carries
-    /// on at `k` and traps exactly.
-    fn fp_compute(&mut self, k: usize, d: &crate::block::Inst) {
+    /// Floating-point computation `k`: inline where `fp_inline` has a fast
+    /// path for it, else (and where the fast path's checks fail) a call of
+    /// `fp_helper`. FS off is illegal: the interpreter carries on at `k`
+    /// and traps exactly, as it does when the helper declines. For the
+    /// call, the x register some of these read (fmv.d.x, fcvt from an
+    /// integer) is written back first if a host register holds a newer
+    /// value; the one others write (fmv.x.d, comparisons, fclass, fcvt to
+    /// an integer) is loaded again after.
+    fn fp_compute(&mut self, k: usize, d: &Inst) {
         let i = d.insn;
-        let group = i >> 27;
-        let is_op_fp = i & 0x7f == 0x53;
-        let reads_x = is_op_fp && matches!(group, 0x1a | 0x1e);
-        let writes_x = is_op_fp && matches!(group, 0x14 | 0x18 | 0x1c);
+        let declined = self.stub(k);
+        dynasm!(self.ops
+            ; .arch x64
+            ; test QWORD [rdi + MSTATUS_REL], MSTATUS_FS as i32
+            ; jz =>declined
+        );
+        let slow = self.ops.new_dynamic_label();
+        let done = self.ops.new_dynamic_label();
+        let dirty = self.dirty;
+        let inline = self.fp_inline(d, slow);
+        if inline {
+            dynasm!(self.ops ; .arch x64 ; jmp =>done ; =>slow);
+            self.dirty = dirty;
+        }
         let rs1 = d.rs1 as usize;
-        if reads_x && self.dirty & (1 << rs1) != 0 {
+        if fp_x(i) == Some(FpX::Reads) && self.dirty & (1 << rs1) != 0 {
             if let Loc::Host(h) = self.loc[rs1] {
                 dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * rs1 as i32], Rq(h));
             }
         }
-        let declined = self.stub(k);
         let saved = self.save_for_call();
         dynasm!(self.ops
             ; .arch x64
@@ -1487,13 +1545,402 @@ impl Emitter {
         self.call_and_restore(fp_helper as *const (), saved);
         dynasm!(self.ops ; .arch x64 ; test eax, eax ; jz =>declined);
         let rd = d.rd as usize;
-        if writes_x {
+        if fp_x(i) == Some(FpX::Writes) {
             if let Loc::Host(h) = self.loc[rd] {
                 dynasm!(self.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * rd as i32]);
-                // The register file holds the value now.
-                self.dirty &= !(1 << rd);
+                // The register file holds the value now; the fast path
+                // leaves it dirty, and both paths must agree where they
+                // meet.
+                if inline {
+                    self.dirty |= 1 << rd;
+                } else {
+                    self.dirty &= !(1 << rd);
+                }
             }
         }
+        if inline {
+            dynasm!(self.ops ; .arch x64 ; =>done);
+        }
+    }
+
+    /// The inline fast path of floating-point computation `d` if it has
+    /// one (false: nothing emitted), after the FS check; it goes to `slow`
+    /// (the software FPU) before writing anything wherever the host's
+    /// result or flags could differ from the guest's. It covers what
+    /// compiled code runs most, in the rounding mode it runs in (round to
+    /// nearest even, static or dynamic): the arithmetic, square roots,
+    /// fused multiply-adds (with FMA3), comparisons, sign injection,
+    /// moves, and the conversions between the formats and to and from the
+    /// signed integers (truncating too, C's casts).
+    ///
+    /// The host's SSE arithmetic is IEEE 754's, correctly rounded, so a
+    /// result is the guest's whenever both are finite, nonzero numbers
+    /// well clear of the subnormal range: a result whose biased exponent
+    /// is 0 (zero, subnormal), 1 (possibly tiny before rounding: RISC-V
+    /// detects tininess after rounding) or all ones (an infinity, a NaN:
+    /// RISC-V's canonical NaN is not x86's default one) takes the slow
+    /// path. Such a result can have raised only inexact (invalid needs a
+    /// NaN result, overflow an infinite one, divide-by-zero an infinite
+    /// one, underflow a tiny one), and x86's own inexact flag is exact, so
+    /// fflags' NX is set from it: MXCSR's flags are cleared before the
+    /// operation and read after, unless NX is set already (then nothing
+    /// can change). Comparisons take the slow path on an unordered pair
+    /// (NaNs, which may raise invalid), conversions to an integer on
+    /// x86's out-of-range value (NaNs, out of range, and the most
+    /// negative integer itself), single-precision operands that are not
+    /// NaN-boxed on the check before use (they read as the canonical NaN).
+    fn fp_inline(&mut self, d: &Inst, slow: DynamicLabel) -> bool {
+        let i = d.insn;
+        let opcode = i & 0x7f;
+        let fmt = (i >> 25) & 3;
+        let f3 = (i >> 12) & 7;
+        let rs2 = ((i >> 20) & 31) as u8;
+        let (rd, rs1) = (((i >> 7) & 31) as u8, ((i >> 15) & 31) as u8);
+        if fmt > 1 {
+            return false;
+        }
+        let single = fmt == 0;
+        // Whether the rounding mode is round to nearest even: statically,
+        // or frm's (checked at run time); None for any other.
+        let nearest = match f3 {
+            0 => Some(false),
+            7 => Some(true),
+            _ => None,
+        };
+        if opcode != 0x53 {
+            // fmadd, fmsub, fnmsub, fnmadd.
+            let Some(dynamic) = nearest.filter(|_| self.host.fma) else {
+                return false;
+            };
+            self.frm_nearest(dynamic, slow);
+            self.load_f(0, rs1, single, slow);
+            self.load_f(1, rs2, single, slow);
+            self.load_f(2, (i >> 27) as u8, single, slow);
+            self.inexact_begin();
+            match (opcode, single) {
+                (0x43, false) => dynasm!(self.ops ; .arch x64 ; vfmadd213sd xmm0, xmm1, xmm2),
+                (0x47, false) => dynasm!(self.ops ; .arch x64 ; vfmsub213sd xmm0, xmm1, xmm2),
+                (0x4b, false) => dynasm!(self.ops ; .arch x64 ; vfnmadd213sd xmm0, xmm1, xmm2),
+                (_, false) => dynasm!(self.ops ; .arch x64 ; vfnmsub213sd xmm0, xmm1, xmm2),
+                (0x43, true) => dynasm!(self.ops ; .arch x64 ; vfmadd213ss xmm0, xmm1, xmm2),
+                (0x47, true) => dynasm!(self.ops ; .arch x64 ; vfmsub213ss xmm0, xmm1, xmm2),
+                (0x4b, true) => dynasm!(self.ops ; .arch x64 ; vfnmadd213ss xmm0, xmm1, xmm2),
+                (_, true) => dynasm!(self.ops ; .arch x64 ; vfnmsub213ss xmm0, xmm1, xmm2),
+            }
+            self.result_f(single, slow);
+            self.inexact_end();
+            self.store_f(rd, single);
+            return true;
+        }
+        match i >> 27 {
+            // fadd, fsub, fmul, fdiv, fsqrt.
+            group @ (0x00..=0x03 | 0x0b) => {
+                let Some(dynamic) = nearest.filter(|_| group != 0x0b || rs2 == 0) else {
+                    return false;
+                };
+                self.frm_nearest(dynamic, slow);
+                self.load_f(0, rs1, single, slow);
+                if group != 0x0b {
+                    self.load_f(1, rs2, single, slow);
+                }
+                self.inexact_begin();
+                match (group, single) {
+                    (0, false) => dynasm!(self.ops ; .arch x64 ; addsd xmm0, xmm1),
+                    (1, false) => dynasm!(self.ops ; .arch x64 ; subsd xmm0, xmm1),
+                    (2, false) => dynasm!(self.ops ; .arch x64 ; mulsd xmm0, xmm1),
+                    (3, false) => dynasm!(self.ops ; .arch x64 ; divsd xmm0, xmm1),
+                    (_, false) => dynasm!(self.ops ; .arch x64 ; sqrtsd xmm0, xmm0),
+                    (0, true) => dynasm!(self.ops ; .arch x64 ; addss xmm0, xmm1),
+                    (1, true) => dynasm!(self.ops ; .arch x64 ; subss xmm0, xmm1),
+                    (2, true) => dynasm!(self.ops ; .arch x64 ; mulss xmm0, xmm1),
+                    (3, true) => dynasm!(self.ops ; .arch x64 ; divss xmm0, xmm1),
+                    (_, true) => dynasm!(self.ops ; .arch x64 ; sqrtss xmm0, xmm0),
+                }
+                self.result_f(single, slow);
+                self.inexact_end();
+                self.store_f(rd, single);
+            }
+            // fsgnj, fsgnjn, fsgnjx: the sign bit of rs2, its inverse, or
+            // the two signs' exclusive or, on rs1's magnitude.
+            0x04 if f3 < 3 => {
+                let (a, b) = (F_REL + 8 * rs1 as i32, F_REL + 8 * rs2 as i32);
+                if single {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; cmp DWORD [rdi + a + 4], -1
+                        ; jne =>slow
+                        ; cmp DWORD [rdi + b + 4], -1
+                        ; jne =>slow
+                        ; mov eax, DWORD [rdi + a]
+                        ; mov ecx, DWORD [rdi + b]
+                    );
+                    match f3 {
+                        1 => dynasm!(self.ops ; .arch x64 ; not ecx),
+                        2 => dynasm!(self.ops ; .arch x64 ; xor ecx, eax),
+                        _ => {}
+                    }
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; and eax, 0x7fff_ffff
+                        ; and ecx, i32::MIN
+                        ; or eax, ecx
+                    );
+                } else {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; mov rax, QWORD [rdi + a]
+                        ; mov rcx, QWORD [rdi + b]
+                    );
+                    match f3 {
+                        1 => dynasm!(self.ops ; .arch x64 ; not rcx),
+                        2 => dynasm!(self.ops ; .arch x64 ; xor rcx, rax),
+                        _ => {}
+                    }
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; btr rax, 63
+                        ; shr rcx, 63
+                        ; shl rcx, 63
+                        ; or rax, rcx
+                    );
+                }
+                self.store_f(rd, single);
+            }
+            // fle, flt, feq: exact, no flag, unless unordered.
+            0x14 if f3 < 3 => {
+                self.load_f(0, rs1, single, slow);
+                self.load_f(1, rs2, single, slow);
+                if single {
+                    dynasm!(self.ops ; .arch x64 ; ucomiss xmm0, xmm1);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; ucomisd xmm0, xmm1);
+                }
+                dynasm!(self.ops ; .arch x64 ; jp =>slow);
+                match f3 {
+                    0 => dynasm!(self.ops ; .arch x64 ; setbe al),
+                    1 => dynasm!(self.ops ; .arch x64 ; setb al),
+                    _ => dynasm!(self.ops ; .arch x64 ; sete al),
+                }
+                dynasm!(self.ops ; .arch x64 ; movzx eax, al);
+                self.fs_dirty();
+                self.put(rd, RAX);
+            }
+            // fcvt.s.d, fcvt.d.s (exact).
+            0x08 => {
+                let Some(dynamic) = nearest.filter(|_| rs2 == 1 - fmt as u8) else {
+                    return false;
+                };
+                self.frm_nearest(dynamic, slow);
+                self.load_f(0, rs1, !single, slow);
+                if single {
+                    self.inexact_begin();
+                    dynasm!(self.ops ; .arch x64 ; cvtsd2ss xmm0, xmm0);
+                    self.result_f(true, slow);
+                    self.inexact_end();
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; cvtss2sd xmm0, xmm0);
+                    self.result_f(false, slow);
+                }
+                self.store_f(rd, single);
+            }
+            // fcvt.w.fmt, fcvt.l.fmt, rounding to nearest or truncating.
+            0x18 if rs2 == 0 || rs2 == 2 => {
+                let truncate = f3 == 1;
+                let Some(dynamic) = (if truncate { Some(false) } else { nearest }) else {
+                    return false;
+                };
+                self.frm_nearest(dynamic, slow);
+                self.load_f(0, rs1, single, slow);
+                self.inexact_begin();
+                match (rs2 == 2, single, truncate) {
+                    (false, false, false) => dynasm!(self.ops ; .arch x64 ; cvtsd2si eax, xmm0),
+                    (false, false, true) => dynasm!(self.ops ; .arch x64 ; cvttsd2si eax, xmm0),
+                    (false, true, false) => dynasm!(self.ops ; .arch x64 ; cvtss2si eax, xmm0),
+                    (false, true, true) => dynasm!(self.ops ; .arch x64 ; cvttss2si eax, xmm0),
+                    (true, false, false) => dynasm!(self.ops ; .arch x64 ; cvtsd2si rax, xmm0),
+                    (true, false, true) => dynasm!(self.ops ; .arch x64 ; cvttsd2si rax, xmm0),
+                    (true, true, false) => dynasm!(self.ops ; .arch x64 ; cvtss2si rax, xmm0),
+                    (true, true, true) => dynasm!(self.ops ; .arch x64 ; cvttss2si rax, xmm0),
+                }
+                // x86's "integer indefinite": NaN, out of range (or the
+                // most negative value itself).
+                if rs2 == 2 {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; mov rcx, QWORD i64::MIN
+                        ; cmp rax, rcx
+                        ; je =>slow
+                    );
+                } else {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; cmp eax, i32::MIN
+                        ; je =>slow
+                        ; movsxd rax, eax
+                    );
+                }
+                self.inexact_end();
+                self.fs_dirty();
+                self.put(rd, RAX);
+            }
+            // fcvt.fmt.w, fcvt.fmt.wu, fcvt.fmt.l, fcvt.fmt.lu: every
+            // result finite (zero is +0, as the guest's).
+            0x1a if rs2 < 4 => {
+                let Some(dynamic) = nearest else {
+                    return false;
+                };
+                self.frm_nearest(dynamic, slow);
+                let x = self.src(rs1, RAX);
+                match rs2 {
+                    1 => dynasm!(self.ops ; .arch x64 ; mov eax, Rd(x)),
+                    3 => dynasm!(self.ops ; .arch x64 ; test Rq(x), Rq(x) ; js =>slow),
+                    _ => {}
+                }
+                let x = if rs2 == 1 { RAX } else { x };
+                // From 32 bits to double is exact.
+                let exact = !single && rs2 < 2;
+                if !exact {
+                    self.inexact_begin();
+                }
+                match (rs2 == 0, single) {
+                    (true, false) => dynasm!(self.ops ; .arch x64 ; cvtsi2sd xmm0, Rd(x)),
+                    (true, true) => dynasm!(self.ops ; .arch x64 ; cvtsi2ss xmm0, Rd(x)),
+                    (false, false) => dynasm!(self.ops ; .arch x64 ; cvtsi2sd xmm0, Rq(x)),
+                    (false, true) => dynasm!(self.ops ; .arch x64 ; cvtsi2ss xmm0, Rq(x)),
+                }
+                if !exact {
+                    self.inexact_end();
+                }
+                if single {
+                    dynasm!(self.ops ; .arch x64 ; movd eax, xmm0);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; movq rax, xmm0);
+                }
+                self.store_f(rd, single);
+            }
+            // fmv.x.w (sign-extended), fmv.x.d: no FP state written.
+            0x1c if f3 == 0 && rs2 == 0 => {
+                let a = F_REL + 8 * rs1 as i32;
+                if single {
+                    dynasm!(self.ops ; .arch x64 ; movsxd rax, DWORD [rdi + a]);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; mov rax, QWORD [rdi + a]);
+                }
+                self.put(rd, RAX);
+            }
+            // fmv.w.x (NaN-boxed), fmv.d.x.
+            0x1e if f3 == 0 && rs2 == 0 => {
+                self.get(RAX, rs1);
+                if single {
+                    dynasm!(self.ops ; .arch x64 ; mov eax, eax);
+                }
+                self.store_f(rd, single);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Goes to `slow` unless the rounding mode is round to nearest even:
+    /// when `dynamic`, frm's (a static one was checked at translation).
+    fn frm_nearest(&mut self, dynamic: bool, slow: DynamicLabel) {
+        if dynamic {
+            dynasm!(self.ops ; .arch x64 ; cmp BYTE [rdi + FRM_REL], 0 ; jne =>slow);
+        }
+    }
+
+    /// xmm`x` := f register `r`; single precision: its low 32 bits, after
+    /// checking it is NaN-boxed (else to `slow`).
+    fn load_f(&mut self, x: u8, r: u8, single: bool, slow: DynamicLabel) {
+        let a = F_REL + 8 * r as i32;
+        if single {
+            dynasm!(self.ops
+                ; .arch x64
+                ; cmp DWORD [rdi + a + 4], -1
+                ; jne =>slow
+                ; movd Rx(x), DWORD [rdi + a]
+            );
+        } else {
+            dynasm!(self.ops ; .arch x64 ; movq Rx(x), QWORD [rdi + a]);
+        }
+    }
+
+    /// rax := xmm0's result bits; to `slow` unless its biased exponent is
+    /// between 2 and the largest finite one (see `fp_inline`).
+    fn result_f(&mut self, single: bool, slow: DynamicLabel) {
+        if single {
+            dynasm!(self.ops
+                ; .arch x64
+                ; movd eax, xmm0
+                ; mov ecx, eax
+                ; shr ecx, 23
+                ; and ecx, 0xff
+                ; sub ecx, 2
+                ; cmp ecx, 0xfc
+                ; ja =>slow
+            );
+        } else {
+            dynasm!(self.ops
+                ; .arch x64
+                ; movq rax, xmm0
+                ; mov rcx, rax
+                ; shr rcx, 52
+                ; and ecx, 0x7ff
+                ; sub ecx, 2
+                ; cmp ecx, 0x7fc
+                ; ja =>slow
+            );
+        }
+    }
+
+    /// Before an operation whose inexact flag counts: MXCSR's flags
+    /// cleared, unless fflags has NX already.
+    fn inexact_begin(&mut self) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; test BYTE [rdi + FFLAGS_REL], 1
+            ; jnz >accrued
+            ; ldmxcsr DWORD [rsi + CTX_MXCSR_DEFAULT]
+            ; accrued:
+        );
+    }
+
+    /// After it, once it is known to go on inline: x86's inexact flag
+    /// (PE) into fflags' NX.
+    fn inexact_end(&mut self) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; test BYTE [rdi + FFLAGS_REL], 1
+            ; jnz >accrued
+            ; stmxcsr DWORD [rsi + CTX_MXCSR]
+            ; test BYTE [rsi + CTX_MXCSR], 0x20
+            ; jz >accrued
+            ; or BYTE [rdi + FFLAGS_REL], 1
+            ; accrued:
+        );
+    }
+
+    /// f register `rd` := rax (its low 32 bits NaN-boxed for single
+    /// precision); FS dirty.
+    fn store_f(&mut self, rd: u8, single: bool) {
+        if single {
+            dynasm!(self.ops
+                ; .arch x64
+                ; mov rcx, QWORD -0x1_0000_0000
+                ; or rax, rcx
+            );
+        }
+        dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + F_REL + 8 * rd as i32], rax);
+        self.fs_dirty();
+    }
+
+    /// mstatus.FS := dirty (and SD), as the interpreter marks it.
+    fn fs_dirty(&mut self) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; mov rcx, QWORD (MSTATUS_FS_DIRTY | MSTATUS_SD) as i64
+            ; or QWORD [rdi + MSTATUS_REL], rcx
+        );
     }
 
     /// Before a call from translated code into Rust: of the pool, r8-r10
@@ -1626,11 +2073,7 @@ impl Emitter {
                     ; mov BYTE [rdi + FRM_REL], dl
                 ),
             }
-            dynasm!(self.ops
-                ; .arch x64
-                ; mov rcx, QWORD (MSTATUS_FS_DIRTY | MSTATUS_SD) as i64
-                ; or QWORD [rdi + MSTATUS_REL], rcx
-            );
+            self.fs_dirty();
         }
         self.put(d.rd, RAX);
     }
@@ -1665,9 +2108,8 @@ impl Emitter {
             dynasm!(self.ops
                 ; .arch x64
                 ; mov QWORD [rdi + F_REL + 8 * d.rd as i32], rax
-                ; mov rax, QWORD (MSTATUS_FS_DIRTY | MSTATUS_SD) as i64
-                ; or QWORD [rdi + MSTATUS_REL], rax
             );
+            self.fs_dirty();
         } else {
             let imm = ((i >> 25) << 5) | ((i >> 7) & 31);
             self.tlb_lookup(d.rs1, imm, size, CTX_STORE_TLB, resume);

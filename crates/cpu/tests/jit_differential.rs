@@ -1327,7 +1327,7 @@ fn jumps_across_pages_and_through_registers() {
 /// Doubles chosen for their edge cases: signed zeros, the smallest and
 /// largest subnormals and normals, infinities, quiet and signaling NaNs
 /// with and without payload, values at integer conversion limits, ties.
-const F64_EDGE: [u64; 24] = [
+const F64_EDGE: [u64; 30] = [
     0,
     1 << 63,
     0x3ff0_0000_0000_0000, // 1
@@ -1352,11 +1352,22 @@ const F64_EDGE: [u64; 24] = [
     0x3ca0_0000_0000_0000, // 2^-53
     0x4340_0000_0000_0001, // 2^54 + 2
     0x7ff4_0000_0000_0000, // signaling NaN
+    // Near the ends of the normal range, where the host's result and
+    // flags may differ from the guest's (translated code goes to the
+    // software FPU): 1 - 2^-53 times the smallest normal is tiny before
+    // rounding and rounds to the smallest normal (UF and NX); twice
+    // 2^1023 overflows.
+    0x3fef_ffff_ffff_ffff, // 1 - 2^-53
+    0x3ff0_0000_0000_0001, // 1 + 2^-52
+    0x0020_0000_0000_0000, // 2^-1021
+    0x7fe0_0000_0000_0000, // 2^1023
+    0xc008_0000_0000_0000, // -3
+    0x4024_0000_0000_0000, // 10
 ];
 
 /// The same for singles, NaN-boxed, and a few that are not (upper half
 /// not all ones: read as the canonical NaN).
-const F32_EDGE: [u64; 22] = [
+const F32_EDGE: [u64; 28] = [
     0xffff_ffff_0000_0000,
     0xffff_ffff_8000_0000,
     0xffff_ffff_3f80_0000, // 1
@@ -1376,6 +1387,12 @@ const F32_EDGE: [u64; 22] = [
     0xffff_ffff_5f80_0000, // 2^64
     0xffff_ffff_4b00_0001, // 2^23 + 1
     0xffff_ffff_3400_0000, // 2^-23
+    0xffff_ffff_3f7f_ffff, // 1 - 2^-24
+    0xffff_ffff_3f80_0001, // 1 + 2^-23
+    0xffff_ffff_0100_0000, // 2^-125
+    0xffff_ffff_7f00_0000, // 2^127
+    0xffff_ffff_4040_0000, // 3
+    0xffff_ffff_c120_0000, // -10
     0x0000_0000_3f80_0000, // 1, not boxed
     0xffff_fffe_3f80_0000, // nearly boxed
     0x3ff0_0000_0000_0000, // a double
@@ -1548,10 +1565,10 @@ fn floating_point_translated_matches_the_interpreter() {
 
 /// Every floating-point computation on edge operands (signed zeros,
 /// subnormals, infinities, quiet and signaling NaNs, NaN boxing, values
-/// at the limits of the integer conversions), in every rounding mode,
-/// static and dynamic, the reserved ones included (which trap), with
-/// fflags accrued before, and with FS off (which traps): interpreted and
-/// translated, the whole hart compared.
+/// at the limits of the integer conversions and of the normal range), in
+/// every rounding mode, static and dynamic, the reserved ones included
+/// (which trap), with no fflags and with some accrued before, and with FS
+/// off (which traps): interpreted and translated, the whole hart compared.
 #[test]
 fn each_floating_point_operation_on_edge_operands() {
     let mut values: Vec<u64> = F64_EDGE.iter().chain(F32_EDGE.iter()).copied().collect();
@@ -1581,33 +1598,36 @@ fn each_floating_point_operation_on_edge_operands() {
                     let x = ints[(ai + bi) % ints.len()];
                     let frm = [0u8, 1, 2, 3, 4, 5, 6, 7][(k % 8) as usize];
                     let fs_off = k.is_multiple_of(97);
-                    let mut out = Vec::new();
-                    for h in harts.iter_mut() {
-                        h.s.pc = BASE;
-                        h.s.mtvec = BASE + 8;
-                        h.s.mstatus = if fs_off { 0 } else { 1 << 13 };
-                        h.s.frm = frm;
-                        h.s.fflags = (k % 32) as u8;
-                        h.s.f[10] = 0x5555;
-                        h.s.f[11] = a;
-                        h.s.f[12] = b;
-                        h.s.f[13] = c;
-                        h.s.x[10] = 0x5555;
-                        h.s.x[11] = x;
-                        h.s.mcause = 0;
-                        h.s.mepc = 0;
-                        h.s.mtval = 0;
-                        // Two instructions: the whole block, so translated
-                        // code runs (or a trap and the handler's `j .`).
-                        assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
-                        out.push(h.s.clone());
+                    // No flag accrued (each flag raised shows), and some.
+                    for fflags in [0, 1 + (k % 31) as u8] {
+                        let mut out = Vec::new();
+                        for h in harts.iter_mut() {
+                            h.s.pc = BASE;
+                            h.s.mtvec = BASE + 8;
+                            h.s.mstatus = if fs_off { 0 } else { 1 << 13 };
+                            h.s.frm = frm;
+                            h.s.fflags = fflags;
+                            h.s.f[10] = 0x5555;
+                            h.s.f[11] = a;
+                            h.s.f[12] = b;
+                            h.s.f[13] = c;
+                            h.s.x[10] = 0x5555;
+                            h.s.x[11] = x;
+                            h.s.mcause = 0;
+                            h.s.mepc = 0;
+                            h.s.mtval = 0;
+                            // Two instructions: the whole block, so translated
+                            // code runs (or a trap and the handler's `j .`).
+                            assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                            out.push(h.s.clone());
+                        }
+                        runs += 1;
+                        assert_eq!(
+                            out[0], out[1],
+                            "{insn:#010x} with {a:#x}, {b:#x}, {c:#x}, x {x:#x}, frm {frm}, fflags {fflags:#x}, \
+                         FS off {fs_off}: interpreted, translated"
+                        );
                     }
-                    runs += 1;
-                    assert_eq!(
-                        out[0], out[1],
-                        "{insn:#010x} with {a:#x}, {b:#x}, {c:#x}, x {x:#x}, frm {frm}, FS off {fs_off}: \
-                         interpreted, translated"
-                    );
                 }
             }
         }
