@@ -289,6 +289,10 @@ pub(crate) struct BlockCache {
     known: HashMap<usize, Known>,
     /// The host instructions translations may use.
     host: jit::Host,
+    /// The links of every translation in the arena by the RAM offset of
+    /// the block they go to (see `jit::Arena::link`): pointed at its
+    /// translation whenever one is made.
+    links: HashMap<usize, Vec<usize>>,
 }
 
 /// A translation and the code it was made from.
@@ -303,7 +307,14 @@ struct Known {
 impl Default for BlockCache {
     /// An empty stand-in (no slots) for while the executor holds the cache.
     fn default() -> BlockCache {
-        BlockCache { slots: Box::new([]), arena: None, hot: 0, known: HashMap::new(), host: jit::Host::PORTABLE }
+        BlockCache {
+            slots: Box::new([]),
+            arena: None,
+            hot: 0,
+            known: HashMap::new(),
+            host: jit::Host::PORTABLE,
+            links: HashMap::new(),
+        }
     }
 }
 
@@ -334,6 +345,7 @@ impl BlockCache {
             hot,
             known: HashMap::new(),
             host: jit::Host::detect(),
+            links: HashMap::new(),
         }
     }
 
@@ -366,6 +378,7 @@ impl BlockCache {
             b.hits = 0;
         }
         self.known.clear();
+        self.links.clear();
         if let Some(a) = &mut self.arena {
             a.reset();
         }
@@ -400,8 +413,20 @@ impl BlockCache {
             b.jit = Some(t.entry);
             b.chain = t.chain;
             b.jit_n = t.n;
-            self.known
-                .insert(b.off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain, n: t.n });
+            let off = b.off;
+            self.known.insert(off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain, n: t.n });
+            let arena = self.arena.as_mut().expect("translation is on");
+            // Its links to blocks translated already, and the links to it.
+            for (at, target) in t.links {
+                let s = &self.slots[slot_of(target)];
+                if s.off == target && s.chain != 0 {
+                    arena.link(at, s.chain);
+                }
+                self.links.entry(target).or_default().push(at);
+            }
+            for &at in self.links.get(&off).into_iter().flatten() {
+                arena.link(at, t.chain);
+            }
         }
     }
 

@@ -53,11 +53,14 @@
 //! straight line running on) and lies on the same page goes on to that
 //! block's translation directly, without returning, doing what the
 //! executor's loop would: the target's code first checks that the budget
-//! holds the whole block and that its page's code state is the one it
-//! was decoded with (the block cache's check, compiled in), and returns
-//! to Rust if not. The virtual page maps to the same RAM page throughout
-//! (nothing in translated code changes the privilege level or the TLB),
-//! so the target's RAM offset is fixed at translation. Each block adds
+//! holds the whole block, that its slot still holds this translation and
+//! that its page's code state is the one it was decoded with (the block
+//! cache's check, compiled in), and returns to Rust if not. The virtual
+//! page maps to the same RAM page throughout (nothing in translated code
+//! changes the privilege level or the TLB), so the target's RAM offset is
+//! fixed at translation. The jump is a `jmp` the block cache points at
+//! the target's translation once there is one (`Arena::link`); until
+//! then it falls through to a lookup in the target's slot. Each block adds
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
 //!
@@ -498,6 +501,25 @@ impl Arena {
         Some(unsafe { map.executable.add(at) })
     }
 
+    /// Points the link whose `jmp` displacement is at `at` (an address in
+    /// a translation, from `Translation::links`) at `chain`, the chain
+    /// entry of the translation of the block it goes to, so that it jumps
+    /// there directly instead of looking the block up in its slot. The
+    /// entry checks that its slot still holds it (see `assemble`), so a
+    /// link to a translation since pushed out of its slot, or made for
+    /// an older state of the page, returns to Rust instead of running it.
+    pub fn link(&mut self, at: usize, chain: usize) {
+        let Some(map) = &self.map else { return };
+        let exec = map.executable as usize;
+        assert!(at >= exec && at + 4 <= exec + self.used, "a link in a translation");
+        let rel = i32::try_from(chain as i64 - (at as i64 + 4)).expect("within the arena");
+        // SAFETY: `at..at + 4` is in the writable mapping's used part (the
+        // same offset as in the executable one), the displacement of a
+        // `jmp` that no code is executing now: translations run only on
+        // this hart's thread, which is here.
+        unsafe { std::ptr::write_unaligned(map.writable.add(at - exec).cast::<i32>(), rel) };
+    }
+
     /// Whether the last translation did not fit (the cache starts over).
     pub fn full(&self) -> bool {
         self.full
@@ -519,6 +541,10 @@ pub(crate) struct Translation {
     /// The instructions translated: the block's longest prefix the
     /// translator handles.
     pub n: usize,
+    /// Its links to blocks on its own page: the address of each link's
+    /// `jmp` displacement and the RAM offset of the block it goes to (see
+    /// `Arena::link`).
+    pub links: Vec<(usize, usize)>,
 }
 
 /// Translate `block`, which is in `slots[slot]`, into the arena, for a
@@ -531,7 +557,7 @@ pub(crate) fn translate(
     slots: &[Block],
     host: Host,
 ) -> Option<Translation> {
-    let (code, chain, n) = assemble(block, slot, slots, host)?;
+    let (code, chain, n, links) = assemble(block, slot, slots, host)?;
     let ptr = arena.place(&code)?;
     perf_map(ptr, code.len(), block.off);
     // SAFETY: `ptr` is the start of the code just assembled for exactly
@@ -540,7 +566,8 @@ pub(crate) fn translate(
     // into memory that stays mapped and executable until `Arena::reset`,
     // before which the block cache drops every `JitFn`.
     let entry = unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) };
-    Some(Translation { entry, chain: ptr as usize + chain, n })
+    let links = links.into_iter().map(|(at, target)| (ptr as usize + at, target)).collect();
+    Some(Translation { entry, chain: ptr as usize + chain, n, links })
 }
 
 /// With `FTVM_PERF_MAP=1`, names each translation in `/tmp/perf-PID.map`
@@ -576,7 +603,11 @@ fn perf_map(ptr: *const u8, len: usize, off: usize) {
 /// prefix. `slots` is the block cache's table, whose address the code
 /// keeps (the table does not move while the cache, and with it the arena,
 /// lives).
-fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(Vec<u8>, usize, usize)> {
+/// The code and, as offsets in it, its chain entry and its links (see
+/// `Translation`); the instructions translated.
+type Assembled = (Vec<u8>, usize, usize, Vec<(usize, usize)>);
+
+fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<Assembled> {
     let insts = &block.insts[..block.n];
     let m = insts.iter().position(|d| !supported(d)).unwrap_or(insts.len());
     if m == 0 {
@@ -628,6 +659,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         off: block.off,
         n: m,
         host,
+        links: Vec::new(),
     };
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
@@ -651,18 +683,25 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
     // block within the budget (else the executor runs it interpreted, as
     // far as the budget allows)...
     let chain = e.ops.offset().0;
+    let chain_label = e.ops.new_dynamic_label();
     let page = i32::try_from(8 * (block.off >> 12)).ok()?;
     let own_slot = e.slots + slot * std::mem::size_of::<Block>();
     dynasm!(e.ops
         ; .arch x64
+        ; =>chain_label
         ; cmp QWORD [rsi + CTX_LEFT], block.n as i32
         ; jb =>bail
+        // ... its slot still holding this translation (a direct link
+        // comes here whatever the slot holds now: see `Arena::link`)...
+        ; mov rcx, QWORD own_slot as i64
+        ; lea rax, [=>chain_label]
+        ; cmp QWORD [rcx + BLOCK_CHAIN], rax
+        ; jne =>bail
         // ... and its page's code state the one it was decoded with
         // (read from its slot: a translation found again for a block
         // decoded again serves a later state of the page).
         ; mov rdx, QWORD [rsi + CTX_CODE]
         ; mov rax, QWORD [rdx + page]
-        ; mov rcx, QWORD own_slot as i64
         ; cmp rax, QWORD [rcx + BLOCK_CODE]
         ; jne =>bail
     );
@@ -737,7 +776,8 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<(
         let code = e.resume(s.resume);
         dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
     }
-    Some((e.ops.finalize().ok()?, chain, m))
+    let links = std::mem::take(&mut e.links);
+    Some((e.ops.finalize().ok()?, chain, m, links))
 }
 
 /// Which of rs1 and rs2 an instruction reads.
@@ -821,6 +861,9 @@ struct Emitter {
     off: usize,
     n: usize,
     host: Host,
+    /// The links to blocks on this page: the offset of each `jmp`'s
+    /// displacement in the code, and the block's RAM offset.
+    links: Vec<(usize, usize)>,
 }
 
 /// A 64-bit ALU operation `dst op= src` on host registers.
@@ -916,6 +959,11 @@ impl Emitter {
             let target = target as usize;
             let slot = self.slots + slot_of(target) * std::mem::size_of::<Block>();
             let out = self.ops.new_dynamic_label();
+            // A `jmp` to the next instruction, until the block cache
+            // points it at the target's translation (`Arena::link`); the
+            // lookup in the target's slot below serves until then.
+            self.ops.extend([0xe9, 0, 0, 0, 0]);
+            self.links.push((self.ops.offset().0 - 4, target));
             dynasm!(self.ops
                 ; .arch x64
                 ; mov rax, QWORD slot as i64

@@ -1145,6 +1145,65 @@ fn code_changed_under_a_translated_loop() {
 /// instruction. Interpreted and translated alike; the expected sum is
 /// counted, not compared with another run (both would run the same stale
 /// block).
+/// A direct link between translations (a block's jump straight to the
+/// translation of the next block on its page) is taken only while the
+/// target's slot still holds that translation. Here the target's code
+/// changes while a block of another page holds its slot, and that page's
+/// code state ends equal to the target page's, so nothing else stops the
+/// old translation from running (the code state check compares the page
+/// with the decoding in the slot).
+#[test]
+fn a_direct_link_to_a_block_pushed_out_of_its_slot() {
+    // RAM offsets 0x40 and 0x40060 share a slot of the block cache.
+    let b = BASE + 0x40;
+    let c = BASE + 0x4_0060;
+    let prog = [
+        (BASE, i_type(-1, 4, 0, 4, 0x13)), // addi x4, x4, -1
+        (BASE + 4, b_type(0x7c, 0, 4, 0)), // beq x4, x0, BASE + 0x80
+        (BASE + 8, j_type(0x38, 0)),       // j b
+        (b, i_type(1, 10, 0, 10, 0x13)),   // b: addi x10, x10, 1 (then 2)
+        (b + 4, j_type(-0x44, 0)),         // j BASE
+        (BASE + 0x80, j_type(0, 0)),       // j .
+        (c, i_type(1, 11, 0, 11, 0x13)),   // c: addi x11, x11, 1
+        (c + 4, j_type(0, 0)),             // j .
+    ];
+    let mut runs = Vec::new();
+    for hot in [0, 1] {
+        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        for &(at, w) in &prog {
+            ram.write_u32(at, w).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(hot);
+        hart.s.x[4] = 1000;
+        let mut bus = Device::default();
+        let mut go = |ram: &mut GuestRam, pc: u64, n: u64| {
+            hart.s.pc = pc;
+            let mut done = 0;
+            while done < n {
+                done += hart.run(ram, &mut bus, n - done).0;
+            }
+            hart.s.clone()
+        };
+        // Five rounds of the loop: every block translated and linked.
+        go(&mut ram, BASE, 25);
+        // c takes b's slot (its page becomes code), its page is written.
+        go(&mut ram, c, 3);
+        ram.write_u32(c + 0x100, 0).unwrap();
+        // b back in its slot (its translation found again).
+        go(&mut ram, BASE, 25);
+        // b changes; c takes the slot again, its page's code state now
+        // what b's page's will be when it is code again.
+        ram.write_u32(b, i_type(2, 10, 0, 10, 0x13)).unwrap();
+        go(&mut ram, c, 3);
+        let end = go(&mut ram, BASE, 25);
+        assert_eq!(ram.code_state(0), ram.code_state(0x4_0060), "hot {hot}: the code states differ");
+        runs.push(end);
+    }
+    assert_eq!(runs[0].x[10], 5 + 5 + 2 * 5);
+    assert_eq!(runs[1], runs[0], "translated, interpreted");
+}
+
 #[test]
 fn a_store_from_another_hart_reaches_code_decoded_after_it_cached_the_page() {
     const CODE: u64 = BASE + 0x1000;
