@@ -37,7 +37,8 @@
 //! the subnormal range: only inexact can have been raised, and x86's
 //! inexact flag gives it; see `Emitter::fp_inline`); everything else
 //! (NaNs, infinities, zeros and tiny results, the other rounding modes,
-//! fmin, fmax, fclass, the unsigned conversions to an integer) calls the
+//! fmin, fmax, fclass of anything but a normal number, the unsigned
+//! conversions to an integer) calls the
 //! interpreter's own `HartState::fp_compute` (the software FPU: exact
 //! results, fflags, canonical NaNs, every rounding mode) from translated
 //! code, which costs a call instead of a return to Rust and back. The f
@@ -1618,8 +1619,9 @@ impl Emitter {
     /// compiled code runs most, in the rounding mode it runs in (round to
     /// nearest even, static or dynamic): the arithmetic, square roots,
     /// fused multiply-adds (with FMA3), comparisons, sign injection,
-    /// moves, and the conversions between the formats and to and from the
-    /// signed integers (truncating too, C's casts).
+    /// moves, the classification of normal numbers, and the conversions
+    /// between the formats and to and from the signed integers (truncating
+    /// too, C's casts).
     ///
     /// The host's SSE arithmetic is IEEE 754's, correctly rounded, so a
     /// result is the guest's whenever both are finite, nonzero numbers
@@ -1865,6 +1867,47 @@ impl Emitter {
                     dynasm!(self.ops ; .arch x64 ; movq rax, xmm0);
                 }
                 self.store_f(rd, single);
+            }
+            // fclass of a normal number (glibc's isinf, isnan and
+            // fpclassify use it): bit 1 negative, bit 6 positive; no FP
+            // state written. The other classes take the slow path.
+            0x1c if f3 == 1 && rs2 == 0 => {
+                let a = F_REL + 8 * rs1 as i32;
+                if single {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; cmp DWORD [rdi + a + 4], -1
+                        ; jne =>slow
+                        ; mov eax, DWORD [rdi + a]
+                        ; mov ecx, eax
+                        ; shr ecx, 23
+                        ; and ecx, 0xff
+                        ; dec ecx
+                        ; cmp ecx, 0xfd
+                        ; ja =>slow
+                        ; shr eax, 31
+                    );
+                } else {
+                    dynasm!(self.ops
+                        ; .arch x64
+                        ; mov rax, QWORD [rdi + a]
+                        ; mov rcx, rax
+                        ; shr rcx, 52
+                        ; and ecx, 0x7ff
+                        ; dec ecx
+                        ; cmp ecx, 0x7fd
+                        ; ja =>slow
+                        ; shr rax, 63
+                    );
+                }
+                // 64 >> (5 * sign).
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; lea ecx, [rax + rax * 4]
+                    ; mov eax, 64
+                    ; shr eax, cl
+                );
+                self.put(rd, RAX);
             }
             // fmv.x.w (sign-extended), fmv.x.d: no FP state written.
             0x1c if f3 == 0 && rs2 == 0 => {
