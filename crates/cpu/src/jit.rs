@@ -37,8 +37,8 @@
 //! the subnormal range: only inexact can have been raised, and x86's
 //! inexact flag gives it; see `Emitter::fp_inline`); everything else
 //! (NaNs, infinities, zeros and tiny results, the other rounding modes,
-//! fmin, fmax, fclass of anything but a normal number, the unsigned
-//! conversions to an integer) calls the
+//! fmin and fmax of equal numbers, fclass of anything but a normal
+//! number, the unsigned conversions to an integer) calls the
 //! interpreter's own `HartState::fp_compute` (the software FPU: exact
 //! results, fflags, canonical NaNs, every rounding mode) from translated
 //! code, which costs a call instead of a return to Rust and back. The f
@@ -1618,10 +1618,10 @@ impl Emitter {
     /// result or flags could differ from the guest's. It covers what
     /// compiled code runs most, in the rounding mode it runs in (round to
     /// nearest even, static or dynamic): the arithmetic, square roots,
-    /// fused multiply-adds (with FMA3), comparisons, sign injection,
-    /// moves, the classification of normal numbers, and the conversions
-    /// between the formats and to and from the signed integers (truncating
-    /// too, C's casts).
+    /// fused multiply-adds (with FMA3), comparisons, minimum and maximum,
+    /// sign injection, moves, the classification of normal numbers, and
+    /// the conversions between the formats and to and from the signed
+    /// integers (truncating too, C's casts).
     ///
     /// The host's SSE arithmetic is IEEE 754's, correctly rounded, so a
     /// result is the guest's whenever both are finite, nonzero numbers
@@ -1755,6 +1755,32 @@ impl Emitter {
                     );
                 }
                 self.store_f(rd, single);
+            }
+            // fmin, fmax of two ordered, different numbers (equal ones
+            // may be zeros of either sign): the smaller or larger one's
+            // bits, no flag.
+            0x05 if f3 < 2 => {
+                self.load_f(0, rs1, single, slow);
+                self.load_f(1, rs2, single, slow);
+                if single {
+                    dynasm!(self.ops ; .arch x64 ; ucomiss xmm0, xmm1);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; ucomisd xmm0, xmm1);
+                }
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; jp =>slow
+                    ; je =>slow
+                    ; mov rax, QWORD [rdi + F_REL + 8 * rs1 as i32]
+                    ; mov rcx, QWORD [rdi + F_REL + 8 * rs2 as i32]
+                );
+                if f3 == 0 {
+                    dynasm!(self.ops ; .arch x64 ; cmova rax, rcx);
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; cmovb rax, rcx);
+                }
+                dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + F_REL + 8 * rd as i32], rax);
+                self.fs_dirty();
             }
             // fle, flt, feq: exact, no flag, unless unordered.
             0x14 if f3 < 3 => {
