@@ -1715,61 +1715,40 @@ impl Emitter {
             0x04 if f3 < 3 => {
                 let (a, b) = (F_REL + 8 * rs1 as i32, F_REL + 8 * rs2 as i32);
                 if single {
-                    dynasm!(self.ops
-                        ; .arch x64
-                        ; cmp DWORD [rdi + a + 4], -1
-                        ; jne =>slow
-                        ; cmp DWORD [rdi + b + 4], -1
-                        ; jne =>slow
-                        ; mov eax, DWORD [rdi + a]
-                        ; mov ecx, DWORD [rdi + b]
-                    );
-                    match f3 {
-                        1 => dynasm!(self.ops ; .arch x64 ; not ecx),
-                        2 => dynasm!(self.ops ; .arch x64 ; xor ecx, eax),
-                        _ => {}
-                    }
-                    dynasm!(self.ops
-                        ; .arch x64
-                        ; and eax, 0x7fff_ffff
-                        ; and ecx, i32::MIN
-                        ; or eax, ecx
-                    );
-                } else {
-                    dynasm!(self.ops
-                        ; .arch x64
-                        ; mov rax, QWORD [rdi + a]
-                        ; mov rcx, QWORD [rdi + b]
-                    );
-                    match f3 {
-                        1 => dynasm!(self.ops ; .arch x64 ; not rcx),
-                        2 => dynasm!(self.ops ; .arch x64 ; xor rcx, rax),
-                        _ => {}
-                    }
-                    dynasm!(self.ops
-                        ; .arch x64
-                        ; btr rax, 63
-                        ; shr rcx, 63
-                        ; shl rcx, 63
-                        ; or rax, rcx
-                    );
+                    self.check_boxed(rs1, slow);
+                    self.check_boxed(rs2, slow);
                 }
+                // The whole registers, with the format's sign bit: rs1's
+                // magnitude, the sign from rcx. For singles the bits above
+                // the sign that come along are ORed into rs1's upper half,
+                // which is all ones (NaN-boxed).
+                let sign: i8 = if single { 31 } else { 63 };
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; mov rax, QWORD [rdi + a]
+                    ; mov rcx, QWORD [rdi + b]
+                );
+                match f3 {
+                    1 => dynasm!(self.ops ; .arch x64 ; not rcx),
+                    2 => dynasm!(self.ops ; .arch x64 ; xor rcx, rax),
+                    _ => {}
+                }
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; btr rax, BYTE sign
+                    ; shr rcx, BYTE sign
+                    ; shl rcx, BYTE sign
+                    ; or rax, rcx
+                );
                 self.store_f(rd, single);
             }
             // fmin, fmax of two ordered, different numbers (equal ones
             // may be zeros of either sign): the smaller or larger one's
             // bits, no flag.
             0x05 if f3 < 2 => {
-                self.load_f(0, rs1, single, slow);
-                self.load_f(1, rs2, single, slow);
-                if single {
-                    dynasm!(self.ops ; .arch x64 ; ucomiss xmm0, xmm1);
-                } else {
-                    dynasm!(self.ops ; .arch x64 ; ucomisd xmm0, xmm1);
-                }
+                self.compare_f(rs1, rs2, single, slow);
                 dynasm!(self.ops
                     ; .arch x64
-                    ; jp =>slow
                     ; je =>slow
                     ; mov rax, QWORD [rdi + F_REL + 8 * rs1 as i32]
                     ; mov rcx, QWORD [rdi + F_REL + 8 * rs2 as i32]
@@ -1784,14 +1763,7 @@ impl Emitter {
             }
             // fle, flt, feq: exact, no flag, unless unordered.
             0x14 if f3 < 3 => {
-                self.load_f(0, rs1, single, slow);
-                self.load_f(1, rs2, single, slow);
-                if single {
-                    dynasm!(self.ops ; .arch x64 ; ucomiss xmm0, xmm1);
-                } else {
-                    dynasm!(self.ops ; .arch x64 ; ucomisd xmm0, xmm1);
-                }
-                dynasm!(self.ops ; .arch x64 ; jp =>slow);
+                self.compare_f(rs1, rs2, single, slow);
                 match f3 {
                     0 => dynasm!(self.ops ; .arch x64 ; setbe al),
                     1 => dynasm!(self.ops ; .arch x64 ; setb al),
@@ -1900,10 +1872,9 @@ impl Emitter {
             0x1c if f3 == 1 && rs2 == 0 => {
                 let a = F_REL + 8 * rs1 as i32;
                 if single {
+                    self.check_boxed(rs1, slow);
                     dynasm!(self.ops
                         ; .arch x64
-                        ; cmp DWORD [rdi + a + 4], -1
-                        ; jne =>slow
                         ; mov eax, DWORD [rdi + a]
                         ; mov ecx, eax
                         ; shr ecx, 23
@@ -1966,20 +1937,39 @@ impl Emitter {
         }
     }
 
+    /// To `slow` unless f register `r` holds a NaN-boxed single (upper half
+    /// all ones; anything else reads as the canonical NaN).
+    fn check_boxed(&mut self, r: u8, slow: DynamicLabel) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; cmp DWORD [rdi + F_REL + 8 * r as i32 + 4], -1
+            ; jne =>slow
+        );
+    }
+
     /// xmm`x` := f register `r`; single precision: its low 32 bits, after
     /// checking it is NaN-boxed (else to `slow`).
     fn load_f(&mut self, x: u8, r: u8, single: bool, slow: DynamicLabel) {
         let a = F_REL + 8 * r as i32;
         if single {
-            dynasm!(self.ops
-                ; .arch x64
-                ; cmp DWORD [rdi + a + 4], -1
-                ; jne =>slow
-                ; movd Rx(x), DWORD [rdi + a]
-            );
+            self.check_boxed(r, slow);
+            dynasm!(self.ops ; .arch x64 ; movd Rx(x), DWORD [rdi + a]);
         } else {
             dynasm!(self.ops ; .arch x64 ; movq Rx(x), QWORD [rdi + a]);
         }
+    }
+
+    /// The host's flags := f registers `rs1` and `rs2` compared (CF: less,
+    /// ZF: equal); to `slow` if unordered (a NaN).
+    fn compare_f(&mut self, rs1: u8, rs2: u8, single: bool, slow: DynamicLabel) {
+        self.load_f(0, rs1, single, slow);
+        self.load_f(1, rs2, single, slow);
+        if single {
+            dynasm!(self.ops ; .arch x64 ; ucomiss xmm0, xmm1);
+        } else {
+            dynasm!(self.ops ; .arch x64 ; ucomisd xmm0, xmm1);
+        }
+        dynasm!(self.ops ; .arch x64 ; jp =>slow);
     }
 
     /// rax := xmm0's result bits; to `slow` unless its biased exponent is
