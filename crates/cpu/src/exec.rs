@@ -398,6 +398,7 @@ impl Hart {
             code: ram.code_states(),
             mxcsr_default: jit::MXCSR_DEFAULT,
             mxcsr: 0,
+            fp_calls: 0,
         };
         // The x registers' address, derived from the whole state's: the
         // code also reaches the f registers and mstatus from it, and hands
@@ -420,6 +421,7 @@ impl Hart {
         // the table).
         let r = unsafe { code(regs, &mut ctx) };
         self.jit_stats.calls += 1;
+        self.jit_stats.fp_calls += ctx.fp_calls;
         // The fetch cache as the jumps through the fetch TLB left it.
         self.fetch_tag = ctx.fetch_tag;
         self.fetch_off = ctx.fetch_off;

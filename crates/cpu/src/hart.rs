@@ -102,6 +102,10 @@ pub struct JitStats {
     /// for it (unlike the general executor's instructions, which end
     /// translated code by design): every one is a missing translation.
     pub handoffs: u64,
+    /// Floating-point computations translated code left to the software
+    /// FPU (`jit::fp_helper`): those without an inline fast path, and
+    /// those whose fast path's checks sent them there.
+    pub fp_calls: u64,
 }
 
 pub struct Hart {

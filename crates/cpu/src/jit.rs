@@ -157,6 +157,8 @@ pub(crate) struct JitCtx {
     pub mxcsr_default: u32,
     /// Where translated code stores MXCSR to test its inexact flag.
     pub mxcsr: u32,
+    /// Floating-point computations that called the software FPU.
+    pub fp_calls: u64,
 }
 
 /// The host's SSE control and status register as every thread starts
@@ -180,6 +182,7 @@ const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
 const CTX_CODE: i32 = offset_of!(JitCtx, code) as i32;
 const CTX_MXCSR_DEFAULT: i32 = offset_of!(JitCtx, mxcsr_default) as i32;
 const CTX_MXCSR: i32 = offset_of!(JitCtx, mxcsr) as i32;
+const CTX_FP_CALLS: i32 = offset_of!(JitCtx, fp_calls) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
@@ -1584,6 +1587,7 @@ impl Emitter {
                 dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * rs1 as i32], Rq(h));
             }
         }
+        dynasm!(self.ops ; .arch x64 ; add QWORD [rsi + CTX_FP_CALLS], 1);
         let saved = self.save_for_call();
         dynasm!(self.ops
             ; .arch x64

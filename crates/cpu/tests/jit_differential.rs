@@ -1145,6 +1145,68 @@ fn code_changed_under_a_translated_loop() {
 /// instruction. Interpreted and translated alike; the expected sum is
 /// counted, not compared with another run (both would run the same stale
 /// block).
+/// A loop of the floating-point computations compiled code runs most, on
+/// normal numbers in round to nearest (fflags cleared each time round, so
+/// the inexact flag is taken from the host's every time), stays inline:
+/// no call of the software FPU once translated. Every one of them is
+/// still correct through that call, so only the count shows a fast path
+/// that gives up.
+#[test]
+fn a_loop_of_floating_point_stays_inline() {
+    let r = |f7: u32, rs2: u32, rs1: u32, f3: u32, rd: u32| r_type(f7, rs2, rs1, f3, rd, 0x53);
+    let mut prog = vec![
+        i_type(1, 0, 1, 0, 0x73), // csrrw x0, fflags, x0
+        r(0x01, 2, 1, 0, 3),      // fadd.d f3, f1, f2
+        r(0x09, 2, 3, 0, 4),      // fmul.d f4, f3, f2
+        r(0x05, 1, 4, 0, 5),      // fsub.d f5, f4, f1
+        r(0x0d, 2, 5, 0, 6),      // fdiv.d f6, f5, f2
+        r(0x2d, 0, 3, 0, 7),      // fsqrt.d f7, f3
+        r(0x09, 2, 1, 7, 13),     // fmul.d f13, f1, f2, dyn (frm 0)
+        r(0x51, 2, 1, 1, 16),     // flt.d x16, f1, f2
+        r(0x61, 2, 6, 1, 17),     // fcvt.l.d x17, f6, rtz
+        r(0x69, 2, 17, 0, 8),     // fcvt.d.l f8, x17
+        r(0x71, 0, 7, 0, 18),     // fmv.x.d x18, f7
+        r(0x79, 0, 18, 0, 14),    // fmv.d.x f14, x18
+        r(0x11, 2, 1, 1, 9),      // fsgnjn.d f9, f1, f2
+        r(0x15, 2, 1, 0, 15),     // fmin.d f15, f1, f2
+        r(0x71, 0, 1, 1, 19),     // fclass.d x19, f1
+        r(0x00, 12, 11, 0, 10),   // fadd.s f10, f11, f12
+        r(0x20, 1, 6, 0, 20),     // fcvt.s.d f20, f6
+    ];
+    close_loop(&mut prog);
+    let iterations = 200;
+    let mut runs = Vec::new();
+    for jit in [0, 1] {
+        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        for (i, w) in prog.iter().enumerate() {
+            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(jit);
+        hart.s.pc = BASE;
+        hart.s.mtvec = HANDLER;
+        hart.s.mstatus = 1 << 13;
+        hart.s.f[1] = 1.5f64.to_bits();
+        hart.s.f[2] = 1.3f64.to_bits();
+        hart.s.f[11] = 0xffff_ffff_0000_0000 | 1.5f32.to_bits() as u64;
+        hart.s.f[12] = 0xffff_ffff_0000_0000 | 0.1f32.to_bits() as u64;
+        hart.s.x[4] = iterations;
+        let mut bus = Device::default();
+        let total = iterations * (prog.len() as u64 - 1);
+        let mut steps = 0;
+        while steps < total {
+            steps += hart.run(&mut ram, &mut bus, total - steps).0;
+        }
+        if jit == 1 {
+            assert_eq!(hart.jit_stats().fp_calls, 0, "calls of the software FPU");
+            assert!(hart.jit_stats().calls <= 3, "{} calls into translated code", hart.jit_stats().calls);
+        }
+        runs.push(hart.s.clone());
+    }
+    assert_eq!(runs[0], runs[1], "translated, interpreted");
+    assert_eq!(runs[1].fflags, 1, "NX, and only NX");
+}
+
 /// A direct link between translations (a block's jump straight to the
 /// translation of the next block on its page) is taken only while the
 /// target's slot still holds that translation. Here the target's code
