@@ -697,6 +697,30 @@ fn a_cbo_zero_loop_runs_translated() {
     }
 }
 
+/// Runs `prog` (ended by `close_loop`) at BASE for 200 rounds of its loop,
+/// translated after `jit` entries (0: interpreted), on a machine-mode hart
+/// that `setup` prepares further; the hart and RAM after.
+fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRam) {
+    let iterations = 200;
+    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    for (i, w) in prog.iter().enumerate() {
+        ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+    }
+    let mut hart = Hart::new(0);
+    hart.set_jit(jit);
+    hart.s.pc = BASE;
+    hart.s.mtvec = HANDLER;
+    hart.s.x[4] = iterations;
+    setup(&mut hart);
+    let mut bus = Device::default();
+    let total = iterations * (prog.len() as u64 - 1);
+    let mut steps = 0;
+    while steps < total {
+        steps += hart.run(&mut ram, &mut bus, total - steps).0;
+    }
+    (hart, ram)
+}
+
 /// A loop of loads and stores of every size on three pages stays in
 /// translated code once the TLB holds the pages: the inlined TLB lookup
 /// finds the entries the interpreter filled (a lookup that always missed
@@ -716,28 +740,14 @@ fn a_loop_of_loads_and_stores_runs_translated() {
         prog.push(i_type(0, base, 6, 17, 0x03)); // lwu
     }
     close_loop(&mut prog);
-    let iterations = 200;
     let mut runs = Vec::new();
     for jit in [0, 1] {
-        let mut ram = GuestRam::new(BASE, RAM).unwrap();
-        for (i, w) in prog.iter().enumerate() {
-            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
-        }
-        let mut hart = Hart::new(0);
-        hart.set_jit(jit);
-        hart.s.pc = BASE;
-        hart.s.mtvec = HANDLER;
-        hart.s.prv = PrivilegeMode::Supervisor;
-        for (k, page) in [0u64, 1, 3].into_iter().enumerate() {
-            hart.s.x[12 + k] = DATA + 0x1000 * page;
-        }
-        hart.s.x[4] = iterations;
-        let mut bus = Device::default();
-        let total = iterations * (prog.len() as u64 - 1);
-        let mut steps = 0;
-        while steps < total {
-            steps += hart.run(&mut ram, &mut bus, total - steps).0;
-        }
+        let (hart, ram) = run_loop(&prog, jit, |hart| {
+            hart.s.prv = PrivilegeMode::Supervisor;
+            for (k, page) in [0u64, 1, 3].into_iter().enumerate() {
+                hart.s.x[12 + k] = DATA + 0x1000 * page;
+            }
+        });
         if jit == 1 {
             // The first iteration misses once for each page and kind.
             assert!(hart.jit_stats().calls <= 12, "{} calls into translated code", hart.jit_stats().calls);
@@ -1174,29 +1184,15 @@ fn a_loop_of_floating_point_stays_inline() {
         r(0x20, 1, 6, 0, 20),     // fcvt.s.d f20, f6
     ];
     close_loop(&mut prog);
-    let iterations = 200;
     let mut runs = Vec::new();
     for jit in [0, 1] {
-        let mut ram = GuestRam::new(BASE, RAM).unwrap();
-        for (i, w) in prog.iter().enumerate() {
-            ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
-        }
-        let mut hart = Hart::new(0);
-        hart.set_jit(jit);
-        hart.s.pc = BASE;
-        hart.s.mtvec = HANDLER;
-        hart.s.mstatus = 1 << 13;
-        hart.s.f[1] = 1.5f64.to_bits();
-        hart.s.f[2] = 1.3f64.to_bits();
-        hart.s.f[11] = 0xffff_ffff_0000_0000 | 1.5f32.to_bits() as u64;
-        hart.s.f[12] = 0xffff_ffff_0000_0000 | 0.1f32.to_bits() as u64;
-        hart.s.x[4] = iterations;
-        let mut bus = Device::default();
-        let total = iterations * (prog.len() as u64 - 1);
-        let mut steps = 0;
-        while steps < total {
-            steps += hart.run(&mut ram, &mut bus, total - steps).0;
-        }
+        let (hart, _) = run_loop(&prog, jit, |hart| {
+            hart.s.mstatus = 1 << 13;
+            hart.s.f[1] = 1.5f64.to_bits();
+            hart.s.f[2] = 1.3f64.to_bits();
+            hart.s.f[11] = 0xffff_ffff_0000_0000 | 1.5f32.to_bits() as u64;
+            hart.s.f[12] = 0xffff_ffff_0000_0000 | 0.1f32.to_bits() as u64;
+        });
         if jit == 1 {
             assert_eq!(hart.jit_stats().fp_calls, 0, "calls of the software FPU");
             assert!(hart.jit_stats().calls <= 3, "{} calls into translated code", hart.jit_stats().calls);
