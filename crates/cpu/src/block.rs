@@ -475,7 +475,7 @@ impl BlockCache {
     /// start there (its first instruction crosses the page). A page that
     /// becomes code here leaves `tlb`'s store side (the hart's own).
     #[inline(always)]
-    pub fn get(&mut self, ram: &mut GuestRam, tlb: &mut Tlb, off: usize, ext: Extensions) -> Option<&Block> {
+    pub fn get(&mut self, ram: &GuestRam, tlb: &mut Tlb, off: usize, ext: Extensions) -> Option<&Block> {
         let i = slot_of(off);
         let b = &self.slots[i];
         let hit = b.off == off && b.n != 0 && b.code == ram.code_state(off);
@@ -491,7 +491,7 @@ impl BlockCache {
     /// Decodes the block at `off` into slot `i`, its page made code first.
     #[cold]
     #[inline(never)]
-    fn decode(&mut self, ram: &mut GuestRam, tlb: &mut Tlb, i: usize, off: usize, ext: Extensions) -> Option<()> {
+    fn decode(&mut self, ram: &GuestRam, tlb: &mut Tlb, i: usize, off: usize, ext: Extensions) -> Option<()> {
         if ram.begin_code(off) {
             tlb.purge_store_page(off, ram.code_purges());
         }
@@ -549,7 +549,7 @@ mod tests {
 
     /// Guest RAM (at 0) holding `code` at offset `at`.
     fn guest_ram_with(code: &[u8], at: usize) -> GuestRam {
-        let mut ram = GuestRam::new(0, 0x3000).unwrap();
+        let ram = GuestRam::new(0, 0x3000).unwrap();
         ram.write(at as u64, code).unwrap();
         ram
     }
@@ -561,9 +561,9 @@ mod tests {
     /// offset 0 maps to (`off` 0) is not taken for the block there.
     #[test]
     fn a_new_tables_empty_slot_is_no_block_at_offset_0() {
-        let mut ram = guest_ram_with(&CODE, 0);
+        let ram = guest_ram_with(&CODE, 0);
         let mut cache = BlockCache::new();
-        let b = cache.get(&mut ram, &mut Tlb::new(), 0, Extensions::ALL).unwrap();
+        let b = cache.get(&ram, &mut Tlb::new(), 0, Extensions::ALL).unwrap();
         assert_eq!((b.off, b.n, b.bytes), (0, 3, 10));
         assert!(cache.slots.iter().filter(|b| b.n != 0).count() == 1);
     }
@@ -583,7 +583,7 @@ mod tests {
         let mut ram = guest_ram_with(&CODE, 0x1006);
         let mut tlb = Tlb::new();
         let mut cache = BlockCache::new();
-        let mut get = |ram: &mut GuestRam| cache.get(ram, &mut tlb, 0x1006, Extensions::ALL).unwrap().clone();
+        let mut get = |ram: &GuestRam| cache.get(ram, &mut tlb, 0x1006, Extensions::ALL).unwrap().clone();
         assert_eq!(get(&mut ram).insts[0].op, Op::Addi);
         // addi -> xori, one byte changed
         ram.write(0x1007, &[0x45]).unwrap();
@@ -616,7 +616,7 @@ mod tests {
         let mut cache = BlockCache::new();
         // Counted, never translated.
         cache.hot = u32::MAX;
-        let mut get = |ram: &mut GuestRam, off: usize| {
+        let mut get = |ram: &GuestRam, off: usize| {
             let b = cache.get(ram, &mut tlb, off, Extensions::ALL).unwrap();
             (b.off, b.hits)
         };
@@ -636,7 +636,7 @@ mod tests {
     /// code must go the slow way, which changes the page's state).
     #[test]
     fn a_page_that_becomes_code_leaves_the_store_tlb() {
-        let mut ram = guest_ram_with(&CODE, 0x1006);
+        let ram = guest_ram_with(&CODE, 0x1006);
         let mut tlb = Tlb::new();
         let entry = TlbEntry { tag: 0x7000_1000, off: 0x1000 };
         let other = TlbEntry { tag: 0x7000_2000, off: 0x2000 };
@@ -644,7 +644,7 @@ mod tests {
         tlb.fill(Access::Store, 1, entry, 12);
         tlb.fill(Access::Store, 2, other, 12);
         let mut cache = BlockCache::new();
-        cache.get(&mut ram, &mut tlb, 0x1006, Extensions::ALL).unwrap();
+        cache.get(&ram, &mut tlb, 0x1006, Extensions::ALL).unwrap();
         assert_eq!(tlb.store[1].tag, crate::mmu::NO_TAG, "the code page stayed in the store TLB");
         assert_eq!(tlb.store[2].tag, other.tag, "another page left the store TLB");
         assert_eq!(tlb.code_purges_seen(), ram.code_purges());

@@ -11,7 +11,7 @@ use crate::ext::{Extensions, CBO_BLOCK_BYTES};
 use crate::fpu::{self, Rm};
 use crate::hart::{Exit, Hart, HartState, PrivilegeMode};
 use crate::jit::{self, JitCtx, JitFn};
-use crate::mmu::{index, read_le, tag, write_le};
+use crate::mmu::{index, tag};
 use crate::trap::{self, Access, Trap};
 use crate::Bus;
 use ftvm_memory::GuestRam;
@@ -123,20 +123,13 @@ impl Hart {
         let e = self.tlb.load[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
-            return Some(read_le(&ram.as_slice()[off..], size));
+            return Some(ram.load_le(off, size));
         }
         None
     }
 
     #[inline(always)]
-    fn load(
-        &mut self,
-        ram: &mut GuestRam,
-        bus: &mut dyn Bus,
-        vaddr: u64,
-        size: u8,
-        dev: &mut bool,
-    ) -> Result<u64, Trap> {
+    fn load(&mut self, ram: &GuestRam, bus: &mut dyn Bus, vaddr: u64, size: u8, dev: &mut bool) -> Result<u64, Trap> {
         match self.load_fast(ram, vaddr, size) {
             Some(v) => Ok(v),
             None => self.load_slow(ram, bus, vaddr, size, dev),
@@ -147,7 +140,7 @@ impl Hart {
     /// extended as `op` asks, and whether a device answered.
     #[cold]
     #[inline(never)]
-    fn load_op_slow(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, op: Op, vaddr: u64) -> Result<(u64, bool), Trap> {
+    fn load_op_slow(&mut self, ram: &GuestRam, bus: &mut dyn Bus, op: Op, vaddr: u64) -> Result<(u64, bool), Trap> {
         let size = match op {
             Op::Lb | Op::Lbu => 1,
             Op::Lh | Op::Lhu => 2,
@@ -168,11 +161,11 @@ impl Hart {
     /// A store that hits the store TLB, done at once; returns the RAM
     /// offset written, or `None` when the slow path must do it.
     #[inline(always)]
-    fn store_fast(&mut self, ram: &mut GuestRam, vaddr: u64, size: u8, value: u64) -> Option<usize> {
+    fn store_fast(&mut self, ram: &GuestRam, vaddr: u64, size: u8, value: u64) -> Option<usize> {
         let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
             let off = e.off + (vaddr & 0xfff) as usize;
-            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+            ram.store_le_untracked(off, size, value);
             return Some(off);
         }
         None
@@ -181,7 +174,7 @@ impl Hart {
     #[inline(always)]
     fn store(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         vaddr: u64,
         size: u8,
@@ -214,12 +207,12 @@ impl Hart {
     /// dirty bookkeeping, as for a store: the page was marked dirty when it
     /// entered the store TLB.
     #[inline(always)]
-    fn cbo_zero_fast(&mut self, ram: &mut GuestRam, vaddr: u64) -> Option<usize> {
+    fn cbo_zero_fast(&mut self, ram: &GuestRam, vaddr: u64) -> Option<usize> {
         let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) {
             // A block lies within its page: the entry covers it whole.
             let off = e.off + (vaddr & 0xfff & !(CBO_BLOCK_BYTES - 1)) as usize;
-            ram.as_mut_slice_untracked()[off..off + CBO_BLOCK_BYTES as usize].fill(0);
+            ram.zero_untracked(off, CBO_BLOCK_BYTES as usize);
             return Some(off);
         }
         None
@@ -231,12 +224,12 @@ impl Hart {
     /// CMO spec, as the Sail model does). A block outside RAM is a store
     /// access fault: no device here takes a block of zeros.
     #[inline(never)]
-    fn cbo_zero_slow(&mut self, ram: &mut GuestRam, vaddr: u64) -> Result<(), Trap> {
+    fn cbo_zero_slow(&mut self, ram: &GuestRam, vaddr: u64) -> Result<(), Trap> {
         let start = vaddr & !(CBO_BLOCK_BYTES - 1);
         let pa = self.translate_fill(ram, start, Access::Store).map_err(|t| Trap::new(t.cause, vaddr))?;
         let off = ram.offset_of(pa, CBO_BLOCK_BYTES).ok_or(Access::Store.access_fault(vaddr))?;
         // translate_fill marked the page dirty as it entered the store TLB.
-        ram.as_mut_slice_untracked()[off..off + CBO_BLOCK_BYTES as usize].fill(0);
+        ram.zero_untracked(off, CBO_BLOCK_BYTES as usize);
         Ok(())
     }
 
@@ -248,7 +241,7 @@ impl Hart {
     /// instruction's address. With no PMP enforced, a physical address
     /// raises nothing.
     #[inline(never)]
-    fn cbo_manage(&mut self, ram: &mut GuestRam, vaddr: u64) -> Result<(), Trap> {
+    fn cbo_manage(&mut self, ram: &GuestRam, vaddr: u64) -> Result<(), Trap> {
         match self.translate_fill(ram, vaddr, Access::Load) {
             Ok(_) => Ok(()),
             Err(t) if t.cause == trap::LOAD_PAGE_FAULT => Err(Access::Store.page_fault(vaddr)),
@@ -262,7 +255,7 @@ impl Hart {
     /// encodings (rd not x0, other funct12 values) and those the enables
     /// forbid are illegal.
     #[inline(never)]
-    fn cbo(&mut self, ram: &mut GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+    fn cbo(&mut self, ram: &GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         let ext = self.s.ext;
         let enable = match i >> 20 {
             _ if rd(i) != 0 => return Err(Trap::illegal(raw)),
@@ -289,7 +282,7 @@ impl Hart {
     /// needs the outer loop. `None` means "check interrupts and come back".
     pub(crate) fn execute_block(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         budget: u64,
         steps: &mut u64,
@@ -345,9 +338,9 @@ impl Hart {
     /// page the fetch TLB does not hold yet (this fills it), one that
     /// crosses a page, or one outside RAM (the fetch faults).
     #[inline(never)]
-    fn step_uncached(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Then {
+    fn step_uncached(&mut self, ram: &GuestRam, bus: &mut dyn Bus, budget: u64, steps: &mut u64) -> Then {
         let pc = self.s.pc;
-        let half = |h: &mut Hart, ram: &mut GuestRam, va: u64| -> Result<u32, Trap> {
+        let half = |h: &mut Hart, ram: &GuestRam, va: u64| -> Result<u32, Trap> {
             let pa = h.translate_fill(ram, va, Access::Fetch)?;
             ram.read_u16(pa).map(|v| v as u32).map_err(|_| Access::Fetch.access_fault(va))
         };
@@ -375,7 +368,7 @@ impl Hart {
     #[allow(clippy::too_many_arguments)]
     fn run_translated(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         cache: &BlockCache,
         code: JitFn,
@@ -387,7 +380,7 @@ impl Hart {
         let mut ctx = JitCtx {
             pc,
             left,
-            ram: ram.as_mut_slice_untracked().as_mut_ptr(),
+            ram: ram.host_ptr(),
             load_tlb: self.tlb.load.as_ptr(),
             store_tlb: self.tlb.store.as_ptr(),
             prv: self.data_tag_prv(),
@@ -452,7 +445,7 @@ impl Hart {
     #[allow(clippy::too_many_arguments)]
     fn run_block(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         block: &Block,
         pc: u64,
@@ -799,7 +792,7 @@ impl Hart {
     /// Encodings of fast-path opcodes that reach here are the invalid
     /// ones.
     #[inline(never)]
-    fn execute(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
+    fn execute(&mut self, ram: &GuestRam, bus: &mut dyn Bus, i: u32, len: u64, raw: u32) -> Result<Flow, Trap> {
         let next = self.s.pc.wrapping_add(len);
         match i & 0x7f {
             0x0f => match funct3(i) {
@@ -943,7 +936,7 @@ impl Hart {
     }
 
     #[inline(never)]
-    fn atomic(&mut self, ram: &mut GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+    fn atomic(&mut self, ram: &GuestRam, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         let size: u8 = match funct3(i) {
             2 => 4,
             3 => 8,
@@ -963,14 +956,14 @@ impl Hart {
                 }
                 let pa = self.translate_fill(ram, addr, Access::Load)?;
                 let off = ram.offset_of(pa, size as u64).ok_or(Access::Load.access_fault(addr))?;
-                let v = read_le(&ram.as_slice()[off..], size);
+                let v = ram.load_le(off, size);
                 self.s.reservation = Some(off as u64);
+                self.s.reserved_value = v;
                 self.set_x(rd(i), sext(v));
             }
             _ => {
                 let off = self.amo_offset(ram, addr, size)?;
-                let mem = &mut ram.as_mut_slice_untracked()[off..off + size as usize];
-                let v = self.s.sc_or_amo(mem, off as u64, i, src).ok_or(Trap::illegal(raw))?;
+                let v = self.s.sc_or_amo(ram.host_ptr(), off as u64, i, src).ok_or(Trap::illegal(raw))?;
                 self.set_x(rd(i), v);
             }
         }
@@ -979,7 +972,7 @@ impl Hart {
     }
 
     #[inline(never)]
-    fn float(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
+    fn float(&mut self, ram: &GuestRam, bus: &mut dyn Bus, i: u32, raw: u32, next: u64) -> Result<Flow, Trap> {
         if self.s.mstatus & csr::MSTATUS_FS == 0 {
             return Err(Trap::illegal(raw));
         }
@@ -1015,42 +1008,87 @@ impl Hart {
 }
 
 impl HartState {
-    /// An SC or an AMO (funct5 of `i`, .w or .d by its funct3) on `mem`,
-    /// the access's bytes at RAM offset `off`, already translated for a
-    /// store and checked aligned: the memory and reservation effects, and
-    /// what rd gets (an AMO's old value, sign-extended for .w; an SC's 0 on
-    /// success). `None` for a funct5 that is neither (illegal), having
+    /// An SC or an AMO (funct5 of `i`, .w or .d by its funct3) on the
+    /// word at RAM offset `off` of the RAM at `ram`, already translated for
+    /// a store and checked aligned: the memory and reservation effects,
+    /// and what rd gets (an AMO's old value, sign-extended for .w; an SC's
+    /// 0 on success). `None` for a funct5 that is neither (illegal), having
     /// changed nothing. The general executor's and translated code's
     /// (`jit::amo_helper`) one implementation, so the two cannot differ.
-    pub(crate) fn sc_or_amo(&mut self, mem: &mut [u8], off: u64, i: u32, src: u64) -> Option<u64> {
-        let size: u8 = if funct3(i) == 2 { 4 } else { 8 };
+    ///
+    /// The word is changed with the host's atomic instructions, so that
+    /// harts on other host threads ([`HartState::parallel`]) neither split
+    /// an AMO nor lose a store to it.
+    pub(crate) fn sc_or_amo(&mut self, ram: *mut u8, off: u64, i: u32, src: u64) -> Option<u64> {
+        use std::sync::atomic::{
+            AtomicU32, AtomicU64,
+            Ordering::{Relaxed, SeqCst},
+        };
         let funct5 = i >> 27;
+        let word4 = funct3(i) == 2;
+        let new = |old: u64| -> Option<u64> {
+            let (o, s) = if word4 { (old as i32 as i64, src as i32 as i64) } else { (old as i64, src as i64) };
+            let (ou, su) = if word4 { (old as u32 as u64, src as u32 as u64) } else { (old, src) };
+            Some(match funct5 {
+                0b00001 => src,
+                0b00000 => old.wrapping_add(src),
+                0b00100 => old ^ src,
+                0b01100 => old & src,
+                0b01000 => old | src,
+                0b10000 => o.min(s) as u64,
+                0b10100 => o.max(s) as u64,
+                0b11000 => ou.min(su),
+                0b11100 => ou.max(su),
+                _ => return None,
+            })
+        };
+        if funct5 != 0b00011 && new(0).is_none() {
+            return None;
+        }
+        let word = ram.wrapping_add(off as usize);
+        let (w4, w8) = if word4 {
+            // SAFETY: `ram + off` is an aligned word of the access's size in
+            // guest RAM (the caller translated and checked it), and RAM's
+            // words may be shared with other harts.
+            (Some(unsafe { AtomicU32::from_ptr(word as *mut u32) }), None)
+        } else {
+            // SAFETY: as for the 4-byte word.
+            (None, Some(unsafe { AtomicU64::from_ptr(word as *mut u64) }))
+        };
         if funct5 == 0b00011 {
-            let ok = self.reservation == Some(off);
+            let reserved = self.reservation == Some(off);
             self.reservation = None;
-            if ok {
-                write_le(mem, size, src);
-            }
+            // One thread: the reservation alone says (a store by another
+            // hart cleared it when that hart's turn began). Parallel: the
+            // word must also still hold what LR read.
+            let ok = reserved
+                && match (w4, w8, self.parallel) {
+                    (Some(w), _, true) => {
+                        w.compare_exchange(self.reserved_value as u32, src as u32, SeqCst, SeqCst).is_ok()
+                    }
+                    (_, Some(w), true) => w.compare_exchange(self.reserved_value, src, SeqCst, SeqCst).is_ok(),
+                    (Some(w), _, false) => {
+                        w.store(src as u32, Relaxed);
+                        true
+                    }
+                    (_, Some(w), false) => {
+                        w.store(src, Relaxed);
+                        true
+                    }
+                    (None, None, _) => unreachable!(),
+                };
             return Some((!ok) as u64);
         }
-        let sext = |v: u64| if size == 4 { sext32(v) } else { v };
-        let old = sext(read_le(mem, size));
-        let (o, s) = if size == 4 { (old as i32 as i64, src as i32 as i64) } else { (old as i64, src as i64) };
-        let (ou, su) = if size == 4 { (old as u32 as u64, src as u32 as u64) } else { (old, src) };
-        let new = match funct5 {
-            0b00001 => src,
-            0b00000 => old.wrapping_add(src),
-            0b00100 => old ^ src,
-            0b01100 => old & src,
-            0b01000 => old | src,
-            0b10000 => o.min(s) as u64,
-            0b10100 => o.max(s) as u64,
-            0b11000 => ou.min(su),
-            0b11100 => ou.max(su),
-            _ => return None,
-        };
-        write_le(mem, size, new);
-        Some(old)
+        // One compare-and-swap loop for all of them: on one thread it is
+        // one locked instruction, and min/max have no single one anyway.
+        Some(match (w4, w8) {
+            (Some(w), _) => {
+                let old = w.fetch_update(SeqCst, SeqCst, |v| new(v as u64).map(|n| n as u32)).unwrap_or_else(|v| v);
+                sext32(old as u64)
+            }
+            (_, Some(w)) => w.fetch_update(SeqCst, SeqCst, new).unwrap_or_else(|v| v),
+            (None, None) => unreachable!(),
+        })
     }
 
     #[inline(always)]

@@ -50,6 +50,15 @@ pub struct HartState {
     pub instret: u64,
     pub wfi: bool,
     pub reservation: Option<u64>,
+    /// What LR read at the reserved word. Not saved: only a hart with
+    /// [`HartState::parallel`] compares it, and such a hart's SC after a
+    /// restore may fail (the spec lets any SC fail).
+    pub reserved_value: u64,
+    /// The hart runs beside others on their own host threads: its SC
+    /// succeeds only if the reserved word still holds what LR read (the
+    /// other harts' stores are not seen by the reservation), as QEMU's
+    /// parallel harts do. Not saved: how a machine runs, not its state.
+    pub parallel: bool,
     pub mstatus: u64,
     pub medeleg: u64,
     pub mideleg: u64,
@@ -133,6 +142,8 @@ impl Hart {
             instret: 0,
             wfi: false,
             reservation: None,
+            reserved_value: 0,
+            parallel: false,
             mstatus: crate::csr::MSTATUS_UXL_SXL,
             medeleg: 0,
             mideleg: 0,
@@ -342,7 +353,7 @@ impl Hart {
     /// Execute up to `budget` steps (instructions retired plus traps taken).
     /// Returns the number of steps and why it stopped. A slice always stops
     /// at an instruction boundary.
-    pub fn run(&mut self, ram: &mut GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
+    pub fn run(&mut self, ram: &GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
         let mut steps = 0u64;
         // Pages another hart made code must leave the store TLB before
         // this hart stores again.

@@ -229,15 +229,14 @@ unsafe extern "sysv64" fn fp_helper(s: *mut HartState, insn: u32, raw: u32) -> u
 ///
 /// # Safety
 /// `s` points to a live `HartState` that nothing else accesses for the
-/// call; `ram + off` to the access's bytes (4 for .w, 8 for .d) in guest
-/// RAM, which nothing else accesses for the call either.
+/// call; `ram + off` to the access's aligned word (4 bytes for .w, 8 for
+/// .d) in guest RAM.
 unsafe extern "sysv64" fn amo_helper(s: *mut HartState, ram: *mut u8, off: u64, insn: u32, src: u64) -> u64 {
-    let size = if (insn >> 12) & 7 == 2 { 4 } else { 8 };
     // SAFETY: as the caller promises: translated code passes the state its
     // register pointer is in and an aligned offset from a store TLB entry
     // (a RAM page), and touches nothing during the call.
-    let (s, mem) = unsafe { (&mut *s, std::slice::from_raw_parts_mut(ram.add(off as usize), size)) };
-    s.sc_or_amo(mem, off, insn, src).expect("only valid SCs and AMOs are translated")
+    let s = unsafe { &mut *s };
+    s.sc_or_amo(ram, off, insn, src).expect("only valid SCs and AMOs are translated")
 }
 
 /// Host registers (x86-64 encodings). rdi holds the guest register file,

@@ -23,9 +23,9 @@ mod mmu;
 mod peek;
 mod trap;
 
-use ftvm_memory::GuestRam;
 pub use block::prepare_tables as prepare_block_tables;
 pub use ext::{Extensions, CBO_BLOCK_BYTES};
+use ftvm_memory::GuestRam;
 pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode};
 pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;
@@ -36,9 +36,9 @@ pub trait Bus {
     /// A load from a physical address outside RAM. `None` raises an access
     /// fault. `progress` is the number of steps this hart has executed so
     /// far in the current slice, which places the access exactly in time.
-    fn read(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64>;
+    fn read(&mut self, ram: &GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64>;
     /// A store to a physical address outside RAM. `false` raises an access fault.
-    fn write(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool;
+    fn write(&mut self, ram: &GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool;
     /// The platform timer (`mtime`) at step `progress` of the current slice.
     fn time(&mut self, progress: u64) -> u64;
 }

@@ -210,7 +210,7 @@ impl Hart {
     /// (12 without translation: nothing a PTE says).
     pub(crate) fn translate(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         vaddr: u64,
         access: Access,
         prv: PrivilegeMode,
@@ -255,8 +255,15 @@ impl Hart {
             if access == Access::Store {
                 new_pte |= PTE_D;
             }
-            if new_pte != pte {
-                ram.write_u64(pte_addr, new_pte).map_err(|_| access.access_fault(vaddr))?;
+            // Atomically, as the privileged spec asks of a hart that sets
+            // A and D itself: a PTE another hart changed since it was read
+            // is walked again.
+            if new_pte != pte
+                && !ram.compare_exchange_u64(pte_addr, pte, new_pte).map_err(|_| access.access_fault(vaddr))?
+            {
+                table = (self.s.satp & ((1u64 << 44) - 1)) << 12;
+                level = levels - 1;
+                continue;
             }
             let page_bits = 12 + 9 * level as u8;
             let page_off_mask = (1u64 << page_bits) - 1;
@@ -290,7 +297,7 @@ impl Hart {
     /// Translate and, for RAM pages, fill the TLB. Returns the physical
     /// address.
     #[inline(never)]
-    pub(crate) fn translate_fill(&mut self, ram: &mut GuestRam, vaddr: u64, access: Access) -> Result<u64, Trap> {
+    pub(crate) fn translate_fill(&mut self, ram: &GuestRam, vaddr: u64, access: Access) -> Result<u64, Trap> {
         let prv = if access == Access::Fetch { self.s.prv } else { self.data_prv() };
         let (paddr, leaf_bits) = self.translate(ram, vaddr, access, prv)?;
         let page = paddr & !0xfff;
@@ -310,7 +317,7 @@ impl Hart {
     #[inline(never)]
     pub(crate) fn load_slow(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         vaddr: u64,
         size: u8,
@@ -331,7 +338,7 @@ impl Hart {
         }
         let paddr = self.translate_fill(ram, vaddr, Access::Load)?;
         if let Some(off) = ram.offset_of(paddr, size64) {
-            return Ok(read_le(&ram.as_slice()[off..], size));
+            return Ok(ram.load_le(off, size));
         }
         if vaddr & (size64 - 1) != 0 {
             return Err(Access::Load.misaligned(vaddr));
@@ -343,7 +350,7 @@ impl Hart {
     #[inline(never)]
     pub(crate) fn store_slow(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         bus: &mut dyn Bus,
         vaddr: u64,
         size: u8,
@@ -370,7 +377,7 @@ impl Hart {
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
         if let Some(off) = ram.offset_of(paddr, size64) {
             // translate_fill marked the page dirty as it entered the store TLB.
-            write_le(&mut ram.as_mut_slice_untracked()[off..], size, value);
+            ram.store_le_untracked(off, size, value);
             return Ok(());
         }
         if vaddr & (size64 - 1) != 0 {
@@ -386,7 +393,7 @@ impl Hart {
 
     /// Translate `vaddr` for an atomic memory operation; AMOs must be
     /// naturally aligned and target RAM. Returns the RAM offset.
-    pub(crate) fn amo_offset(&mut self, ram: &mut GuestRam, vaddr: u64, size: u8) -> Result<usize, Trap> {
+    pub(crate) fn amo_offset(&mut self, ram: &GuestRam, vaddr: u64, size: u8) -> Result<usize, Trap> {
         if vaddr & (size as u64 - 1) != 0 {
             return Err(Access::Store.misaligned(vaddr));
         }
@@ -398,26 +405,6 @@ impl Hart {
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
         // translate_fill marked a RAM page dirty as it entered the store TLB.
         ram.offset_of(paddr, size as u64).ok_or(Access::Store.access_fault(vaddr))
-    }
-}
-
-#[inline(always)]
-pub(crate) fn read_le(b: &[u8], size: u8) -> u64 {
-    match size {
-        1 => b[0] as u64,
-        2 => u16::from_le_bytes(b[..2].try_into().unwrap()) as u64,
-        4 => u32::from_le_bytes(b[..4].try_into().unwrap()) as u64,
-        _ => u64::from_le_bytes(b[..8].try_into().unwrap()),
-    }
-}
-
-#[inline(always)]
-pub(crate) fn write_le(b: &mut [u8], size: u8, v: u64) {
-    match size {
-        1 => b[0] = v as u8,
-        2 => b[..2].copy_from_slice(&(v as u16).to_le_bytes()),
-        4 => b[..4].copy_from_slice(&(v as u32).to_le_bytes()),
-        _ => b[..8].copy_from_slice(&v.to_le_bytes()),
     }
 }
 

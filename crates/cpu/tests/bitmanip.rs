@@ -27,7 +27,7 @@ fn i(f12: u32, f3: u32, opc: u32) -> u32 {
 /// Runs `insn` with x11 = a, x12 = b on a hart with `ext`: x10, or `None`
 /// if it trapped (an illegal instruction: mcause 2).
 fn run_with(ext: Extensions, insn: u32, a: u64, b: u64) -> Option<u64> {
-    let mut ram = GuestRam::new(BASE, 1 << 16).unwrap();
+    let ram = GuestRam::new(BASE, 1 << 16).unwrap();
     ram.write_u32(BASE, insn).unwrap();
     let mut hart = Hart::new(0);
     hart.s.ext = ext;
@@ -37,7 +37,7 @@ fn run_with(ext: Extensions, insn: u32, a: u64, b: u64) -> Option<u64> {
     hart.s.x[10] = 0xdead_beef;
     hart.s.x[11] = a;
     hart.s.x[12] = b;
-    hart.run(&mut ram, &mut NoDevices, 1);
+    hart.run(&ram, &mut NoDevices, 1);
     if hart.s.pc == HANDLER {
         assert_eq!(hart.s.mcause, 2, "{insn:#010x}: a trap other than illegal instruction");
         assert_eq!(hart.s.x[10], 0xdead_beef);

@@ -33,7 +33,7 @@ fn cbo(op: u32, rs1: u32) -> u32 {
 const ADDI_X10: u32 = 0x0015_0513; // addi x10, x10, 1
 
 fn hart_running(prog: &[u32], ext: Extensions) -> (Hart, GuestRam) {
-    let mut ram = GuestRam::new(BASE, 1 << 16).unwrap();
+    let ram = GuestRam::new(BASE, 1 << 16).unwrap();
     for (k, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * k as u64, *w).unwrap();
     }
@@ -48,14 +48,14 @@ fn hart_running(prog: &[u32], ext: Extensions) -> (Hart, GuestRam) {
 }
 
 /// Runs until `n` instructions retired or a trap reached the handler.
-fn run(hart: &mut Hart, ram: &mut GuestRam, n: u64) {
+fn run(hart: &mut Hart, ram: &GuestRam, n: u64) {
     let mut done = 0;
     while done < n && hart.s.pc != HANDLER {
         done += hart.run(ram, &mut NoDevices, n - done).0;
     }
 }
 
-fn fill(ram: &mut GuestRam, at: u64, len: usize, byte: u8) {
+fn fill(ram: &GuestRam, at: u64, len: usize, byte: u8) {
     ram.write(at, &vec![byte; len]).unwrap();
 }
 
@@ -76,11 +76,11 @@ fn cbo_zero_zeroes_the_aligned_block_holding_its_address_and_nothing_else() {
     // Two in a row: the first through the slow path (the page is not in
     // the store TLB yet), the second through the fast path.
     let prog = [cbo(ZERO, 11), cbo(ZERO, 12), ADDI_X10];
-    let (mut hart, mut ram) = hart_running(&prog, Extensions::ALL);
-    fill(&mut ram, DATA, 0x1000, 0xa5);
+    let (mut hart, ram) = hart_running(&prog, Extensions::ALL);
+    fill(&ram, DATA, 0x1000, 0xa5);
     hart.s.x[11] = DATA + 0x40 + 0x25;
     hart.s.x[12] = DATA + 0xfff;
-    run(&mut hart, &mut ram, 3);
+    run(&mut hart, &ram, 3);
     assert_eq!(hart.s.pc, BASE + 12, "no trap");
     assert_eq!(hart.s.instret, 3);
     assert_eq!(hart.s.x[10], 1);
@@ -97,18 +97,18 @@ fn cbo_zero_marks_its_page_dirty_as_a_store_does() {
     let (mut hart, mut ram) = hart_running(&prog, Extensions::ALL);
     hart.s.x[11] = DATA + 0x100;
     ram.take_dirty();
-    run(&mut hart, &mut ram, 1);
+    run(&mut hart, &ram, 1);
     assert_eq!(ram.take_dirty(), vec![DATA >> 12], "through the slow path");
     // As the board does after taking the dirty pages: the next store to
     // the page must come through the slow path and mark it again.
     hart.flush_store_tlb();
-    run(&mut hart, &mut ram, 1);
+    run(&mut hart, &ram, 1);
     assert_eq!(ram.take_dirty(), vec![DATA >> 12], "again after the store TLB was flushed");
 }
 
 /// The outcome of one cache-block instruction: `None` if it retired,
 /// else the trap's (mcause, mtval).
-fn outcome(hart: &mut Hart, ram: &mut GuestRam) -> Option<(u64, u64)> {
+fn outcome(hart: &mut Hart, ram: &GuestRam) -> Option<(u64, u64)> {
     let pc = hart.s.pc;
     run(hart, ram, 1);
     if hart.s.pc == HANDLER {
@@ -122,12 +122,12 @@ fn outcome(hart: &mut Hart, ram: &mut GuestRam) -> Option<(u64, u64)> {
 /// (paging off, so U- and S-mode reach RAM directly): whether it was
 /// illegal.
 fn illegal(ext: Extensions, prv: PrivilegeMode, menvcfg: u64, senvcfg: u64, insn: u32) -> bool {
-    let (mut hart, mut ram) = hart_running(&[insn], ext);
+    let (mut hart, ram) = hart_running(&[insn], ext);
     hart.s.x[11] = DATA;
     hart.s.menvcfg = menvcfg;
     hart.s.senvcfg = senvcfg;
     hart.s.prv = prv;
-    match outcome(&mut hart, &mut ram) {
+    match outcome(&mut hart, &ram) {
         None => false,
         Some((2, tval)) => {
             assert_eq!(tval, insn as u64, "illegal: mtval holds the instruction");
@@ -196,20 +196,20 @@ fn menvcfg_and_senvcfg_hold_the_enables_of_the_extensions_the_hart_has() {
         (Extensions::ZICBOM, csr::ENVCFG_CBCFE | csr::ENVCFG_CBIE),
         (Extensions::NONE, 0),
     ] {
-        let (mut hart, mut ram) = hart_running(&prog, ext);
+        let (mut hart, ram) = hart_running(&prog, ext);
         hart.s.x[5] = u64::MAX;
-        run(&mut hart, &mut ram, 4);
+        run(&mut hart, &ram, 4);
         let stce = if ext.has(Extensions::SSTC) { csr::MENVCFG_STCE } else { 0 };
         assert_eq!(hart.s.x[6], stce | cb, "menvcfg, {ext:?}");
         assert_eq!(hart.s.x[7], cb, "senvcfg, {ext:?}");
     }
     // CBIE's reserved value 10 keeps the field as it was.
     for (before, after) in [(0, 0), (csr::ENVCFG_CBIE_FLUSH, csr::ENVCFG_CBIE_FLUSH), (3 << 4, 3 << 4)] {
-        let (mut hart, mut ram) = hart_running(&prog, Extensions::ALL);
+        let (mut hart, ram) = hart_running(&prog, Extensions::ALL);
         hart.s.menvcfg = before;
         hart.s.senvcfg = before;
         hart.s.x[5] = 2 << 4;
-        run(&mut hart, &mut ram, 4);
+        run(&mut hart, &ram, 4);
         assert_eq!((hart.s.x[6] & csr::ENVCFG_CBIE, hart.s.x[7]), (after, after), "CBIE {before:#x}");
     }
 }
@@ -217,18 +217,18 @@ fn menvcfg_and_senvcfg_hold_the_enables_of_the_extensions_the_hart_has() {
 #[test]
 fn management_operations_leave_ram_alone_and_cbo_zero_outside_ram_is_an_access_fault() {
     for op in [CLEAN, FLUSH, INVAL] {
-        let (mut hart, mut ram) = enabled_hart(&[cbo(op, 11), cbo(op, 12)], PrivilegeMode::Machine);
-        fill(&mut ram, DATA, 0x1000, 0xa5);
+        let (mut hart, ram) = enabled_hart(&[cbo(op, 11), cbo(op, 12)], PrivilegeMode::Machine);
+        fill(&ram, DATA, 0x1000, 0xa5);
         hart.s.x[11] = DATA + 0x13;
         // Outside RAM: nothing to check a physical address against.
         hart.s.x[12] = 0x1000_0000;
-        assert_eq!(outcome(&mut hart, &mut ram), None, "{op}");
-        assert_eq!(outcome(&mut hart, &mut ram), None, "{op} outside RAM");
+        assert_eq!(outcome(&mut hart, &ram), None, "{op}");
+        assert_eq!(outcome(&mut hart, &ram), None, "{op} outside RAM");
         assert_eq!(bytes(&ram, DATA, 0x1000), vec![0xa5; 0x1000]);
     }
-    let (mut hart, mut ram) = enabled_hart(&[cbo(ZERO, 11)], PrivilegeMode::Machine);
+    let (mut hart, ram) = enabled_hart(&[cbo(ZERO, 11)], PrivilegeMode::Machine);
     hart.s.x[11] = 0x1000_0013;
-    assert_eq!(outcome(&mut hart, &mut ram), Some((7, 0x1000_0013)), "store access fault at rs1");
+    assert_eq!(outcome(&mut hart, &ram), Some((7, 0x1000_0013)), "store access fault at rs1");
 }
 
 const PTE_V: u64 = 1;
@@ -239,7 +239,7 @@ const PTE_A: u64 = 1 << 6;
 const PTE_D: u64 = 1 << 7;
 /// Sv39 gigapages: virtual GiB `i` maps RAM's GiB (0x8000_0000) with
 /// these flags, or nothing if 0.
-fn paging(hart: &mut Hart, ram: &mut GuestRam, pages: &[(u64, u64)]) {
+fn paging(hart: &mut Hart, ram: &GuestRam, pages: &[(u64, u64)]) {
     for &(i, flags) in pages {
         ram.write_u64(ROOT + 8 * i, (BASE >> 12) << 10 | flags).unwrap();
     }
@@ -256,15 +256,15 @@ fn through_paging_faults_are_store_faults_at_rs1_and_cbo_zero_sets_a_and_d() {
     let map = [(0, PTE_V | PTE_R | PTE_X | PTE_A), (1, PTE_V | PTE_R | PTE_W), (2, PTE_V | PTE_R)];
     let off = DATA - BASE + 0x29;
     for op in [ZERO, CLEAN, FLUSH, INVAL] {
-        let (mut hart, mut ram) = enabled_hart(&[cbo(op, 11), cbo(op, 12), cbo(op, 13), cbo(op, 14)], Supervisor);
-        paging(&mut hart, &mut ram, &map);
-        fill(&mut ram, DATA, 0x1000, 0xa5);
+        let (mut hart, ram) = enabled_hart(&[cbo(op, 11), cbo(op, 12), cbo(op, 13), cbo(op, 14)], Supervisor);
+        paging(&mut hart, &ram, &map);
+        fill(&ram, DATA, 0x1000, 0xa5);
         hart.s.pc = 0;
         hart.s.x[11] = GIB + off;
         hart.s.x[12] = 2 * GIB + off;
         hart.s.x[13] = 3 * GIB + off;
         hart.s.x[14] = 1 << 40; // not sign-extended from bit 38
-        assert_eq!(outcome(&mut hart, &mut ram), None, "{op}: writable page");
+        assert_eq!(outcome(&mut hart, &ram), None, "{op}: writable page");
         let pte = ram.read_u64(ROOT + 8).unwrap();
         if op == ZERO {
             assert_eq!(pte & (PTE_A | PTE_D), PTE_A | PTE_D, "a store sets A and D");
@@ -273,7 +273,7 @@ fn through_paging_faults_are_store_faults_at_rs1_and_cbo_zero_sets_a_and_d() {
             assert_eq!(pte & (PTE_A | PTE_D), PTE_A, "a load's translation sets A");
             assert_eq!(bytes(&ram, DATA, 0x40), vec![0xa5; 0x40]);
         }
-        let read_only = outcome(&mut hart, &mut ram);
+        let read_only = outcome(&mut hart, &ram);
         if op == ZERO {
             assert_eq!(read_only, Some((15, 2 * GIB + off)), "cbo.zero needs write permission");
             hart.s.prv = Supervisor;
@@ -282,10 +282,10 @@ fn through_paging_faults_are_store_faults_at_rs1_and_cbo_zero_sets_a_and_d() {
             assert_eq!(read_only, None, "{op}: a load may access the block");
             assert_eq!(ram.read_u64(ROOT + 16).unwrap() & (PTE_A | PTE_D), PTE_A);
         }
-        assert_eq!(outcome(&mut hart, &mut ram), Some((15, 3 * GIB + off)), "{op}: unmapped");
+        assert_eq!(outcome(&mut hart, &ram), Some((15, 3 * GIB + off)), "{op}: unmapped");
         hart.s.prv = Supervisor;
         hart.s.pc = 12;
-        assert_eq!(outcome(&mut hart, &mut ram), Some((15, 1 << 40)), "{op}: not canonical");
+        assert_eq!(outcome(&mut hart, &ram), Some((15, 1 << 40)), "{op}: not canonical");
         assert_eq!(bytes(&ram, DATA + 0x40, 0xfc0), vec![0xa5; 0xfc0]);
     }
 }
@@ -308,13 +308,13 @@ fn cbo_zero_over_the_running_block_cuts_it_short() {
     for jit in [0, 1] {
         // M-mode with CBZE set: translated code zeroes the blocks itself
         // (it leaves M-mode without CBZE to the interpreter).
-        let (mut hart, mut ram) = enabled_hart(&prog, PrivilegeMode::Machine);
+        let (mut hart, ram) = enabled_hart(&prog, PrivilegeMode::Machine);
         hart.set_jit(jit);
         hart.s.x[11] = BASE + 0x700;
         hart.s.x[12] = (-0x100i64) as u64;
         hart.s.x[13] = 100;
         hart.s.x[14] = BASE;
-        run(&mut hart, &mut ram, 100);
+        run(&mut hart, &ram, 100);
         assert_eq!(hart.s.pc, HANDLER, "jit {jit}");
         assert_eq!((hart.s.mcause, hart.s.mtval, hart.s.mepc), (2, 0, BASE + 8), "jit {jit}");
         assert_eq!(hart.s.x[10], 7, "jit {jit}: the zeroed addi did not run an eighth time");

@@ -21,7 +21,7 @@ fn csrw(c: u16, rs1: u32) -> u32 {
 }
 
 fn hart_running(prog: &[u32]) -> (Hart, GuestRam) {
-    let mut ram = GuestRam::new(BASE, 1 << 16).unwrap();
+    let ram = GuestRam::new(BASE, 1 << 16).unwrap();
     for (k, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * k as u64, *w).unwrap();
     }
@@ -44,10 +44,10 @@ fn a_counter_write_replaces_the_increment_and_the_other_runs_on() {
         csrr(12, csr::CYCLE),
         csrr(13, csr::INSTRET),
     ];
-    let (mut hart, mut ram) = hart_running(&prog);
+    let (mut hart, ram) = hart_running(&prog);
     hart.s.x[6] = 1000;
     hart.s.x[9] = 500;
-    let (steps, _) = hart.run(&mut ram, &mut NoDevices, prog.len() as u64);
+    let (steps, _) = hart.run(&ram, &mut NoDevices, prog.len() as u64);
     assert_eq!(steps, prog.len() as u64);
     assert_eq!(hart.s.x[5], 0);
     assert_eq!(hart.s.x[7], 1000, "minstret right after the write to it");
@@ -61,12 +61,12 @@ fn a_counter_write_replaces_the_increment_and_the_other_runs_on() {
 /// Runs `insn` at privilege `prv` with the given menvcfg and mcounteren
 /// on a hart with `ext`; whether it trapped (illegal instruction).
 fn traps(ext: Extensions, prv: PrivilegeMode, menvcfg: u64, mcounteren: u64, insn: u32) -> bool {
-    let (mut hart, mut ram) = hart_running(&[insn]);
+    let (mut hart, ram) = hart_running(&[insn]);
     hart.s.ext = ext;
     hart.s.menvcfg = menvcfg;
     hart.s.mcounteren = mcounteren;
     hart.s.prv = prv;
-    hart.run(&mut ram, &mut NoDevices, 1);
+    hart.run(&ram, &mut NoDevices, 1);
     if hart.s.pc == HANDLER {
         assert_eq!(hart.s.mcause, 2);
         return true;
@@ -94,13 +94,13 @@ fn menvcfg_holds_stce_only_with_sstc_and_stip_then_is_the_timers() {
     // csrw menvcfg, x5; csrr x6, menvcfg; csrw mip, x7; csrr x8, mip
     let prog = [csrw(csr::MENVCFG, 5), csrr(6, csr::MENVCFG), csrw(csr::MIP, 7), csrr(8, csr::MIP)];
     for (ext, stce) in [(Extensions::ALL, csr::MENVCFG_STCE), (Extensions::NONE, 0)] {
-        let (mut hart, mut ram) = hart_running(&prog);
+        let (mut hart, ram) = hart_running(&prog);
         hart.s.ext = ext;
         hart.s.x[5] = u64::MAX;
         hart.s.x[7] = csr::MIP_STIP;
         let mut done = 0;
         while done < prog.len() as u64 {
-            done += hart.run(&mut ram, &mut NoDevices, prog.len() as u64 - done).0;
+            done += hart.run(&ram, &mut NoDevices, prog.len() as u64 - done).0;
         }
         // Of the other bits, only the cache-block enables (tests/cbo.rs).
         let cb = csr::ENVCFG_CBZE | csr::ENVCFG_CBCFE | csr::ENVCFG_CBIE;

@@ -30,7 +30,7 @@ struct Device {
 }
 
 impl Bus for Device {
-    fn read(&mut self, _: &mut GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
+    fn read(&mut self, _: &GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
         if paddr & !0xfff != DEVICE {
             return None;
         }
@@ -38,7 +38,7 @@ impl Bus for Device {
         self.log.push((at, paddr, size, 0));
         Some((at.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ paddr) & (u64::MAX >> (64 - 8 * size as u32)))
     }
-    fn write(&mut self, _: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
+    fn write(&mut self, _: &GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
         if paddr & !0xfff != DEVICE {
             return false;
         }
@@ -409,7 +409,7 @@ const PAGED: u64 = BASE + 0x40000;
 
 /// The trap handler at `HANDLER`: skip the instruction (all are 4 bytes,
 /// and the illegal all-zero one is two zero halfwords) and note the cause.
-fn write_skip_handler(ram: &mut GuestRam) {
+fn write_skip_handler(ram: &GuestRam) {
     let handler = [
         0x3410_2ff3u32, // csrr x31, mepc
         i_type(4, 31, 0, 31, 0x13),
@@ -425,7 +425,7 @@ fn write_skip_handler(ram: &mut GuestRam) {
 /// Sv39 tables at `ROOT` (root[1] -> l1[0] -> l0[page]) mapping virtual
 /// page `v` (at `VA` + v * 4 KiB) to the RAM at `pa` with the PTE's low
 /// bits `bits`, for each (v, pa, bits).
-fn sv39(ram: &mut GuestRam, maps: impl IntoIterator<Item = (u64, u64, u64)>) {
+fn sv39(ram: &GuestRam, maps: impl IntoIterator<Item = (u64, u64, u64)>) {
     let (l1, l0) = (ROOT + 0x1000, ROOT + 0x2000);
     ram.write_u64(ROOT + 8, (l1 >> 12) << 10 | 1).unwrap();
     ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
@@ -463,15 +463,15 @@ fn paged_ram(
     fill: impl Fn(u64) -> u64,
     maps: impl IntoIterator<Item = (u64, u64, u64)>,
 ) -> GuestRam {
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in p.iter().enumerate() {
         ram.write_u32(PAGED + 4 * i as u64, *w).unwrap();
     }
-    write_skip_handler(&mut ram);
+    write_skip_handler(&ram);
     for i in 0..words {
         ram.write_u64(PAGED + 0x1000 + 8 * i, fill(i)).unwrap();
     }
-    sv39(&mut ram, maps);
+    sv39(&ram, maps);
     ram
 }
 
@@ -510,11 +510,11 @@ fn setup_with(seed: u64, len: usize, jit: u32, mix: Mix) -> Run {
     let prog = program(&mut rng, len, mix);
     let fp = mix == Mix::Fp;
     assert!(BASE + 4 * prog.len() as u64 <= HANDLER);
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
     }
-    write_skip_handler(&mut ram);
+    write_skip_handler(&ram);
     for i in 0..0x1000u64 {
         ram.write_u64(DATA - 0x800 + 8 * i, rng.next()).unwrap();
     }
@@ -564,7 +564,7 @@ fn run(r: &mut Run, total: u64, mut slice: impl FnMut() -> u64, mut each: impl F
     let mut done = 0;
     while done < total {
         r.bus.slice_start = done;
-        let (n, exit) = r.hart.run(&mut r.ram, &mut r.bus, slice().min(total - done));
+        let (n, exit) = r.hart.run(&r.ram, &mut r.bus, slice().min(total - done));
         r.slices.push((n, exit));
         done += n;
         assert!(n > 0 || exit != Exit::Idle, "the program never idles");
@@ -662,7 +662,7 @@ fn a_cbo_zero_loop_runs_translated() {
     ] {
         let mut runs = Vec::new();
         for jit in [0, 1] {
-            let mut ram = GuestRam::new(BASE, RAM).unwrap();
+            let ram = GuestRam::new(BASE, RAM).unwrap();
             for (i, w) in prog.iter().enumerate() {
                 ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
             }
@@ -682,7 +682,7 @@ fn a_cbo_zero_loop_runs_translated() {
             let mut bus = Device::default();
             let mut steps = 0;
             while steps < 4 * 64 + 2 {
-                steps += hart.run(&mut ram, &mut bus, 4 * 64 + 2 - steps).0;
+                steps += hart.run(&ram, &mut bus, 4 * 64 + 2 - steps).0;
             }
             if jit == 1 && fast {
                 assert!(hart.jit_stats().calls <= 3, "{prv:?}: {} calls", hart.jit_stats().calls);
@@ -702,7 +702,7 @@ fn a_cbo_zero_loop_runs_translated() {
 /// that `setup` prepares further; the hart and RAM after.
 fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRam) {
     let iterations = 200;
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
     }
@@ -716,7 +716,7 @@ fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRa
     let total = iterations * (prog.len() as u64 - 1);
     let mut steps = 0;
     while steps < total {
-        steps += hart.run(&mut ram, &mut bus, total - steps).0;
+        steps += hart.run(&ram, &mut bus, total - steps).0;
     }
     (hart, ram)
 }
@@ -875,7 +875,7 @@ fn each_operation_on_edge_operands() {
     for _ in 0..200 {
         pairs.push((rng.next(), rng.next()));
     }
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     let mut harts = [Hart::new(0), Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);
@@ -894,7 +894,7 @@ fn each_operation_on_edge_operands() {
                 h.s.x[12] = b;
                 let calls = h.jit_stats().calls;
                 // Two instructions: the whole block, so translated code runs.
-                assert_eq!(h.run(&mut ram, &mut bus, 2), (2, Exit::Budget));
+                assert_eq!(h.run(&ram, &mut bus, 2), (2, Exit::Budget));
                 *o = h.s.x;
                 if i > 0 {
                     assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
@@ -951,7 +951,7 @@ fn each_atomic_on_edge_operands() {
     }
     let off = DATA - BASE;
     let reservations = [None, Some(off), Some(off + 8), Some(off + 4)];
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     let mut harts = [Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);
@@ -975,7 +975,7 @@ fn each_atomic_on_edge_operands() {
                     h.s.reservation = res;
                     let calls = h.jit_stats().calls;
                     // The atomic's block, then the jump's.
-                    assert_eq!(h.run(&mut ram, &mut bus, 2), (2, Exit::Budget));
+                    assert_eq!(h.run(&ram, &mut bus, 2), (2, Exit::Budget));
                     out.push((h.s.clone(), ram.read_u64(DATA).unwrap(), ram.read_u64(DATA + 8).unwrap()));
                     // Once the store TLB holds the page and the jump is
                     // translated: one call, which ran both blocks.
@@ -1122,7 +1122,7 @@ fn code_changed_under_a_translated_loop() {
     ];
     let mut runs = Vec::new();
     for hot in [0, 1, 2, 32] {
-        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        let ram = GuestRam::new(BASE, RAM).unwrap();
         for (i, w) in prog.iter().enumerate() {
             ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
         }
@@ -1136,7 +1136,7 @@ fn code_changed_under_a_translated_loop() {
         let mut rng = Rng(5);
         let mut done = 0;
         while done < 500_000 {
-            let (n, _) = hart.run(&mut ram, &mut bus, 1 + rng.below(5000));
+            let (n, _) = hart.run(&ram, &mut bus, 1 + rng.below(5000));
             done += n;
         }
         runs.push(hart.s.clone());
@@ -1235,7 +1235,7 @@ fn a_direct_link_to_a_block_pushed_out_of_its_slot() {
         hart.set_jit(hot);
         hart.s.x[4] = 1000;
         let mut bus = Device::default();
-        let mut go = |ram: &mut GuestRam, pc: u64, n: u64| {
+        let mut go = |ram: &GuestRam, pc: u64, n: u64| {
             hart.s.pc = pc;
             let mut done = 0;
             while done < n {
@@ -1278,7 +1278,7 @@ fn a_store_from_another_hart_reaches_code_decoded_after_it_cached_the_page() {
         j_type(0, 0),              // j .
     ];
     for hot in [0, 1, 32] {
-        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        let ram = GuestRam::new(BASE, RAM).unwrap();
         for (i, w) in storer.iter().enumerate() {
             ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
         }
@@ -1295,13 +1295,13 @@ fn a_store_from_another_hart_reaches_code_decoded_after_it_cached_the_page() {
         harts[1].s.pc = CODE;
         harts[1].s.x[4] = 200;
         let mut bus = Device::default();
-        assert_eq!(harts[0].run(&mut ram, &mut bus, 1).0, 1);
+        assert_eq!(harts[0].run(&ram, &mut bus, 1).0, 1);
         // 100 rounds of three instructions.
-        assert_eq!(harts[1].run(&mut ram, &mut bus, 300).0, 300);
+        assert_eq!(harts[1].run(&ram, &mut bus, 300).0, 300);
         assert_eq!(harts[1].s.x[10], 100, "hot {hot}: before the rewrite");
-        assert_eq!(harts[0].run(&mut ram, &mut bus, 1).0, 1);
+        assert_eq!(harts[0].run(&ram, &mut bus, 1).0, 1);
         assert_eq!(ram.read_u32(CODE).unwrap(), add(2));
-        assert_eq!(harts[1].run(&mut ram, &mut bus, 300).0, 300);
+        assert_eq!(harts[1].run(&ram, &mut bus, 300).0, 300);
         assert_eq!(harts[1].s.x[10], 300, "hot {hot}: the rewritten instruction did not run");
     }
 }
@@ -1402,13 +1402,13 @@ fn jumps_across_pages_and_through_registers() {
         }
 
         let make = |hot: u32| -> Run {
-            let mut ram = GuestRam::new(BASE, RAM).unwrap();
+            let ram = GuestRam::new(BASE, RAM).unwrap();
             for &(va, w) in &words {
                 let vpage = (va - VA) >> 12;
                 ram.write_u32(phys(vpage) + (va & 0xfff), w).unwrap();
             }
             // V, R, W, X, A, D.
-            sv39(&mut ram, (0..8).chain([ALIAS + 3, ALIAS + 4]).map(|v| (v, phys(v), 0xcf)));
+            sv39(&ram, (0..8).chain([ALIAS + 3, ALIAS + 4]).map(|v| (v, phys(v), 0xcf)));
             let mut hart = Hart::new(0);
             hart.set_jit(hot);
             hart.s.satp = 8 << 60 | ROOT >> 12;
@@ -1695,7 +1695,7 @@ fn each_floating_point_operation_on_edge_operands() {
     }
     let ints =
         [0u64, 1, u64::MAX, 1 << 63, (1 << 63) - 1, 0x7fff_ffff, 0xffff_ffff_8000_0000, 0xffff_ffff, 3, 1 << 53 | 1];
-    let (mut ram, mut harts, mut bus) = one_op_bench();
+    let (ram, mut harts, mut bus) = one_op_bench();
     let mut runs = 0;
     for t in fp_templates() {
         let rms: &[u32] = if has_rm(t) { &[0, 1, 2, 3, 4, 5, 7] } else { &[(t >> 12) & 7] };
@@ -1735,7 +1735,7 @@ fn each_floating_point_operation_on_edge_operands() {
                             h.s.mtval = 0;
                             // Two instructions: the whole block, so translated
                             // code runs (or a trap and the handler's `j .`).
-                            assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                            assert_eq!(h.run(&ram, &mut bus, 2).0, 2);
                             out.push(h.s.clone());
                         }
                         runs += 1;
@@ -1776,7 +1776,7 @@ fn each_floating_point_operation_on_edge_operands() {
                     h.s.x[11] = addr;
                     h.s.mcause = 0;
                     h.s.mtval = 0;
-                    assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                    assert_eq!(h.run(&ram, &mut bus, 2).0, 2);
                     out.push((h.s.clone(), ram.read_u64(data + 0x800).unwrap(), ram.read_u64(data).unwrap()));
                 }
                 assert_eq!(out[0], out[1], "{insn:#010x} at {addr:#x} with {v:#x}, FS {fs}: interpreted, translated");
@@ -1805,7 +1805,7 @@ fn fp_store_into_its_own_block() {
     ];
     let mut runs = Vec::new();
     for hot in [0, 1, 2, 32] {
-        let mut ram = GuestRam::new(BASE, RAM).unwrap();
+        let ram = GuestRam::new(BASE, RAM).unwrap();
         for (i, w) in prog.iter().enumerate() {
             ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
         }
@@ -1821,7 +1821,7 @@ fn fp_store_into_its_own_block() {
         let mut rng = Rng(9);
         let mut done = 0;
         while done < 100_000 {
-            let (n, _) = hart.run(&mut ram, &mut bus, 1 + rng.below(3000));
+            let (n, _) = hart.run(&ram, &mut bus, 1 + rng.below(3000));
             done += n;
         }
         runs.push(hart.s.clone());
@@ -1857,7 +1857,7 @@ fn each_fp_csr_access() {
         }
     }
     let values = [0u64, 1, 0x1f, 0x20, 0xe0, 0xff, 0x15a, u64::MAX, 1 << 63 | 0xa5, 0x1234_5678_9abc_def0];
-    let (mut ram, mut harts, mut bus) = one_op_bench();
+    let (ram, mut harts, mut bus) = one_op_bench();
     let mut runs = 0;
     for &op in &ops {
         ram.write_u32(BASE, op).unwrap();
@@ -1879,7 +1879,7 @@ fn each_fp_csr_access() {
                         h.s.mepc = 0;
                         h.s.mtval = 0;
                         let calls = h.jit_stats().calls;
-                        assert_eq!(h.run(&mut ram, &mut bus, 2).0, 2);
+                        assert_eq!(h.run(&ram, &mut bus, 2).0, 2);
                         out.push(h.s.clone());
                         if i > 0 && warm && fs != 0 {
                             assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated alone");
@@ -1904,7 +1904,7 @@ fn each_fp_csr_access() {
 /// interpreter's (translation off) and the translator's (every block
 /// translated at first entry).
 fn one_op_bench() -> (GuestRam, [Hart; 2], Device) {
-    let mut ram = GuestRam::new(BASE, RAM).unwrap();
+    let ram = GuestRam::new(BASE, RAM).unwrap();
     let mut harts = [Hart::new(0), Hart::new(0)];
     harts[0].set_jit(0);
     harts[1].set_jit(1);

@@ -46,7 +46,7 @@ impl IrqLines {
 
 /// What a device may touch beyond its own registers during an access.
 pub struct DeviceCtx<'a> {
-    pub ram: &'a mut GuestRam,
+    pub ram: &'a GuestRam,
     pub irq: &'a mut IrqLines,
 }
 

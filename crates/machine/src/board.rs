@@ -107,7 +107,7 @@ impl Board {
         self.virtio.iter().map(|v| v.in_flight_count()).sum()
     }
 
-    pub fn complete_io(&mut self, slot: usize, c: IoCompletion, ram: &mut GuestRam) -> bool {
+    pub fn complete_io(&mut self, slot: usize, c: IoCompletion, ram: &GuestRam) -> bool {
         match self.virtio.get_mut(slot) {
             Some(v) => v.complete(c, ram, &mut self.irq),
             None => false,
@@ -294,7 +294,7 @@ fn within(addr: u64, base: u64, size: u64) -> Option<u64> {
 }
 
 impl Bus for HartBus<'_> {
-    fn read(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
+    fn read(&mut self, ram: &GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
         let b = &mut *self.board;
         let mut ctx = DeviceCtx { ram, irq: &mut b.irq };
         if let Some(off) = within(paddr, CLINT_BASE, CLINT_SIZE) {
@@ -324,7 +324,7 @@ impl Bus for HartBus<'_> {
         None
     }
 
-    fn write(&mut self, ram: &mut GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
+    fn write(&mut self, ram: &GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
         let b = &mut *self.board;
         let mut ctx = DeviceCtx { ram, irq: &mut b.irq };
         if let Some(off) = within(paddr, CLINT_BASE, CLINT_SIZE) {

@@ -25,11 +25,11 @@ pub use engine::{DeterministicEngine, Engine};
 pub use fdt::FdtError;
 /// The optional extensions a machine's harts implement.
 pub use ftvm_cpu::Extensions;
-pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
-pub use ftvm_devices::{IoCompletion, IoRequest};
 /// How much console input the guest's UART holds: `Engine::console_room`
 /// when nothing waits to be read (when a console break may be offered).
 pub use ftvm_devices::uart::RX_CAPACITY as CONSOLE_CAPACITY;
+pub use ftvm_devices::virtio::blk::{execute as execute_blk, BlkOp, BlockBackend};
+pub use ftvm_devices::{IoCompletion, IoRequest};
 pub use ftvm_memory::GuestRam;
 pub use loader::LoadError;
 pub use machine::{DeviceSpec, Event, Machine, MachineConfig, MachineError, RunExit, DEFAULT_GUEST_IPS, QUANTUM};

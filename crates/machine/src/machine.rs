@@ -411,7 +411,7 @@ impl Machine {
                 self.clock.advance_to(self.icount, ticks);
                 true
             }
-            Event::Io { slot, completion } => self.board.complete_io(slot, completion, &mut self.ram),
+            Event::Io { slot, completion } => self.board.complete_io(slot, completion, &self.ram),
         }
     }
 
@@ -564,7 +564,7 @@ impl Machine {
             }
             let h = &mut self.harts[self.current];
             let mut bus = HartBus::new(&mut self.board, &self.clock, self.icount);
-            let (steps, exit) = h.run(&mut self.ram, &mut bus, budget);
+            let (steps, exit) = h.run(&self.ram, &mut bus, budget);
             self.icount += steps;
             // A lone hart's quantum stays whole: counted down by slices
             // that are not cut at it, it would depend on how the run is

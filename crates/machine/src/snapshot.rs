@@ -348,6 +348,8 @@ pub fn hart_from_bytes(buf: &[u8]) -> StateResult<HartState> {
         instret,
         wfi,
         reservation: has_res.then_some(res),
+        reserved_value: 0,
+        parallel: false,
         mstatus: c[0],
         medeleg: c[1],
         mideleg: c[2],

@@ -7,12 +7,20 @@
 //! it was last written (see [`GuestRam::begin_code`]).
 //!
 //! We keep our own type instead of vm-memory's `GuestMemoryMmap` because the
-//! CPU's hot path wants a raw host pointer into a single region and a dirty
-//! bitmap that is updated with plain (non-atomic) stores: everything that
-//! touches guest memory runs on the machine's one thread, so no atomics are
-//! needed and the bitmap stays exact at instruction boundaries.
+//! CPU's hot path wants a raw host pointer into a single region, and a
+//! dirty bitmap and code states that translated code reads in place.
+//!
+//! RAM is shared: harts on several host threads (a machine that runs its
+//! harts in parallel) and the devices they reach all write it through
+//! `&GuestRam`. The bytes are reached through a raw pointer, never through
+//! a reference that would claim them for one writer; the bitmaps and code
+//! states are atomics, used with relaxed ordering (each is a fact about
+//! one page, and whoever takes the bitmaps does so with every hart stopped).
+//! As in every VMM, guest code on two harts may race on the same bytes:
+//! what such a guest sees is its own business, never a fault of ours.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// log2 of [`PAGE_SIZE`]: a guest-physical address shifted right by this
 /// is its page number.
@@ -78,21 +86,49 @@ fn zeroed(len: usize) -> Option<Vec<u8>> {
 /// created.
 pub struct GuestRam {
     base: u64,
-    bytes: Vec<u8>,
+    /// RAM's bytes: `len` of them, allocated zeroed by [`zeroed`] and
+    /// owned here (freed on drop). A raw pointer rather than a `Vec`, so
+    /// that writers holding `&GuestRam` write through the allocation's
+    /// own pointer.
+    bytes: *mut u8,
+    len: usize,
     /// One bit per page; set when the page is written.
-    dirty: Vec<u64>,
+    dirty: Box<[AtomicU64]>,
     /// Whether stores mark pages dirty. Off costs nothing on the CPU's
     /// store path beyond one predictable branch.
     tracking: bool,
     /// A second reader's bitmap of the pages written ([`GuestRam::start_view`]),
     /// marked beside the first and taken apart from it.
-    view: Option<Vec<u64>>,
+    view: Option<Box<[AtomicU64]>>,
     /// Each page's code state (see [`GuestRam::begin_code`]).
-    code: Vec<u64>,
+    code: Box<[AtomicU64]>,
     /// How many times a page that a store TLB may cache became code.
-    code_purges: u64,
-    /// See [`CodeStats`].
-    code_stats: CodeStats,
+    code_purges: AtomicU64,
+    /// See [`CodeStats`]: became_code, code_written.
+    code_stats: [AtomicU64; 2],
+}
+
+// SAFETY: the bytes behind `bytes` are owned by this value alone (nothing
+// else frees or moves them), every access to them goes through the raw
+// pointer (see the module's comment), and the rest is atomics or fields
+// written only through `&mut self`.
+unsafe impl Send for GuestRam {}
+// SAFETY: as for Send; shared access writes only atomics and the bytes.
+unsafe impl Sync for GuestRam {}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: `bytes` came from `zeroed(len)`'s vector, taken apart
+            // in `GuestRam::new`, with length and capacity `len`.
+            drop(unsafe { Vec::from_raw_parts(self.bytes, self.len, self.len) });
+        }
+    }
+}
+
+/// `n` zeroed atomic words.
+fn atomic_words(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
 }
 
 /// A page's code state: instructions were decoded from it since it was
@@ -126,16 +162,17 @@ impl GuestRam {
         let size = size.checked_add(PAGE_SIZE - 1).ok_or(refused)? & !(PAGE_SIZE - 1);
         let len = usize::try_from(size).map_err(|_| refused)?;
         let pages = (size >> PAGE_SHIFT) as usize;
-        let dirty = vec![0u64; pages.div_ceil(64)];
+        let mut bytes = std::mem::ManuallyDrop::new(zeroed(len).ok_or(refused)?);
         Ok(GuestRam {
             base,
-            bytes: zeroed(len).ok_or(refused)?,
-            dirty,
+            bytes: if len == 0 { std::ptr::NonNull::dangling().as_ptr() } else { bytes.as_mut_ptr() },
+            len,
+            dirty: atomic_words(pages.div_ceil(64)),
             tracking: true,
             view: None,
-            code: vec![0; pages],
-            code_purges: 0,
-            code_stats: CodeStats::default(),
+            code: atomic_words(pages),
+            code_purges: AtomicU64::new(0),
+            code_stats: [AtomicU64::new(0), AtomicU64::new(0)],
         })
     }
 
@@ -148,7 +185,7 @@ impl GuestRam {
     /// Size of RAM in bytes: a whole number of pages.
     #[inline]
     pub fn size(&self) -> u64 {
-        self.bytes.len() as u64
+        self.len as u64
     }
 
     /// Guest-physical address one past RAM's last byte.
@@ -168,18 +205,107 @@ impl GuestRam {
         }
     }
 
-    /// All of RAM, from [`GuestRam::base`] on, for reading.
+    /// All of RAM, from [`GuestRam::base`] on, for reading by a reader
+    /// that no hart runs beside (a snapshot, a digest), or that reads what
+    /// the guest handed it (a device's DMA out).
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes
+        // SAFETY: `bytes` holds `len` initialised bytes for as long as self.
+        unsafe { std::slice::from_raw_parts(self.bytes, self.len) }
     }
 
-    /// Raw access for the CPU's fast path. Writers through this slice must
-    /// call [`GuestRam::mark_dirty_offset`] themselves, and write no page
-    /// that is code (a page in a store TLB is not: see
-    /// [`GuestRam::begin_code`]) unless nothing was decoded from this RAM
-    /// yet (filling a new machine's RAM).
+    /// All of RAM for a writer that holds it alone (filling a new
+    /// machine's RAM, restoring one). Writers through this slice must call
+    /// [`GuestRam::mark_dirty_offset`] themselves, and write no page that
+    /// is code unless nothing was decoded from this RAM yet.
     pub fn as_mut_slice_untracked(&mut self) -> &mut [u8] {
-        &mut self.bytes
+        // SAFETY: as in `as_slice`; `&mut self` excludes every other access.
+        unsafe { std::slice::from_raw_parts_mut(self.bytes, self.len) }
+    }
+
+    /// RAM's first byte, for the CPU's fast paths and translated code:
+    /// they check their offsets against [`GuestRam::size`] themselves and
+    /// keep the rules of [`GuestRam::as_mut_slice_untracked`] for what they
+    /// write (a page in a store TLB is not code: see
+    /// [`GuestRam::begin_code`]).
+    #[inline(always)]
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.bytes
+    }
+
+    /// The `size`-byte little-endian value at RAM offset `off` (1, 2, 4
+    /// or 8 bytes, any alignment), for the CPU's fast path.
+    ///
+    /// # Panics
+    /// If the bytes are not all inside RAM.
+    #[inline(always)]
+    pub fn load_le(&self, off: usize, size: u8) -> u64 {
+        assert!(off.checked_add(size as usize).is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (checked above); unaligned reads of plain bytes.
+        unsafe {
+            let p = self.bytes.add(off);
+            match size {
+                1 => *p as u64,
+                2 => u16::from_le(std::ptr::read_unaligned(p as *const u16)) as u64,
+                4 => u32::from_le(std::ptr::read_unaligned(p as *const u32)) as u64,
+                _ => u64::from_le(std::ptr::read_unaligned(p as *const u64)),
+            }
+        }
+    }
+
+    /// Writes the low `size` bytes of `v` little-endian at RAM offset
+    /// `off`, without marking anything: the CPU's fast path, under the
+    /// rules of [`GuestRam::host_ptr`].
+    ///
+    /// # Panics
+    /// If the bytes are not all inside RAM.
+    #[inline(always)]
+    pub fn store_le_untracked(&self, off: usize, size: u8, v: u64) {
+        assert!(off.checked_add(size as usize).is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (checked above); unaligned writes of plain bytes
+        // through the allocation's own pointer.
+        unsafe {
+            let p = self.bytes.add(off);
+            match size {
+                1 => *p = v as u8,
+                2 => std::ptr::write_unaligned(p as *mut u16, (v as u16).to_le()),
+                4 => std::ptr::write_unaligned(p as *mut u32, (v as u32).to_le()),
+                _ => std::ptr::write_unaligned(p as *mut u64, v.to_le()),
+            }
+        }
+    }
+
+    /// Fills `len` bytes at RAM offset `off` with zeros, without marking
+    /// anything (the rules of [`GuestRam::host_ptr`]).
+    ///
+    /// # Panics
+    /// If the bytes are not all inside RAM.
+    pub fn zero_untracked(&self, off: usize, len: usize) {
+        assert!(off.checked_add(len).is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (checked above).
+        unsafe { std::ptr::write_bytes(self.bytes.add(off), 0, len) }
+    }
+
+    /// The aligned `size`-byte word (4 or 8) at RAM offset `off` as an
+    /// atomic, for atomic memory operations that other harts' accesses
+    /// must not split.
+    ///
+    /// # Panics
+    /// If the word is not inside RAM or not aligned to its size.
+    pub fn atomic_u64(&self, off: usize) -> &AtomicU64 {
+        assert!(off.is_multiple_of(8) && off.checked_add(8).is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds and aligned (checked above); AtomicU64 has the
+        // layout of u64, and every byte of RAM may be shared.
+        unsafe { AtomicU64::from_ptr(self.bytes.add(off) as *mut u64) }
+    }
+
+    /// As [`GuestRam::atomic_u64`] for a 4-byte word.
+    ///
+    /// # Panics
+    /// If the word is not inside RAM or not aligned to its size.
+    pub fn atomic_u32(&self, off: usize) -> &std::sync::atomic::AtomicU32 {
+        assert!(off.is_multiple_of(4) && off.checked_add(4).is_some_and(|end| end <= self.len));
+        // SAFETY: as in `atomic_u64`.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.bytes.add(off) as *mut u32) }
     }
 
     /// Whether writes mark pages dirty.
@@ -197,18 +323,18 @@ impl GuestRam {
     /// byte offset into RAM (not a guest address). Does nothing while
     /// tracking is off.
     #[inline]
-    pub fn mark_dirty_offset(&mut self, off: usize, len: usize) {
+    pub fn mark_dirty_offset(&self, off: usize, len: usize) {
         if !self.tracking || len == 0 {
             return;
         }
         let first = off >> PAGE_SHIFT;
         let last = (off + len - 1) >> PAGE_SHIFT;
         for p in first..=last {
-            self.dirty[p >> 6] |= 1u64 << (p & 63);
+            set_bit(&self.dirty, p);
         }
-        if let Some(view) = &mut self.view {
+        if let Some(view) = &self.view {
             for p in first..=last {
-                view[p >> 6] |= 1u64 << (p & 63);
+                set_bit(view, p);
             }
         }
     }
@@ -216,7 +342,7 @@ impl GuestRam {
     /// What a write into `[off, off+len)` changes besides the bytes: the
     /// pages are dirty, and code no longer.
     #[inline]
-    fn written(&mut self, off: usize, len: usize) {
+    fn written(&self, off: usize, len: usize) {
         self.mark_dirty_offset(off, len);
         self.code_written(off, len);
     }
@@ -224,15 +350,22 @@ impl GuestRam {
     /// Ends the time as code of every page in `[off, off+len)` that is
     /// code: what was decoded from it may be stale now.
     #[inline]
-    fn code_written(&mut self, off: usize, len: usize) {
+    fn code_written(&self, off: usize, len: usize) {
         if len == 0 {
             return;
         }
         for p in off >> PAGE_SHIFT..=(off + len - 1) >> PAGE_SHIFT {
-            let state = &mut self.code[p];
-            if *state & CODE != 0 {
-                *state = (*state & !(CODE | STORE_CACHED)) + CODE_WRITTEN;
-                self.code_stats.code_written += 1;
+            let state = &self.code[p];
+            // Checked first: most writes are to pages that are not code,
+            // and a plain load costs less than an update.
+            if state.load(Relaxed) & CODE != 0
+                && state
+                    .fetch_update(Relaxed, Relaxed, |s| {
+                        (s & CODE != 0).then(|| (s & !(CODE | STORE_CACHED)) + CODE_WRITTEN)
+                    })
+                    .is_ok()
+            {
+                self.code_stats[1].fetch_add(1, Relaxed);
             }
         }
     }
@@ -242,13 +375,15 @@ impl GuestRam {
     /// the state is unchanged. Code states are odd (they have [`CODE`]).
     #[inline(always)]
     pub fn code_state(&self, off: usize) -> u64 {
-        self.code[off >> PAGE_SHIFT]
+        self.code[off >> PAGE_SHIFT].load(Relaxed)
     }
 
     /// The code states, one `u64` per page, for translated code that
     /// compares a block's state as [`GuestRam::code_state`] does.
     pub fn code_states(&self) -> *const u64 {
-        self.code.as_ptr()
+        // AtomicU64 has the layout of u64; translated code's plain loads
+        // are what a relaxed load compiles to.
+        self.code.as_ptr() as *const u64
     }
 
     /// Instructions are being decoded from the page at RAM offset `off`:
@@ -270,16 +405,16 @@ impl GuestRam {
     /// and one `u64` a page keeps the check to a compare: 64 bits, so
     /// that no count of writes a guest could make brings a state back.)
     #[inline]
-    pub fn begin_code(&mut self, off: usize) -> bool {
-        let state = &mut self.code[off >> PAGE_SHIFT];
-        if *state & CODE != 0 {
+    pub fn begin_code(&self, off: usize) -> bool {
+        let state = &self.code[off >> PAGE_SHIFT];
+        let Ok(was) = state.fetch_update(Relaxed, Relaxed, |s| (s & CODE == 0).then_some((s & !STORE_CACHED) | CODE))
+        else {
             return false;
-        }
-        let purge = *state & STORE_CACHED != 0;
-        *state = (*state & !STORE_CACHED) | CODE;
-        self.code_stats.became_code += 1;
+        };
+        let purge = was & STORE_CACHED != 0;
+        self.code_stats[0].fetch_add(1, Relaxed);
         if purge {
-            self.code_purges += 1;
+            self.code_purges.fetch_add(1, Relaxed);
         }
         purge
     }
@@ -288,10 +423,10 @@ impl GuestRam {
     /// it, which is about to be written): it is code no longer, and it
     /// is marked dirty.
     #[inline]
-    pub fn store_cached(&mut self, off: usize) {
+    pub fn store_cached(&self, off: usize) {
         let page = off & !(PAGE_SIZE as usize - 1);
         self.written(page, PAGE_SIZE as usize);
-        self.code[page >> PAGE_SHIFT] |= STORE_CACHED;
+        self.code[page >> PAGE_SHIFT].fetch_or(STORE_CACHED, Relaxed);
     }
 
     /// How many times a page that a store TLB may hold became code: a
@@ -299,12 +434,12 @@ impl GuestRam {
     /// TLB before it stores again.
     #[inline(always)]
     pub fn code_purges(&self) -> u64 {
-        self.code_purges
+        self.code_purges.load(Relaxed)
     }
 
     /// What the code states saw so far.
     pub fn code_stats(&self) -> CodeStats {
-        self.code_stats
+        CodeStats { became_code: self.code_stats[0].load(Relaxed), code_written: self.code_stats[1].load(Relaxed) }
     }
 
     /// A second reader of the pages written from now on (a running VM's
@@ -312,7 +447,7 @@ impl GuestRam {
     /// first set for its checkpoints or state digests): its own set, taken
     /// with [`GuestRam::take_view`] whatever [`GuestRam::take_dirty`] took.
     pub fn start_view(&mut self) {
-        self.view = Some(vec![0u64; self.dirty.len()]);
+        self.view = Some(atomic_words(self.dirty.len()));
     }
 
     /// The pages written since the view started or was last taken (empty
@@ -320,7 +455,7 @@ impl GuestRam {
     /// "this page is marked" (a store TLB) must forget it.
     pub fn take_view(&mut self) -> Vec<u64> {
         let base_pfn = self.base >> PAGE_SHIFT;
-        let Some(view) = &mut self.view else { return Vec::new() };
+        let Some(view) = &self.view else { return Vec::new() };
         take_bits(view, base_pfn)
     }
 
@@ -332,15 +467,19 @@ impl GuestRam {
     /// Copies `buf.len()` bytes at guest address `addr` into `buf`.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
-        buf.copy_from_slice(&self.bytes[off..off + buf.len()]);
+        // SAFETY: `offset_of` checked the range; `buf` is not guest RAM.
+        unsafe { std::ptr::copy_nonoverlapping(self.bytes.add(off), buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
 
     /// Copies `buf` to guest address `addr` and marks the pages it
     /// touches dirty.
-    pub fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), OutOfRange> {
+    pub fn write(&self, addr: u64, buf: &[u8]) -> Result<(), OutOfRange> {
         let off = self.offset_of(addr, buf.len() as u64).ok_or(OutOfRange { addr, len: buf.len() as u64 })?;
-        self.bytes[off..off + buf.len()].copy_from_slice(buf);
+        // SAFETY: `offset_of` checked the range. `buf` may be a slice of
+        // this RAM itself (`slice` lends one while `&self` is shared):
+        // `copy` allows the overlap.
+        unsafe { std::ptr::copy(buf.as_ptr(), self.bytes.add(off), buf.len()) };
         self.written(off, buf.len());
         Ok(())
     }
@@ -348,14 +487,14 @@ impl GuestRam {
     /// Borrow a guest range for reading without copying (device DMA out).
     pub fn slice(&self, addr: u64, len: u64) -> Result<&[u8], OutOfRange> {
         let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
-        Ok(&self.bytes[off..off + len as usize])
+        Ok(&self.as_slice()[off..off + len as usize])
     }
 
     /// Borrow a guest range for writing (device DMA in); marks it dirty.
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], OutOfRange> {
         let off = self.offset_of(addr, len).ok_or(OutOfRange { addr, len })?;
         self.written(off, len as usize);
-        Ok(&mut self.bytes[off..off + len as usize])
+        Ok(&mut self.as_mut_slice_untracked()[off..off + len as usize])
     }
 
     /// The little-endian u16 at guest address `addr`; any alignment.
@@ -381,41 +520,71 @@ impl GuestRam {
 
     /// Writes `v` little-endian at guest address `addr`, any alignment,
     /// and marks its pages dirty.
-    pub fn write_u16(&mut self, addr: u64, v: u16) -> Result<(), OutOfRange> {
+    pub fn write_u16(&self, addr: u64, v: u16) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
     }
 
     /// Writes `v` little-endian at guest address `addr`, any alignment,
     /// and marks its pages dirty.
-    pub fn write_u32(&mut self, addr: u64, v: u32) -> Result<(), OutOfRange> {
+    pub fn write_u32(&self, addr: u64, v: u32) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
     }
 
     /// Writes `v` little-endian at guest address `addr`, any alignment,
     /// and marks its pages dirty.
-    pub fn write_u64(&mut self, addr: u64, v: u64) -> Result<(), OutOfRange> {
+    pub fn write_u64(&self, addr: u64, v: u64) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_le_bytes())
+    }
+
+    /// Replaces the aligned little-endian u64 at guest address `addr` with
+    /// `new` if it still holds `old`, atomically with respect to other
+    /// harts (a page-table walk setting accessed and dirty bits), marking
+    /// its page dirty when it does. `Ok(false)`: it held something else.
+    pub fn compare_exchange_u64(&self, addr: u64, old: u64, new: u64) -> Result<bool, OutOfRange> {
+        let off = self.offset_of(addr, 8).filter(|o| o % 8 == 0).ok_or(OutOfRange { addr, len: 8 })?;
+        let swapped = self
+            .atomic_u64(off)
+            .compare_exchange(old.to_le(), new.to_le(), std::sync::atomic::Ordering::SeqCst, Relaxed)
+            .is_ok();
+        if swapped {
+            self.written(off, 8);
+        }
+        Ok(swapped)
     }
 
     /// Guest-physical page numbers (address >> 12) written since the last
     /// call, in ascending order; resets the set.
     pub fn take_dirty(&mut self) -> Vec<u64> {
-        take_bits(&mut self.dirty, self.base >> PAGE_SHIFT)
+        take_bits(&self.dirty, self.base >> PAGE_SHIFT)
     }
 
     /// Number of pages written since the last [`GuestRam::take_dirty`],
     /// without resetting the set.
     pub fn dirty_count(&self) -> usize {
-        self.dirty.iter().map(|w| w.count_ones() as usize).sum()
+        self.dirty.iter().map(|w| w.load(Relaxed).count_ones() as usize).sum()
+    }
+}
+
+/// Sets page `p`'s bit in `bitmap`, with a read first: a page written
+/// once is written again many times, and a load costs less than a locked
+/// update.
+#[inline]
+fn set_bit(bitmap: &[AtomicU64], p: usize) {
+    let (word, bit) = (&bitmap[p >> 6], 1u64 << (p & 63));
+    if word.load(Relaxed) & bit == 0 {
+        word.fetch_or(bit, Relaxed);
     }
 }
 
 /// The page numbers of the bits set in `bitmap` (page 0 is `base_pfn`),
 /// which is cleared.
-fn take_bits(bitmap: &mut [u64], base_pfn: u64) -> Vec<u64> {
+fn take_bits(bitmap: &[AtomicU64], base_pfn: u64) -> Vec<u64> {
     let mut out = Vec::new();
-    for (i, word) in bitmap.iter_mut().enumerate() {
-        let mut w = std::mem::take(word);
+    for (i, word) in bitmap.iter().enumerate() {
+        if word.load(Relaxed) == 0 {
+            continue;
+        }
+        let mut w = word.swap(0, Relaxed);
         while w != 0 {
             let bit = w.trailing_zeros() as u64;
             out.push(base_pfn + (i as u64) * 64 + bit);
@@ -454,7 +623,7 @@ mod tests {
     /// becomes code again.
     #[test]
     fn code_states_change_when_code_is_written() {
-        let mut ram = GuestRam::new(0x8000_0000, 4 * PAGE_SIZE).unwrap();
+        let ram = GuestRam::new(0x8000_0000, 4 * PAGE_SIZE).unwrap();
         let page = PAGE_SIZE as usize;
         assert!(!ram.begin_code(page), "a fresh page is in no store TLB");
         let decoded = ram.code_state(page);

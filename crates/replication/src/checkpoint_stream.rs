@@ -69,11 +69,29 @@ pub const MAX_RECORD: u32 = 1 << 31;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
-    DiskWrite { slot: u32, offset: u64, data: Vec<u8> },
-    Checkpoint { number: u64, icount: u64, state: Vec<u8>, pages: Vec<u8> },
-    End { status: Option<u32> },
-    Pages { number: u64, pages: Vec<u8> },
-    DiskSync { slot: u32, offset: u64, data: Vec<u8> },
+    DiskWrite {
+        slot: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Checkpoint {
+        number: u64,
+        icount: u64,
+        state: Vec<u8>,
+        pages: Vec<u8>,
+    },
+    End {
+        status: Option<u32>,
+    },
+    Pages {
+        number: u64,
+        pages: Vec<u8>,
+    },
+    DiskSync {
+        slot: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
     KeepAlive,
     /// The stream ends and the VM goes on from the last checkpoint on the
     /// backup: a planned handover (the primary stopped its guest and sent
@@ -82,9 +100,17 @@ pub enum Record {
     /// A change the backup makes too (see the module's table).
     Control(Vec<u8>),
     /// A frame received while the guest ran toward checkpoint `number`.
-    Received { number: u64, slot: u32, frame: Vec<u8> },
+    Received {
+        number: u64,
+        slot: u32,
+        frame: Vec<u8>,
+    },
     /// A connection's last segment sent toward checkpoint `number`.
-    Sent { number: u64, slot: u32, frame: Vec<u8> },
+    Sent {
+        number: u64,
+        slot: u32,
+        frame: Vec<u8>,
+    },
 }
 
 /// Appends a record's bytes to `out` (one buffer, one write: the channel

@@ -7,10 +7,10 @@ use ftvm_memory::GuestRam;
 pub struct NoDevices;
 
 impl Bus for NoDevices {
-    fn read(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64) -> Option<u64> {
+    fn read(&mut self, _: &GuestRam, _: u64, _: u8, _: u64) -> Option<u64> {
         None
     }
-    fn write(&mut self, _: &mut GuestRam, _: u64, _: u8, _: u64, _: u64) -> bool {
+    fn write(&mut self, _: &GuestRam, _: u64, _: u8, _: u64, _: u64) -> bool {
         false
     }
     fn time(&mut self, _: u64) -> u64 {

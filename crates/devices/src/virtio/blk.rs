@@ -179,7 +179,7 @@ pub fn execute(op: &BlkOp, backend: &mut dyn BlockBackend) -> BlkResult {
 /// The caller decides about interrupts (the transport does, after device
 /// work). Buffers that turn out to lie outside RAM lose the data or status
 /// but the chain is still returned, so the driver never waits forever.
-pub fn complete(req: &BlkRequest, result: &BlkResult, queue: &mut Queue, ram: &mut GuestRam) {
+pub fn complete(req: &BlkRequest, result: &BlkResult, queue: &mut Queue, ram: &GuestRam) {
     let wlen: u64 = req.writable.iter().map(|d| d.len as u64).sum();
     let mut used = 0u32;
     if wlen > 0 {
@@ -315,7 +315,7 @@ impl BlkDevice {
     }
 
     /// Takes every available chain from `queue` as parsed requests.
-    pub fn take_requests(&self, queue: &mut Queue, ram: &mut GuestRam) -> Vec<BlkRequest> {
+    pub fn take_requests(&self, queue: &mut Queue, ram: &GuestRam) -> Vec<BlkRequest> {
         let mut out = Vec::new();
         // At most one ring's worth per call, so a driver that keeps adding
         // cannot keep us here; it will kick again.
@@ -330,7 +330,7 @@ impl BlkDevice {
 
     /// Step 1 for every available chain: requests that need the host go to
     /// `out` and wait in flight; the others complete now.
-    fn submit(&mut self, queue: &mut Queue, ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn submit(&mut self, queue: &mut Queue, ram: &GuestRam, out: &mut Vec<IoRequest>) {
         for req in self.take_requests(queue, ram) {
             if let BlkOp::Done { status, data } = &req.op {
                 let result = BlkResult { status: *status, data: data.clone() };
@@ -387,19 +387,13 @@ impl VirtioDevice for BlkDevice {
         self.features = features;
     }
 
-    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &GuestRam, out: &mut Vec<IoRequest>) {
         if let Some(q) = queues.get_mut(queue) {
             self.submit(q, ram, out);
         }
     }
 
-    fn complete(
-        &mut self,
-        c: IoCompletion,
-        queues: &mut [Queue],
-        ram: &mut GuestRam,
-        _out: &mut Vec<IoRequest>,
-    ) -> bool {
+    fn complete(&mut self, c: IoCompletion, queues: &mut [Queue], ram: &GuestRam, _out: &mut Vec<IoRequest>) -> bool {
         let IoCompletion::Disk { tag, result } = c else {
             return false;
         };

@@ -158,9 +158,9 @@ impl VirtioMmio {
     /// whatever interrupts it caused. Returns `None` for an empty slot.
     pub fn with_device<R>(
         &mut self,
-        ram: &mut GuestRam,
+        ram: &GuestRam,
         irq: &mut IrqLines,
-        f: impl FnOnce(&mut dyn VirtioDevice, &mut [Queue], &mut GuestRam) -> R,
+        f: impl FnOnce(&mut dyn VirtioDevice, &mut [Queue], &GuestRam) -> R,
     ) -> Option<R> {
         let dev = self.device.as_deref_mut()?;
         let r = f(dev, &mut self.queues, ram);
@@ -170,7 +170,7 @@ impl VirtioMmio {
 
     /// Applies a completion or input from the host at an instruction
     /// boundary. Returns false when the device had no use for it.
-    pub fn complete(&mut self, c: IoCompletion, ram: &mut GuestRam, irq: &mut IrqLines) -> bool {
+    pub fn complete(&mut self, c: IoCompletion, ram: &GuestRam, irq: &mut IrqLines) -> bool {
         if !self.is_live() {
             return false;
         }
@@ -295,7 +295,7 @@ impl VirtioMmio {
         }
     }
 
-    fn write_reg(&mut self, offset: u64, v: u32, ram: &mut GuestRam, irq: &mut IrqLines) {
+    fn write_reg(&mut self, offset: u64, v: u32, ram: &GuestRam, irq: &mut IrqLines) {
         if self.device.is_none() {
             return;
         }

@@ -56,13 +56,12 @@ pub trait VirtioDevice: Send {
     /// The driver kicked `queue` (which is ready). The device takes chains
     /// from it; chains it can finish at once go back to the used ring, work
     /// for the host goes to `out` (the transport raises the interrupt).
-    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>);
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &GuestRam, out: &mut Vec<IoRequest>);
     /// The host answered a request or delivered input. Returns false when
     /// the device has no use for it (an unknown tag, a device reset since
     /// the request, a frame with no receive buffer), in which case nothing
     /// changed.
-    fn complete(&mut self, c: IoCompletion, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>)
-        -> bool;
+    fn complete(&mut self, c: IoCompletion, queues: &mut [Queue], ram: &GuestRam, out: &mut Vec<IoRequest>) -> bool;
     /// Whether input (a received frame) would find a buffer now. Hosts hold
     /// input back until it does, so an injected input is never dropped.
     fn input_ready(&self, _queues: &[Queue], _ram: &GuestRam) -> bool {

@@ -80,7 +80,7 @@ impl NetDevice {
 
     /// Sends every chain the driver made available on the transmit queue
     /// and returns each at once with used length 0 (we write nothing back).
-    fn transmit(&mut self, q: &mut Queue, ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn transmit(&mut self, q: &mut Queue, ram: &GuestRam, out: &mut Vec<IoRequest>) {
         // At most one ring's worth per call, so a driver that keeps adding
         // cannot keep us here; it will kick again.
         for _ in 0..q.size.max(1) {
@@ -98,7 +98,7 @@ impl NetDevice {
 
     /// Writes `frame` behind a header into the next receive buffer.
     /// Returns false when there is no buffer (nothing changed).
-    fn receive(&mut self, frame: &[u8], q: &mut Queue, ram: &mut GuestRam) -> bool {
+    fn receive(&mut self, frame: &[u8], q: &mut Queue, ram: &GuestRam) -> bool {
         let Some(chain) = q.pop(ram) else { return false };
         let (head, used) = match chain {
             Ok(c) => (c.head, rx_write(&c, frame, ram)),
@@ -127,7 +127,7 @@ fn tx_frame(chain: Result<DescChain, ChainError>, ram: &GuestRam) -> Option<Vec<
 
 /// Writes header and frame into a receive chain; returns the used length
 /// (0 when the buffers are too small or not all in RAM: the frame is lost).
-fn rx_write(chain: &DescChain, frame: &[u8], ram: &mut GuestRam) -> u32 {
+fn rx_write(chain: &DescChain, frame: &[u8], ram: &GuestRam) -> u32 {
     let total = NET_HDR_LEN + frame.len();
     if chain.writable_len() < total as u64 {
         return 0;
@@ -179,7 +179,7 @@ impl VirtioDevice for NetDevice {
 
     /// A kick on the receive queue (new buffers) needs no work here: the
     /// host asks [`VirtioDevice::input_ready`] after the guest ran.
-    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &GuestRam, out: &mut Vec<IoRequest>) {
         if queue == TX_QUEUE {
             if let Some(q) = queues.get_mut(TX_QUEUE) {
                 self.transmit(q, ram, out);
@@ -190,13 +190,7 @@ impl VirtioDevice for NetDevice {
     /// A frame outside [`MIN_FRAME`]..=[`MAX_FRAME`] is refused (false,
     /// nothing consumed): no NIC could have received it, and refusing it
     /// keeps a receive buffer for the next real frame.
-    fn complete(
-        &mut self,
-        c: IoCompletion,
-        queues: &mut [Queue],
-        ram: &mut GuestRam,
-        _out: &mut Vec<IoRequest>,
-    ) -> bool {
+    fn complete(&mut self, c: IoCompletion, queues: &mut [Queue], ram: &GuestRam, _out: &mut Vec<IoRequest>) -> bool {
         let IoCompletion::NetRx { frame } = c else {
             return false;
         };

@@ -88,7 +88,7 @@ impl DescChain {
 /// Writes `data` into a sequence of device-writable buffers, starting
 /// `offset` bytes into them. Fails without partial effects beyond what was
 /// already written if a buffer lies outside RAM or the buffers are too short.
-pub fn write_buffers(descs: &[Desc], ram: &mut GuestRam, offset: u64, data: &[u8]) -> Result<(), OutOfRange> {
+pub fn write_buffers(descs: &[Desc], ram: &GuestRam, offset: u64, data: &[u8]) -> Result<(), OutOfRange> {
     let mut done = 0usize;
     gather(descs.iter(), offset, data.len(), |addr, n| {
         ram.write(addr, &data[done..done + n])?;
@@ -214,7 +214,7 @@ impl Queue {
 
     /// Tells an EVENT_IDX driver how far we have consumed, so it kicks us
     /// again when it adds beyond that.
-    fn publish_avail_event(&mut self, ram: &mut GuestRam) {
+    fn publish_avail_event(&mut self, ram: &GuestRam) {
         if self.event_idx {
             let at = self.used_ring.wrapping_add(4 + 8 * self.size as u64);
             if ram.write_u16(at, self.next_avail).is_err() {
@@ -230,7 +230,7 @@ impl Queue {
 
     /// Takes the next available chain. `None` when there is none, or when
     /// the queue is not ready or broken.
-    pub fn pop(&mut self, ram: &mut GuestRam) -> Option<Result<DescChain, ChainError>> {
+    pub fn pop(&mut self, ram: &GuestRam) -> Option<Result<DescChain, ChainError>> {
         if !self.ready || self.broken {
             return None;
         }
@@ -312,7 +312,7 @@ impl Queue {
     }
 
     /// Returns a chain to the driver with `len` bytes written into it.
-    pub fn add_used(&mut self, ram: &mut GuestRam, head: u16, len: u32) {
+    pub fn add_used(&mut self, ram: &GuestRam, head: u16, len: u32) {
         if !self.ready || self.broken {
             return;
         }

@@ -72,7 +72,7 @@ impl RngDevice {
         tag
     }
 
-    fn submit(&mut self, q: &mut Queue, ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn submit(&mut self, q: &mut Queue, ram: &GuestRam, out: &mut Vec<IoRequest>) {
         // At most one ring's worth per call, so a driver that keeps adding
         // cannot keep us here; it will kick again.
         for _ in 0..q.size.max(1) {
@@ -126,7 +126,7 @@ impl VirtioDevice for RngDevice {
     /// Nothing to negotiate.
     fn activate(&mut self, _features: u64) {}
 
-    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &mut GuestRam, out: &mut Vec<IoRequest>) {
+    fn queue_notify(&mut self, queue: usize, queues: &mut [Queue], ram: &GuestRam, out: &mut Vec<IoRequest>) {
         if let Some(q) = queues.get_mut(queue) {
             self.submit(q, ram, out);
         }
@@ -135,13 +135,7 @@ impl VirtioDevice for RngDevice {
     /// Bytes beyond what was asked are ignored; fewer are fine. A buffer
     /// that turns out to lie outside RAM gets nothing (used length 0) but
     /// is still returned, so the driver never waits forever.
-    fn complete(
-        &mut self,
-        c: IoCompletion,
-        queues: &mut [Queue],
-        ram: &mut GuestRam,
-        _out: &mut Vec<IoRequest>,
-    ) -> bool {
+    fn complete(&mut self, c: IoCompletion, queues: &mut [Queue], ram: &GuestRam, _out: &mut Vec<IoRequest>) -> bool {
         let IoCompletion::Entropy { tag, data } = c else {
             return false;
         };

@@ -95,7 +95,7 @@ impl TestDriver {
             match (req, self.disk.as_deref_mut()) {
                 (IoRequest::Disk { tag, op }, Some(disk)) => {
                     let result = execute(&op, disk);
-                    self.dev.complete(IoCompletion::Disk { tag, result }, &mut self.ram, &mut self.irq);
+                    self.dev.complete(IoCompletion::Disk { tag, result }, &self.ram, &mut self.irq);
                 }
                 (req, _) => self.unserved.push(req),
             }
@@ -104,7 +104,7 @@ impl TestDriver {
 
     /// Applies a completion as the machine would.
     pub fn inject(&mut self, c: IoCompletion) -> bool {
-        self.dev.complete(c, &mut self.ram, &mut self.irq)
+        self.dev.complete(c, &self.ram, &mut self.irq)
     }
 
     pub fn read_config(&mut self, off: u64, size: u8) -> u64 {
