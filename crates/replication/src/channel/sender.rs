@@ -115,6 +115,19 @@ struct SealedOut {
 }
 
 impl PrimaryShared {
+    /// A write to the backup failed with `e`. A backup that refuses to
+    /// follow says why and closes the channel, and the write that finds
+    /// it closed may come before the reader has read why: what came is
+    /// read first, and the refusal is the failure declared, not the write's
+    /// broken pipe.
+    fn write_failed(&self, e: std::io::Error, events: &dyn Fn(PrimaryEvent), fail: &dyn Fn(Failure)) {
+        let mut acks = self.acks.lock().unwrap();
+        match acks.pump(self, events) {
+            Err(f @ Failure::Refused(_)) => fail(f),
+            _ => fail(Failure::Closed(e.to_string())),
+        }
+    }
+
     /// Writes what waits in the pipe, or nothing if it is empty; the
     /// bytes are counted as sent.
     fn write_pending(&self, max: usize) -> std::io::Result<usize> {
@@ -356,13 +369,13 @@ impl LogSender {
         };
         let fail = Arc::new(fail);
         {
-            let (shared, fail) = (shared.clone(), fail.clone());
+            let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
             spawn_watcher("ft-log-send", move || {
                 while let Some(readable) = shared.pipe.wait_readable_for(shared.timing.get().interval / 2) {
                     // A waiting caller may have written them meanwhile.
                     let written = if readable { shared.write_pending(1 << 20).map(drop) } else { shared.keep_alive() };
                     if let Err(e) = written {
-                        return fail(Failure::Closed(e.to_string()));
+                        return shared.write_failed(e, &*events, &*fail);
                     }
                 }
             })?;
@@ -377,8 +390,10 @@ impl LogSender {
                 if let Err(e) = poll::wait_readable(&input, Duration::from_secs(1)) {
                     return fail(Failure::Closed(e.to_string()));
                 }
-                let pumped = shared.acks.lock().unwrap().pump(&shared, &*events);
-                if let Err(f) = pumped {
+                // Declared with the stream held, so that a write failing
+                // meanwhile finds the refusal declared (`write_failed`).
+                let mut acks = shared.acks.lock().unwrap();
+                if let Err(f) = acks.pump(&shared, &*events) {
                     return fail(f);
                 }
             })?;
@@ -485,7 +500,7 @@ impl LogSender {
         // original protocol this is on the path of every round trip.
         self.unsent_since.set(None);
         if let Err(e) = self.watch.shared.write_pending(usize::MAX) {
-            (self.fail)(Failure::Closed(e.to_string()));
+            self.watch.shared.write_failed(e, &*self.events, &*self.fail);
         }
         let deadline = Instant::now() + wait;
         // The acknowledgement of a short log comes within a round trip: we

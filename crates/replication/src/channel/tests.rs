@@ -554,3 +554,34 @@ fn silent_beats_are_a_failure_after_the_learned_timeout() {
     assert!(matches!(f, Failure::HeartbeatSilent(_)), "{f:?}");
     assert!(after < timing.timeout, "declared {after:?} after the beats stopped (learned {learned:?})");
 }
+
+/// A backup that refuses says why and closes the channel; a primary
+/// writing on finds it closed (a broken pipe) perhaps before its reader
+/// has read why. The refusal is still the failure it reports: the test
+/// of anti-affinity saw "the logging channel closed (Broken pipe)".
+#[test]
+fn a_refusal_is_the_failure_even_when_a_write_finds_the_channel_closed_first() {
+    for round in 0..10 {
+        let (addr, acc) = backup_on_loopback(1 << 20);
+        let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+        let r = acc.join().unwrap();
+        r.hold_acks();
+        r.start(Timing::DEFAULT, |_| {}).unwrap();
+        s.write_all(b"header").unwrap();
+        let refusing = std::thread::spawn(move || r.refuse("not on this host"));
+        let chunk = vec![7u8; 256 << 10];
+        let mut written = 6u64;
+        let t0 = Instant::now();
+        while s.failure().is_none() && t0.elapsed() < Duration::from_secs(20) {
+            if s.write_all(&chunk).is_ok() {
+                written += chunk.len() as u64;
+            }
+            s.wait_acked(written, Duration::from_millis(1));
+        }
+        refusing.join().unwrap();
+        match s.failure() {
+            Some(Failure::Refused(why)) => assert_eq!(why, "not on this host"),
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+}
