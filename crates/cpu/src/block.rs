@@ -493,7 +493,10 @@ impl BlockCache {
     #[inline(never)]
     fn decode(&mut self, ram: &GuestRam, tlb: &mut Tlb, i: usize, off: usize, ext: Extensions) -> Option<()> {
         if ram.begin_code(off) {
-            tlb.purge_store_page(off, ram.code_purges());
+            match tlb.parallel {
+                None => tlb.purge_store_page(off, ram.code_purges()),
+                Some(index) => tlb.purge_and_wait(ram, index, ram.code_purges()),
+            }
         }
         let old = &self.slots[i];
         if old.n != 0 && old.off != off && old.code == ram.code_state(old.off) {

@@ -796,10 +796,17 @@ impl Hart {
         let next = self.s.pc.wrapping_add(len);
         match i & 0x7f {
             0x0f => match funct3(i) {
-                // FENCE: one thread executes all harts, so memory is always
-                // coherent. FENCE.I: a block is reused only while RAM holds
-                // the bits it was decoded from, so none is ever stale.
+                // FENCE: on one thread with the other harts, memory is
+                // always coherent; beside them on threads of their own, the
+                // host's order (TSO) keeps all but a store before a load,
+                // which needs a full barrier. FENCE.I: a block is reused
+                // only while RAM holds the bits it was decoded from (with
+                // parallel harts, see `Tlb::purge_and_wait`), so none is
+                // ever stale.
                 0 | 1 => {
+                    if self.s.parallel && crate::jit::fence_needs_barrier(i) {
+                        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                    }
                     self.s.pc = next;
                     Ok(Flow::Next)
                 }

@@ -354,10 +354,30 @@ impl Hart {
     /// Returns the number of steps and why it stopped. A slice always stops
     /// at an instruction boundary.
     pub fn run(&mut self, ram: &GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
-        let mut steps = 0u64;
         // Pages another hart made code must leave the store TLB before
         // this hart stores again.
-        self.tlb.catch_up(ram.code_purges());
+        let purges = ram.code_purges();
+        self.tlb.catch_up(purges);
+        let Some(index) = self.tlb.parallel else { return self.run_slice(ram, bus, budget) };
+        // Beside other harts' threads, they may wait for this (see
+        // `Tlb::purge_and_wait`).
+        ram.publish_store_tlb(index, purges);
+        let out = self.run_slice(ram, bus, budget);
+        ram.publish_store_tlb(index, u64::MAX);
+        out
+    }
+
+    /// Runs this hart on its own host thread beside the machine's other
+    /// harts (`on`), or on the machine's one thread with them: see
+    /// [`HartState::parallel`] and [`Tlb::purge_and_wait`]. Nothing of the
+    /// hart's state changes.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.s.parallel = on;
+        self.tlb.parallel = on.then_some(self.s.id as usize);
+    }
+
+    fn run_slice(&mut self, ram: &GuestRam, bus: &mut dyn Bus, budget: u64) -> (u64, Exit) {
+        let mut steps = 0u64;
         loop {
             if let Some(irq) = self.pending_interrupt() {
                 self.s.wfi = false;

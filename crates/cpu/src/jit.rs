@@ -239,6 +239,14 @@ unsafe extern "sysv64" fn amo_helper(s: *mut HartState, ram: *mut u8, off: u64, 
     s.sc_or_amo(ram, off, insn, src).expect("only valid SCs and AMOs are translated")
 }
 
+/// Whether FENCE `insn` orders stores before loads (predecessor set has
+/// W, successor set has R): the only order a host with x86's (TSO) does
+/// not keep by itself. FENCE.I orders nothing in memory, and FENCE.TSO
+/// (fm 1000) nothing beyond TSO.
+pub(crate) fn fence_needs_barrier(insn: u32) -> bool {
+    (insn >> 12) & 7 == 0 && insn >> 28 != 0b1000 && insn >> 24 & 1 != 0 && insn >> 21 & 1 != 0
+}
+
 /// Host registers (x86-64 encodings). rdi holds the guest register file,
 /// rsi the context; rax, rcx, rdx and r11 are scratch.
 const RAX: u8 = 0;
@@ -1133,6 +1141,15 @@ impl Emitter {
             // The last of its block (the general executor's): the block
             // leaves to the next instruction after it.
             Other => match general(d.insn) {
+                // A fence that orders earlier stores before later loads
+                // (Linux's smp_mb) is the one x86's own order (TSO) does
+                // not give: harts on threads of their own need a locked
+                // instruction for it, a cheaper full barrier than mfence.
+                // Emitted whatever the mode: a translation may outlive a
+                // change of mode, and such fences are rare.
+                Some(General::Fence) if fence_needs_barrier(d.insn) => {
+                    dynasm!(self.ops ; .arch x64 ; lock or DWORD [rsp], 0);
+                }
                 Some(General::Fence) => {}
                 Some(General::ScAmo) => self.sc_amo(k, d),
                 Some(General::FpCsr) => self.fp_csr(k, d),
@@ -2379,5 +2396,24 @@ impl Emitter {
             ; and edx, 0xfff
             ; add rdx, QWORD [rcx + TLB_OFF]
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Only a fence ordering stores before loads needs the host's barrier
+    /// (Linux's smp_mb, `fence rw,rw`); its acquire and release fences
+    /// (`fence r,rw`, `fence rw,w`), `fence.tso` and `fence.i` do not.
+    #[test]
+    fn only_a_store_to_load_fence_needs_a_barrier() {
+        let fence = |pred: u32, succ: u32| pred << 24 | succ << 20 | 0x0f;
+        const R: u32 = 2;
+        const W: u32 = 1;
+        assert!(super::fence_needs_barrier(fence(R | W, R | W)));
+        assert!(super::fence_needs_barrier(fence(W, R)));
+        assert!(!super::fence_needs_barrier(fence(R, R | W)));
+        assert!(!super::fence_needs_barrier(fence(R | W, W)));
+        assert!(!super::fence_needs_barrier(0x8330_000f), "fence.tso");
+        assert!(!super::fence_needs_barrier(0x0000_100f), "fence.i");
     }
 }

@@ -59,6 +59,9 @@ pub(crate) struct Tlb {
     /// The RAM's [`GuestRam::code_purges`] when the store side last caught
     /// up with it.
     code_purges_seen: u64,
+    /// This hart's index among harts that run on their own host threads
+    /// (see [`Tlb::purge_and_wait`]); None on a machine's one thread.
+    pub(crate) parallel: Option<usize>,
 }
 
 const NO_SUPERPAGES: (u64, u64) = (u64::MAX, 0);
@@ -74,6 +77,7 @@ impl Tlb {
             leaf_bits: [[12; TLB_SIZE]; 3],
             superpages: NO_SUPERPAGES,
             code_purges_seen: 0,
+            parallel: None,
         }
     }
 
@@ -98,6 +102,31 @@ impl Tlb {
         if purges != self.code_purges_seen {
             self.flush_stores();
             self.code_purges_seen = purges;
+        }
+    }
+
+    /// A page became code while some store TLB could hold it (`purges`,
+    /// the RAM's count with it), and this hart runs beside others on their
+    /// own threads (`parallel`), which catch up only when their next slice
+    /// begins: until every one has, one of them could still write the page
+    /// without changing its code state. So this hart drops its whole store
+    /// side (purges of other harts may have come between), says so, and
+    /// waits until all the others have caught up (or run no slice) before
+    /// it decodes. Two harts waiting so each publish as they wait, so
+    /// neither waits for the other. The wait lasts at most another hart's
+    /// slice, and only for a page written through a store TLB and then run.
+    pub fn purge_and_wait(&mut self, ram: &GuestRam, index: usize, purges: u64) {
+        loop {
+            let now = ram.code_purges();
+            if now != self.code_purges_seen {
+                self.flush_stores();
+                self.code_purges_seen = now;
+            }
+            ram.publish_store_tlb(index, now);
+            if ram.store_tlbs_caught_up(index, purges) {
+                return;
+            }
+            std::thread::yield_now();
         }
     }
 

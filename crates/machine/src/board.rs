@@ -18,6 +18,7 @@ use ftvm_devices::virtio::rng::RngDevice;
 use ftvm_devices::virtio::{VirtioDevice, VirtioMmio};
 use ftvm_devices::{DeviceCtx, IoCompletion, IoRequest, IrqLines, MmioDevice};
 use ftvm_memory::GuestRam;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerRequest {
@@ -281,12 +282,43 @@ pub struct HartBus<'a> {
     board: &'a mut Board,
     clock: &'a VirtualClock,
     slice_start: u64,
+    /// Harts on their own threads: the latest time any of them read,
+    /// which no later read goes below (see [`HartBus::time_floor`]).
+    floor: Option<&'a AtomicU64>,
 }
 
 impl<'a> HartBus<'a> {
     pub fn new(board: &'a mut Board, clock: &'a VirtualClock, slice_start: u64) -> HartBus<'a> {
-        HartBus { board, clock, slice_start }
+        HartBus { board, clock, slice_start, floor: None }
     }
+
+    /// For a hart beside others on their own threads, whose slices started
+    /// at instruction counts that do not say in what order their reads
+    /// come: a hart's time is the machine's count when its slice began
+    /// plus its own progress, which can be behind what another hart read
+    /// a moment before. Every read here moves `floor` up to what it
+    /// returns and returns at least `floor`, so time never goes back from
+    /// one hart to another (Linux's timekeeping takes a step back for a
+    /// jump of centuries ahead).
+    pub fn time_floor(mut self, floor: &'a AtomicU64) -> HartBus<'a> {
+        self.floor = Some(floor);
+        self
+    }
+
+    /// The platform timer at step `progress` of the slice.
+    fn now(&self, progress: u64) -> u64 {
+        let t = self.clock.ticks_at(self.slice_start + progress);
+        match self.floor {
+            None => t,
+            Some(floor) => time_at_least(floor, t),
+        }
+    }
+}
+
+/// `t`, or the latest time read on `floor` if that is later; moves
+/// `floor` up to what it returns (see [`HartBus::time_floor`]).
+pub(crate) fn time_at_least(floor: &AtomicU64, t: u64) -> u64 {
+    floor.fetch_max(t, Ordering::SeqCst).max(t)
 }
 
 fn within(addr: u64, base: u64, size: u64) -> Option<u64> {
@@ -295,10 +327,11 @@ fn within(addr: u64, base: u64, size: u64) -> Option<u64> {
 
 impl Bus for HartBus<'_> {
     fn read(&mut self, ram: &GuestRam, paddr: u64, size: u8, progress: u64) -> Option<u64> {
+        let now = self.now(progress);
         let b = &mut *self.board;
         let mut ctx = DeviceCtx { ram, irq: &mut b.irq };
         if let Some(off) = within(paddr, CLINT_BASE, CLINT_SIZE) {
-            return Some(b.clint.read(off, size, self.clock.ticks_at(self.slice_start + progress)));
+            return Some(b.clint.read(off, size, now));
         }
         if let Some(off) = within(paddr, PLIC_BASE, PLIC_SIZE) {
             b.plic.update(*ctx.irq);
@@ -311,7 +344,7 @@ impl Bus for HartBus<'_> {
             return Some(b.syscon.read(off, size, &mut ctx));
         }
         if let Some(off) = within(paddr, RTC_BASE, RTC_SIZE) {
-            return Some(b.rtc.read(off, size, self.clock.ticks_at(self.slice_start + progress)));
+            return Some(b.rtc.read(off, size, now));
         }
         if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
             let slot = (off / VIRTIO_STRIDE) as usize;
@@ -325,6 +358,7 @@ impl Bus for HartBus<'_> {
     }
 
     fn write(&mut self, ram: &GuestRam, paddr: u64, size: u8, value: u64, progress: u64) -> bool {
+        let now = self.now(progress);
         let b = &mut *self.board;
         let mut ctx = DeviceCtx { ram, irq: &mut b.irq };
         if let Some(off) = within(paddr, CLINT_BASE, CLINT_SIZE) {
@@ -337,7 +371,7 @@ impl Bus for HartBus<'_> {
         } else if let Some(off) = within(paddr, SYSCON_BASE, SYSCON_SIZE) {
             b.syscon.write(off, size, value, &mut ctx);
         } else if let Some(off) = within(paddr, RTC_BASE, RTC_SIZE) {
-            b.rtc.write(off, size, value, self.clock.ticks_at(self.slice_start + progress), ctx.irq);
+            b.rtc.write(off, size, value, now, ctx.irq);
         } else if let Some(off) = within(paddr, VIRTIO_BASE, VIRTIO_STRIDE * VIRTIO_SLOTS as u64) {
             // Writes to empty slots are ignored.
             if let Some(dev) = b.virtio.get_mut((off / VIRTIO_STRIDE) as usize) {
@@ -350,6 +384,6 @@ impl Bus for HartBus<'_> {
     }
 
     fn time(&mut self, progress: u64) -> u64 {
-        self.clock.ticks_at(self.slice_start + progress)
+        self.now(progress)
     }
 }

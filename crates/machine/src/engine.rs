@@ -59,6 +59,14 @@ pub trait Engine {
     fn io_in_flight(&self) -> Vec<(usize, IoRequest)>;
     /// Whether any device waits for the host to complete a request.
     fn io_pending(&self) -> bool;
+    /// Runs the harts in parallel on host threads of their own (`on`), or
+    /// all on the caller's thread (the default), where runs are exact: see
+    /// [`Machine::set_parallel`]. A host asks for parallel only while
+    /// nothing needs the run to be repeated.
+    fn set_parallel(&mut self, on: bool);
+    /// The host CPU time the last run took on the busiest of the harts'
+    /// own threads (None: the caller's thread ran it all).
+    fn run_cpu_time(&self) -> Option<std::time::Duration>;
     /// Whether the device in `slot` would take input (a frame) now.
     fn input_ready(&self, slot: usize) -> bool;
     /// How many console input bytes the guest can take now.
@@ -133,6 +141,12 @@ impl Engine for Machine {
     }
     fn io_pending(&self) -> bool {
         Machine::io_pending(self)
+    }
+    fn set_parallel(&mut self, on: bool) {
+        Machine::set_parallel(self, on)
+    }
+    fn run_cpu_time(&self) -> Option<std::time::Duration> {
+        Machine::run_cpu_time(self)
     }
     fn input_ready(&self, slot: usize) -> bool {
         Machine::input_ready(self, slot)

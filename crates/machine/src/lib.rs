@@ -16,6 +16,7 @@ pub mod layout;
 pub mod loader;
 pub mod mac;
 mod machine;
+pub mod parallel;
 pub mod snapshot;
 pub mod snapshot_file;
 

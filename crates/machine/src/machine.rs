@@ -7,6 +7,8 @@
 //! Several harts share one host thread in a fixed round-robin of quanta.
 //! The schedule depends only on machine state, never on where a caller
 //! asked `run_until` to stop: a hart's unfinished quantum carries over.
+//! A machine that need not repeat its run runs them on their own threads
+//! instead ([`Machine::set_parallel`], `crate::parallel`).
 
 use crate::board::{Board, BoardError, HartBus, PowerRequest};
 use crate::clock::VirtualClock;
@@ -164,6 +166,13 @@ pub struct Machine {
     icount: u64,
     current: usize,
     quantum_left: u64,
+    /// Whether the harts run on their own host threads (see
+    /// [`Machine::set_parallel`]).
+    parallel: bool,
+    /// See [`Machine::run_cpu_time`].
+    run_cpu: Option<std::time::Duration>,
+    /// The threads parallel harts run on, made when first needed.
+    hart_threads: Option<crate::parallel::HartThreads>,
 }
 
 impl Machine {
@@ -211,6 +220,9 @@ impl Machine {
             icount: 0,
             current: 0,
             quantum_left: QUANTUM,
+            parallel: false,
+            run_cpu: None,
+            hart_threads: None,
         })
     }
 
@@ -327,6 +339,9 @@ impl Machine {
             icount: d.icount,
             current: d.current as usize,
             quantum_left: d.quantum_left,
+            parallel: false,
+            run_cpu: None,
+            hart_threads: None,
         })
     }
 
@@ -512,10 +527,45 @@ impl Machine {
         self.harts.iter().filter_map(Hart::stimecmp_deadline).filter(|&t| t > now && t != u64::MAX).min()
     }
 
+    /// Runs the harts on their own host threads (`on`), each on a host
+    /// core if there are enough, or all on the caller's thread in the
+    /// deterministic round-robin (the default). In parallel, a run is no
+    /// longer a function of the state and the events injected: the
+    /// instruction at which one hart sees another's store or interrupt
+    /// depends on the host's timing, and `run_until` may pass its target
+    /// by up to [`crate::parallel::SLICE`] steps a hart. For a VM that is
+    /// neither recorded nor replayed (a plain run, a checkpointed
+    /// primary); a machine switched back runs deterministically from the
+    /// state it is in. Nothing changes with one hart.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.parallel = on;
+        if on && self.harts.len() > 1 && self.hart_threads.is_none() {
+            self.hart_threads = Some(crate::parallel::HartThreads::new(self.harts.len()));
+        }
+        for h in &mut self.harts {
+            h.set_parallel(on);
+        }
+    }
+
+    /// Whether the harts run on their own threads ([`Machine::set_parallel`]).
+    pub fn parallel(&self) -> bool {
+        self.parallel
+    }
+
+    /// The host CPU time the last [`Machine::run_until`] took on the hart
+    /// thread that spent the most, when the harts ran on threads of their
+    /// own; None when the caller's thread ran them all (its own CPU time
+    /// says). What a host measures its speed of execution by: less than
+    /// the wall time whenever the host took a core away.
+    pub fn run_cpu_time(&self) -> Option<std::time::Duration> {
+        self.run_cpu
+    }
+
     /// Run until the instruction count reaches `target` or the machine
     /// stops, idles or powers off.
     pub fn run_until(&mut self, target: u64) -> RunExit {
         let n = self.harts.len();
+        self.run_cpu = None;
         loop {
             if let Some(req) = self.board.power_request() {
                 return match req {
@@ -537,6 +587,22 @@ impl Machine {
                 let sstc = self.stimecmp_after(self.clock.ticks_at(self.icount));
                 let wake_at = [self.board.next_timer_deadline(), sstc].into_iter().flatten().min();
                 return RunExit::Idle { wake_at };
+            }
+            if let (true, Some(threads)) = (self.parallel && n > 1, &self.hart_threads) {
+                // The threads stop where one of them saw a reason to; the
+                // checks above take it (or find none and go on).
+                let (icount, cpu) = crate::parallel::run(
+                    threads,
+                    &mut self.harts,
+                    &self.ram,
+                    &mut self.board,
+                    &self.clock,
+                    self.icount,
+                    target,
+                );
+                self.icount = icount;
+                *self.run_cpu.get_or_insert_default() += cpu;
+                continue;
             }
             if self.quantum_left == 0 || !runnable(&self.harts[self.current]) {
                 self.current = (self.current + 1) % n;

@@ -106,7 +106,14 @@ pub struct GuestRam {
     code_purges: AtomicU64,
     /// See [`CodeStats`]: became_code, code_written.
     code_stats: [AtomicU64; 2],
+    /// Each parallel hart's store TLB: the [`GuestRam::code_purges`] it
+    /// caught up with, or `u64::MAX` while it runs no slice (it catches up
+    /// before it stores again). See [`GuestRam::publish_store_tlb`].
+    store_tlbs: [AtomicU64; MAX_STORE_TLBS],
 }
+
+/// How many store TLBs (harts) [`GuestRam::publish_store_tlb`] keeps.
+pub const MAX_STORE_TLBS: usize = 8;
 
 // SAFETY: the bytes behind `bytes` are owned by this value alone (nothing
 // else frees or moves them), every access to them goes through the raw
@@ -173,6 +180,7 @@ impl GuestRam {
             code: atomic_words(pages),
             code_purges: AtomicU64::new(0),
             code_stats: [AtomicU64::new(0), AtomicU64::new(0)],
+            store_tlbs: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         })
     }
 
@@ -414,7 +422,7 @@ impl GuestRam {
         let purge = was & STORE_CACHED != 0;
         self.code_stats[0].fetch_add(1, Relaxed);
         if purge {
-            self.code_purges.fetch_add(1, Relaxed);
+            self.code_purges.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         purge
     }
@@ -434,7 +442,28 @@ impl GuestRam {
     /// TLB before it stores again.
     #[inline(always)]
     pub fn code_purges(&self) -> u64 {
-        self.code_purges.load(Relaxed)
+        self.code_purges.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Hart `index`, one of several running on their own host threads,
+    /// says its store TLB holds no page that became code before purge
+    /// count `seen` (it dropped its store side when it saw that count), or
+    /// with `u64::MAX` that it runs no slice now and will catch up before
+    /// it stores again. A hart on one thread with the others has no need:
+    /// they catch up when their turn begins, before any of them stores.
+    pub fn publish_store_tlb(&self, index: usize, seen: u64) {
+        self.store_tlbs[index].store(seen, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether every parallel hart but `index` caught up with purge count
+    /// `purges` (or runs no slice): from then on, a page that became code
+    /// before that count is written only through paths that change its
+    /// code state, so what is decoded from it now stays exact.
+    pub fn store_tlbs_caught_up(&self, index: usize, purges: u64) -> bool {
+        self.store_tlbs
+            .iter()
+            .enumerate()
+            .all(|(i, seen)| i == index || seen.load(std::sync::atomic::Ordering::SeqCst) >= purges)
     }
 
     /// What the code states saw so far.

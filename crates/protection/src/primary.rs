@@ -96,6 +96,14 @@ pub trait Primary<E: Engine> {
         look_at
     }
 
+    /// Whether the machine must run deterministically (its harts in the
+    /// exact round-robin on one thread) for this side: a log replayed by
+    /// a backup needs it; checkpoints, which carry the state itself, do
+    /// not, and let the harts run in parallel.
+    fn needs_determinism(&self) -> bool {
+        true
+    }
+
     /// Before the machine runs on (also while paused): close what the
     /// stream owes for the instructions run so far.
     fn before_run(&mut self, m: &mut E, paused: bool) -> Result<(), ProtectionError>;

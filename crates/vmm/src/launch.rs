@@ -120,6 +120,24 @@ pub struct RunArgs {
     /// migration need); off, stores cost nothing extra.
     #[arg(long)]
     pub dirty_tracking: bool,
+    /// Where the harts run: `single`, all on one host thread in turns;
+    /// `multi`, each on a host thread of its own, in parallel, whenever
+    /// the run need not be repeatable (a plain VM, a checkpointed primary;
+    /// a recording, lockstep and epochs always run them on one thread, as
+    /// does a CPU limit). QEMU's `-accel tcg,thread=single|multi`. Single
+    /// is the default: on a 2-core host multi measured slower for most of
+    /// bench/userland (docs/PERFORMANCE.md).
+    #[arg(long, value_enum, default_value_t = HartThreads::Single)]
+    pub hart_threads: HartThreads,
+}
+
+/// `--hart-threads`: where a VM's harts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HartThreads {
+    /// All on one host thread, in a fixed round-robin.
+    Single,
+    /// Each on a host thread of its own when nothing needs the run exact.
+    Multi,
 }
 
 /// `--stop-timeout`'s default: a guest syncs and powers off in a few
@@ -507,6 +525,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         stop_timeout: Duration::from_secs(args.stop_timeout),
         disk_keepers: overlay.iter().map(Overlay::keeper).collect(),
         cpu_limit: args.cpu_limit.filter(|&p| p < 100),
+        parallel_harts: args.hart_threads == HartThreads::Multi,
     };
     // A plain VM, and a primary whose backup is lost, can be given one
     // while it runs; a recording cannot (its log is the file's).

@@ -142,6 +142,9 @@ pub struct Options {
     pub disk_keepers: Vec<crate::overlay::Keeper>,
     /// The VM's CPU limit, in percent of one host core (None: none).
     pub cpu_limit: Option<u8>,
+    /// Whether the harts may run in parallel on threads of their own
+    /// (`--hart-threads multi`) when nothing needs the run exact.
+    pub parallel_harts: bool,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -307,6 +310,8 @@ struct Live<E: Engine> {
     /// A protected VM's transfer to a new backup (the backup moves): the
     /// pair in force goes on meanwhile, and ends in the final pause.
     moving: Option<Box<dyn Primary<E>>>,
+    /// Whether the machine's harts run in parallel (`choose_parallel`).
+    parallel: bool,
     /// An `unprotect` asked for, whose answer waits here: it happens
     /// where the machine next stands where inputs may be delivered.
     unprotect_asked: Option<Sender<Response>>,
@@ -366,6 +371,7 @@ pub fn run<E: Engine>(
         protect_reply: None,
         unprotect_asked: None,
         moving: None,
+        parallel: false,
         terminate_signal: signal_hook::consts::SIGTERM,
         stopping: None,
         cpu_duty: DutyCycle::default(),
@@ -422,10 +428,12 @@ impl<E: Engine> Live<E> {
             if let Some(p) = &mut self.primary {
                 p.before_run(&mut self.m, self.paused)?;
             }
+            self.choose_parallel();
             let (started, cpu_before) = (Instant::now(), thread_cpu_time());
             let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
-            self.pacer.ran(thread_cpu_time().saturating_sub(cpu_before));
+            let cpu = thread_cpu_time().saturating_sub(cpu_before);
+            self.pacer.ran(self.m.run_cpu_time().map_or(cpu, |busiest| busiest.max(cpu)));
             let injected_before = self.injected;
             if let (Some(exit), Some(t)) = (&exit, &mut self.moving) {
                 // A transfer delivers no inputs: it only notes where the
@@ -604,6 +612,21 @@ impl<E: Engine> Live<E> {
             }
         }
         Ok(Next::Continue)
+    }
+
+    /// Runs the harts in parallel whenever nothing needs the run to be
+    /// repeatable (no recording, no replaying backup, no transfer under
+    /// way) and no CPU limit holds the VM to a share of one core (the
+    /// limit's pauses are measured on this thread).
+    fn choose_parallel(&mut self) {
+        let on = self.opts.parallel_harts
+            && self.opts.cpu_limit.is_none()
+            && self.moving.is_none()
+            && self.primary.as_ref().is_none_or(|p| !p.needs_determinism());
+        if on != self.parallel {
+            self.parallel = on;
+            self.m.set_parallel(on);
+        }
     }
 
     fn run_target(&self) -> u64 {

@@ -268,6 +268,8 @@ pub fn go_live(
         stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
         disk_keepers: Vec::new(),
         cpu_limit: setup.cpu_limit,
+        // Gone live, it is a VM like any other, with the default.
+        parallel_harts: false,
     };
     tracing::debug!(setup_us = started.elapsed().as_micros() as u64, "going live: the host's devices set up");
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);

@@ -690,6 +690,12 @@ impl Checkpointer {
 }
 
 impl<E: Engine> Primary<E> for Checkpointer {
+    /// A checkpoint carries the state itself: the harts may run in
+    /// parallel between checkpoints.
+    fn needs_determinism(&self) -> bool {
+        false
+    }
+
     fn before_run(&mut self, _m: &mut E, _paused: bool) -> Result<(), ProtectionError> {
         Ok(())
     }
