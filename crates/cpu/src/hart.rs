@@ -38,6 +38,25 @@ pub enum Exit {
     Device,
 }
 
+/// What wakes a hart that waits for an interrupt ([`Hart::wake_condition`]),
+/// as it stands while the hart does not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WakeCondition {
+    soft: u64,
+    mie: u64,
+    /// Its Sstc timer, if on (see [`Hart::stimecmp_deadline`]).
+    pub stimecmp: Option<u64>,
+}
+
+impl WakeCondition {
+    /// Whether the hart would wake with the platform's interrupt lines
+    /// `lines` (as [`Hart::set_irq_lines`] would set them) at time `now`.
+    pub fn wakes(&self, lines: u64, now: u64) -> bool {
+        let stip = if self.stimecmp.is_some_and(|t| now >= t) { crate::csr::MIP_STIP } else { 0 };
+        (self.soft | lines | stip) & self.mie != 0
+    }
+}
+
 /// Architectural state of a hart, everything a snapshot must carry.
 /// Caches (TLB, fetch page) are derived and rebuilt after a restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +295,13 @@ impl Hart {
     /// whatever the global enables say.
     pub fn wake_pending(&self) -> bool {
         self.mip() & self.s.mie != 0
+    }
+
+    /// What would wake this hart from waiting for an interrupt, for
+    /// another thread to watch while the hart sits a run out.
+    pub fn wake_condition(&self) -> WakeCondition {
+        let soft = if self.sstc_enabled() { self.s.mip & !crate::csr::MIP_STIP } else { self.s.mip };
+        WakeCondition { soft, mie: self.s.mie, stimecmp: self.stimecmp_deadline() }
     }
 
     pub fn is_idle(&self) -> bool {

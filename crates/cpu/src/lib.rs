@@ -26,7 +26,7 @@ mod trap;
 pub use block::prepare_tables as prepare_block_tables;
 pub use ext::{Extensions, CBO_BLOCK_BYTES};
 use ftvm_memory::GuestRam;
-pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode};
+pub use hart::{Exit, Hart, HartState, JitStats, PrivilegeMode, WakeCondition};
 pub use peek::{peek_instruction, Flow, Peek};
 pub use trap::Trap;
 

@@ -266,6 +266,20 @@ fn two_harts_boot_and_run_a_command() {
     assert_outcome(&o, "two-hart boot", 0, "2\n2\nriscv64\n");
 }
 
+/// With `--hart-threads multi` the two harts run on host threads of their
+/// own: the guest boots, and processes on both harts at once (pipes,
+/// wake-ups across harts, TLB shootdowns, fork and exit) compute what
+/// they would on one.
+#[test]
+fn two_harts_on_their_own_threads_boot_and_compute_alike() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "smp-multi");
+    let job = "for i in 1 2 3 4; do (dd if=/dev/zero bs=1M count=8 2>/dev/null | sha256sum) & done; wait; nproc";
+    let o = exec(job, &disk, &["--cpus", "2", "--hart-threads", "multi"]);
+    let line = "2daeb1f36095b44b318410b3f4e8b5d989dcc7bb023d1426c492dab0a3053e74  -\n";
+    assert_outcome(&o, "two harts in parallel", 0, &format!("{}2\n", line.repeat(4)));
+}
+
 /// Console input longer than the guest UART's receive buffer (4 KiB) must
 /// arrive whole: the host holds back what does not fit. Drives the
 /// interactive console through a pipe, as a script or a paste would.

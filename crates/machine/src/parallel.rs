@@ -12,12 +12,18 @@
 //! harts retired, and guest time follows it, never going back from one
 //! hart's read to another's (`HartBus::time_floor`).
 //!
+//! A hart waiting for an interrupt with none pending when a run begins
+//! sits it out (no thread is woken for it), watched at every look of the
+//! others: the run ends when it would wake, and the next one runs it. So a
+//! guest with one busy hart runs it on the caller's thread alone, as one
+//! thread would.
+//!
 //! Every decision to stop is taken again by the caller with all harts
 //! stopped (`Machine::run_until`): the threads only say when to look.
 
 use crate::board::{time_at_least, Board, HartBus};
 use crate::clock::VirtualClock;
-use ftvm_cpu::{Bus, Hart};
+use ftvm_cpu::{Bus, Hart, WakeCondition};
 use ftvm_memory::GuestRam;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -31,8 +37,11 @@ pub const SLICE: u64 = 10_000;
 /// What the harts' threads share during one [`run`].
 struct Shared<'a> {
     board: Mutex<&'a mut Board>,
+    /// The harts that sit this run out, by index, and what wakes each.
+    sleepers: Vec<(usize, WakeCondition)>,
     clock: &'a VirtualClock,
     ram: &'a GuestRam,
+    /// The harts that run.
     harts: usize,
     target: u64,
     /// The machine's instruction count: every hart's steps added.
@@ -91,11 +100,20 @@ pub(crate) fn run(
     icount: u64,
     target: u64,
 ) -> (u64, Duration) {
+    let (mut running, mut sleepers) = (Vec::new(), Vec::new());
+    for (i, h) in harts.iter_mut().enumerate() {
+        if h.is_idle() && !h.wake_pending() {
+            sleepers.push((i, h.wake_condition()));
+        } else {
+            running.push((i, h));
+        }
+    }
     let shared = Shared {
         board: Mutex::new(board),
+        sleepers,
         clock,
         ram,
-        harts: harts.len(),
+        harts: running.len(),
         target,
         icount: AtomicU64::new(icount),
         time_floor: AtomicU64::new(clock.ticks_at(icount)),
@@ -104,14 +122,17 @@ pub(crate) fn run(
         wake: Condvar::new(),
         busiest: AtomicU64::new(0),
     };
-    let (first, others) = harts.split_first_mut().expect("a machine has a hart");
-    pool.in_place_scope(|scope| {
-        for (i, h) in others.iter_mut().enumerate() {
-            let shared = &shared;
-            scope.spawn(move |_| hart_thread(shared, i + 1, h));
-        }
-        hart_thread(&shared, 0, first);
-    });
+    match running.split_first_mut() {
+        None => {}
+        Some(((i, h), [])) => hart_thread(&shared, *i, h),
+        Some(((i, h), others)) => pool.in_place_scope(|scope| {
+            for (j, other) in others.iter_mut() {
+                let (shared, j) = (&shared, *j);
+                scope.spawn(move |_| hart_thread(shared, j, other));
+            }
+            hart_thread(&shared, *i, h);
+        }),
+    }
     (shared.icount.load(SeqCst), Duration::from_nanos(shared.busiest.load(SeqCst)))
 }
 
@@ -160,12 +181,12 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
         let g = sh.icount.load(SeqCst);
         let timer = {
             let mut b = sh.board();
-            if g >= sh.target || b.power_request().is_some() || b.has_io_requests() {
+            let now = sh.clock.ticks_at(g);
+            if g >= sh.target || b.power_request().is_some() || b.has_io_requests() || sh.a_sleeper_wakes(&mut b, now) {
                 drop(b);
                 sh.halt();
                 break;
             }
-            let now = sh.clock.ticks_at(g);
             let mut lines = b.irq_bits(i, now);
             // Sstc: STIP while time >= stimecmp, as MTIP for mtimecmp.
             if h.stimecmp_deadline().is_some_and(|t| now >= t) {
@@ -174,8 +195,9 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
             h.set_irq_lines(lines);
             // The next timer that may concern this hart (the board's are
             // any hart's: a conservative look).
-            let sstc = h.stimecmp_deadline().filter(|&t| t > now && t != u64::MAX);
-            [b.next_timer_deadline_after(now), sstc].into_iter().flatten().min()
+            let sstc = |h: &Hart| h.stimecmp_deadline().filter(|&t| t > now && t != u64::MAX);
+            let sleepers = sh.sleepers.iter().filter_map(|(_, w)| w.stimecmp.filter(|&t| t > now && t != u64::MAX));
+            [b.next_timer_deadline_after(now), sstc(h)].into_iter().flatten().chain(sleepers).min()
         };
         let timer_at = timer.and_then(|t| sh.clock.icount_reaching(t));
         if h.is_idle() && !h.wake_pending() {
@@ -224,6 +246,12 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
 }
 
 impl Shared<'_> {
+    /// Whether a hart that sits this run out would wake at time `now`
+    /// (an interrupt another hart or a device raised, or its timer).
+    fn a_sleeper_wakes(&self, board: &mut Board, now: u64) -> bool {
+        self.sleepers.iter().any(|&(j, w)| w.wakes(board.irq_bits(j, now), now))
+    }
+
     /// A hart waits no longer.
     fn stop_waiting(&self) {
         let mut w = self.waiting();

@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--rows", type=int, default=ROWS, help=f"the sqlite part's rows (default {ROWS})")
     ap.add_argument("--image", default=IMAGE, help=f"the image's name (default {IMAGE}, built if missing "
                     f"with --packages {PACKAGES} --size {IMAGE_SIZE})")
+    ap.add_argument("--hart-threads", choices=("single", "multi"), default="single",
+                    help="ftvm's --hart-threads: its harts on one host thread or each on its own (default single)")
     ap.add_argument("--qemu-only", action="store_true", help="measure QEMU only")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
     options.add_guest(ap, boot=False, timeout=3600)
@@ -303,10 +305,14 @@ def main():
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
     emus = {"qemu": lambda i, d, a, c: vs_qemu.qemu_argv(qemu, i, d, a, c)}
     if ftvm is not None:
-        emus["ftvm"] = lambda i, d, a, c: vs_qemu.ftvm_argv(ftvm, i, d, a, c)
+        def ftvm_argv(i, d, a, c):
+            argv = vs_qemu.ftvm_argv(ftvm, i, d, a, c)
+            return argv[:2] + ["--hart-threads", args.hart_threads] + argv[2:]
+        emus["ftvm"] = ftvm_argv
         print(f"userland: ftvm {ftvm} (built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ftvm.stat().st_mtime))}, "
               f"repo HEAD {head.stdout.strip() or 'unknown'})", flush=True)
-    print(f"userland: {args.runs} round(s) per hart count, harts {','.join(map(str, cpus_list))}, -m {args.mem}; "
+    print(f"userland: {args.runs} round(s) per hart count, harts {','.join(map(str, cpus_list))} "
+          f"(ftvm --hart-threads {args.hart_threads}), -m {args.mem}; "
           f"parts {','.join(args.parts)}; tests '{args.tests}'; image {image_dir}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
