@@ -120,14 +120,12 @@ pub struct RunArgs {
     /// migration need); off, stores cost nothing extra.
     #[arg(long)]
     pub dirty_tracking: bool,
-    /// Where the harts run: `single`, all on one host thread in turns;
-    /// `multi`, each on a host thread of its own, in parallel, whenever
-    /// the run need not be repeatable (a plain VM, a checkpointed primary;
-    /// a recording, lockstep and epochs always run them on one thread, as
-    /// does a CPU limit). QEMU's `-accel tcg,thread=single|multi`. Single
-    /// is the default: on a 2-core host multi measured slower for most of
-    /// bench/userland (docs/PERFORMANCE.md).
-    #[arg(long, value_enum, default_value_t = HartThreads::Single)]
+    /// Where the harts run: `multi`, each on a host thread of its own,
+    /// in parallel, whenever the run need not be repeatable (a plain VM,
+    /// a checkpointed primary; a recording, lockstep and epochs always
+    /// run them on one thread, as does a CPU limit); `single`, all on one
+    /// host thread in turns. QEMU's `-accel tcg,thread=multi|single`.
+    #[arg(long, value_enum, default_value_t = HartThreads::Multi)]
     pub hart_threads: HartThreads,
 }
 

@@ -269,7 +269,7 @@ pub fn go_live(
         disk_keepers: Vec::new(),
         cpu_limit: setup.cpu_limit,
         // Gone live, it is a VM like any other, with the default.
-        parallel_harts: false,
+        parallel_harts: true,
     };
     tracing::debug!(setup_us = started.elapsed().as_micros() as u64, "going live: the host's devices set up");
     let on_reset = live::OnReset::Refuse(crate::error::RebootRefused::WentLive);

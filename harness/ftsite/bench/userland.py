@@ -273,8 +273,8 @@ def main():
     ap.add_argument("--rows", type=int, default=ROWS, help=f"the sqlite part's rows (default {ROWS})")
     ap.add_argument("--image", default=IMAGE, help=f"the image's name (default {IMAGE}, built if missing "
                     f"with --packages {PACKAGES} --size {IMAGE_SIZE})")
-    ap.add_argument("--hart-threads", choices=("single", "multi"), default="single",
-                    help="ftvm's --hart-threads: its harts on one host thread or each on its own (default single)")
+    ap.add_argument("--hart-threads", choices=("single", "multi"), default="multi",
+                    help="ftvm's --hart-threads: its harts each on a host thread of its own, or all on one (default multi)")
     ap.add_argument("--qemu-only", action="store_true", help="measure QEMU only")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
     options.add_guest(ap, boot=False, timeout=3600)
