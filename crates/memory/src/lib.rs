@@ -18,6 +18,11 @@
 //! one page, and whoever takes the bitmaps does so with every hart stopped).
 //! As in every VMM, guest code on two harts may race on the same bytes:
 //! what such a guest sees is its own business, never a fault of ours.
+//! One gap is left: the decoder and a device's DMA out read through a
+//! shared slice (`as_slice`, `slice`) while parallel harts may write those
+//! bytes (code changed without FENCE.I, a buffer changed after it was
+//! handed over), a race Rust's model leaves undefined where vm-memory
+//! reads volatile; the bytes read are only ever the guest's to lose.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
