@@ -72,6 +72,15 @@ fn program() -> Vec<u8> {
     code.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
+/// A machine of two harts running `program` on threads of their own.
+fn two_parallel_harts() -> Machine {
+    let mut cfg = MachineConfig::bare_metal(program(), 32 << 20);
+    cfg.harts = 2;
+    let mut m = Machine::new(&cfg).unwrap();
+    m.set_parallel(true);
+    m
+}
+
 fn counters(m: &Machine) -> [u64; 3] {
     [0, 8, 16].map(|o| m.ram().read_u64(RAM_BASE + 0x1000 + o).unwrap())
 }
@@ -80,10 +89,7 @@ fn counters(m: &Machine) -> [u64; 3] {
 /// with LR/SC loops lose no addition: the host's atomics make each whole.
 #[test]
 fn parallel_harts_lose_no_atomic_addition() {
-    let mut cfg = MachineConfig::bare_metal(program(), 32 << 20);
-    cfg.harts = 2;
-    let mut m = Machine::new(&cfg).unwrap();
-    m.set_parallel(true);
+    let mut m = two_parallel_harts();
     assert!(m.parallel());
     let mut exit = RunExit::Reached;
     // A run stops at its target (or a slice past it), as the host loop's.
@@ -102,10 +108,7 @@ fn parallel_harts_lose_no_atomic_addition() {
 /// two machines in the same state run alike.
 #[test]
 fn a_machine_switched_back_from_parallel_runs_deterministically() {
-    let mut cfg = MachineConfig::bare_metal(program(), 32 << 20);
-    cfg.harts = 2;
-    let mut m = Machine::new(&cfg).unwrap();
-    m.set_parallel(true);
+    let mut m = two_parallel_harts();
     m.run_until(300_000);
     m.set_parallel(false);
     let mut r = Machine::restore(&m.snapshot().unwrap()).unwrap();

@@ -35,6 +35,18 @@ fn primary_to(addr: SocketAddr, timing: Timing) -> (LogSender, mpsc::Receiver<Pr
     (sender, rx)
 }
 
+/// A primary connected to a backup that started but holds its
+/// acknowledgements (not ready), the header written.
+fn header_sent_acks_held() -> (LogSender, mpsc::Receiver<PrimaryEvent>, LogReceiver) {
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let (mut s, prx) = primary_to(addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    r.hold_acks();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"header").unwrap();
+    (s, prx, r)
+}
+
 fn pair(
     buffer: usize,
     timing: Timing,
@@ -120,12 +132,7 @@ fn delayed_acknowledgements_arrive_no_sooner_and_the_primary_waits_without_faili
 
 #[test]
 fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
-    let (addr, acc) = backup_on_loopback(1 << 20);
-    let (mut s, prx) = primary_to(addr, Timing::DEFAULT);
-    let r = acc.join().unwrap();
-    r.hold_acks();
-    r.start(Timing::DEFAULT, |_| {}).unwrap();
-    s.write_all(b"header").unwrap();
+    let (s, prx, r) = header_sent_acks_held();
     // Alive (no failure for longer than the timeout), but nothing acknowledged.
     std::thread::sleep(Timing::DEFAULT.timeout * 2);
     assert_eq!(s.acked(), 0);
@@ -140,12 +147,7 @@ fn a_backup_acknowledges_nothing_until_ready_and_can_refuse_with_its_reason() {
 #[test]
 fn requests_made_before_ready_arrive_ahead_of_the_first_acknowledgement() {
     for _ in 0..20 {
-        let (addr, acc) = backup_on_loopback(1 << 20);
-        let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
-        let r = acc.join().unwrap();
-        r.hold_acks();
-        r.start(Timing::DEFAULT, |_| {}).unwrap();
-        s.write_all(b"header").unwrap();
+        let (s, _prx, r) = header_sent_acks_held();
         s.send_now();
         assert!(s.take_requests().is_empty());
         r.request(b"first".to_vec()).unwrap();
@@ -562,12 +564,7 @@ fn silent_beats_are_a_failure_after_the_learned_timeout() {
 #[test]
 fn a_refusal_is_the_failure_even_when_a_write_finds_the_channel_closed_first() {
     for round in 0..10 {
-        let (addr, acc) = backup_on_loopback(1 << 20);
-        let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
-        let r = acc.join().unwrap();
-        r.hold_acks();
-        r.start(Timing::DEFAULT, |_| {}).unwrap();
-        s.write_all(b"header").unwrap();
+        let (mut s, _prx, r) = header_sent_acks_held();
         let refusing = std::thread::spawn(move || r.refuse("not on this host"));
         let chunk = vec![7u8; 256 << 10];
         let mut written = 6u64;
