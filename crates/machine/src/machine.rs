@@ -538,8 +538,10 @@ impl Machine {
     /// primary); a machine switched back runs deterministically from the
     /// state it is in. Nothing changes with one hart.
     pub fn set_parallel(&mut self, on: bool) {
+        // A lone hart has no one to run beside: it stays as it is.
+        let on = on && self.harts.len() > 1;
         self.parallel = on;
-        if on && self.harts.len() > 1 && self.hart_threads.is_none() {
+        if on && self.hart_threads.is_none() {
             self.hart_threads = Some(crate::parallel::HartThreads::new(self.harts.len()));
         }
         for h in &mut self.harts {
@@ -588,7 +590,7 @@ impl Machine {
                 let wake_at = [self.board.next_timer_deadline(), sstc].into_iter().flatten().min();
                 return RunExit::Idle { wake_at };
             }
-            if let (true, Some(threads)) = (self.parallel && n > 1, &self.hart_threads) {
+            if let (true, Some(threads)) = (self.parallel, &self.hart_threads) {
                 // The threads stop where one of them saw a reason to; the
                 // checks above take it (or find none and go on).
                 let (icount, cpu) = crate::parallel::run(

@@ -18,11 +18,12 @@
 //! one page, and whoever takes the bitmaps does so with every hart stopped).
 //! As in every VMM, guest code on two harts may race on the same bytes:
 //! what such a guest sees is its own business, never a fault of ours.
-//! One gap is left: the decoder and a device's DMA out read through a
-//! shared slice (`as_slice`, `slice`) while parallel harts may write those
-//! bytes (code changed without FENCE.I, a buffer changed after it was
-//! handed over), a race Rust's model leaves undefined where vm-memory
-//! reads volatile; the bytes read are only ever the guest's to lose.
+//! The interpreter's aligned loads and stores are volatile, as vm-memory
+//! makes guest accesses; translated code's are the host's instructions.
+//! What is left to do: with harts in parallel, a misaligned access of the
+//! interpreter (`read_unaligned`), the decoder's and DMA's reads through a
+//! shared slice (`as_slice`, `slice`) and another hart's store to the same
+//! bytes are races that Rust's model leaves undefined.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -253,11 +254,17 @@ impl GuestRam {
     #[inline(always)]
     pub fn load_le(&self, off: usize, size: u8) -> u64 {
         assert!(off.checked_add(size as usize).is_some_and(|end| end <= self.len));
-        // SAFETY: in bounds (checked above); unaligned reads of plain bytes.
+        // SAFETY: in bounds (checked above). Volatile where aligned, as
+        // vm-memory reads guest memory: another hart may write these
+        // bytes meanwhile (see the module's comment).
         unsafe {
             let p = self.bytes.add(off);
+            let aligned = off.is_multiple_of(size as usize);
             match size {
-                1 => *p as u64,
+                1 => std::ptr::read_volatile(p) as u64,
+                2 if aligned => u16::from_le(std::ptr::read_volatile(p as *const u16)) as u64,
+                4 if aligned => u32::from_le(std::ptr::read_volatile(p as *const u32)) as u64,
+                8 if aligned => u64::from_le(std::ptr::read_volatile(p as *const u64)),
                 2 => u16::from_le(std::ptr::read_unaligned(p as *const u16)) as u64,
                 4 => u32::from_le(std::ptr::read_unaligned(p as *const u32)) as u64,
                 _ => u64::from_le(std::ptr::read_unaligned(p as *const u64)),
@@ -274,12 +281,16 @@ impl GuestRam {
     #[inline(always)]
     pub fn store_le_untracked(&self, off: usize, size: u8, v: u64) {
         assert!(off.checked_add(size as usize).is_some_and(|end| end <= self.len));
-        // SAFETY: in bounds (checked above); unaligned writes of plain bytes
-        // through the allocation's own pointer.
+        // SAFETY: in bounds (checked above), through the allocation's own
+        // pointer; volatile where aligned, as in `load_le`.
         unsafe {
             let p = self.bytes.add(off);
+            let aligned = off.is_multiple_of(size as usize);
             match size {
-                1 => *p = v as u8,
+                1 => std::ptr::write_volatile(p, v as u8),
+                2 if aligned => std::ptr::write_volatile(p as *mut u16, (v as u16).to_le()),
+                4 if aligned => std::ptr::write_volatile(p as *mut u32, (v as u32).to_le()),
+                8 if aligned => std::ptr::write_volatile(p as *mut u64, v.to_le()),
                 2 => std::ptr::write_unaligned(p as *mut u16, (v as u16).to_le()),
                 4 => std::ptr::write_unaligned(p as *mut u32, (v as u32).to_le()),
                 _ => std::ptr::write_unaligned(p as *mut u64, v.to_le()),
