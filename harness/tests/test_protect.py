@@ -155,15 +155,16 @@ def test_a_running_vm_is_protected_fails_over_and_is_protected_again(ftvm, scrat
     r = running_redis(ftvm, scratch, tag, mode, spare=True, separate=separate)
     writer, shared = r.writer, r.shared
     time.sleep(1.0 + random.random() * 2.0)
+    # Where the guest's date stands at each step: a date found off at
+    # the end (9 s ahead once, in CI on a loaded host) says when it went.
+    offsets = {"alone": guest_offset(r)}
     # Protected while the client writes, onto the other host.
     b = backup_on(r.site, ftvm, scratch, "backup", shared, "backup", r.extra[0])
     answer = protect(r.vm, BACKUP_HOST_IP, shared, mode_args, [r.vm, b])
     print(f"{case}, protecting: {answer}")
     event(b, "following", timeout=10, watch=[b])
     assert keys_written_meanwhile(writer, 2.0) > 0, "no key was acknowledged once protected"
-    # Where the guest's date stands at each step: a date found off at
-    # the end (9 s ahead once, in CI on a loaded host) says when it went.
-    offsets = {"protected": guest_offset(r)}
+    offsets["protected"] = guest_offset(r)
     st = status(r.vm.sock)
     assert st.get("role") == "primary" and st.get("mode") == mode, st["_raw"]
     # The first host fails: the backup goes live, nothing lost.

@@ -22,6 +22,7 @@ pub mod host_io;
 pub mod launch;
 pub mod live;
 pub mod overlay;
+pub mod pacing;
 pub mod record;
 pub mod registry;
 pub mod replay;

@@ -27,6 +27,7 @@ use crate::error::{RebootRefused, VmmError};
 use crate::exec::ExecSession;
 use crate::ft::protect::Protector;
 use crate::host_io::{HostEvent, HostIo};
+use crate::pacing::Pacer;
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
@@ -43,10 +44,6 @@ use std::time::{Duration, Instant};
 /// Instructions run between looks at the host. Small enough that a frame
 /// or a completion waits at most about a millisecond for the guest.
 const CHUNK: u64 = 200_000;
-/// How often the clock rate is corrected.
-const PACE_INTERVAL: Duration = Duration::from_millis(100);
-/// Over how long a correction closes the gap between guest and wall time.
-const PACE_HORIZON_S: f64 = 1.0;
 /// A handover takes in what arrives after it released the held outputs
 /// until this long after the last frame it sent (a client answers a
 /// reply within a round trip and its own processing), ...
@@ -175,79 +172,6 @@ pub struct ExecLimits {
     pub command: Option<Duration>,
 }
 
-struct Pacer {
-    start: Instant,
-    /// Timer value at `start`.
-    start_ticks: u64,
-    last: Instant,
-    last_icount: u64,
-    /// This thread's CPU time spent running the machine since `last`: what
-    /// the host's speed is measured over. Wall time would count the pauses
-    /// between runs (a checkpoint, the lag control's, a protection's final
-    /// pause, I/O let finish), and even wall time inside the runs counts
-    /// the moments a starved host took the core away: either takes the
-    /// host for slower than it runs, and sets a rate that races guest time
-    /// ahead of the wall clock once the machine runs unimpeded. The pauses
-    /// did (a guest's date up to 114 s ahead after a minute of protection
-    /// under load, whose rate bounds, taken from the same speed, kept it
-    /// from coming back); the starved runs did in CI (a guest's date 4 and
-    /// 9 s ahead after a protection on a loaded host, the transfer's
-    /// compression and the disks' hashing beside it). With CPU time a
-    /// starved guest's time can only fall behind, which the next
-    /// correction and every idle spell bring back. Idle spells count in
-    /// neither: guest time is brought to the wall clock's across them by
-    /// `ClockAdvance`.
-    running: Duration,
-}
-
-impl Pacer {
-    fn new(m: &impl Engine) -> Pacer {
-        Pacer {
-            start: Instant::now(),
-            start_ticks: m.time(),
-            last: Instant::now(),
-            last_icount: m.icount(),
-            running: Duration::ZERO,
-        }
-    }
-
-    /// The machine ran for `busy`.
-    fn ran(&mut self, busy: Duration) {
-        self.running += busy;
-    }
-
-    fn wall_ticks(&self) -> u64 {
-        self.start_ticks + (self.start.elapsed().as_secs_f64() * TIMEBASE_HZ as f64) as u64
-    }
-
-    /// A new rate so guest time meets wall time one horizon from now, given
-    /// how fast the host has been executing guest instructions.
-    fn correct(&mut self, m: &impl Engine) -> Option<Event> {
-        let current = m.steered_clock_rate()?;
-        let now = Instant::now();
-        let dt = now.duration_since(self.last).as_secs_f64();
-        if dt < PACE_INTERVAL.as_secs_f64() {
-            return None;
-        }
-        let executed = m.icount() - self.last_icount;
-        let running = std::mem::take(&mut self.running).as_secs_f64();
-        self.last = now;
-        self.last_icount = m.icount();
-        if executed < 1000 || running <= 0.0 {
-            return None;
-        }
-        let ips = executed as f64 / running;
-        let gap = self.wall_ticks() as f64 - m.time() as f64;
-        let ticks_wanted = (TIMEBASE_HZ as f64 * PACE_HORIZON_S + gap).max(0.0);
-        let rate = ticks_wanted / (ips * PACE_HORIZON_S);
-        // Bound the rate so one odd interval cannot make time race or stall.
-        let nominal = TIMEBASE_HZ as f64 / ips;
-        let rate = rate.clamp(nominal * 0.1, nominal * 10.0);
-        let fixed = (rate * (1u64 << 32) as f64) as u64;
-        (fixed != current).then_some(Event::ClockRate(fixed))
-    }
-}
-
 /// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -340,7 +264,7 @@ pub fn run<E: Engine>(
     let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
     let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
-        pacer: Pacer::new(&m),
+        pacer: Pacer::new(m.time(), m.icount(), Instant::now()),
         m,
         io,
         paused: opts.paused,
@@ -486,8 +410,8 @@ impl<E: Engine> Live<E> {
                 }
                 Some(RunExit::Reached) | Some(RunExit::Io) => {
                     if !self.opts.fast_time {
-                        if let Some(ev) = self.pacer.correct(&self.m) {
-                            self.inject(ev);
+                        if let Next::Exit(code) = self.pace(events)? {
+                            return Ok(code);
                         }
                     }
                 }
@@ -593,7 +517,7 @@ impl<E: Engine> Live<E> {
         }
         self.held.clear();
         self.m = boot()?;
-        self.pacer = Pacer::new(&self.m);
+        self.pacer = self.fresh_pacer();
         // A new boot: its messages are hidden again until the command
         // starts, and the boot has its time limit again (the command's
         // limit runs on from its first start).
@@ -631,7 +555,11 @@ impl<E: Engine> Live<E> {
 
     fn run_target(&self) -> u64 {
         let icount = self.m.icount();
-        let look_at = icount + CHUNK;
+        let mut chunk = CHUNK;
+        if let (false, Some(rate)) = (self.opts.fast_time, self.m.steered_clock_rate()) {
+            chunk = chunk.min(self.pacer.instructions_to_bound(rate, self.m.time(), Instant::now()));
+        }
+        let look_at = icount + chunk;
         let target = self.primary.as_ref().map_or(look_at, |p| p.run_target(icount, look_at));
         self.moving.as_ref().map_or(target, |t| t.run_target(icount, target).min(target))
     }
@@ -643,6 +571,32 @@ impl<E: Engine> Live<E> {
         match &self.moving {
             Some(t) => t.successor_due() && self.primary.as_ref().is_none_or(|p| p.accepts_inputs()),
             None => self.primary.as_ref().is_some_and(|p| p.successor_due()),
+        }
+    }
+
+    /// Pacing for a machine that starts or goes on from here, its guest
+    /// time as it stands.
+    fn fresh_pacer(&self) -> Pacer {
+        Pacer::new(self.m.time(), self.m.icount(), Instant::now())
+    }
+
+    /// After a busy run: a new clock rate when the host's speed says so,
+    /// and a wait for the wall clock when guest time stands too far ahead
+    /// of it (see `pacing`), taking what arrives meanwhile.
+    fn pace(&mut self, events: &Receiver<HostEvent>) -> Result<Next, VmmError> {
+        let Some(rate) = self.m.steered_clock_rate() else {
+            return Ok(Next::Continue);
+        };
+        if let Some(new) = self.pacer.correct(rate, self.m.time(), self.m.icount(), Instant::now()) {
+            self.inject(Event::ClockRate(new));
+        }
+        let Some(wait) = self.pacer.wait_for_wall(self.m.time(), Instant::now()) else {
+            return Ok(Next::Continue);
+        };
+        match events.recv_timeout(wait) {
+            Ok(ev) => self.handle(ev),
+            Err(RecvTimeoutError::Timeout) => Ok(Next::Continue),
+            Err(RecvTimeoutError::Disconnected) => Err(VmmError::EventsClosed),
         }
     }
 
@@ -660,7 +614,7 @@ impl<E: Engine> Live<E> {
             // Waiting only for I/O: guest time stands still meanwhile.
             None
         } else {
-            let now = self.pacer.wall_ticks();
+            let now = self.pacer.wall_ticks(Instant::now());
             wake_at.map(|t| Duration::from_secs_f64(t.saturating_sub(now) as f64 / TIMEBASE_HZ as f64))
         };
         let nothing_can_come = self.input_closed && !io_busy && !self.io.has_network() && !self.io.has_control();
@@ -695,7 +649,7 @@ impl<E: Engine> Live<E> {
             },
             None => Some(events.recv().map_err(|_| VmmError::EventsClosed)?),
         };
-        if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks() < t) {
+        if got.is_none() && early && wake_at.is_none_or(|t| self.pacer.wall_ticks(Instant::now()) < t) {
             // Woke for the keep-alive only: the guest sleeps on.
             return Ok(Next::Continue);
         }
@@ -711,7 +665,7 @@ impl<E: Engine> Live<E> {
         if !self.opts.fast_time {
             let target = match wake_at {
                 Some(t) if got.is_none() => t,
-                _ => self.pacer.wall_ticks(),
+                _ => self.pacer.wall_ticks(Instant::now()),
             };
             // The pacer's measurement goes on across the idle spell: it
             // counts instructions and running time only. Restarted here,
@@ -1195,7 +1149,7 @@ impl<E: Engine> Live<E> {
                         }
                     }
                     // The pause is not guest time: pacing starts afresh.
-                    self.pacer = Pacer::new(&self.m);
+                    self.pacer = self.fresh_pacer();
                     while let Some((slot, completion)) = self.held.pop_front() {
                         self.inject(Event::Io { slot, completion });
                     }
@@ -1301,7 +1255,7 @@ impl<E: Engine> Live<E> {
             k.keep(format!("the snapshot {} uses it", path.display()));
         }
         // The time spent writing is not guest time.
-        self.pacer = Pacer::new(&self.m);
+        self.pacer = self.fresh_pacer();
         Ok(Reply::Snapshot {
             path: path.to_path_buf(),
             icount: self.m.icount(),
