@@ -233,11 +233,10 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
         let after = sh.icount.fetch_add(steps, SeqCst) + steps;
         // A waiting hart may have been sent an interrupt (a device or
         // another hart's IPI) or reached its timer.
-        if bus.touched || after >= sh.waiting_until() {
-            let w = sh.waiting();
-            if w.count > 0 {
-                sh.wake.notify_all();
-            }
+        // One look under the lock: whether anyone waits, and until when.
+        let w = sh.waiting();
+        if w.count > 0 && (bus.touched || after >= w.until) {
+            sh.wake.notify_all();
         }
     }
     if waiting {
@@ -258,16 +257,6 @@ impl Shared<'_> {
         w.count -= 1;
         if w.count == 0 {
             w.until = u64::MAX;
-        }
-    }
-
-    /// The earliest count at which a waiting hart's timer may fire.
-    fn waiting_until(&self) -> u64 {
-        let w = self.waiting();
-        if w.count == 0 {
-            u64::MAX
-        } else {
-            w.until
         }
     }
 }
