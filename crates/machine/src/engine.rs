@@ -54,6 +54,9 @@ pub trait Engine {
     /// guest time near the wall clock; None for an engine whose guest time
     /// follows the host's clock by itself.
     fn steered_clock_rate(&self) -> Option<u64>;
+    /// The date the guest's RTC shows now (ns since the Unix epoch), where
+    /// the host steers guest time; None where it follows the host's clock.
+    fn rtc_now_ns(&self) -> Option<u64>;
     /// The requests the devices still wait for (issued again after a
     /// restore, or when a backup goes live).
     fn io_in_flight(&self) -> Vec<(usize, IoRequest)>;
@@ -135,6 +138,9 @@ impl Engine for Machine {
     }
     fn steered_clock_rate(&self) -> Option<u64> {
         Some(self.clock().rate())
+    }
+    fn rtc_now_ns(&self) -> Option<u64> {
+        Some(Machine::rtc_now_ns(self))
     }
     fn io_in_flight(&self) -> Vec<(usize, IoRequest)> {
         Machine::io_in_flight(self)

@@ -172,6 +172,12 @@ pub struct ExecLimits {
     pub command: Option<Duration>,
 }
 
+/// How far the guest's date (its RTC's) stands behind the host's now.
+fn date_behind(m: &impl Engine) -> Duration {
+    let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    m.rtc_now_ns().map_or(Duration::ZERO, |guest| host.saturating_sub(Duration::from_nanos(guest)))
+}
+
 /// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -264,7 +270,7 @@ pub fn run<E: Engine>(
     let boot_deadline = opts.limits.and_then(|l| Instant::now().checked_add(l.boot));
     let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
-        pacer: Pacer::new(m.time(), m.icount(), Instant::now()),
+        pacer: Pacer::new(m.time(), m.icount(), Instant::now()).catching_up(date_behind(&m)),
         m,
         io,
         paused: opts.paused,

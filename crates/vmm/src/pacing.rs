@@ -41,6 +41,11 @@ pub const LEAD_MOST: Duration = Duration::from_millis(50);
 /// The longest wait for the wall clock in one go: the host loop looks at
 /// its events between waits.
 const WAIT_MOST: Duration = Duration::from_millis(10);
+/// How far behind the RTC's date a starting machine's guest time may be
+/// and still be brought to it (VMware's tools give up catching up past
+/// 60 s too): a machine restored `--paused` from an old snapshot keeps
+/// its date, as the user chose.
+pub const CATCH_UP_MOST: Duration = Duration::from_secs(60);
 /// A lead this large is a defect, not jitter: said in a warning (which
 /// only a way around the bound, an idle spell's advance say, could cause).
 const LEAD_WARNED: Duration = Duration::from_secs(1);
@@ -79,6 +84,18 @@ impl Pacer {
     /// `icount`: the wall clock's ticks count on from `time`.
     pub fn new(time: u64, icount: u64, now: Instant) -> Pacer {
         Pacer { start: now, start_ticks: time, last: now, last_icount: icount, running: Duration::ZERO }
+    }
+
+    /// Pacing that also brings guest time `behind` forward (the rate and
+    /// the idle spells close it as any gap): a backup that took over is
+    /// behind by the time the failure took to find, and a new VM by the
+    /// time from its RTC's base to its first run. Without it each takeover
+    /// left the guest's date that much further behind, for good.
+    pub fn catching_up(mut self, behind: Duration) -> Pacer {
+        if behind <= CATCH_UP_MOST {
+            self.start_ticks += ticks(behind);
+        }
+        self
     }
 
     /// The machine ran for `busy` (host CPU time).
@@ -245,6 +262,21 @@ mod tests {
         let (lead, waited) = run_model(warming, 3.0, true);
         assert!(lead <= LEAD_MOST, "guest time ran {lead:?} ahead");
         assert!(waited < 0.02, "waited {:.1} % of the time", waited * 100.0);
+    }
+
+    #[test]
+    fn a_machine_behind_its_date_is_brought_forward_unless_far_behind() {
+        let t0 = Instant::now();
+        let p = Pacer::new(1000, 0, t0).catching_up(Duration::from_millis(800));
+        assert_eq!(p.wall_ticks(t0), 1000 + ticks(Duration::from_millis(800)));
+        let p = Pacer::new(1000, 0, t0).catching_up(CATCH_UP_MOST + Duration::from_secs(1));
+        assert_eq!(p.wall_ticks(t0), 1000);
+        // Closed like any gap: a busy guest's rate runs faster meanwhile.
+        let mut p = Pacer::new(0, 0, t0).catching_up(Duration::from_millis(800));
+        let nominal = VirtualClock::rate_for(100_000_000, TIMEBASE_HZ);
+        p.ran(Duration::from_millis(100));
+        let rate = p.correct(nominal, 0, 10_000_000, t0 + Duration::from_millis(100)).expect("a new rate");
+        assert!(rate > nominal * 3 / 2, "{rate} against {nominal}");
     }
 
     #[test]
