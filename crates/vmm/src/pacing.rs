@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_host_whose_speed_swings_every_interval_keeps_guest_time_within_the_bound() {
-        let swinging = |t: f64| if (t / 0.13) as u64 % 2 == 0 { 10e6 } else { 300e6 };
+        let swinging = |t: f64| if ((t / 0.13) as u64).is_multiple_of(2) { 10e6 } else { 300e6 };
         let (lead, _) = run_model(swinging, 10.0, true);
         assert!(lead <= LEAD_MOST, "guest time ran {lead:?} ahead");
     }
