@@ -358,7 +358,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
 /// The host's clock, in ns since the Unix epoch: what a new VM's RTC
 /// starts from. Read here, by the host, and handed to the machine (which
 /// never reads a clock); a clock before 1970 reads as the epoch.
-fn wall_clock_ns() -> u64 {
+pub(crate) fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 

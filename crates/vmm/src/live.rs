@@ -172,10 +172,11 @@ pub struct ExecLimits {
     pub command: Option<Duration>,
 }
 
-/// How far the guest's date (its RTC's) stands behind the host's now.
+/// How far the guest's date (its RTC's) stands behind the host's now, by
+/// the clock a new VM's RTC base is taken from.
 fn date_behind(m: &impl Engine) -> Duration {
-    let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    m.rtc_now_ns().map_or(Duration::ZERO, |guest| host.saturating_sub(Duration::from_nanos(guest)))
+    let host = crate::launch::wall_clock_ns();
+    m.rtc_now_ns().map_or(Duration::ZERO, |guest| Duration::from_nanos(host.saturating_sub(guest)))
 }
 
 /// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
