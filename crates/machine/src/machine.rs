@@ -12,7 +12,7 @@
 
 use crate::board::{Board, BoardError, HartBus, PowerRequest};
 use crate::clock::VirtualClock;
-use crate::digest::{first8, StateDigest};
+use crate::digest::{hash8, StateDigest};
 use crate::fdt::FdtError;
 use crate::layout::{RAM_BASE, TIMEBASE_HZ};
 use crate::loader::{self, LoadError};
@@ -672,7 +672,6 @@ impl Machine {
     /// It consumes the dirty map (tracking must be on), so it cannot share
     /// a machine with another user of [`Machine::take_dirty_pages`].
     pub fn state_digest(&mut self) -> StateDigest {
-        let hash8 = |b: &[u8]| first8(blake3::hash(b));
         let harts = self.harts.iter().map(|h| hash8(&crate::snapshot::hart_bytes(&h.s))).collect();
         let mut parts: Vec<[u8; 8]> = self.board.named_parts().iter().map(|(_, b)| hash8(b)).collect();
         let mut sched = Vec::with_capacity(48);
@@ -682,20 +681,17 @@ impl Machine {
         }
         parts.push(hash8(&sched));
         let written = self.take_dirty_pages();
-        let mut ram = blake3::Hasher::new();
+        let mut ram = xxhash_rust::xxh3::Xxh3::new();
         ram.update(&self.last_ram_digest);
         let mut pages = Vec::with_capacity(written.len());
         for &pfn in &written {
             let addr = pfn << ftvm_memory::PAGE_SHIFT;
-            let h = match self.ram.slice(addr, ftvm_memory::PAGE_SIZE) {
-                Ok(page) => blake3::hash(page),
-                Err(_) => blake3::hash(&[]),
-            };
+            let h = hash8(self.ram.slice(addr, ftvm_memory::PAGE_SIZE).unwrap_or(&[]));
             ram.update(&pfn.to_le_bytes());
-            ram.update(h.as_bytes());
-            pages.push((pfn, u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]])));
+            ram.update(&h);
+            pages.push((pfn, u16::from_le_bytes([h[0], h[1]])));
         }
-        let ram = first8(ram.finalize());
+        let ram = ram.digest().to_le_bytes();
         self.last_ram_digest = ram;
         StateDigest { harts, parts, ram, pages }
     }

@@ -34,7 +34,9 @@ const MAGIC: &[u8; 8] = b"FTVMLOG\n";
 /// 3: the header's machine names the RTC's base (`rtc_base_ns=`), and the
 /// board has an RTC.
 /// 4: frames of received frames waiting for delivery ([`WAITING`]).
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: state digests hashed with XXH3-64 instead of BLAKE3 (same layout,
+/// other values: an older log's checks would all fail, so it is refused).
+pub const FORMAT_VERSION: u32 = 5;
 /// Larger frames are taken as corruption rather than allocated.
 pub const MAX_FRAME: u32 = 64 << 20;
 /// The bit of a frame's length that marks a frame of received frames
