@@ -64,6 +64,11 @@
 //! then it falls through to a lookup in the target's slot. Each block adds
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
+//! A block that goes back to its own start (a loop of one block: a fill,
+//! a copy, a byte loop) jumps to the top of its own body instead, after
+//! its registers' loads: of the chain entry's checks only the budget's
+//! can fail there, and the host registers already hold the guest's (the
+//! dirty ones were written back at the branch, as at every exit).
 //!
 //! A jump through a register (`jalr`: returns, indirect calls) and a
 //! direct jump, branch or fall-through to another page go on the same
@@ -671,6 +676,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
         n: m,
         host,
         links: Vec::new(),
+        head: None,
     };
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
@@ -741,6 +747,11 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
                 dynasm!(e.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
             }
         }
+    }
+    if stale.is_none() {
+        let head = e.ops.new_dynamic_label();
+        dynasm!(e.ops ; .arch x64 ; =>head);
+        e.head = Some(head);
     }
     let mut ended = false;
     for (k, d) in insts.iter().enumerate() {
@@ -875,6 +886,11 @@ struct Emitter {
     /// The links to blocks on this page: the offset of each `jmp`'s
     /// displacement in the code, and the block's RAM offset.
     links: Vec<(usize, usize)>,
+    /// Where the block's body starts, its registers loaded: a jump back
+    /// to the block's own start (a loop of one block) goes there, not
+    /// through its chain entry (see `Emitter::leave`). None under
+    /// `FTVM_VERIFY_CODE`, whose check is in the chain entry.
+    head: Option<DynamicLabel>,
 }
 
 /// A 64-bit ALU operation `dst op= src` on host registers.
@@ -960,11 +976,25 @@ impl Emitter {
     /// it is on the same page and the slot holds one, else back to Rust.
     fn leave(&mut self, delta: i64) {
         let delta32 = i32::try_from(delta).expect("a jump within 1 MiB");
-        dynasm!(self.ops
-            ; .arch x64
-            ; sub QWORD [rsi + CTX_LEFT], self.n as i32
-            ; add QWORD [rsi + CTX_PC], delta32
-        );
+        dynasm!(self.ops ; .arch x64 ; sub QWORD [rsi + CTX_LEFT], self.n as i32);
+        if let (0, Some(head)) = (delta, self.head) {
+            // Back to this block's own start, the pc unchanged: of the
+            // chain entry's checks only the budget's can fail (nothing in
+            // translated code changes a slot or a page's code state), and
+            // the host registers hold what the entry loaded or what was
+            // just written back, so the loads are skipped too.
+            dynasm!(self.ops
+                ; .arch x64
+                ; cmp QWORD [rsi + CTX_LEFT], self.n as i32
+                ; jb >out
+                ; jmp =>head
+                ; out:
+                ; xor eax, eax
+                ; jmp =>self.epilogue
+            );
+            return;
+        }
+        dynasm!(self.ops ; .arch x64 ; add QWORD [rsi + CTX_PC], delta32);
         let target = self.off as i64 + delta;
         if target >= 0 && (target as usize) >> 12 == self.off >> 12 {
             let target = target as usize;
@@ -1091,15 +1121,21 @@ impl Emitter {
         let b = self.src(rs2, RCX);
         self.get(RAX, rs1);
         f(&mut self.ops, RAX, b);
-        dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
-        self.put(rd, RAX);
+        self.put_sext32(rd);
     }
 
     fn alu_imm_w(&mut self, rd: u8, rs1: u8, imm: i32, f: AluImm) {
         self.get(RAX, rs1);
         f(&mut self.ops, RAX, imm);
-        dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
-        self.put(rd, RAX);
+        self.put_sext32(rd);
+    }
+
+    /// Guest register `rd` := sext32(eax), sign-extended straight into
+    /// rd's host register when it has one (no copy through rax).
+    fn put_sext32(&mut self, rd: u8) {
+        let dst = self.dest(rd, None);
+        dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), eax);
+        self.put(rd, dst);
     }
 
     /// rd := (rs1 op rs2) as 0/1, `f` setting al from the flags of a compare.
@@ -1296,8 +1332,7 @@ impl Emitter {
                     Srlw => dynasm!(self.ops ; .arch x64 ; shr eax, cl),
                     _ => dynasm!(self.ops ; .arch x64 ; sar eax, cl),
                 }
-                dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
-                self.put(rd, RAX);
+                self.put_sext32(rd);
             }
             Mulh | Mulhu | Mulhsu => {
                 self.get(RAX, rs1);
@@ -1440,8 +1475,7 @@ impl Emitter {
                     Rolw => dynasm!(self.ops ; .arch x64 ; rol eax, cl),
                     _ => dynasm!(self.ops ; .arch x64 ; ror eax, cl),
                 }
-                dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
-                self.put(rd, RAX);
+                self.put_sext32(rd);
             }
             Bext => {
                 self.get(RCX, rs2);

@@ -1105,6 +1105,44 @@ fn accesses_across_pages_under_paging() {
 /// run the new instruction. With translation at the first entry, every
 /// iteration translates the changed block again, so the arena also fills
 /// up and starts over many times.
+/// A loop of one block (its branch back to its own start goes straight to
+/// the top of its body, past the chain entry and the register loads),
+/// stopped by budgets that end anywhere in it and by a load that misses
+/// the TLB now and then: after every slice, the interpreter's state, RAM
+/// and instruction count.
+#[test]
+fn a_loop_of_one_block_matches_the_interpreter() {
+    let prog = [
+        i_type(0, 8, 2, 11, 0x03),      // 0: lw x11, 0(x8)
+        r_type(0, 4, 11, 0, 11, 0x3b),  // 4: addw x11, x11, x4
+        s_type(0, 11, 8, 2),            // 8: sw x11, 0(x8)
+        i_type(3, 11, 1, 12, 0x1b),     // 12: slliw x12, x11, 3
+        r_type(0, 12, 10, 4, 10, 0x33), // 16: xor x10, x10, x12
+        i_type(4, 8, 0, 8, 0x13),       // 20: addi x8, x8, 4 (a page further every 1024 rounds)
+        i_type(-1, 4, 0, 4, 0x13),      // 24: addi x4, x4, -1
+        b_type(-28, 0, 4, 1),           // 28: bne x4, x0, 0
+        j_type(0, 0),                   // 32: j .
+    ];
+    for seed in 1..=4u64 {
+        let make = |hot: u32| {
+            let ram = GuestRam::new(BASE, RAM).unwrap();
+            for (i, w) in prog.iter().enumerate() {
+                ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+            }
+            let mut hart = Hart::new(0);
+            hart.set_jit(hot);
+            hart.s.pc = BASE;
+            hart.s.mtvec = HANDLER;
+            hart.s.x[8] = DATA;
+            hart.s.x[10] = seed;
+            hart.s.x[4] = 20_000;
+            Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+        };
+        let interp = interpreted_then_translated(seed, 100_000, || random_slices(seed * 31, 20, 4000), make, 10);
+        assert_eq!(interp.hart.s.x[4], 20_000 - 100_000 / 8, "seed {seed}: the loop's count");
+    }
+}
+
 #[test]
 fn code_changed_under_a_translated_loop() {
     // x8 = BASE; x12 = the bits that turn `addi x10, x10, 1` into
