@@ -697,11 +697,10 @@ fn a_cbo_zero_loop_runs_translated() {
     }
 }
 
-/// Runs `prog` (ended by `close_loop`) at BASE for 200 rounds of its loop,
-/// translated after `jit` entries (0: interpreted), on a machine-mode hart
-/// that `setup` prepares further; the hart and RAM after.
-fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRam) {
-    let iterations = 200;
+/// Program `prog` at BASE in RAM, and a machine-mode hart about to run
+/// it, translating after `jit` entries (0: interpreted), its traps going
+/// to HANDLER.
+fn at_base(prog: &[u32], jit: u32) -> (Hart, GuestRam) {
     let ram = GuestRam::new(BASE, RAM).unwrap();
     for (i, w) in prog.iter().enumerate() {
         ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
@@ -710,6 +709,15 @@ fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRa
     hart.set_jit(jit);
     hart.s.pc = BASE;
     hart.s.mtvec = HANDLER;
+    (hart, ram)
+}
+
+/// Runs `prog` (ended by `close_loop`) at BASE for 200 rounds of its loop,
+/// translated after `jit` entries (0: interpreted), on a machine-mode hart
+/// that `setup` prepares further; the hart and RAM after.
+fn run_loop(prog: &[u32], jit: u32, setup: impl Fn(&mut Hart)) -> (Hart, GuestRam) {
+    let iterations = 200;
+    let (mut hart, ram) = at_base(prog, jit);
     hart.s.x[4] = iterations;
     setup(&mut hart);
     let mut bus = Device::default();
@@ -1125,14 +1133,7 @@ fn a_loop_of_one_block_matches_the_interpreter() {
     ];
     for seed in 1..=4u64 {
         let make = |hot: u32| {
-            let ram = GuestRam::new(BASE, RAM).unwrap();
-            for (i, w) in prog.iter().enumerate() {
-                ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
-            }
-            let mut hart = Hart::new(0);
-            hart.set_jit(hot);
-            hart.s.pc = BASE;
-            hart.s.mtvec = HANDLER;
+            let (mut hart, ram) = at_base(&prog, hot);
             hart.s.x[8] = DATA;
             hart.s.x[10] = seed;
             hart.s.x[4] = 20_000;
