@@ -42,9 +42,14 @@ use ftvm_memory::GuestRam;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The longest block, in instructions.
-pub(crate) const MAX_INSTS: usize = 16;
-/// Blocks in the table (a power of two), about 400 bytes each: 52 MB a
+/// The longest block, in instructions. A block is also the unit of
+/// translation, and each costs its entry's checks and its registers'
+/// loads and stores: 32 against 16 took bare-metal SHA-256 (whose rounds
+/// run 60 instructions without a branch) from 1.27-1.30 s to 1.13-1.15 s
+/// and a boot from 3.05-3.46 s to 2.73-2.76 s, for twice the table's
+/// memory (docs/PERFORMANCE.md).
+pub(crate) const MAX_INSTS: usize = 32;
+/// Blocks in the table (a power of two), 736 bytes each: 96 MB a
 /// hart, which the kernel maps only as slots are used (a backup about to
 /// go live touches it all ahead, see [`prepare_tables`]). A boot runs so
 /// much code once or a few times that with 8192 slots 97% of its 6M
