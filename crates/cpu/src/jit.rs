@@ -9,11 +9,13 @@
 //! The executor owns *whether* to call it (only when the whole block fits
 //! in the remaining budget) and what happens after.
 //!
-//! Translated code keeps the guest registers a block uses in host
-//! registers from its entry to its exits (the most used nine; others are
-//! read and written in place in the hart's register file), runs the
-//! block's operations with no dispatch, and writes the dirty registers
-//! back at every exit. It does only what the interpreter's fast paths do
+//! Translated code keeps the guest registers a block uses in nine host
+//! registers, given out as the block goes: to the registers an
+//! instruction accesses that a later one accesses again, the one held
+//! whose next use is furthest away giving its place up (Belady's choice,
+//! exact for straight-line code); others are read and written in place in
+//! the hart's register file. It runs the block's operations with no
+//! dispatch, and writes the dirty registers back at every exit. It does only what the interpreter's fast paths do
 //! and returns to Rust for everything else (LR, the CSRs other than
 //! floating point's, system instructions), with two exceptions. Of the
 //! general executor's instructions, which end their block, it steps over
@@ -258,9 +260,11 @@ const RAX: u8 = 0;
 const RCX: u8 = 1;
 const RDX: u8 = 2;
 const R11: u8 = 11;
-/// The host registers guest registers live in within a block. rbx, rbp
-/// and r12-r15 are callee-saved: the prologue saves them.
-const POOL: [u8; 9] = [3, 5, 8, 9, 10, 12, 13, 14, 15];
+/// The host registers guest registers live in within a block, in the
+/// order they are given out. rbx, rbp and r12-r15 are callee-saved (the
+/// prologue saves them) and come first: r8-r10, caller-saved, are pushed
+/// around a call into Rust while they hold guest registers.
+const POOL: [u8; 9] = [3, 5, 12, 13, 14, 15, 8, 9, 10];
 
 /// Where rsi and rdi are in the frame, from rsp in a block (see
 /// `assemble`).
@@ -279,6 +283,25 @@ impl Saved {
     fn pad(&self) -> bool {
         self.regs.len().is_multiple_of(2)
     }
+}
+
+/// The x registers (bit r: xr) an instruction reads and writes.
+#[derive(Clone, Copy)]
+struct Access {
+    read: u32,
+    written: u32,
+}
+
+impl Access {
+    fn all(self) -> u32 {
+        self.read | self.written
+    }
+}
+
+/// The first instruction after `k` that reads or writes guest register
+/// `r`, if any.
+fn next_use(accesses: &[Access], k: usize, r: usize) -> Option<usize> {
+    (k + 1..accesses.len()).find(|&j| accesses[j].all() & (1 << r) != 0)
 }
 
 /// Where a guest register is during a block.
@@ -631,34 +654,20 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
     }
     let insts = &insts[..m];
 
-    // Give host registers to the guest registers used most.
-    let mut uses = [0u32; 32];
-    let mut read = 0u32;
-    for d in insts {
-        let (r1, r2) = reads(d);
-        if r1 {
-            uses[d.rs1 as usize] += 1;
-            read |= 1 << d.rs1;
-        }
-        if r2 {
-            uses[d.rs2 as usize] += 1;
-            read |= 1 << d.rs2;
-        }
-        if writes(d) {
-            uses[d.rd as usize] += 1;
-        }
-    }
-    uses[0] = 0;
-    let mut order: Vec<usize> = (1..32).filter(|&r| uses[r] > 0).collect();
-    // Stable, so ties go to the lower register: the choice depends only on
-    // the block.
-    order.sort_by_key(|&r| std::cmp::Reverse(uses[r]));
+    // Which x registers each instruction reads and writes (x0 left out):
+    // host registers go to them as the block runs (see `Emitter::allocate`).
+    let accesses: Vec<Access> = insts
+        .iter()
+        .map(|d| {
+            let (r1, r2) = reads(d);
+            let read = (u32::from(r1) << d.rs1 | u32::from(r2) << d.rs2) & !1;
+            let written = (u32::from(writes(d)) << d.rd) & !1;
+            Access { read, written }
+        })
+        .collect();
     let mut loc = [Loc::Zero; 32];
     for (r, l) in loc.iter_mut().enumerate().skip(1) {
         *l = Loc::Mem(8 * r as i32);
-    }
-    for (&r, &h) in order.iter().zip(POOL.iter()) {
-        loc[r] = Loc::Host(h);
     }
 
     let mut ops = VecAssembler::<X64Relocation>::new(0);
@@ -741,13 +750,6 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
         }
     }
     dynasm!(e.ops ; .arch x64 ; =>body);
-    for (r, &l) in loc.iter().enumerate().skip(1) {
-        if let Loc::Host(h) = l {
-            if read & (1 << r) != 0 {
-                dynasm!(e.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
-            }
-        }
-    }
     if stale.is_none() {
         let head = e.ops.new_dynamic_label();
         dynasm!(e.ops ; .arch x64 ; =>head);
@@ -755,6 +757,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
     }
     let mut ended = false;
     for (k, d) in insts.iter().enumerate() {
+        e.allocate(&accesses, k);
         ended = e.inst(k, d);
     }
     if !ended {
@@ -794,6 +797,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
     // Side exits, out of the straight line.
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
+        e.loc = s.loc;
         e.writeback(s.dirty);
         let code = e.resume(s.resume);
         dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
@@ -861,6 +865,8 @@ fn fp_x(insn: u32) -> Option<FpX> {
 /// does.
 struct Stub {
     label: DynamicLabel,
+    /// Where the guest registers were, and which were dirty, at the exit.
+    loc: [Loc; 32],
     dirty: u32,
     /// The instruction the interpreter goes on at.
     resume: usize,
@@ -947,6 +953,48 @@ impl Emitter {
         }
     }
 
+    /// Before instruction `k`: a host register for each guest register it
+    /// accesses that an instruction after it accesses again, loaded if `k`
+    /// reads it (one used only here is as cheap in the register file).
+    /// With none free, the one held whose next use is furthest away gives
+    /// its host register up (written back if dirty), unless that use
+    /// comes sooner than the newcomer's: the choice that reloads least in
+    /// straight-line code (Belady's). It changes only where registers
+    /// are between instructions: each exit writes back what is dirty
+    /// where it stands (a stub keeps the places of its own).
+    fn allocate(&mut self, accesses: &[Access], k: usize) {
+        let here = accesses[k];
+        for r in (1..32).filter(|&r| here.all() & (1 << r) != 0) {
+            if matches!(self.loc[r], Loc::Host(_)) {
+                continue;
+            }
+            let Some(next) = next_use(accesses, k, r) else { continue };
+            let host = match POOL.iter().copied().find(|&h| !self.loc.contains(&Loc::Host(h))) {
+                Some(h) => h,
+                None => {
+                    let victim = (1..32)
+                        .filter(|&v| here.all() & (1 << v) == 0 && matches!(self.loc[v], Loc::Host(_)))
+                        .max_by_key(|&v| next_use(accesses, k, v).unwrap_or(usize::MAX));
+                    let Some(v) = victim else { continue };
+                    if next_use(accesses, k, v).is_some_and(|u| u <= next) {
+                        continue;
+                    }
+                    let Loc::Host(h) = self.loc[v] else { unreachable!() };
+                    if self.dirty & (1 << v) != 0 {
+                        dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * v as i32], Rq(h));
+                        self.dirty &= !(1 << v);
+                    }
+                    self.loc[v] = Loc::Mem(8 * v as i32);
+                    h
+                }
+            };
+            self.loc[r] = Loc::Host(host);
+            if here.read & (1 << r) != 0 {
+                dynasm!(self.ops ; .arch x64 ; mov Rq(host), QWORD [rdi + 8 * r as i32]);
+            }
+        }
+    }
+
     /// Stores the registers of `dirty` to the register file.
     fn writeback(&mut self, dirty: u32) {
         for r in 1..32 {
@@ -962,7 +1010,7 @@ impl Emitter {
     /// registers dirty now.
     fn stub(&mut self, k: usize) -> DynamicLabel {
         let label = self.ops.new_dynamic_label();
-        self.stubs.push(Stub { label, dirty: self.dirty, resume: k });
+        self.stubs.push(Stub { label, loc: self.loc, dirty: self.dirty, resume: k });
         label
     }
 
