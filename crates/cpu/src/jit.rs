@@ -15,8 +15,9 @@
 //! whose next use is furthest away giving its place up (Belady's choice,
 //! exact for straight-line code); others are read and written in place in
 //! the hart's register file. It runs the block's operations with no
-//! dispatch, and writes the dirty registers back at every exit. It does only what the interpreter's fast paths do
-//! and returns to Rust for everything else (LR, the CSRs other than
+//! dispatch, and writes the dirty registers back at every exit. It does
+//! only what the interpreter's fast paths do and returns to Rust for
+//! everything else (LR, the CSRs other than
 //! floating point's, system instructions), with two exceptions. Of the
 //! general executor's instructions, which end their block, it steps over
 //! fences (all the general executor does with them), runs SCs and AMOs
@@ -67,10 +68,10 @@
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
 //! A block that goes back to its own start (a loop of one block: a fill,
-//! a copy, a byte loop) jumps to the top of its own body instead, after
-//! its registers' loads: of the chain entry's checks only the budget's
-//! can fail there, and the host registers already hold the guest's (the
-//! dirty ones were written back at the branch, as at every exit).
+//! a copy, a byte loop) jumps to the top of its own body instead: of the
+//! chain entry's checks only the budget's can fail there, and the
+//! register file holds every guest register (the dirty ones were written
+//! back at the branch, as at every exit), as the body's start expects.
 //!
 //! A jump through a register (`jalr`: returns, indirect calls) and a
 //! direct jump, branch or fall-through to another page go on the same
@@ -892,10 +893,11 @@ struct Emitter {
     /// The links to blocks on this page: the offset of each `jmp`'s
     /// displacement in the code, and the block's RAM offset.
     links: Vec<(usize, usize)>,
-    /// Where the block's body starts, its registers loaded: a jump back
-    /// to the block's own start (a loop of one block) goes there, not
-    /// through its chain entry (see `Emitter::leave`). None under
-    /// `FTVM_VERIFY_CODE`, whose check is in the chain entry.
+    /// Where the block's body starts, every guest register in the
+    /// register file: a jump back to the block's own start (a loop of one
+    /// block) goes there, not through its chain entry (see
+    /// `Emitter::leave`). None under `FTVM_VERIFY_CODE`, whose check is in
+    /// the chain entry.
     head: Option<DynamicLabel>,
 }
 
@@ -972,11 +974,13 @@ impl Emitter {
             let host = match POOL.iter().copied().find(|&h| !self.loc.contains(&Loc::Host(h))) {
                 Some(h) => h,
                 None => {
+                    // Never used again counts as furthest away.
                     let victim = (1..32)
                         .filter(|&v| here.all() & (1 << v) == 0 && matches!(self.loc[v], Loc::Host(_)))
-                        .max_by_key(|&v| next_use(accesses, k, v).unwrap_or(usize::MAX));
-                    let Some(v) = victim else { continue };
-                    if next_use(accesses, k, v).is_some_and(|u| u <= next) {
+                        .map(|v| (v, next_use(accesses, k, v).unwrap_or(usize::MAX)))
+                        .max_by_key(|&(_, used)| used);
+                    let Some((v, used)) = victim else { continue };
+                    if used <= next {
                         continue;
                     }
                     let Loc::Host(h) = self.loc[v] else { unreachable!() };
@@ -1028,9 +1032,9 @@ impl Emitter {
         if let (0, Some(head)) = (delta, self.head) {
             // Back to this block's own start, the pc unchanged: of the
             // chain entry's checks only the budget's can fail (nothing in
-            // translated code changes a slot or a page's code state), and
-            // the host registers hold what the entry loaded or what was
-            // just written back, so the loads are skipped too.
+            // translated code changes a slot or a page's code state). The
+            // dirty registers were just written back, so the register
+            // file is what the body's start takes it to be.
             dynasm!(self.ops
                 ; .arch x64
                 ; cmp QWORD [rsi + CTX_LEFT], self.n as i32

@@ -1108,16 +1108,10 @@ fn accesses_across_pages_under_paging() {
     assert!(crossed > 50, "only {crossed} accesses that may cross");
 }
 
-/// A loop whose second block rewrites an instruction of its first (which
-/// it then reaches straight from translated code): every iteration must
-/// run the new instruction. With translation at the first entry, every
-/// iteration translates the changed block again, so the arena also fills
-/// up and starts over many times.
 /// A loop of one block (its branch back to its own start goes straight to
-/// the top of its body, past the chain entry and the register loads),
-/// stopped by budgets that end anywhere in it and by a load that misses
-/// the TLB now and then: after every slice, the interpreter's state, RAM
-/// and instruction count.
+/// the top of its body, past the chain entry's checks), stopped by budgets
+/// that end anywhere in it and by a load that misses the TLB now and then:
+/// after every slice, the interpreter's state, RAM and instruction count.
 #[test]
 fn a_loop_of_one_block_matches_the_interpreter() {
     let prog = [
@@ -1144,6 +1138,11 @@ fn a_loop_of_one_block_matches_the_interpreter() {
     }
 }
 
+/// A loop whose second block rewrites an instruction of its first (which
+/// it then reaches straight from translated code): every iteration must
+/// run the new instruction. With translation at the first entry, every
+/// iteration translates the changed block again, so the arena also fills
+/// up and starts over many times.
 #[test]
 fn code_changed_under_a_translated_loop() {
     // x8 = BASE; x12 = the bits that turn `addi x10, x10, 1` into

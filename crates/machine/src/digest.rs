@@ -92,10 +92,11 @@ impl StateDigest {
 /// The digest's hash of `bytes`: XXH3-64. The digest compares two runs of
 /// the same machine, fed the same inputs, to find ftvm's own divergences;
 /// no one picks the bytes to make two runs collide, so a cryptographic
-/// hash buys nothing here, and it was the cost: BLAKE3 took about 1.7 us a
-/// page on this host against 0.2 us for XXH3, and digests every 100 ms of
-/// a guest that writes much took a tenth of a lockstep primary's CPU
-/// (perf). 64 bits: collisions between two such runs are not a concern.
+/// hash buys nothing here and costs: BLAKE3 took about 1.7 us a page on
+/// this host against 0.2 us for XXH3, and the digests every 100 ms of a
+/// boot and a CPU job took ~1-2 % of a lockstep primary's samples with
+/// BLAKE3, ~0.3 % with XXH3 (perf). 64 bits: collisions between two such
+/// runs are not a concern.
 pub(crate) fn hash8(bytes: &[u8]) -> [u8; 8] {
     xxhash_rust::xxh3::xxh3_64(bytes).to_le_bytes()
 }
