@@ -590,7 +590,7 @@ impl Machine {
                 let wake_at = [self.board.next_timer_deadline(), sstc].into_iter().flatten().min();
                 return RunExit::Idle { wake_at };
             }
-            if let (true, Some(threads)) = (self.parallel, &self.hart_threads) {
+            if let (true, Some(threads)) = (self.parallel, &mut self.hart_threads) {
                 // The threads stop where one of them saw a reason to; the
                 // checks above take it (or find none and go on).
                 let (icount, cpu) = crate::parallel::run(

@@ -18,6 +18,18 @@
 //! guest with one busy hart runs it on the caller's thread alone, as one
 //! thread would.
 //!
+//! No hart runs more than [`LEAD`] of host CPU time ahead of another that
+//! runs: one that is waits until the other catches up. Guest time follows
+//! the machine's instruction count, whichever hart retires them, so a
+//! hart whose thread the host did not run (woken after the caller's, or
+//! starved of a core on a loaded host) fell ever further behind in guest
+//! time while the others ran its runs for it: a second hart ran nothing
+//! for a second of guest time on a loaded host, and Linux gave up on it
+//! ("CPU1: failed to come online"). CPU time, not instructions, because a
+//! hart may be slower than another for want of translated code alone, and
+//! that costs the other nothing. A hart that waits for an interrupt is
+//! not behind: it counts from the others' lead when it wakes.
+//!
 //! Every decision to stop is taken again by the caller with all harts
 //! stopped (`Machine::run_until`): the threads only say when to look.
 
@@ -33,6 +45,13 @@ use std::time::Duration;
 /// an interrupt another hart raised (an IPI) and a request to stop. At
 /// this machine's speed, tens of microseconds.
 pub const SLICE: u64 = 10_000;
+
+/// How much host CPU time a hart may spend ahead of another that runs:
+/// several of a loaded host's scheduling slices, so that a hart whose
+/// thread has a core runs on while another's waits for one, and a small
+/// part of any timeout a guest sets (Linux waits a second for a hart it
+/// starts).
+const LEAD: Duration = Duration::from_millis(10);
 
 /// What the harts' threads share during one [`run`].
 struct Shared<'a> {
@@ -51,15 +70,24 @@ struct Shared<'a> {
     /// Set when a thread saw a reason to stop: every thread ends at its
     /// next look.
     stop: AtomicBool,
-    /// The harts waiting for an interrupt (guarded), woken through `wake`.
+    /// The harts waiting for an interrupt (guarded), woken through `wake`,
+    /// which also wakes harts waiting for another to catch up.
     waiting: Mutex<Waiting>,
     wake: Condvar,
+    /// The host CPU time each hart (by index) spent in runs, in ns, its
+    /// lead made up while it waited for an interrupt (see [`LEAD`]).
+    cpu: Vec<AtomicU64>,
+    /// Whether each hart (by index) counts in the others' lead: it runs in
+    /// this run, and neither waits for an interrupt nor has left.
+    pacing: Vec<AtomicBool>,
     /// The most CPU time one of the threads spent, in ns.
     busiest: AtomicU64,
 }
 
 struct Waiting {
     count: usize,
+    /// The harts waiting for another to catch up (see [`LEAD`]).
+    ahead: usize,
     /// The earliest instruction count at which a timer may wake one of
     /// them (u64::MAX: none).
     until: u64,
@@ -84,7 +112,8 @@ impl<'a> Shared<'a> {
     }
 }
 
-/// Runs every hart on its own thread (hart 0 on the caller's) toward
+/// Runs every hart on its own thread (hart 0 on the caller's, each at most
+/// [`LEAD`] ahead of another) toward
 /// instruction count `target`, until one of them sees a reason to stop:
 /// the target reached, a request for the host or for power, or every hart
 /// waiting for an interrupt. Returns the machine's instruction count then,
@@ -92,7 +121,7 @@ impl<'a> Shared<'a> {
 /// `Machine::run_cpu_time`). The slices a thread had begun are finished:
 /// the count may pass the target by up to a slice a hart.
 pub(crate) fn run(
-    pool: &HartThreads,
+    pool: &mut HartThreads,
     harts: &mut [Hart],
     ram: &GuestRam,
     board: &mut Board,
@@ -108,6 +137,12 @@ pub(crate) fn run(
             running.push((i, h));
         }
     }
+    // A hart that sleeps is behind no one.
+    let top = pool.cpu.iter().copied().max().unwrap_or(0);
+    for &(j, _) in &sleepers {
+        pool.cpu[j] = top;
+    }
+    let pacing = (0..pool.cpu.len()).map(|j| AtomicBool::new(running.iter().any(|&(i, _)| i == j))).collect();
     let shared = Shared {
         board: Mutex::new(board),
         sleepers,
@@ -118,8 +153,10 @@ pub(crate) fn run(
         icount: AtomicU64::new(icount),
         time_floor: AtomicU64::new(clock.ticks_at(icount)),
         stop: AtomicBool::new(false),
-        waiting: Mutex::new(Waiting { count: 0, until: u64::MAX }),
+        waiting: Mutex::new(Waiting { count: 0, ahead: 0, until: u64::MAX }),
         wake: Condvar::new(),
+        cpu: pool.cpu.iter().map(|&c| AtomicU64::new(c)).collect(),
+        pacing,
         busiest: AtomicU64::new(0),
     };
     match running.split_first_mut() {
@@ -133,6 +170,9 @@ pub(crate) fn run(
             hart_thread(&shared, *i, h);
         }),
     }
+    for (c, s) in pool.cpu.iter_mut().zip(&shared.cpu) {
+        *c = s.load(SeqCst);
+    }
     (shared.icount.load(SeqCst), Duration::from_nanos(shared.busiest.load(SeqCst)))
 }
 
@@ -141,7 +181,11 @@ pub(crate) fn run(
 /// fraction of a millisecond, and a thread made for each would cost more
 /// than the run (62,838 of them in a 10-second job, measured). rayon's
 /// pool keeps them, asleep between runs.
-pub struct HartThreads(rayon::ThreadPool);
+/// With them, the CPU time each hart has spent in runs (see [`LEAD`]).
+pub struct HartThreads {
+    pool: rayon::ThreadPool,
+    cpu: Vec<u64>,
+}
 
 impl HartThreads {
     /// Threads for the harts of a machine of `harts` harts but its first.
@@ -151,11 +195,11 @@ impl HartThreads {
             .thread_name(|i| format!("hart {}", i + 1))
             .build()
             .expect("threads for the harts");
-        HartThreads(pool)
+        HartThreads { pool, cpu: vec![0; harts] }
     }
 
     fn in_place_scope<'s, R>(&self, f: impl FnOnce(&rayon::Scope<'s>) -> R) -> R {
-        self.0.in_place_scope(f)
+        self.pool.in_place_scope(f)
     }
 }
 
@@ -177,6 +221,7 @@ fn hart_thread(sh: &Shared, i: usize, h: &mut Hart) {
 
 fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
     let mut waiting = false;
+    let mut cpu = thread_cpu_ns();
     while !sh.stop.load(SeqCst) {
         let g = sh.icount.load(SeqCst);
         let timer = {
@@ -205,6 +250,9 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
             if !waiting {
                 waiting = true;
                 w.count += 1;
+                // No one waits for this hart to catch up now.
+                sh.pacing[i].store(false, SeqCst);
+                sh.wake.notify_all();
             }
             if let Some(at) = timer_at {
                 w.until = w.until.min(at);
@@ -218,11 +266,24 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
             // Woken by a hart that touched the board or passed a timer; the
             // timeout only bounds what a missed wake-up could cost.
             let _ = sh.wake.wait_timeout(w, Duration::from_millis(5));
+            cpu = thread_cpu_ns();
             continue;
         }
         if waiting {
             waiting = false;
-            sh.stop_waiting();
+            sh.stop_waiting(i);
+        }
+        if sh.ahead(i) {
+            // Until the hart behind runs, waits or leaves, or the run ends.
+            let mut w = sh.waiting();
+            if sh.ahead(i) && !sh.stop.load(SeqCst) {
+                w.ahead += 1;
+                // The timeout only bounds what a missed wake-up could cost.
+                let (mut w, _) = sh.wake.wait_timeout(w, Duration::from_millis(1)).unwrap_or_else(|e| e.into_inner());
+                w.ahead -= 1;
+            }
+            cpu = thread_cpu_ns();
+            continue;
         }
         let mut budget = SLICE.min(sh.target.saturating_sub(g)).max(1);
         if let Some(at) = timer_at {
@@ -231,17 +292,25 @@ fn run_hart(sh: &Shared, i: usize, h: &mut Hart) {
         let mut bus = SharedBus { shared: sh, slice_start: g, touched: false };
         let (steps, _) = h.run(sh.ram, &mut bus, budget);
         let after = sh.icount.fetch_add(steps, SeqCst) + steps;
+        let now = thread_cpu_ns();
+        sh.cpu[i].fetch_add(now.saturating_sub(cpu), SeqCst);
+        cpu = now;
         // A waiting hart may have been sent an interrupt (a device or
-        // another hart's IPI) or reached its timer.
-        // One look under the lock: whether anyone waits, and until when.
+        // another hart's IPI) or reached its timer, and one ahead may wait
+        // for this one. One look under the lock: whether anyone waits, and
+        // until when.
         let w = sh.waiting();
-        if w.count > 0 && (bus.touched || after >= w.until) {
+        if w.ahead > 0 || (w.count > 0 && (bus.touched || after >= w.until)) {
             sh.wake.notify_all();
         }
     }
     if waiting {
-        sh.stop_waiting();
+        sh.stop_waiting(i);
     }
+    // Those ahead of this hart need wait no more.
+    sh.pacing[i].store(false, SeqCst);
+    let _guard = sh.waiting();
+    sh.wake.notify_all();
 }
 
 impl Shared<'_> {
@@ -251,13 +320,24 @@ impl Shared<'_> {
         self.sleepers.iter().any(|&(j, w)| w.wakes(board.irq_bits(j, now), now))
     }
 
-    /// A hart waits no longer.
-    fn stop_waiting(&self) {
+    /// Hart `i` waits for an interrupt no longer: it runs on from the lead
+    /// of the others, as if it had kept up with them.
+    fn stop_waiting(&self, i: usize) {
         let mut w = self.waiting();
         w.count -= 1;
         if w.count == 0 {
             w.until = u64::MAX;
         }
+        let top = self.cpu.iter().map(|c| c.load(SeqCst)).max().unwrap_or(0);
+        self.cpu[i].fetch_max(top, SeqCst);
+        self.pacing[i].store(true, SeqCst);
+    }
+
+    /// Whether hart `i` is [`LEAD`] ahead of another that runs.
+    fn ahead(&self, i: usize) -> bool {
+        let mine = self.cpu[i].load(SeqCst);
+        let lead = LEAD.as_nanos() as u64;
+        (0..self.cpu.len()).any(|j| j != i && self.pacing[j].load(SeqCst) && self.cpu[j].load(SeqCst) + lead <= mine)
     }
 }
 
