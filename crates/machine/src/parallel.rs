@@ -51,7 +51,7 @@ pub const SLICE: u64 = 10_000;
 /// thread has a core runs on while another's waits for one, and a small
 /// part of any timeout a guest sets (Linux waits a second for a hart it
 /// starts).
-const LEAD: Duration = Duration::from_millis(10);
+pub const LEAD: Duration = Duration::from_millis(10);
 
 /// What the harts' threads share during one [`run`].
 struct Shared<'a> {
