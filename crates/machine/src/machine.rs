@@ -385,6 +385,12 @@ impl Machine {
         self.board.set_rtc_now(self.time(), now);
     }
 
+    /// The threads the harts run on beside the caller's, once parallel.
+    #[cfg(test)]
+    pub(crate) fn hart_threads(&self) -> Option<&crate::parallel::HartThreads> {
+        self.hart_threads.as_ref()
+    }
+
     pub fn harts(&self) -> &[Hart] {
         &self.harts
     }
