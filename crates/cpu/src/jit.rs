@@ -613,19 +613,22 @@ pub(crate) fn translate(
 /// With `FTVM_PERF_MAP=1`, names each translation in `/tmp/perf-PID.map`
 /// (the format `perf report` reads for code it has no file for) by its
 /// block's RAM offset, so a profile shows which guest code the time in
-/// translated code went to. A line per translation, appended as made
-/// (buffered: the last few hundred reach the file later); the file is never
-/// trimmed, and a later line for the same addresses (the arena started
-/// over) replaces the earlier. A profiling aid, not for production runs.
+/// translated code went to. A line per translation, written as made (a
+/// write each: buffered, a short run's lines never reached the file, the
+/// process exiting without flushing); the file is never trimmed, and a
+/// later line for the same addresses (the arena started over) replaces the
+/// earlier. `perf report` does not read it for the memfd the code lives
+/// in: the addresses `perf script -F ip` samples are matched against it.
+/// A profiling aid, not for production runs.
 fn perf_map(ptr: *const u8, len: usize, off: usize) {
     use std::io::Write;
-    type MapFile = std::sync::Mutex<std::io::BufWriter<std::fs::File>>;
+    type MapFile = std::sync::Mutex<std::io::LineWriter<std::fs::File>>;
     static MAP: std::sync::OnceLock<Option<MapFile>> = std::sync::OnceLock::new();
     let map = MAP.get_or_init(|| {
         if std::env::var("FTVM_PERF_MAP").is_ok_and(|v| v == "1") {
             let path = format!("/tmp/perf-{}.map", std::process::id());
             let file = std::fs::OpenOptions::new().create(true).append(true).open(path).ok()?;
-            Some(std::sync::Mutex::new(std::io::BufWriter::with_capacity(1 << 16, file)))
+            Some(std::sync::Mutex::new(std::io::LineWriter::new(file)))
         } else {
             None
         }
@@ -1159,6 +1162,47 @@ impl Emitter {
         self.put(rd, dst);
     }
 
+    /// rd := rs1 op rs2 for an `op` whose operands may swap: computed in
+    /// rd's host register when it holds rs2 (`or t2, s10, t2`), not in rax
+    /// and copied.
+    fn alu_commutative(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
+        let holds =
+            |r: u8| matches!(self.loc[r as usize], Loc::Host(_)) && self.loc[r as usize] == self.loc[rd as usize];
+        if rd != 0 && rd != rs1 && holds(rs2) {
+            self.alu(rd, rs2, rs1, f);
+        } else {
+            self.alu(rd, rs1, rs2, f);
+        }
+    }
+
+    /// rd := rs (`mv`): one move at most.
+    fn copy(&mut self, rd: u8, rs: u8) {
+        if rd == rs {
+            return;
+        }
+        let v = self.src(rs, RAX);
+        self.put(rd, v);
+    }
+
+    /// rd := imm sign-extended (`li` of 12 bits).
+    fn constant(&mut self, rd: u8, imm: i32) {
+        let dst = self.dest(rd, None);
+        dynasm!(self.ops ; .arch x64 ; mov Rq(dst), DWORD imm);
+        self.put(rd, dst);
+    }
+
+    /// rd := sext32(rs) (`sext.w`): one sign extension, from rs's host
+    /// register or the register file.
+    fn sext32(&mut self, rd: u8, rs: u8) {
+        let dst = self.dest(rd, None);
+        match self.loc[rs as usize] {
+            Loc::Zero => dynasm!(self.ops ; .arch x64 ; xor Rd(dst), Rd(dst)),
+            Loc::Host(h) => dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), Rd(h)),
+            Loc::Mem(o) => dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), DWORD [rdi + o]),
+        }
+        self.put(rd, dst);
+    }
+
     /// rd := rs1 op imm.
     fn alu_imm(&mut self, rd: u8, rs1: u8, imm: i32, f: AluImm) {
         let dst = self.dest(rd, None);
@@ -1339,6 +1383,9 @@ impl Emitter {
                     _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rdx], Rq(v)),
                 }
             }
+            // `mv` and `li` (and a `nop`): a copy, or the constant.
+            Addi if imm == 0 => self.copy(rd, rs1),
+            Addi if rs1 == 0 => self.constant(rd, imm),
             Addi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rq(d), DWORD i)),
             Slti => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setl al)),
             Sltiu => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setb al)),
@@ -1348,15 +1395,20 @@ impl Emitter {
             Slli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shl Rq(d), i as i8)),
             Srli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shr Rq(d), i as i8)),
             Srai => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; sar Rq(d), i as i8)),
+            // `sext.w`: one sign extension.
+            Addiw if imm == 0 => self.sext32(rd, rs1),
             Addiw => self.alu_imm_w(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rd(d), DWORD i)),
             Slliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shl Rd(d), i as i8)),
             Srliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shr Rd(d), i as i8)),
             Sraiw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; sar Rd(d), i as i8)),
-            Add => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rq(d), Rq(s))),
+            // `c.mv` is an `add` from x0.
+            Add if rs1 == 0 => self.copy(rd, rs2),
+            Add if rs2 == 0 => self.copy(rd, rs1),
+            Add => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rq(d), Rq(s))),
             Sub => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; sub Rq(d), Rq(s))),
-            Xor => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s))),
-            Or => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; or Rq(d), Rq(s))),
-            And => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; and Rq(d), Rq(s))),
+            Xor => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s))),
+            Or => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; or Rq(d), Rq(s))),
+            And => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; and Rq(d), Rq(s))),
             Mul => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; imul Rq(d), Rq(s))),
             Slt => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setl al)),
             Sltu => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setb al)),

@@ -918,6 +918,67 @@ fn each_operation_on_edge_operands() {
     }
 }
 
+/// The operations translated as a copy, a constant or one sign extension
+/// (`mv` as `add` from x0 either side and as `addi` of 0, `li` as `addi`
+/// from x0, `sext.w` as `addiw` of 0) and the commutative ones computed in
+/// rd's own register when rd is rs2: with their operands in host
+/// registers (each used again after, so the allocation gives them one)
+/// and in the register file (used once), on edge values, translated and
+/// interpreted, the same registers after.
+#[test]
+fn copies_constants_and_sign_extensions_in_and_out_of_host_registers() {
+    let (add, and, or, xor) = ((0, 0), (0, 7), (0, 6), (0, 4));
+    let mut ops = Vec::new();
+    for (rd, rs1, rs2) in [(10, 0, 11), (10, 11, 0), (10, 11, 12), (11, 12, 11), (11, 11, 11), (0, 11, 12)] {
+        for (f7, f3) in [add, and, or, xor] {
+            ops.push(r_type(f7, rs2, rs1, f3, rd, 0x33));
+        }
+    }
+    for (rd, rs1) in [(10, 11), (11, 11), (10, 0), (0, 11)] {
+        for imm in [0, 1, -1, 2047, -2048] {
+            ops.push(i_type(imm, rs1, 0, rd, 0x13)); // addi
+            ops.push(i_type(imm, rs1, 0, rd, 0x1b)); // addiw
+        }
+    }
+    let edge = [0u64, 1, u64::MAX, 1 << 63, 0xffff_ffff, 0x8000_0000, 0x7fff_ffff, 0x1234_5678_9abc_def0];
+    let ram = GuestRam::new(BASE, RAM).unwrap();
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    let mut bus = Device::default();
+    for &op in &ops {
+        for in_host in [false, true] {
+            // After the operation, x10, x11 and x12 read again (so they get
+            // host registers) or not at all.
+            let after: &[u32] =
+                if in_host { &[r_type(0, 11, 10, 0, 13, 0x33), r_type(0, 10, 12, 0, 14, 0x33)] } else { &[] };
+            let prog: Vec<u32> = [op].iter().chain(after).copied().chain([j_type(0, 0)]).collect();
+            for (i, w) in prog.iter().enumerate() {
+                ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+            }
+            let steps = prog.len() as u64;
+            for &a in &edge {
+                for &b in &edge {
+                    let mut out = [[0u64; 32]; 2];
+                    for (i, (h, o)) in harts.iter_mut().zip(out.iter_mut()).enumerate() {
+                        h.s.pc = BASE;
+                        h.s.x[10] = 0x5555_aaaa_8000_0001;
+                        h.s.x[11] = a;
+                        h.s.x[12] = b;
+                        let calls = h.jit_stats().calls;
+                        assert_eq!(h.run(&ram, &mut bus, steps), (steps, Exit::Budget));
+                        *o = h.s.x;
+                        if i > 0 {
+                            assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
+                        }
+                    }
+                    assert_eq!(out[0], out[1], "{op:#010x} (host registers: {in_host}) with {a:#x}, {b:#x}");
+                }
+            }
+        }
+    }
+}
+
 /// Every SC and AMO, .w and .d, on edge values in memory and in rs2, with
 /// rd a third register, x0, rs1 or rs2, and rs1 = rs2 (the address is
 /// the value) and an SC with a reservation of the address, of another and
