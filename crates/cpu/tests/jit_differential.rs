@@ -894,20 +894,8 @@ fn each_operation_on_edge_operands() {
         ram.write_u32(BASE, op).unwrap();
         ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
         for &(a, b) in &pairs {
-            let mut out = [[0u64; 32]; 3];
-            for (i, (h, o)) in harts.iter_mut().zip(out.iter_mut()).enumerate() {
-                h.s.pc = BASE;
-                h.s.x[10] = 0x5555;
-                h.s.x[11] = a;
-                h.s.x[12] = b;
-                let calls = h.jit_stats().calls;
-                // Two instructions: the whole block, so translated code runs.
-                assert_eq!(h.run(&ram, &mut bus, 2), (2, Exit::Budget));
-                *o = h.s.x;
-                if i > 0 {
-                    assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
-                }
-            }
+            // Two instructions: the whole block, so translated code runs.
+            let out = run_each_from_base(&mut harts, &ram, &mut bus, [0x5555, a, b], 2, op);
             assert_eq!(out[0], out[1], "{op:#010x} with {a:#x}, {b:#x}: interpreted, translated");
             assert_eq!(out[0], out[2], "{op:#010x} with {a:#x}, {b:#x}: interpreted, translated portably");
         }
@@ -916,6 +904,40 @@ fn each_operation_on_edge_operands() {
         assert!(h.translated_blocks() > 0);
         assert_eq!(h.jit_stats().handoffs, 0, "left to the interpreter untranslated");
     }
+}
+
+/// Two harts: one interpreting, one translating every block at its first
+/// entry.
+fn interpreted_and_translated() -> [Hart; 2] {
+    let mut harts = [Hart::new(0), Hart::new(0)];
+    harts[0].set_jit(0);
+    harts[1].set_jit(1);
+    harts
+}
+
+/// Each hart from BASE with x10, x11, x12 = `x`, `steps` steps in one run
+/// (every hart after the first in one call of translated code, the code
+/// at BASE being `op`'s block): their registers after.
+fn run_each_from_base(
+    harts: &mut [Hart],
+    ram: &GuestRam,
+    bus: &mut Device,
+    x: [u64; 3],
+    steps: u64,
+    op: u32,
+) -> Vec<[u64; 32]> {
+    let mut out = Vec::new();
+    for (i, h) in harts.iter_mut().enumerate() {
+        h.s.pc = BASE;
+        h.s.x[10..13].copy_from_slice(&x);
+        let calls = h.jit_stats().calls;
+        assert_eq!(h.run(ram, bus, steps), (steps, Exit::Budget));
+        out.push(h.s.x);
+        if i > 0 {
+            assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
+        }
+    }
+    out
 }
 
 /// The operations translated as a copy, a constant or one sign extension
@@ -942,9 +964,7 @@ fn copies_constants_and_sign_extensions_in_and_out_of_host_registers() {
     }
     let edge = [0u64, 1, u64::MAX, 1 << 63, 0xffff_ffff, 0x8000_0000, 0x7fff_ffff, 0x1234_5678_9abc_def0];
     let ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
-    harts[0].set_jit(0);
-    harts[1].set_jit(1);
+    let mut harts = interpreted_and_translated();
     let mut bus = Device::default();
     for &op in &ops {
         for in_host in [false, true] {
@@ -959,19 +979,7 @@ fn copies_constants_and_sign_extensions_in_and_out_of_host_registers() {
             let steps = prog.len() as u64;
             for &a in &edge {
                 for &b in &edge {
-                    let mut out = [[0u64; 32]; 2];
-                    for (i, (h, o)) in harts.iter_mut().zip(out.iter_mut()).enumerate() {
-                        h.s.pc = BASE;
-                        h.s.x[10] = 0x5555_aaaa_8000_0001;
-                        h.s.x[11] = a;
-                        h.s.x[12] = b;
-                        let calls = h.jit_stats().calls;
-                        assert_eq!(h.run(&ram, &mut bus, steps), (steps, Exit::Budget));
-                        *o = h.s.x;
-                        if i > 0 {
-                            assert_eq!(h.jit_stats().calls, calls + 1, "{op:#010x}: not run translated");
-                        }
-                    }
+                    let out = run_each_from_base(&mut harts, &ram, &mut bus, [0x5555_aaaa_8000_0001, a, b], steps, op);
                     assert_eq!(out[0], out[1], "{op:#010x} (host registers: {in_host}) with {a:#x}, {b:#x}");
                 }
             }
@@ -1021,9 +1029,7 @@ fn each_atomic_on_edge_operands() {
     let off = DATA - BASE;
     let reservations = [None, Some(off), Some(off + 8), Some(off + 4)];
     let ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
-    harts[0].set_jit(0);
-    harts[1].set_jit(1);
+    let mut harts = interpreted_and_translated();
     let mut bus = Device::default();
     for &op in &ops {
         // The jump's block is decoded and translated again for each op
@@ -2004,9 +2010,7 @@ fn each_fp_csr_access() {
 /// translated at first entry).
 fn one_op_bench() -> (GuestRam, [Hart; 2], Device) {
     let ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = [Hart::new(0), Hart::new(0)];
-    harts[0].set_jit(0);
-    harts[1].set_jit(1);
+    let mut harts = interpreted_and_translated();
     ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
     ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
     (ram, harts, Device::default())
