@@ -2010,7 +2010,7 @@ fn each_fp_csr_access() {
 /// translated at first entry).
 fn one_op_bench() -> (GuestRam, [Hart; 2], Device) {
     let ram = GuestRam::new(BASE, RAM).unwrap();
-    let mut harts = interpreted_and_translated();
+    let harts = interpreted_and_translated();
     ram.write_u32(BASE + 4, j_type(0, 0)).unwrap();
     ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
     (ram, harts, Device::default())
