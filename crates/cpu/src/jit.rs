@@ -1166,9 +1166,8 @@ impl Emitter {
     /// rd's host register when it holds rs2 (`or t2, s10, t2`), not in rax
     /// and copied.
     fn alu_commutative(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
-        let holds =
-            |r: u8| matches!(self.loc[r as usize], Loc::Host(_)) && self.loc[r as usize] == self.loc[rd as usize];
-        if rd != 0 && rd != rs1 && holds(rs2) {
+        let rd_is_rs2_in_host = matches!(self.loc[rd as usize], Loc::Host(_)) && rs2 == rd;
+        if rd_is_rs2_in_host && rd != rs1 {
             self.alu(rd, rs2, rs1, f);
         } else {
             self.alu(rd, rs1, rs2, f);
@@ -1184,7 +1183,7 @@ impl Emitter {
         self.put(rd, v);
     }
 
-    /// rd := imm sign-extended (`li` of 12 bits).
+    /// rd := imm sign-extended (`li` of 12 bits, `lui`).
     fn constant(&mut self, rd: u8, imm: i32) {
         let dst = self.dest(rd, None);
         dynasm!(self.ops ; .arch x64 ; mov Rq(dst), DWORD imm);
@@ -1287,11 +1286,7 @@ impl Emitter {
                 Some(General::FpCsr) => self.fp_csr(k, d),
                 None => unreachable!("not translated"),
             },
-            Lui => {
-                let dst = self.dest(rd, None);
-                dynasm!(self.ops ; .arch x64 ; mov Rq(dst), QWORD imm as i64);
-                self.put(rd, dst);
-            }
+            Lui => self.constant(rd, imm),
             Auipc => {
                 let dst = self.dest(rd, None);
                 self.pc_plus(dst, d.at, imm as i64);
