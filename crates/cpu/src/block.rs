@@ -147,9 +147,14 @@ pub(crate) struct Block {
     pub jit: Option<JitFn>,
     /// ... and where other blocks' code jumps to it (0 if none).
     pub chain: usize,
-    /// The instructions it translated (from the first); the interpreter
+    /// The instructions it translated (from the first, on into the blocks
+    /// after it if it runs on: see `jit::translate`); the interpreter
     /// executes the rest.
     pub jit_n: usize,
+    /// The instructions of the block and of those its translation runs on
+    /// into: what the budget must hold to call it (32 bits: the table's
+    /// slots stay 736 bytes, `hits` leaving 4 for it).
+    pub jit_len: u32,
     /// Its page's code state when it was decoded (0 in an empty slot:
     /// never a code state).
     pub code: u64,
@@ -170,6 +175,7 @@ impl Block {
         jit: None,
         chain: 0,
         jit_n: 0,
+        jit_len: 0,
         code: 0,
     };
 
@@ -192,7 +198,7 @@ impl Block {
 
     /// Decodes the block at RAM offset `off`. `None` if not even its first
     /// instruction lies wholly within its page.
-    fn decode_at(ram: &[u8], off: usize, ext: Extensions) -> Option<Block> {
+    pub(crate) fn decode_at(ram: &[u8], off: usize, ext: Extensions) -> Option<Block> {
         let page_end = (off | 0xfff) + 1;
         let mut b = Block { off, ..Block::EMPTY };
         let mut at = 0;
@@ -314,13 +320,14 @@ pub(crate) struct BlockCache {
 /// code, not kept).
 const VICTIMS: usize = 1 << 16;
 
-/// A translation and the code it was made from.
+/// A translation and the code it was made from: the RAM words from its
+/// first block's `base` to the end of the last block it runs on into.
 struct Known {
-    nwords: usize,
-    words: [u64; WORDS],
+    words: Box<[u64]>,
     entry: JitFn,
     chain: usize,
     n: usize,
+    len: usize,
 }
 
 impl Default for BlockCache {
@@ -396,6 +403,7 @@ impl BlockCache {
             b.jit = None;
             b.chain = 0;
             b.jit_n = 0;
+            b.jit_len = 0;
             b.hits = 0;
         }
         self.known.clear();
@@ -408,26 +416,40 @@ impl BlockCache {
 
     /// Counts an entry into slot `i` and translates its block when hot.
     #[inline(always)]
-    fn count(&mut self, i: usize) {
+    fn count(&mut self, i: usize, ram: &GuestRam, ext: Extensions) {
         let b = &mut self.slots[i];
         if b.jit.is_none() && b.hits < self.hot {
             b.hits += 1;
             if b.hits == self.hot {
-                self.translate(i);
+                self.translate(i, ram, ext);
             }
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn translate(&mut self, i: usize) {
+    fn translate(&mut self, i: usize, ram: &GuestRam, ext: Extensions) {
         let Some(arena) = &mut self.arena else { return };
-        let mut code = jit::translate(arena, &self.slots[i], i, &self.slots, self.host);
+        // The blocks its translation runs on into, decoded from RAM (on
+        // the block's page, whose code state is the block's: what their
+        // slots hold may be older or another block).
+        let mut after: Vec<Block> = Vec::new();
+        while after.len() + 1 < jit::MAX_PARTS && jit::runs_on(after.last().unwrap_or(&self.slots[i])) {
+            let last = after.last().unwrap_or(&self.slots[i]);
+            match Block::decode_at(ram.as_slice(), last.off + last.bytes, ext) {
+                Some(b) => after.push(b),
+                None => break,
+            }
+        }
+        let unit: Vec<&Block> = std::iter::once(&self.slots[i]).chain(&after).collect();
+        let mut code = jit::translate(arena, &unit, i, &self.slots, self.host);
         if code.is_none() && arena.full() {
             // Start over: every translation goes, this one goes in first.
+            drop(unit);
             self.forget_translations();
             let arena = self.arena.as_mut().expect("translation is on");
-            code = jit::translate(arena, &self.slots[i], i, &self.slots, self.host);
+            let unit: Vec<&Block> = std::iter::once(&self.slots[i]).chain(&after).collect();
+            code = jit::translate(arena, &unit, i, &self.slots, self.host);
             self.slots[i].hits = self.hot;
         }
         if let Some(t) = code {
@@ -435,8 +457,14 @@ impl BlockCache {
             b.jit = Some(t.entry);
             b.chain = t.chain;
             b.jit_n = t.n;
+            b.jit_len = t.len as u32;
             let off = b.off;
-            self.known.insert(off, Known { nwords: b.nwords, words: b.words, entry: t.entry, chain: t.chain, n: t.n });
+            let end = after.last().map_or(off + b.bytes, |l| l.off + l.bytes);
+            let words = ram.as_slice()[b.base..(end + 7) & !7]
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                .collect();
+            self.known.insert(off, Known { words, entry: t.entry, chain: t.chain, n: t.n, len: t.len });
             let arena = self.arena.as_mut().expect("translation is on");
             // Its links to blocks translated already, and the links to it.
             for (at, target) in t.links {
@@ -453,18 +481,24 @@ impl BlockCache {
     }
 
     /// Gives the block just decoded into slot `i` the translation made
-    /// earlier from the same words at the same place, if there is one.
-    /// The code depends on nothing else (the slots it refers to are those
-    /// of fixed RAM offsets), so it is exactly the code translating the
-    /// block again would make.
+    /// earlier from the same words at the same place (its own and those of
+    /// the blocks it runs on into), if there is one. The code depends on
+    /// nothing else (the slots it refers to are those of fixed RAM
+    /// offsets), so it is exactly the code translating the block again
+    /// would make.
     #[cold]
-    fn reuse(&mut self, i: usize) {
+    fn reuse(&mut self, i: usize, ram: &GuestRam) {
         let b = &mut self.slots[i];
         if let Some(k) = self.known.get(&b.off) {
-            if k.nwords == b.nwords && k.words[..k.nwords] == b.words[..b.nwords] {
+            let now = ram.as_slice().get(b.base..b.base + 8 * k.words.len());
+            let same = now.is_some_and(|now| {
+                now.chunks_exact(8).zip(&k.words[..]).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
+            });
+            if same {
                 b.jit = Some(k.entry);
                 b.chain = k.chain;
                 b.jit_n = k.n;
+                b.jit_len = k.len as u32;
                 b.hits = self.hot;
             }
         }
@@ -489,7 +523,7 @@ impl BlockCache {
         } else if verify_code() {
             verify(b, ram);
         }
-        self.count(i);
+        self.count(i, ram, ext);
         Some(&self.slots[i])
     }
 
@@ -519,7 +553,7 @@ impl BlockCache {
         let mut b = Block::decode_at(ram.as_slice(), off, ext)?;
         b.code = ram.code_state(off);
         self.slots[i] = b;
-        self.reuse(i);
+        self.reuse(i, ram);
         Some(())
     }
 }
@@ -529,6 +563,18 @@ impl BlockCache {
 pub(crate) fn verify_code() -> bool {
     static VERIFY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VERIFY.get_or_init(|| std::env::var("FTVM_VERIFY_CODE").is_ok_and(|v| v == "1"))
+}
+
+/// Stops the process: the translation of the block at RAM offset `off`
+/// (of code state `code`) found RAM no longer holding what it was made
+/// from, its page's code state unchanged: a write into code that did not
+/// change its page's state.
+#[cold]
+pub(crate) fn stale(block: &Block) -> ! {
+    panic!(
+        "FTVM_VERIFY_CODE: the code translated from RAM offset {:#x} on changed in RAM but its page's code state ({:#x}) did not",
+        block.off, block.code
+    );
 }
 
 /// Stops the process if `block`, whose code state is unchanged, is not

@@ -4,7 +4,7 @@
 //! checked only at slice entry and after instructions that can change
 //! them, never per instruction.
 
-use crate::block::{Block, BlockCache};
+use crate::block::{slot_of, Block, BlockCache};
 use crate::csr;
 use crate::decode::{decode, Op};
 use crate::ext::{Extensions, CBO_BLOCK_BYTES};
@@ -15,6 +15,7 @@ use crate::mmu::{index, tag};
 use crate::trap::{self, Access, Trap};
 use crate::Bus;
 use ftvm_memory::GuestRam;
+use std::borrow::Cow;
 
 /// What the block loop does after a block.
 enum Then {
@@ -301,7 +302,7 @@ impl Hart {
                     // Translated code only runs whole blocks: the budget
                     // must not end inside it.
                     Some(block) => match block.jit {
-                        Some(code) if budget - *steps >= block.n as u64 => {
+                        Some(code) if budget - *steps >= block.jit_len as u64 => {
                             self.run_translated(ram, bus, &cache, code, pc, budget, steps)
                         }
                         _ => self.run_block(ram, bus, block, pc, budget, steps, 0),
@@ -423,15 +424,38 @@ impl Hart {
         if r & 0xff == jit::END {
             return Then::Next;
         }
+        let head = cache.slot((r >> 16 & 0xff_ffff) as usize);
         if r & 0xff == jit::STALE {
-            crate::block::verify(cache.slot((r >> 16) as usize), ram);
+            crate::block::stale(head);
         }
         let k = (r >> 8 & 0xff) as usize;
-        let block = cache.slot((r >> 16) as usize);
-        if k == block.jit_n && !matches!(block.insts[k].op, Op::Other | Op::Illegal) {
+        // The translation ran on from the block in the slot into `part`
+        // blocks after it: those retired whole, and the one it stopped in
+        // is decoded as it was when translated (the page's code state is
+        // unchanged), from its own slot if that holds it still.
+        let mut block = Cow::Borrowed(head);
+        let mut pc = ctx.pc;
+        let mut before = 0;
+        let part = r >> jit::RESUME_PART;
+        if part > 0 {
+            self.jit_stats.later_resumes += 1;
+        }
+        for _ in 0..part {
+            let off = block.off + block.bytes;
+            pc = pc.wrapping_add(block.bytes as u64);
+            before += block.n;
+            self.retire(block.n as u64, pc, steps);
+            let s = cache.slot(slot_of(off));
+            block = if s.off == off && s.n != 0 && s.code == ram.code_state(off) {
+                Cow::Borrowed(s)
+            } else {
+                Cow::Owned(Block::decode_at(ram.as_slice(), off, self.s.ext).expect("decoded when translated"))
+            };
+        }
+        if before + k == head.jit_n && !matches!(block.insts[k].op, Op::Other | Op::Illegal) {
             self.jit_stats.handoffs += 1;
         }
-        self.run_block(ram, bus, block, ctx.pc, budget, steps, k)
+        self.run_block(ram, bus, &block, pc, budget, steps, k)
     }
 
     /// Executes `block`, which starts at `pc`, or as much of it as the

@@ -134,6 +134,10 @@ pub struct JitStats {
     /// FPU (`jit::fp_helper`): those without an inline fast path, and
     /// those whose fast path's checks sent them there.
     pub fp_calls: u64,
+    /// Returns to the interpreter inside a later block of a translation
+    /// that runs on from its own block into those after it (see
+    /// `jit::translate`).
+    pub later_resumes: u64,
 }
 
 pub struct Hart {

@@ -67,6 +67,11 @@
 //! then it falls through to a lookup in the target's slot. Each block adds
 //! what it retired to the count in the context, so the instructions
 //! counted and the point the budget stops at are the interpreter's.
+//! A block that ends only because it reached `MAX_INSTS` instructions
+//! (straight-line code: a SHA-256 round is 62) is translated together
+//! with the blocks after it, up to `MAX_PARTS` in all, as one piece of
+//! code (see `translate`): the guest registers stay in host registers
+//! from one to the next, with no chain entry between them.
 //! A block that goes back to its own start (a loop of one block: a fill,
 //! a copy, a byte loop) jumps to the top of its own body instead: of the
 //! chain entry's checks only the budget's can fail there, and the
@@ -86,10 +91,11 @@
 //! What a call returns:
 //! - `END`: every block it ran retired whole (the count is in
 //!   `JitCtx::left`) and the next pc is `JitCtx::pc`;
-//! - `RESUME | k << 8 | slot << 16`: the blocks before the one in `slot`
-//!   retired; that one, at `JitCtx::pc`, executed its instructions `0..k`
-//!   but counted none, and the interpreter carries on from instruction
-//!   `k`: a load or store whose TLB fast path missed, an SC or AMO whose
+//! - `RESUME | k << 8 | slot << 16 | part << 40`: the blocks before the
+//!   one in `slot` retired; that one, at `JitCtx::pc`, and the `part`
+//!   blocks after it its translation runs on through executed whole, the
+//!   next one its instructions `0..k`, none of them counted, and the
+//!   interpreter carries on from instruction `k` of that one: a load or store whose TLB fast path missed, an SC or AMO whose
 //!   did or whose address is misaligned, a floating-point
 //!   instruction that traps (FS off, a reserved rounding mode or
 //!   encoding: `fp_compute` declines without changing anything), or an
@@ -113,7 +119,7 @@
 //! code assembler would do too, but encodes every instruction at run time
 //! through a much larger crate.
 
-use crate::block::{slot_of, Block, Inst, SLOTS};
+use crate::block::{slot_of, Block, Inst, MAX_INSTS, SLOTS};
 use crate::csr::{ENVCFG_CBZE, FCSR, FFLAGS, FRM, MSTATUS_FS, MSTATUS_FS_DIRTY, MSTATUS_SD};
 use crate::decode::Op;
 use crate::ext::CBO_BLOCK_BYTES;
@@ -130,8 +136,12 @@ pub(crate) const HOT: u32 = 32;
 /// Exit codes of translated code (the low byte of what it returns).
 pub(crate) const END: u64 = 0;
 pub(crate) const RESUME: u64 = 1;
-/// `FTVM_VERIFY_CODE` only: the block in slot `code >> 16` was entered
-/// with its page's code state unchanged but its bits changed in RAM.
+/// The bit a resume's part starts at (its instruction is at bit 8, the
+/// slot at bit 16).
+pub(crate) const RESUME_PART: u32 = 40;
+/// `FTVM_VERIFY_CODE` only: the translation in slot `code >> 16` was
+/// entered with its page's code state unchanged but the bits of its
+/// blocks changed in RAM.
 pub(crate) const STALE: u64 = 2;
 
 /// What translated code reads and writes besides the guest registers
@@ -578,28 +588,64 @@ impl Arena {
 pub(crate) struct Translation {
     pub entry: JitFn,
     pub chain: usize,
-    /// The instructions translated: the block's longest prefix the
-    /// translator handles.
+    /// The instructions translated: the longest prefix of the block and
+    /// the blocks it runs on into (see `translate`) the translator
+    /// handles.
     pub n: usize,
+    /// The instructions of the block and of those it runs on into: what
+    /// the budget must hold for a call (or a chained jump) to run it.
+    pub len: usize,
     /// Its links to blocks on its own page: the address of each link's
     /// `jmp` displacement and the RAM offset of the block it goes to (see
     /// `Arena::link`).
     pub links: Vec<(usize, usize)>,
 }
 
-/// Translate `block`, which is in `slots[slot]`, into the arena, for a
-/// host with the instructions `host`. `None` if its first instruction is
-/// not handled or the arena is full.
+/// The most blocks one translation runs through (see `translate`).
+pub(crate) const MAX_PARTS: usize = 4;
+
+/// Whether the translation of `block` would run on into the block after
+/// it, whose first instruction follows its last on the same page: it
+/// translates every instruction of `block`, and the block ends only
+/// because it reached its length (not at a jump, a branch or the
+/// general executor's instruction, nor at the page's end).
+pub(crate) fn runs_on(block: &Block) -> bool {
+    let insts = &block.insts[..block.n];
+    let next = block.off + block.bytes;
+    block.n == MAX_INSTS
+        && insts.iter().all(supported)
+        && !matches!(
+            insts[block.n - 1].op,
+            Op::Jal | Op::Jalr | Op::Beq | Op::Bne | Op::Blt | Op::Bge | Op::Bltu | Op::Bgeu
+        )
+        && next >> 12 == block.off >> 12
+}
+
+/// Translate `unit` into the arena, for a host with the instructions
+/// `host`: its first block, which is in `slots[slot]`, and the blocks
+/// that follow it straight on (each of the others the one right after
+/// the one before, which `runs_on`), as one piece of code. Long
+/// straight-line code (the 62 instructions of a SHA-256 round, a loop of
+/// 34) is split into blocks of `MAX_INSTS`; crossing from one to the next
+/// through a chain entry cost its checks and every register written back
+/// and loaded again. Within one translation the registers stay in host
+/// registers, and nothing is checked: the blocks are on the first one's
+/// page, whose code state its entry checked. The first block's slot
+/// keeps the translation (the others are decoded as the translation was
+/// made, and keep their own slots and translations), so a resume in a
+/// later block names the first's slot and the part (see `Emitter::resume`).
+/// `None` if the first instruction is not handled or the arena is full.
 pub(crate) fn translate(
     arena: &mut Arena,
-    block: &Block,
+    unit: &[&Block],
     slot: usize,
     slots: &[Block],
     host: Host,
 ) -> Option<Translation> {
-    let (code, chain, n, links) = assemble(block, slot, slots, host)?;
+    let (code, chain, n, links) = assemble(unit, slot, slots, host)?;
+    let len = unit.iter().map(|b| b.n).sum();
     let ptr = arena.place(&code)?;
-    perf_map(ptr, code.len(), block.off);
+    perf_map(ptr, code.len(), unit[0].off);
     // SAFETY: `ptr` is the start of the code just assembled for exactly
     // this signature (System V: rdi = guest registers, rsi = context,
     // returns rax; it saves the callee-saved registers it uses), copied
@@ -607,7 +653,7 @@ pub(crate) fn translate(
     // before which the block cache drops every `JitFn`.
     let entry = unsafe { std::mem::transmute::<*const u8, JitFn>(ptr) };
     let links = links.into_iter().map(|(at, target)| (ptr as usize + at, target)).collect();
-    Some(Translation { entry, chain: ptr as usize + chain, n, links })
+    Some(Translation { entry, chain: ptr as usize + chain, n, len, links })
 }
 
 /// With `FTVM_PERF_MAP=1`, names each translation in `/tmp/perf-PID.map`
@@ -650,8 +696,19 @@ fn perf_map(ptr: *const u8, len: usize, off: usize) {
 /// `Translation`); the instructions translated.
 type Assembled = (Vec<u8>, usize, usize, Vec<(usize, usize)>);
 
-fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<Assembled> {
-    let insts = &block.insts[..block.n];
+fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option<Assembled> {
+    let block = unit[0];
+    // The unit's instructions as one block's, their offsets from its
+    // start, and where each part begins among them.
+    let mut insts = Vec::with_capacity(unit.len() * MAX_INSTS);
+    let mut parts = Vec::with_capacity(unit.len());
+    for b in unit {
+        debug_assert_eq!(b.off, block.off + insts.last().map_or(0, |d: &Inst| d.next as usize));
+        parts.push(insts.len());
+        let at = (b.off - block.off) as u16;
+        insts.extend(b.insts[..b.n].iter().map(|d| Inst { at: d.at + at, next: d.next + at, ..*d }));
+    }
+    let len: usize = insts.len();
     let m = insts.iter().position(|d| !supported(d)).unwrap_or(insts.len());
     if m == 0 {
         return None;
@@ -687,6 +744,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
         slots: slots.as_ptr() as usize,
         off: block.off,
         n: m,
+        parts,
         host,
         links: Vec::new(),
         head: None,
@@ -719,7 +777,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
     dynasm!(e.ops
         ; .arch x64
         ; =>chain_label
-        ; cmp QWORD [rsi + CTX_LEFT], block.n as i32
+        ; cmp QWORD [rsi + CTX_LEFT], len as i32
         ; jb =>bail
         // ... its slot still holding this translation (a direct link
         // comes here whatever the slot holds now: see `Arena::link`)...
@@ -744,13 +802,16 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
             ; mov rcx, QWORD block.base as i64
             ; add rdx, rcx
         );
-        for (k, &w) in block.words[..block.nwords].iter().enumerate() {
-            dynasm!(e.ops
-                ; .arch x64
-                ; mov rax, QWORD w as i64
-                ; cmp QWORD [rdx + 8 * k as i32], rax
-                ; jne =>stale
-            );
+        for b in unit {
+            let at = (b.base - block.base) as i32;
+            for (k, &w) in b.words[..b.nwords].iter().enumerate() {
+                dynasm!(e.ops
+                    ; .arch x64
+                    ; mov rax, QWORD w as i64
+                    ; cmp QWORD [rdx + at + 8 * k as i32], rax
+                    ; jne =>stale
+                );
+            }
         }
     }
     dynasm!(e.ops ; .arch x64 ; =>body);
@@ -766,7 +827,7 @@ fn assemble(block: &Block, slot: usize, slots: &[Block], host: Host) -> Option<A
     }
     if !ended {
         e.writeback(e.dirty);
-        if m < block.n {
+        if m < len {
             // The interpreter executes the rest.
             let code = e.resume(m);
             dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
@@ -886,12 +947,14 @@ struct Emitter {
     /// The shared tail of the exits to a pc known only at run time, once
     /// one needs it (see `Emitter::lookup`).
     lookup: Option<DynamicLabel>,
-    /// The block's slot, the address of the table of slots, the block's
-    /// RAM offset and the number of instructions translated.
+    /// The first block's slot, the address of the table of slots, the
+    /// first block's RAM offset and the number of instructions translated.
     slot: usize,
     slots: usize,
     off: usize,
     n: usize,
+    /// Where each block of the unit starts among its instructions.
+    parts: Vec<usize>,
     host: Host,
     /// The links to blocks on this page: the offset of each `jmp`'s
     /// displacement in the code, and the block's RAM offset.
@@ -1021,9 +1084,11 @@ impl Emitter {
         label
     }
 
-    /// What to return for the interpreter to go on at instruction `k`.
+    /// What to return for the interpreter to go on at instruction `k` of
+    /// the unit: its part and the instruction in that part.
     fn resume(&self, k: usize) -> u64 {
-        RESUME | (k as u64) << 8 | (self.slot as u64) << 16
+        let part = self.parts.iter().rposition(|&first| first <= k).expect("part 0 starts at 0");
+        RESUME | ((k - self.parts[part]) as u64) << 8 | (self.slot as u64) << 16 | (part as u64) << RESUME_PART
     }
 
     /// The block retired whole (its registers are written back) and goes
