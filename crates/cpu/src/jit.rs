@@ -72,11 +72,13 @@
 //! with the blocks after it, up to `MAX_PARTS` in all, as one piece of
 //! code (see `translate`): the guest registers stay in host registers
 //! from one to the next, with no chain entry between them.
-//! A block that goes back to its own start (a loop of one block: a fill,
-//! a copy, a byte loop) jumps to the top of its own body instead: of the
-//! chain entry's checks only the budget's can fail there, and the
-//! register file holds every guest register (the dirty ones were written
-//! back at the branch, as at every exit), as the body's start expects.
+//! A translation that goes back to its own start (a loop of one block or
+//! of the blocks it runs on through: a fill, a copy, a byte loop, a hash's
+//! rounds) jumps to the top of its own body instead: of the chain entry's
+//! checks only the budget's can fail there. The guest registers its body
+//! ends with in host registers stay there from one round to the next:
+//! the body's start takes them to be there (every entry loads them), and
+//! the way back moves only those not in place (see `Emitter::loop_back`).
 //!
 //! A jump through a register (`jalr`: returns, indirect calls) and a
 //! direct jump, branch or fall-through to another page go on the same
@@ -313,6 +315,117 @@ impl Access {
 /// `r`, if any.
 fn next_use(accesses: &[Access], k: usize, r: usize) -> Option<usize> {
     (k + 1..accesses.len()).find(|&j| accesses[j].all() & (1 << r) != 0)
+}
+
+/// Whether `d` jumps or branches to its unit's start (it is the unit's
+/// last instruction: only those leave the straight line).
+fn back_to_start(d: &Inst) -> bool {
+    use Op::*;
+    matches!(d.op, Jal | Beq | Bne | Blt | Bge | Bltu | Bgeu) && d.at as i64 + d.imm as i64 == 0
+}
+
+/// Where the registers stand at the start of a loop's body, whose
+/// instructions access `body` (the last goes back to the first), and
+/// what the allocation then looks ahead at: the body, then the body again
+/// (a register the next round uses soon keeps its host register at the
+/// end of this one, as within straight-line code).
+///
+/// The start's places are those the end of a round leaves, the round run
+/// from them (a few rounds of the allocation without code settle it); the
+/// registers that may be dirty there are those the end of a round leaves
+/// dirty, the round started with them dirty (from all of them down to
+/// where that holds). Every entry loads the start's registers (then
+/// clean: fewer dirty than assumed only costs stores); the way back
+/// writes back and loads the ones out of place (see `Emitter::loop_back`).
+fn round(body: &[Access]) -> ([Loc; 32], u32, Vec<Access>) {
+    let ahead: Vec<Access> = body.iter().chain(body).copied().collect();
+    let mut top = [Loc::Zero; 32];
+    for (r, l) in top.iter_mut().enumerate().skip(1) {
+        *l = Loc::Mem(8 * r as i32);
+    }
+    // One round from `loc` with `dirty`: where it ends, and what is dirty.
+    let run = |mut loc: [Loc; 32], mut dirty: u32| {
+        for (k, here) in body.iter().enumerate() {
+            allocation(&mut loc, &ahead, k, |m| {
+                if let Move::GiveUp { guest, .. } = m {
+                    dirty &= !(1 << guest);
+                }
+            });
+            dirty |= here.written & held(&loc);
+        }
+        (loc, dirty)
+    };
+    for _ in 0..4 {
+        let (end, _) = run(top, 0);
+        if end == top {
+            break;
+        }
+        top = end;
+    }
+    let (end, _) = run(top, 0);
+    let in_place = held(&top) & !(1..32).filter(|&r| end[r] != top[r]).fold(0, |m, r| m | 1 << r);
+    let mut dirty = held(&top);
+    loop {
+        let (_, after) = run(top, dirty);
+        let next = after & in_place;
+        if next == dirty {
+            break;
+        }
+        dirty = next;
+    }
+    (top, dirty, ahead)
+}
+
+/// The guest registers in host registers in `loc`, as a mask.
+fn held(loc: &[Loc; 32]) -> u32 {
+    (1..32).filter(|&r| matches!(loc[r], Loc::Host(_))).fold(0, |m, r| m | 1 << r)
+}
+
+/// A change `allocation` makes to where guest registers are.
+enum Move {
+    /// `guest` leaves `host` for the register file.
+    GiveUp { guest: usize, host: u8 },
+    /// `guest` goes into `host`.
+    Take { guest: usize, host: u8 },
+}
+
+/// Before instruction `k`: a host register for each guest register it
+/// accesses that an instruction after it accesses again (one used only
+/// here is as cheap in the register file). With none free, the one held
+/// whose next use is furthest away gives its host register up, unless
+/// that use comes sooner than the newcomer's: the choice that reloads
+/// least in straight-line code (Belady's). It changes only where
+/// registers are between instructions (each exit writes back what is
+/// dirty where it stands; a stub keeps the places of its own), and tells
+/// `moved` of each change, in order.
+fn allocation(loc: &mut [Loc; 32], accesses: &[Access], k: usize, mut moved: impl FnMut(Move)) {
+    let here = accesses[k];
+    for r in (1..32).filter(|&r| here.all() & (1 << r) != 0) {
+        if matches!(loc[r], Loc::Host(_)) {
+            continue;
+        }
+        let Some(next) = next_use(accesses, k, r) else { continue };
+        let host = match POOL.iter().copied().find(|&h| !loc.contains(&Loc::Host(h))) {
+            Some(h) => h,
+            None => {
+                // Never used again counts as furthest away.
+                let victim = (1..32)
+                    .filter(|&v| here.all() & (1 << v) == 0 && matches!(loc[v], Loc::Host(_)))
+                    .map(|v| (v, next_use(accesses, k, v).unwrap_or(usize::MAX)))
+                    .max_by_key(|&(_, used)| used);
+                let Some((v, used)) = victim else { continue };
+                if used <= next {
+                    continue;
+                }
+                let Loc::Host(h) = loc[v] else { unreachable!() };
+                moved(Move::GiveUp { guest: v, host: h });
+                loc[v] = Loc::Mem(8 * v as i32);
+                h
+            }
+        };
+        loc[r] = Loc::Host(host);
+        moved(Move::Take { guest: r, host });
+    }
 }
 
 /// Where a guest register is during a block.
@@ -717,7 +830,7 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
 
     // Which x registers each instruction reads and writes (x0 left out):
     // host registers go to them as the block runs (see `Emitter::allocate`).
-    let accesses: Vec<Access> = insts
+    let mut accesses: Vec<Access> = insts
         .iter()
         .map(|d| {
             let (r1, r2) = reads(d);
@@ -748,6 +861,8 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
         host,
         links: Vec::new(),
         head: None,
+        top: loc,
+        top_dirty: 0,
     };
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
@@ -816,6 +931,21 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
     }
     dynasm!(e.ops ; .arch x64 ; =>body);
     if stale.is_none() {
+        // A unit that goes back to its own start keeps guest registers in
+        // host registers from one round to the next (see `Loop`).
+        if let Some(back) = insts.iter().position(back_to_start) {
+            let (top, dirty, ahead) = round(&accesses[..=back]);
+            e.top = top;
+            e.top_dirty = dirty;
+            accesses = ahead;
+        }
+        for (r, l) in e.top.into_iter().enumerate() {
+            if let Loc::Host(h) = l {
+                dynasm!(e.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
+            }
+        }
+        e.loc = e.top;
+        e.dirty = e.top_dirty;
         let head = e.ops.new_dynamic_label();
         dynasm!(e.ops ; .arch x64 ; =>head);
         e.head = Some(head);
@@ -959,12 +1089,15 @@ struct Emitter {
     /// The links to blocks on this page: the offset of each `jmp`'s
     /// displacement in the code, and the block's RAM offset.
     links: Vec<(usize, usize)>,
-    /// Where the block's body starts, every guest register in the
-    /// register file: a jump back to the block's own start (a loop of one
-    /// block) goes there, not through its chain entry (see
-    /// `Emitter::leave`). None under `FTVM_VERIFY_CODE`, whose check is in
-    /// the chain entry.
+    /// Where the body starts, the guest registers of `top` in their host
+    /// registers: a jump back to the unit's own start (a loop) goes there,
+    /// not through its chain entry (see `Emitter::loop_back`). None under
+    /// `FTVM_VERIFY_CODE`, whose check is in the chain entry.
     head: Option<DynamicLabel>,
+    /// Where the guest registers are at `head`, and which of those in
+    /// host registers may be dirty there (see `round`).
+    top: [Loc; 32],
+    top_dirty: u32,
 }
 
 /// A 64-bit ALU operation `dst op= src` on host registers.
@@ -1021,48 +1154,24 @@ impl Emitter {
         }
     }
 
-    /// Before instruction `k`: a host register for each guest register it
-    /// accesses that an instruction after it accesses again, loaded if `k`
-    /// reads it (one used only here is as cheap in the register file).
-    /// With none free, the one held whose next use is furthest away gives
-    /// its host register up (written back if dirty), unless that use
-    /// comes sooner than the newcomer's: the choice that reloads least in
-    /// straight-line code (Belady's). It changes only where registers
-    /// are between instructions: each exit writes back what is dirty
-    /// where it stands (a stub keeps the places of its own).
+    /// Before instruction `k`: the host registers `allocation` gives out,
+    /// a guest register giving one up written back if dirty, one taken
+    /// loaded if `k` reads it.
     fn allocate(&mut self, accesses: &[Access], k: usize) {
-        let here = accesses[k];
-        for r in (1..32).filter(|&r| here.all() & (1 << r) != 0) {
-            if matches!(self.loc[r], Loc::Host(_)) {
-                continue;
-            }
-            let Some(next) = next_use(accesses, k, r) else { continue };
-            let host = match POOL.iter().copied().find(|&h| !self.loc.contains(&Loc::Host(h))) {
-                Some(h) => h,
-                None => {
-                    // Never used again counts as furthest away.
-                    let victim = (1..32)
-                        .filter(|&v| here.all() & (1 << v) == 0 && matches!(self.loc[v], Loc::Host(_)))
-                        .map(|v| (v, next_use(accesses, k, v).unwrap_or(usize::MAX)))
-                        .max_by_key(|&(_, used)| used);
-                    let Some((v, used)) = victim else { continue };
-                    if used <= next {
-                        continue;
-                    }
-                    let Loc::Host(h) = self.loc[v] else { unreachable!() };
-                    if self.dirty & (1 << v) != 0 {
-                        dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * v as i32], Rq(h));
-                        self.dirty &= !(1 << v);
-                    }
-                    self.loc[v] = Loc::Mem(8 * v as i32);
-                    h
+        let (ops, dirty) = (&mut self.ops, &mut self.dirty);
+        allocation(&mut self.loc, accesses, k, |m| match m {
+            Move::GiveUp { guest, host } => {
+                if *dirty & (1 << guest) != 0 {
+                    dynasm!(ops ; .arch x64 ; mov QWORD [rdi + 8 * guest as i32], Rq(host));
+                    *dirty &= !(1 << guest);
                 }
-            };
-            self.loc[r] = Loc::Host(host);
-            if here.read & (1 << r) != 0 {
-                dynasm!(self.ops ; .arch x64 ; mov Rq(host), QWORD [rdi + 8 * r as i32]);
             }
-        }
+            Move::Take { guest, host } => {
+                if accesses[k].read & (1 << guest) != 0 {
+                    dynasm!(ops ; .arch x64 ; mov Rq(host), QWORD [rdi + 8 * guest as i32]);
+                }
+            }
+        });
     }
 
     /// Stores the registers of `dirty` to the register file.
@@ -1096,25 +1205,11 @@ impl Emitter {
     /// it is on the same page and the slot holds one, else back to Rust.
     fn leave(&mut self, delta: i64) {
         let delta32 = i32::try_from(delta).expect("a jump within 1 MiB");
-        dynasm!(self.ops ; .arch x64 ; sub QWORD [rsi + CTX_LEFT], self.n as i32);
-        if let (0, Some(head)) = (delta, self.head) {
-            // Back to this block's own start, the pc unchanged: of the
-            // chain entry's checks only the budget's can fail (nothing in
-            // translated code changes a slot or a page's code state). The
-            // dirty registers were just written back, so the register
-            // file is what the body's start takes it to be.
-            dynasm!(self.ops
-                ; .arch x64
-                ; cmp QWORD [rsi + CTX_LEFT], self.n as i32
-                ; jb >out
-                ; jmp =>head
-                ; out:
-                ; xor eax, eax
-                ; jmp =>self.epilogue
-            );
-            return;
-        }
-        dynasm!(self.ops ; .arch x64 ; add QWORD [rsi + CTX_PC], delta32);
+        dynasm!(self.ops
+            ; .arch x64
+            ; sub QWORD [rsi + CTX_LEFT], self.n as i32
+            ; add QWORD [rsi + CTX_PC], delta32
+        );
         let target = self.off as i64 + delta;
         if target >= 0 && (target as usize) >> 12 == self.off >> 12 {
             let target = target as usize;
@@ -1143,6 +1238,53 @@ impl Emitter {
             let lookup = self.lookup();
             dynasm!(self.ops ; .arch x64 ; mov r11, QWORD [rsi + CTX_PC] ; jmp =>lookup);
         }
+    }
+
+    /// Whether a jump or branch here to the unit's own start can go
+    /// straight to `head`.
+    fn loops(&self, d: &crate::block::Inst) -> bool {
+        self.head.is_some() && back_to_start(d)
+    }
+
+    /// The unit retired whole and goes back to its own start, the pc
+    /// unchanged: of the chain entry's checks only the budget's can fail
+    /// (nothing in translated code changes a slot or a page's code
+    /// state). The guest registers go where `head` takes them to be
+    /// (`top`): those dirty and elsewhere written back first, then those
+    /// not in place loaded (`top` gives each host register one guest
+    /// register, so a load never lands on one in place).
+    fn loop_back(&mut self) {
+        let head = self.head.expect("a loop has a head");
+        let top = self.top;
+        // (Dirty in place but not where `head` takes it may be: `round`
+        // says that cannot be, but what is emitted does not rely on it.)
+        let stays = self.top_dirty;
+        for (r, (now, then)) in self.loc.into_iter().zip(top).enumerate() {
+            if let Loc::Host(h) = now {
+                if (then != now || stays & (1 << r) == 0) && self.dirty & (1 << r) != 0 {
+                    dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * r as i32], Rq(h));
+                }
+            }
+        }
+        for (r, (now, then)) in self.loc.into_iter().zip(top).enumerate() {
+            if let Loc::Host(h) = then {
+                if now != then {
+                    dynasm!(self.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
+                }
+            }
+        }
+        self.loc = top;
+        self.dirty = stays;
+        dynasm!(self.ops
+            ; .arch x64
+            ; sub QWORD [rsi + CTX_LEFT], self.n as i32
+            ; cmp QWORD [rsi + CTX_LEFT], self.n as i32
+            ; jb >out
+            ; jmp =>head
+            ; out:
+        );
+        self.writeback(self.dirty);
+        dynasm!(self.ops ; .arch x64 ; xor eax, eax ; jmp =>self.epilogue);
     }
 
     /// The label of the exit to the pc in r11 (already in `JitCtx::pc`,
@@ -1360,8 +1502,12 @@ impl Emitter {
             Jal => {
                 self.pc_plus(RAX, d.at, len);
                 self.put(rd, RAX);
-                self.writeback(self.dirty);
-                self.leave(d.at as i64 + imm as i64);
+                if self.loops(d) {
+                    self.loop_back();
+                } else {
+                    self.writeback(self.dirty);
+                    self.leave(d.at as i64 + imm as i64);
+                }
                 return true;
             }
             Jalr => {
@@ -1383,8 +1529,12 @@ impl Emitter {
             Beq | Bne | Blt | Bge | Bltu | Bgeu => {
                 let a = self.src(rs1, RAX);
                 let b = self.src(rs2, RCX);
+                let back = self.loops(d);
                 // Only moves between here and the jump: the flags stay.
-                self.writeback(self.dirty);
+                // A loop's way back writes back only what it must.
+                if !back {
+                    self.writeback(self.dirty);
+                }
                 let taken = self.ops.new_dynamic_label();
                 dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
                 match d.op {
@@ -1395,9 +1545,16 @@ impl Emitter {
                     Bltu => dynasm!(self.ops ; .arch x64 ; jb =>taken),
                     _ => dynasm!(self.ops ; .arch x64 ; jae =>taken),
                 }
+                if back {
+                    self.writeback(self.dirty);
+                }
                 self.leave(d.next as i64);
                 dynasm!(self.ops ; .arch x64 ; =>taken);
-                self.leave(d.at as i64 + imm as i64);
+                if back {
+                    self.loop_back();
+                } else {
+                    self.leave(d.at as i64 + imm as i64);
+                }
                 return true;
             }
             Lb | Lh | Lw | Ld | Lbu | Lhu | Lwu => {
