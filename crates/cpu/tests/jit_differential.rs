@@ -998,6 +998,48 @@ fn copies_constants_and_sign_extensions_in_and_out_of_host_registers() {
     }
 }
 
+/// Calls from translated code into Rust (the software FPU for a division
+/// in another rounding mode, the AMO helper) with every host register of
+/// the pool holding a guest register, each dirty: those the call may
+/// clobber must come back, translated as interpreted.
+#[test]
+fn calls_into_rust_keep_the_guest_registers_held() {
+    let regs = 9..=20u32;
+    let mut prog: Vec<u32> = regs.clone().map(|r| i_type(r as i32, r, 0, r, 0x13)).collect();
+    // fdiv.d f1, f2, f3, rtz
+    prog.push(r_type(0x0d, 3, 2, 1, 1, 0x53));
+    prog.extend(regs.clone().map(|r| i_type(1, r, 0, r, 0x13)));
+    // amoadd.d x22, x23, (x5): a call, the block's last instruction.
+    prog.push(atomic(0, true, 23, 5, 22));
+    prog.push(j_type(0, 0));
+    let ram = GuestRam::new(BASE, RAM).unwrap();
+    for (i, w) in prog.iter().enumerate() {
+        ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+    }
+    let mut harts = interpreted_and_translated();
+    let mut bus = Device::default();
+    let mut after = Vec::new();
+    for h in harts.iter_mut() {
+        ram.write_u64(DATA, 0).unwrap();
+        h.s.pc = BASE;
+        h.s.mstatus |= 1 << 13;
+        h.s.f[2] = 1.0f64.to_bits();
+        h.s.f[3] = 3.0f64.to_bits();
+        for r in regs.clone() {
+            h.s.x[r as usize] = 0x0123_4567_89ab_cdef_u64.rotate_left(r);
+        }
+        h.s.x[5] = DATA;
+        h.s.x[23] = 7;
+        let steps = prog.len() as u64 - 1;
+        assert_eq!(h.run(&ram, &mut bus, steps), (steps, Exit::Budget));
+        after.push((h.s.x, h.s.f[1], h.jit_stats()));
+    }
+    assert_eq!(after[0].0, after[1].0, "the x registers");
+    assert_eq!(after[0].1, after[1].1, "the quotient");
+    let stats = after[1].2;
+    assert!(stats.calls == 1 && stats.fp_calls == 1, "one call of translated code, one of the FPU: {stats:?}");
+}
+
 /// Every SC and AMO, .w and .d, on edge values in memory and in rs2, with
 /// rd a third register, x0, rs1 or rs2, and rs1 = rs2 (the address is
 /// the value) and an SC with a reservation of the address, of another and
