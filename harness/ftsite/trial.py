@@ -122,17 +122,19 @@ class ProtectedRedis:
     backup_extra: list
 
 
-def protected_redis(ftvm, work, tag, mode_args=()):
+def protected_redis(ftvm, work, tag, mode_args=(), min_timeout_ms=None):
     """A fresh site and shared storage under `work`, a backup, then a
     primary running redis (appendonly, fsync always) with `mode_args`
-    (each host its own disk copy in checkpoint mode); returns once redis
-    answers and the primary says it is protected."""
+    (each host its own disk copy in checkpoint mode) and the heartbeat
+    timeout's floor `min_timeout_ms` (None: ftvm's default); returns once
+    redis answers and the primary says it is protected."""
     site = Site(tag)
     shared = Path(work) / "shared"
     shared.mkdir(parents=True, exist_ok=True)
     primary_extra, backup_extra = disk_options(ftvm, work, list(mode_args))
-    backup = start_backup(site, ftvm, work, shared, TIMEOUT_MS, extra=backup_extra)
-    primary = start_primary(site, ftvm, work, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra)
+    backup = start_backup(site, ftvm, work, shared, TIMEOUT_MS, extra=backup_extra, min_timeout_ms=min_timeout_ms)
+    primary = start_primary(site, ftvm, work, shared, REDIS_FT, TIMEOUT_MS, extra=primary_extra,
+                            min_timeout_ms=min_timeout_ms)
     conn = wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
     event(primary, "protected", timeout=10, watch=[backup])
     return ProtectedRedis(site, primary, backup, conn, shared, primary_extra, backup_extra)

@@ -79,7 +79,7 @@ def stalled(proc, seconds):
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_new_timeout_and_a_cpu_limit_go_to_the_backup_on_the_channel(ftvm, scratch, mode):
-    vm = ftsite.protected_redis(ftvm, scratch, f"c{mode[0]}", MODES[mode])
+    vm = ftsite.protected_redis(ftvm, scratch, f"c{mode[0]}", MODES[mode], ftsite.TEST_MIN_TIMEOUT_MS)
     primary, backup, conn = vm.primary, vm.backup, vm.conn
     writer = KeyWriter(conn)
     writer.start()

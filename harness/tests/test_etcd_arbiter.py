@@ -15,6 +15,7 @@ from ftsite.etcd import EtcdCluster
 from ftsite.trial import KeyWriter, check_keys
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
+FLOOR = ftsite.TEST_MIN_TIMEOUT_MS
 
 
 def etcd_pair(ftvm, scratch, tag):
@@ -28,9 +29,9 @@ def etcd_pair(ftvm, scratch, tag):
     subprocess.run([ftvm, "ft", "keygen", str(key)], check=True, capture_output=True)
     arbiter = ["--etcd", etcd.endpoints, "--vm-name", "redis-1", "--pair-key", str(key)]
     mine, theirs = ftsite.two_copies(ftvm, scratch)
-    backup = start_backup(site, ftvm, scratch, arbiter, TIMEOUT_MS, extra=["--disk", theirs])
+    backup = start_backup(site, ftvm, scratch, arbiter, TIMEOUT_MS, extra=["--disk", theirs], min_timeout_ms=FLOOR)
     primary = start_primary(site, ftvm, scratch, arbiter, REDIS_FT, TIMEOUT_MS,
-                            extra=["--disk-sharing", "separate", "--disk", mine])
+                            extra=["--disk-sharing", "separate", "--disk", mine], min_timeout_ms=FLOOR)
     conn = wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
     event(primary, "protected", timeout=10, watch=[backup])
     writer = KeyWriter(conn)

@@ -20,6 +20,7 @@ from ftsite.fswatch import WriteWatch
 from ftsite.trial import KeyWriter, check_keys
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
+FLOOR = ftsite.TEST_MIN_TIMEOUT_MS
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
 
 
@@ -29,7 +30,7 @@ def stall(ftvm, scratch, tag, mode, stopped_for):
     and disk writes after the backup went live, the writer, the new
     primary's connection, the backup's going-live event, the old
     primary's exit, the backup)."""
-    vm = ftsite.protected_redis(ftvm, scratch, tag, MODES[mode])
+    vm = ftsite.protected_redis(ftvm, scratch, tag, MODES[mode], FLOOR)
     site, primary, backup, conn, shared, primary_extra = vm.site, vm.primary, vm.backup, vm.conn, vm.shared, \
         vm.primary_extra
     cap = site.capture("primary", "t0")
@@ -114,9 +115,10 @@ def test_an_isolated_primary_leaves_the_vm_to_its_backup(ftvm, scratch, mode):
     shared.mkdir()
     isolation = ["--isolation-address", CLIENT_IP]
     primary_extra, backup_extra = ftsite.disk_options(ftvm, scratch, MODES[mode])
-    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=[*backup_extra, *isolation])
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=[*backup_extra, *isolation],
+                                  min_timeout_ms=FLOOR)
     primary = ftsite.start_primary(site, ftvm, scratch, shared, REDIS_FT, TIMEOUT_MS,
-                                   extra=[*primary_extra, *isolation])
+                                   extra=[*primary_extra, *isolation], min_timeout_ms=FLOOR)
     conn = ftsite.wait_for_redis(site, [primary, backup], BOOT_TIMEOUT)
     event(primary, "protected", timeout=10, watch=[backup])
     writer = KeyWriter(conn)

@@ -22,6 +22,7 @@ from ftsite import (BOOT_TIMEOUT, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, Connect
 
 # The failure-detection timeout the tests run with (the default).
 TIMEOUT_MS = ftsite.TIMEOUT_MS
+FLOOR = ftsite.TEST_MIN_TIMEOUT_MS
 REDIS = ftsite.REDIS_FT
 # How long the output tests make the backup hold each acknowledgement.
 ACK_DELAY = 0.4
@@ -38,8 +39,8 @@ def start_pair(ftvm, site, scratch, exec_cmd, primary=(), backup=()):
     shared storage in the scratch directory."""
     shared = scratch / "shared"
     shared.mkdir(parents=True, exist_ok=True)
-    b = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=backup)
-    p = ftsite.start_primary(site, ftvm, scratch, shared, exec_cmd, TIMEOUT_MS, extra=primary)
+    b = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, extra=backup, min_timeout_ms=FLOOR)
+    p = ftsite.start_primary(site, ftvm, scratch, shared, exec_cmd, TIMEOUT_MS, extra=primary, min_timeout_ms=FLOOR)
     return p, b
 
 
@@ -415,6 +416,9 @@ def epoch_failover(ftvm, tag, scratch, protocol):
             assert p["held"] == 0, p["_raw"]
     last = primary_samples[-1]
     assert last["epochs"] > 1000 and last["inputs_delivered"] > 100, last["_raw"]
+    # The tests' floor of the heartbeat timeout holds (see TEST_MIN_TIMEOUT_MS).
+    assert last["heartbeat_timeout_ms"] >= FLOOR and backup_samples[-1]["heartbeat_timeout_ms"] >= FLOOR, \
+        (last["_raw"], backup_samples[-1]["_raw"])
     for b in backup_samples:
         assert b["state"] == "replaying" and same_mode(b), b["_raw"]
         # It runs the epoch that began at the last end it received (P5),
@@ -593,8 +597,9 @@ def test_a_vm_restored_from_a_snapshot_is_protected_and_fails_over(ftvm, scratch
         assert reply.startswith("ok"), f"{cmd}: {reply}"
     plain.wait(30)
 
-    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
-    primary = ftsite.start_primary(site, ftvm, scratch, shared, None, TIMEOUT_MS, restore=(snap, None), net=False)
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS, min_timeout_ms=FLOOR)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, None, TIMEOUT_MS, restore=(snap, None), net=False,
+                                    min_timeout_ms=FLOOR)
     primary.wait_console("tick-20 ", 120)
     st = status(backup.sock)
     assert st["state"] == "replaying", st["_raw"]

@@ -31,7 +31,7 @@ PAUSE_MOST = 1.0
 @pytest.mark.parametrize("mode,how", [("lockstep", "handover"), ("lockstep", "handover-command"),
                                       ("epoch", "handover"), ("checkpoint", "handover")])
 def test_a_handover_under_load_loses_nothing_and_the_old_primary_exits_0(ftvm, scratch, mode, how):
-    vm = ftsite.protected_redis(ftvm, scratch, f"ho{mode[0]}{how[-1]}", MODES[mode])
+    vm = ftsite.protected_redis(ftvm, scratch, f"ho{mode[0]}{how[-1]}", MODES[mode], ftsite.TEST_MIN_TIMEOUT_MS)
     site, primary, backup, conn = vm.site, vm.primary, vm.backup, vm.conn
     writer = KeyWriter(conn)
     writer.start()
@@ -80,7 +80,7 @@ def test_a_handover_to_a_stopped_backup_fails_and_the_vm_runs_on(ftvm, scratch):
     for: it never acknowledges, the primary declares it failed, wins the
     arbiter and runs on alone; the handover's answer says it failed, and
     the client's keys are all there."""
-    vm = ftsite.protected_redis(ftvm, scratch, "hostop")
+    vm = ftsite.protected_redis(ftvm, scratch, "hostop", min_timeout_ms=ftsite.TEST_MIN_TIMEOUT_MS)
     primary, backup, conn = vm.primary, vm.backup, vm.conn
     writer = KeyWriter(conn)
     writer.start()

@@ -26,7 +26,8 @@ import pytest
 
 from ftsite import event, status
 from ftsite.observe import control
-from ftsite.proc import CHANNEL_PORT, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain
+from ftsite.proc import CHANNEL_PORT, TEST_MIN_TIMEOUT_MS, TIMEOUT_MS, Proc, rootfs, sparse_copy, start_plain, \
+    timing_options
 from ftsite.resp import BOOT_TIMEOUT, REDIS_FT, Resp, wait_for_redis
 from ftsite.site import BACKUP_HOST_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, SPARE_HOST_IP, Site
 from ftsite.trial import KeyWriter, aof_writes, check_keys, shutdown_and_fsck
@@ -51,7 +52,7 @@ def backup_on(site, ftvm, work, role, shared, name, extra=()):
     sock, events = str(Path(work) / f"{name}.sock"), Path(work) / f"{name}.events"
     events.unlink(missing_ok=True)
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
-            "--timeout", str(TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events), *extra]
+            *timing_options(TIMEOUT_MS, TEST_MIN_TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events), *extra]
     p = Proc(name, site, role, argv, Path(work) / f"{name}.out")
     p.sock, p.events = sock, str(events)
     event(p, "listening", timeout=30)
@@ -61,7 +62,8 @@ def backup_on(site, ftvm, work, role, shared, name, extra=()):
 def protect(vm, backup_ip, shared, mode_args, procs):
     """`protect` on the running VM's control socket; its answer."""
     answer = control(vm.sock, " ".join(["protect", "--backup", f"{backup_ip}:{CHANNEL_PORT}", "--shared",
-                                        str(shared), "--timeout", str(TIMEOUT_MS), *mode_args]), timeout=300)
+                                        str(shared), *timing_options(TIMEOUT_MS, TEST_MIN_TIMEOUT_MS), *mode_args]),
+                     timeout=300)
     assert answer.startswith("ok protected"), f"{answer}\n" + "\n".join(p.tail() for p in procs)
     return answer
 
