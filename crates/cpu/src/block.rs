@@ -119,7 +119,7 @@ impl Inst {
     /// Whether the block ends after this instruction: control flow leaves
     /// the straight line, and the general executor's instructions may
     /// change privilege, translation or memory behind the block's back.
-    fn ends_block(&self) -> bool {
+    pub(crate) fn ends_block(&self) -> bool {
         use Op::*;
         matches!(self.op, Jal | Jalr | Beq | Bne | Blt | Bge | Bltu | Bgeu | Other | Illegal)
     }
@@ -192,8 +192,7 @@ impl Block {
     /// Whether RAM still holds the bits this block was decoded from.
     #[inline(always)]
     fn still_in(&self, ram: &[u8]) -> bool {
-        let Some(code) = ram.get(self.base..self.base + self.nwords * 8) else { return false };
-        code.chunks_exact(8).zip(&self.words).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
+        holds(ram, self.base, &self.words[..self.nwords])
     }
 
     /// Decodes the block at RAM offset `off`. `None` if not even its first
@@ -226,12 +225,23 @@ impl Block {
         b.bytes = at;
         b.base = off & !7;
         b.nwords = (off + at - b.base).div_ceil(8);
-        for (k, w) in b.words[..b.nwords].iter_mut().enumerate() {
-            let p = b.base + 8 * k;
-            *w = u64::from_le_bytes(ram[p..p + 8].try_into().unwrap());
+        for (w, read) in b.words.iter_mut().zip(words(&ram[b.base..b.base + 8 * b.nwords])) {
+            *w = read;
         }
         Some(b)
     }
+}
+
+/// `code`'s little-endian 64-bit words (its length a multiple of 8): how
+/// a block's code is kept to be compared with RAM later.
+fn words(code: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    code.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+}
+
+/// Whether `ram` holds `kept`, words read by `words`, from offset `base`.
+#[inline(always)]
+fn holds(ram: &[u8], base: usize, kept: &[u64]) -> bool {
+    ram.get(base..base + 8 * kept.len()).is_some_and(|now| words(now).eq(kept.iter().copied()))
 }
 
 /// The slot of the block at RAM offset `off`.
@@ -441,15 +451,16 @@ impl BlockCache {
                 None => break,
             }
         }
-        let unit: Vec<&Block> = std::iter::once(&self.slots[i]).chain(&after).collect();
-        let mut code = jit::translate(arena, &unit, i, &self.slots, self.host);
+        // The unit borrows the table, which starting over changes: made twice.
+        fn unit<'a>(first: &'a Block, after: &'a [Block]) -> Vec<&'a Block> {
+            std::iter::once(first).chain(after).collect()
+        }
+        let mut code = jit::translate(arena, &unit(&self.slots[i], &after), i, &self.slots, self.host);
         if code.is_none() && arena.full() {
             // Start over: every translation goes, this one goes in first.
-            drop(unit);
             self.forget_translations();
             let arena = self.arena.as_mut().expect("translation is on");
-            let unit: Vec<&Block> = std::iter::once(&self.slots[i]).chain(&after).collect();
-            code = jit::translate(arena, &unit, i, &self.slots, self.host);
+            code = jit::translate(arena, &unit(&self.slots[i], &after), i, &self.slots, self.host);
             self.slots[i].hits = self.hot;
         }
         if let Some(t) = code {
@@ -460,10 +471,7 @@ impl BlockCache {
             b.jit_len = t.len as u32;
             let off = b.off;
             let end = after.last().map_or(off + b.bytes, |l| l.off + l.bytes);
-            let words = ram.as_slice()[b.base..(end + 7) & !7]
-                .chunks_exact(8)
-                .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
-                .collect();
+            let words = words(&ram.as_slice()[b.base..(end + 7) & !7]).collect();
             self.known.insert(off, Known { words, entry: t.entry, chain: t.chain, n: t.n, len: t.len });
             let arena = self.arena.as_mut().expect("translation is on");
             // Its links to blocks translated already, and the links to it.
@@ -490,11 +498,7 @@ impl BlockCache {
     fn reuse(&mut self, i: usize, ram: &GuestRam) {
         let b = &mut self.slots[i];
         if let Some(k) = self.known.get(&b.off) {
-            let now = ram.as_slice().get(b.base..b.base + 8 * k.words.len());
-            let same = now.is_some_and(|now| {
-                now.chunks_exact(8).zip(&k.words[..]).all(|(c, w)| u64::from_le_bytes(c.try_into().unwrap()) == *w)
-            });
-            if same {
+            if holds(ram.as_slice(), b.base, &k.words) {
                 b.jit = Some(k.entry);
                 b.chain = k.chain;
                 b.jit_n = k.n;
@@ -565,10 +569,9 @@ pub(crate) fn verify_code() -> bool {
     *VERIFY.get_or_init(|| std::env::var("FTVM_VERIFY_CODE").is_ok_and(|v| v == "1"))
 }
 
-/// Stops the process: the translation of the block at RAM offset `off`
-/// (of code state `code`) found RAM no longer holding what it was made
-/// from, its page's code state unchanged: a write into code that did not
-/// change its page's state.
+/// Stops the process: the translation of `block` found RAM no longer
+/// holding what it was made from, its page's code state unchanged: a
+/// write into code that did not change its page's state.
 #[cold]
 pub(crate) fn stale(block: &Block) -> ! {
     panic!(

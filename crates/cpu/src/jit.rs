@@ -339,10 +339,7 @@ fn back_to_start(d: &Inst) -> bool {
 /// writes back and loads the ones out of place (see `Emitter::loop_back`).
 fn round(body: &[Access]) -> ([Loc; 32], u32, Vec<Access>) {
     let ahead: Vec<Access> = body.iter().chain(body).copied().collect();
-    let mut top = [Loc::Zero; 32];
-    for (r, l) in top.iter_mut().enumerate().skip(1) {
-        *l = Loc::Mem(8 * r as i32);
-    }
+    let mut top = Loc::all_in_memory();
     // One round from `loc` with `dirty`: where it ends, and what is dirty.
     let run = |mut loc: [Loc; 32], mut dirty: u32| {
         for (k, here) in body.iter().enumerate() {
@@ -436,6 +433,18 @@ enum Loc {
     Host(u8),
     /// In the hart's register file, at this offset from rdi.
     Mem(i32),
+}
+
+impl Loc {
+    /// Every register where a call finds it: x0, and the others in the
+    /// hart's register file.
+    fn all_in_memory() -> [Loc; 32] {
+        let mut loc = [Loc::Zero; 32];
+        for (r, l) in loc.iter_mut().enumerate().skip(1) {
+            *l = Loc::Mem(8 * r as i32);
+        }
+        loc
+    }
 }
 
 /// Whether the translator handles `d`: everything with a fast path in
@@ -727,10 +736,7 @@ pub(crate) fn runs_on(block: &Block) -> bool {
     let next = block.off + block.bytes;
     block.n == MAX_INSTS
         && insts.iter().all(supported)
-        && !matches!(
-            insts[block.n - 1].op,
-            Op::Jal | Op::Jalr | Op::Beq | Op::Bne | Op::Blt | Op::Bge | Op::Bltu | Op::Bgeu
-        )
+        && !insts[block.n - 1].ends_block()
         && next >> 12 == block.off >> 12
 }
 
@@ -839,10 +845,7 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
             Access { read, written }
         })
         .collect();
-    let mut loc = [Loc::Zero; 32];
-    for (r, l) in loc.iter_mut().enumerate().skip(1) {
-        *l = Loc::Mem(8 * r as i32);
-    }
+    let loc = Loc::all_in_memory();
 
     let mut ops = VecAssembler::<X64Relocation>::new(0);
     let epilogue = ops.new_dynamic_label();

@@ -205,7 +205,9 @@ enum Mix {
     /// leaves to the interpreter before the loop's end, so that blocks end
     /// at their length and translations run on through the blocks after
     /// their own; loads and stores as in `Int` (RAM, the device, nothing,
-    /// the code: stores into the loop's later blocks among them).
+    /// the code: stores into the loop's later blocks among them); now and
+    /// then a fence, which ends a block (one that is also a block's 32nd
+    /// instruction ends the translation there).
     Straight,
 }
 
@@ -262,7 +264,13 @@ fn program(rng: &mut Rng, len: usize, mix: Mix) -> Vec<u32> {
     let dst = |rng: &mut Rng| if rng.below(16) == 0 { 0 } else { 9 + rng.below(23) as u32 };
     while p.len() < len {
         let left = len - p.len();
-        let kind = if mix == Mix::Straight { rng.below(79) } else { rng.below(100) };
+        let kind = match mix {
+            Mix::Straight => match rng.below(80) {
+                79 => 94,
+                k => k,
+            },
+            _ => rng.below(100),
+        };
         let (rd, rs1, rs2) = (dst(rng), any(rng), any(rng));
         if mix == Mix::Fp && kind < 40 {
             fp_insns(rng, rd, rs1, &mut p, len);
