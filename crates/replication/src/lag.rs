@@ -73,16 +73,24 @@ impl LagMeter {
 /// under the target and the aim is the whole CPU.
 ///
 /// Under the threshold the share is trimmed in proportion to how far the
-/// step's mean lag stands above `trim_from` (three quarters of the
-/// target), down to no less than [`TRIM_FLOOR`]. Why: a backup that replays
-/// only 1 % slower than its primary (two vCPUs sharing one L3 do that for
-/// tens of seconds) walks the lag from tens of milliseconds to the
-/// threshold within a minute, and the loop above only then brings it
-/// down, so the typical lag would be hundreds of milliseconds. A backup
-/// that keeps up leaves the lag under `trim_from` and costs nothing; a
-/// backup `d` slower holds it about `d / TRIM_GAIN` above, for a cost of
-/// about `d`, which the primary pays anyway once the lag reaches the
-/// threshold.
+/// lag's floor stands above `trim_from` (three quarters of the target),
+/// down to no less than [`TRIM_FLOOR`]. Why: a backup that replays only
+/// 1 % slower than its primary (two vCPUs sharing one L3 do that for tens
+/// of seconds) walks the lag from tens of milliseconds to the threshold
+/// within a minute, and the loop above only then brings it down, so the
+/// typical lag would be hundreds of milliseconds. A backup `d` slower
+/// holds the floor about `d / TRIM_GAIN` above, for a cost of about `d`,
+/// which the primary pays anyway once the lag reaches the threshold.
+///
+/// The floor is the least lag of the last [`TRIM_WINDOW`]: what a slower
+/// backup raises, and what a backup that keeps up comes back down to. The
+/// lag of a backup that keeps up swings well above `trim_from` on a
+/// shared host (50 ms of it is the go-live points' spacing, and a stall
+/// of either host's core adds hundreds of milliseconds until the other's
+/// stalls even it out); trimming by the lag's mean paid for those swings
+/// with 3-5 % of a CPU-bound primary's time (`bench/ft-overhead --only
+/// cpu`: the VM paused 280-680 ms of a 13-15 s run; none with the trim
+/// off) and did not keep the lag down either.
 pub struct Throttle {
     share: f64,
     threshold: Duration,
@@ -90,8 +98,11 @@ pub struct Throttle {
     target: Duration,
     /// The lag above which the share is trimmed while not engaged.
     trim_from: Duration,
-    /// Lags seen since the last step, summed, and how many.
-    lags: (Duration, u32),
+    /// The least lag seen since the last step.
+    step_least: Option<Duration>,
+    /// The least lag of each of the last steps, newest last (at most
+    /// [`TRIM_WINDOW`] of them).
+    floors: VecDeque<Duration>,
     engaged: bool,
     last_update: Instant,
     /// Instructions the primary ran and the time it ran them, since the
@@ -124,7 +135,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Weight of a new rate measurement in the smoothed rates: a step is
 /// 250 ms, so the rates follow over about a second.
 const SMOOTHING: f64 = 0.3;
-/// The trim per second of mean lag above `trim_from`: 25 ms above trims
+/// The trim per second of the lag's floor above `trim_from`: 25 ms above trims
 /// 5 %, and the lag settles back with a time constant of half a second.
 /// A backup 3 % slower then holds the lag 15 ms above `trim_from`.
 const TRIM_GAIN: f64 = 2.0;
@@ -133,6 +144,10 @@ const TRIM_GAIN: f64 = 2.0;
 const TRIM_FLOOR: f64 = 0.9;
 /// The most the trim moves in one step.
 const TRIM_STEP: f64 = 0.02;
+/// The steps over which the lag's floor is taken (two seconds): longer
+/// than a shared host's stalls take to even out, short against the
+/// minute a backup 1-2 % slower takes to walk the lag to the threshold.
+const TRIM_WINDOW: usize = 8;
 
 fn smooth(old: Option<f64>, new: f64) -> Option<f64> {
     Some(old.map_or(new, |o| o + SMOOTHING * (new - o)))
@@ -148,7 +163,8 @@ impl Throttle {
             threshold,
             target: threshold / 10,
             trim_from: threshold * 3 / 40,
-            lags: (Duration::ZERO, 0),
+            step_least: None,
+            floors: VecDeque::new(),
             engaged: false,
             last_update: Instant::now(),
             ran: (0, Duration::ZERO),
@@ -204,17 +220,19 @@ impl Throttle {
     /// A step of the loop, at most every [`STEP_EVERY`], given the lag and
     /// the instruction count the backup has executed.
     pub fn update(&mut self, lag: Duration, backup_icount: u64, now: Instant) {
-        self.lags.0 += lag;
-        self.lags.1 += 1;
+        self.step_least = Some(self.step_least.map_or(lag, |l| l.min(lag)));
         if now.duration_since(self.last_update) < STEP_EVERY {
             return;
         }
         self.last_update = now;
         self.measure(backup_icount, now);
-        let (sum, count) = std::mem::take(&mut self.lags);
+        if self.floors.len() == TRIM_WINDOW {
+            self.floors.pop_front();
+        }
+        self.floors.push_back(self.step_least.take().unwrap_or(lag));
         if !self.engaged {
             if lag <= self.threshold {
-                self.trim(sum / count);
+                self.trim(self.floors.iter().copied().min().unwrap_or(lag));
                 return;
             }
             self.engaged = true;
@@ -245,9 +263,9 @@ impl Throttle {
         }
     }
 
-    /// A step of the trim under the threshold, given the step's mean lag.
-    fn trim(&mut self, mean_lag: Duration) {
-        let above = mean_lag.saturating_sub(self.trim_from).as_secs_f64();
+    /// A step of the trim under the threshold, given the lag's floor.
+    fn trim(&mut self, floor: Duration) {
+        let above = floor.saturating_sub(self.trim_from).as_secs_f64();
         let aim = (1.0 - TRIM_GAIN * above).max(TRIM_FLOOR);
         self.share = (self.share + (aim - self.share).clamp(-TRIM_STEP, TRIM_STEP)).clamp(MIN_SHARE, 1.0);
     }
@@ -353,17 +371,54 @@ mod tests {
         assert!(run.iter().all(|&(_, lag, share)| lag < Duration::from_millis(50) && share == 1.0));
     }
 
+    /// The lag a CPU-bound guest's backup shows on a shared host, though
+    /// it replays as fast as its primary runs: a saw-tooth from 50 to 100
+    /// ms (it reports where it stands as each go-live point arrives, one
+    /// every 50 ms, and stops at the last one it has), and a stall now and
+    /// then (its host's core taken for a while: 150-300 ms more, gone over
+    /// the next second as the primary's own stalls even it out).
+    fn shared_host_lag(t: f64) -> Duration {
+        let saw = 50.0 + 50.0 * (t * 20.0).fract();
+        let since = t % 1.7;
+        let stall = if since < 1.0 { (1.0 - since) * (150.0 + 150.0 * ((t / 1.7).floor() % 2.0)) } else { 0.0 };
+        Duration::from_secs_f64((saw + stall) / 1000.0)
+    }
+
+    #[test]
+    fn a_backup_that_keeps_up_on_a_shared_host_is_left_alone() {
+        let t0 = Instant::now();
+        let mut th = Throttle::new(Duration::from_secs(1));
+        let (busy, mut t, mut icount) = (Duration::from_millis(5), 0.0f64, 0u64);
+        let (mut ran, mut paused) = (Duration::ZERO, Duration::ZERO);
+        while t < 60.0 {
+            let pause = th.pause_after(busy);
+            th.paused(pause);
+            ran += busy;
+            paused += pause;
+            t += (busy + pause).as_secs_f64();
+            icount += 500_000;
+            th.ran_to(icount, busy);
+            // The backup as far behind as the lag says, at the same speed.
+            let lag = shared_host_lag(t);
+            th.update(lag, icount.saturating_sub((lag.as_secs_f64() * 1e8) as u64), t0 + Duration::from_secs_f64(t));
+        }
+        let share = ran.as_secs_f64() / (ran + paused).as_secs_f64();
+        assert!(share > 0.995, "the primary ran {:.1} % of the time ({} ms paused)", share * 100.0, paused.as_millis());
+    }
+
     #[test]
     fn a_backup_a_little_slower_is_trimmed_for_without_engaging() {
         // 2 % slower: left alone, the lag would pass 1 s in 50 s.
         let run = simulate(120.0, |_| 98e6);
         let (_, worst, _) = run.iter().max_by_key(|(_, lag, _)| *lag).unwrap();
-        assert!(*worst < Duration::from_millis(100), "{worst:?}");
+        assert!(*worst < Duration::from_millis(130), "{worst:?}");
         let settled: Vec<_> = run.iter().filter(|(t, _, _)| *t > 30.0).collect();
         for &&(t, lag, share) in &settled {
-            // About 2 % / TRIM_GAIN = 10 ms above trim_from (75 ms).
-            assert!(lag > Duration::from_millis(78) && lag < Duration::from_millis(95), "lag {lag:?} at {t:.1} s");
-            assert!(share > 0.95, "share {share} at {t:.1} s");
+            // About 2 % / TRIM_GAIN = 10 ms above trim_from (75 ms), give
+            // or take the swing of a trim that follows the lag's floor
+            // over the window, which trails a rising lag.
+            assert!(lag > Duration::from_millis(78) && lag < Duration::from_millis(120), "lag {lag:?} at {t:.1} s");
+            assert!(share >= 0.95, "share {share} at {t:.1} s");
         }
         // It costs the primary what the backup lacks, and no more.
         let mean = settled.iter().map(|(_, _, share)| share).sum::<f64>() / settled.len() as f64;

@@ -20,8 +20,10 @@ FT and non-FT alternate (the order swaps every round), each measuring:
 For every FT measurement the log bandwidth is the growth of `log_bytes` in
 the primary's status (control socket) over the measured interval, in
 Mbit/s (for redis, over the whole redis-benchmark invocation, which runs
-both SET and GET). The table shows medians over --runs rounds and the paper's
-figures; for the CPU job also the median of each round's own ratio (its
+both SET and GET); for the CPU job also how long the lag control paused
+the primary within it (the growth of its status' paused_total). The
+table shows medians over --runs rounds and the paper's figures; for the
+CPU job also the median of each round's own ratio (its
 two runs are back to back, so the host's drift between rounds cancels).
 Targets (issue 5): CPU job performance >= 0.95, idle logging <= 0.1
 Mbit/s.
@@ -93,10 +95,13 @@ class Boot:
 
     def log_bytes(self):
         """The primary's log_bytes now (None without FT)."""
-        if self.mode != "ft":
-            return None
-        st = ftsite.try_status(self.vm.sock)
-        return st.get("log_bytes") if st else None
+        return self.pair_figures()[0]
+
+    def pair_figures(self):
+        """The primary's (log_bytes, paused_total: the ms the lag control
+        paused the VM for, in all) now; Nones without FT."""
+        st = ftsite.try_status(self.vm.sock) if self.mode == "ft" else None
+        return (st.get("log_bytes"), st.get("paused_total")) if st else (None, None)
 
     def wait_exit(self, timeout):
         rc = self.vm.wait(timeout)
@@ -136,7 +141,8 @@ def mbit(nbytes, secs):
 
 def marked_interval(mode, tag, binary, exec_cmd, start, end, args):
     """Boots, runs exec_cmd, and returns (seconds between the `start` and
-    `end` console lines as they reached the host, FT log Mbit/s over them)."""
+    `end` console lines as they reached the host, FT log Mbit/s over them,
+    ms the FT primary's lag control paused the VM between them)."""
     marks = {}
     holder = {}
 
@@ -145,7 +151,7 @@ def marked_interval(mode, tag, binary, exec_cmd, start, end, args):
             if line.strip() == marker and key not in marks:
                 marks[key] = t
                 if "boot" in holder:
-                    marks[key + "_log"] = holder["boot"].log_bytes()
+                    marks[key + "_log"], marks[key + "_paused"] = holder["boot"].pair_figures()
 
     with Boot(mode, tag, binary, exec_cmd, args, on_line=on_line) as boot:
         holder["boot"] = boot
@@ -153,10 +159,12 @@ def marked_interval(mode, tag, binary, exec_cmd, start, end, args):
         if "start" not in marks or "end" not in marks:
             raise ftsite.TrialFailed(f"{mode}: no {start}/{end} lines on the console:\n{boot.vm.tail()}")
     secs = marks["end"] - marks["start"]
-    logged = None
+    logged = paused = None
     if marks.get("start_log") is not None and marks.get("end_log") is not None:
         logged = mbit(marks["end_log"] - marks["start_log"], secs)
-    return secs, logged
+    if marks.get("start_paused") is not None and marks.get("end_paused") is not None:
+        paused = marks["end_paused"] - marks["start_paused"]
+    return secs, logged, paused
 
 
 def redis_round(mode, tag, binary, args, parse_bench, ft_extra=()):
@@ -236,13 +244,14 @@ def main():
                 order = ("ft", "plain") if i % 2 == 0 else ("plain", "ft")
                 if "cpu" in parts:
                     for mode in order:
-                        secs, log = marked_interval(mode, f"c{i}{mode[0]}", binary.path, ftsite.CPU_JOB_CMD,
-                                                    ftsite.JOB_START, ftsite.JOB_END, args)
+                        secs, log, paused = marked_interval(mode, f"c{i}{mode[0]}", binary.path, ftsite.CPU_JOB_CMD,
+                                                            ftsite.JOB_START, ftsite.JOB_END, args)
                         cpu[mode].append(secs)
                         if mode == "ft":
                             cpu_log.append(log)
                         print(f"  round {i + 1} cpu   {mode:5}: job {secs:6.2f} s"
-                              + (f", log {f(log, '.3f')} Mbit/s" if mode == "ft" else ""), flush=True)
+                              + (f", log {f(log, '.3f')} Mbit/s, lag control paused the VM {f(paused, '.0f')} ms"
+                                 if mode == "ft" else ""), flush=True)
                 if "redis" in parts:
                     for mode in order:
                         res = redis_round(mode, f"r{i}{mode[0]}", binary.path, args, parse_bench)
@@ -251,7 +260,7 @@ def main():
                             f"{w} {rps:.0f} req/s" + (f" (log {log:.2f} Mbit/s)" if log is not None else "")
                             for w, (rps, log) in res.items()), flush=True)
                 if "idle" in parts:
-                    secs, log = marked_interval("ft", f"i{i}", binary.path, idle_cmd, IDLE_START, IDLE_END, args)
+                    secs, log, _ = marked_interval("ft", f"i{i}", binary.path, idle_cmd, IDLE_START, IDLE_END, args)
                     idle_log.append(log)
                     print(f"  round {i + 1} idle  ft   : {secs:.1f} s idle, log {f(log, '.4f')} Mbit/s", flush=True)
         except ftsite.TrialFailed as e:

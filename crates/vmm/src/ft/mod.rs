@@ -282,8 +282,9 @@ pub struct PrimaryArgs {
     #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
     pub backup: SocketAddr,
     /// Execution lag, in milliseconds, past which the primary is slowed
-    /// until the backup follows; below it, a lag over 3/40 of it (75 ms by default)
-    /// trims the primary's CPU share by at most 10 %.
+    /// until the backup follows; below it, a lag that stays over 3/40 of it
+    /// (75 ms by default) for two seconds trims the primary's CPU share by at
+    /// most 10 %.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_LAG_THRESHOLD_MS)]
     #[serde(default = "default_lag_threshold")]
     pub lag_threshold: u64,
