@@ -58,8 +58,8 @@ from .errors import ConnectionLost, SetupError, Terminated, TrialFailed
 from .host import (REPO, Binary, check_ftvm, check_host, default_ftvm, image_dir, private_ftvm, rootfs, sh,
                    sparse_copy, work_dir)
 from .observe import EVENTS, Event, control, event, journal, status, try_status
-from .proc import APPEND, TEST_MIN_TIMEOUT_MS, TIMEOUT_MS, Proc, disk_options, guest_start, start_backup, start_plain, start_primary, \
-    two_copies
+from .proc import (APPEND, TEST_MIN_TIMEOUT_MS, TIMEOUT_MS, Proc, disk_options, guest_start, start_backup, start_plain,
+                   start_primary, two_copies)
 from .resp import BOOT_TIMEOUT, REDIS_FT, Resp, RespError, wait_for_port, wait_for_redis
 from .site import (BACKUP_HOST_IP, CHANNEL_PORT, CLIENT_IP, GUEST_IP, PRIMARY_HOST_IP, REDIS_PORT, Capture, Frame,
                    Site, in_netns)

@@ -226,7 +226,8 @@ def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, ext
     # The backup's own TAP for the VM's NIC (a backup takes no host
     # resource's name from its primary), named as the primary's.
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", *arbiter_options(shared),
-            *timing_options(timeout_ms, min_timeout_ms), "--net", "tap=t0", "--control", sock, "--events", events, *extra]
+            *timing_options(timeout_ms, min_timeout_ms), "--net", "tap=t0", "--control", sock, "--events", events,
+            *extra]
     p = Proc(role, site, role, argv, Path(work) / f"{role}.out", core=core)
     p.sock, p.events = sock, events
     if wait:

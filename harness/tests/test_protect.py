@@ -52,7 +52,8 @@ def backup_on(site, ftvm, work, role, shared, name, extra=()):
     sock, events = str(Path(work) / f"{name}.sock"), Path(work) / f"{name}.events"
     events.unlink(missing_ok=True)
     argv = [ftvm, "ft", "backup", "--listen", f"{ip}:{CHANNEL_PORT}", "--shared", str(shared),
-            *timing_options(TIMEOUT_MS, TEST_MIN_TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events", str(events), *extra]
+            *timing_options(TIMEOUT_MS, TEST_MIN_TIMEOUT_MS), "--net", "tap=t0", "--control", sock, "--events",
+            str(events), *extra]
     p = Proc(name, site, role, argv, Path(work) / f"{name}.out")
     p.sock, p.events = sock, str(events)
     event(p, "listening", timeout=30)

@@ -98,8 +98,8 @@ pub struct Throttle {
     target: Duration,
     /// The lag above which the share is trimmed while not engaged.
     trim_from: Duration,
-    /// The least lag seen since the last step.
-    step_least: Option<Duration>,
+    /// The least lag seen since the last step (`Duration::MAX`: none yet).
+    step_least: Duration,
     /// The least lag of each of the last steps, newest last (at most
     /// [`TRIM_WINDOW`] of them).
     floors: VecDeque<Duration>,
@@ -163,7 +163,7 @@ impl Throttle {
             threshold,
             target: threshold / 10,
             trim_from: threshold * 3 / 40,
-            step_least: None,
+            step_least: Duration::MAX,
             floors: VecDeque::new(),
             engaged: false,
             last_update: Instant::now(),
@@ -220,7 +220,7 @@ impl Throttle {
     /// A step of the loop, at most every [`STEP_EVERY`], given the lag and
     /// the instruction count the backup has executed.
     pub fn update(&mut self, lag: Duration, backup_icount: u64, now: Instant) {
-        self.step_least = Some(self.step_least.map_or(lag, |l| l.min(lag)));
+        self.step_least = self.step_least.min(lag);
         if now.duration_since(self.last_update) < STEP_EVERY {
             return;
         }
@@ -229,7 +229,7 @@ impl Throttle {
         if self.floors.len() == TRIM_WINDOW {
             self.floors.pop_front();
         }
-        self.floors.push_back(self.step_least.take().unwrap_or(lag));
+        self.floors.push_back(std::mem::replace(&mut self.step_least, Duration::MAX));
         if !self.engaged {
             if lag <= self.threshold {
                 self.trim(self.floors.iter().copied().min().unwrap_or(lag));

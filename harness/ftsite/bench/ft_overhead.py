@@ -23,8 +23,8 @@ Mbit/s (for redis, over the whole redis-benchmark invocation, which runs
 both SET and GET); for the CPU job also how long the lag control paused
 the primary within it (the growth of its status' paused_total). The
 table shows medians over --runs rounds and the paper's figures; for the
-CPU job also the median of each round's own ratio (its
-two runs are back to back, so the host's drift between rounds cancels).
+CPU job also the median of each round's own ratio (its two runs are back
+to back, so the host's drift between rounds cancels).
 Targets (issue 5): CPU job performance >= 0.95, idle logging <= 0.1
 Mbit/s.
 
