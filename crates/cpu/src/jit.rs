@@ -13,9 +13,15 @@
 //! registers, given out as the block goes: to the registers an
 //! instruction accesses that a later one accesses again, the one held
 //! whose next use is furthest away giving its place up (Belady's choice,
-//! exact for straight-line code); others are read and written in place in
-//! the hart's register file. It runs the block's operations with no
-//! dispatch, and writes the dirty registers back at every exit. It does
+//! exact for straight-line code; a value the code overwrites before any
+//! exit is not written back when it gives its place up); others are read
+//! and written in place in the hart's register file, which x86 takes as
+//! an operand. A word operation's result (`addw`, `slliw`, ...) is left
+//! with its sign extension undone while only low words are read (by
+//! other word operations, a word's store, bitwise operations and
+//! comparisons of two sign-extended values): see `Emitter::narrow`. It
+//! runs the block's operations with no dispatch, and writes the dirty
+//! registers back at every exit. It does
 //! only what the interpreter's fast paths do and returns to Rust for
 //! everything else (LR, the CSRs other than
 //! floating point's, system instructions), with two exceptions. Of the
@@ -298,11 +304,13 @@ impl Saved {
     }
 }
 
-/// The x registers (bit r: xr) an instruction reads and writes.
+/// The x registers (bit r: xr) an instruction reads and writes, and
+/// whether translated code may leave at it (`may_exit`).
 #[derive(Clone, Copy)]
 struct Access {
     read: u32,
     written: u32,
+    exits: bool,
 }
 
 impl Access {
@@ -315,6 +323,57 @@ impl Access {
 /// `r`, if any.
 fn next_use(accesses: &[Access], k: usize, r: usize) -> Option<usize> {
     (k + 1..accesses.len()).find(|&j| accesses[j].all() & (1 << r) != 0)
+}
+
+/// Whether the value of guest register `r` before instruction `k` is
+/// dead: an instruction at or after `k` overwrites it before anything
+/// reads it, and none from `k` to that one may leave translated code (an
+/// exit writes the registers back: the register file must then hold it).
+fn dead(accesses: &[Access], k: usize, r: usize) -> bool {
+    for a in &accesses[k..] {
+        if a.exits || a.read & (1 << r) != 0 {
+            return false;
+        }
+        if a.written & (1 << r) != 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether translated code may leave at `d`: its emitter makes a side
+/// exit (`Emitter::stub`: loads, stores, floating point, atomics, the
+/// floating-point CSRs, `cbo.zero`), or it ends the unit.
+fn may_exit(d: &Inst) -> bool {
+    use Op::*;
+    matches!(
+        d.op,
+        Other
+            | Illegal
+            | Jal
+            | Jalr
+            | Beq
+            | Bne
+            | Blt
+            | Bge
+            | Bltu
+            | Bgeu
+            | Lb
+            | Lh
+            | Lw
+            | Ld
+            | Lbu
+            | Lhu
+            | Lwu
+            | Sb
+            | Sh
+            | Sw
+            | Sd
+            | Fp
+            | Fload
+            | Fstore
+            | CboZero
+    )
 }
 
 /// Whether `d` jumps or branches to its unit's start (it is the unit's
@@ -343,7 +402,7 @@ fn round(body: &[Access]) -> ([Loc; 32], u32, Vec<Access>) {
     // One round from `loc` with `dirty`: where it ends, and what is dirty.
     let run = |mut loc: [Loc; 32], mut dirty: u32| {
         for (k, here) in body.iter().enumerate() {
-            allocation(&mut loc, &ahead, k, |m| {
+            allocation(&mut loc, &ahead, k, dirty, |m| {
                 if let Move::GiveUp { guest, .. } = m {
                     dirty &= !(1 << guest);
                 }
@@ -380,8 +439,9 @@ fn held(loc: &[Loc; 32]) -> u32 {
 
 /// A change `allocation` makes to where guest registers are.
 enum Move {
-    /// `guest` leaves `host` for the register file.
-    GiveUp { guest: usize, host: u8 },
+    /// `guest` leaves `host` for the register file, where it need not be
+    /// written if `dead`.
+    GiveUp { guest: usize, host: u8, dead: bool },
     /// `guest` goes into `host`.
     Take { guest: usize, host: u8 },
 }
@@ -391,11 +451,15 @@ enum Move {
 /// here is as cheap in the register file). With none free, the one held
 /// whose next use is furthest away gives its host register up, unless
 /// that use comes sooner than the newcomer's: the choice that reloads
-/// least in straight-line code (Belady's). It changes only where
-/// registers are between instructions (each exit writes back what is
-/// dirty where it stands; a stub keeps the places of its own), and tells
-/// `moved` of each change, in order.
-fn allocation(loc: &mut [Loc; 32], accesses: &[Access], k: usize, mut moved: impl FnMut(Move)) {
+/// least in straight-line code (Belady's). Of those equally far, one that
+/// need not be written back goes first: clean (of the registers `dirty`),
+/// or dead (see `dead`: not written back at all). Ranking by the next
+/// read instead (a value overwritten first counting as never used) gave
+/// up registers whose values the exits still needed: more stores. It changes only where registers are between
+/// instructions (each exit writes back what is dirty where it stands; a
+/// stub keeps the places of its own), and tells `moved` of each change,
+/// in order.
+fn allocation(loc: &mut [Loc; 32], accesses: &[Access], k: usize, mut dirty: u32, mut moved: impl FnMut(Move)) {
     let here = accesses[k];
     for r in (1..32).filter(|&r| here.all() & (1 << r) != 0) {
         if matches!(loc[r], Loc::Host(_)) {
@@ -408,14 +472,18 @@ fn allocation(loc: &mut [Loc; 32], accesses: &[Access], k: usize, mut moved: imp
                 // Never used again counts as furthest away.
                 let victim = (1..32)
                     .filter(|&v| here.all() & (1 << v) == 0 && matches!(loc[v], Loc::Host(_)))
-                    .map(|v| (v, next_use(accesses, k, v).unwrap_or(usize::MAX)))
-                    .max_by_key(|&(_, used)| used);
-                let Some((v, used)) = victim else { continue };
+                    .map(|v| {
+                        let dead = dead(accesses, k, v);
+                        (v, next_use(accesses, k, v).unwrap_or(usize::MAX), dead, dead || dirty & (1 << v) == 0)
+                    })
+                    .max_by_key(|&(_, used, _, free)| (used, free));
+                let Some((v, used, dead, _)) = victim else { continue };
                 if used <= next {
                     continue;
                 }
                 let Loc::Host(h) = loc[v] else { unreachable!() };
-                moved(Move::GiveUp { guest: v, host: h });
+                dirty &= !(1 << v);
+                moved(Move::GiveUp { guest: v, host: h, dead });
                 loc[v] = Loc::Mem(8 * v as i32);
                 h
             }
@@ -784,7 +852,10 @@ pub(crate) fn translate(
 /// later line for the same addresses (the arena started over) replaces the
 /// earlier. `perf report` does not read it for the memfd the code lives
 /// in: the addresses `perf script -F ip` samples are matched against it.
-/// A profiling aid, not for production runs.
+/// With `FTVM_JIT_DUMP=DIR` as well, each translation's code goes to
+/// `DIR/OFF-ADDR.bin` (its block's RAM offset, its address), to
+/// disassemble with `objdump -D -b binary -m i386:x86-64`. A profiling
+/// aid, not for production runs.
 fn perf_map(ptr: *const u8, len: usize, off: usize) {
     use std::io::Write;
     type MapFile = std::sync::Mutex<std::io::LineWriter<std::fs::File>>;
@@ -802,6 +873,13 @@ fn perf_map(ptr: *const u8, len: usize, off: usize) {
         if let Ok(mut f) = file.lock() {
             // A failed write loses a name in a profile, nothing else.
             let _ = writeln!(f, "{:x} {:x} ftvm-block-{:x}", ptr as usize, len, off);
+            if let Some(dir) = std::env::var_os("FTVM_JIT_DUMP") {
+                // SAFETY: `ptr` is the start of the `len` bytes of code
+                // just placed in the arena, mapped and readable.
+                let code = unsafe { std::slice::from_raw_parts(ptr, len) };
+                let file = std::path::Path::new(&dir).join(format!("{:x}-{:x}.bin", off, ptr as usize));
+                let _ = std::fs::write(file, code);
+            }
         }
     }
 }
@@ -842,7 +920,7 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
             let (r1, r2) = reads(d);
             let read = (u32::from(r1) << d.rs1 | u32::from(r2) << d.rs2) & !1;
             let written = (u32::from(writes(d)) << d.rd) & !1;
-            Access { read, written }
+            Access { read, written, exits: may_exit(d) }
         })
         .collect();
     let loc = Loc::all_in_memory();
@@ -853,6 +931,9 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
         ops,
         loc,
         dirty: 0,
+        sext: 1,
+        narrow: 0,
+        written: Written::default(),
         stubs: Vec::new(),
         epilogue,
         lookup: None,
@@ -956,7 +1037,12 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
     let mut ended = false;
     for (k, d) in insts.iter().enumerate() {
         e.allocate(&accesses, k);
+        e.widen_for(d);
+        let stubs = e.stubs.len();
         ended = e.inst(k, d);
+        // `dead` counts on this.
+        debug_assert!(may_exit(d) || (e.stubs.len() == stubs && !ended), "{:?} may exit", d.op);
+        e.wrote(d);
     }
     if !ended {
         e.writeback(e.dirty);
@@ -996,6 +1082,7 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
     for s in std::mem::take(&mut e.stubs) {
         dynasm!(e.ops ; .arch x64 ; =>s.label);
         e.loc = s.loc;
+        e.narrow = s.narrow;
         e.writeback(s.dirty);
         let code = e.resume(s.resume);
         dynasm!(e.ops ; .arch x64 ; mov rax, QWORD code as i64 ; jmp =>epilogue);
@@ -1066,8 +1153,19 @@ struct Stub {
     /// Where the guest registers were, and which were dirty, at the exit.
     loc: [Loc; 32],
     dirty: u32,
+    /// Which of those held hold a word not yet sign-extended.
+    narrow: u32,
     /// The instruction the interpreter goes on at.
     resume: usize,
+}
+
+/// What an instruction's emitter knows of the value it wrote to rd.
+#[derive(Clone, Copy, Default)]
+struct Written {
+    /// It is a 32-bit value sign-extended (`Emitter::sext`).
+    sext: bool,
+    /// Its extension was left undone (`Emitter::narrow`).
+    narrow: bool,
 }
 
 struct Emitter {
@@ -1075,6 +1173,21 @@ struct Emitter {
     loc: [Loc; 32],
     /// Guest registers held in host registers and written since entry.
     dirty: u32,
+    /// Guest registers known to hold a 32-bit value sign-extended to 64
+    /// bits (the results of the word operations, `lw`, `lui`, ...), x0
+    /// among them: a `sext.w` of one is a copy, and two of them compare,
+    /// and combine bit by bit, as their low words do.
+    sext: u32,
+    /// Of those, the ones held in a host register whose upper half was
+    /// left as it was: the low word is the value's, the upper half
+    /// undefined. A word operation's sign extension is an ALU operation
+    /// on the chain of every value computed from it (`addw` after `addw`
+    /// in a hash round); it is done only once something reads all 64
+    /// bits (`Emitter::widen`): a 64-bit operation, an address, the
+    /// register file (a write back, a side exit, a loop's way back).
+    narrow: u32,
+    /// Set by the emitter of the instruction being emitted, for rd.
+    written: Written,
     stubs: Vec<Stub>,
     epilogue: DynamicLabel,
     /// The shared tail of the exits to a pc known only at run time, once
@@ -1103,8 +1216,43 @@ struct Emitter {
     top_dirty: u32,
 }
 
-/// A 64-bit ALU operation `dst op= src` on host registers.
-type Alu = fn(&mut VecAssembler<X64Relocation>, u8, u8);
+/// An ALU operation's second operand: a host register, or a guest
+/// register's place in the register file (x86 takes it straight from
+/// memory: one instruction, not a load and the operation).
+#[derive(Clone, Copy)]
+enum Src {
+    Reg(u8),
+    Mem(i32),
+}
+
+impl Src {
+    fn reg(self) -> Option<u8> {
+        match self {
+            Src::Reg(r) => Some(r),
+            Src::Mem(_) => None,
+        }
+    }
+}
+
+/// An ALU operation `dst op= src`, 64 or 32 bits wide (a 32-bit one
+/// clears the upper half).
+type Alu = fn(&mut VecAssembler<X64Relocation>, u8, Src);
+
+/// The `Alu` of the x86 instruction `op`, 64 bits wide; with `w`, 32 bits.
+macro_rules! alu {
+    ($op:tt) => {
+        |o: &mut VecAssembler<X64Relocation>, d: u8, s: Src| match s {
+            Src::Reg(s) => dynasm!(o ; .arch x64 ; $op Rq(d), Rq(s)),
+            Src::Mem(m) => dynasm!(o ; .arch x64 ; $op Rq(d), QWORD [rdi + m]),
+        }
+    };
+    ($op:tt w) => {
+        |o: &mut VecAssembler<X64Relocation>, d: u8, s: Src| match s {
+            Src::Reg(s) => dynasm!(o ; .arch x64 ; $op Rd(d), Rd(s)),
+            Src::Mem(m) => dynasm!(o ; .arch x64 ; $op Rd(d), DWORD [rdi + m]),
+        }
+    };
+}
 /// A 64-bit ALU operation `dst op= imm`.
 type AluImm = fn(&mut VecAssembler<X64Relocation>, u8, i32);
 
@@ -1148,6 +1296,19 @@ impl Emitter {
         }
     }
 
+    /// Guest register `r` as a second operand: its host register, its
+    /// place in the register file, or (x0) `scratch` cleared.
+    fn operand(&mut self, r: u8, scratch: u8) -> Src {
+        match self.loc[r as usize] {
+            Loc::Host(h) => Src::Reg(h),
+            Loc::Mem(o) => Src::Mem(o),
+            Loc::Zero => {
+                dynasm!(self.ops ; .arch x64 ; xor Rd(scratch), Rd(scratch));
+                Src::Reg(scratch)
+            }
+        }
+    }
+
     /// Where to compute a result for rd without a copy: rd's own host
     /// register unless the second operand lives there, else rax.
     fn dest(&self, rd: u8, other: Option<u8>) -> u8 {
@@ -1161,13 +1322,17 @@ impl Emitter {
     /// a guest register giving one up written back if dirty, one taken
     /// loaded if `k` reads it.
     fn allocate(&mut self, accesses: &[Access], k: usize) {
-        let (ops, dirty) = (&mut self.ops, &mut self.dirty);
-        allocation(&mut self.loc, accesses, k, |m| match m {
-            Move::GiveUp { guest, host } => {
-                if *dirty & (1 << guest) != 0 {
+        let (ops, dirty, narrow) = (&mut self.ops, &mut self.dirty, &mut self.narrow);
+        allocation(&mut self.loc, accesses, k, *dirty, |m| match m {
+            Move::GiveUp { guest, host, dead } => {
+                if *dirty & (1 << guest) != 0 && !dead {
+                    if *narrow & (1 << guest) != 0 {
+                        dynasm!(ops ; .arch x64 ; movsxd Rq(host), Rd(host));
+                    }
                     dynasm!(ops ; .arch x64 ; mov QWORD [rdi + 8 * guest as i32], Rq(host));
-                    *dirty &= !(1 << guest);
                 }
+                *dirty &= !(1 << guest);
+                *narrow &= !(1 << guest);
             }
             Move::Take { guest, host } => {
                 if accesses[k].read & (1 << guest) != 0 {
@@ -1177,22 +1342,86 @@ impl Emitter {
         });
     }
 
-    /// Stores the registers of `dirty` to the register file.
+    /// Stores the registers of `dirty` to the register file, each
+    /// sign-extended first if narrow. For the exits: it leaves `narrow`
+    /// as it was, so that code emitted after it for another path (a
+    /// loop's way back after a branch's fall-through exit) still knows
+    /// what that path holds.
     fn writeback(&mut self, dirty: u32) {
         for r in 1..32 {
             if dirty & (1 << r) != 0 {
                 if let Loc::Host(h) = self.loc[r] {
+                    if self.narrow & (1 << r) != 0 {
+                        dynasm!(self.ops ; .arch x64 ; movsxd Rq(h), Rd(h));
+                    }
                     dynasm!(self.ops ; .arch x64 ; mov QWORD [rdi + 8 * r as i32], Rq(h));
                 }
             }
         }
     }
 
+    /// Sign-extends the narrow registers of `mask` in place.
+    fn widen(&mut self, mask: u32) {
+        for r in 1..32 {
+            if self.narrow & mask & (1 << r) != 0 {
+                if let Loc::Host(h) = self.loc[r] {
+                    dynasm!(self.ops ; .arch x64 ; movsxd Rq(h), Rd(h));
+                }
+            }
+        }
+        self.narrow &= !mask;
+    }
+
+    /// Before `d`: sign-extends the narrow registers it reads unless it
+    /// reads only their low words, or (two values both sign-extended)
+    /// compares or combines them bit by bit, which their low words decide.
+    fn widen_for(&mut self, d: &Inst) {
+        use Op::*;
+        let (r1, r2) = reads(d);
+        let (b1, b2) = (u32::from(r1) << d.rs1 & !1, u32::from(r2) << d.rs2 & !1);
+        let both_sext = self.sext & (1 << d.rs1) != 0 && (!r2 || self.sext & (1 << d.rs2) != 0);
+        let low_words = match d.op {
+            Addw | Subw | Mulw | Addiw | Slliw | Srliw | Sraiw | Sllw | Srlw | Sraw | Roriw => b1 | b2,
+            // The value stored; the address is all 64 bits.
+            Sb | Sh | Sw => b2,
+            // Copies: the copy is as narrow as the original.
+            Addi if d.imm == 0 => b1,
+            Add if d.rs1 == 0 || d.rs2 == 0 => b1 | b2,
+            And | Or | Xor | Andi | Ori | Xori | Beq | Bne | Blt | Bge | Bltu | Bgeu if both_sext => b1 | b2,
+            _ => 0,
+        };
+        self.widen((b1 | b2) & !low_words);
+    }
+
+    /// After `d`: what rd holds, as its emitter said (`written`; nothing
+    /// known unless it said so).
+    fn wrote(&mut self, d: &Inst) {
+        let w = std::mem::take(&mut self.written);
+        if writes(d) && d.rd != 0 {
+            let bit = 1 << d.rd;
+            self.sext = (self.sext & !bit) | if w.sext { bit } else { 0 };
+            let held = matches!(self.loc[d.rd as usize], Loc::Host(_));
+            self.narrow = (self.narrow & !bit) | if w.narrow && held { bit } else { 0 };
+        }
+    }
+
+    /// Guest register `rd` := the word in `v`'s low half, sign-extended:
+    /// left narrow in rd's host register, extended on its way to the
+    /// register file.
+    fn put_word(&mut self, rd: u8, v: u8) {
+        let held = matches!(self.loc[rd as usize], Loc::Host(_));
+        if !held {
+            dynasm!(self.ops ; .arch x64 ; movsxd Rq(v), Rd(v));
+        }
+        self.put(rd, v);
+        self.written = Written { sext: true, narrow: held };
+    }
+
     /// A side exit to the interpreter at instruction `k`, with the
     /// registers dirty now.
     fn stub(&mut self, k: usize) -> DynamicLabel {
         let label = self.ops.new_dynamic_label();
-        self.stubs.push(Stub { label, loc: self.loc, dirty: self.dirty, resume: k });
+        self.stubs.push(Stub { label, loc: self.loc, dirty: self.dirty, narrow: self.narrow, resume: k });
         label
     }
 
@@ -1254,10 +1483,13 @@ impl Emitter {
     /// (nothing in translated code changes a slot or a page's code
     /// state). The guest registers go where `head` takes them to be
     /// (`top`): those dirty and elsewhere written back first, then those
-    /// not in place loaded (`top` gives each host register one guest
-    /// register, so a load never lands on one in place).
+    /// in another host register moved, then those in the register file
+    /// loaded (`top` gives each host register one guest register, so a
+    /// load never lands on one in place).
     fn loop_back(&mut self) {
         let head = self.head.expect("a loop has a head");
+        // The head knows nothing of what the registers hold.
+        self.widen(u32::MAX);
         let top = self.top;
         // (Dirty in place but not where `head` takes it may be: `round`
         // says that cannot be, but what is emitted does not rely on it.)
@@ -1269,15 +1501,45 @@ impl Emitter {
                 }
             }
         }
+        // Those in another host register move there, register to
+        // register: a store and a load of the same place would put the
+        // store's latency on the loop's chain of dependencies. A move
+        // goes once no move still to come reads its destination; moves
+        // that all wait on each other (a cycle) go through rax.
+        let mut moves: Vec<(u8, u8)> = Vec::new();
+        let mut loads: Vec<(u8, usize)> = Vec::new();
         for (r, (now, then)) in self.loc.into_iter().zip(top).enumerate() {
-            if let Loc::Host(h) = then {
-                if now != then {
-                    dynasm!(self.ops ; .arch x64 ; mov Rq(h), QWORD [rdi + 8 * r as i32]);
+            if let Loc::Host(to) = then {
+                match now {
+                    Loc::Host(from) if from != to => moves.push((from, to)),
+                    Loc::Host(_) => {}
+                    _ => loads.push((to, r)),
                 }
             }
         }
+        while !moves.is_empty() {
+            match moves.iter().position(|&(_, to)| !moves.iter().any(|&(from, _)| from == to)) {
+                Some(i) => {
+                    let (from, to) = moves.remove(i);
+                    dynasm!(self.ops ; .arch x64 ; mov Rq(to), Rq(from));
+                }
+                None => {
+                    let (from, _) = moves[0];
+                    dynasm!(self.ops ; .arch x64 ; mov rax, Rq(from));
+                    for m in moves.iter_mut().filter(|m| m.0 == from) {
+                        m.0 = RAX;
+                    }
+                }
+            }
+        }
+        // Then the loads: a host register they fill holds nothing still
+        // to move.
+        for (to, r) in loads {
+            dynasm!(self.ops ; .arch x64 ; mov Rq(to), QWORD [rdi + 8 * r as i32]);
+        }
         self.loc = top;
         self.dirty = stays;
+        self.sext = 1;
         dynasm!(self.ops
             ; .arch x64
             ; sub QWORD [rsi + CTX_LEFT], self.n as i32
@@ -1365,8 +1627,8 @@ impl Emitter {
 
     /// rd := rs1 op rs2.
     fn alu(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
-        let b = self.src(rs2, RCX);
-        let dst = self.dest(rd, Some(b));
+        let b = self.operand(rs2, RCX);
+        let dst = self.dest(rd, b.reg());
         self.get(dst, rs1);
         f(&mut self.ops, dst, b);
         self.put(rd, dst);
@@ -1386,6 +1648,11 @@ impl Emitter {
 
     /// rd := rs (`mv`): one move at most.
     fn copy(&mut self, rd: u8, rs: u8) {
+        let narrow = self.narrow & (1 << rs) != 0;
+        if narrow && !matches!(self.loc[rd as usize], Loc::Host(_)) {
+            self.widen(1 << rs);
+        }
+        self.written = Written { sext: self.sext & (1 << rs) != 0, narrow: self.narrow & (1 << rs) != 0 };
         if rd == rs {
             return;
         }
@@ -1398,18 +1665,39 @@ impl Emitter {
         let dst = self.dest(rd, None);
         dynasm!(self.ops ; .arch x64 ; mov Rq(dst), DWORD imm);
         self.put(rd, dst);
+        self.written.sext = true;
     }
 
     /// rd := sext32(rs) (`sext.w`): one sign extension, from rs's host
     /// register or the register file.
     fn sext32(&mut self, rd: u8, rs: u8) {
+        if self.sext & (1 << rs) != 0 {
+            return self.copy(rd, rs);
+        }
         let dst = self.dest(rd, None);
+        self.sext_into(dst, rs);
+        self.put(rd, dst);
+        self.written.sext = true;
+    }
+
+    /// Host register `dst` := sext32(guest register `rs`).
+    fn sext_into(&mut self, dst: u8, rs: u8) {
         match self.loc[rs as usize] {
             Loc::Zero => dynasm!(self.ops ; .arch x64 ; xor Rd(dst), Rd(dst)),
             Loc::Host(h) => dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), Rd(h)),
             Loc::Mem(o) => dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), DWORD [rdi + o]),
         }
-        self.put(rd, dst);
+    }
+
+    /// rd := rd + imm for rd in the register file: one addition there.
+    fn add_in_place(&mut self, rd: u8, imm: i32) -> bool {
+        match self.loc[rd as usize] {
+            Loc::Mem(o) => {
+                dynasm!(self.ops ; .arch x64 ; add QWORD [rdi + o], imm);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// rd := rs1 op imm.
@@ -1420,19 +1708,69 @@ impl Emitter {
         self.put(rd, dst);
     }
 
-    /// rd := sext32(eax) after `f` computed the low 32 bits in eax from
-    /// eax = rs1 and `b` = rs2.
+    /// rd := sext32(rs1 op rs2) for a 32-bit `f`, computed in rd's host
+    /// register where it has one (one instruction fewer when rs1 is
+    /// already there).
     fn alu_w(&mut self, rd: u8, rs1: u8, rs2: u8, f: Alu) {
-        let b = self.src(rs2, RCX);
-        self.get(RAX, rs1);
-        f(&mut self.ops, RAX, b);
-        self.put_sext32(rd);
+        let b = self.operand(rs2, RCX);
+        let dst = self.dest(rd, b.reg());
+        self.get(dst, rs1);
+        f(&mut self.ops, dst, b);
+        self.put_word(rd, dst);
     }
 
+    /// rd := sext32(rs1 + rs2) (`addw`): with both in host registers, a
+    /// `lea` that reads them before writing rd's, and the extension.
+    fn add_w(&mut self, rd: u8, rs1: u8, rs2: u8) {
+        match (self.loc[rs1 as usize], self.loc[rs2 as usize]) {
+            (Loc::Host(a), Loc::Host(b)) => {
+                let dst = self.dest(rd, None);
+                dynasm!(self.ops ; .arch x64 ; lea Rd(dst), [Rq(a) + Rq(b)]);
+                self.put_word(rd, dst);
+            }
+            _ => self.alu_w(rd, rs1, rs2, alu!(add w)),
+        }
+    }
+
+    /// rd := sext32(rs1 op imm) for a 32-bit `f`, in rd's host register
+    /// where it has one.
     fn alu_imm_w(&mut self, rd: u8, rs1: u8, imm: i32, f: AluImm) {
-        self.get(RAX, rs1);
-        f(&mut self.ops, RAX, imm);
-        self.put_sext32(rd);
+        let dst = self.dest(rd, None);
+        self.get(dst, rs1);
+        f(&mut self.ops, dst, imm);
+        self.put_word(rd, dst);
+    }
+
+    /// rd := sext32(rs1 + imm) (`addiw`): a `lea` and the extension.
+    fn add_imm_w(&mut self, rd: u8, rs1: u8, imm: i32) {
+        let a = self.src(rs1, RAX);
+        let dst = self.dest(rd, None);
+        dynasm!(self.ops ; .arch x64 ; lea Rd(dst), [Rq(a) + imm]);
+        self.put_word(rd, dst);
+    }
+
+    /// rd := sext32(rs1 >> sh) logical (`srliw`): for a shift of at
+    /// least 1 the 32-bit result's sign bit is clear, so the zero
+    /// extension x86 gives it is its sign extension.
+    fn shift_right_w(&mut self, rd: u8, rs1: u8, sh: i8) {
+        if sh == 0 {
+            return self.sext32(rd, rs1);
+        }
+        let dst = self.dest(rd, None);
+        self.get(dst, rs1);
+        dynasm!(self.ops ; .arch x64 ; shr Rd(dst), sh);
+        self.put(rd, dst);
+        self.written.sext = true;
+    }
+
+    /// rd := sext32(rs1 >> sh) arithmetic (`sraiw`): the low word
+    /// sign-extended, then shifted over all 64 bits.
+    fn shift_right_arith_w(&mut self, rd: u8, rs1: u8, sh: i8) {
+        let dst = self.dest(rd, None);
+        self.sext_into(dst, rs1);
+        dynasm!(self.ops ; .arch x64 ; sar Rq(dst), sh);
+        self.put(rd, dst);
+        self.written.sext = true;
     }
 
     /// Guest register `rd` := sext32(eax), sign-extended straight into
@@ -1441,6 +1779,25 @@ impl Emitter {
         let dst = self.dest(rd, None);
         dynasm!(self.ops ; .arch x64 ; movsxd Rq(dst), eax);
         self.put(rd, dst);
+    }
+
+    /// A bitwise operation (and, or, xor, with a register or an
+    /// immediate, which is a 12-bit value sign-extended) that `emit`
+    /// emits: of words sign-extended, a word sign-extended, narrow if an
+    /// operand is (bit by bit, the upper half is bit 31 of each again).
+    /// A narrow result bound for the register file is extended first, by
+    /// extending its operands.
+    fn bitwise(&mut self, d: &Inst, emit: impl FnOnce(&mut Self)) {
+        let (r1, r2) = reads(d);
+        let operands = (u32::from(r1) << d.rs1 | u32::from(r2) << d.rs2) & !1;
+        let both_sext = self.sext & (1 << d.rs1) != 0 && (!r2 || self.sext & (1 << d.rs2) != 0);
+        let held = matches!(self.loc[d.rd as usize], Loc::Host(_));
+        if !held {
+            self.widen(operands);
+        }
+        let narrow = self.narrow & operands != 0;
+        emit(self);
+        self.written = Written { sext: both_sext, narrow };
     }
 
     /// rd := (rs1 op rs2) as 0/1, `f` setting al from the flags of a compare.
@@ -1456,6 +1813,7 @@ impl Emitter {
         f(&mut self.ops);
         dynasm!(self.ops ; .arch x64 ; movzx eax, al);
         self.put(rd, RAX);
+        self.written.sext = true;
     }
 
     /// rdx := the pc of the instruction at `at` plus `add`.
@@ -1539,7 +1897,14 @@ impl Emitter {
                     self.writeback(self.dirty);
                 }
                 let taken = self.ops.new_dynamic_label();
-                dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
+                // Two words sign-extended compare, signed and unsigned, as
+                // their low words do (the extension keeps either order):
+                // narrow ones need not be extended first.
+                if self.sext & (1 << rs1) != 0 && self.sext & (1 << rs2) != 0 {
+                    dynasm!(self.ops ; .arch x64 ; cmp Rd(a), Rd(b));
+                } else {
+                    dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
+                }
                 match d.op {
                     Beq => dynasm!(self.ops ; .arch x64 ; je =>taken),
                     Bne => dynasm!(self.ops ; .arch x64 ; jne =>taken),
@@ -1583,6 +1948,9 @@ impl Emitter {
                     _ => dynasm!(self.ops ; .arch x64 ; mov Rq(v), QWORD [rdx]),
                 }
                 self.put(rd, v);
+                // Bytes, halves and words, signed or not (below 2^31):
+                // each a word's sign extension.
+                self.written.sext = !matches!(d.op, Lwu | Ld);
             }
             Sb | Sh | Sw | Sd => {
                 let size = match d.op {
@@ -1606,30 +1974,32 @@ impl Emitter {
             // `mv` and `li` (and a `nop`): a copy, or the constant.
             Addi if imm == 0 => self.copy(rd, rs1),
             Addi if rs1 == 0 => self.constant(rd, imm),
+            // A pointer or counter stepped in the register file: in place.
+            Addi if rd == rs1 && self.add_in_place(rd, imm) => {}
             Addi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rq(d), DWORD i)),
             Slti => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setl al)),
             Sltiu => self.set_if(rd, rs1, None, imm, |o| dynasm!(o ; .arch x64 ; setb al)),
-            Xori => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; xor Rq(d), DWORD i)),
-            Ori => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; or Rq(d), DWORD i)),
-            Andi => self.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; and Rq(d), DWORD i)),
+            Xori => self.bitwise(d, |e| e.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; xor Rq(d), DWORD i))),
+            Ori => self.bitwise(d, |e| e.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; or Rq(d), DWORD i))),
+            Andi => self.bitwise(d, |e| e.alu_imm(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; and Rq(d), DWORD i))),
             Slli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shl Rq(d), i as i8)),
             Srli => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; shr Rq(d), i as i8)),
             Srai => self.alu_imm(rd, rs1, imm & 63, |o, d, i| dynasm!(o ; .arch x64 ; sar Rq(d), i as i8)),
             // `sext.w`: one sign extension.
             Addiw if imm == 0 => self.sext32(rd, rs1),
-            Addiw => self.alu_imm_w(rd, rs1, imm, |o, d, i| dynasm!(o ; .arch x64 ; add Rd(d), DWORD i)),
+            Addiw => self.add_imm_w(rd, rs1, imm),
             Slliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shl Rd(d), i as i8)),
-            Srliw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; shr Rd(d), i as i8)),
-            Sraiw => self.alu_imm_w(rd, rs1, imm & 31, |o, d, i| dynasm!(o ; .arch x64 ; sar Rd(d), i as i8)),
+            Srliw => self.shift_right_w(rd, rs1, (imm & 31) as i8),
+            Sraiw => self.shift_right_arith_w(rd, rs1, (imm & 31) as i8),
             // `c.mv` is an `add` from x0.
             Add if rs1 == 0 => self.copy(rd, rs2),
             Add if rs2 == 0 => self.copy(rd, rs1),
-            Add => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rq(d), Rq(s))),
-            Sub => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; sub Rq(d), Rq(s))),
-            Xor => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s))),
-            Or => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; or Rq(d), Rq(s))),
-            And => self.alu_commutative(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; and Rq(d), Rq(s))),
-            Mul => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; imul Rq(d), Rq(s))),
+            Add => self.alu_commutative(rd, rs1, rs2, alu!(add)),
+            Sub => self.alu(rd, rs1, rs2, alu!(sub)),
+            Xor => self.bitwise(d, |e| e.alu_commutative(rd, rs1, rs2, alu!(xor))),
+            Or => self.bitwise(d, |e| e.alu_commutative(rd, rs1, rs2, alu!(or))),
+            And => self.bitwise(d, |e| e.alu_commutative(rd, rs1, rs2, alu!(and))),
+            Mul => self.alu(rd, rs1, rs2, alu!(imul)),
             Slt => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setl al)),
             Sltu => self.set_if(rd, rs1, Some(rs2), 0, |o| dynasm!(o ; .arch x64 ; setb al)),
             Sll | Srl | Sra => {
@@ -1644,9 +2014,9 @@ impl Emitter {
                 }
                 self.put(rd, dst);
             }
-            Addw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; add Rd(d), Rd(s))),
-            Subw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; sub Rd(d), Rd(s))),
-            Mulw => self.alu_w(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; imul Rd(d), Rd(s))),
+            Addw => self.add_w(rd, rs1, rs2),
+            Subw => self.alu_w(rd, rs1, rs2, alu!(sub w)),
+            Mulw => self.alu_w(rd, rs1, rs2, alu!(imul w)),
             Sllw | Srlw | Sraw => {
                 // 32-bit shifts: x86 masks the count to 5 bits, as RISC-V.
                 self.get(RCX, rs2);
@@ -1656,7 +2026,7 @@ impl Emitter {
                     Srlw => dynasm!(self.ops ; .arch x64 ; shr eax, cl),
                     _ => dynasm!(self.ops ; .arch x64 ; sar eax, cl),
                 }
-                self.put_sext32(rd);
+                self.put_word(rd, RAX);
             }
             Mulh | Mulhu | Mulhsu => {
                 self.get(RAX, rs1);
@@ -1748,7 +2118,10 @@ impl Emitter {
                 }
                 self.put(rd, dst);
             }
-            Xnor => self.alu(rd, rs1, rs2, |o, d, s| dynasm!(o ; .arch x64 ; xor Rq(d), Rq(s) ; not Rq(d))),
+            Xnor => self.alu(rd, rs1, rs2, |o, d, s| {
+                alu!(xor)(o, d, s);
+                dynasm!(o ; .arch x64 ; not Rq(d))
+            }),
             Clz | Ctz | Cpop | Clzw | Ctzw | Cpopw => self.count(d.op, rd, rs1),
             Max | Maxu | Min | Minu => {
                 // rax := rs1, replaced by rs2 where rs2 is the one wanted.
