@@ -393,6 +393,7 @@ impl Hart {
             mxcsr_default: jit::MXCSR_DEFAULT,
             mxcsr: 0,
             fp_calls: 0,
+            group: [0; 2],
         };
         // The x registers' address, derived from the whole state's: the
         // code also reaches the f registers and mstatus from it, and hands

@@ -116,6 +116,10 @@
 //!   accesses and traps (precise: pc, tval, registers, counts) need no
 //!   second implementation here.
 //!
+//! Loads (or stores) through one base register with nothing between them
+//! that writes it or calls out share one TLB check of the span they
+//! cover, made by the first of them (see `Group`).
+//!
 //! A store (or `cbo.zero`) cannot reach the running block's own bytes,
 //! nor any other code: translated code stores only through the store
 //! TLB, which holds no page while it is code (see the block cache), so a
@@ -188,6 +192,9 @@ pub(crate) struct JitCtx {
     pub mxcsr: u32,
     /// Floating-point computations that called the software FPU.
     pub fp_calls: u64,
+    /// The host address of the span the first load, and the first store,
+    /// of a group checked (see `Group`).
+    pub group: [usize; 2],
 }
 
 /// The host's SSE control and status register as every thread starts
@@ -212,6 +219,7 @@ const CTX_CODE: i32 = offset_of!(JitCtx, code) as i32;
 const CTX_MXCSR_DEFAULT: i32 = offset_of!(JitCtx, mxcsr_default) as i32;
 const CTX_MXCSR: i32 = offset_of!(JitCtx, mxcsr) as i32;
 const CTX_FP_CALLS: i32 = offset_of!(JitCtx, fp_calls) as i32;
+const CTX_GROUP: i32 = offset_of!(JitCtx, group) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
 const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
@@ -377,6 +385,94 @@ fn may_exit(d: &Inst) -> bool {
             | Fstore
             | CboZero
     )
+}
+
+/// A load's or store's place in a group: loads (or stores) through the
+/// same base register, none writing it in between, and nothing but other
+/// loads and stores and integer operations among them (no call into Rust,
+/// no other group of the same kind). The group's first access checks the
+/// TLB once for the span of all of them (its entry from the span's first
+/// byte, the tag from its last: the span within one page, which the entry
+/// allows) and leaves its host address in `JitCtx::group`; the others
+/// read it from there, and cannot miss. If the check fails, the
+/// interpreter goes on at the first (which may fault, and then the others
+/// did not run). A function's saves and restores (`sd ra, 24(sp)`, ...),
+/// a structure's fields, a byte loop's four loads.
+#[derive(Clone, Copy)]
+struct Group {
+    /// The span's offsets from the base register.
+    lo: i32,
+    hi: i32,
+    first: bool,
+}
+
+/// The widest span a group checks at once.
+const GROUP_SPAN: i32 = 512;
+
+/// Whether `d` is a load (0) or a store (1) a group may hold, and its
+/// size.
+fn access_kind(d: &Inst) -> Option<(usize, i32)> {
+    use Op::*;
+    match d.op {
+        Lb | Lbu | Sb => Some((usize::from(d.op == Sb), 1)),
+        Lh | Lhu | Sh => Some((usize::from(d.op == Sh), 2)),
+        Lw | Lwu | Sw => Some((usize::from(d.op == Sw), 4)),
+        Ld | Sd => Some((usize::from(d.op == Sd), 8)),
+        _ => None,
+    }
+}
+
+/// Each instruction's place in a group (see `Group`), if it has one.
+fn groups(insts: &[Inst]) -> Vec<Option<Group>> {
+    let mut out: Vec<Option<Group>> = vec![None; insts.len()];
+    // The group of each kind being gathered: its base register, span and
+    // members.
+    type Gathering = (u8, i32, i32, Vec<usize>);
+    let mut open: [Option<Gathering>; 2] = [None, None];
+    let close = |g: Option<Gathering>, out: &mut Vec<Option<Group>>| {
+        if let Some((_, lo, hi, members)) = g {
+            if members.len() > 1 {
+                for (i, &m) in members.iter().enumerate() {
+                    out[m] = Some(Group { lo, hi, first: i == 0 });
+                }
+            }
+        }
+    };
+    for (k, d) in insts.iter().enumerate() {
+        if let Some((kind, size)) = access_kind(d) {
+            let (lo, hi) = (d.imm, d.imm + size);
+            match &mut open[kind] {
+                Some((base, glo, ghi, members)) if *base == d.rs1 && (*ghi).max(hi) - (*glo).min(lo) <= GROUP_SPAN => {
+                    *glo = (*glo).min(lo);
+                    *ghi = (*ghi).max(hi);
+                    members.push(k);
+                }
+                g => {
+                    close(g.take(), &mut out);
+                    *g = Some((d.rs1, lo, hi, vec![k]));
+                }
+            }
+        } else if may_exit(d) {
+            // Integer operations leave the groups open; anything else
+            // that may leave or call out closes them.
+            for g in &mut open {
+                close(g.take(), &mut out);
+            }
+        }
+        // A write of the base register ends its groups (after a load into
+        // its own base: `ld a0, 0(a0)` is a member).
+        if writes(d) {
+            for g in &mut open {
+                if g.as_ref().is_some_and(|(base, ..)| *base == d.rd && d.rd != 0) {
+                    close(g.take(), &mut out);
+                }
+            }
+        }
+    }
+    for g in &mut open {
+        close(g.take(), &mut out);
+    }
+    out
 }
 
 /// Whether `d` jumps or branches to its unit's start (it is the unit's
@@ -952,6 +1048,7 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
         top_dirty: 0,
         rounds: None,
         back_sext: None,
+        groups: groups(insts),
     };
     let body = e.ops.new_dynamic_label();
     let bail = e.ops.new_dynamic_label();
@@ -1240,6 +1337,8 @@ struct Emitter {
     /// What the ways back emitted knew of sign-extended words (`sext`),
     /// all together.
     back_sext: Option<u32>,
+    /// Each instruction's place in a group of loads or stores.
+    groups: Vec<Option<Group>>,
 }
 
 /// An ALU operation's second operand: a host register, or a guest
@@ -1988,20 +2087,18 @@ impl Emitter {
                     Lw | Lwu => 4,
                     _ => 8,
                 };
-                let miss = self.stub(k);
-                self.tlb_lookup(rs1, imm, size, CTX_LOAD_TLB, miss);
-                // rdx: the host address; the value straight into rd's
-                // host register if it has one.
-                dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+                // rdx: the host address, less `at`; the value straight
+                // into rd's host register if it has one.
+                let at = self.access_address(k, rs1, imm, size, 0);
                 let v = self.dest(rd, None);
                 match d.op {
-                    Lb => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), BYTE [rdx]),
-                    Lbu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), BYTE [rdx]),
-                    Lh => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), WORD [rdx]),
-                    Lhu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), WORD [rdx]),
-                    Lw => dynasm!(self.ops ; .arch x64 ; movsxd Rq(v), DWORD [rdx]),
-                    Lwu => dynasm!(self.ops ; .arch x64 ; mov Rd(v), DWORD [rdx]),
-                    _ => dynasm!(self.ops ; .arch x64 ; mov Rq(v), QWORD [rdx]),
+                    Lb => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), BYTE [rdx + at]),
+                    Lbu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), BYTE [rdx + at]),
+                    Lh => dynasm!(self.ops ; .arch x64 ; movsx Rq(v), WORD [rdx + at]),
+                    Lhu => dynasm!(self.ops ; .arch x64 ; movzx Rd(v), WORD [rdx + at]),
+                    Lw => dynasm!(self.ops ; .arch x64 ; movsxd Rq(v), DWORD [rdx + at]),
+                    Lwu => dynasm!(self.ops ; .arch x64 ; mov Rd(v), DWORD [rdx + at]),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov Rq(v), QWORD [rdx + at]),
                 }
                 self.put(rd, v);
                 // Bytes, halves and words, signed or not (below 2^31):
@@ -2015,16 +2112,14 @@ impl Emitter {
                     Sw => 4,
                     _ => 8,
                 };
-                let miss = self.stub(k);
-                self.tlb_lookup(rs1, imm, size, CTX_STORE_TLB, miss);
-                // rdx: the host address.
-                dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+                // rdx: the host address, less `at`.
+                let at = self.access_address(k, rs1, imm, size, 1);
                 let v = self.src(rs2, RAX);
                 match size {
-                    1 => dynasm!(self.ops ; .arch x64 ; mov BYTE [rdx], Rb(v)),
-                    2 => dynasm!(self.ops ; .arch x64 ; mov WORD [rdx], Rw(v)),
-                    4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rdx], Rd(v)),
-                    _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rdx], Rq(v)),
+                    1 => dynasm!(self.ops ; .arch x64 ; mov BYTE [rdx + at], Rb(v)),
+                    2 => dynasm!(self.ops ; .arch x64 ; mov WORD [rdx + at], Rw(v)),
+                    4 => dynasm!(self.ops ; .arch x64 ; mov DWORD [rdx + at], Rd(v)),
+                    _ => dynasm!(self.ops ; .arch x64 ; mov QWORD [rdx + at], Rq(v)),
                 }
             }
             // `mv` and `li` (and a `nop`): a copy, or the constant.
@@ -3140,6 +3235,38 @@ impl Emitter {
             dynasm!(self.ops ; .arch x64 ; movsxd rax, eax);
         }
         self.put(rd, RAX);
+    }
+
+    /// rdx := the host address of load (`kind` 0) or store (1) `k`, a
+    /// `size`-byte access at rs1 + imm, less the offset returned: its
+    /// group's first access checks the TLB for the group's span and keeps
+    /// the span's address, the others take it (see `Group`); an access in
+    /// no group checks its own bytes. A miss leaves at `k`.
+    fn access_address(&mut self, k: usize, rs1: u8, imm: i32, size: i32, kind: usize) -> i32 {
+        let tlb = [CTX_LOAD_TLB, CTX_STORE_TLB][kind];
+        let kept = CTX_GROUP + 8 * kind as i32;
+        match self.groups[k] {
+            Some(g) if !g.first => {
+                dynasm!(self.ops ; .arch x64 ; mov rdx, QWORD [rsi + kept]);
+                imm - g.lo
+            }
+            Some(g) => {
+                let miss = self.stub(k);
+                self.tlb_lookup(rs1, g.lo, g.hi - g.lo, tlb, miss);
+                dynasm!(self.ops
+                    ; .arch x64
+                    ; add rdx, QWORD [rsi + CTX_RAM]
+                    ; mov QWORD [rsi + kept], rdx
+                );
+                imm - g.lo
+            }
+            None => {
+                let miss = self.stub(k);
+                self.tlb_lookup(rs1, imm, size, tlb, miss);
+                dynasm!(self.ops ; .arch x64 ; add rdx, QWORD [rsi + CTX_RAM]);
+                0
+            }
+        }
     }
 
     /// The inlined TLB hit test of a `size`-byte access at rs1 + imm: on a

@@ -1346,6 +1346,59 @@ fn a_loop_translated_twice_knows_only_what_its_first_round_ends_with() {
     assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].x[10], runs[1].x[10]);
 }
 
+/// Loads and stores through one base register share one TLB check (a
+/// group): a write of the base register between two of them ends the
+/// group, so the second checks, and reads, where the base points now.
+/// Here every round reads through x12, moves x12 on, and reads and writes
+/// through it again (and through x15, a load into its own base register
+/// between); the words differ everywhere, so an access through a stale
+/// base shows in the sums.
+#[test]
+fn a_base_register_written_between_accesses_ends_their_group() {
+    let mut prog = vec![
+        i_type(0, 12, 2, 13, 0x03),     // lw x13, 0(x12)
+        i_type(4, 12, 2, 14, 0x03),     // lw x14, 4(x12)
+        i_type(8, 12, 0, 12, 0x13),     // addi x12, x12, 8
+        i_type(0, 12, 2, 16, 0x03),     // lw x16, 0(x12)
+        s_type(8, 13, 12, 2),           // sw x13, 8(x12)
+        i_type(0, 15, 3, 15, 0x03),     // ld x15, 0(x15): a pointer to the next
+        s_type(12, 14, 12, 2),          // sw x14, 12(x12)
+        i_type(8, 15, 2, 17, 0x03),     // lw x17, 8(x15)
+        r_type(0, 13, 10, 0, 10, 0x33), // add x10, x10, x13
+        r_type(0, 16, 10, 0, 10, 0x33), // add x10, x10, x16
+        r_type(0, 17, 10, 0, 10, 0x33), // add x10, x10, x17
+    ];
+    close_loop(&mut prog);
+    let rounds = 300;
+    let mut runs = Vec::new();
+    for jit in [0, 1] {
+        let (mut hart, ram) = at_base(&prog, jit);
+        // Words of their own addresses' hash; from DATA + 0x2000, a chain
+        // of pointers 16 bytes apart.
+        for i in 0..0x800u64 {
+            ram.write_u32(DATA + 4 * i, (i as u32).wrapping_mul(0x9e37_79b9) ^ 0x5555).unwrap();
+        }
+        for i in 0..(rounds + 2) {
+            ram.write_u64(DATA + 0x2000 + 16 * i, DATA + 0x2000 + 16 * (i + 1)).unwrap();
+        }
+        hart.s.x[4] = rounds;
+        hart.s.x[12] = DATA;
+        hart.s.x[15] = DATA + 0x2000;
+        let mut bus = Device::default();
+        let total = rounds * (prog.len() as u64 - 1);
+        let mut done = 0;
+        while done < total {
+            done += hart.run(&ram, &mut bus, total - done).0;
+        }
+        if jit == 1 {
+            assert!(hart.jit_stats().calls < 20, "{} calls into translated code", hart.jit_stats().calls);
+        }
+        runs.push((hart.s.clone(), ram.as_slice().to_vec()));
+    }
+    assert_eq!(runs[0].0.x[4], 0);
+    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].0.x[10], runs[1].0.x[10]);
+}
+
 /// A loop whose second block rewrites an instruction of its first (which
 /// it then reaches straight from translated code): every iteration must
 /// run the new instruction. With translation at the first entry, every
