@@ -1282,26 +1282,13 @@ fn a_word_carried_round_a_loop_is_sign_extended() {
         b_type(-12, 0, 4, 1),           // 12: bne x4, x0, 0
         j_type(0, 0),                   // 16: j .
     ];
-    let rounds = 10_000;
-    let mut runs = Vec::new();
-    for jit in [0, 1] {
-        let (mut hart, ram) = at_base(&prog, jit);
-        hart.s.x[4] = rounds;
+    let runs = both_ways(&prog, 4 * 10_000, 11, |hart, _| {
+        hart.s.x[4] = 10_000;
         hart.s.x[11] = 0x7fff_0000;
         hart.s.x[12] = 0x1234_5679;
-        let mut bus = Device::default();
-        let mut rng = Rng(11);
-        let mut done = 0;
-        while done < 4 * rounds {
-            done += hart.run(&ram, &mut bus, (1 + rng.below(3000)).min(4 * rounds - done)).0;
-        }
-        if jit == 1 {
-            assert!(hart.jit_stats().calls < 100, "{} calls into translated code", hart.jit_stats().calls);
-        }
-        runs.push(hart.s.clone());
-    }
-    assert_eq!(runs[0].x[4], 0);
-    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].x[10], runs[1].x[10]);
+    });
+    assert_eq!(runs[0].0.x[4], 0);
+    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].0.x[10], runs[1].0.x[10]);
 }
 
 /// A loop whose rounds sign-extend words is translated twice: its first
@@ -1323,27 +1310,14 @@ fn a_loop_translated_twice_knows_only_what_its_first_round_ends_with() {
         b_type(-24, 0, 4, 1),           // 24: bne x4, x0, 0
         j_type(0, 0),                   // 28: j .
     ];
-    let rounds = 10_000;
-    let mut runs = Vec::new();
-    for jit in [0, 1] {
-        let (mut hart, ram) = at_base(&prog, jit);
-        hart.s.x[4] = rounds;
+    let runs = both_ways(&prog, 7 * 10_000, 13, |hart, _| {
+        hart.s.x[4] = 10_000;
         hart.s.x[11] = 0x7fff_0000_9abc_def0;
         hart.s.x[12] = 0x1234_5679;
         hart.s.x[15] = 0x1234_5678_9abc_def0;
-        let mut bus = Device::default();
-        let mut rng = Rng(13);
-        let mut done = 0;
-        while done < 7 * rounds {
-            done += hart.run(&ram, &mut bus, (1 + rng.below(3000)).min(7 * rounds - done)).0;
-        }
-        if jit == 1 {
-            assert!(hart.jit_stats().calls < 100, "{} calls into translated code", hart.jit_stats().calls);
-        }
-        runs.push(hart.s.clone());
-    }
-    assert_eq!(runs[0].x[4], 0);
-    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].x[10], runs[1].x[10]);
+    });
+    assert_eq!(runs[0].0.x[4], 0);
+    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].0.x[10], runs[1].0.x[10]);
 }
 
 /// Loads and stores through one base register share one TLB check (a
@@ -1370,9 +1344,7 @@ fn a_base_register_written_between_accesses_ends_their_group() {
     ];
     close_loop(&mut prog);
     let rounds = 300;
-    let mut runs = Vec::new();
-    for jit in [0, 1] {
-        let (mut hart, ram) = at_base(&prog, jit);
+    let runs = both_ways(&prog, rounds * (prog.len() as u64 - 1), 17, |hart, ram| {
         // Words of their own addresses' hash; from DATA + 0x2000, a chain
         // of pointers 16 bytes apart.
         for i in 0..0x800u64 {
@@ -1384,19 +1356,33 @@ fn a_base_register_written_between_accesses_ends_their_group() {
         hart.s.x[4] = rounds;
         hart.s.x[12] = DATA;
         hart.s.x[15] = DATA + 0x2000;
+    });
+    assert_eq!(runs[0].0.x[4], 0);
+    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].0.x[10], runs[1].0.x[10]);
+}
+
+/// Runs `prog` at BASE for `steps` instructions, in slices of random
+/// lengths (seeded by `seed`), interpreted and then translated at the
+/// first entry, each from a machine-mode hart and RAM that `setup`
+/// prepares; each run's state and RAM. The translated run must have
+/// stayed in translated code (a few calls in all).
+fn both_ways(prog: &[u32], steps: u64, seed: u64, setup: impl Fn(&mut Hart, &GuestRam)) -> Vec<(HartState, Vec<u8>)> {
+    let mut runs = Vec::new();
+    for jit in [0, 1] {
+        let (mut hart, ram) = at_base(prog, jit);
+        setup(&mut hart, &ram);
         let mut bus = Device::default();
-        let total = rounds * (prog.len() as u64 - 1);
+        let mut rng = Rng(seed);
         let mut done = 0;
-        while done < total {
-            done += hart.run(&ram, &mut bus, total - done).0;
+        while done < steps {
+            done += hart.run(&ram, &mut bus, (1 + rng.below(3000)).min(steps - done)).0;
         }
         if jit == 1 {
-            assert!(hart.jit_stats().calls < 20, "{} calls into translated code", hart.jit_stats().calls);
+            assert!(hart.jit_stats().calls < 100, "{} calls into translated code", hart.jit_stats().calls);
         }
         runs.push((hart.s.clone(), ram.as_slice().to_vec()));
     }
-    assert_eq!(runs[0].0.x[4], 0);
-    assert!(runs[0] == runs[1], "x10: interpreted {:#x}, translated {:#x}", runs[0].0.x[10], runs[1].0.x[10]);
+    runs
 }
 
 /// A loop whose second block rewrites an instruction of its first (which
