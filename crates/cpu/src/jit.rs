@@ -21,10 +21,9 @@
 //! other word operations, a word's store, bitwise operations and
 //! comparisons of two sign-extended values): see `Emitter::narrow`. It
 //! runs the block's operations with no dispatch, and writes the dirty
-//! registers back at every exit. It does
-//! only what the interpreter's fast paths do and returns to Rust for
-//! everything else (LR, the CSRs other than
-//! floating point's, system instructions), with two exceptions. Of the
+//! registers back at every exit. It does only what the interpreter's fast
+//! paths do and returns to Rust for everything else (LR, the CSRs other
+//! than floating point's, system instructions), with two exceptions. Of the
 //! general executor's instructions, which end their block, it steps over
 //! fences (all the general executor does with them), runs SCs and AMOs
 //! (their address checks and the store TLB's hit test inline, the rest in
@@ -554,10 +553,10 @@ enum Move {
 /// need not be written back goes first: clean (of the registers `dirty`),
 /// or dead (see `dead`: not written back at all). Ranking by the next
 /// read instead (a value overwritten first counting as never used) gave
-/// up registers whose values the exits still needed: more stores. It changes only where registers are between
-/// instructions (each exit writes back what is dirty where it stands; a
-/// stub keeps the places of its own), and tells `moved` of each change,
-/// in order.
+/// up registers whose values the exits still needed: more stores. It
+/// changes only where registers are between instructions (each exit
+/// writes back what is dirty where it stands; a stub keeps the places of
+/// its own), and tells `moved` of each change, in order.
 fn allocation(loc: &mut [Loc; 32], accesses: &[Access], k: usize, mut dirty: u32, mut moved: impl FnMut(Move)) {
     let here = accesses[k];
     for r in (1..32).filter(|&r| here.all() & (1 << r) != 0) {
