@@ -1015,8 +1015,8 @@ fn assemble(unit: &[&Block], slot: usize, slots: &[Block], host: Host) -> Option
     let mut accesses: Vec<Access> = insts
         .iter()
         .map(|d| {
-            let (r1, r2) = reads(d);
-            let read = (u32::from(r1) << d.rs1 | u32::from(r2) << d.rs2) & !1;
+            let (b1, b2) = read_masks(d);
+            let read = b1 | b2;
             let written = (u32::from(writes(d)) << d.rd) & !1;
             Access { read, written, exits: may_exit(d) }
         })
@@ -1225,6 +1225,13 @@ fn reads(d: &Inst) -> (bool, bool) {
         | Bclri | Bexti | Binvi | Bseti => (true, false),
         _ => (true, true),
     }
+}
+
+/// The x registers `d` reads as rs1 and as rs2, each as a mask (x0 left
+/// out: an empty mask).
+fn read_masks(d: &Inst) -> (u32, u32) {
+    let (r1, r2) = reads(d);
+    (u32::from(r1) << d.rs1 & !1, u32::from(r2) << d.rs2 & !1)
 }
 
 /// Whether an instruction writes rd.
@@ -1501,9 +1508,8 @@ impl Emitter {
     /// compares or combines them bit by bit, which their low words decide.
     fn widen_for(&mut self, d: &Inst) {
         use Op::*;
-        let (r1, r2) = reads(d);
-        let (b1, b2) = (u32::from(r1) << d.rs1 & !1, u32::from(r2) << d.rs2 & !1);
-        let both_sext = self.sext & (1 << d.rs1) != 0 && (!r2 || self.sext & (1 << d.rs2) != 0);
+        let (b1, b2) = read_masks(d);
+        let both_sext = self.reads_sext(d);
         let low_words = match d.op {
             Addw | Subw | Mulw | Addiw | Slliw | Srliw | Sraiw | Sllw | Srlw | Sraw | Roriw => b1 | b2,
             // The value stored; the address is all 64 bits.
@@ -1515,6 +1521,12 @@ impl Emitter {
             _ => 0,
         };
         self.widen((b1 | b2) & !low_words);
+    }
+
+    /// Whether every register `d` reads holds a sign-extended word.
+    fn reads_sext(&self, d: &Inst) -> bool {
+        let (r1, r2) = reads(d);
+        (!r1 || self.sext & (1 << d.rs1) != 0) && (!r2 || self.sext & (1 << d.rs2) != 0)
     }
 
     /// After `d`: what rd holds, as its emitter said (`written`; nothing
@@ -1926,9 +1938,9 @@ impl Emitter {
     /// A narrow result bound for the register file is extended first, by
     /// extending its operands.
     fn bitwise(&mut self, d: &Inst, emit: impl FnOnce(&mut Self)) {
-        let (r1, r2) = reads(d);
-        let operands = (u32::from(r1) << d.rs1 | u32::from(r2) << d.rs2) & !1;
-        let both_sext = self.sext & (1 << d.rs1) != 0 && (!r2 || self.sext & (1 << d.rs2) != 0);
+        let (b1, b2) = read_masks(d);
+        let operands = b1 | b2;
+        let both_sext = self.reads_sext(d);
         let held = matches!(self.loc[d.rd as usize], Loc::Host(_));
         if !held {
             self.widen(operands);
@@ -2054,7 +2066,7 @@ impl Emitter {
                 // Two words sign-extended compare, signed and unsigned, as
                 // their low words do (the extension keeps either order):
                 // narrow ones need not be extended first.
-                if self.sext & (1 << rs1) != 0 && self.sext & (1 << rs2) != 0 {
+                if self.reads_sext(d) {
                     dynasm!(self.ops ; .arch x64 ; cmp Rd(a), Rd(b));
                 } else {
                     dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
