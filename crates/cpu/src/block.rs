@@ -695,8 +695,8 @@ mod tests {
     fn a_page_that_becomes_code_leaves_the_store_tlb() {
         let ram = guest_ram_with(&CODE, 0x1006);
         let mut tlb = Tlb::new();
-        let entry = TlbEntry { tag: 0x7000_1000, off: 0x1000 };
-        let other = TlbEntry { tag: 0x7000_2000, off: 0x2000 };
+        let entry = TlbEntry::new(0x7000_1000, 0x7000_1000, 0x1000);
+        let other = TlbEntry::new(0x7000_2000, 0x7000_2000, 0x2000);
         ram.store_cached(0x1000);
         tlb.fill(Access::Store, 1, entry, 12);
         tlb.fill(Access::Store, 2, other, 12);

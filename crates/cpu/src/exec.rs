@@ -123,8 +123,7 @@ impl Hart {
     fn load_fast(&self, ram: &GuestRam, vaddr: u64, size: u8) -> Option<u64> {
         let e = self.tlb.load[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
-            let off = e.off + (vaddr & 0xfff) as usize;
-            return Some(ram.load_le(off, size));
+            return Some(ram.load_le(e.offset(vaddr), size));
         }
         None
     }
@@ -165,7 +164,7 @@ impl Hart {
     fn store_fast(&mut self, ram: &GuestRam, vaddr: u64, size: u8, value: u64) -> Option<usize> {
         let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) && (vaddr & 0xfff) <= 0x1000 - size as u64 {
-            let off = e.off + (vaddr & 0xfff) as usize;
+            let off = e.offset(vaddr);
             ram.store_le_untracked(off, size, value);
             return Some(off);
         }
@@ -212,7 +211,7 @@ impl Hart {
         let e = self.tlb.store[index(vaddr)];
         if e.tag == tag(vaddr, self.data_tag_prv()) {
             // A block lies within its page: the entry covers it whole.
-            let off = e.off + (vaddr & 0xfff & !(CBO_BLOCK_BYTES - 1)) as usize;
+            let off = e.offset(vaddr & !(CBO_BLOCK_BYTES - 1));
             ram.zero_untracked(off, CBO_BLOCK_BYTES as usize);
             return Some(off);
         }
@@ -330,9 +329,9 @@ impl Hart {
                 return None;
             }
             self.fetch_tag = t;
-            self.fetch_off = e.off;
+            self.fetch_addend = e.addend;
         }
-        Some(self.fetch_off + (pc & 0xfff) as usize)
+        Some(self.fetch_addend.wrapping_add(pc as usize))
     }
 
     /// One instruction fetched through the MMU's slow path: the first on a
@@ -388,7 +387,7 @@ impl Hart {
             fetch_tlb: self.tlb.fetch.as_ptr(),
             fetch_prv: self.s.prv as u64,
             fetch_tag: self.fetch_tag,
-            fetch_off: self.fetch_off,
+            fetch_addend: self.fetch_addend,
             code: ram.code_states(),
             mxcsr_default: jit::MXCSR_DEFAULT,
             mxcsr: 0,
@@ -419,7 +418,7 @@ impl Hart {
         self.jit_stats.fp_calls += ctx.fp_calls;
         // The fetch cache as the jumps through the fetch TLB left it.
         self.fetch_tag = ctx.fetch_tag;
-        self.fetch_off = ctx.fetch_off;
+        self.fetch_addend = ctx.fetch_addend;
         // What the blocks retired whole, and where they leave off.
         self.retire(left - ctx.left, ctx.pc, steps);
         if r & 0xff == jit::END {

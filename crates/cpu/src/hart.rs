@@ -146,8 +146,8 @@ pub struct Hart {
     /// Tag of the page the fetch cache holds (see `mmu::tag`), or an
     /// impossible tag when empty.
     pub(crate) fetch_tag: u64,
-    /// RAM offset of that page.
-    pub(crate) fetch_off: usize,
+    /// That page's entry's `TlbEntry::addend`.
+    pub(crate) fetch_addend: usize,
     /// Steps executed so far in the current slice (see `Bus`).
     pub(crate) progress: u64,
     pub(crate) blocks: BlockCache,
@@ -203,7 +203,7 @@ impl Hart {
             s,
             tlb: Box::new(Tlb::new()),
             fetch_tag: crate::mmu::NO_TAG,
-            fetch_off: 0,
+            fetch_addend: 0,
             progress: 0,
             blocks: BlockCache::new(),
             jit_stats: JitStats::default(),

@@ -177,12 +177,12 @@ pub(crate) struct JitCtx {
     /// The fetch side, for jumps to a pc known only at run time: the fetch
     /// TLB, the privilege level fetches are checked at, and the
     /// interpreter's one-entry fetch cache (`Hart::fetch_tag` and
-    /// `fetch_off`), which translated code reads and updates exactly as
+    /// `fetch_addend`), which translated code reads and updates exactly as
     /// `Hart::fetch_offset` does, so that both find the same RAM for a pc.
     pub fetch_tlb: *const TlbEntry,
     pub fetch_prv: u64,
     pub fetch_tag: u64,
-    pub fetch_off: usize,
+    pub fetch_addend: usize,
     /// The RAM's code states, one `u64` a page (`GuestRam::code_states`).
     pub code: *const u64,
     /// `MXCSR_DEFAULT`, for `ldmxcsr`, which takes only a memory operand.
@@ -213,14 +213,14 @@ const CTX_PRV: i32 = offset_of!(JitCtx, prv) as i32;
 const CTX_FETCH_TLB: i32 = offset_of!(JitCtx, fetch_tlb) as i32;
 const CTX_FETCH_PRV: i32 = offset_of!(JitCtx, fetch_prv) as i32;
 const CTX_FETCH_TAG: i32 = offset_of!(JitCtx, fetch_tag) as i32;
-const CTX_FETCH_OFF: i32 = offset_of!(JitCtx, fetch_off) as i32;
+const CTX_FETCH_ADDEND: i32 = offset_of!(JitCtx, fetch_addend) as i32;
 const CTX_CODE: i32 = offset_of!(JitCtx, code) as i32;
 const CTX_MXCSR_DEFAULT: i32 = offset_of!(JitCtx, mxcsr_default) as i32;
 const CTX_MXCSR: i32 = offset_of!(JitCtx, mxcsr) as i32;
 const CTX_FP_CALLS: i32 = offset_of!(JitCtx, fp_calls) as i32;
 const CTX_GROUP: i32 = offset_of!(JitCtx, group) as i32;
 const TLB_TAG: i32 = offset_of!(TlbEntry, tag) as i32;
-const TLB_OFF: i32 = offset_of!(TlbEntry, off) as i32;
+const TLB_ADDEND: i32 = offset_of!(TlbEntry, addend) as i32;
 const _: () = assert!(std::mem::size_of::<TlbEntry>() == 16 && TLB_SIZE.is_power_of_two());
 const BLOCK_OFF: i32 = offset_of!(Block, off) as i32;
 const BLOCK_CHAIN: i32 = offset_of!(Block, chain) as i32;
@@ -1746,13 +1746,12 @@ impl Emitter {
             ; cmp rdx, QWORD [rcx + TLB_TAG]
             ; jne >out
             ; mov QWORD [rsi + CTX_FETCH_TAG], rdx
-            ; mov rcx, QWORD [rcx + TLB_OFF]
-            ; mov QWORD [rsi + CTX_FETCH_OFF], rcx
+            ; mov rcx, QWORD [rcx + TLB_ADDEND]
+            ; mov QWORD [rsi + CTX_FETCH_ADDEND], rcx
             ; cached:
             // rdx := the RAM offset of the pc.
-            ; mov edx, r11d
-            ; and edx, 0xfff
-            ; add rdx, QWORD [rsi + CTX_FETCH_OFF]
+            ; mov rdx, QWORD [rsi + CTX_FETCH_ADDEND]
+            ; add rdx, r11
             // rax := its slot (`slot_of`).
             ; mov rax, rdx
             ; shr rax, 1
@@ -3317,9 +3316,8 @@ impl Emitter {
             ; or rdx, QWORD [rsi + CTX_PRV]
             ; cmp rdx, QWORD [rcx + TLB_TAG]
             ; jne =>miss
-            ; mov edx, r11d
-            ; and edx, 0xfff
-            ; add rdx, QWORD [rcx + TLB_OFF]
+            ; mov rdx, QWORD [rcx + TLB_ADDEND]
+            ; add rdx, r11
         );
     }
 }

@@ -39,8 +39,26 @@ const S_WITH_SUM: u64 = 2;
 #[repr(C)]
 pub(crate) struct TlbEntry {
     pub tag: u64,
-    /// Offset of the page in guest RAM.
-    pub off: usize,
+    /// What, added to a virtual address in the page (wrapping), gives its
+    /// offset in guest RAM: the page's RAM offset less the page's virtual
+    /// address. Added whole, so that a lookup needs no masking of the
+    /// address (QEMU's TLB entries keep such an addend for the same
+    /// reason).
+    pub addend: usize,
+}
+
+impl TlbEntry {
+    /// The entry mapping the page of `vaddr` (tagged `tag`) to RAM offset
+    /// `off`.
+    pub(crate) fn new(tag: u64, vaddr: u64, off: usize) -> TlbEntry {
+        TlbEntry { tag, addend: off.wrapping_sub((vaddr & !0xfff) as usize) }
+    }
+
+    /// The RAM offset of `vaddr`, an address in the entry's page.
+    #[inline(always)]
+    pub(crate) fn offset(&self, vaddr: u64) -> usize {
+        self.addend.wrapping_add(vaddr as usize)
+    }
 }
 
 pub(crate) struct Tlb {
@@ -66,7 +84,7 @@ pub(crate) struct Tlb {
 
 const NO_SUPERPAGES: (u64, u64) = (u64::MAX, 0);
 
-const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, off: 0 };
+const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, addend: 0 };
 
 impl Tlb {
     pub fn new() -> Tlb {
@@ -87,7 +105,7 @@ impl Tlb {
     pub fn purge_store_page(&mut self, off: usize, purges: u64) {
         let page = off & !0xfff;
         for e in self.store.iter_mut() {
-            if e.off == page {
+            if e.tag != NO_TAG && e.offset(e.tag & !0xfff) == page {
                 *e = EMPTY;
             }
         }
@@ -337,7 +355,7 @@ impl Hart {
                 ram.store_cached(off);
             }
             let tag_prv = if access == Access::Fetch { prv as u64 } else { self.data_tag_prv() };
-            self.tlb.fill(access, index(vaddr), TlbEntry { tag: tag(vaddr, tag_prv), off }, leaf_bits);
+            self.tlb.fill(access, index(vaddr), TlbEntry::new(tag(vaddr, tag_prv), vaddr, off), leaf_bits);
         }
         Ok(paddr)
     }
@@ -429,7 +447,7 @@ impl Hart {
         let i = index(vaddr);
         let e = self.tlb.store[i];
         if e.tag == tag(vaddr, self.data_tag_prv()) {
-            return Ok(e.off + (vaddr & 0xfff) as usize);
+            return Ok(e.offset(vaddr));
         }
         let paddr = self.translate_fill(ram, vaddr, Access::Store)?;
         // translate_fill marked a RAM page dirty as it entered the store TLB.
@@ -442,7 +460,7 @@ mod tests {
     use super::*;
 
     fn entry(vaddr: u64) -> TlbEntry {
-        TlbEntry { tag: tag(vaddr, PrivilegeMode::Supervisor as u64), off: 0x1000 }
+        TlbEntry::new(tag(vaddr, PrivilegeMode::Supervisor as u64), vaddr, 0x1000)
     }
 
     fn cached(tlb: &Tlb, vaddr: u64) -> bool {
