@@ -1874,11 +1874,42 @@ impl Emitter {
         match (self.loc[rs1 as usize], self.loc[rs2 as usize]) {
             (Loc::Host(a), Loc::Host(b)) => {
                 let dst = self.dest(rd, None);
-                dynasm!(self.ops ; .arch x64 ; lea Rd(dst), [Rq(a) + Rq(b)]);
+                self.lea_indexed(false, dst, a, b, 0);
                 self.put_word(rd, dst);
             }
             _ => self.alu_w(rd, rs1, rs2, alu!(add w)),
         }
+    }
+
+    /// dst := base + (index << scale), in 64 bits or (`wide` false) the
+    /// low 32, as one `lea` of two parts. Why not dynasm's `lea`: given a
+    /// base register it only learns at run time, it encodes a zero
+    /// displacement (rbp and r13 as a base need one), and a `lea` of three
+    /// parts takes two cycles where one of two takes one (AMD's Zen,
+    /// Intel's before Ice Lake): a cycle more on each `addw` of a chain
+    /// such as a hash round's. rbp or r13 as the base of a plain sum is
+    /// swapped with the index; only when that cannot be done (both are,
+    /// or the index is scaled) is the displacement kept.
+    fn lea_indexed(&mut self, wide: bool, dst: u8, base: u8, index: u8, scale: u8) {
+        let (base, index) = if base & 7 == 5 && scale == 0 { (index, base) } else { (base, index) };
+        if base & 7 == 5 || index == 4 {
+            match (wide, scale) {
+                // Only addw's sum is a 32-bit one.
+                (false, _) => dynasm!(self.ops ; .arch x64 ; lea Rd(dst), [Rq(base) + Rq(index)]),
+                (true, 0) => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(base) + Rq(index)]),
+                (true, 1) => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(base) + Rq(index) * 2]),
+                (true, 2) => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(base) + Rq(index) * 4]),
+                (true, _) => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(base) + Rq(index) * 8]),
+            }
+            return;
+        }
+        // REX.W, .R (dst), .X (index), .B (base); 8D /r; ModRM mod 00 with
+        // a SIB byte (rm 100); SIB scale, index, base.
+        let rex = 0x40 | (wide as u8) << 3 | (dst >> 3) << 2 | (index >> 3) << 1 | base >> 3;
+        if rex != 0x40 {
+            self.ops.push(rex);
+        }
+        self.ops.extend([0x8d, (dst & 7) << 3 | 4, scale << 6 | (index & 7) << 3 | base & 7]);
     }
 
     /// rd := sext32(rs1 op imm) for a 32-bit `f`, in rd's host register
@@ -2240,11 +2271,12 @@ impl Emitter {
                 let a = self.src(rs1, RAX);
                 let b = self.src(rs2, RCX);
                 let dst = self.dest(rd, None);
-                match d.op {
-                    Sh1add => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 2]),
-                    Sh2add => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 4]),
-                    _ => dynasm!(self.ops ; .arch x64 ; lea Rq(dst), [Rq(b) + Rq(a) * 8]),
-                }
+                let scale = match d.op {
+                    Sh1add => 1,
+                    Sh2add => 2,
+                    _ => 3,
+                };
+                self.lea_indexed(true, dst, b, a, scale);
                 self.put(rd, dst);
             }
             AddUw | Sh1addUw | Sh2addUw | Sh3addUw => {
