@@ -2085,7 +2085,9 @@ impl Emitter {
             }
             Beq | Bne | Blt | Bge | Bltu | Bgeu => {
                 let a = self.src(rs1, RAX);
-                let b = self.src(rs2, RCX);
+                // rs2 compared where it is; x0 by a `test` of rs1 (which
+                // sets the flags as a compare with 0 does).
+                let b = (rs2 != 0).then(|| self.operand(rs2, RCX));
                 let back = self.loops(d);
                 // Only moves between here and the jump: the flags stay.
                 // A loop's way back writes back only what it must.
@@ -2096,10 +2098,11 @@ impl Emitter {
                 // Two words sign-extended compare, signed and unsigned, as
                 // their low words do (the extension keeps either order):
                 // narrow ones need not be extended first.
-                if self.reads_sext(d) {
-                    dynasm!(self.ops ; .arch x64 ; cmp Rd(a), Rd(b));
-                } else {
-                    dynasm!(self.ops ; .arch x64 ; cmp Rq(a), Rq(b));
+                match (b, self.reads_sext(d)) {
+                    (None, true) => dynasm!(self.ops ; .arch x64 ; test Rd(a), Rd(a)),
+                    (None, false) => dynasm!(self.ops ; .arch x64 ; test Rq(a), Rq(a)),
+                    (Some(b), true) => alu!(cmp w)(&mut self.ops, a, b),
+                    (Some(b), false) => alu!(cmp)(&mut self.ops, a, b),
                 }
                 match d.op {
                     Beq => dynasm!(self.ops ; .arch x64 ; je =>taken),

@@ -1007,6 +1007,65 @@ fn copies_constants_and_sign_extensions_in_and_out_of_host_registers() {
     }
 }
 
+/// Each branch on edge values, taken or not (the pc after it), with its
+/// operands in host registers (read before it as well), in the register
+/// file (read by it alone), known sign-extended (each just `sext.w`'d, so
+/// compared in 32 bits), and against x0 either side: values alike in
+/// their low word and not in their high one tell a 32-bit compare from a
+/// 64-bit one.
+#[test]
+fn each_branch_on_edge_operands() {
+    let branches = [0, 1, 4, 5, 6, 7]; // beq, bne, blt, bge, bltu, bgeu
+    let add = |rd, rs1, rs2| r_type(0, rs2, rs1, 0, rd, 0x33);
+    let sext = |r| i_type(0, r, 0, r, 0x1b);
+    let before: [&[u32]; 3] = [&[], &[add(13, 11, 12), add(14, 12, 11)], &[sext(11), sext(12)]];
+    let edge = [
+        0u64,
+        1,
+        u64::MAX,
+        1 << 63,
+        1 << 32,
+        0xffff_ffff,
+        0x8000_0000,
+        0x7fff_ffff,
+        0xffff_ffff_8000_0000,
+        0x0000_0001_8000_0000,
+        0xffff_ffff_0000_0001,
+    ];
+    let ram = GuestRam::new(BASE, RAM).unwrap();
+    let mut harts = interpreted_and_translated();
+    let mut bus = Device::default();
+    for f3 in branches {
+        for (rs1, rs2) in [(11, 12), (11, 0), (0, 12), (11, 11)] {
+            for pre in before {
+                let prog: Vec<u32> =
+                    pre.iter().copied().chain([b_type(8, rs2, rs1, f3), j_type(0, 0), j_type(0, 0)]).collect();
+                for (i, w) in prog.iter().enumerate() {
+                    ram.write_u32(BASE + 4 * i as u64, *w).unwrap();
+                }
+                // The branch and the `j .` it goes to, which stays.
+                let steps = pre.len() as u64 + 2;
+                for &a in &edge {
+                    for &b in &edge {
+                        let mut out = Vec::new();
+                        for (i, h) in harts.iter_mut().enumerate() {
+                            h.s.pc = BASE;
+                            h.s.x[11] = a;
+                            h.s.x[12] = b;
+                            let calls = h.jit_stats().calls;
+                            assert_eq!(h.run(&ram, &mut bus, steps), (steps, Exit::Budget));
+                            assert!(i == 0 || h.jit_stats().calls > calls, "not run translated");
+                            out.push((h.s.pc, h.s.x));
+                        }
+                        let what = format!("branch f3 {f3} x{rs1}, x{rs2} after {pre:x?}, with {a:#x}, {b:#x}");
+                        assert_eq!(out[0], out[1], "{what}: interpreted, translated");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Calls from translated code into Rust (the software FPU for a division
 /// in another rounding mode, the AMO helper) with every host register of
 /// the pool holding a guest register, each dirty: those the call may
