@@ -9,7 +9,8 @@
 //! the `--exec` protocol with the guest, `watch` what the loop looks for
 //! on the console (a kernel panic, the command's start), `registry` the
 //! VMs of this host with a control socket (`ftvm list`), `record` and
-//! `replay` the replay log's two ends, `overlay` a run's copy of an
+//! `replay` the replay log's two ends, `slice` how long the loop lets the
+//! guest run at a time, `overlay` a run's copy of an
 //! image's root disk, and `ft` the fault-tolerant pair.
 
 pub mod api;
@@ -27,4 +28,5 @@ pub mod record;
 pub mod registry;
 pub mod replay;
 pub mod signals;
+pub mod slice;
 pub mod watch;

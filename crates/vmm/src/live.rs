@@ -28,6 +28,7 @@ use crate::exec::ExecSession;
 use crate::ft::protect::Protector;
 use crate::host_io::{HostEvent, HostIo};
 use crate::pacing::Pacer;
+use crate::slice::SliceSize;
 use crate::watch::ConsoleWatch;
 use ftvm_machine::layout::TIMEBASE_HZ;
 use ftvm_machine::{snapshot_file, Engine, Event, IoCompletion, IoRequest, RunExit};
@@ -41,9 +42,6 @@ use std::io::Write;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-/// Instructions run between looks at the host. Small enough that a frame
-/// or a completion waits at most about a millisecond for the guest.
-const CHUNK: u64 = 200_000;
 /// A handover takes in what arrives after it released the held outputs
 /// until this long after the last frame it sent (a client answers a
 /// reply within a round trip and its own processing), ...
@@ -200,6 +198,8 @@ struct Live<E: Engine> {
     opts: Options,
     on_reset: OnReset<E>,
     pacer: Pacer,
+    /// How many instructions a run goes before the loop looks at the host.
+    slice: SliceSize,
     paused: bool,
     input_closed: bool,
     /// Typed or pasted input waiting for room in the guest's UART.
@@ -272,6 +272,7 @@ pub fn run<E: Engine>(
     let paused_at = opts.paused.then(Instant::now);
     let mut live = Live {
         pacer: Pacer::new(m.time(), m.icount(), Instant::now()).catching_up(date_behind(&m)),
+        slice: SliceSize::default(),
         m,
         io,
         paused: opts.paused,
@@ -360,10 +361,11 @@ impl<E: Engine> Live<E> {
                 p.before_run(&mut self.m, self.paused)?;
             }
             self.choose_parallel();
-            let (started, cpu_before) = (Instant::now(), thread_cpu_time());
+            let (started, cpu_before, icount_before) = (Instant::now(), thread_cpu_time(), self.m.icount());
             let exit = if self.paused { None } else { Some(self.m.run_until(self.run_target())) };
             let busy = started.elapsed();
             let cpu = thread_cpu_time().saturating_sub(cpu_before);
+            self.slice.ran(self.m.icount().saturating_sub(icount_before), busy);
             self.pacer.ran(self.m.run_cpu_time().map_or(cpu, |busiest| busiest.max(cpu)));
             let injected_before = self.injected;
             if let (Some(exit), Some(t)) = (&exit, &mut self.moving) {
@@ -562,7 +564,7 @@ impl<E: Engine> Live<E> {
 
     fn run_target(&self) -> u64 {
         let icount = self.m.icount();
-        let mut chunk = CHUNK;
+        let mut chunk = self.slice.instructions();
         if let (false, Some(rate)) = (self.opts.fast_time, self.m.steered_clock_rate()) {
             chunk = chunk.min(self.pacer.instructions_to_bound(rate, self.m.time(), Instant::now()));
         }
