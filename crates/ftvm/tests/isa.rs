@@ -6,6 +6,11 @@
 //! outside any numbered check). The program's UART output is shown on
 //! failure; it names the check and the values found and expected.
 //!
+//! Each program runs three ways: interpreted (`FTVM_JIT=0`), with the
+//! translation tier as it comes (hot blocks translated), and with every
+//! block translated at its first entry (`FTVM_JIT=hot=1`), so that a
+//! translation differing from the interpreter fails a check.
+//!
 //! Header lines at the top of a source select the number of harts
 //! (`# cpus: 2`) and the extensions it is assembled for (`# march:
 //! rv64gc_zba_zbb_zbs`, rv64gc without it). The same programs run unchanged on QEMU (`tests/isa/run-on-qemu.sh`).
@@ -18,6 +23,9 @@ use std::time::{Duration, Instant};
 
 const CROSS_CC: &str = "riscv64-linux-gnu-gcc";
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// The translation modes each program runs in: `FTVM_JIT`'s value, None
+/// for the default.
+const MODES: [Option<&str>; 3] = [Some("0"), None, Some("hot=1")];
 
 macro_rules! isa_tests {
     ($($name:ident => $file:literal),* $(,)?) => {
@@ -178,12 +186,23 @@ fn run_isa_test(file: &str) {
     std::fs::create_dir_all(&out_dir).expect("creating the output directory");
     let elf = out_dir.join(file).with_extension("elf");
     assemble(&source_path, header_of(&source, "march").unwrap_or("rv64gc"), &elf);
+    for mode in MODES {
+        run_elf(file, &source, cpus, &elf, mode);
+    }
+}
 
+/// Runs `elf`, assembled from `file`, with `FTVM_JIT` set to `mode` (None:
+/// unset), and fails the test with its output unless it exits 0.
+fn run_elf(file: &str, source: &str, cpus: u32, elf: &Path, mode: Option<&str>) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ftvm"));
-    command.args(["run", "--bios", "none", "--kernel"]).arg(&elf).args(["--mem", "128M"]);
+    command.args(["run", "--bios", "none", "--kernel"]).arg(elf).args(["--mem", "128M"]);
     if cpus > 1 {
         command.args(["--cpus", &cpus.to_string()]);
     }
+    match mode {
+        Some(m) => command.env("FTVM_JIT", m),
+        None => command.env_remove("FTVM_JIT"),
+    };
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -197,9 +216,11 @@ fn run_isa_test(file: &str) {
     let stderr = String::from_utf8_lossy(&stderr.join().unwrap_or_default()).into_owned();
     let report = |what: String| -> ! {
         panic!(
-            "tests/isa/{file} (cpus: {cpus}): {what}\n\
+            "tests/isa/{file} (cpus: {cpus}, FTVM_JIT {}): {what}\n\
              --- program output (UART) ---\n{stdout}\n--- ftvm stderr ---\n{stderr}\n\
-             --- reproduce: ftvm run --bios none --kernel {} --mem 128M{} ---",
+             --- reproduce: {}ftvm run --bios none --kernel {} --mem 128M{} ---",
+            mode.unwrap_or("unset"),
+            mode.map(|m| format!("FTVM_JIT={m} ")).unwrap_or_default(),
             elf.display(),
             if cpus > 1 { format!(" --cpus {cpus}") } else { String::new() }
         )
@@ -211,7 +232,7 @@ fn run_isa_test(file: &str) {
             Some(255) => report("failed outside any numbered check (exit status 255)".into()),
             Some(n) => report(format!(
                 "check {n} failed (exit status {n}){}",
-                check_line(&source, n).map(|(no, line)| format!("\n  line {no}: {line}")).unwrap_or_default()
+                check_line(source, n).map(|(no, line)| format!("\n  line {no}: {line}")).unwrap_or_default()
             )),
             None => report(format!("ftvm did not exit normally: {status}")),
         },
