@@ -20,8 +20,17 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(900);
 
 fn ftvm(args: &[&str]) -> common::Run {
+    ftvm_translating(None, args)
+}
+
+/// `ftvm` with `FTVM_JIT` set to `jit` (None: unset, the default).
+fn ftvm_translating(jit: Option<&str>, args: &[&str]) -> common::Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ftvm"));
     c.args(args);
+    match jit {
+        Some(j) => c.env("FTVM_JIT", j),
+        None => c.env_remove("FTVM_JIT"),
+    };
     let run = common::run_with_timeout(c, TIMEOUT);
     assert!(run.status.is_some(), "ftvm {args:?} did not finish in {TIMEOUT:?}: {}", run.stderr);
     run
@@ -87,6 +96,53 @@ fn a_recorded_boot_replays_exactly_and_a_cut_log_stops_at_a_go_live_point() {
     let err = rep.stderr.trim();
     assert!(err.contains(&format!("the kernel {kernel_s} is not the one recorded")), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// The translation tier changes nothing a log holds: a boot recorded with
+/// translation (the default) replays with the interpreter alone
+/// (`FTVM_JIT=0`), and one recorded interpreted replays translated, each
+/// matching every state check and the exit status. A translation that
+/// counted instructions differently, or computed anything differently,
+/// would put the replay's state checks out of step.
+#[test]
+fn a_log_replays_with_translation_or_without_whichever_it_was_recorded_with() {
+    let img = ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e})"));
+    let s = Scratch::new("replay-test", "jit");
+    let (kernel, initrd) = (path_str(&img.kernel), path_str(&img.initrd));
+    let cmd = "head -c 64 /dev/urandom | sha256sum; seq 1 20000 | sha256sum; exit 5";
+    for (recorded_with, replayed_with) in [(None, Some("0")), (Some("0"), None)] {
+        let disk = s.path(&format!("root-{}.ext4", recorded_with.unwrap_or("default")));
+        ftvm_image::sparse_copy(&img.rootfs, &disk).unwrap();
+        let log = s.path(&format!("{}.log", recorded_with.unwrap_or("default")));
+        let (disk_s, log_s) = (path_str(&disk), path_str(&log));
+        let rec = ftvm_translating(
+            recorded_with,
+            &[
+                "record",
+                "--log",
+                &log_s,
+                "--kernel",
+                &kernel,
+                "--initrd",
+                &initrd,
+                "--append",
+                "console=ttyS0 root=/dev/vda rw",
+                "--disk",
+                &disk_s,
+                "--exec",
+                cmd,
+            ],
+        );
+        let what = format!("recorded with FTVM_JIT {recorded_with:?}, replayed with {replayed_with:?}");
+        assert_eq!(rec.status.unwrap().code(), Some(5), "{what}: record: {}", rec.stderr);
+        let rep = ftvm_translating(replayed_with, &["replay", "--log", &log_s, "--show-console"]);
+        assert_eq!(rep.status.unwrap().code(), Some(5), "{what}: replay: {}", rep.stderr);
+        let console = rep.stdout.replace("\r\n", "\n");
+        for line in rec.stdout.replace("\r\n", "\n").lines() {
+            assert!(console.lines().any(|l| l == line), "{what}: the replay's console lacks {line:?}:\n{console}");
+        }
+        assert_every_state_check_matched(&rec.stderr, &rep.stderr);
+    }
 }
 
 /// The replay matched every state check the recording logged, and there
