@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod cluster_cli;
+mod console_cli;
 mod progress;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
@@ -66,6 +67,18 @@ enum Command {
         /// Write ftvm.1, ftvm-run.1, ... into this directory instead.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+    },
+    /// Attach this terminal to a running VM's serial console through its
+    /// control socket: its recent output first, then what it shows; what
+    /// you type goes to the VM (one client types at a time, any number
+    /// watch). Ctrl-] detaches.
+    Console {
+        /// Watch only: nothing typed here reaches the VM.
+        #[arg(long)]
+        read_only: bool,
+        /// The socket given to `ftvm run --control` (or `ft primary`'s,
+        /// or a backup's once it went live).
+        socket: PathBuf,
     },
     /// Send a command to a running VM's control socket: status, pause,
     /// resume, snapshot FILE, quit, handover, protect --backup HOST:PORT
@@ -218,6 +231,7 @@ fn main() -> ExitCode {
         Command::Control { json, timeout, socket, command } => {
             control_command(&socket, &command.join(" "), json, std::time::Duration::from_secs(timeout))
         }
+        Command::Console { read_only, socket } => console_cli::console(&socket, read_only),
         Command::List { json } => list(json),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ftvm", &mut std::io::stdout());

@@ -61,6 +61,15 @@ pub enum Request {
     /// `ftvm_protection::events::EventRecord` a line, until the client
     /// hangs up.
     Events,
+    /// Attach to the VM's serial console (`ftvm console`): after the reply
+    /// line the connection carries the console's bytes, its recent output
+    /// first, then what it shows as it comes, until the client hangs up;
+    /// what the client sends is typed on the console, unless `read_only`
+    /// (several clients may watch; one types).
+    Console {
+        #[serde(default)]
+        read_only: bool,
+    },
 }
 
 impl Request {
@@ -135,6 +144,10 @@ pub enum Reply {
         percent: u8,
         sent: bool,
     },
+    /// Attached to the console; `typing`: what this client sends is typed.
+    Console {
+        typing: bool,
+    },
 }
 
 /// Why a request was refused.
@@ -163,6 +176,10 @@ pub enum ControlError {
     /// Too many control connections are open at once.
     #[error("the VM's control socket is busy: too many connections")]
     Busy,
+    /// A console client that wants to type cannot (another types, or
+    /// nobody may).
+    #[error("{0}")]
+    Console(String),
     #[error("the request is longer than {0} bytes")]
     TooLong(u64),
     #[error("the VM has stopped")]
@@ -289,6 +306,8 @@ impl fmt::Display for Reply {
                 }
                 Ok(())
             }
+            Reply::Console { typing: true } => write!(f, "attached to the console"),
+            Reply::Console { typing: false } => write!(f, "watching the console"),
         }
     }
 }

@@ -9,7 +9,8 @@
 //! answered in the readable form, for a person at `socat` or a script
 //! that wants the status line.
 
-use crate::api::{ControlError, Request, Response};
+use crate::api::{ControlError, Reply, Request, Response};
+use crate::attach::ConsoleHub;
 use crate::host_io::HostEvent;
 use ftvm_protection::control::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
 use ftvm_protection::events::{EventRecord, Events};
@@ -61,6 +62,9 @@ pub enum ControlSocketError {
     },
     #[error("control socket {} closed without an answer", .0.display())]
     NoAnswer(PathBuf),
+    /// The VM refused the request.
+    #[error("the VM answered: error {0}")]
+    Refused(ControlError),
     #[error("control socket {}: unreadable answer ({source}): {reply}", .path.display())]
     UnreadableAnswer {
         path: PathBuf,
@@ -161,14 +165,15 @@ impl Drop for ControlSocket {
 }
 
 /// Listens on `path`, forwarding requests to the live loop; `journal`
-/// answers `events`.
+/// answers `events`, `console` attaches consoles.
 pub fn listen(
     path: &Path,
     host_events: Sender<HostEvent>,
     journal: Events,
+    console: ConsoleHub,
 ) -> Result<ControlSocket, ControlSocketError> {
     let host_events = std::sync::Mutex::new(host_events);
-    serve(path, journal, move |request| {
+    serve(path, journal, console, move |request| {
         let (tx, rx) = mpsc::channel();
         let request = HostEvent::Control(ControlRequest { request, reply: tx });
         if host_events.lock().unwrap().send(request).is_err() {
@@ -184,6 +189,7 @@ pub fn listen(
 pub fn serve(
     path: &Path,
     journal: Events,
+    console: ConsoleHub,
     answer: impl Fn(Request) -> Response + Send + Sync + 'static,
 ) -> Result<ControlSocket, ControlSocketError> {
     // A socket file left by a VM that was killed would make bind fail; one
@@ -212,9 +218,9 @@ pub fn serve(
                 continue;
             }
             let (answer, journal, place) = (answer.clone(), journal.clone(), open.clone());
-            let answering = answering.clone();
+            let (answering, console) = (answering.clone(), console.clone());
             let served = std::thread::Builder::new().name("ftvm-control".into()).spawn(move || {
-                serve_one(conn, &journal, &*answer, &answering);
+                serve_one(conn, &journal, &console, &*answer, &answering);
                 place.fetch_sub(1, Ordering::AcqRel);
             });
             if served.is_err() {
@@ -231,6 +237,7 @@ pub fn serve(
 fn serve_one(
     conn: UnixStream,
     journal: &Events,
+    console: &ConsoleHub,
     answer: &dyn Fn(Request) -> Response,
     answering: &std::sync::atomic::AtomicUsize,
 ) {
@@ -240,8 +247,21 @@ fn serve_one(
     let Ok(mut writer) = conn.try_clone() else { return };
     // Read to the newline, but never more than a request can be: the
     // rest of a longer line stays unread in the socket, and goes with it.
-    if BufReader::new(conn).take(MAX_REQUEST + 1).read_until(b'\n', &mut line).is_err() {
-        return;
+    // (A byte at a time: what a console client types after its request
+    // must stay in the socket for the console.)
+    let mut reader = conn;
+    let mut byte = [0u8; 1];
+    while line.len() as u64 <= MAX_REQUEST {
+        match reader.read(&mut byte) {
+            Ok(1) => {
+                line.push(byte[0]);
+                if byte[0] == b'\n' {
+                    break;
+                }
+            }
+            Ok(_) if !line.is_empty() => break,
+            _ => return,
+        }
     }
     let json = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     if line.len() as u64 > MAX_REQUEST {
@@ -259,6 +279,7 @@ fn serve_one(
     .and_then(|r| r.check().map(|()| r).map_err(ControlError::BadRequest));
     let response = match request {
         Ok(Request::Events) => return stream_events(writer, journal, json),
+        Ok(Request::Console { read_only }) => return stream_console(reader, writer, console, !read_only, json),
         Ok(request) => {
             answering.fetch_add(1, Ordering::AcqRel);
             let r = answer(request);
@@ -290,6 +311,90 @@ fn stream_events(mut writer: UnixStream, journal: &Events, json: bool) {
     for r in history.into_iter().chain(rx) {
         if writeln!(writer, "{}", line(&r)).is_err() {
             return;
+        }
+    }
+}
+
+/// Attaches the connection to the console: the reply line, then the
+/// console's backlog and output until either side goes; what the client
+/// sends is typed (if it types).
+fn stream_console(reader: UnixStream, mut writer: UnixStream, console: &ConsoleHub, types: bool, json: bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let attachment = match console.attach(types) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = writeln!(writer, "{}", write_response(&Response::Error(ControlError::Console(e.to_string())), json));
+            return;
+        }
+    };
+    let reply = Response::Ok(Reply::Console { typing: attachment.keys.types });
+    if writeln!(writer, "{}", write_response(&reply, json)).is_err() || writer.write_all(&attachment.backlog).is_err()
+    {
+        return;
+    }
+    // The console waits on a person: no deadline on reading them, and a
+    // write that cannot go for a while means a client that stopped reading.
+    let _ = reader.set_read_timeout(None);
+    let gone = std::sync::Arc::new(AtomicBool::new(false));
+    let typing = {
+        let (keys, gone) = (attachment.keys.clone(), gone.clone());
+        std::thread::Builder::new().name("ftvm-console-in".into()).spawn(move || {
+            let mut reader = reader;
+            let mut buf = [0u8; 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) if keys.type_bytes(&buf[..n]) => {}
+                    Ok(_) => break,
+                }
+            }
+            gone.store(true, Ordering::Release);
+        })
+    };
+    while !gone.load(Ordering::Acquire) {
+        match attachment.output.recv_timeout(Duration::from_millis(200)) {
+            Ok(piece) => {
+                if writer.write_all(&piece).is_err() {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = writer.shutdown(std::net::Shutdown::Both);
+    if let Ok(t) = typing {
+        let _ = t.join();
+    }
+}
+
+/// The client side of `ftvm console`: connects, asks to attach (to watch
+/// only if `read_only`), and returns the connection, which from then on
+/// carries the console's bytes both ways, and whether it types.
+pub fn attach_console(path: &Path, read_only: bool) -> Result<(UnixStream, bool), ControlSocketError> {
+    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
+    let mut s = connect(path)?;
+    let request = serde_json::to_string(&Request::Console { read_only }).expect("a request serializes");
+    writeln!(s, "{request}").map_err(e)?;
+    // The reply line, a byte at a time: the console's bytes follow it.
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match s.read(&mut byte).map_err(e)? {
+            0 => return Err(ControlSocketError::NoAnswer(path.to_path_buf())),
+            _ if byte[0] == b'\n' => break,
+            _ => line.push(byte[0]),
+        }
+    }
+    let text = String::from_utf8_lossy(&line);
+    match serde_json::from_str::<Response>(&text) {
+        Ok(Response::Ok(Reply::Console { typing })) => Ok((s, typing)),
+        Ok(Response::Error(refusal)) => Err(ControlSocketError::Refused(refusal)),
+        Ok(other) => Err(ControlSocketError::Refused(ControlError::BadRequest(format!(
+            "an answer that is not the console's: {other}"
+        )))),
+        Err(source) => {
+            Err(ControlSocketError::UnreadableAnswer { path: path.to_path_buf(), reply: text.into_owned(), source })
         }
     }
 }
@@ -450,7 +555,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ftvm-control-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("vm.sock");
-        let _socket = serve(&path, Events::default(), |request| match request {
+        let _socket = serve(&path, Events::default(), ConsoleHub::default(), |request| match request {
             Request::Status => Response::Ok(Reply::Status(Box::new(VmStatus {
                 state: RunState::Paused,
                 icount: 7,
@@ -494,7 +599,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ftvm-control-flood-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("vm.sock");
-        let _socket = serve(&path, Events::default(), |_| Response::Ok(Reply::Running)).unwrap();
+        let _socket = serve(&path, Events::default(), ConsoleHub::default(), |_| Response::Ok(Reply::Running)).unwrap();
         // 4 MiB with no newline: answered after 64 KiB, the rest unread.
         let mut s = UnixStream::connect(&path).unwrap();
         let writer = {
@@ -536,7 +641,7 @@ mod tests {
         let path = dir.join("vm.sock");
         let journal = Events::default();
         journal.emit(PairEvent::Listening { address: "10.0.0.2:7700".into() });
-        let _socket = serve(&path, journal.clone(), |_| Response::Error(ControlError::Stopped)).unwrap();
+        let _socket = serve(&path, journal.clone(), ConsoleHub::default(), |_| Response::Error(ControlError::Stopped)).unwrap();
         let (tx, rx) = mpsc::channel();
         {
             let path = path.clone();

@@ -492,10 +492,15 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     // Checkpoints carry the pages written since the last one.
     machine.set_dirty_tracking(args.dirty_tracking || primary.is_some());
     crate::signals::forward_stop_signals(events_tx.clone());
+    let console_hub = crate::attach::ConsoleHub::default();
+    console_hub.set_input(events_tx.clone());
+    if args.exec.is_some() {
+        console_hub.forbid_typing("the console carries the --exec command's protocol");
+    }
     let _control = match &args.control {
         Some(path) => {
             io.set_control(true);
-            Some(control::listen(path, events_tx.clone(), journal.clone())?)
+            Some(control::listen(path, events_tx.clone(), journal.clone(), console_hub.clone())?)
         }
         None => None,
     };
@@ -510,6 +515,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
     }
     drop(events_tx);
     let options = live::Options {
+        console: console_hub,
         fast_time: args.fast_time,
         exec: args.exec.clone(),
         show_boot: args.verbose,

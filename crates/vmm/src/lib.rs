@@ -14,6 +14,7 @@
 //! image's root disk, and `ft` the fault-tolerant pair.
 
 pub mod api;
+pub mod attach;
 pub mod console;
 pub mod control;
 pub mod error;

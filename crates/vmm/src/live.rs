@@ -140,6 +140,9 @@ pub struct Options {
     /// Whether the harts may run in parallel on threads of their own
     /// (`--hart-threads multi`) when nothing needs the run exact.
     pub parallel_harts: bool,
+    /// The console as the control socket's clients see it (`ftvm
+    /// console`): its output is published there too.
+    pub console: crate::attach::ConsoleHub,
 }
 
 /// A new VM of engine `E`, booting (for a guest's reboot request).
@@ -1231,9 +1234,10 @@ impl<E: Engine> Live<E> {
                 return Err(VmmError::ExecQuit);
             }
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
-            // The socket streams events itself, from the journal.
-            Request::Events => {
-                (Err(ControlError::BadRequest("events are streamed by the socket".into())), Next::Continue)
+            // The socket streams events itself, from the journal, and
+            // attaches consoles to the hub.
+            Request::Events | Request::Console { .. } => {
+                (Err(ControlError::BadRequest("events and the console are streamed by the socket".into())), Next::Continue)
             }
         };
         let _ = req.reply.send(match response {
@@ -1355,6 +1359,7 @@ impl<E: Engine> Live<E> {
         if out.is_empty() {
             return;
         }
+        self.opts.console.publish(&out);
         let seen = self.watch.feed(&out);
         if let (Some(line), None) = (seen.panic, &self.panicked) {
             self.panicked = Some((line, Instant::now(), false));

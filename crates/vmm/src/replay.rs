@@ -246,10 +246,14 @@ pub fn go_live(
             .map_err(|e| ProtectionError::Thread("activation", e))?;
     }
     crate::signals::forward_stop_signals(tx.clone());
+    // The console as clients see it from here on (a backup's replay
+    // showed nothing of it).
+    let console_hub = crate::attach::ConsoleHub::default();
+    console_hub.set_input(tx.clone());
     let _control = match &setup.control {
         Some(path) => {
             io.set_control(true);
-            Some(control::listen(path, tx.clone(), setup.events.clone())?)
+            Some(control::listen(path, tx.clone(), setup.events.clone(), console_hub.clone())?)
         }
         None => None,
     };
@@ -258,6 +262,7 @@ pub fn go_live(
     }
     drop(tx);
     let opts = live::Options {
+        console: console_hub,
         fast_time: false,
         exec: None,
         show_boot: false,

@@ -106,7 +106,10 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
     let status_socket = match &args.control {
         Some(path) => {
             let answer = answer.clone();
-            Some(control::serve(path, events.clone(), move |request| (answer.read().unwrap())(request))?)
+            // No console while following: attaching is refused until the
+            // VM goes live here (then the live loop's socket has one).
+            let console = crate::attach::ConsoleHub::default();
+            Some(control::serve(path, events.clone(), console, move |request| (answer.read().unwrap())(request))?)
         }
         None => None,
     };
