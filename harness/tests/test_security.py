@@ -72,6 +72,80 @@ def test_strangers_do_not_take_over_or_stop_a_waiting_backup(ftvm, scratch):
     print("\n".join(lines))
 
 
+def tcp_payloads(frames, dport):
+    """The TCP payloads, in order, of the IPv4 `frames` sent to port
+    `dport` (what anyone on the path records)."""
+    out = []
+    for frame in frames:
+        data = frame.data
+        if len(data) < 54 or data[12:14] != b"\x08\x00" or data[23] != 6:
+            continue
+        ihl = (data[14] & 0x0F) * 4
+        total = struct.unpack(">H", data[16:18])[0]
+        tcp = 14 + ihl
+        if struct.unpack(">H", data[tcp + 2:tcp + 4])[0] != dport:
+            continue
+        payload = data[tcp + (data[tcp + 12] >> 4) * 4:14 + total]
+        if payload:
+            out.append(payload)
+    return out
+
+
+def test_a_recorded_handshake_does_not_end_a_waiting_backup(ftvm, scratch):
+    """Issue 68 (2): the first handshake message of a real pair, recorded
+    on the wire and sent again to a later backup of the same pair (same
+    key) waiting for its primary, is a stranger: the backup does not take
+    it for its primary, declares nothing failed, listens on, and follows
+    its real primary when it comes."""
+    site = Site("r")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    cap = site.capture("backup", "eth0")
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo first-pair", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    sent = tcp_payloads(cap.finish(), CHANNEL_PORT)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert sent, "no channel traffic seen on the wire"
+    first = sent[0]
+    assert struct.unpack(">H", first[:2])[0] == len(first) - 2, f"not one whole handshake message: {first.hex()}"
+    print(f"recorded the primary's first handshake message: {len(first)} bytes")
+
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+
+    def replay():
+        s = socket.create_connection((BACKUP_HOST_IP, CHANNEL_PORT), timeout=5)
+        s.sendall(first)
+        s.settimeout(3)
+        try:
+            answer = s.recv(4096)
+        except OSError:
+            answer = b""
+        s.close()
+        return answer
+    for i in range(3):
+        answer = in_netns(site.ns["client"], replay)
+        print(f"replay {i + 1}: the backup answered with {len(answer)} bytes")
+        time.sleep(0.5)
+        assert event(backup, "declared-failed") is None, f"a replay ended the backup:\n{backup.output()}"
+        backup.assert_running()
+    deadline = time.monotonic() + 30
+    while len(records(backup, "stranger_refused")) < 3:
+        assert time.monotonic() < deadline, f"the replays were not refused:\n{backup.output()}"
+        backup.assert_running()
+        assert event(backup, "declared-failed") is None, f"a replay ended the backup:\n{backup.output()}"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    backup.assert_running()
+    assert event(backup, "declared-failed") is None, backup.output()
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo second-pair", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert primary.console_has("second-pair")
+    assert event(backup, "declared-failed") is None, backup.output()
+
+
 def test_a_primary_without_the_pairs_key_is_never_followed(ftvm, scratch):
     """Two hosts that hold different keys (here: each made its own on
     storage that is not shared) never form a pair: the primary stops
