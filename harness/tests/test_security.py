@@ -17,6 +17,8 @@ import time
 
 import ftsite
 from ftsite import BACKUP_HOST_IP, Site, event
+from ftsite.etcd import CLIENT_PORT, PEER_PORT, EtcdCluster
+from ftsite.pki import Pki
 from ftsite.site import CHANNEL_PORT, in_netns
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
@@ -241,3 +243,39 @@ def test_forged_heartbeats_do_not_hold_off_a_failover(ftvm, scratch):
     print(f"declared failed {took:.2f} s after the stop (timeout {TIMEOUT_MS} ms), forged beats ignored")
     assert took < TIMEOUT_MS / 1000 + 2.0, f"{took:.2f} s: the forged beats held the failover off"
     assert "heartbeat" in declared.fields["reason"] or "nothing on the logging channel" in declared.fields["reason"]
+
+
+def tls12_cipher(site, pki, ip, port, cipher):
+    """The cipher a TLS 1.2 handshake offering only `cipher` ends with at
+    ip:port (from the client namespace, as the operator), or None if the
+    server refused it."""
+    creds = pki.operator
+    r = site.run("client", ["openssl", "s_client", "-connect", f"{ip}:{port}", "-tls1_2",
+                            "-cipher", f"{cipher}:@SECLEVEL=0", "-CAfile", str(creds / "ca.pem"),
+                            "-cert", str(creds / "cert.pem"), "-key", str(creds / "key.pem")],
+                 check=False, timeout=60)
+    for line in r.stdout.splitlines():
+        if "Cipher is" in line:
+            got = line.split("Cipher is", 1)[1].strip()
+            return None if got == "(NONE)" else got
+    return None
+
+
+def test_etcd_refuses_cbc_suites_on_its_client_and_peer_ports(ftvm, scratch):
+    """Issue 68 (8): the cluster's etcd, started with the README's flags
+    (ftsite.etcd.CIPHER_SUITES), accepted CBC suites; now a TLS 1.2
+    client that offers only ECDHE-ECDSA-AES128-SHA or -AES256-SHA is
+    refused on the client and the peer port, and one that offers an AEAD
+    suite is served (the probe can tell the two apart)."""
+    site = Site("e", spare=True)
+    pki = Pki(ftvm, scratch, ["primary", "backup", "spare"])
+    EtcdCluster(site, scratch, pki=pki)
+    ip = ftsite.PRIMARY_HOST_IP
+    for port in (CLIENT_PORT, PEER_PORT):
+        aead = tls12_cipher(site, pki, ip, port, "ECDHE-ECDSA-AES128-GCM-SHA256")
+        assert aead == "ECDHE-ECDSA-AES128-GCM-SHA256", f"port {port}: an AEAD suite was not served ({aead})"
+        for cbc in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA"):
+            got = tls12_cipher(site, pki, ip, port, cbc)
+            assert got is None, f"port {port} accepted {cbc}"
+        print(f"port {port}: AEAD served, CBC refused")
+
