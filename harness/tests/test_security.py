@@ -148,6 +148,32 @@ def test_a_recorded_handshake_does_not_end_a_waiting_backup(ftvm, scratch):
     assert event(backup, "declared-failed") is None, backup.output()
 
 
+def test_idle_connections_do_not_keep_the_primary_out(ftvm, scratch):
+    """Issue 68 (3): 32 idle TCP connections to a waiting backup, from the
+    client namespace and kept open, held all its handshake slots (16) and
+    the real primary was turned away in 0.1 s ("too many handshakes in
+    progress"). Now one address holds a few slots at most, and a silent
+    connection gives its slot up: the primary protects its VM, which runs
+    to its end, while the 32 stay connected."""
+    site = Site("i")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    idle = [stranger(site, b"", close=False) for _ in range(32)]
+    # Until the backup has taken them from its queue: those beyond the
+    # address's slots are refused at once.
+    deadline = time.monotonic() + 30
+    while len(records(backup, "stranger_refused")) < 16:
+        assert time.monotonic() < deadline, f"the idle connections were not taken:\n{backup.output()}"
+        time.sleep(0.1)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo protected-beside-idle", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert primary.console_has("protected-beside-idle")
+    for s in idle:
+        s.close()
+
+
 def test_a_primary_without_the_pairs_key_is_never_followed(ftvm, scratch):
     """Two hosts that hold different keys (here: each made its own on
     storage that is not shared) never form a pair: the primary stops

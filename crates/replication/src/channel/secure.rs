@@ -75,9 +75,15 @@ pub enum HandshakeError {
     Unconfirmed,
     #[error("the handshake broke off: {0}")]
     Io(#[source] std::io::Error),
-    /// Too many connections were completing their handshakes at once.
+    /// Too many connections were completing their handshakes at once
+    /// (from this peer's address, or in all with none of them idle).
     #[error("too many handshakes in progress")]
     Busy,
+    /// Connected and said nothing, and its slot was taken for a newer
+    /// connection (a waiting backup closes the oldest silent one when all
+    /// its handshake slots are held).
+    #[error("closed while silent to make room for another handshake")]
+    Evicted,
 }
 
 fn io(e: std::io::Error) -> HandshakeError {

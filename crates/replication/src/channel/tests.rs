@@ -452,6 +452,102 @@ fn a_recorded_handshake_is_refused_and_the_real_primary_followed() {
     drop(silent);
 }
 
+/// A TCP connection to `to` from the loopback address `from` (127.0.0.x:
+/// another host, as the backup sees it).
+fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(to) = to else { panic!("IPv4") };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, and addresses valid for each call; the
+    // descriptor goes to the TcpStream, which closes it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let (a, b) = (sin(from, 0), sin(*to.ip(), to.port()));
+        assert_eq!(libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len), 0, "bind {from}");
+        assert_eq!(libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), len), 0, "connect from {from}");
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Issue 68: idle connections cannot hold the handshake slots. 40 from
+/// 40 addresses and 20 from the primary's own, all silent and kept open,
+/// then the real primary: it is taken, at once (not after the silent
+/// ones' deadline), and the flood is refused or closed.
+#[test]
+fn idle_strangers_do_not_keep_the_primary_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let acc = {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            LogReceiver::accept(&listener, 1 << 20, &key(), move |peer, e| {
+                refused.lock().unwrap().push((peer, e.to_string()));
+            })
+            .unwrap()
+        })
+    };
+    let mut idle: Vec<TcpStream> = (2..42).map(|i| connect_from([127, 0, 0, i].into(), addr)).collect();
+    idle.extend((0..20).map(|_| TcpStream::connect(addr).unwrap()));
+    // Until the backup has taken them all from its queue.
+    let t0 = Instant::now();
+    while refused.lock().unwrap().len() < 16 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t0 = Instant::now();
+    let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    let took = t0.elapsed();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"through").unwrap();
+    s.send_now();
+    let mut got = [0u8; 7];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"through");
+    // Well inside the silent ones' first-byte deadline: the primary did
+    // not wait for them to go.
+    assert!(took < receiver::FIRST_BYTE_WAIT, "the primary waited {took:?}");
+    let refused = refused.lock().unwrap();
+    let of = |what: &str| refused.iter().filter(|(_, e)| e.contains(what)).count();
+    println!("refused: {} busy, {} closed while silent, of {}", of("too many"), of("room"), refused.len());
+    assert!(of("too many") + of("room") >= 16, "{refused:?}");
+    drop(idle);
+}
+
+/// A connection that says nothing is closed after the first-byte
+/// deadline, not the whole handshake's.
+#[test]
+fn a_silent_connection_is_closed_at_the_first_byte_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            let _ = LogReceiver::accept(&listener, 1 << 20, &key(), move |_, e| {
+                refused.lock().unwrap().push((Instant::now(), e.to_string()));
+            });
+        });
+    }
+    let t0 = Instant::now();
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(HANDSHAKE_WAIT * 2)).unwrap();
+    let mut buf = [0u8; 1];
+    // Closed by the backup: the end of the stream.
+    assert_eq!(silent.read(&mut buf).unwrap(), 0);
+    let took = t0.elapsed();
+    assert!(took >= receiver::FIRST_BYTE_WAIT && took < HANDSHAKE_WAIT, "closed after {took:?}");
+    let refused = refused.lock().unwrap();
+    assert!(refused.iter().any(|(_, e)| e.contains("no handshake within")), "{refused:?}");
+}
+
 /// Bytes changed on the wire after the handshake (a man in the middle
 /// without the key) are a failure, not data.
 #[test]
