@@ -17,6 +17,7 @@ import time
 
 import ftsite
 from ftsite import BACKUP_HOST_IP, Site, event
+from ftsite.cluster import Cluster, wait_for
 from ftsite.etcd import CLIENT_PORT, PEER_PORT, EtcdCluster
 from ftsite.pki import Pki
 from ftsite.site import CHANNEL_PORT, in_netns
@@ -304,4 +305,40 @@ def test_etcd_refuses_cbc_suites_on_its_client_and_peer_ports(ftvm, scratch):
             got = tls12_cipher(site, pki, ip, port, cbc)
             assert got is None, f"port {port} accepted {cbc}"
         print(f"port {port}: AEAD served, CBC refused")
+
+
+def loose_modes(top):
+    """What under `top` (itself included) group or others may read,
+    write or enter: [(path, mode)]."""
+    loose = []
+    for path in [top, *top.rglob("*")]:
+        mode = path.lstat().st_mode
+        if path.is_symlink():
+            continue
+        if mode & 0o077:
+            loose.append((str(path.relative_to(top.parent)), oct(mode & 0o7777)))
+    return loose
+
+
+def test_an_agent_and_its_vms_keep_their_files_to_themselves(ftvm, scratch):
+    """Issue 68 (7): everything under an agent's state directory was
+    world-readable (disk.img 0644, console logs, journals and VM specs;
+    directories 0755). A fresh agent's state directory is 0700, and a
+    protected VM's files on both hosts (its disk, console and ftvm logs,
+    journal, record, control socket, pair key) are the owner's only."""
+    cl = Cluster(ftvm, scratch, "m")
+    cl.wait_hosts()
+    cl.cli("vm", "create", "modes", "--on", "primary", "--memory", "256", "--command", "sleep 100000",
+           "--protect", "checkpoint")
+    _, backup_host = wait_for("a backup", 240, lambda: cl.protected("modes"))
+    for host in ("primary", backup_host):
+        top = scratch / f"agent-{host}"
+        vm = top / "vms" / "modes"
+        made = sorted(p.name for p in vm.iterdir())
+        assert "disk.img" in made and "console.log" in made and "vm.json" in made, made
+        assert (top / "keys" / "modes.key").exists()
+        loose = loose_modes(top)
+        assert not loose, f"on {host}, open to others: {loose}"
+        assert (top.stat().st_mode & 0o7777) == 0o700, oct(top.stat().st_mode)
+        print(f"{host}: {len(list(top.rglob('*')))} entries, none open to others ({', '.join(made)})")
 

@@ -153,8 +153,17 @@ impl Agent {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    // The state directory holds the guests' disks, consoles and journals
+    // and the pairs' keys: the owner's only (issue 68: disks were 0644 in
+    // directories of 0755). The umask covers whatever this process and the
+    // VMs it starts make there without saying a mode (a VM's journal and
+    // control socket, files of later code); the modes set here and in
+    // `vms` say it where the file is made, and mend a directory an older
+    // agent left open.
+    // SAFETY: umask only swaps the process's file mode mask.
+    unsafe { libc::umask(0o077) };
     for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
-        std::fs::create_dir_all(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
+        crate::vms::private_dir(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
