@@ -8,12 +8,15 @@ The strangers connect from the client namespace, as any host on the
 network could; the forged heartbeats come from the primary host's own
 address, the one the backup listens to."""
 
+import json
 import os
 import signal
 import socket
 import struct
 import subprocess
 import time
+import urllib.error
+from pathlib import Path
 
 import ftsite
 from ftsite import BACKUP_HOST_IP, Site, event
@@ -342,3 +345,50 @@ def test_an_agent_and_its_vms_keep_their_files_to_themselves(ftvm, scratch):
         assert (top.stat().st_mode & 0o7777) == 0o700, oct(top.stat().st_mode)
         print(f"{host}: {len(list(top.rglob('*')))} entries, none open to others ({', '.join(made)})")
 
+
+def refused(cl, path, body):
+    """POSTs `body` (JSON) to `path` on the primary host's agent, as the
+    operator: (HTTP status, the refusal's message) of the answer."""
+    api = cl.records()["primary"]["api"]
+    try:
+        r = cl.https(f"{api}{path}", method="POST", data=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"}, timeout=120)
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode())["message"]
+
+
+def test_request_fields_are_values_never_options_nor_paths(ftvm, scratch):
+    """Issue 68 (1, 6): the API checks names, bridges and the backup's
+    address against one grammar before anything is made from them. A
+    protect whose backup carries options (`--events FILE`) or whose mode
+    does is refused with 400 in one line and no file is made; the VM name
+    `-ci`, the bridge `b;id` and a backup named `../../victim` likewise,
+    leaving no directory or key file behind."""
+    cl = Cluster(ftvm, scratch, "v")
+    cl.wait_hosts()
+    cl.cli("vm", "create", "inj", "--on", "primary", "--memory", "256", "--command", "sleep 100000")
+    wait_for("the VM", 120, lambda: cl.sides("inj") == {"primary": "unprotected"})
+    planted = Path(f"/tmp/ftvm-injected-{os.getpid()}.jsonl")
+    planted.unlink(missing_ok=True)
+    state = scratch / "agent-primary"
+    cases = [
+        ("/v1/vms/inj/protect", {"backup": f"{BACKUP_HOST_IP}:9 --connect-wait 1 --events {planted}"}),
+        ("/v1/vms/inj/protect", {"backup": f"{BACKUP_HOST_IP}:9", "mode": "checkpoint --bogus"}),
+        ("/v1/vms/inj/protect", {"backup": "--help"}),
+        ("/v1/vms", {"name": "-ci"}),
+        ("/v1/vms", {"name": "b", "network": {"bridge": "b;id", "ip": "10.0.0.3/24"}}),
+        ("/v1/backups", {"spec": {"name": "../../victim"}}),
+        ("/v1/vms/..%2F..%2Fvictim2/protect", {"backup": f"{BACKUP_HOST_IP}:9"}),
+    ]
+    for path, body in cases:
+        status, message = refused(cl, path, body)
+        print(f"{path} {json.dumps(body)}: {status} {message}")
+        assert status == 400, f"{path} {body}: {status} {message}"
+        assert "\n" not in message.strip(), message
+    time.sleep(3)
+    assert not planted.exists(), f"an injected option made {planted}"
+    left = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*victim*"))
+    assert not left, f"refused names left files: {left}"
+    assert sorted(p.name for p in (state / "vms").iterdir()) == ["inj"], list((state / "vms").iterdir())
+    assert sorted(p.name for p in (state / "keys").iterdir()) == [], list((state / "keys").iterdir())

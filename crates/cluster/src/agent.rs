@@ -419,10 +419,14 @@ async fn protect_vm(
     UrlPath(name): UrlPath<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Done> {
+    // Checked before any key or file is made from them, and the words
+    // below built from checked values only (each one word, none an
+    // option): the name, the backup's address as parsed, the mode.
+    crate::model::check_vm_name(&name)?;
     let req: ProtectRequest = parse_body(&body)?;
+    let backup = req.check()?;
     let mut words = format!(
-        "protect --backup {} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
-        req.backup,
+        "protect --backup {backup} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
         req.mode,
         agent.etcd_local_first().joined(),
         agent.config.credentials.dir.display(),
@@ -454,6 +458,9 @@ async fn handover_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<Str
 
 async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let req: BackupRequest = parse_body(&body)?;
+    // Before the key file is written from its name (issue 68: a name
+    // `../../victim` was refused only after its key was written there).
+    req.spec.check()?;
     let no_port = |e: std::io::Error| ApiError::Internal(format!("no free port: {e}"));
     let port = free_port(agent.config.address).map_err(no_port)?;
     let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;
