@@ -27,6 +27,14 @@ from .site import Site
 CLIENT_PORT = 2379
 PEER_PORT = 2380
 TUNING = ["--heartbeat-interval", "100", "--election-timeout", "1000", "--pre-vote"]
+# The TLS 1.2 suites a cluster's etcd offers (the README's flags): ECDHE
+# and AEAD only. Go's defaults also take CBC suites (ECDHE-ECDSA-AES128-SHA
+# and -AES256-SHA: MAC-then-encrypt, the padding-oracle family); issue 68
+# found them accepted on the client and peer ports. TLS 1.3's suites are
+# all AEAD and not set by this flag.
+CIPHER_SUITES = ",".join(["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+                          "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                          "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305"])
 
 
 class EtcdCluster:
@@ -77,7 +85,7 @@ class EtcdCluster:
             cert, key, ca = (str(creds / f) for f in ("cert.pem", "key.pem", "ca.pem"))
             argv += ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth",
                      "--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca,
-                     "--peer-client-cert-auth"]
+                     "--peer-client-cert-auth", "--cipher-suites", CIPHER_SUITES]
         log = self.work / f"etcd-{role}.log"
         self.members[role] = Proc(f"etcd on {role}", self.site, role, argv, log)
 

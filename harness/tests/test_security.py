@@ -8,15 +8,21 @@ The strangers connect from the client namespace, as any host on the
 network could; the forged heartbeats come from the primary host's own
 address, the one the backup listens to."""
 
+import json
 import os
 import signal
 import socket
 import struct
 import subprocess
 import time
+import urllib.error
+from pathlib import Path
 
 import ftsite
 from ftsite import BACKUP_HOST_IP, Site, event
+from ftsite.cluster import Cluster, wait_for
+from ftsite.etcd import CLIENT_PORT, PEER_PORT, EtcdCluster
+from ftsite.pki import Pki
 from ftsite.site import CHANNEL_PORT, in_netns
 
 TIMEOUT_MS = ftsite.TIMEOUT_MS
@@ -70,6 +76,106 @@ def test_strangers_do_not_take_over_or_stop_a_waiting_backup(ftvm, scratch):
     lines = [line for _, line in backup.messages if "refused a connection from" in line]
     assert len(lines) >= 2, backup.output()
     print("\n".join(lines))
+
+
+def tcp_payloads(frames, dport):
+    """The TCP payloads, in order, of the IPv4 `frames` sent to port
+    `dport` (what anyone on the path records)."""
+    out = []
+    for frame in frames:
+        data = frame.data
+        if len(data) < 54 or data[12:14] != b"\x08\x00" or data[23] != 6:
+            continue
+        ihl = (data[14] & 0x0F) * 4
+        total = struct.unpack(">H", data[16:18])[0]
+        tcp = 14 + ihl
+        if struct.unpack(">H", data[tcp + 2:tcp + 4])[0] != dport:
+            continue
+        payload = data[tcp + (data[tcp + 12] >> 4) * 4:14 + total]
+        if payload:
+            out.append(payload)
+    return out
+
+
+def test_a_recorded_handshake_does_not_end_a_waiting_backup(ftvm, scratch):
+    """Issue 68 (2): the first handshake message of a real pair, recorded
+    on the wire and sent again to a later backup of the same pair (same
+    key) waiting for its primary, is a stranger: the backup does not take
+    it for its primary, declares nothing failed, listens on, and follows
+    its real primary when it comes."""
+    site = Site("r")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    cap = site.capture("backup", "eth0")
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo first-pair", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    sent = tcp_payloads(cap.finish(), CHANNEL_PORT)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert sent, "no channel traffic seen on the wire"
+    first = sent[0]
+    assert struct.unpack(">H", first[:2])[0] == len(first) - 2, f"not one whole handshake message: {first.hex()}"
+    print(f"recorded the primary's first handshake message: {len(first)} bytes")
+
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+
+    def replay():
+        s = socket.create_connection((BACKUP_HOST_IP, CHANNEL_PORT), timeout=5)
+        s.sendall(first)
+        s.settimeout(3)
+        try:
+            answer = s.recv(4096)
+        except OSError:
+            answer = b""
+        s.close()
+        return answer
+    for i in range(3):
+        answer = in_netns(site.ns["client"], replay)
+        print(f"replay {i + 1}: the backup answered with {len(answer)} bytes")
+        time.sleep(0.5)
+        assert event(backup, "declared-failed") is None, f"a replay ended the backup:\n{backup.output()}"
+        backup.assert_running()
+    deadline = time.monotonic() + 30
+    while len(records(backup, "stranger_refused")) < 3:
+        assert time.monotonic() < deadline, f"the replays were not refused:\n{backup.output()}"
+        backup.assert_running()
+        assert event(backup, "declared-failed") is None, f"a replay ended the backup:\n{backup.output()}"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    backup.assert_running()
+    assert event(backup, "declared-failed") is None, backup.output()
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo second-pair", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert primary.console_has("second-pair")
+    assert event(backup, "declared-failed") is None, backup.output()
+
+
+def test_idle_connections_do_not_keep_the_primary_out(ftvm, scratch):
+    """Issue 68 (3): 32 idle TCP connections to a waiting backup, from the
+    client namespace and kept open, held all its handshake slots (16) and
+    the real primary was turned away in 0.1 s ("too many handshakes in
+    progress"). Now one address holds a few slots at most, and a silent
+    connection gives its slot up: the primary protects its VM, which runs
+    to its end, while the 32 stay connected."""
+    site = Site("i")
+    shared = scratch / "shared"
+    backup = ftsite.start_backup(site, ftvm, scratch, shared, TIMEOUT_MS)
+    idle = [stranger(site, b"", close=False) for _ in range(32)]
+    # Until the backup has taken them from its queue: those beyond the
+    # address's slots are refused at once.
+    deadline = time.monotonic() + 30
+    while len(records(backup, "stranger_refused")) < 16:
+        assert time.monotonic() < deadline, f"the idle connections were not taken:\n{backup.output()}"
+        time.sleep(0.1)
+    primary = ftsite.start_primary(site, ftvm, scratch, shared, "echo protected-beside-idle", TIMEOUT_MS)
+    event(primary, "protected", timeout=120)
+    assert primary.wait(300) == 0, primary.output()
+    assert backup.wait(60) == 0, backup.output()
+    assert primary.console_has("protected-beside-idle")
+    for s in idle:
+        s.close()
 
 
 def test_a_primary_without_the_pairs_key_is_never_followed(ftvm, scratch):
@@ -167,3 +273,122 @@ def test_forged_heartbeats_do_not_hold_off_a_failover(ftvm, scratch):
     print(f"declared failed {took:.2f} s after the stop (timeout {TIMEOUT_MS} ms), forged beats ignored")
     assert took < TIMEOUT_MS / 1000 + 2.0, f"{took:.2f} s: the forged beats held the failover off"
     assert "heartbeat" in declared.fields["reason"] or "nothing on the logging channel" in declared.fields["reason"]
+
+
+def tls12_cipher(site, pki, ip, port, cipher):
+    """The cipher a TLS 1.2 handshake offering only `cipher` ends with at
+    ip:port (from the client namespace, as the operator), or None if the
+    server refused it."""
+    creds = pki.operator
+    r = site.run("client", ["openssl", "s_client", "-connect", f"{ip}:{port}", "-tls1_2",
+                            "-cipher", f"{cipher}:@SECLEVEL=0", "-CAfile", str(creds / "ca.pem"),
+                            "-cert", str(creds / "cert.pem"), "-key", str(creds / "key.pem")],
+                 check=False, timeout=60)
+    for line in r.stdout.splitlines():
+        if "Cipher is" in line:
+            got = line.split("Cipher is", 1)[1].strip()
+            return None if got == "(NONE)" else got
+    return None
+
+
+def test_etcd_refuses_cbc_suites_on_its_client_and_peer_ports(ftvm, scratch):
+    """Issue 68 (8): the cluster's etcd, started with the README's flags
+    (ftsite.etcd.CIPHER_SUITES), accepted CBC suites; now a TLS 1.2
+    client that offers only ECDHE-ECDSA-AES128-SHA or -AES256-SHA is
+    refused on the client and the peer port, and one that offers an AEAD
+    suite is served (the probe can tell the two apart)."""
+    site = Site("e", spare=True)
+    pki = Pki(ftvm, scratch, ["primary", "backup", "spare"])
+    EtcdCluster(site, scratch, pki=pki)
+    ip = ftsite.PRIMARY_HOST_IP
+    for port in (CLIENT_PORT, PEER_PORT):
+        aead = tls12_cipher(site, pki, ip, port, "ECDHE-ECDSA-AES128-GCM-SHA256")
+        assert aead == "ECDHE-ECDSA-AES128-GCM-SHA256", f"port {port}: an AEAD suite was not served ({aead})"
+        for cbc in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA"):
+            got = tls12_cipher(site, pki, ip, port, cbc)
+            assert got is None, f"port {port} accepted {cbc}"
+        print(f"port {port}: AEAD served, CBC refused")
+
+
+def loose_modes(top):
+    """What under `top` (itself included) group or others may read,
+    write or enter: [(path, mode)]."""
+    loose = []
+    for path in [top, *top.rglob("*")]:
+        mode = path.lstat().st_mode
+        if path.is_symlink():
+            continue
+        if mode & 0o077:
+            loose.append((str(path.relative_to(top.parent)), oct(mode & 0o7777)))
+    return loose
+
+
+def test_an_agent_and_its_vms_keep_their_files_to_themselves(ftvm, scratch):
+    """Issue 68 (7): everything under an agent's state directory was
+    world-readable (disk.img 0644, console logs, journals and VM specs;
+    directories 0755). A fresh agent's state directory is 0700, and a
+    protected VM's files on both hosts (its disk, console and ftvm logs,
+    journal, record, control socket, pair key) are the owner's only."""
+    cl = Cluster(ftvm, scratch, "m")
+    cl.wait_hosts()
+    cl.cli("vm", "create", "modes", "--on", "primary", "--memory", "256", "--command", "sleep 100000",
+           "--protect", "checkpoint")
+    _, backup_host = wait_for("a backup", 240, lambda: cl.protected("modes"))
+    for host in ("primary", backup_host):
+        top = scratch / f"agent-{host}"
+        vm = top / "vms" / "modes"
+        made = sorted(p.name for p in vm.iterdir())
+        assert "disk.img" in made and "console.log" in made and "vm.json" in made, made
+        assert (top / "keys" / "modes.key").exists()
+        loose = loose_modes(top)
+        assert not loose, f"on {host}, open to others: {loose}"
+        assert (top.stat().st_mode & 0o7777) == 0o700, oct(top.stat().st_mode)
+        print(f"{host}: {len(list(top.rglob('*')))} entries, none open to others ({', '.join(made)})")
+
+
+def refused(cl, path, body):
+    """POSTs `body` (JSON) to `path` on the primary host's agent, as the
+    operator: (HTTP status, the refusal's message) of the answer."""
+    api = cl.records()["primary"]["api"]
+    try:
+        r = cl.https(f"{api}{path}", method="POST", data=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"}, timeout=120)
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode())["message"]
+
+
+def test_request_fields_are_values_never_options_nor_paths(ftvm, scratch):
+    """Issue 68 (1, 6): the API checks names, bridges and the backup's
+    address against one grammar before anything is made from them. A
+    protect whose backup carries options (`--events FILE`) or whose mode
+    does is refused with 400 in one line and no file is made; the VM name
+    `-ci`, the bridge `b;id` and a backup named `../../victim` likewise,
+    leaving no directory or key file behind."""
+    cl = Cluster(ftvm, scratch, "v")
+    cl.wait_hosts()
+    cl.cli("vm", "create", "inj", "--on", "primary", "--memory", "256", "--command", "sleep 100000")
+    wait_for("the VM", 120, lambda: cl.sides("inj") == {"primary": "unprotected"})
+    planted = Path(f"/tmp/ftvm-injected-{os.getpid()}.jsonl")
+    planted.unlink(missing_ok=True)
+    state = scratch / "agent-primary"
+    cases = [
+        ("/v1/vms/inj/protect", {"backup": f"{BACKUP_HOST_IP}:9 --connect-wait 1 --events {planted}"}),
+        ("/v1/vms/inj/protect", {"backup": f"{BACKUP_HOST_IP}:9", "mode": "checkpoint --bogus"}),
+        ("/v1/vms/inj/protect", {"backup": "--help"}),
+        ("/v1/vms", {"name": "-ci"}),
+        ("/v1/vms", {"name": "b", "network": {"bridge": "b;id", "ip": "10.0.0.3/24"}}),
+        ("/v1/backups", {"spec": {"name": "../../victim"}}),
+        ("/v1/vms/..%2F..%2Fvictim2/protect", {"backup": f"{BACKUP_HOST_IP}:9"}),
+    ]
+    for path, body in cases:
+        status, message = refused(cl, path, body)
+        print(f"{path} {json.dumps(body)}: {status} {message}")
+        assert status == 400, f"{path} {body}: {status} {message}"
+        assert "\n" not in message.strip(), message
+    time.sleep(3)
+    assert not planted.exists(), f"an injected option made {planted}"
+    left = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*victim*"))
+    assert not left, f"refused names left files: {left}"
+    assert sorted(p.name for p in (state / "vms").iterdir()) == ["inj"], list((state / "vms").iterdir())
+    assert sorted(p.name for p in (state / "keys").iterdir()) == [], list((state / "keys").iterdir())

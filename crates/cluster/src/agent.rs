@@ -153,8 +153,17 @@ impl Agent {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    // The state directory holds the guests' disks, consoles and journals
+    // and the pairs' keys: the owner's only (issue 68: disks were 0644 in
+    // directories of 0755). The umask covers whatever this process and the
+    // VMs it starts make there without saying a mode (a VM's journal and
+    // control socket, files of later code); the modes set here and in
+    // `vms` say it where the file is made, and mend a directory an older
+    // agent left open.
+    // SAFETY: umask only swaps the process's file mode mask.
+    unsafe { libc::umask(0o077) };
     for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
-        std::fs::create_dir_all(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
+        crate::vms::private_dir(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -410,10 +419,14 @@ async fn protect_vm(
     UrlPath(name): UrlPath<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Done> {
+    // Checked before any key or file is made from them, and the words
+    // below built from checked values only (each one word, none an
+    // option): the name, the backup's address as parsed, the mode.
+    crate::model::check_vm_name(&name)?;
     let req: ProtectRequest = parse_body(&body)?;
+    let backup = req.check()?;
     let mut words = format!(
-        "protect --backup {} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
-        req.backup,
+        "protect --backup {backup} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
         req.mode,
         agent.etcd_local_first().joined(),
         agent.config.credentials.dir.display(),
@@ -445,6 +458,9 @@ async fn handover_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<Str
 
 async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let req: BackupRequest = parse_body(&body)?;
+    // Before the key file is written from its name (issue 68: a name
+    // `../../victim` was refused only after its key was written there).
+    req.spec.check()?;
     let no_port = |e: std::io::Error| ApiError::Internal(format!("no free port: {e}"));
     let port = free_port(agent.config.address).map_err(no_port)?;
     let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;

@@ -123,9 +123,7 @@ impl VmSpec {
     /// Whether the spec can be run: Err says why in one line.
     pub fn check(&self) -> Result<(), ApiError> {
         let bad = |m: String| Err(ApiError::BadRequest(m));
-        if !ftvm_etcd::arbiter::valid_vm_name(&self.name) {
-            return bad(format!("{:?} is not a VM name (1 to 64 of A-Z a-z 0-9 . _ -)", self.name));
-        }
+        check_vm_name(&self.name)?;
         if !(16..=65536).contains(&self.memory_mib) {
             return bad(format!("memory_mib {} is out of range (16 to 65536)", self.memory_mib));
         }
@@ -139,8 +137,11 @@ impl VmSpec {
             Some(mode) => return bad(format!("protect {mode:?} is not a mode (lockstep, epoch or checkpoint)")),
         }
         if let Some(net) = &self.network {
-            if net.bridge.is_empty() || net.bridge.len() > 15 || net.bridge.contains(['/', ' ', ',', '=']) {
-                return bad(format!("{:?} is not a bridge's name", net.bridge));
+            if !valid_interface_name(&net.bridge) {
+                return bad(format!(
+                    "{:?} is not a bridge's name (1 to 15 of A-Z a-z 0-9 . _ -, not starting with -)",
+                    net.bridge
+                ));
             }
             let (ip, len) = net.ip.split_once('/').unwrap_or((&net.ip, ""));
             if ip.parse::<std::net::Ipv4Addr>().is_err() || len.parse::<u8>().map_or(true, |l| l > 32) {
@@ -149,6 +150,33 @@ impl VmSpec {
         }
         Ok(())
     }
+}
+
+/// A VM name from a request (a spec, a URL's path): 400 in one line if it
+/// is not one ([`ftvm_etcd::arbiter::valid_vm_name`], the one grammar).
+/// Checked before anything (a key, a file, a process) is made from it.
+pub fn check_vm_name(name: &str) -> Result<(), ApiError> {
+    if ftvm_etcd::arbiter::valid_vm_name(name) {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest(format!(
+        "{:?} is not a VM name (1 to 64 of A-Z a-z 0-9 . _ -, not starting with -)",
+        name.chars().take(80).collect::<String>()
+    )))
+}
+
+/// Whether `name` can name a Linux network interface (a bridge) and pass
+/// as one argument of a command line: 1 to 15 (IFNAMSIZ - 1) of
+/// `[A-Za-z0-9._-]`, not starting with `-`, not `.` or `..`. Stricter than
+/// the kernel (which takes any byte but `/`, `:`, NUL and whitespace), so
+/// that no shell or option parser reads anything into it (issue 68: `b;id`
+/// and `b$(touch)` were accepted and failed later at the TAP).
+pub fn valid_interface_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && !name.starts_with('-')
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// A VM's NIC: a TAP the agent makes on the host's bridge, and the
@@ -200,6 +228,20 @@ pub struct ProtectRequest {
 impl ProtectRequest {
     fn default_mode() -> String {
         "lockstep".into()
+    }
+
+    /// The backup's address, if the request is one to act on: the backup
+    /// a socket address and the mode one of the three, else 400 in one
+    /// line. The agent builds the VM's request from what this returns and
+    /// the checked mode, so no field reaches a parser as more than one
+    /// value (issue 68: a backup `"IP:PORT --events /tmp/x"` made the VM
+    /// write /tmp/x).
+    pub fn check(&self) -> Result<std::net::SocketAddr, ApiError> {
+        let bad = |m: String| ApiError::BadRequest(m);
+        if !matches!(self.mode.as_str(), "lockstep" | "epoch" | "checkpoint") {
+            return Err(bad(format!("mode {:?} is not a mode (lockstep, epoch or checkpoint)", self.mode)));
+        }
+        self.backup.parse().map_err(|_| bad(format!("backup {:?} is not an address (IP:PORT)", self.backup)))
     }
 }
 
@@ -295,9 +337,42 @@ mod tests {
             r#"{"name": "x", "colour": "red"}"#,
             r#"{"name": "x", "network": {"bridge": "br0", "ip": "10.0.0.300/24"}}"#,
             r#"{"name": "x", "network": {"bridge": "br0,x", "ip": "10.0.0.3/24"}}"#,
+            r#"{"name": "-ci"}"#,
+            r#"{"name": "../../victim"}"#,
+            r#"{"name": "x", "network": {"bridge": "b;id", "ip": "10.0.0.3/24"}}"#,
+            r#"{"name": "x", "network": {"bridge": "b$(touch)", "ip": "10.0.0.3/24"}}"#,
+            r#"{"name": "x", "network": {"bridge": "-br", "ip": "10.0.0.3/24"}}"#,
+            r#"{"name": "x", "network": {"bridge": "bridge-name-too-long", "ip": "10.0.0.3/24"}}"#,
         ] {
             let e = spec(bad).unwrap_err();
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    /// Issue 68: a protect request's fields are values, never options.
+    #[test]
+    fn a_protect_request_takes_an_address_and_a_mode_only() {
+        let req = |backup: &str, mode: &str| ProtectRequest {
+            backup: backup.into(),
+            mode: mode.into(),
+            heartbeat_port: None,
+        };
+        assert_eq!(req("10.0.0.1:9", "checkpoint").check().unwrap(), "10.0.0.1:9".parse().unwrap());
+        assert!(req("[fd00::1]:7700", "lockstep").check().is_ok());
+        for (backup, mode) in [
+            ("10.0.0.1:9 --events /tmp/x", "lockstep"),
+            ("10.0.0.1:9 --help", "lockstep"),
+            ("--help", "lockstep"),
+            ("10.0.0.1", "lockstep"),
+            ("10.0.0.1:9", "checkpoint --bogus"),
+            ("10.0.0.1:9", "-x"),
+        ] {
+            let e = req(backup, mode).check().unwrap_err().to_string();
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(check_vm_name("redis-1").is_ok() && check_vm_name("a.b_c").is_ok());
+        for bad in ["-ci", "", "..", "a b", "<img src=x", "vm-\u{e9}", "a\0b"] {
+            assert!(check_vm_name(bad).is_err(), "{bad:?}");
         }
     }
 

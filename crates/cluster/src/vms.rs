@@ -18,7 +18,9 @@ use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
 use ftvm_protection::events::EventRecord;
 use ftvm_vmm::api::{Reply, Request, Response};
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -272,11 +274,14 @@ impl Vms {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| internal("cannot clear the VM's old directory", e))?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| internal("cannot make the VM's directory", e))?;
+        private_dir(&dir).map_err(|e| internal("cannot make the VM's directory", e))?;
         let image =
             ftvm_image::locate().map_err(|e| ApiError::Internal(format!("no guest image on this host: {e}")))?;
         let disk = dir.join("disk.img");
         ftvm_image::sparse_copy(&image.rootfs, &disk).map_err(|e| internal("cannot copy the guest's root disk", e))?;
+        // The copy may take the image's mode: the guest's disk is its own.
+        std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| internal("cannot make the guest's disk private", e))?;
         Ok(dir)
     }
 
@@ -369,9 +374,8 @@ impl Vms {
 
     fn spawn(&self, spec: VmSpec, dir: PathBuf, args: Vec<String>, started_as: Role) -> Result<(), ApiError> {
         let console =
-            std::fs::File::create(dir.join("console.log")).map_err(|e| internal("cannot write the console log", e))?;
-        let messages =
-            std::fs::File::create(dir.join("ftvm.log")).map_err(|e| internal("cannot write ftvm's log", e))?;
+            private_file(&dir.join("console.log")).map_err(|e| internal("cannot write the console log", e))?;
+        let messages = private_file(&dir.join("ftvm.log")).map_err(|e| internal("cannot write ftvm's log", e))?;
         let mut cmd = Command::new(&self.ftvm);
         cmd.args(&args).stdin(Stdio::null()).stdout(console).stderr(messages);
         // Its own session: a signal to the agent's terminal or process
@@ -382,7 +386,7 @@ impl Vms {
         if let Some(pid) = pid {
             let adoptable = Adoptable { spec: spec.clone(), started_as, pid };
             let json = serde_json::to_vec(&adoptable).expect("a VM's record serializes");
-            if let Err(e) = std::fs::write(dir.join("vm.json"), json) {
+            if let Err(e) = private_file(&dir.join("vm.json")).and_then(|mut f| f.write_all(&json)) {
                 eprintln!(
                     "ftvm agent: VM {}: cannot keep its record ({e}); an agent started again will not adopt it",
                     spec.name
@@ -442,7 +446,7 @@ impl Vms {
         };
         // Written whole then renamed: a crash never leaves half a number.
         let tmp = dir.join("published.new");
-        if std::fs::write(&tmp, format!("{pid} {seq}\n")).is_ok() {
+        if private_file(&tmp).and_then(|mut f| f.write_all(format!("{pid} {seq}\n").as_bytes())).is_ok() {
             let _ = std::fs::rename(&tmp, dir.join("published"));
         }
     }
@@ -655,6 +659,21 @@ pub async fn ask(socket: PathBuf, request: Request, wait: Duration) -> Result<Re
     }
 }
 
+/// Makes `dir` (and any parent missing) for the owner only (0700), and
+/// makes it so if it was there, more open (an older agent's).
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Creates (or empties) `path` for writing, readable by the owner only
+/// (0600, also when it was there, more open).
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -670,5 +689,30 @@ mod tests {
         assert_eq!(bytes.len(), 6, "{mac}");
         // Locally administered, unicast.
         assert_eq!(bytes[0] & 0b11, 0b10, "{mac}");
+    }
+
+    /// Issue 68: what an agent makes is its own, also where an older
+    /// agent (or another umask) left a directory or file open.
+    #[test]
+    fn private_dirs_and_files_are_the_owners_only() {
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let top = std::env::temp_dir().join(format!("ftvm-modes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&top);
+        let open = top.join("old");
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(open.join("console.log"), b"old").unwrap();
+        std::fs::set_permissions(open.join("console.log"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        private_dir(&open).unwrap();
+        private_dir(&top.join("new/vms/x")).unwrap();
+        let mut f = private_file(&open.join("console.log")).unwrap();
+        f.write_all(b"new").unwrap();
+        private_file(&open.join("vm.json")).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        assert_eq!(mode(&top.join("new/vms/x")), 0o700);
+        assert_eq!(mode(&open.join("console.log")), 0o600);
+        assert_eq!(std::fs::read(open.join("console.log")).unwrap(), b"new", "emptied first");
+        assert_eq!(mode(&open.join("vm.json")), 0o600);
+        std::fs::remove_dir_all(&top).unwrap();
     }
 }

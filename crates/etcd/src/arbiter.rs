@@ -43,9 +43,15 @@ pub struct EtcdArbiter {
     prefix: String,
 }
 
-/// Whether `name` can name a VM in etcd's keys: 1 to 64 of `[A-Za-z0-9._-]`.
+/// Whether `name` can name a VM: 1 to 64 of `[A-Za-z0-9._-]`, not
+/// starting with `-`. The one grammar of VM names, for every entry point
+/// (the API, the dashboard, `--vm-name`): a name becomes etcd keys, file
+/// names under the agent's state directory and arguments of the VM's
+/// command line, where a leading `-` would be read as an option (issue
+/// 68: the name `-ci` was accepted and its process died of `-c`).
 pub fn valid_vm_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
+        && !name.starts_with('-')
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         && name != "."
         && name != ".."

@@ -127,6 +127,29 @@ pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> std::io::Result<(
     }
 }
 
+/// Whether `stream` has something to read (or its end, or an error)
+/// within `timeout`: false if it stayed silent throughout.
+pub fn readable_within(stream: &TcpStream, timeout: Duration) -> std::io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one pollfd, valid for the call.
+        match unsafe { libc::poll(&mut fd, 1, ms) } {
+            n if n > 0 => return Ok(true),
+            0 if Instant::now() >= deadline => return Ok(false),
+            0 => {}
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,8 +32,9 @@ fn main() {
     put("channel_frames", "garbage", b"\x00\x00\x02hi\x01\x04\x00\x20abc\x00\x02ok");
 
     let (initiator, first) = Initiator::start(&key);
-    let (reply, _) = answer(&key, &first).expect("our own handshake");
-    initiator.finish(&reply).expect("our own handshake");
+    let (reply, answered) = answer(&key, &first).expect("our own handshake");
+    let (_, confirm) = initiator.finish(&reply).expect("our own handshake");
+    answered.confirm(&confirm).expect("our own handshake");
     put("channel_handshake", "first", &first);
     put("channel_handshake", "reply", &reply);
 

@@ -16,8 +16,9 @@ fuzz_target!(|data: &[u8]| {
     let Some((&cut, mut ops)) = data.split_first() else { return };
     let key = PairKey::from_bytes([7; 32]);
     let (initiator, first) = Initiator::start(&key);
-    let (reply, backup) = answer(&key, &first).expect("our own handshake");
-    let primary = initiator.finish(&reply).expect("our own handshake");
+    let (reply, answered) = answer(&key, &first).expect("our own handshake");
+    let (primary, confirm) = initiator.finish(&reply).expect("our own handshake");
+    let backup = answered.confirm(&confirm).expect("our own handshake");
     let (mut seal, _) = primary.split();
     let (_, mut open) = backup.split();
 

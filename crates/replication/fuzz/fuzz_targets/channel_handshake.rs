@@ -1,7 +1,7 @@
 //! Arbitrary bytes as the handshake messages of the logging channel
 //! (`channel::secure`, Noise NNpsk0 under the pair key): as the first
 //! message a waiting backup reads from whoever connects (`answer`, what
-//! `respond` does with it), and as the reply a primary reads (`Initiator::finish`).
+//! `respond` does with it, and as its confirmation), and as the reply a primary reads (`Initiator::finish`).
 //! Neither may panic; a reply not made for this primary's fresh handshake
 //! must be refused (it takes the key and our ephemeral secret to make one).
 //! Run: `cd crates/replication/fuzz && cargo +nightly fuzz run channel_handshake`.
@@ -16,8 +16,11 @@ fuzz_target!(|data: &[u8]| {
     // What `respond` reads is at most 65535 bytes (a u16 length first).
     let msg = &data[..data.len().min(u16::MAX as usize)];
     // A replayed first message of a real primary is answered (it cannot
-    // finish the handshake without that primary's ephemeral secret).
-    let _ = answer(&key, msg);
+    // confirm the session without that primary's ephemeral secret): the
+    // same bytes as its confirmation give no session.
+    if let Ok((_, answered)) = answer(&key, msg) {
+        assert!(answered.confirm(msg).is_err(), "a session confirmed by bytes of the attacker's choosing");
+    }
     let (initiator, _first) = Initiator::start(&key);
     assert!(initiator.finish(msg).is_err(), "a reply not made for this handshake was taken");
 });

@@ -83,11 +83,24 @@ pub struct LogReceiver {
     session: Mutex<Option<Session>>,
 }
 
-/// Handshakes a waiting backup runs at once; connections beyond are
-/// closed at once. Each lasts [`HANDSHAKE_WAIT`] at most and holds two
-/// small messages, so a flood costs bounded time and memory, and the real
-/// primary's handshake runs beside any idle ones.
-const MAX_HANDSHAKES: usize = 16;
+/// Handshakes a waiting backup runs at once. Each lasts [`HANDSHAKE_WAIT`]
+/// at most and holds three small messages and a thread, so a flood costs
+/// bounded time and memory. Issue 68: 16 idle strangers used to hold all
+/// the slots (then 16) and the real primary was turned away, so slots are
+/// also bounded per source address ([`MAX_PER_SOURCE`]), a connection
+/// that says nothing for [`FIRST_BYTE_WAIT`] is closed, and when all are
+/// held a new connection takes the slot of the oldest that has said
+/// nothing: a primary, which speaks as soon as it connects, is never
+/// the one closed while a silent one holds a slot.
+const MAX_HANDSHAKES: usize = 64;
+/// Handshakes at once from one IP address: a primary makes one at a time,
+/// so strangers from one address hold at most this many slots.
+const MAX_PER_SOURCE: usize = 4;
+/// How long a connection may stay silent before its first byte: a
+/// primary sends its first message as soon as it is connected (it is
+/// made before the connection). Generous for a loaded host, short beside
+/// [`HANDSHAKE_WAIT`].
+pub(super) const FIRST_BYTE_WAIT: Duration = Duration::from_secs(3);
 
 impl LogReceiver {
     /// Waits for the pair's primary: the first connection on `listener`
@@ -342,8 +355,95 @@ impl Drop for LogReceiver {
     }
 }
 
+/// A handshake in progress on a waiting backup.
+struct Slot {
+    id: u64,
+    peer: SocketAddr,
+    /// The connection, to close it from the accepting thread.
+    stream: TcpStream,
+    /// Whether anything came on it yet.
+    spoke: Arc<AtomicBool>,
+    /// Closed to make room (the handshake's thread then says so).
+    evicted: Arc<AtomicBool>,
+}
+
+/// The handshakes in progress, oldest first.
+#[derive(Default)]
+struct Slots {
+    list: Mutex<Vec<Slot>>,
+}
+
+impl Slots {
+    /// A slot for a connection from `peer`, or why not: a newer
+    /// connection takes the slot of the oldest silent one, from the same
+    /// address if that address has all its own, else from any if all are
+    /// held; with none silent, it is refused.
+    fn take(
+        &self,
+        id: u64,
+        peer: SocketAddr,
+        stream: &TcpStream,
+    ) -> Result<(Arc<AtomicBool>, Arc<AtomicBool>), HandshakeError> {
+        let mut list = self.list.lock().unwrap();
+        let same = |s: &Slot| s.peer.ip() == peer.ip();
+        let evict_from = if list.iter().filter(|s| same(s)).count() >= MAX_PER_SOURCE {
+            Some(true)
+        } else if list.len() >= MAX_HANDSHAKES {
+            Some(false)
+        } else {
+            None
+        };
+        if let Some(same_only) = evict_from {
+            let idle = list.iter().position(|s| !s.spoke.load(Ordering::Acquire) && (!same_only || same(s)));
+            let Some(i) = idle else { return Err(HandshakeError::Busy) };
+            let slot = list.remove(i);
+            slot.evicted.store(true, Ordering::Release);
+            let _ = slot.stream.shutdown(Shutdown::Both);
+        }
+        // A primary's first message is usually here by now: then it is
+        // never the silent one closed for a newer connection.
+        let spoke = Arc::new(AtomicBool::new(poll::readable_within(stream, Duration::ZERO).unwrap_or(false)));
+        let evicted = Arc::new(AtomicBool::new(false));
+        let clone = stream.try_clone().map_err(HandshakeError::Io)?;
+        list.push(Slot { id, peer, stream: clone, spoke: spoke.clone(), evicted: evicted.clone() });
+        Ok((spoke, evicted))
+    }
+
+    fn free(&self, id: u64) {
+        self.list.lock().unwrap().retain(|s| s.id != id);
+    }
+}
+
+/// The backup's side of one connection's handshake, in its slot: a first
+/// byte within [`FIRST_BYTE_WAIT`], then the handshake within
+/// [`HANDSHAKE_WAIT`].
+fn handshake_in_slot(
+    stream: &mut TcpStream,
+    key: &PairKey,
+    spoke: &AtomicBool,
+    evicted: &AtomicBool,
+) -> Result<Session, HandshakeError> {
+    stream.set_nonblocking(false).map_err(HandshakeError::Io)?;
+    if !poll::readable_within(stream, FIRST_BYTE_WAIT).map_err(HandshakeError::Io)? {
+        return Err(if evicted.load(Ordering::Acquire) {
+            HandshakeError::Evicted
+        } else {
+            HandshakeError::TimedOut(FIRST_BYTE_WAIT)
+        });
+    }
+    spoke.store(true, Ordering::Release);
+    secure::respond(stream, key, HANDSHAKE_WAIT).map_err(|e| {
+        if evicted.load(Ordering::Acquire) {
+            HandshakeError::Evicted
+        } else {
+            e
+        }
+    })
+}
+
 /// Accepts connections until one completes the handshake; each runs its
-/// handshake on a thread of its own, so none holds up the others.
+/// handshake on a thread of its own, in a slot ([`Slots`]), so none holds
+/// up the others.
 fn first_handshake(
     listener: &TcpListener,
     key: &PairKey,
@@ -351,26 +451,27 @@ fn first_handshake(
 ) -> Result<(TcpStream, SocketAddr, Session), ChannelError> {
     listener.set_nonblocking(true).map_err(ChannelError::Socket)?;
     let (done_tx, done) = mpsc::channel::<(TcpStream, SocketAddr, Session)>();
-    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
+    let mut next_id = 0u64;
     let won = loop {
         if let Ok(won) = done.try_recv() {
             break won;
         }
         match listener.accept() {
             Ok((mut stream, peer)) => {
-                if in_flight.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                    refused(peer, HandshakeError::Busy);
-                    continue;
-                }
-                in_flight.fetch_add(1, Ordering::AcqRel);
-                let (key, refused, in_flight, done_tx) =
-                    (key.clone(), refused.clone(), in_flight.clone(), done_tx.clone());
+                next_id += 1;
+                let id = next_id;
+                let (spoke, evicted) = match slots.take(id, peer, &stream) {
+                    Ok(flags) => flags,
+                    Err(e) => {
+                        refused(peer, e);
+                        continue;
+                    }
+                };
+                let (key, refused, slots, done_tx) = (key.clone(), refused.clone(), slots.clone(), done_tx.clone());
                 spawn("ft-handshake", move || {
-                    let outcome = stream
-                        .set_nonblocking(false)
-                        .map_err(HandshakeError::Io)
-                        .and_then(|()| secure::respond(&mut stream, &key, HANDSHAKE_WAIT));
-                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                    let outcome = handshake_in_slot(&mut stream, &key, &spoke, &evicted);
+                    slots.free(id);
                     match outcome {
                         // Dropped (and so closed) if another won first.
                         Ok(session) => drop(done_tx.send((stream, peer, session))),

@@ -8,7 +8,20 @@
 //! The pattern is `Noise_NNpsk0_25519_AESGCM_SHA256`: both sides prove
 //! they hold the pre-shared key (derived from the pair key) in the first
 //! round trip, and ephemeral Diffie-Hellman gives each connection fresh
-//! keys, so a key stolen later opens no recorded session. Noise through
+//! keys, so a key stolen later opens no recorded session.
+//!
+//! Freshness: NNpsk0's first message proves the key but not that it was
+//! made now. A recorded one sent again opens on the backup like the
+//! original did, and before issue 68 the backup then took the connection
+//! for its primary, found no log on it, declared the primary failed and
+//! ended. So the handshake has a third message: the primary's first
+//! frame under the session's keys, a fixed confirmation ([`CONFIRM`]).
+//! Those keys come from the backup's fresh ephemeral key as much as from
+//! the primary's, so only the peer that made the first message (holding
+//! its ephemeral secret) and read the backup's reply to it can seal the
+//! confirmation: a replay gets a reply it cannot use, and the backup
+//! commits to nothing (no session, no primary, no event but a refused
+//! stranger) until the confirmation opens. Noise through
 //! `snow` rather than mutual TLS through rustls because the two hosts of a
 //! pair share one secret on the storage they already trust; certificates
 //! would add an authority and their files for nothing the pair needs, and
@@ -33,8 +46,12 @@ const PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 /// Binds the handshake to this protocol and version: a session of any
 /// other use of the same key cannot be passed off as one of ours, and
 /// two builds whose messages differ do not talk (v2: acknowledgements
-/// carry the backup's timeout).
-const PROLOGUE: &[u8] = b"ftvm logging channel v3";
+/// carry the backup's timeout; v4: the primary confirms the session).
+const PROLOGUE: &[u8] = b"ftvm logging channel v4";
+/// The handshake's third message, sealed as the primary's first frame
+/// (nonce 0) under the session's keys: what proves to the backup that
+/// the primary took part in this handshake, not an earlier one.
+const CONFIRM: &[u8] = b"ftvm primary confirms a fresh session";
 /// Noise's largest message.
 const MAX_MESSAGE: usize = 65535;
 const TAG: usize = 16;
@@ -51,11 +68,22 @@ pub enum HandshakeError {
     TimedOut(Duration),
     #[error("the peer sent a malformed handshake")]
     Malformed,
+    /// The first message opened (it was made under the pair's key) but the
+    /// peer did not confirm the session our reply made: a recorded
+    /// handshake sent again, or a primary that left half-way.
+    #[error("the peer did not confirm a fresh session (a recorded handshake replayed?)")]
+    Unconfirmed,
     #[error("the handshake broke off: {0}")]
     Io(#[source] std::io::Error),
-    /// Too many connections were completing their handshakes at once.
+    /// Too many connections were completing their handshakes at once
+    /// (from this peer's address, or in all with none of them idle).
     #[error("too many handshakes in progress")]
     Busy,
+    /// Connected and said nothing, and its slot was taken for a newer
+    /// connection (a waiting backup closes the oldest silent one when all
+    /// its handshake slots are held).
+    #[error("closed while silent to make room for another handshake")]
+    Evicted,
 }
 
 fn io(e: std::io::Error) -> HandshakeError {
@@ -65,13 +93,18 @@ fn io(e: std::io::Error) -> HandshakeError {
     }
 }
 
-/// A connection's keys once the handshake is done.
-pub struct Session(Arc<StatelessTransportState>);
+/// A connection's keys once the handshake is done, and the nonce each
+/// direction goes on from (the confirmation took the primary's first).
+pub struct Session {
+    t: Arc<StatelessTransportState>,
+    send: u64,
+    receive: u64,
+}
 
 impl Session {
     /// The sending and the receiving half.
     pub fn split(self) -> (Sealer, Opener) {
-        (Sealer { t: self.0.clone(), nonce: 0 }, Opener { t: self.0, nonce: 0, pending: Vec::new() })
+        (Sealer { t: self.t.clone(), nonce: self.send }, Opener { t: self.t, nonce: self.receive, pending: Vec::new() })
     }
 }
 
@@ -90,7 +123,8 @@ pub fn initiate(stream: &mut TcpStream, key: &PairKey, wait: Duration) -> Result
         HandshakeError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => HandshakeError::WrongKey,
         e => e,
     })?;
-    let session = hs.finish(&reply)?;
+    let (session, confirm) = hs.finish(&reply)?;
+    send(stream, &confirm, deadline, wait)?;
     clear_timeouts(stream)?;
     Ok(session)
 }
@@ -99,8 +133,16 @@ pub fn initiate(stream: &mut TcpStream, key: &PairKey, wait: Duration) -> Result
 pub fn respond(stream: &mut TcpStream, key: &PairKey, wait: Duration) -> Result<Session, HandshakeError> {
     let deadline = Instant::now() + wait;
     let first = receive(stream, deadline, wait)?;
-    let (reply, session) = answer(key, &first)?;
+    let (reply, answered) = answer(key, &first)?;
     send(stream, &reply, deadline, wait)?;
+    // Until the confirmation opens, whoever sent `first` may only have
+    // recorded it: a peer that goes away now is a stranger, not a
+    // primary that failed.
+    let confirm = receive(stream, deadline, wait).map_err(|e| match e {
+        HandshakeError::Io(_) | HandshakeError::Malformed => HandshakeError::Unconfirmed,
+        e => e,
+    })?;
+    let session = answered.confirm(&confirm)?;
     clear_timeouts(stream)?;
     Ok(session)
 }
@@ -125,17 +167,40 @@ impl Initiator {
     }
 
     /// The session, from the backup's `reply` (whatever arrived: a reply
-    /// that is not one under this key is refused).
-    pub fn finish(mut self, reply: &[u8]) -> Result<Session, HandshakeError> {
+    /// that is not one under this key is refused), and the confirmation
+    /// to send the backup, the handshake's third message.
+    pub fn finish(mut self, reply: &[u8]) -> Result<(Session, Vec<u8>), HandshakeError> {
         let mut msg = vec![0u8; MAX_MESSAGE];
         self.0.read_message(reply, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
-        session(self.0)
+        let t = transport(self.0)?;
+        let mut confirm = vec![0u8; CONFIRM.len() + TAG];
+        let n = t.write_message(0, CONFIRM, &mut confirm).expect("a confirmation fits its buffer");
+        confirm.truncate(n);
+        Ok((Session { t, send: 1, receive: 0 }, confirm))
+    }
+}
+
+/// The backup's side of a handshake that answered a first message that
+/// opened: a session only once the primary confirms it ([`Answered::confirm`]).
+pub struct Answered(Arc<StatelessTransportState>);
+
+impl Answered {
+    /// The session, if `confirm` (whatever arrived as the third message)
+    /// is the confirmation sealed under this handshake's keys.
+    pub fn confirm(self, confirm: &[u8]) -> Result<Session, HandshakeError> {
+        let mut plain = vec![0u8; confirm.len()];
+        match self.0.read_message(0, confirm, &mut plain) {
+            Ok(n) if &plain[..n] == CONFIRM => Ok(Session { t: self.0, send: 0, receive: 1 }),
+            _ => Err(HandshakeError::Unconfirmed),
+        }
     }
 }
 
 /// The backup's side of a handshake, apart from any socket: the reply to
-/// the primary's `first` message (whatever arrived), and the session.
-pub fn answer(key: &PairKey, first: &[u8]) -> Result<(Vec<u8>, Session), HandshakeError> {
+/// the primary's `first` message (whatever arrived), and what takes the
+/// primary's confirmation. Answering commits the backup to nothing: a
+/// recorded first message opens as well as a fresh one.
+pub fn answer(key: &PairKey, first: &[u8]) -> Result<(Vec<u8>, Answered), HandshakeError> {
     let psk = key.channel_psk();
     let mut hs = snow::Builder::new(params())
         .prologue(PROLOGUE)
@@ -148,12 +213,12 @@ pub fn answer(key: &PairKey, first: &[u8]) -> Result<(Vec<u8>, Session), Handsha
     hs.read_message(first, &mut msg).map_err(|_| HandshakeError::WrongKey)?;
     let n = hs.write_message(&[], &mut msg).expect("a second handshake message");
     msg.truncate(n);
-    Ok((msg, session(hs)?))
+    Ok((msg, Answered(transport(hs)?)))
 }
 
-fn session(hs: snow::HandshakeState) -> Result<Session, HandshakeError> {
+fn transport(hs: snow::HandshakeState) -> Result<Arc<StatelessTransportState>, HandshakeError> {
     let t = hs.into_stateless_transport_mode().map_err(|_| HandshakeError::Malformed)?;
-    Ok(Session(Arc::new(t)))
+    Ok(Arc::new(t))
 }
 
 fn clear_timeouts(stream: &TcpStream) -> Result<(), HandshakeError> {
@@ -338,7 +403,7 @@ mod tests {
         let (mut one, mut two) = (Vec::new(), Vec::new());
         seal.seal(b"first", &mut one);
         seal.seal(b"second", &mut two);
-        let fresh = || Opener { t: open.t.clone(), nonce: 0, pending: Vec::new() };
+        let fresh = || Opener { t: open.t.clone(), nonce: open.nonce, pending: Vec::new() };
         let mut out = Vec::new();
         // Reordered: the second frame first.
         assert_eq!(fresh().open(&two, &mut out), Err(Unauthentic));
@@ -350,6 +415,51 @@ mod tests {
         let mut changed = one.clone();
         *changed.last_mut().unwrap() ^= 1;
         assert_eq!(fresh().open(&changed, &mut out), Err(Unauthentic));
+    }
+
+    /// Issue 68: a first message recorded from a real handshake and sent
+    /// again is answered (it opens under the key) but gives no session:
+    /// the confirmation that would finish it takes the ephemeral secret of
+    /// the primary that made it, and the backup's new reply.
+    #[test]
+    fn a_replayed_first_message_gives_no_session() {
+        let k = PairKey::from_bytes([5; 32]);
+        let (primary, first) = Initiator::start(&k);
+        let (reply, answered) = answer(&k, &first).unwrap();
+        let (_, confirm) = primary.finish(&reply).unwrap();
+        assert!(answered.confirm(&confirm).is_ok(), "the real handshake");
+        // The replay: answered again, with a reply of fresh keys...
+        let (reply2, replayed) = answer(&k, &first).unwrap();
+        assert_ne!(reply, reply2, "the backup's reply is fresh each time");
+        // ...which the recorded confirmation does not open, nor garbage.
+        assert!(matches!(replayed.confirm(&confirm), Err(HandshakeError::Unconfirmed)));
+        let (_, replayed) = answer(&k, &first).unwrap();
+        assert!(matches!(replayed.confirm(&[0u8; 53]), Err(HandshakeError::Unconfirmed)));
+    }
+
+    /// The same over a socket: a replayer that sends a recorded first
+    /// message, reads the answer and goes (or stays silent) gets no
+    /// session from `respond`.
+    #[test]
+    fn respond_gives_a_replayer_no_session() {
+        let k = PairKey::from_bytes([6; 32]);
+        let (_, first) = Initiator::start(&k);
+        let mut framed = (first.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&first);
+        for stay in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut replayer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            replayer.write_all(&framed).unwrap();
+            if !stay {
+                replayer.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            let (mut s, _) = listener.accept().unwrap();
+            let r = respond(&mut s, &k, Duration::from_millis(500));
+            match (stay, r) {
+                (false, Err(HandshakeError::Unconfirmed)) | (true, Err(HandshakeError::TimedOut(_))) => {}
+                (_, r) => panic!("a replay gave {:?}", r.map(|_| "a session")),
+            }
+        }
     }
 
     #[test]

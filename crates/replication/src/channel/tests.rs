@@ -369,6 +369,185 @@ fn strangers_do_not_stop_a_backup_from_taking_its_primary() {
     assert!(refused.iter().any(|(_, e)| e.contains("does not hold this pair's key")), "{refused:?}");
 }
 
+/// Issue 68: the first handshake message of a real primary, recorded and
+/// sent again to a backup waiting for a later primary of the pair, is a
+/// stranger's: refused (the replayer who goes at once, and the one who
+/// stays silent), never taken for the primary, and the backup follows its
+/// real primary when it comes.
+#[test]
+fn a_recorded_handshake_is_refused_and_the_real_primary_followed() {
+    // Recorded through a relay in front of a first backup.
+    let (addr, acc) = backup_on_loopback(1 << 20);
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let recorded = std::thread::spawn(move || {
+        let (mut a, _) = front.accept().unwrap();
+        let mut b = TcpStream::connect(addr).unwrap();
+        let mut first = [0u8; 50];
+        a.read_exact(&mut first).unwrap();
+        b.write_all(&first).unwrap();
+        let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut b2, &mut a2);
+        });
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut a, &mut b);
+        });
+        first
+    });
+    let (mut s, _prx) = primary_to(front_addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"first pair").unwrap();
+    s.send_now();
+    let mut got = [0u8; 10];
+    r.pipe().read_exact(&mut got).unwrap();
+    let first = recorded.join().unwrap();
+    assert_eq!(u16::from_be_bytes([first[0], first[1]]), 48, "one whole first message recorded");
+    drop((s, r));
+
+    // A later backup of the pair, and the replays.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let (won_tx, won) = mpsc::channel();
+    {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            let r = LogReceiver::accept(&listener, 1 << 20, &key(), move |peer, e| {
+                refused.lock().unwrap().push((peer, e.to_string()));
+            });
+            let _ = won_tx.send(r.unwrap());
+        });
+    }
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.write_all(&first).unwrap();
+    for _ in 0..3 {
+        let mut gone = TcpStream::connect(addr).unwrap();
+        gone.write_all(&first).unwrap();
+        let mut answer = [0u8; 50];
+        gone.read_exact(&mut answer).unwrap();
+        drop(gone);
+    }
+    let t0 = Instant::now();
+    while refused.lock().unwrap().len() < 3 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if let Ok(r) = won.try_recv() {
+        panic!("a replay was taken for the primary: {}", r.peer());
+    }
+    {
+        let refused = refused.lock().unwrap();
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(refused.iter().all(|(_, e)| e.contains("did not confirm")), "{refused:?}");
+    }
+    let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+    let r = won.recv_timeout(Duration::from_secs(10)).expect("the real primary is taken");
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"second pair").unwrap();
+    s.send_now();
+    let mut got = [0u8; 11];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"second pair");
+    drop(silent);
+}
+
+/// A TCP connection to `to` from the loopback address `from` (127.0.0.x:
+/// another host, as the backup sees it).
+fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(to) = to else { panic!("IPv4") };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, and addresses valid for each call; the
+    // descriptor goes to the TcpStream, which closes it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let (a, b) = (sin(from, 0), sin(*to.ip(), to.port()));
+        assert_eq!(libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len), 0, "bind {from}");
+        assert_eq!(libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), len), 0, "connect from {from}");
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Issue 68: idle connections cannot hold the handshake slots. 40 from
+/// 40 addresses and 20 from the primary's own, all silent and kept open,
+/// then the real primary: it is taken, at once (not after the silent
+/// ones' deadline), and the flood is refused or closed.
+#[test]
+fn idle_strangers_do_not_keep_the_primary_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let acc = {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            LogReceiver::accept(&listener, 1 << 20, &key(), move |peer, e| {
+                refused.lock().unwrap().push((peer, e.to_string()));
+            })
+            .unwrap()
+        })
+    };
+    let mut idle: Vec<TcpStream> = (2..42).map(|i| connect_from([127, 0, 0, i].into(), addr)).collect();
+    idle.extend((0..20).map(|_| TcpStream::connect(addr).unwrap()));
+    // Until the backup has taken them all from its queue.
+    let t0 = Instant::now();
+    while refused.lock().unwrap().len() < 16 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t0 = Instant::now();
+    let (mut s, _prx) = primary_to(addr, Timing::DEFAULT);
+    let r = acc.join().unwrap();
+    let took = t0.elapsed();
+    r.start(Timing::DEFAULT, |_| {}).unwrap();
+    s.write_all(b"through").unwrap();
+    s.send_now();
+    let mut got = [0u8; 7];
+    r.pipe().read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"through");
+    // Well inside the silent ones' first-byte deadline: the primary did
+    // not wait for them to go.
+    assert!(took < receiver::FIRST_BYTE_WAIT, "the primary waited {took:?}");
+    let refused = refused.lock().unwrap();
+    let of = |what: &str| refused.iter().filter(|(_, e)| e.contains(what)).count();
+    println!("refused: {} busy, {} closed while silent, of {}", of("too many"), of("room"), refused.len());
+    assert!(of("too many") + of("room") >= 16, "{refused:?}");
+    drop(idle);
+}
+
+/// A connection that says nothing is closed after the first-byte
+/// deadline, not the whole handshake's.
+#[test]
+fn a_silent_connection_is_closed_at_the_first_byte_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    {
+        let refused = refused.clone();
+        std::thread::spawn(move || {
+            let _ = LogReceiver::accept(&listener, 1 << 20, &key(), move |_, e| {
+                refused.lock().unwrap().push((Instant::now(), e.to_string()));
+            });
+        });
+    }
+    let t0 = Instant::now();
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(HANDSHAKE_WAIT * 2)).unwrap();
+    let mut buf = [0u8; 1];
+    // Closed by the backup: the end of the stream.
+    assert_eq!(silent.read(&mut buf).unwrap(), 0);
+    let took = t0.elapsed();
+    assert!(took >= receiver::FIRST_BYTE_WAIT && took < HANDSHAKE_WAIT, "closed after {took:?}");
+    let refused = refused.lock().unwrap();
+    assert!(refused.iter().any(|(_, e)| e.contains("no handshake within")), "{refused:?}");
+}
+
 /// Bytes changed on the wire after the handshake (a man in the middle
 /// without the key) are a failure, not data.
 #[test]
@@ -376,7 +555,8 @@ fn tampered_log_is_a_failure_not_data() {
     let front = TcpListener::bind("127.0.0.1:0").unwrap();
     let (addr, acc) = backup_on_loopback(1 << 20);
     let front_addr = front.local_addr().unwrap();
-    // A relay that flips one bit of everything after the first 100 bytes.
+    // A relay that flips one bit of everything after the first 200 bytes:
+    // the handshake (the primary sends 105) goes through, the log does not.
     std::thread::spawn(move || {
         let (mut a, _) = front.accept().unwrap();
         let mut b = TcpStream::connect(addr).unwrap();
@@ -392,7 +572,7 @@ fn tampered_log_is_a_failure_not_data() {
                 Ok(n) => n,
             };
             for (i, byte) in buf[..n].iter_mut().enumerate() {
-                if seen + i >= 100 {
+                if seen + i >= 200 {
                     *byte ^= 0x01;
                 }
             }
