@@ -119,6 +119,10 @@ pub enum WriteEffect {
     Interrupts,
     /// Address translation changed: flush the TLB.
     Translation,
+    /// satp names an address space in the mode it had: switch the TLB's
+    /// context to its ASID, flushing nothing (the guest flushes what it
+    /// changed with `sfence.vma`, as the privileged spec has it).
+    AddressSpace,
     /// A timer deadline changed (stimecmp, or whether it counts): the
     /// platform must re-derive STIP and when the next timer fires, as
     /// after a store to the CLINT's mtimecmp.
@@ -311,9 +315,10 @@ impl Hart {
                 let mode = v >> 60;
                 if matches!(mode, 0 | 8 | 9) {
                     // Kept whole: 4-bit mode, 16-bit ASID, 44-bit root PPN
-                    // fill the register.
+                    // fill the register. A new mode changes what every
+                    // entry means (Bare's are the identity): a flush.
+                    effect = if mode == s.satp >> 60 { WriteEffect::AddressSpace } else { WriteEffect::Translation };
                     s.satp = v;
-                    effect = WriteEffect::Translation;
                 }
             }
             MSTATUS => {

@@ -322,7 +322,7 @@ impl Hart {
     /// fetch TLB.
     #[inline(always)]
     fn fetch_offset(&mut self, pc: u64) -> Option<usize> {
-        let t = tag(pc, self.s.prv as u64);
+        let t = tag(pc, self.fetch_tag_prv());
         if t != self.fetch_tag {
             let e = self.tlb.fetch[index(pc)];
             if e.tag != t {
@@ -385,7 +385,7 @@ impl Hart {
             store_tlb: self.tlb.store.as_ptr(),
             prv: self.data_tag_prv(),
             fetch_tlb: self.tlb.fetch.as_ptr(),
-            fetch_prv: self.s.prv as u64,
+            fetch_prv: self.fetch_tag_prv(),
             fetch_tag: self.fetch_tag,
             fetch_addend: self.fetch_addend,
             code: ram.code_states(),
@@ -915,12 +915,14 @@ impl Hart {
                     {
                         return Err(Trap::illegal(raw));
                     }
-                    // rs2's ASID is not looked at: the TLB holds no ASIDs
-                    // (a satp write flushes it), so one address is flushed
-                    // for every address space.
-                    match rs1(i) {
-                        0 => self.flush_tlb(),
-                        r => self.flush_tlb_page(self.s.x[r]),
+                    // As the spec has it: rs1 x0 all addresses, rs2 x0 all
+                    // address spaces, global mappings included; an ASID in
+                    // rs2 spares the global ones and other ASIDs'.
+                    let vaddr = (rs1(i) != 0).then(|| self.s.x[rs1(i)]);
+                    match (vaddr, rs2(i)) {
+                        (None, 0) => self.flush_tlb(),
+                        (Some(v), 0) => self.flush_tlb_page(v),
+                        (v, r) => self.flush_tlb_asid(v, self.s.x[r] as u16),
                     }
                     self.s.pc = next;
                     return Ok(Flow::Next);
@@ -958,6 +960,10 @@ impl Hart {
             WriteEffect::Interrupts => Ok(Flow::Reeval),
             WriteEffect::Translation => {
                 self.flush_tlb();
+                Ok(Flow::Reeval)
+            }
+            WriteEffect::AddressSpace => {
+                self.switch_address_space();
                 Ok(Flow::Reeval)
             }
             // The platform re-derives STIP and its next deadline at the

@@ -213,6 +213,8 @@ impl Hart {
     pub fn from_state(s: HartState) -> Hart {
         let mut h = Hart::new(s.id);
         h.s = s;
+        // The TLB's address space is satp's (`Tlb::enter`).
+        h.flush_tlb();
         h
     }
 
@@ -242,9 +244,10 @@ impl Hart {
         self.blocks.translated()
     }
 
-    /// Drop every cached translation (after restore, satp change, sfence).
+    /// Drop every cached translation (after restore, a change of satp's
+    /// mode or of MXR, `sfence.vma` without operands).
     pub fn flush_tlb(&mut self) {
-        self.tlb.flush();
+        self.tlb.flush((self.s.satp >> 44) as u16);
         self.fetch_tag = crate::mmu::NO_TAG;
     }
 
@@ -253,6 +256,24 @@ impl Hart {
     pub(crate) fn flush_tlb_page(&mut self, vaddr: u64) {
         self.tlb.flush_page(vaddr);
         self.fetch_tag = crate::mmu::NO_TAG;
+    }
+
+    /// Drop the cached translations of address space `asid`, or only of
+    /// its page mapping `vaddr` (`sfence.vma` with an ASID).
+    pub(crate) fn flush_tlb_asid(&mut self, vaddr: Option<u64>, asid: u16) {
+        match vaddr {
+            Some(v) => self.tlb.flush_page_asid(v, asid),
+            None => self.tlb.flush_asid(asid),
+        }
+        self.fetch_tag = crate::mmu::NO_TAG;
+    }
+
+    /// satp names another address space in the same mode: its cached
+    /// translations (and the global ones) serve from now on, the others
+    /// are kept for when it comes back.
+    pub(crate) fn switch_address_space(&mut self) {
+        self.tlb.enter((self.s.satp >> 44) as u16);
+        self.mode_changed();
     }
 
     /// Drop cached store translations. The store TLB marks a page dirty when
@@ -375,8 +396,8 @@ impl Hart {
     /// privilege level, satp, or the MPRV/SUM/MXR bits.
     pub(crate) fn mode_changed(&mut self) {
         // Tags include the effective privilege level, so a mode switch does
-        // not need a flush; SUM/MXR/satp changes do and are handled where
-        // they happen.
+        // not need a flush; MXR and satp's mode changes do, and an ASID
+        // change switches the tags' context, where they happen.
         self.fetch_tag = crate::mmu::NO_TAG;
     }
 

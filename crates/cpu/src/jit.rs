@@ -171,11 +171,11 @@ pub(crate) struct JitCtx {
     pub ram: *mut u8,
     pub load_tlb: *const TlbEntry,
     pub store_tlb: *const TlbEntry,
-    /// The privilege part of a load's or store's TLB tag (its low bits,
-    /// `Hart::data_tag_prv`).
+    /// The low bits of a load's or store's TLB tag: the privilege part and
+    /// the address space's context (`Hart::data_tag_prv`).
     pub prv: u64,
     /// The fetch side, for jumps to a pc known only at run time: the fetch
-    /// TLB, the privilege level fetches are checked at, and the
+    /// TLB, the low bits of a fetch's tag (privilege level and context), and the
     /// interpreter's one-entry fetch cache (`Hart::fetch_tag` and
     /// `fetch_addend`), which translated code reads and updates exactly as
     /// `Hart::fetch_offset` does, so that both find the same RAM for a pc.
@@ -3196,8 +3196,10 @@ impl Emitter {
             ; test BYTE [rdi + MENVCFG_REL], cbze
             ; jz =>resume
             // U-mode (0) needs senvcfg's too; S and M menvcfg's alone.
-            ; cmp QWORD [rsi + CTX_FETCH_PRV], 0
-            ; jne >enabled
+            // The privilege level is the low two bits of the fetch tag's
+            // (the address space's context is above them).
+            ; test BYTE [rsi + CTX_FETCH_PRV], 3
+            ; jnz >enabled
             ; test BYTE [rdi + SENVCFG_REL], cbze
             ; jz =>resume
             ; enabled:

@@ -5,7 +5,14 @@
 //! privilege level, so switching between U and S (every system call) needs
 //! no flush; S with mstatus.SUM set is a level of its own in the tag, so
 //! neither does setting SUM and clearing it again, which Linux does around
-//! every copy to or from user memory. Only RAM pages are cached; device
+//! every copy to or from user memory. The tag also names the address space
+//! (a context standing for satp's ASID, see [`Tlb::enter`]) of every access
+//! that translates: a satp write that keeps the mode switches the context
+//! and flushes nothing, so a process switched back to finds its
+//! translations. `sfence.vma` drops what its address and ASID name, no
+//! more. (Global mappings are not shared between address spaces: each
+//! refills them, which the spec allows, and which keeps a page Linux maps
+//! without the G bit, or a guest that does, cached like any other.) Only RAM pages are cached; device
 //! pages always take the slow path to the bus. A page enters the store TLB
 //! only after its PTE's D bit is set, and is marked dirty in guest RAM when
 //! it enters: stores that hit the TLB then need no dirty bookkeeping of
@@ -33,6 +40,16 @@ pub(crate) const NO_TAG: u64 = 4;
 /// (2: no privilege level has it). Such an access may reach U pages, so
 /// its translations must not serve S without SUM, nor the other way.
 const S_WITH_SUM: u64 = 2;
+/// Where a tag's context is: bits 3 to 11, below the page and above the
+/// privilege part and [`NO_TAG`]'s bit 2.
+const CTX_SHIFT: u32 = 3;
+const CTX_MASK: u64 = 0x1ff << CTX_SHIFT;
+/// Contexts 1 to 511 stand for ASIDs (0 is the global one). When all are
+/// taken, a new ASID flushes the whole TLB and numbering starts again: one
+/// full flush per 511 address spaces, instead of one per satp write.
+const CONTEXTS: u16 = 512;
+/// satp.ASID: 16 bits, kept whole by the register (WARL, all implemented).
+const ASIDS: usize = 1 << 16;
 
 /// `repr(C)`: translated code reads the fields at fixed offsets (see `jit`).
 #[derive(Clone, Copy)]
@@ -80,6 +97,15 @@ pub(crate) struct Tlb {
     /// This hart's index among harts that run on their own host threads
     /// (see [`Tlb::purge_and_wait`]); None on a machine's one thread.
     pub(crate) parallel: Option<usize>,
+    /// The current address space's context, in place in a tag
+    /// (`ctx << CTX_SHIFT`): what a U or S-with-SUM tag carries.
+    pub(crate) ctx: u64,
+    /// The context of each ASID (0: none yet), and the ASID of each
+    /// context, so that a flush clears only the ASIDs given one.
+    ctx_of_asid: Box<[u16]>,
+    asid_of_ctx: [u16; CONTEXTS as usize],
+    /// The next context to give (1 to `CONTEXTS`; `CONTEXTS`: none left).
+    next_ctx: u16,
 }
 
 const NO_SUPERPAGES: (u64, u64) = (u64::MAX, 0);
@@ -88,7 +114,7 @@ const EMPTY: TlbEntry = TlbEntry { tag: NO_TAG, addend: 0 };
 
 impl Tlb {
     pub fn new() -> Tlb {
-        Tlb {
+        let mut tlb = Tlb {
             load: [EMPTY; TLB_SIZE],
             store: [EMPTY; TLB_SIZE],
             fetch: [EMPTY; TLB_SIZE],
@@ -96,6 +122,60 @@ impl Tlb {
             superpages: NO_SUPERPAGES,
             code_purges_seen: 0,
             parallel: None,
+            ctx: 0,
+            ctx_of_asid: vec![0; ASIDS].into_boxed_slice(),
+            asid_of_ctx: [0; CONTEXTS as usize],
+            next_ctx: 1,
+        };
+        // satp is 0 at reset: ASID 0.
+        tlb.enter(0);
+        tlb
+    }
+
+    /// Makes `asid` the current address space: its context if it has one,
+    /// else the next free one (after a full flush if none is). Entries of
+    /// other address spaces stay; a lookup cannot take them, as their tags
+    /// name other contexts. Deterministic: the contexts are numbered in the
+    /// order the guest's satp writes name ASIDs, so a replay fills and
+    /// finds the same entries (which is guest-visible: a hit sets no
+    /// accessed bit).
+    pub fn enter(&mut self, asid: u16) {
+        let mut c = self.ctx_of_asid[asid as usize];
+        if c == 0 {
+            if self.next_ctx == CONTEXTS {
+                self.flush(asid);
+                return;
+            }
+            c = self.next_ctx;
+            self.next_ctx += 1;
+            self.ctx_of_asid[asid as usize] = c;
+            self.asid_of_ctx[c as usize] = asid;
+        }
+        self.ctx = u64::from(c) << CTX_SHIFT;
+    }
+
+    /// The context bits of a tag whose privilege part is `prv`: the current
+    /// address space's for U (0), S (1) and S with SUM (2), none for M (3),
+    /// which does not translate (so M's entries outlive switches).
+    #[inline(always)]
+    pub(crate) fn ctx_for(&self, prv: u64) -> u64 {
+        self.ctx & ((prv + 1) >> 2).wrapping_sub(1)
+    }
+
+    /// Drops the entries of `asid`'s address space: `sfence.vma x0, asid`
+    /// (global mappings included, as they are cached per address space).
+    pub fn flush_asid(&mut self, asid: u16) {
+        let c = self.ctx_of_asid[asid as usize];
+        if c == 0 {
+            return;
+        }
+        let bits = u64::from(c) << CTX_SHIFT;
+        for entries in [&mut self.load, &mut self.store, &mut self.fetch] {
+            for e in entries.iter_mut() {
+                if e.tag & CTX_MASK == bits {
+                    *e = EMPTY;
+                }
+            }
         }
     }
 
@@ -153,11 +233,18 @@ impl Tlb {
         self.code_purges_seen
     }
 
-    pub fn flush(&mut self) {
+    /// Drops every entry, global ones too, and every ASID's context, then
+    /// enters `asid`'s address space (satp's).
+    pub fn flush(&mut self, asid: u16) {
         self.load = [EMPTY; TLB_SIZE];
         self.store = [EMPTY; TLB_SIZE];
         self.fetch = [EMPTY; TLB_SIZE];
         self.superpages = NO_SUPERPAGES;
+        for c in 1..self.next_ctx {
+            self.ctx_of_asid[self.asid_of_ctx[c as usize] as usize] = 0;
+        }
+        self.next_ctx = 1;
+        self.enter(asid);
     }
 
     pub fn flush_stores(&mut self) {
@@ -174,11 +261,27 @@ impl Tlb {
     /// `vaddr` is within the superpages cached (Linux maps the kernel's
     /// memory with them; the faults it handles are in user pages).
     pub fn flush_page(&mut self, vaddr: u64) {
+        self.flush_page_where(vaddr, |_| true);
+    }
+
+    /// Drops the entries of `asid`'s address space that the leaf PTE
+    /// mapping `vaddr` may have made: `sfence.vma vaddr, asid`. Linux's
+    /// fault handler issues one for its process's ASID.
+    pub fn flush_page_asid(&mut self, vaddr: u64, asid: u16) {
+        let c = self.ctx_of_asid[asid as usize];
+        if c == 0 {
+            return;
+        }
+        let bits = u64::from(c) << CTX_SHIFT;
+        self.flush_page_where(vaddr, |tag| tag & CTX_MASK == bits);
+    }
+
+    fn flush_page_where(&mut self, vaddr: u64, also: impl Fn(u64) -> bool) {
         let (lo, hi) = self.superpages;
         if vaddr < lo || vaddr > hi {
             let i = index(vaddr);
             for entries in [&mut self.load, &mut self.store, &mut self.fetch] {
-                if (entries[i].tag ^ vaddr) >> 12 == 0 {
+                if (entries[i].tag ^ vaddr) >> 12 == 0 && also(entries[i].tag) {
                     entries[i] = EMPTY;
                 }
             }
@@ -186,7 +289,7 @@ impl Tlb {
         }
         for (entries, bits) in [&mut self.load, &mut self.store, &mut self.fetch].into_iter().zip(&self.leaf_bits) {
             for (e, &b) in entries.iter_mut().zip(bits) {
-                if (e.tag ^ vaddr) >> b == 0 {
+                if (e.tag ^ vaddr) >> b == 0 && also(e.tag) {
                     *e = EMPTY;
                 }
             }
@@ -242,14 +345,23 @@ impl Hart {
         }
     }
 
-    /// The privilege part of a data access's TLB tag: the level loads and
-    /// stores are checked against, or [`S_WITH_SUM`].
+    /// The low bits of a data access's TLB tag: the level loads and
+    /// stores are checked against, or [`S_WITH_SUM`], and its context.
     #[inline(always)]
     pub(crate) fn data_tag_prv(&self) -> u64 {
-        match self.data_prv() {
+        let prv = match self.data_prv() {
             PrivilegeMode::Supervisor if self.s.mstatus & MSTATUS_SUM != 0 => S_WITH_SUM,
             prv => prv as u64,
-        }
+        };
+        prv | self.tlb.ctx_for(prv)
+    }
+
+    /// The low bits of a fetch's TLB tag: the privilege level and its
+    /// context.
+    #[inline(always)]
+    pub(crate) fn fetch_tag_prv(&self) -> u64 {
+        let prv = self.s.prv as u64;
+        prv | self.tlb.ctx_for(prv)
     }
 
     /// Translate a virtual address for an access at privilege `prv`: the
@@ -354,7 +466,7 @@ impl Hart {
                 // will write RAM directly.
                 ram.store_cached(off);
             }
-            let tag_prv = if access == Access::Fetch { prv as u64 } else { self.data_tag_prv() };
+            let tag_prv = if access == Access::Fetch { self.fetch_tag_prv() } else { self.data_tag_prv() };
             self.tlb.fill(access, index(vaddr), TlbEntry::new(tag(vaddr, tag_prv), vaddr, off), leaf_bits);
         }
         Ok(paddr)
@@ -487,7 +599,50 @@ mod tests {
         assert!(!cached(&tlb, piece), "the superpage's piece survived a flush of its page");
         // After a full flush no superpage is cached: the scan is skipped.
         tlb.fill(Access::Load, index(piece), entry(piece), 21);
-        tlb.flush();
+        tlb.flush(0);
         assert_eq!(tlb.superpages, NO_SUPERPAGES);
+    }
+
+    /// A U or S entry of one address space serves it alone, and serves it
+    /// again after a switch away and back; an M entry serves every one; an
+    /// `sfence.vma` with an ASID drops that space's entries, not another
+    /// space's nor M's; running out of contexts starts over from an empty
+    /// TLB.
+    #[test]
+    fn entries_belong_to_their_address_space() {
+        let mut tlb = Tlb::new();
+        let (va, kva) = (0x4000_1000u64, 0xffff_ffd8_0000_3000u64);
+        let user = |tlb: &Tlb| tag(va, PrivilegeMode::User as u64 | tlb.ctx_for(PrivilegeMode::User as u64));
+        let machine = |tlb: &Tlb| tag(kva, PrivilegeMode::Machine as u64 | tlb.ctx_for(3));
+        tlb.enter(7);
+        let in_7 = user(&tlb);
+        tlb.fill(Access::Load, index(va), TlbEntry::new(in_7, va, 0x1000), 12);
+        tlb.fill(Access::Load, index(kva), TlbEntry::new(machine(&tlb), kva, 0x2000), 12);
+        tlb.enter(9);
+        assert_ne!(user(&tlb), in_7, "ASID 9 finds ASID 7's entry");
+        assert_eq!(tlb.load[index(kva)].tag, machine(&tlb), "the M entry does not serve ASID 9");
+        tlb.enter(7);
+        assert_eq!(tlb.load[index(va)].tag, user(&tlb), "ASID 7's entry is gone after a switch and back");
+        tlb.flush_page_asid(va, 9);
+        tlb.flush_asid(9);
+        assert_eq!(tlb.load[index(va)].tag, in_7, "a flush of ASID 9 dropped ASID 7's entry");
+        tlb.flush_page_asid(kva, 7);
+        tlb.flush_asid(7);
+        assert_eq!(tlb.load[index(va)].tag, NO_TAG, "sfence.vma x0, 7 kept ASID 7's entry");
+        assert_eq!(tlb.load[index(kva)].tag, machine(&tlb), "a flush by ASID dropped an M entry");
+        tlb.flush_page(kva);
+        assert_eq!(tlb.load[index(kva)].tag, NO_TAG, "sfence.vma kva, x0 kept the entry");
+        // 511 contexts, 3 taken (ASIDs 0, 7, 9); the 512th ASID flushes
+        // and starts again at 1.
+        tlb.fill(Access::Load, index(va), TlbEntry::new(user(&tlb), va, 0x1000), 12);
+        for asid in 100..100 + CONTEXTS - 1 - 3 {
+            tlb.enter(asid);
+        }
+        assert_eq!(tlb.load[index(va)].tag, in_7, "contexts left: nothing flushed");
+        tlb.enter(5000);
+        assert_eq!(tlb.load[index(va)].tag, NO_TAG, "no context left: the TLB starts over");
+        assert_eq!(tlb.ctx, 1 << CTX_SHIFT);
+        tlb.enter(9);
+        assert_eq!(tlb.ctx, 2 << CTX_SHIFT, "ASID 9 kept its old context across the flush");
     }
 }

@@ -2322,3 +2322,205 @@ fn one_op_bench() -> (GuestRam, [Hart; 2], Device) {
     ram.write_u32(BASE + 8, j_type(0, 0)).unwrap();
     (ram, harts, Device::default())
 }
+
+/// Two user processes, each in an address space of its own (ASIDs 1 and
+/// 2), taking turns through an `ecall` to an M-mode "kernel" at `HANDLER`
+/// that switches satp (`satp ^= x29`) and resumes the other process where
+/// it left off (x19, which then keeps this one's `mepc + 4`). Both run the same program (`process`)
+/// from one physical code page unless the kernel copies it on write.
+mod processes {
+    use super::*;
+
+    pub const CODE_VA: u64 = 0x4000_0000;
+    pub const DATA_VA: u64 = 0x4000_8000;
+    pub const P_CODE: u64 = BASE + 0x40000;
+    pub const P_COPY: u64 = BASE + 0x41000;
+    pub const P_DATA: [u64; 2] = [BASE + 0x42000, BASE + 0x43000];
+    const ROOTS: [u64; 2] = [BASE + 0x50000, BASE + 0x54000];
+    pub const LIMIT: u64 = 300;
+    /// Where the patched instruction is, and what it becomes.
+    pub const PATCH_AT: u64 = 40;
+    pub const PATCHED: u32 = 0x0642_8293; // addi x5, x5, 100
+    const V_R_X_U_A: u64 = 0x5b;
+    const V_R_W_U_A_D: u64 = 0xd7;
+    const V_R_W_X_U_A_D: u64 = 0xdf;
+
+    fn csrr(rd: u32, csr: u32) -> u32 {
+        csr << 20 | 2 << 12 | rd << 7 | 0x73
+    }
+    fn csrw(csr: u32, rs: u32) -> u32 {
+        csr << 20 | rs << 15 | 1 << 12 | 0x73
+    }
+    const ECALL: u32 = 0x73;
+    const MRET: u32 = 0x3020_0073;
+    const FENCE_I: u32 = 0x0000_100f;
+    const NOP: u32 = 0x13;
+
+    /// A process: each round counts in its data page (word 0, +1 by the
+    /// instruction at `PATCH_AT`; word 3, rounds), notes the pc of an
+    /// `auipc` (word 4), and yields; after `LIMIT` rounds it only yields.
+    /// Word 2 counts down to a self-modification: when it reaches 0 the
+    /// process stores `x9` over its instruction at `x10` (`PATCH_AT`).
+    fn program() -> Vec<u32> {
+        vec![
+            i_type(16, 6, 3, 8, 0x03),            //  0 ld x8, 16(x6)
+            b_type(32, 0, 8, 0),                  //  4 beq x8, x0, run
+            i_type(-1, 8, 0, 8, 0x13),            //  8 addi x8, x8, -1
+            s_type(16, 8, 6, 3),                  // 12 sd x8, 16(x6)
+            b_type(20, 0, 8, 1),                  // 16 bne x8, x0, run
+            s_type(0, 9, 10, 2),                  // 20 sw x9, 0(x10): the patch
+            FENCE_I,                              // 24
+            NOP,                                  // 28
+            NOP,                                  // 32
+            i_type(0, 6, 3, 5, 0x03),             // 36 run: ld x5, 0(x6)
+            i_type(1, 5, 0, 5, 0x13),             // 40 addi x5, x5, 1 (PATCH_AT)
+            s_type(0, 5, 6, 3),                   // 44 sd x5, 0(x6)
+            7 << 7 | 0x17,                        // 48 auipc x7, 0
+            s_type(32, 7, 6, 3),                  // 52 sd x7, 32(x6)
+            i_type(24, 6, 3, 11, 0x03),           // 56 ld x11, 24(x6)
+            i_type(1, 11, 0, 11, 0x13),           // 60 addi x11, x11, 1
+            s_type(24, 11, 6, 3),                 // 64 sd x11, 24(x6)
+            i_type(LIMIT as i32, 0, 0, 13, 0x13), // 68 addi x13, x0, LIMIT
+            b_type(12, 13, 11, 5),                // 72 bge x11, x13, done
+            ECALL,                                // 76
+            j_type(-80, 0),                       // 80 j 0
+            ECALL,                                // 84 done: ecall
+            j_type(-4, 0),                        // 88 j done
+        ]
+    }
+
+    /// The kernel: an ecall switches process; any other trap (the store
+    /// page fault of a write to the read-only code page) copies the code
+    /// page (x28) to x27, points the second process's PTE (at x26) at the
+    /// copy, writable (x25), and flushes that page of that address space
+    /// only (`sfence.vma x24, x23`), then retries the store.
+    fn kernel() -> Vec<u32> {
+        vec![
+            csrr(31, 0x342),                         //  0 csrr x31, mcause
+            i_type(-8, 31, 0, 31, 0x13),             //  4 addi x31, x31, -8
+            b_type(52, 0, 31, 0),                    //  8 beq x31, x0, switch
+            i_type(512, 0, 0, 21, 0x13),             // 12 addi x21, x0, 512
+            i_type(0, 28, 0, 20, 0x13),              // 16 addi x20, x28, 0
+            i_type(0, 27, 0, 22, 0x13),              // 20 addi x22, x27, 0
+            i_type(0, 20, 3, 31, 0x03),              // 24 copy: ld x31, 0(x20)
+            s_type(0, 31, 22, 3),                    // 28 sd x31, 0(x22)
+            i_type(8, 20, 0, 20, 0x13),              // 32 addi x20, x20, 8
+            i_type(8, 22, 0, 22, 0x13),              // 36 addi x22, x22, 8
+            i_type(-1, 21, 0, 21, 0x13),             // 40 addi x21, x21, -1
+            b_type(-20, 0, 21, 1),                   // 44 bne x21, x0, copy
+            s_type(0, 25, 26, 3),                    // 48 sd x25, 0(x26)
+            0x09 << 25 | 23 << 20 | 24 << 15 | 0x73, // 52 sfence.vma x24, x23
+            MRET,                                    // 56
+            csrr(31, 0x341),                         // 60 switch: csrr x31, mepc
+            i_type(4, 31, 0, 31, 0x13),              // 64 addi x31, x31, 4
+            csrw(0x341, 19),                         // 68 csrw mepc, x19
+            i_type(0, 31, 0, 19, 0x13),              // 72 addi x19, x31, 0
+            csrr(31, 0x180),                         // 76 csrr x31, satp
+            r_type(0, 29, 31, 4, 31, 0x33),          // 80 xor x31, x31, x29
+            csrw(0x180, 31),                         // 84 csrw satp, x31
+            MRET,                                    // 88
+        ]
+    }
+
+    fn satp(p: usize) -> u64 {
+        8 << 60 | (p as u64 + 1) << 44 | ROOTS[p] >> 12
+    }
+
+    /// The leaf PTE's address of `va` in process `p`'s tables.
+    fn leaf(p: usize, va: u64) -> u64 {
+        ROOTS[p] + 0x2000 + 8 * ((va >> 12) & 0x1ff)
+    }
+
+    /// Process `p` maps its code at `code_va[p]` (read and execute) and
+    /// its data page at `DATA_VA`; `countdown[p]` rounds before it patches
+    /// its code (0: never). The first process runs first, in U-mode.
+    pub fn make(hot: u32, code_va: [u64; 2], countdown: [u64; 2]) -> Run {
+        let ram = GuestRam::new(BASE, RAM).unwrap();
+        for (i, w) in program().iter().enumerate() {
+            ram.write_u32(P_CODE + 4 * i as u64, *w).unwrap();
+        }
+        for (i, w) in kernel().iter().enumerate() {
+            ram.write_u32(HANDLER + 4 * i as u64, *w).unwrap();
+        }
+        for p in 0..2 {
+            let (root, l1, l0) = (ROOTS[p], ROOTS[p] + 0x1000, ROOTS[p] + 0x2000);
+            ram.write_u64(root + 8, (l1 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(l1, (l0 >> 12) << 10 | 1).unwrap();
+            ram.write_u64(leaf(p, code_va[p]), (P_CODE >> 12) << 10 | V_R_X_U_A).unwrap();
+            ram.write_u64(leaf(p, DATA_VA), (P_DATA[p] >> 12) << 10 | V_R_W_U_A_D).unwrap();
+            ram.write_u64(P_DATA[p] + 16, countdown[p]).unwrap();
+        }
+        let mut hart = Hart::new(0);
+        hart.set_jit(hot);
+        hart.s.satp = satp(0);
+        hart.s.prv = PrivilegeMode::User;
+        hart.s.mtvec = HANDLER;
+        hart.s.pc = code_va[0];
+        let x = &mut hart.s.x;
+        x[6] = DATA_VA;
+        x[9] = PATCHED as u64;
+        x[10] = code_va[1] + PATCH_AT;
+        x[23] = 2;
+        x[24] = code_va[1];
+        x[25] = (P_COPY >> 12) << 10 | V_R_W_X_U_A_D;
+        x[26] = leaf(1, code_va[1]);
+        x[27] = P_COPY;
+        x[28] = P_CODE;
+        x[29] = satp(0) ^ satp(1);
+        x[19] = code_va[1];
+        let mut hart = Hart::from_state(hart.s.clone());
+        hart.set_jit(hot);
+        Run { hart, ram, bus: Device::default(), slices: Vec::new() }
+    }
+
+    /// Word `i` of process `p`'s data page.
+    pub fn word(r: &Run, p: usize, i: u64) -> u64 {
+        r.ram.read_u64(P_DATA[p] + 8 * i).unwrap()
+    }
+}
+
+/// Two processes run one physical code page mapped at different virtual
+/// addresses, switching address spaces at every turn (a satp write, no
+/// flush): each must count in its own data page, which both map at the
+/// same virtual address, and see its own pc, whatever was translated and
+/// linked while the other ran.
+#[test]
+fn two_processes_share_code_pages_at_different_virtual_addresses() {
+    use processes::*;
+    let code_va = [CODE_VA, CODE_VA + 0x5000];
+    for seed in 1..=4u64 {
+        let slices = || random_slices(seed * 131 + 1, 40, 3000);
+        let interp = interpreted_then_translated(seed, 40_000, slices, |hot| make(hot, code_va, [0, 0]), 100);
+        for (p, va) in code_va.into_iter().enumerate() {
+            assert_eq!(word(&interp, p, 3), LIMIT, "seed {seed}: process {p}'s rounds");
+            assert_eq!(word(&interp, p, 0), LIMIT, "seed {seed}: process {p}'s count (in the other's page?)");
+            assert_eq!(word(&interp, p, 4), va + 48, "seed {seed}: process {p}'s auipc saw another pc");
+        }
+    }
+}
+
+/// A forked child writes its code page, shared read-only with its parent:
+/// the kernel copies the page, maps the copy writable in the child's
+/// address space only and flushes that page of that ASID
+/// (`sfence.vma va, asid`); the child patches an instruction of its copy
+/// and runs it (`fence.i`), while the parent goes on running the original
+/// at the same virtual address, from translations made before the fork.
+#[test]
+fn a_code_page_written_after_fork_is_the_childs_alone() {
+    use processes::*;
+    const COUNTDOWN: u64 = 100;
+    for seed in 1..=4u64 {
+        let slices = || random_slices(seed * 733 + 5, 40, 3000);
+        let interp =
+            interpreted_then_translated(seed, 60_000, slices, |hot| make(hot, [CODE_VA; 2], [0, COUNTDOWN]), 100);
+        assert_eq!(word(&interp, 0, 3), LIMIT, "seed {seed}: the parent's rounds");
+        assert_eq!(word(&interp, 1, 3), LIMIT, "seed {seed}: the child's rounds");
+        assert_eq!(word(&interp, 0, 0), LIMIT, "seed {seed}: the parent ran the child's patched code");
+        // Rounds 1 to COUNTDOWN - 1 add 1; the one that patches and the
+        // rest add 100.
+        let child = COUNTDOWN - 1 + 100 * (LIMIT - COUNTDOWN + 1);
+        assert_eq!(word(&interp, 1, 0), child, "seed {seed}: the child did not run its patched code throughout");
+        assert_eq!(interp.ram.read_u32(P_CODE + PATCH_AT).unwrap(), i_type(1, 5, 0, 5, 0x13), "the parent's page");
+        assert_eq!(interp.ram.read_u32(P_COPY + PATCH_AT).unwrap(), PATCHED, "the child's copy");
+    }
+}

@@ -115,6 +115,60 @@ fn redis_over_tap_survives_snapshot_kill_and_restore() {
     assert!(run.stderr.contains("checksum mismatch"), "{}", run.stderr);
 }
 
+/// Issue 69: QEMU on a persistent TAP turns on the TAP's checksum and
+/// segmentation offloads for its guest, and they outlive it; ftvm then
+/// opened the TAP, its guest answered ping but no TCP. The same TAP here:
+/// QEMU boots the image on it (its guest's virtio-net takes the offloads
+/// at probe) and powers off, then ftvm runs redis on it and the host
+/// talks to it over TCP. Needs qemu-system-riscv64 besides.
+#[test]
+fn tcp_reaches_the_guest_on_a_tap_qemu_used_before() {
+    let img = ftvm_image::locate().unwrap_or_else(|e| panic!("the default guest image is not available ({e})"));
+    let ns = Netns::new("q");
+    let scratch = Scratch::new("network-test", "after-qemu");
+    let disk = scratch.path("root.ext4");
+    ftvm_image::sparse_copy(&img.rootfs, &disk).unwrap();
+    let append = format!("console=ttyS0 root=/dev/vda rw quiet ftvm.ip={GUEST_IP}/24");
+    let mut qemu = ns.command("qemu-system-riscv64");
+    let drive = format!("file={},format=raw,if=none,id=d0", disk.display());
+    qemu.args(["-M", "virt", "-m", "1G", "-smp", "1", "-nographic"])
+        .arg("-bios")
+        .arg(&img.firmware)
+        .arg("-kernel")
+        .arg(&img.kernel)
+        .arg("-initrd")
+        .arg(&img.initrd)
+        .args(["-append", &format!("{append} ftvm.exec=dHJ1ZQ==")]) // base64 of "true"
+        .args(["-drive", &drive, "-device", "virtio-blk-device,drive=d0"])
+        .args(["-netdev", "tap,id=n0,ifname=t0,script=no,downscript=no", "-device", "virtio-net-device,netdev=n0"]);
+    let run = common::run_with_timeout(qemu, Duration::from_secs(300));
+    assert!(
+        run.stdout.contains("ftvm-exec-status=0") && run.status.is_some_and(|s| s.success()),
+        "QEMU did not boot the image on the TAP (qemu-system-riscv64, Debian's qemu-system-misc, is needed): {}{}",
+        run.stdout,
+        run.stderr
+    );
+
+    let disk_s = disk.to_str().unwrap();
+    let args = [
+        "run",
+        "--disk",
+        disk_s,
+        "--net",
+        "tap=t0",
+        "--append",
+        &append,
+        "--exec",
+        "redis-server /etc/redis/redis.conf",
+    ];
+    let mut vm = Vm::start(&ns, &args, scratch.path("ftvm.log"));
+    wait_for_redis(&ns, &mut vm);
+    // A reply larger than a segment: the way back crosses the TAP too.
+    let big = "x".repeat(100_000);
+    assert_eq!(redis_cli(&ns, &["SET", "big", &big], None).trim(), "OK");
+    assert_eq!(redis_cli(&ns, &["--raw", "GET", "big"], None).trim_end(), big);
+}
+
 #[test]
 fn bad_snapshots_are_refused_with_a_reason() {
     let scratch = Scratch::new("network-test", "bad");

@@ -1,7 +1,8 @@
 //! Linux TAP interfaces: the host end of a guest's virtio-net.
 //!
 //! [`Tap`] owns the /dev/net/tun descriptor of one interface (created if
-//! it does not exist; brought up; optionally put in a bridge), the threads
+//! it does not exist; its offloads turned off; brought up; optionally put
+//! in a bridge), the threads
 //! that read frames from it, and the writing of frames to it. Frames carry
 //! no packet-information prefix and no virtio-net header: exactly the
 //! Ethernet frames of [`IoRequest::NetTx`](ftvm_devices::IoRequest) and
@@ -98,6 +99,12 @@ pub enum TapError {
     },
     #[error("cannot open TAP {name}: {}", describe(.source))]
     Open {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot turn off the offloads of TAP {name}: {}", describe(.source))]
+    Offloads {
         name: String,
         #[source]
         source: io::Error,
@@ -223,6 +230,19 @@ impl Tap {
         // SAFETY: ifr_name is zero-initialised and the kernel leaves it
         // NUL-terminated within IFNAMSIZ.
         let real = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }.to_string_lossy().into_owned();
+        // Offloads belong to the interface, not to a descriptor: a
+        // persistent TAP keeps those its last user turned on. QEMU turns on
+        // checksum and segmentation offloads for a guest that takes them
+        // (with a vnet header saying how to finish each frame); without
+        // that header the host's stack would hand us TCP and UDP frames
+        // with checksums left to do and segments larger than the MTU,
+        // which our guest drops: ping worked, TCP did not (issue 69). So
+        // every offload is turned off, whatever the TAP had. (The vnet
+        // header itself is a TUNSETIFF flag, which the call above cleared.)
+        // SAFETY: TUNSETOFFLOAD takes its flags by value.
+        if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETOFFLOAD as _, 0 as libc::c_ulong) } < 0 {
+            return Err(TapError::Offloads { name: real, source: io::Error::last_os_error() });
+        }
         let cname = std::ffi::CString::new(real.as_bytes()).map_err(|_| TapError::NameHasNul { name: real.clone() })?;
         // SAFETY: cname is a valid NUL-terminated string.
         let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };

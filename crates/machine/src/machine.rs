@@ -321,9 +321,7 @@ impl Machine {
             if st.id != i as u64 {
                 return Err(MachineError::HartId { index: i, id: st.id });
             }
-            let mut h = Hart::new(i as u64);
-            h.s = st;
-            harts.push(h);
+            harts.push(Hart::from_state(st));
         }
         let (a, b, c) = d.clock;
         if d.current >= nharts as u64 || d.quantum_left > QUANTUM {
