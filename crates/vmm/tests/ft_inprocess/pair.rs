@@ -19,7 +19,7 @@ use ftvm_protection::pair::Mode;
 use ftvm_protection::primary::{Alone, Primary};
 use ftvm_replay::recorder::{self, Start};
 use ftvm_replication::arbiter::{Arbiter, SharedDir, Verdict};
-use ftvm_replication::channel::PrimaryEvent;
+use ftvm_replication::channel::{Failure, PrimaryEvent};
 use ftvm_replication::fence::Fence;
 use ftvm_vmm::ft::backup::{BackupArgs, GoingLive, Outcome};
 use ftvm_vmm::ft::{PairArgs, PrimaryArgs};
@@ -531,22 +531,8 @@ impl PrimaryHost {
             match ev {
                 HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
                 HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
-                    let Some(p) = &mut self.primary else { continue };
-                    if !p.stream_failed() {
-                        continue;
-                    }
-                    match p.peer_lost(&failure) {
-                        Ok(alone) => {
-                            self.lost_backup = Some(Ok(()));
-                            self.run_alone(alone);
-                        }
-                        Err(e) => {
-                            // Deposed: nothing it held may leave, ever.
-                            self.lost_backup = Some(Err(e.to_string()));
-                            self.primary = None;
-                            self.outbox.clear();
-                            return Turn::Ended;
-                        }
+                    if !self.backup_lost(&failure) {
+                        return Turn::Ended;
                     }
                 }
                 _ => {}
@@ -562,6 +548,46 @@ impl PrimaryHost {
             return Turn::Stopped;
         }
         Turn::On
+    }
+
+    /// The backup is declared failed: this side asks the arbiter.
+    /// Returns false if it lost (it halts: nothing it held may leave).
+    fn backup_lost(&mut self, failure: &Failure) -> bool {
+        let Some(p) = &mut self.primary else { return true };
+        if !p.stream_failed() {
+            return true;
+        }
+        match p.peer_lost(failure) {
+            Ok(alone) => {
+                self.lost_backup = Some(Ok(()));
+                self.run_alone(alone);
+                true
+            }
+            Err(e) => {
+                self.lost_backup = Some(Err(e.to_string()));
+                self.primary = None;
+                self.outbox.clear();
+                false
+            }
+        }
+    }
+
+    /// Waits, the machine stopped, for the news that the backup failed
+    /// and asks the arbiter at once (the loop takes it only between two
+    /// runs, by when the backup has usually claimed).
+    pub fn contend_at_once(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.lost_backup.is_none() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.host_events.recv_timeout(wait) {
+                Ok(HostEvent::Replication(PrimaryEvent::BackupLost(failure))) => {
+                    self.backup_lost(&failure);
+                }
+                // Acknowledgements: what they let go waits in the gate.
+                Ok(_) => {}
+                Err(e) => panic!("no news of the backup's failure: {e}"),
+            }
+        }
     }
 
     fn run_alone(&mut self, alone: Alone) {
