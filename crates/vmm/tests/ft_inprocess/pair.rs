@@ -319,7 +319,7 @@ pub struct Client {
 }
 
 /// A guest frame's sequence number (its payload's first word).
-pub fn round_of(frame: &[u8]) -> u64 {
+pub fn seq_of(frame: &[u8]) -> u64 {
     u64::from_le_bytes(frame[14..22].try_into().unwrap())
 }
 
@@ -331,7 +331,7 @@ impl Client {
     }
 
     fn receive(&mut self, from: &'static str, frame: Vec<u8>) {
-        if round_of(&frame) % 2 == 1 {
+        if seq_of(&frame) % 2 == 1 {
             // An echo: nothing to answer.
             self.seen.push((from, frame));
             return;
@@ -341,7 +341,7 @@ impl Client {
         reply[..6].copy_from_slice(&MAC);
         reply[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
         reply[12..14].copy_from_slice(&[0x88, 0xb5]);
-        let nonce = 0x5eed_0000_0000_0000 | (self.replies << 16) | round_of(&frame);
+        let nonce = 0x5eed_0000_0000_0000 | (self.replies << 16) | seq_of(&frame);
         reply[14..22].copy_from_slice(&nonce.to_le_bytes());
         self.last = Some(reply.clone());
         self.inbox.push(reply);
@@ -349,20 +349,20 @@ impl Client {
     }
 
     /// The conversation as the client saw it holds together: all frames
-    /// of one round are the same (a side going live may send again what
-    /// the other sent, never something else), rounds come in order up to
-    /// `rounds`, and a round is missing only if it is in `lost`: made and
+    /// of one sequence number are the same (a side going live may send
+    /// again what the other sent, never something else), they come in
+    /// order up to `last_seq`, and one is missing only if it is in `lost`: made and
     /// held by a primary that died, which a backup going live past it
     /// does not send (a frame is a network's to lose; a guest's TCP would
     /// send it again).
-    pub fn check_conversation(&self, rounds: u64, lost: &[u64]) {
-        let mut by_round: BTreeMap<u64, &Vec<u8>> = BTreeMap::new();
+    pub fn check_conversation(&self, last_seq: u64, lost: &[u64]) {
+        let mut by_seq: BTreeMap<u64, &Vec<u8>> = BTreeMap::new();
         let mut last = 0;
         for (from, f) in &self.seen {
-            let r = round_of(f);
+            let r = seq_of(f);
             let skipped: Vec<u64> = (last.max(1) + 1..r).filter(|s| !lost.contains(s)).collect();
-            assert!(r >= 2 && skipped.is_empty(), "frame {r} from the {from} after round {last}: {}", self.describe());
-            if let Some(before) = by_round.insert(r, f) {
+            assert!(r >= 2 && skipped.is_empty(), "frame {r} from the {from} after frame {last}: {}", self.describe());
+            if let Some(before) = by_seq.insert(r, f) {
                 assert_eq!(
                     before,
                     f,
@@ -373,12 +373,12 @@ impl Client {
             }
             last = last.max(r);
         }
-        assert_eq!(last, rounds, "the conversation ended at frame {last}: {}", self.describe());
+        assert_eq!(last, last_seq, "the conversation ended at frame {last}: {}", self.describe());
     }
 
     fn describe(&self) -> String {
-        let rounds: Vec<String> = self.seen.iter().map(|(from, f)| format!("{}:{}", &from[..1], round_of(f))).collect();
-        rounds.join(" ")
+        let seqs: Vec<String> = self.seen.iter().map(|(from, f)| format!("{}:{}", &from[..1], seq_of(f))).collect();
+        seqs.join(" ")
     }
 }
 
@@ -530,10 +530,9 @@ impl PrimaryHost {
         while let Ok(ev) = self.host_events.try_recv() {
             match ev {
                 HostEvent::Replication(PrimaryEvent::Acked) => self.dispatch(Vec::new()),
-                HostEvent::Replication(PrimaryEvent::BackupLost(failure)) => {
-                    if !self.backup_lost(&failure) {
-                        return Turn::Ended;
-                    }
+                // Lost at the arbiter: this side halts.
+                HostEvent::Replication(PrimaryEvent::BackupLost(failure)) if !self.backup_lost(&failure) => {
+                    return Turn::Ended;
                 }
                 _ => {}
             }
@@ -627,7 +626,7 @@ impl PrimaryHost {
     fn dispatch(&mut self, requests: Vec<(usize, IoRequest)>) {
         for (_, r) in &requests {
             if let IoRequest::NetTx { frame } = r {
-                self.made.push((self.m.icount(), round_of(frame)));
+                self.made.push((self.m.icount(), seq_of(frame)));
             }
         }
         let out = match &mut self.primary {
@@ -651,7 +650,7 @@ impl PrimaryHost {
     fn flush(&mut self) {
         while !self.outbox.is_empty() && self.fence.allows() {
             let frame = self.outbox.remove(0);
-            self.released.push((self.m.icount(), round_of(&frame)));
+            self.released.push((self.m.icount(), seq_of(&frame)));
             self.client.receive("primary", frame);
         }
     }
@@ -830,9 +829,9 @@ pub fn check_failover(site: &Site, mut host: PrimaryHost, live: GoingLive, cut: 
         // The Output Rule in checkpoint mode: a frame leaves only once the
         // checkpoint after it is acknowledged, so the backup's checkpoint
         // is past every frame released.
-        for &(_, round) in &host.released {
-            let made = host.made.iter().find(|(_, r)| *r == round).expect("a frame released was made").0;
-            assert!(made <= at, "round {round}'s frame, made by {made}, left before the checkpoint after it ({at})");
+        for &(_, seq) in &host.released {
+            let made = host.made.iter().find(|(_, r)| *r == seq).expect("a frame released was made").0;
+            assert!(made <= at, "frame {seq}, made by {made}, left before the checkpoint after it ({at})");
         }
     }
     // Exactly one side went live: the backup won the generation, and the
