@@ -50,7 +50,8 @@ fn cut_here(host: &PrimaryHost, cut: Cut) -> bool {
     match cut {
         Cut::Before => host.made.len() == ECHO - 1 && host.delivered == ROUND,
         Cut::Inside => host.made.len() >= ECHO && host.released.len() < host.made.len(),
-        Cut::After => host.released.len() == ECHO,
+        // At least: in checkpoint and epoch mode frames leave in batches.
+        Cut::After => host.released.len() >= ECHO,
     }
 }
 
@@ -147,7 +148,7 @@ fn handover(mode: Mode, name: &str) {
     let site = Site::new(name);
     let backup = site.start_backup();
     let mut host = PrimaryHost::boot(&site, mode);
-    assert!(host.run_until(|h| h.released.len() as u64 == ROUND));
+    assert!(host.run_until(|h| h.released.len() as u64 >= ROUND));
     host.hand_over();
     let at = host.m.icount();
     let live = went_live(backup);
@@ -177,12 +178,12 @@ fn checkpoint_handover() {
 fn protect_then_crash(mode: Mode, name: &str) {
     let site = Site::new(name);
     let mut host = PrimaryHost::alone();
-    assert!(host.run_until(|h| h.released.len() == 2), "the guest ended before it was protected");
+    assert!(host.run_until(|h| h.released.len() >= 2), "the guest ended before it was protected");
     let backup = site.start_backup();
     host.protect(&site, mode);
     assert!(host.run_until(|h| h.generation > 0), "the guest ended before the transfer");
     let protected_from = host.released.len() as u64;
-    assert!(host.run_until(|h| h.released.len() as u64 == protected_from + 2), "the guest ended protected");
+    assert!(host.run_until(|h| h.released.len() as u64 >= protected_from + 2), "the guest ended protected");
     let at = host.crash(&site);
     let live = went_live(backup);
     check_failover(&site, host, live, at, mode);

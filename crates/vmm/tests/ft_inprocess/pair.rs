@@ -65,7 +65,12 @@ pub fn guest() -> &'static Guest {
     static GUEST: OnceLock<Guest> = OnceLock::new();
     GUEST.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ft_inprocess");
-        let out = std::env::temp_dir().join(format!("ftvm-ft-inprocess-{}.elf", std::process::id()));
+        // Into the target's directory for tests, built under a name of
+        // this process's and renamed: the same bytes every time, so a
+        // concurrent run's rename is harmless, and nothing piles up.
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let building = tmp.join(format!("ft-inprocess-guest.{}.elf", std::process::id()));
+        let out = tmp.join("ft-inprocess-guest.elf");
         let status = std::process::Command::new("riscv64-linux-gnu-gcc")
             .args(["-O2", "-march=rv64gc", "-mabi=lp64d", "-mcmodel=medany", "-nostdlib", "-ffreestanding"])
             .args(["-fno-pic", "-static", "-Wl,--build-id=none", "-T"])
@@ -73,14 +78,14 @@ pub fn guest() -> &'static Guest {
             .arg(src.join("start.S"))
             .arg(src.join("guest.c"))
             .arg("-o")
-            .arg(&out)
+            .arg(&building)
             .status()
             .expect("riscv64-linux-gnu-gcc (scripts/install-deps.sh installs it)");
         assert!(status.success(), "building the guest failed");
-        let bytes = std::fs::read(&out).unwrap();
-        // The file stays while the process runs: each test's backup finds
-        // the program by hash among its --start-file files (a few KiB in
-        // the temporary directory, named by pid).
+        let bytes = std::fs::read(&building).unwrap();
+        std::fs::rename(&building, &out).unwrap();
+        // The file stays: each test's backup finds the program by hash
+        // among its --start-file files.
         Guest { path: out, bytes }
     })
 }
@@ -210,7 +215,8 @@ pub struct Site {
 
 impl Site {
     pub fn new(name: &str) -> Site {
-        let dir = std::env::temp_dir().join(format!("ftvm-ft-{name}-{}", std::process::id()));
+        // Removed when dropped; a failed test's may stay, in the target.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ft-inprocess-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("shared")).unwrap();
         let listen = free_tcp_addr();
@@ -507,14 +513,22 @@ impl PrimaryHost {
         let started = Instant::now();
         let exit = self.m.run_until(target);
         let busy = started.elapsed();
-        if let Some(p) = &mut self.primary {
-            for ev in p.after_run(&self.m, &exit) {
-                self.inject(ev);
-            }
+        let due = self.primary.as_mut().map_or_else(Vec::new, |p| p.after_run(&self.m, &exit));
+        if !due.is_empty() {
+            // An epoch's end, with the inputs that waited for it: a backup
+            // whose primary died before the frame that carries them goes
+            // live here, before them.
+            self.note_state();
+        }
+        for ev in due {
+            self.inject(ev);
         }
         let requests = self.m.take_io_requests();
         self.dispatch(requests);
         if stop(self) {
+            // Where the run ended (an epoch's end, say) may be where the
+            // backup goes live.
+            self.note_state();
             return Turn::Stopped;
         }
         if let Some(p) = &mut self.primary {
