@@ -18,8 +18,10 @@ use crate::host_io::HostIo;
 use crate::replay::{self, LiveSetup};
 use clap::Args;
 use ftvm_host::tap::Tap;
+use ftvm_machine::Machine;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
 use ftvm_protection::checkpoint::backup::CheckpointBackup;
+use ftvm_protection::checkpoint::backup::PendingActivation;
 use ftvm_protection::control::ControlEntry;
 use ftvm_protection::error::{Deposed, PeerError, ProtectionError};
 use ftvm_protection::events::PairEvent;
@@ -93,7 +95,54 @@ fn refuse_old_image(_: &str) -> Result<String, String> {
         .to_string())
 }
 
+/// `ftvm ft backup`: follows the primary ([`follow`]) and, if it goes
+/// live, runs the VM on this host's backends until it ends.
 pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
+    match follow(args)? {
+        Outcome::Ended(_) => Ok(0),
+        Outcome::Live(live) => {
+            let GoingLive { machine, activation, header, setup, taps, receiver } = *live;
+            let status = replay::go_live(machine, &header, &setup, taps, activation);
+            // The channel stays open while the VM runs, as it always did.
+            drop(receiver);
+            status
+        }
+    }
+}
+
+/// How a backup's following came out, short of an error.
+pub enum Outcome {
+    /// The primary ended the VM (with the guest's exit status, if it
+    /// powered off): the backup stops.
+    Ended(Option<u32>),
+    /// The backup won the VM (a failure or a handover) and goes live.
+    Live(Box<GoingLive>),
+}
+
+/// A backup that won its VM, stopped where it goes live: what [`run`]
+/// hands to the live loop. Split from it so a front end that serves the
+/// VM's I/O itself (the in-process tests of `tests/ft_inprocess.rs`, which
+/// have no TAP) can take the machine here.
+pub struct GoingLive {
+    /// The machine, at the go-live point (or checkpoint).
+    pub machine: Machine,
+    /// In checkpoint mode, the activation records still to write.
+    pub activation: Option<PendingActivation>,
+    /// The primary's header (the machine, its devices and backends).
+    pub header: ftvm_replay::Header,
+    /// What the live VM gets: this host's disks and TAPs, the segments to
+    /// send again, the frames the primary never delivered.
+    pub setup: LiveSetup,
+    /// The TAPs opened while following.
+    pub taps: Vec<Tap>,
+    /// The channel, kept open until the live VM ends.
+    pub receiver: Arc<LogReceiver>,
+}
+
+/// `ftvm ft backup` up to going live: accepts the primary, checks its
+/// header, follows its stream, and asks the arbiter when it is declared
+/// failed (or claims at once after a handover).
+pub fn follow(args: &BackupArgs) -> Result<Outcome, VmmError> {
     let timing = args.pair.timing()?;
     let store = args.pair.arbiter_store()?;
     let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
@@ -316,7 +365,9 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
             events: events.clone(),
             cpu_limit: Some(cpu_limit.load(Ordering::Relaxed)).filter(|&p| p > 0),
         };
-        replay::go_live(machine, &header, &setup, taps, activation)
+        let receiver = receiver.clone();
+        let header = header.clone();
+        Ok(Outcome::Live(Box::new(GoingLive { machine, activation, header, setup, taps, receiver })))
     };
     match followed {
         Followed::HandedOver => {
@@ -352,7 +403,7 @@ pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
                 backup.summary()
             );
             events.emit(PairEvent::VmEnded { status });
-            Ok(0)
+            Ok(Outcome::Ended(status))
         }
         Followed::Cut(unusable) => {
             let decided = decision.lock().unwrap().take();

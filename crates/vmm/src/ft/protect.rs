@@ -89,7 +89,9 @@ impl Protector<Machine> for MachineProtector {
 }
 
 /// The setup's thread: the pair connected, and the transfer over it.
-fn connect(
+/// Public for a front end that serves the VM's I/O without a `HostIo`
+/// (the in-process tests, `tests/ft_inprocess.rs`).
+pub fn connect(
     args: &PrimaryArgs,
     header: &mut ftvm_replay::Header,
     host_events: Sender<HostEvent>,
