@@ -59,7 +59,14 @@ fn echo_program(s: &Scratch) -> String {
     std::fs::write(&src, ECHO_S).unwrap();
     let elf = s.path("echo.elf");
     let cc = Command::new("riscv64-linux-gnu-gcc")
-        .args(["-nostdlib", "-static", "-march=rv64gc", "-mabi=lp64d", "-Wl,-Ttext=0x80000000,--build-id=none,-N", "-o"])
+        .args([
+            "-nostdlib",
+            "-static",
+            "-march=rv64gc",
+            "-mabi=lp64d",
+            "-Wl,-Ttext=0x80000000,--build-id=none,-N",
+            "-o",
+        ])
         .arg(&elf)
         .arg(&src)
         .status()
@@ -121,10 +128,9 @@ impl Client {
             .spawn()
             .unwrap();
         let (tx, out) = mpsc::channel();
-        for pipe in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
+        for pipe in
+            [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())]
+        {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for b in pipe.bytes().map_while(Result::ok) {

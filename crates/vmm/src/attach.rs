@@ -162,7 +162,6 @@ impl ConsoleHub {
 mod tests {
     use super::*;
 
-    #[test]
     fn running() -> ConsoleHub {
         let hub = ConsoleHub::default();
         hub.set_input(mpsc::channel().0);

@@ -323,13 +323,13 @@ fn stream_console(reader: UnixStream, mut writer: UnixStream, console: &ConsoleH
     let attachment = match console.attach(types) {
         Ok(a) => a,
         Err(e) => {
-            let _ = writeln!(writer, "{}", write_response(&Response::Error(ControlError::Console(e.to_string())), json));
+            let _ =
+                writeln!(writer, "{}", write_response(&Response::Error(ControlError::Console(e.to_string())), json));
             return;
         }
     };
     let reply = Response::Ok(Reply::Console { typing: attachment.keys.types });
-    if writeln!(writer, "{}", write_response(&reply, json)).is_err() || writer.write_all(&attachment.backlog).is_err()
-    {
+    if writeln!(writer, "{}", write_response(&reply, json)).is_err() || writer.write_all(&attachment.backlog).is_err() {
         return;
     }
     // The console waits on a person: no deadline on reading them, and a
@@ -641,7 +641,8 @@ mod tests {
         let path = dir.join("vm.sock");
         let journal = Events::default();
         journal.emit(PairEvent::Listening { address: "10.0.0.2:7700".into() });
-        let _socket = serve(&path, journal.clone(), ConsoleHub::default(), |_| Response::Error(ControlError::Stopped)).unwrap();
+        let _socket =
+            serve(&path, journal.clone(), ConsoleHub::default(), |_| Response::Error(ControlError::Stopped)).unwrap();
         let (tx, rx) = mpsc::channel();
         {
             let path = path.clone();

@@ -1236,9 +1236,10 @@ impl<E: Engine> Live<E> {
             Request::Quit => (Ok(Reply::Quitting), Next::Exit(0)),
             // The socket streams events itself, from the journal, and
             // attaches consoles to the hub.
-            Request::Events | Request::Console { .. } => {
-                (Err(ControlError::BadRequest("events and the console are streamed by the socket".into())), Next::Continue)
-            }
+            Request::Events | Request::Console { .. } => (
+                Err(ControlError::BadRequest("events and the console are streamed by the socket".into())),
+                Next::Continue,
+            ),
         };
         let _ = req.reply.send(match response {
             Ok(reply) => Response::Ok(reply),
