@@ -78,6 +78,14 @@ pub fn console(socket: &Path, read_only: bool) -> Result<u32, Box<dyn std::error
             _ => {}
         }
     }
+    // Our end of the keys closes; the VM's side frees our place and then
+    // closes its end, which ends `shown`: detaching is done once the VM
+    // has let us go, so attaching again at once is not refused.
+    let _ = conn.shutdown(Shutdown::Write);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !shown.is_finished() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let _ = conn.shutdown(Shutdown::Both);
     drop(terminal);
     eprintln!("\r\nftvm: detached from the console");

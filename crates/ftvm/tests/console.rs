@@ -108,12 +108,12 @@ impl Drop for Vm {
     }
 }
 
-/// A running `ftvm console`: its stdin, and its stdout and stderr as they
-/// come.
+/// A running `ftvm console`: its stdin, and its stdout (the console) and
+/// stderr (its own lines) as they come, apart.
 struct Client {
     child: Child,
-    out: mpsc::Receiver<u8>,
-    seen: Vec<u8>,
+    out: mpsc::Receiver<(usize, u8)>,
+    seen: [Vec<u8>; 2],
 }
 
 impl Client {
@@ -128,23 +128,24 @@ impl Client {
             .spawn()
             .unwrap();
         let (tx, out) = mpsc::channel();
-        for pipe in
-            [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())]
-        {
+        let pipes =
+            [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())];
+        for (n, pipe) in pipes.into_iter().enumerate() {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for b in pipe.bytes().map_while(Result::ok) {
-                    if tx.send(b).is_err() {
+                    if tx.send((n, b)).is_err() {
                         return;
                     }
                 }
             });
         }
-        Client { child, out, seen: Vec::new() }
+        Client { child, out, seen: [Vec::new(), Vec::new()] }
     }
 
+    /// What it showed: the console's bytes, then its own lines.
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.seen).into_owned()
+        format!("{}\n{}", String::from_utf8_lossy(&self.seen[0]), String::from_utf8_lossy(&self.seen[1]))
     }
 
     /// Waits until what the client printed holds `want`.
@@ -153,7 +154,7 @@ impl Client {
         while !self.text().contains(want) {
             let left = WAIT.saturating_sub(t0.elapsed());
             match self.out.recv_timeout(left.max(Duration::from_millis(1))) {
-                Ok(b) => self.seen.push(b),
+                Ok((n, b)) => self.seen[n].push(b),
                 Err(_) => panic!("the console never showed {want:?}; it showed {:?}", self.text()),
             }
         }
@@ -170,8 +171,8 @@ impl Client {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                while let Ok(b) = self.out.recv_timeout(Duration::from_millis(200)) {
-                    self.seen.push(b);
+                while let Ok((n, b)) = self.out.recv_timeout(Duration::from_millis(200)) {
+                    self.seen[n].push(b);
                 }
                 return (st.code().unwrap_or(-1), self.text());
             }
@@ -196,7 +197,7 @@ fn clients_watch_one_types_and_ctrl_bracket_detaches() {
     let (code, said) = Client::attach(&vm.sock, &[]).end();
     assert_eq!(code, 1, "a second typist: {said:?}");
     assert!(said.contains("another client types on this console"), "{said:?}");
-    assert_eq!(said.trim().lines().count(), 1, "refused in one line: {said:?}");
+    assert_eq!(said.trim().lines().count(), 1, "refused in one line, on stderr: {said:?}");
 
     let mut watcher = Client::attach(&vm.sock, &["--read-only"]);
     watcher.expect("watching the console");

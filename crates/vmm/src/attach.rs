@@ -60,7 +60,6 @@ pub enum AttachError {
 /// One attached client: the output shown before it came, and what comes.
 /// Its typist's seat is free again when it is dropped.
 pub struct Attachment {
-    id: u64,
     /// The console's recent output, up to [`BACKLOG`] bytes.
     pub backlog: Vec<u8>,
     /// The output from now on; ends when the VM's console goes away or this
@@ -75,6 +74,7 @@ pub struct Attachment {
 #[derive(Clone)]
 pub struct Keys {
     hub: ConsoleHub,
+    id: u64,
     /// Whether this client types.
     pub types: bool,
 }
@@ -89,14 +89,20 @@ impl Keys {
         let input = self.hub.inner.lock().unwrap().input.clone();
         input.is_some_and(|i| i.send(HostEvent::Console(Input::Bytes(bytes.to_vec()))).is_ok())
     }
+
+    /// The client went: its typist's place is free at once (a user who
+    /// detaches and attaches again is not refused by their own ghost).
+    pub fn leave(&self) {
+        let mut inner = self.hub.inner.lock().unwrap();
+        if inner.typist == Some(self.id) {
+            inner.typist = None;
+        }
+    }
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        let mut inner = self.keys.hub.inner.lock().unwrap();
-        if inner.typist == Some(self.id) {
-            inner.typist = None;
-        }
+        self.keys.leave();
     }
 }
 
@@ -154,7 +160,7 @@ impl ConsoleHub {
         let (tx, rx) = mpsc::sync_channel(WATCHER_QUEUE);
         inner.watchers.push(tx);
         let backlog = inner.backlog.iter().copied().collect();
-        Ok(Attachment { id, backlog, output: rx, keys: Keys { hub: self.clone(), types } })
+        Ok(Attachment { backlog, output: rx, keys: Keys { hub: self.clone(), id, types } })
     }
 }
 
@@ -204,7 +210,12 @@ mod tests {
         assert!(first.keys.type_bytes(b"ls\n") && watcher.keys.type_bytes(b"rm -rf /\n"));
         assert!(matches!(rx.try_recv(), Ok(HostEvent::Console(Input::Bytes(b))) if b == b"ls\n"));
         assert!(rx.try_recv().is_err(), "a watcher's bytes are not typed");
+        let keys = first.keys.clone();
+        keys.leave();
+        let second = hub.attach(true).unwrap();
         drop(first);
+        assert_eq!(hub.attach(true).err(), Some(AttachError::TypistPresent), "the old seat's drop frees no other");
+        drop(second);
         assert!(hub.attach(true).is_ok());
         hub.forbid_typing("it runs --exec");
         assert_eq!(hub.attach(true).err(), Some(AttachError::NoTyping("it runs --exec")));

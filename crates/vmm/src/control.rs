@@ -348,6 +348,7 @@ fn stream_console(reader: UnixStream, mut writer: UnixStream, console: &ConsoleH
                     Ok(_) => break,
                 }
             }
+            keys.leave();
             gone.store(true, Ordering::Release);
         })
     };
