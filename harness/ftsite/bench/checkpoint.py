@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import ft_overhead
+from ftsite.bench import ft_overhead, results
 from ftsite.bench import redis as redis_bench
 
 MARK = "ftvm-ckpt-"
@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per boot (default 1800)")
     ap.add_argument("--log-dir", help="keep every VM's output here")
+    results.add_option(ap, "checkpoint")
     args = ap.parse_args()
     args.fast_time = False
 
@@ -159,6 +160,7 @@ def main():
         if base is not None:
             print(f"{'no FT':>6} {base:8.2f}")
         at_target = None
+        figs = []
         for c in rates:
             if not times.get(c):
                 continue
@@ -176,6 +178,15 @@ def main():
                   f"{field(st, 'pause_p99') or 'n/a':>8} {field(st, 'dirty_median') or 'n/a':>9} "
                   f"{field(st, 'bytes_per_checkpoint') or 'n/a':>10} {field(st, 'compression') or 'n/a':>6}  "
                   f"{field(st, 'pause_by_dirty') or 'n/a'}")
+            figs.append(results.figure(
+                f"checkpoint.overhead.{c}", f"checkpoint mode at {c} checkpoints/s: a CPU-and-memory job's time with "
+                "checkpoints / without", t, "s", peer=results.peer("no FT", base, "s"),
+                ratio=t / base if base else None,
+                target=f"overhead ≤ {OVERHEAD_TARGET * 100:.0f} % at 40/s" if c == 40 else None,
+                met=(over <= OVERHEAD_TARGET) if c == 40 and over is not None else None,
+                note=f"achieved {ach or 'n/a'}; pause median {field(st, 'pause_median') or 'n/a'}, "
+                     f"p99 {field(st, 'pause_p99') or 'n/a'}; Remus (kernel compile): "
+                     + (f"+{PAPER_OVERHEAD[c] * 100:.0f} %" if c in PAPER_OVERHEAD else "n/a")))
         if at_target is not None:
             print(f"target: overhead <= {OVERHEAD_TARGET * 100:.0f}% at 40/s: "
                   f"{'met' if at_target <= OVERHEAD_TARGET else 'MISSED'} ({at_target * 100:.0f}%)")
@@ -207,6 +218,19 @@ def main():
                         if b:
                             cells.append(f"{name} {b:7.0f} req/s ({1000 / b:6.2f} ms, +{1000 / b - 1000 / a:.2f} ms)")
                     print(f"  {k:4}: no FT {a:7.0f} req/s ({1000 / a:6.2f} ms); " + "; ".join(cells))
+                    for name in ("40/s beat", "40/s idle"):
+                        b = rows[name].get(k)
+                        if b:
+                            figs.append(results.figure(
+                                f"checkpoint.redis-{k}.{name.split('/s ')[1]}", f"checkpoint mode, redis-benchmark -c 1 "
+                                f"{k} at {name} ({'Remus: --no-idle-checkpoints' if 'beat' in name else 'idle checkpoints'})"
+                                ": the latency added", 1000 / b - 1000 / a, "ms",
+                                peer=results.peer("no FT", a, "req/s"), note=f"{b:.0f} req/s"))
+        path = results.write("checkpoint", ["bench/checkpoint"] + sys.argv[1:], [] if failed else figs,
+                             {"times_s": {str(k): v for k, v in times.items()},
+                              "statuses": {str(k): v for k, v in statuses.items()}, "failed": failed},
+                             args.json, args.ftvm)
+        print(f"checkpoint: figures written to {path}" + (" (none kept: a run failed)" if failed else ""))
         if failed:
             return 3
     return 0

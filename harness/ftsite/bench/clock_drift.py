@@ -11,6 +11,7 @@ and an idle guest far below one core.
 import argparse, os, shutil, subprocess, sys, tempfile, time
 
 import ftsite
+from ftsite.bench import results
 
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
@@ -21,6 +22,7 @@ def main():
     ap = argparse.ArgumentParser(prog="clock-drift", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--ftvm", default=ftsite.default_ftvm())
+    results.add_option(ap, "clock-drift")
     args = ap.parse_args()
     if not os.path.exists(args.ftvm):
         sys.exit(f"clock-drift: ftvm binary not found at {args.ftvm}: run `cargo build --release`")
@@ -44,6 +46,12 @@ def main():
     err = 100 * (guest - host) / host
     print(f"wall {host:.3f} s, guest {guest:.3f} s, error {err:+.3f}% ({'PASS' if abs(err) <= 1 else 'MISS'}: target within 1%)")
     print(f"ftvm CPU while the guest slept: {c1 - c0:.2f} s of {host:.1f} s ({100 * (c1 - c0) / host:.1f}% of a core)")
+    fig = results.figure("clock-drift.error", "guest time against the wall clock", err, "%",
+                         peer=results.peer("the wall clock", host, "s"), target="within 1 %", met=abs(err) <= 1,
+                         note=f"over {host:.0f} s; an idle guest used {100 * (c1 - c0) / host:.1f} % of a core")
+    path = results.write("clock-drift", ["bench/clock-drift"] + sys.argv[1:], [fig],
+                         {"wall_s": host, "guest_s": guest, "error_pct": err, "ftvm_cpu_s": c1 - c0}, args.json, args.ftvm)
+    print(f"clock-drift: figures written to {path}")
 
 if __name__ == "__main__":
     main()

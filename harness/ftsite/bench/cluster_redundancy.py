@@ -69,6 +69,7 @@ import time
 
 import ftsite
 from ftsite import REDIS_FT, wait_for_redis
+from ftsite.bench import results
 from ftsite.bench.options import parser
 from ftsite.cluster import HOSTS, Cluster, wait_for
 from ftsite.errors import TrialFailed
@@ -232,6 +233,7 @@ def main():
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--seed", type=int, help="seed of the writing time before each death (default: new each run)")
     ap.add_argument("--vms", type=int, default=1, help="protected VMs, all created on host primary (default 1)")
+    results.add_option(ap, "cluster-redundancy")
     args = ap.parse_args()
     if args.trials < 1 or args.window < 5:
         ap.error("--trials must be at least 1 and --window at least 5")
@@ -375,6 +377,26 @@ def main():
         print(f"{sum(w.acked for w in writers.values())} keys acknowledged over {len(names)} VM(s), "
               f"{'n/a' if lost is None else lost} lost, connection{'s' if len(names) > 1 else ''} "
               f"{'DROPPED' if dropped else 'kept'}" + (f"; {bad} FAILED" if bad else ""))
+        figs = []
+        if rm is not None:
+            figs.append(results.figure(
+                "cluster-redundancy.redundancy", f"the cluster: a host's death to the VM protected again on another "
+                f"host ({len(names)} VM(s), median of {len(rows)})", rm, "s",
+                peer=results.peer('VMware FT: "within minutes", taken as 120 s', VMWARE_S, "s"), ratio=rm / VMWARE_S,
+                note=f"max {s(rx)}; failover median {s(fm)}, max {s(fx)}; "
+                     f"{'n/a' if lost is None else lost} keys lost, connection{'s' if len(names) > 1 else ''} "
+                     f"{'dropped' if dropped else 'kept'}"))
+        if idle and one:
+            agents = [k for k in idle[1] if "agent" in k]
+            figs.append(results.figure(
+                "cluster-redundancy.agent-cost", "the agent's own cost, idle (CPU share of one core, the busiest agent, "
+                "no VM)", max(idle[1][k] for k in agents) if agents else None, "%",
+                note=f"{idle[0]:.0f} s windows; with {len(names)} protected VM(s): "
+                     + ", ".join(f"{k} {one[1][k]:.2f} %" for k in agents)))
+        path = results.write("cluster-redundancy", ["bench/cluster-redundancy"] + sys.argv[1:],
+                             figs if not bad and len(rows) == args.trials else [],
+                             {"trials": rows, "cost_idle": idle, "cost_one": one}, args.json, args.ftvm)
+        print(f"cluster-redundancy: figures written to {path}")
     sys.exit(1 if bad or len(rows) < args.trials else 0)
 
 

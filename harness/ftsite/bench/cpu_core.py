@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ftsite.bench import results
 from ftsite.host import REPO
 SRC = REPO / "bench" / "cpu-core-job"
 DIGEST = "3b6a07d0d404fab4e23b6d34bc6696a6a312dd92821332385e5af7c01c421351"
@@ -68,6 +69,7 @@ def main():
     ap.add_argument("--ftvm", default=str(REPO / "target" / "release" / "ftvm"))
     ap.add_argument("--qemu", default="qemu-system-riscv64")
     ap.add_argument("--only", choices=["ftvm", "qemu"], help="run one emulator only (no ratio)")
+    results.add_option(ap, "cpu-core")
     args = ap.parse_args()
     names = [args.only] if args.only else ["qemu", "ftvm"]
     if "ftvm" in names and not Path(args.ftvm).is_file():
@@ -93,6 +95,12 @@ def main():
     print("| job | QEMU median (runs) | ftvm median (runs) | ratio ftvm/QEMU |")
     print("|---|---|---|---|")
     print(f"| SHA-256 of 64 MiB, bare metal | {fmt(runs['qemu'])} | {fmt(runs['ftvm'])} | **{ratio:.2f}** |")
+    ftvm_s, qemu_s = statistics.median(runs["ftvm"]), statistics.median(runs["qemu"])
+    fig = results.figure("cpu-core.sha256", "bare metal: SHA-256 of 64 MiB (`bench/cpu-core`)", ftvm_s, "s",
+                         peer=results.peer("QEMU", qemu_s, "s"), ratio=ratio, target="≤ 1.0", met=ratio <= 1.0,
+                         note=f"medians of {args.runs}")
+    path = results.write("cpu-core", ["bench/cpu-core"] + sys.argv[1:], [fig], {"runs_s": runs}, args.json, args.ftvm)
+    print(f"cpu-core: figures written to {path}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import options
+from ftsite.bench import options, results
 from ftsite.host import REPO
 
 BENCHES = {
@@ -163,6 +163,8 @@ def pct(part, whole):
 
 
 def report(name, tallies, roles):
+    """Prints the table of one bench's profile; returns each role's
+    shares, {role: {"cpu_s", "cipher", "handshake", "mac"}} (percent)."""
     print(f"\n{name}: ftvm's CPU time and the encryption's share of it (perf, {FREQUENCY} Hz per CPU)")
     print(f"  {'process':24} {'CPU s':>7} {'cipher':>8} {'handshake':>9} {'MAC':>8}   threads with the cipher")
     by_role = collections.defaultdict(collections.Counter)
@@ -187,10 +189,14 @@ def report(name, tallies, roles):
         n = sum(total.values())
         print(f"  all '{role}': {n / FREQUENCY:.1f} CPU s, cipher {pct(total['cipher'], n).strip()}, "
               f"handshake {pct(total['handshake'], n).strip()}, MAC {pct(total['mac'], n).strip()}")
+    return {role: {"cpu_s": sum(total.values()) / FREQUENCY,
+                   **{k: 100.0 * total[k] / sum(total.values()) for k in ("cipher", "handshake", "mac")}}
+            for role, total in by_role.items() if sum(total.values())}
 
 
 def profile(name, argv, keep, ftvm):
-    """Runs one bench under perf; prints its table. False if it failed."""
+    """Runs one bench under perf; prints its table. Returns whether it
+    ran through, and the roles' shares (`report`)."""
     data = Path(keep) / f"{name}.perf.data" if keep else Path(tempfile.mkdtemp(prefix="ftvm-price-")) / "perf.data"
     roles = Roles()
     roles.start()
@@ -205,9 +211,10 @@ def profile(name, argv, keep, ftvm):
     ok = rc in (0, 1)
     if rc != 0:
         print(f"encryption-price: {name} exited {rc}; its profile is reported all the same", file=sys.stderr)
+    shares = {}
     try:
         tallies = tally(data, ftvm)
-        report(name, tallies, roles.roles)
+        shares = report(name, tallies, roles.roles)
         if not tallies:
             print(f"encryption-price: {name}: no sample of an ftvm process", file=sys.stderr)
             ok = False
@@ -218,7 +225,7 @@ def profile(name, argv, keep, ftvm):
         if not keep:
             data.unlink(missing_ok=True)
             data.parent.rmdir()
-    return ok
+    return ok, shares
 
 
 def main():
@@ -228,6 +235,7 @@ def main():
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(),
                     help="the ftvm binary the benches run, and whose symbols are read (default $FTVM or the release build)")
     ap.add_argument("command", nargs="*", help="profile this command instead (after --)")
+    results.add_option(ap, "encryption-price")
     args = ap.parse_args()
     with ftsite.session("encryption-price"):
         ftsite.check_host(("perf",), cores=2)
@@ -240,12 +248,26 @@ def main():
             unknown = [n for n in names if n not in BENCHES]
             if unknown:
                 raise ftsite.SetupError(f"unknown bench {','.join(unknown)}: choose from {','.join(BENCHES)}")
-            runs = {n: [*BENCHES[n], "--ftvm", args.ftvm] for n in names}
+            # The benches' own figures, taken under perf, are not theirs to
+            # keep: they go to a scratch directory, not bench/results.
+            scratch = tempfile.mkdtemp(prefix="ftvm-price-json-")
+            ftsite.on_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
+            runs = {n: [*BENCHES[n], "--ftvm", args.ftvm, "--json", f"{scratch}/{n}.json"] for n in names}
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
         started = time.time()
         ftvm = str(Path(ftsite.check_ftvm(args.ftvm)).resolve())
-        failed = [name for name, argv in runs.items() if not profile(name, argv, args.keep, ftvm)]
+        profiles = {name: profile(name, argv, args.keep, ftvm) for name, argv in runs.items()}
+        failed = [name for name, (ok, _) in profiles.items() if not ok]
+        figs = [results.figure(f"encryption-price.{name}.{role.replace(' ', '-')}",
+                               f"the pair's encryption: the cipher's share of `{role}`'s CPU time under {name}",
+                               sh["cipher"], "%", note=f"{sh['cpu_s']:.1f} CPU s; handshakes {sh['handshake']:.2f} %, "
+                                                       f"MACs {sh['mac']:.2f} %")
+                for name, (ok, shares) in profiles.items() if ok for role, sh in sorted(shares.items())
+                if role.startswith(("ft ", "run"))]
+        path = results.write("encryption-price", ["bench/encryption-price"] + sys.argv[1:], figs,
+                             {name: shares for name, (_, shares) in profiles.items()}, args.json, ftvm)
+        print(f"encryption-price: figures written to {path}")
         print(f"\nencryption-price: {len(runs)} bench(es) in {time.time() - started:.0f} s"
               + (f"; FAILED: {', '.join(failed)}" if failed else ""))
         return 3 if failed else 0

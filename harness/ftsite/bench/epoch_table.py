@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import ft_overhead
+from ftsite.bench import ft_overhead, results
 
 WORKLOADS = ("cpu", "write", "read")
 MARK = "ftvm-epoch-"
@@ -159,6 +159,7 @@ def main():
                     help="each disk workload is one dd awaiting each block in turn (consecutive blocks)")
     ap.add_argument("--disk-latency", help="the least time each disk request takes, e.g. 26ms (the paper's disk); "
                     "default: the host's page cache")
+    results.add_option(ap, "epoch-table")
     args = ap.parse_args()
     args.fast_time = False
 
@@ -227,6 +228,9 @@ def main():
         print(f"{'mode':26}" + "".join(f"{w:>18}" for w in WORKLOADS))
         print(f"{'no FT (seconds)':26}" + "".join(f"{'n/a' if base[w] is None else f'{base[w]:.2f} s':>18}"
                                                   for w in WORKLOADS))
+        cond = ("one-program" if args.one_program else "dd-per-block") + (f"-{args.disk_latency}" if args.disk_latency
+                                                                           else "-page-cache")
+        figs, beaten, compared = [], 0, 0
         for c in configs[1:]:
             kind, protocol, length = c
             name = "lockstep (VMware FT)" if kind == "lockstep" else f"epoch {protocol} {length}"
@@ -236,7 +240,23 @@ def main():
                 ours = "n/a" if t is None or not base[w] else f"{t / base[w]:.2f}"
                 paper = PAPER.get((w, protocol or ""), {}).get(length)
                 cells.append(f"{ours} [{paper:.2f}]" if paper else ours)
+                if paper and t is not None and base[w]:
+                    compared += 1
+                    beaten += t / base[w] < paper
+                if t is not None and base[w]:
+                    figs.append(results.figure(
+                        f"epoch-table.{cond}.{kind}{f'.{protocol}.{length}' if protocol else ''}.{w}",
+                        f"{name}, {w} workload ({cond}): time with FT / without", t, "s",
+                        peer=results.peer("no FT", base[w], "s"), ratio=t / base[w],
+                        note=f"the paper: {paper:.2f}" if paper else None))
             print(f"{name:26}" + "".join(f"{cell:>18}" for cell in cells))
+        if compared:
+            figs.insert(0, results.figure(f"epoch-table.{cond}.beaten", f"epoch mode, Bressoud & Schneider's Table 1 "
+                                          f"({cond}): the paper's cells beaten", beaten, f"of {compared} cells",
+                                          peer=results.peer("the paper's Table 1")))
+        path = results.write("epoch-table", ["bench/epoch-table"] + sys.argv[1:], [] if failed else figs,
+                             {f"{k} {p or ''} {n or ''}".strip(): v for (k, p, n), v in times.items()}, args.json, args.ftvm)
+        print(f"epoch-table: figures written to {path}" + (" (none kept: a run failed)" if failed else ""))
         if failed:
             return 3
     return 0

@@ -54,6 +54,7 @@ import sys
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import results
 
 MEDIAN_TARGET = 1.0
 # Issue 31's targets per kind: (median, max) in s; None: no bound.
@@ -82,6 +83,36 @@ def summary_row(label, trials):
     return med, (max(times) if times else None)
 
 
+def figures(args, mode_args, trials):
+    """Per kind and overall: the median failover, with its max, lost and
+    dropped beside it (the summary's rows)."""
+    mode = "-".join(mode_args[1:]).replace("--", "")
+    figs = []
+    for kind in ("kill", "crash", "overall"):
+        of_kind = [t for t in trials if kind in ("overall", t.kind)]
+        times = [t.failover for t in of_kind if t.failover is not None]
+        if not times or (kind == "overall" and len({t.kind for t in trials}) < 2):
+            continue
+        med, top = statistics.median(times), max(times)
+        lost = sum(t.lost or 0 for t in of_kind)
+        dropped = sum(t.dropped for t in of_kind)
+        tmed, tmax = KIND_TARGETS.get(kind, (MEDIAN_TARGET, None))
+        target = " and ".join(f"{w} ≤ {v * 1000:.0f} ms" for w, v in (("median", tmed), ("max", tmax)) if v is not None)
+        met = med <= tmed and (tmax is None or top <= tmax) and not lost and not dropped
+        figs.append(results.figure(
+            f"failover.{mode}.{kind}", f"failover ({mode_args[1]} mode), {kind if kind != 'overall' else 'all trials'}: "
+            f"the failure to the first acknowledged write after it, median of {len(times)}", med, "s",
+            target=target + ", 0 lost, 0 dropped", met=met,
+            note=f"max {top:.2f} s; {lost} lost, {dropped} dropped"))
+    return figs
+
+
+def t_details(t):
+    """One trial as JSON takes it."""
+    return {k: getattr(t, k, None) for k in ("kind", "failover", "go_live", "longest_wait", "acked", "lost",
+                                             "dropped", "error")}
+
+
 def main():
     ap = argparse.ArgumentParser(prog="failover", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=20, help="trials, each failing the primary once (default 20)")
@@ -103,6 +134,7 @@ def main():
     ap.add_argument("--epoch-length", type=int, help="with --mode epoch: instructions per epoch (default ftvm's)")
     ap.add_argument("--epoch-protocol", choices=("original", "revised"),
                     help="with --mode epoch: the protocol of Bressoud & Schneider §4.3 (default ftvm's, revised)")
+    results.add_option(ap, "failover")
     args = ap.parse_args()
     mode_args = ["--mode", args.mode]
     if args.mode == "epoch":
@@ -174,6 +206,9 @@ def main():
         if failed:
             verdict.append(f"{failed} trial(s) FAILED")
         print("failover: " + "; ".join(verdict))
+        path = results.write("failover", ["bench/failover"] + sys.argv[1:], figures(args, mode_args, trials),
+                             [t_details(t) for t in trials], args.json, args.ftvm)
+        print(f"failover: figures written to {path}")
     sys.exit(1 if lost or dropped or failed else 0)
 
 

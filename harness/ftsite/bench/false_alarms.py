@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import options
+from ftsite.bench import options, results
 
 SPIN = "while True: pass"
 CRASH_SLACK = 0.1
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--timeout-ms", type=int, default=ftsite.TIMEOUT_MS, help="ftvm's --timeout (default 500)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--log-dir", help="keep both sides' output and journals here")
+    results.add_option(ap, "false-alarms")
     args = ap.parse_args()
 
     with ftsite.session("false-alarms"):
@@ -108,6 +109,18 @@ def main():
             print(f"false-alarms: the trial failed: {r.error}")
         ok = (not false and r.error is None and r.ok and r.declared is not None and r.declared <= limit)
         print(f"false-alarms: {'PASS' if ok else 'FAIL'}")
+        timeouts = "; ".join(f"{side}'s learned heartbeat timeout {min(v)}-{max(v)} ms (median {statistics.median(v):.0f})"
+                             for side, v in learned.items() if v)
+        figs = [results.figure(f"false-alarms.{args.mode}.{args.spinners}", f"false alarms of a healthy {args.mode} pair "
+                               f"in {args.seconds:.0f} s beside {args.spinners} busy loop(s)", len(false),
+                               "unprovoked failure declarations", target="0, and the crash declared in time", met=ok,
+                               note=f"load average {load:.2f} at the end; the crash declared after {declared}, "
+                                    f"live after {live}; {timeouts}")]
+        path = results.write("false-alarms", ["bench/false-alarms"] + sys.argv[1:], figs,
+                             {"false_alarms": [e.text for e in false], "declared_s": r.declared, "go_live_s": r.go_live,
+                              "learned_timeout_ms": learned, "acked": r.acked, "lost": r.lost, "dropped": r.dropped,
+                              "error": r.error, "load_average_at_end": load}, args.json, args.ftvm)
+        print(f"false-alarms: figures written to {path}")
         return 0 if ok else 1
 
 

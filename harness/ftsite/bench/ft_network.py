@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import options
+from ftsite.bench import options, results
 
 IPERF_SERVER = "iperf3 -s"
 DIRECTIONS = {"receive": [], "transmit": ["-R"]}
@@ -116,6 +116,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=10, help="iperf3 -t per direction (default 10)")
     options.add_ft_rounds(ap, ftsite.default_ftvm(), timeout=600,
                           timeout_help="seconds for the guest's iperf3 to listen (default 600)")
+    results.add_option(ap, "ft-network")
     args = ap.parse_args()
 
     with ftsite.session("ft-network"):
@@ -146,17 +147,24 @@ def main():
             print()
             print(f"medians of {min(len(res['ft']), len(res['plain']))} round(s), Mbit/s (iperf3 receiver's count)")
             print(f"{'':27} {'non-FT':>9} {'FT':>9} {'FT/non-FT':>10} {'FT log':>9}")
+            figs = []
             for d in DIRECTIONS:
                 base = med([r[d][0] for r in res["plain"]])
                 ft = med([r[d][0] for r in res["ft"]])
                 log = med([r[d][1] for r in res["ft"]])
                 label = f"{d} ({'client -> guest' if d == 'receive' else 'guest -> client'})"
                 print(f"{label:27} {base:9.1f} {ft:9.1f} {ft / base:10.3f} {log if log is not None else float('nan'):9.1f}")
+                figs.append(results.figure(f"ft-network.{d}", f"lockstep, iperf3 {label}: Mbit/s with FT / without",
+                                           ft, "Mbit/s", peer=results.peer("the unprotected VM", base, "Mbit/s"),
+                                           ratio=ft / base, note=f"log {f'{log:.1f}' if log is not None else 'n/a'} Mbit/s"))
             print()
             print("paper (VMware FT techreport, Table 2; netperf, Mbit/s):")
             print(f"{'':27} {'base':>9} {'FT':>9} {'FT/base':>10} {'logging':>9}")
             for name, base, ft, log in PAPER_TABLE2:
                 print(f"{name:27} {base:9d} {ft:9d} {ft / base:10.3f} {log:9d}")
+            path = results.write("ft-network", ["bench/ft-network"] + sys.argv[1:], [] if failed else figs,
+                                 {"rounds": res, "failed": failed}, args.json, args.ftvm)
+            print(f"ft-network: figures written to {path}" + (" (none kept: a run failed)" if failed else ""))
     sys.exit(3 if failed else 0)
 
 

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 import ftsite
-from ftsite.bench import options
+from ftsite.bench import options, results
 from ftsite.bench import redis as redis_bench
 
 REDIS = "redis-server /etc/redis/redis.conf --protected-mode no"
@@ -210,6 +210,7 @@ def main():
     ap.add_argument("--clients", default="1,16", help="redis-benchmark -c values (default 1,16)")
     ap.add_argument("--idle-seconds", type=int, default=30, help="length of the idle guest's sleep (default 30)")
     options.add_ft_rounds(ap, ftsite.default_ftvm(), timeout=900, timeout_help="seconds per boot or benchmark (default 900)")
+    results.add_option(ap, "ft-overhead")
     args = ap.parse_args()
 
     with ftsite.session("ft-overhead"):
@@ -270,7 +271,7 @@ def main():
         print()
         print(f"medians of {args.runs} round(s); performance = FT/non-FT (< 1: FT slower), as in the paper's Table 1")
         print(f"{'workload':22} {'non-FT':>10} {'FT':>10} {'perf':>7} {'FT log Mbit/s':>14}")
-        missed = []
+        missed, figs = [], []
         if cpu["ft"] and cpu["plain"]:
             p, q = med(cpu["plain"]), med(cpu["ft"])
             perf = p / q
@@ -283,17 +284,29 @@ def main():
                   f"non-FT/FT; {paired[0]:.3f} to {paired[-1]:.3f})")
             if perf < CPU_TARGET:
                 missed.append(f"CPU job performance {perf:.3f} < {CPU_TARGET}")
+            figs.append(results.figure(
+                "ft-overhead.cpu", "lockstep, CPU job: speed with FT / without (the job's time without / with)", q, "s",
+                peer=results.peer("the unprotected VM", p, "s"), ratio=perf, target=f"≥ {CPU_TARGET}",
+                met=perf >= CPU_TARGET, note=f"medians of {args.runs}; per round {med(paired):.3f} "
+                                             f"({paired[0]:.3f} to {paired[-1]:.3f}); log {f(med(cpu_log), '.3f')} Mbit/s"))
         if redis["ft"] and redis["plain"]:
             for w in redis["ft"][0]:
                 p = med([r[w][0] for r in redis["plain"]])
                 q = med([r[w][0] for r in redis["ft"]])
                 log = med([r[w][1] for r in redis["ft"]])
                 print(f"{w + ' (req/s)':22} {p:10.0f} {q:10.0f} {q / p:7.3f} {f(log, '14.2f')}")
+                figs.append(results.figure(
+                    f"ft-overhead.redis.{w.replace(' ', '')}", f"lockstep, redis-benchmark {w} -n {args.requests}: "
+                    "req/s with FT / without", q, "req/s", peer=results.peer("the unprotected VM", p, "req/s"),
+                    ratio=q / p, note=f"log {f(log, '.2f')} Mbit/s"))
         if idle_log:
             il = med(idle_log)
             print(f"{'idle (sleep)':22} {'':>10} {'':>10} {'':>7} {f(il, '14.4f')}")
             if il is None or il > IDLE_TARGET:
                 missed.append(f"idle logging {f(il, '.4f')} Mbit/s > {IDLE_TARGET}")
+            figs.append(results.figure("ft-overhead.idle", "lockstep, idle guest's log", il, "Mbit/s",
+                                       peer=results.peer("VMware FT's idle guests: 0.5-1.5 Mbit/s"),
+                                       target=f"≤ {IDLE_TARGET}", met=il is not None and il <= IDLE_TARGET))
         print()
         print("paper (VMware FT techreport, Table 1; 8-CPU hosts, 10 Gbit/s logging link):")
         for name, perf, bw in PAPER_TABLE1:
@@ -302,6 +315,10 @@ def main():
         judged = "not judged (a run failed)" if failed else "not judged (neither cpu nor idle ran)" \
             if not (cpu["ft"] or idle_log) else "met" if not missed else "MISSED: " + "; ".join(missed)
         print(f"targets: cpu job performance >= {CPU_TARGET}, idle logging <= {IDLE_TARGET} Mbit/s: {judged}")
+        path = results.write("ft-overhead", ["bench/ft-overhead"] + sys.argv[1:], [] if failed else figs,
+                             {"cpu_s": cpu, "cpu_log_mbit": cpu_log, "redis": redis, "idle_log_mbit": idle_log,
+                              "failed": failed}, args.json, args.ftvm)
+        print(f"ft-overhead: figures written to {path}" + (" (none kept: a run failed)" if failed else ""))
     sys.exit(3 if failed else 1 if missed else 0)
 
 

@@ -56,6 +56,7 @@ import sys
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import results
 from ftsite.bench.options import parser
 
 MODES = {"lockstep": [], "epoch": ["--mode", "epoch"], "checkpoint": ["--mode", "checkpoint"]}
@@ -93,6 +94,7 @@ def main():
     ap.add_argument("--wire", action="store_true",
                     help="capture the client's TCP segments and print them for each handover that added "
                          f"over {TARGET_MS} ms to a reply (times from the SIGTERM)")
+    results.add_option(ap, "handover")
     args = ap.parse_args()
     modes = args.modes.split(",")
     kills = args.trials if args.kills is None else args.kills
@@ -168,6 +170,20 @@ def main():
         print(f"handover: target: a median pause <= {TARGET_MS} ms beyond a reply's usual time: "
               + ("met in every mode" if not missed else f"MISSED in {', '.join(missed)}")
               + (f"; {bad} trial(s) FAILED" if bad else ""))
+        figs = []
+        for mode, (hm, hx), (km, kx), (tm, _), (am, ax), _, _, (cm, _), lost, dropped in rows:
+            if hm is None:
+                continue
+            figs.append(results.figure(
+                f"handover.{mode}", f"a planned handover under load ({mode}), beside kill -9 of the same pair: the "
+                "client's longest wait across it (median)", hm * 1000, "ms",
+                peer=results.peer("kill -9", km * 1000 if km is not None else None, "ms"),
+                target=f"adds ≤ {TARGET_MS} ms to a reply (median)", met=am is not None and am * 1000 <= TARGET_MS,
+                note=f"max {ms(hx)}; added to a reply {ms(am)} (max {ms(ax)}), a reply {ms(tm)}; the backup's claim "
+                     f"{ms(cm)} after the stop; {lost} lost, {dropped} dropped"))
+        path = results.write("handover", ["bench/handover"] + sys.argv[1:], figs if not bad else [],
+                             [{"mode": r[0], "lost": r[-2], "dropped": r[-1]} for r in rows], args.json, args.ftvm)
+        print(f"handover: figures written to {path}" + (" (none kept: a trial failed)" if bad else ""))
     sys.exit(1 if bad else 0)
 
 

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import results
 
 LOOP_START = "ftvm-bench-loop-start"
 CPU_LOOP = f"echo {LOOP_START}; while :; do {ftsite.CPU_JOB} >/dev/null; done"
@@ -112,7 +113,7 @@ class CpuQuota:
 
 def summarize(samples, args):
     """Prints the summary of the status samples [(t, phase, fields)];
-    returns what did not behave as expected."""
+    returns what did not behave as expected, and the summary's figures."""
     thr = args.lag_threshold_ms
     by = {ph: [(t, s) for t, p, s in samples if p == ph] for ph in ("free", "throttle", "recover")}
     lags = [s["lag"] for _, _, s in samples]
@@ -131,6 +132,7 @@ def summarize(samples, args):
     # two samples (a step to the floor would)
     steps = [a["cpu_share"] - b["cpu_share"] for (_, _, a), (_, _, b) in zip(samples, samples[1:])]
     biggest_drop = max(steps, default=0)
+    figs = []
     print()
     if by["free"]:
         # The typical lag (VMware FT: under 100 ms) is the free phase's:
@@ -142,6 +144,12 @@ def summarize(samples, args):
         print(f"lag before the throttle: median {statistics.median(free_lags):.0f} ms, p90 {p90:.0f} ms, "
               f"max {free_lags[-1]:.0f} ms, {100 * under:.0f} % of samples under 100 ms; cpu_share median "
               f"{statistics.median(free_shares):.0f} %, mean {statistics.fmean(free_shares):.1f} %")
+        figs.append(results.figure(
+            "lag-control.typical", "lockstep, typical lag of a CPU-bound guest (free phase, median)",
+            statistics.median(free_lags), "ms", peer=results.peer('VMware FT §3.2: "typical lag under 100 ms"'),
+            target="< 100 ms", met=statistics.median(free_lags) < 100,
+            note=f"p90 {p90:.0f} ms; {100 * under:.0f} % of samples under 100 ms; "
+                 f"cpu_share mean {statistics.fmean(free_shares):.1f} %"))
     else:
         print("no free-phase samples")
     print(f"lag crossed {thr} ms: " + (f"{crossed - args.free_seconds:.1f} s into the throttle"
@@ -167,7 +175,15 @@ def summarize(samples, args):
                         f"{steady} ms, max {max(half_lags)} ms)")
     if share_ok_t is None:
         problems.append("cpu_share did not return to 95 % after the quota was lifted")
-    return problems
+    if half and args.throttle_seconds >= 10:
+        figs.append(results.figure(
+            f"lag-control.capped-{args.quota:g}", f"lockstep, lag control with the backup capped at {args.quota:g} % of a "
+            "core: the lag in the cap's second half (median)", steady, "ms",
+            target=f"median ≤ {thr} ms, max ≤ {2 * thr} ms", met=not problems,
+            note=f"lag past {thr} ms " + (f"{crossed - args.free_seconds:.1f} s into the cap" if crossed is not None
+                                          else "never") + "; cpu_share back to 95 % " +
+                 (f"{share_ok_t - lift_t:.1f} s after the lift" if share_ok_t is not None else "never")))
+    return problems, figs
 
 
 def main():
@@ -183,6 +199,7 @@ def main():
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds for the boot (default 600)")
     ap.add_argument("--log-dir", help="keep the VMs' output and every status sample here")
+    results.add_option(ap, "lag-control")
     args = ap.parse_args()
 
     with ftsite.session("lag-control"):
@@ -260,8 +277,11 @@ def main():
 
         if failed or not samples:
             sys.exit(3)
-        problems = summarize(samples, args)
+        problems, figs = summarize(samples, args)
         print("lag-control: " + ("as the paper describes" if not problems else "NOT as expected: " + "; ".join(problems)))
+        path = results.write("lag-control", ["bench/lag-control"] + sys.argv[1:], figs,
+                             [{"t": t, "phase": ph, **st} for t, ph, st in samples], args.json, args.ftvm)
+        print(f"lag-control: figures written to {path}")
     sys.exit(1 if problems else 0)
 
 

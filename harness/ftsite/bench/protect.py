@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import ftsite
+from ftsite.bench import results
 from ftsite.bench.options import parser
 from ftsite.errors import TrialFailed
 from ftsite.observe import ask, control, event
@@ -197,6 +198,7 @@ def main():
     ap.add_argument("--separate", action="store_true",
                     help="each host its own copy of the disk in lockstep and epoch mode too (checkpoint mode always)")
     ap.add_argument("--ftvm", default=ftsite.default_ftvm(), help="ftvm binary (copied privately before use)")
+    results.add_option(ap, "protect")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if args.trials < 1 or args.fill_mb < 0 or not 0 <= args.random_mb <= 700 or any(m not in MODES for m in modes):
@@ -215,7 +217,7 @@ def main():
               "protection, beside its median before; again = a failure to protected again with a spare host")
         print(f"{'mode':10} {'pause median':>12} {'max':>7} {'rounds':>6} {'MiB':>6} {'total s':>8} "
               f"{'probe worst':>11} {'before':>7} {'again s':>8}")
-        missed = []
+        missed, figs = [], []
         for r in rows:
             ts = r["trials"]
             if not ts:
@@ -230,10 +232,22 @@ def main():
             print(f"{r['mode']:10} {pause:>9.0f} ms {max(t['pause_ms'] for t in ts):>4} ms {med('rounds'):>6.0f} "
                   f"{med('bytes') / 2**20:>6.0f} {med('total_ms') / 1000:>8.1f} {ms(med('worst')):>11} "
                   f"{ms(med('typical')):>7} {again:>8}")
+            fill = f"{args.fill_mb} MiB of redis data" + (f", {args.random_mb} MiB random" if args.random_mb else "")
+            figs.append(results.figure(
+                f"protect.{r['mode']}" + (f".random{args.random_mb}" if args.random_mb else ""),
+                f"protecting a running 1 GiB redis guest ({fill}) under redis-benchmark, {r['mode']}: the final pause "
+                f"(median of {len(ts)})", pause, "ms", peer=results.peer('VMware FT: "less than a second"'),
+                target=f"median ≤ {TARGET_MS} ms", met=pause <= TARGET_MS,
+                note=f"max {max(t['pause_ms'] for t in ts)} ms; {med('rounds'):.0f} rounds, "
+                     f"{med('bytes') / 2**20:.0f} MiB, {med('total_ms') / 1000:.1f} s in all; a probe's longest wait "
+                     f"{ms(med('worst'))} (before {ms(med('typical'))}); failure to protected again {again} s"))
         bad = sum(r["bad"] for r in rows)
         print(f"protect: target median final pause <= {TARGET_MS} ms: "
               + ("met in every mode" if not missed else f"MISSED in {', '.join(missed)}")
               + (f"; {bad} mode(s) FAILED" if bad else ""))
+        path = results.write("protect", ["bench/protect"] + sys.argv[1:], figs if not bad else [], rows,
+                             args.json, args.ftvm)
+        print(f"protect: figures written to {path}" + (" (none kept: a mode failed)" if bad else ""))
     sys.exit(1 if bad else 0)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 TARGET = 0.03
 
 
-from ftsite.bench import options
+from ftsite.bench import options, results
 from ftsite.bench import vs_qemu as vs
 
 
@@ -84,6 +84,7 @@ def main():
     ap = options.parser("record-overhead", __doc__)
     ap.add_argument("--pairs", type=int, default=6, help="concurrent run/record pairs (default 6)")
     options.add_guest(ap, qemu=False, boot=False, ftvm_help="ftvm binary")
+    results.add_option(ap, "record-overhead")
     args = ap.parse_args()
     if args.pairs < 1:
         die("--pairs must be at least 1")
@@ -125,6 +126,14 @@ def main():
         worst = max(worst, over)
         print(f"recording overhead, {label:17} median {over * 100:+5.1f} %   "
               f"pairs {min(rs) * 100 - 100:+.1f} .. {max(rs) * 100 - 100:+.1f} %   (target <= +{TARGET * 100:.0f} %)")
+    figs = [results.figure(f"record-overhead.{key}", f"recording overhead, {label} (medians of {args.pairs} pairs run side by side)",
+                           (vs.med(rs) - 1) * 100, "%", peer=results.peer("`ftvm run`"), ratio=vs.med(rs),
+                           target=f"≤ +{TARGET * 100:.0f} %", met=vs.med(rs) - 1 <= TARGET,
+                           note=f"pairs {min(rs) * 100 - 100:+.1f} .. {max(rs) * 100 - 100:+.1f} %")
+            for key, label, rs in (("job", "job time", job_ratios), ("cpu", "process CPU time", cpu_ratios))]
+    path = results.write("record-overhead", ["bench/record-overhead"] + sys.argv[1:], figs,
+                         {"job_ratios": job_ratios, "cpu_ratios": cpu_ratios}, args.json, ftvm)
+    print(f"record-overhead: figures written to {path}")
     sys.exit(0 if worst <= TARGET else 1)
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 
 
-from ftsite.bench import options
+from ftsite.bench import options, results
 from ftsite.bench import vs_qemu as vs
 
 
@@ -145,6 +145,7 @@ def main():
     ap = options.parser("record-replay", __doc__)
     ap.add_argument("--runs", type=int, default=3, help="rounds (default 3)")
     options.add_guest(ap, boot=False, ftvm_help="ftvm binary")
+    results.add_option(ap, "record-replay")
     args = ap.parse_args()
     if args.runs < 1:
         die("--runs must be at least 1")
@@ -196,6 +197,23 @@ def main():
             ("ftvm log / QEMU log", med("log") / med("q_log"), ""),
             ("ftvm log without disk data / QEMU log", (med("log") - med("log_disk")) / med("q_log"), "")):
         print(f"{label:44} {v:7.2f}     {('(target ' + target + ')') if target else ''}")
+    job = f"boot + `{vs.JOB}`"
+    figs = [
+        results.figure("record-replay.overhead-job", "recording overhead, job only (ftvm record / ftvm run - 1)",
+                       (med("rec_job") / med("run_job") - 1) * 100, "%", target="≤ +3 %",
+                       met=med("rec_job") / med("run_job") - 1 <= 0.03),
+        results.figure("record-replay.record", f"ftvm record beside QEMU's record/replay, {job}", med("rec_total"), "s",
+                       peer=results.peer("QEMU record", med("q_total"), "s"), ratio=med("rec_total") / med("q_total")),
+        results.figure("record-replay.replay", f"ftvm replay beside QEMU's replay, {job}", med("replay"), "s",
+                       peer=results.peer("QEMU replay", med("q_replay"), "s"), ratio=med("replay") / med("q_replay"),
+                       note=f"ftvm replay / ftvm record {med('replay') / med('rec_total'):.2f} (target ≤ 1.0)"),
+        results.figure("record-replay.log", f"record log size, {job}", med("log"), "bytes",
+                       peer=results.peer("QEMU's log", med("q_log"), "bytes"), ratio=med("log") / med("q_log"),
+                       note=f"without the disk read data: {(med('log') - med('log_disk')) / med('q_log'):.2f} x QEMU's"),
+        results.figure("record-replay.log-rate", "log bandwidth while recording the CPU job", med("log_job_mbit"), "Mbit/s"),
+    ]
+    path = results.write("record-replay", ["bench/record-replay"] + sys.argv[1:], figs, rounds, args.json, ftvm)
+    print(f"record-replay: figures written to {path}")
 
 
 if __name__ == "__main__":

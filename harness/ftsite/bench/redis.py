@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftsite.bench import options
+from ftsite.bench import options, results
 from ftsite.bench.vs_qemu import cache_dir
 EXEC_CMD = "redis-server /etc/redis/redis.conf"
 PORT = 6379
@@ -330,6 +330,8 @@ def fmt(x, spec):
 
 
 def print_table(res, emus, args):
+    """Prints the medians and ratios; returns them as figures."""
+    figs = []
     workloads = [f"{t} -c {c}" for c in args.clients for t in ("SET", "GET")]
     print()
     print(f"redis-benchmark -n {args.requests} -t set,get; medians of {args.runs} run(s); "
@@ -341,18 +343,27 @@ def print_table(res, emus, args):
         ratio = rps["ftvm"] / rps["qemu"] if rps["ftvm"] and rps["qemu"] else None
         print(f"{w:16} {fmt(rps['ftvm'], '11.0f'):>11} {fmt(rps['qemu'], '11.0f'):>11} {fmt(ratio, '7.3f'):>7} "
               f"{fmt(p50['ftvm'], '12.3f'):>12} {fmt(p50['qemu'], '12.3f'):>12}")
+        figs.append(results.figure(f"redis.{w.replace(' ', '')}", f"redis-benchmark {w} -n {args.requests} over TAP, "
+                                   f"beside QEMU ({args.cpus} hart(s))", rps["ftvm"], "req/s",
+                                   peer=results.peer("QEMU", rps["qemu"], "req/s"), ratio=ratio,
+                                   note=f"p50 {fmt(p50['ftvm'], '.3f')} ms, QEMU {fmt(p50['qemu'], '.3f')} ms"))
     if args.record:
         for c in args.clients:
             print(f"{'ftvm log Mbit/s':16} {fmt(med([r.get(f'log -c {c}') for r in res.get('ftvm', [])]), '11.2f'):>11}"
                   f"   (recorded during redis-benchmark -c {c})")
+            figs.append(results.figure(f"redis.record-log-c{c}", f"log bandwidth while recording redis-benchmark -c {c}",
+                                       med([r.get(f'log -c {c}') for r in res.get('ftvm', [])]), "Mbit/s"))
     pong = {e: med([r.get("pong") for r in res.get(e, [])]) for e in ("ftvm", "qemu")}
     ratio = pong["ftvm"] / pong["qemu"] if pong["ftvm"] and pong["qemu"] else None
     print(f"{'boot to PONG s':16} {fmt(pong['ftvm'], '11.1f'):>11} {fmt(pong['qemu'], '11.1f'):>11} "
           f"{fmt(ratio, '7.2f'):>7}   (time ratio: lower is better for ftvm)")
+    figs.append(results.figure("redis.boot-to-pong", "redis: boot to PONG, beside QEMU", pong["ftvm"], "s",
+                               peer=results.peer("QEMU", pong["qemu"], "s"), ratio=ratio))
     for e in ("ftvm", "qemu"):
         if e in emus:
             runs = res.get(e, [])
             print(f"  {LABEL[e]}: {len(runs)}/{args.runs} run(s) succeeded")
+    return figs
 
 
 def main():
@@ -371,6 +382,7 @@ def main():
     ap.add_argument("--record", action="store_true",
                     help="run ftvm under `ftvm record`: measure the log bandwidth of the benchmark, then replay it")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
+    results.add_option(ap, "redis")
     args = ap.parse_args()
     if args.runs < 1:
         die("--runs must be at least 1")
@@ -445,7 +457,10 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
     if any(res.values()):
-        print_table(res, emus, args)
+        figs = print_table(res, emus, args)
+        path = results.write("redis", ["bench/redis"] + sys.argv[1:], figs if not failures else [], res, args.json,
+                             args.ftvm if "ftvm" in emus else None)
+        print(f"redis: figures written to {path}" + (" (none kept: a run failed)" if failures else ""))
     if failures:
         print(f"\nredis: {len(failures)} failure(s)", file=sys.stderr)
         sys.exit(1)

@@ -147,7 +147,7 @@ def main():
                     help="ftvm's --hart-threads (default multi)")
     ap.add_argument("--qemu-only", action="store_true", help="measure QEMU only")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
-    ap.add_argument("--json", help="where to write the result (default bench/results/servers.json)")
+    results.add_option(ap, "servers")
     options.add_guest(ap, boot=False, timeout=1800)
     args = ap.parse_args()
     if args.runs < 1 or args.loops < 1 or args.pipe_mb < 1:
@@ -223,8 +223,14 @@ def main():
             print(f"{cpus:5} {part:9} {ftvm_s} {row['qemu']['median_s']:8.2f} {ratio_s}   {runs}  {verdict}")
     for name, why in NOT_YET.items():
         print(f"{'':5} {name:9} not measured: {why}")
-    path = results.write("servers", ["bench/servers"] + sys.argv[1:], out, args.json, ftvm)
-    print(f"servers: result written to {path}")
+    names = {"forkexec": f"fork/exec: a busybox shell loop of {args.loops:,} `/usr/bin/true`",
+             "pipe": f"a pipe: {args.pipe_mb} MiB from `dd` through three `/usr/bin/cat` into `wc -c`"}
+    figs = [results.figure(f"servers.{part}.{cpus}", f"{names[part]}, {cpus} hart(s) (`--hart-threads {args.hart_threads}`)",
+                           row["ftvm"]["median_s"], "s", peer=results.peer("QEMU", row["qemu"]["median_s"], "s"),
+                           ratio=row["ratio_ftvm_to_qemu"], target=f"≤ {TARGET}", met=row["ratio_ftvm_to_qemu"] <= TARGET)
+            for cpus, rows in out["by_harts"].items() for part, row in rows.items() if "ftvm" in row]
+    path = results.write("servers", ["bench/servers"] + sys.argv[1:], figs, out, args.json, ftvm)
+    print(f"servers: figures written to {path}")
     sys.exit(1 if missed else 0)
 
 

@@ -47,7 +47,7 @@ import time
 import types
 from pathlib import Path
 
-from ftsite.bench import options, vs_qemu
+from ftsite.bench import options, results, vs_qemu
 from ftsite.host import REPO
 
 IMAGE = "bench-userland"
@@ -278,6 +278,7 @@ def main():
     ap.add_argument("--qemu-only", action="store_true", help="measure QEMU only")
     ap.add_argument("--quiet", action="store_true", help="only print the table")
     options.add_guest(ap, boot=False, timeout=3600)
+    results.add_option(ap, "userland")
     args = ap.parse_args()
     if args.runs < 1:
         die("--runs must be at least 1")
@@ -344,6 +345,7 @@ def main():
     print()
     print(f"{'harts':>5} {'part':9} {'ftvm s':>8} {'qemu s':>8} {'ratio':>6}   runs ftvm | qemu (s)")
     missed = False
+    figs, details = [], {}
     for cpus in cpus_list:
         for part in args.parts + ["all"]:
             row = {}
@@ -365,6 +367,17 @@ def main():
                     verdict = f"  (target <= {TARGET:.1f}) {'PASS' if ok else 'MISS'}"
             print(f"{cpus:5} {part:9} {ftvm_s} {row['qemu']:8.2f} {ratio_s}   "
                   f"{runs.get('ftvm', '-')} | {runs['qemu']}{verdict}")
+            details.setdefault(str(cpus), {})[part] = {"median_s": row, "runs_s": runs}
+            threads = "" if args.hart_threads == "multi" else f".{args.hart_threads}"
+            figs.append(results.figure(
+                f"userland.{part}.{cpus}{threads}",
+                f"userland beside QEMU, {'all parts' if part == 'all' else part}, {cpus} hart(s) "
+                f"(`--hart-threads {args.hart_threads}`)", row.get("ftvm"), "s",
+                peer=results.peer("QEMU", row["qemu"], "s"), ratio=ratio,
+                target=f"≤ {TARGET:.1f}" if part == "all" else None,
+                met=(ratio <= TARGET) if part == "all" and ratio is not None else None))
+    path = results.write("userland", ["bench/userland"] + sys.argv[1:], figs, details, args.json, ftvm)
+    print(f"userland: figures written to {path}")
     sys.exit(1 if missed else 0)
 
 

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from ftsite.bench import options
+from ftsite.bench import options, results
 BEGIN = "ftvm-exec-begin"
 STATUS = "ftvm-exec-status="
 JOB_START = "ftvm-bench-job-start"
@@ -266,7 +266,9 @@ def main():
     ap.add_argument("--job", default=JOB, help="the guest command of scenario (b) (default: the dd | sha256sum "
                     "job; 'fp': a busybox awk floating-point loop)")
     ap.add_argument("--scenarios", default="boot,job", help="which to run, of boot,job (default both)")
+    results.add_option(ap, "vs-qemu")
     args = ap.parse_args()
+    job_kind = "fp" if args.job == "fp" else "" if args.job == JOB else "other"
     if args.job == "fp":
         args.job = FP_JOB
     args.scenarios = set(args.scenarios.split(","))
@@ -303,6 +305,22 @@ def main():
             print(f"ratio ftvm/qemu {label:12} {ratio:6.2f}  (target <= {target:.1f})  {verdict}")
         else:
             print(f"ratio ftvm/qemu {label:12}    n/a  (target <= {target:.1f})  --qemu-only")
+    names = {"boot": ("vs-qemu.boot", "boot to userspace, beside QEMU"),
+             "job": ("vs-qemu.job" + (f"-{job_kind}" if job_kind else ""),
+                     {"": "CPU job in Linux (`dd if=/dev/zero bs=1M count=64 | sha256sum`), beside QEMU",
+                      "fp": "floating point in Linux (a busybox awk loop), beside QEMU",
+                      "other": f"a guest job (`{args.job}`), beside QEMU"}[job_kind])}
+    figs = []
+    for key in ("boot", "job"):
+        if "ftvm" not in res or key not in args.scenarios:
+            continue
+        ftvm_s, qemu_s = med(res["ftvm"][key]), med(res["qemu"][key])
+        ratio = ftvm_s / qemu_s
+        figs.append(results.figure(*names[key], ftvm_s, "s", peer=results.peer("QEMU", qemu_s, "s"), ratio=ratio,
+                                   target=f"≤ {TARGETS[key]:.1f}", met=ratio <= TARGETS[key],
+                                   note=f"{args.cpus} hart(s), -m {args.mem}" if (args.cpus, args.mem) != (1, "1G") else None))
+    path = results.write("vs-qemu", ["bench/vs-qemu"] + sys.argv[1:], figs, res, args.json, ftvm)
+    print(f"vs-qemu: figures written to {path}")
 
 
 if __name__ == "__main__":
