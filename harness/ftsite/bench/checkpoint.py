@@ -160,7 +160,7 @@ def main():
         if base is not None:
             print(f"{'no FT':>6} {base:8.2f}")
         at_target = None
-        figs = []
+        figs, pauses = [], []
         for c in rates:
             if not times.get(c):
                 continue
@@ -179,14 +179,21 @@ def main():
                   f"{field(st, 'bytes_per_checkpoint') or 'n/a':>10} {field(st, 'compression') or 'n/a':>6}  "
                   f"{field(st, 'pause_by_dirty') or 'n/a'}")
             figs.append(results.figure(
-                f"checkpoint.overhead.{c}", f"checkpoint mode at {c} checkpoints/s: a CPU-and-memory job's time with "
-                "checkpoints / without", t, "s", peer=results.peer("no FT", base, "s"),
-                ratio=t / base if base else None,
-                target=f"overhead ≤ {OVERHEAD_TARGET * 100:.0f} % at 40/s" if c == 40 else None,
+                f"checkpoint.overhead.{c}", f"checkpoint mode at {c} checkpoints/s: the overhead on a CPU-and-memory "
+                "job", over * 100 if over is not None else None, "%",
+                peer=results.peer("Remus (kernel compile)", PAPER_OVERHEAD[c] * 100 if c in PAPER_OVERHEAD else None, "%"),
+                target=f"≤ {OVERHEAD_TARGET * 100:.0f} % at 40/s" if c == 40 else None,
                 met=(over <= OVERHEAD_TARGET) if c == 40 and over is not None else None,
-                note=f"achieved {ach or 'n/a'}; pause median {field(st, 'pause_median') or 'n/a'}, "
-                     f"p99 {field(st, 'pause_p99') or 'n/a'}; Remus (kernel compile): "
-                     + (f"+{PAPER_OVERHEAD[c] * 100:.0f} %" if c in PAPER_OVERHEAD else "n/a")))
+                note=f"job {t:.2f} s, {base:.2f} s without FT; achieved {ach or 'n/a'}" if base else None))
+            if st.get("pause_median") is not None:
+                pauses.append((st["pause_median"], st.get("pause_p99")))
+        if pauses:
+            lo, hi = min(m for m, _ in pauses), max(m for m, _ in pauses)
+            p99 = [p for _, p in pauses if p is not None]
+            figs.append(results.figure(
+                "checkpoint.pauses", "checkpoint mode: the pause (median, across the rates)",
+                f"{lo}-{hi}" if lo != hi else lo, "µs",
+                note=f"p99 {min(p99)}-{max(p99)} µs" if p99 else None))
         if at_target is not None:
             print(f"target: overhead <= {OVERHEAD_TARGET * 100:.0f}% at 40/s: "
                   f"{'met' if at_target <= OVERHEAD_TARGET else 'MISSED'} ({at_target * 100:.0f}%)")

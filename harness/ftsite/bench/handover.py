@@ -110,7 +110,7 @@ def main():
         if args.log_dir:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
         bad = 0
-        rows = []
+        rows, moved = [], []
         for mode in modes:
             kinds = [k for i in range(args.trials) for k in ("handover", "kill")[:2 if i < kills else 1]]
             delays = ftsite.random_delays(len(kinds), 2.0, 6.0, args.seed)
@@ -151,6 +151,10 @@ def main():
                 print(f"  {mode}: moving the primary (handover, then protect onto a third host): the protection's "
                       f"pause median {ms(pm)} max {ms(px)}; the move's longest pause median {ms(mm)} max {ms(mx)}",
                       flush=True)
+                moved.append(results.figure(
+                    f"handover.move.{mode}", f"moving the primary ({mode}): a handover, then `protect` onto a third "
+                    "host, under one client writing: the move's longest pause (median)", mm * 1000 if mm else None,
+                    "ms", note=f"max {ms(mx)}; the protection's pause median {ms(pm)}, max {ms(px)}"))
             rows.append((mode, stats(t.spanning_wait for t in ho), stats(t.spanning_wait for t in kill),
                          stats(t.typical_wait for t in trials), stats(added(t) for t in ho),
                          stats(t.tail_before for t in trials), stats(t.tail_after for t in trials),
@@ -181,7 +185,7 @@ def main():
                 target=f"adds ≤ {TARGET_MS} ms to a reply (median)", met=am is not None and am * 1000 <= TARGET_MS,
                 note=f"max {ms(hx)}; added to a reply {ms(am)} (max {ms(ax)}), a reply {ms(tm)}; the backup's claim "
                      f"{ms(cm)} after the stop; {lost} lost, {dropped} dropped"))
-        path = results.write("handover", ["bench/handover"] + sys.argv[1:], figs if not bad else [],
+        path = results.write("handover", ["bench/handover"] + sys.argv[1:], figs + moved if not bad else [],
                              [{"mode": r[0], "lost": r[-2], "dropped": r[-1]} for r in rows], args.json, args.ftvm)
         print(f"handover: figures written to {path}" + (" (none kept: a trial failed)" if bad else ""))
     sys.exit(1 if bad else 0)

@@ -14,7 +14,9 @@ and each FIGURE, one thing measured, one line of the table:
     id          stable key, "<bench>.<what>" (a later run replaces the
                 figure with the same id, and leaves the others as they were)
     name        what it is, in words
-    value, unit the figure (a number, or null where the figure is the ratio)
+    value, unit the figure: a number; a list (one per run, as a record gives
+                them); a string (a range as a record gives it, "132-137");
+                null where the figure is the ratio
     peer        what it is set beside: {"name", "value", "unit"} (value
                 null where that record gives none), or null
     ratio       value / peer's value, or the figure's own ratio (FT / not)
@@ -29,9 +31,13 @@ and each FIGURE, one thing measured, one line of the table:
                 (the table marks it †)
     note        optional, a few words the table shows after the name
 
-A run writes its figures stamped with its command, date, commit and load
-(`write`); its whole result, as the bench prints it, goes under
-"last_run"."details". `read`/`read_all` give the files back.
+    ratio, peer's value: a number, a list or a string, as value
+
+A file may say more at the top (a "note": where figures that no run of
+the bench wrote came from); a run keeps it. A run writes its figures
+stamped with its command, date, commit and load (`write`); its whole
+result, as the bench prints it, goes under "last_run"."details".
+`read`/`read_all` give the files back.
 """
 
 import json
@@ -76,12 +82,13 @@ def figure(id, name, value, unit="", *, peer=None, ratio=None, target=None, met=
 
 
 def _num(x, digits=4):
-    """A float rounded to `digits` significant places (None and NaN: None)."""
-    if x is None or x != x:
-        return None
-    if isinstance(x, int):
+    """A float rounded to `digits` significant places (None and NaN: None;
+    a list, each; a string, a range as written, as it is)."""
+    if isinstance(x, list):
+        return [_num(v, digits) for v in x]
+    if x is None or isinstance(x, (int, str)):
         return x
-    return float(f"{x:.{digits}g}")
+    return None if x != x else float(f"{x:.{digits}g}")
 
 
 def add_option(ap, bench):
@@ -133,7 +140,8 @@ def write(bench, command, figures, details=None, path=None, ftvm=None):
     if ftvm is not None and Path(ftvm).exists():
         built = time.localtime(Path(ftvm).stat().st_mtime)
         run["ftvm"] = {"path": str(ftvm), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z", built)}
-    doc = {"bench": bench, "figures": [{k: f[k] for k in FIGURE_KEYS if k in f} for f in merged], "last_run": run}
+    doc = {**(read(path) or {}), "bench": bench, "figures": [{k: f[k] for k in FIGURE_KEYS if k in f} for f in merged],
+           "last_run": run}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False, default=str) + "\n")
     tmp.replace(path)
