@@ -33,7 +33,10 @@ Modules:
   cleanup  undo steps run on every exit path; session() for programs.
   demo     `make demo`.
   bench.*  the benchmarks, one module each (bench/README.md); the options
-           they share in bench.options.
+           they share in bench.options, the JSON each writes its figures
+           to (bench/results/NAME.json) in bench.results.
+  figures  docs/PERFORMANCE.md's current table and the README's opening
+           figures, rendered from bench/results (scripts/render-figures).
 
 Running things (from the repository; harness/run sets PYTHONPATH to
 harness/ and runs a module; Debian's python3 is enough, pytest only for
