@@ -15,7 +15,6 @@ import argparse
 import re
 import sys
 import textwrap
-from pathlib import Path
 
 from ftsite.bench import results
 from ftsite.host import REPO

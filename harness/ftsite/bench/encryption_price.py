@@ -239,19 +239,21 @@ def main():
     args = ap.parse_args()
     with ftsite.session("encryption-price"):
         ftsite.check_host(("perf",), cores=2)
+        # The benches' own figures, taken under perf, are not theirs to
+        # keep: they go to a scratch directory, not bench/results.
+        scratch = tempfile.mkdtemp(prefix="ftvm-price-json-")
+        ftsite.on_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
         if args.command:
             if args.only:
                 raise ftsite.SetupError("give --only or a command, not both")
-            runs = {Path(args.command[0]).name: args.command}
+            name = Path(args.command[0]).name
+            bench = args.command[0].startswith("bench/") and "--json" not in args.command
+            runs = {name: args.command + (["--json", f"{scratch}/{name}.json"] if bench else [])}
         else:
             names = args.only.split(",") if args.only else list(BENCHES)
             unknown = [n for n in names if n not in BENCHES]
             if unknown:
                 raise ftsite.SetupError(f"unknown bench {','.join(unknown)}: choose from {','.join(BENCHES)}")
-            # The benches' own figures, taken under perf, are not theirs to
-            # keep: they go to a scratch directory, not bench/results.
-            scratch = tempfile.mkdtemp(prefix="ftvm-price-json-")
-            ftsite.on_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
             runs = {n: [*BENCHES[n], "--ftvm", args.ftvm, "--json", f"{scratch}/{n}.json"] for n in names}
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)

@@ -144,12 +144,13 @@ def summarize(samples, args):
         print(f"lag before the throttle: median {statistics.median(free_lags):.0f} ms, p90 {p90:.0f} ms, "
               f"max {free_lags[-1]:.0f} ms, {100 * under:.0f} % of samples under 100 ms; cpu_share median "
               f"{statistics.median(free_shares):.0f} %, mean {statistics.fmean(free_shares):.1f} %")
-        figs.append(results.figure(
-            "lag-control.typical", "lockstep, typical lag of a CPU-bound guest (free phase, median)",
-            statistics.median(free_lags), "ms", peer=results.peer('VMware FT §3.2: "typical lag under 100 ms"'),
-            target="< 100 ms", met=statistics.median(free_lags) < 100,
-            note=f"p90 {p90:.0f} ms; {100 * under:.0f} % of samples under 100 ms; "
-                 f"cpu_share mean {statistics.fmean(free_shares):.1f} %"))
+        if args.free_seconds >= 60:  # the typical lag's own run (bench/README.md), not a capped run's 10 s
+            figs.append(results.figure(
+                "lag-control.typical", "lockstep, typical lag of a CPU-bound guest (free phase, median)",
+                statistics.median(free_lags), "ms", peer=results.peer('VMware FT §3.2: "typical lag under 100 ms"'),
+                target="< 100 ms", met=statistics.median(free_lags) < 100,
+                note=f"p90 {p90:.0f} ms; {100 * under:.0f} % of samples under 100 ms; "
+                     f"cpu_share mean {statistics.fmean(free_shares):.1f} %"))
     else:
         print("no free-phase samples")
     print(f"lag crossed {thr} ms: " + (f"{crossed - args.free_seconds:.1f} s into the throttle"
