@@ -31,11 +31,13 @@ demo: image
 # time; either failing fails make. A test that hangs fails within its
 # limit, naming itself (cargo says which test runs long; pytest-timeout
 # prints the stacks), instead of using up CI's time: cargo's tests take
-# ~16 min (the README's examples ~6 of them), the longest FT test ~7 min,
-# on a loaded 2-core host.
+# ~16 min (the README's examples ~6 of them) and ~8 more when their images
+# are not built yet (the README's `py` image is built every run: its
+# packages configured in the guest, ~6 min; services.rs's web image once
+# per recipe, ~10 min), the longest FT test ~7 min, on a loaded 2-core host.
 test: image
 	$(CARGO) test --release --workspace --no-run
-	timeout --kill-after=30s 25m $(CARGO) test --release --workspace
+	timeout --kill-after=30s 35m $(CARGO) test --release --workspace
 	FTVM=$(abspath $(FTVM)) harness/run pytest -n 2 --timeout 1200 harness/tests
 
 bench: image

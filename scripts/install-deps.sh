@@ -30,6 +30,9 @@ PACKAGES=(
     qemu-system-misc      # qemu-system-riscv64: the reference machine
     redis-tools
     iperf3
+    postgresql-client     # psql, pgbench: the PostgreSQL guest's clients (crates/ftvm/tests/services.rs)
+    openssh-client        # ssh, ssh-keygen: logging in to a guest with its key (services.rs)
+    curl                  # a web server in the guest (services.rs)
     linux-perf            # perf: bench/encryption-price samples where ftvm's CPU time goes
     iputils-ping          # ping: an echo request nothing resends (test_ft.py, a failover's received frames)
     iproute2

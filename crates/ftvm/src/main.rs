@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 mod cluster_cli;
 mod console_cli;
+mod image_runner;
 mod progress;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
@@ -165,6 +166,10 @@ struct ImageBuildArgs {
     /// into the root at PATH, owned by root. May be repeated.
     #[arg(long = "add", value_name = "SOURCE:/PATH")]
     adds: Vec<String>,
+    /// A public key (an OpenSSH `.pub` file) root may log in with over
+    /// ssh (the image needs openssh-server). May be repeated.
+    #[arg(long = "ssh-key", value_name = "FILE")]
+    ssh_keys: Vec<std::path::PathBuf>,
     /// Show no progress (only the image's directory at the end).
     #[arg(long)]
     quiet: bool,
@@ -291,9 +296,11 @@ fn control_command(
 }
 
 fn image_build(args: &ImageBuildArgs) -> Result<u32, Box<dyn std::error::Error>> {
-    let spec = ftvm_image::ImageSpec::new(args.name.as_deref(), &args.packages, args.size.as_deref(), &args.adds)?;
+    let spec = ftvm_image::ImageSpec::new(args.name.as_deref(), &args.packages, args.size.as_deref(), &args.adds)?
+        .with_ssh_keys(&args.ssh_keys)?;
     let (progress, display) = progress::reporter(args.quiet);
-    let opts = ftvm_image::BuildOptions { force: args.force, spec, progress, ..Default::default() };
+    let runner: std::sync::Arc<dyn ftvm_image::GuestRunner> = std::sync::Arc::new(image_runner::ChildRun);
+    let opts = ftvm_image::BuildOptions { force: args.force, spec, progress, runner: Some(runner), ..Default::default() };
     let built = ftvm_image::build(&opts);
     display.finish();
     let img = built?;

@@ -129,6 +129,53 @@ fn commands_run_and_files_persist_across_boots() {
     );
 }
 
+/// A VM's seed (`--hostname`, `--ssh-key`) reaches the guest through the
+/// device tree, and its setup applies it (host name, root's keys), at
+/// every boot; a key file that holds no public key and a name that is no
+/// host name are refused in one line before anything runs.
+#[test]
+fn the_seed_names_the_vm_and_gives_root_its_key() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "seed");
+    let dir = std::env::temp_dir().join(format!("ftvm-guest-seed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("id.pub");
+    let line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPbNnyF1RruL3yS3GBLLD3R5jHzYEKsSJ5mMS9mmYk9z someone@host";
+    std::fs::write(&key, format!("{line}\n")).unwrap();
+    let key_arg = key.to_str().unwrap();
+
+    let cmd = "hostname; grep 127.0.1.1 /etc/hosts; cat /root/.ssh/authorized_keys; stat -c %a /root/.ssh/authorized_keys";
+    let o = exec(cmd, &disk, &["--hostname", "db7", "--ssh-key", key_arg]);
+    assert_outcome(&o, "seeded boot", 0, &format!("db7\n127.0.1.1\tdb7\n{line}\n600\n"));
+    // A second boot with the same seed adds nothing twice.
+    let o = exec("cat /root/.ssh/authorized_keys", &disk, &["--hostname", "db7", "--ssh-key", key_arg]);
+    assert_outcome(&o, "second seeded boot", 0, &format!("{line}\n"));
+
+    std::fs::write(dir.join("id"), "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n").unwrap();
+    let o = exec("true", &disk, &["--ssh-key", dir.join("id").to_str().unwrap()]);
+    assert_failure(&o, "a private key", 1, "reading --ssh-key: ");
+    let o = exec("true", &disk, &["--hostname", "db.example"]);
+    assert_failure(&o, "a domain name", 1, "reading --hostname: ");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--exec` runs under the minimal init, unless the command line asks for
+/// systemd: then the command runs once basic.target is reached, with
+/// systemd answering, and its status is still ftvm's.
+#[test]
+fn a_command_runs_under_systemd_when_asked() {
+    let img = image();
+    let disk = TempDisk::copy_of(&img.rootfs, "systemd");
+    let o = exec("cat /proc/1/comm; exit 3", &disk, &[]);
+    assert_outcome(&o, "the minimal init", 3, "ftvm-init\n");
+    let o = exec(
+        "cat /proc/1/comm; systemctl is-system-running; exit 5",
+        &disk,
+        &["--append", "console=ttyS0 root=/dev/vda rw ftvm.init=/sbin/init"],
+    );
+    assert_outcome(&o, "under systemd", 5, "systemd\nrunning\n");
+}
+
 /// ftvm's run ended with an error: exit status `code` and one line on
 /// stderr, `ftvm: ` then `prefix` (and whatever follows it).
 fn assert_failure(o: &Outcome, what: &str, code: i32, prefix: &str) {
@@ -326,7 +373,7 @@ fn console_input_larger_than_the_uart_buffer_arrives_whole() {
     };
     // Input typed before the shell opens the tty is flushed by the guest's
     // serial driver, so wait for the prompt.
-    let at = wait_for("root@ftvm-guest:/# ", 0, BOOT_TIMEOUT);
+    let at = wait_for("root@ftvm-guest:~# ", 0, BOOT_TIMEOUT);
     let stdin = child.stdin.as_mut().unwrap();
     stdin.write_all(b"stty -echo; cat > /tmp/in\n").unwrap();
     let line = format!("{}\n", "a".repeat(99));
@@ -334,15 +381,15 @@ fn console_input_larger_than_the_uart_buffer_arrives_whole() {
     stdin.write_all(paste.as_bytes()).unwrap();
     stdin.write_all(b"\x04").unwrap();
     // Lost input would include the final Ctrl-D, leaving cat waiting.
-    let at = wait_for("root@ftvm-guest:/# ", at, Duration::from_secs(120));
-    stdin.write_all(b"echo bytes=$(wc -c < /tmp/in) sum=$(sha256sum < /tmp/in); exit 3\n").unwrap();
+    let at = wait_for("root@ftvm-guest:~# ", at, Duration::from_secs(120));
+    stdin.write_all(b"echo bytes=$(wc -c < /tmp/in) sum=$(sha256sum < /tmp/in); poweroff\n").unwrap();
     stdin.flush().unwrap();
     let status = child.wait().unwrap();
     reader.join().unwrap();
     let out = seen.lock().unwrap()[at..].to_string();
     let expected = format!("bytes={} sum={}", paste.len(), sha256_hex(paste.as_bytes()));
     assert!(out.contains(&expected), "expected {expected:?} after the paste; console after it:\n{out}");
-    assert_eq!(status.code(), Some(3), "the shell's exit status is ftvm's");
+    assert_eq!(status.code(), Some(0), "systemd powered off: ftvm exits 0");
 }
 
 /// sha256 of `data` as `echo $(sha256sum)` prints it in the guest: the hash,

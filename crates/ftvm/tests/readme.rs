@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 /// A boot takes under a minute on a busy 2-core host; an image build a few.
 const LIMIT: Duration = Duration::from_secs(900);
-const PROMPT: &str = "root@ftvm-guest:/# ";
+const PROMPT: &str = "root@ftvm-guest:~# ";
 
 /// Run exactly as the README writes them (paths moved into the scratch
 /// directory, as the module's doc says).
@@ -107,12 +107,24 @@ const INSTEAD: &[(&str, &str, &str)] = &[
     ),
 ];
 
+const SERVICES: &str = "needs a TAP and builds an image of some 180 packages: crates/ftvm/tests/services.rs runs these \
+     (its own image name and key, a TAP in a namespace; psql, curl and ssh from the host)";
 const SECOND_HOST: &str = "needs a second host (a backup listening, or a pair to act on)";
 const CLUSTER: &str = "needs a cluster: etcd on the hosts and an agent on each";
 const TAP: &str = "needs a TAP device and an address on it on the host (CAP_NET_ADMIN)";
 
 /// Not run: (the README's line, why).
 const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "ftvm image build --name web --packages postgresql,nginx,openssh-server --ssh-key ~/.ssh/id_ed25519.pub",
+        SERVICES,
+    ),
+    (
+        "ftvm run --image web --net tap=tap0 --append 'console=ttyS0 root=/dev/vda rw ftvm.ip=10.0.0.2/24' --hostname db1",
+        SERVICES,
+    ),
+    ("ssh root@10.0.0.2 systemctl status postgresql", SERVICES),
+    ("ftvm console /tmp/vm.sock", "an interactive terminal on a running VM: crates/ftvm/tests/console.rs attaches, types, watches and detaches as a person does"),
     (
         "ftvm run --net tap=tap0 --append 'console=ttyS0 root=/dev/vda rw ftvm.ip=10.0.0.2/24' \
          --exec 'redis-server /etc/redis/redis.conf'",
@@ -443,8 +455,8 @@ impl Cx {
             "ftvm run --persist" => {
                 let mut vm = self.console(run);
                 vm.wait_for(PROMPT);
-                vm.type_line("echo kept > /root/readme-persisted; exit 0");
-                assert_eq!(vm.wait_end().code(), Some(0), "`exit 0` powers off with 0\n{}", vm.text());
+                vm.type_line("echo kept > /root/readme-persisted; poweroff");
+                assert_eq!(vm.wait_end().code(), Some(0), "`poweroff` powers off with 0\n{}", vm.text());
                 // What the image holds now: the file written with --persist,
                 // not the one written on a copy.
                 let out = self.ok("ftvm run --exec 'cat /root/readme-persisted; ls /root'");
@@ -527,7 +539,7 @@ impl Cx {
                 }
                 let mut vm = self.console(run);
                 vm.wait_for(PROMPT);
-                vm.type_line("echo cpus=$(nproc) mem=$(awk '/MemTotal/ {print int($2 / 1048576 + 0.5)}' /proc/meminfo)G; for d in /sys/block/vd*; do echo ${d##*/}=$(cat $d/size),ro$(cat $d/ro); done; exit 0");
+                vm.type_line("echo cpus=$(nproc) mem=$(awk '/MemTotal/ {print int($2 / 1048576 + 0.5)}' /proc/meminfo)G; for d in /sys/block/vd*; do echo ${d##*/}=$(cat $d/size),ro$(cat $d/ro); done; poweroff");
                 assert_eq!(vm.wait_end().code(), Some(0), "{}", vm.text());
                 let text = vm.text();
                 assert!(text.contains("cpus=2 mem=2G"), "{text}");
@@ -561,7 +573,7 @@ impl Cx {
             "ftvm run --restore /tmp/vm.snap" => {
                 let mut vm = self.console(run);
                 // The shell waits at its prompt, as when the snapshot was taken.
-                vm.type_line("echo restored-$((6 * 7)); exit 0");
+                vm.type_line("echo restored-$((6 * 7)); poweroff");
                 vm.wait_for("restored-42");
                 assert_eq!(vm.wait_end().code(), Some(0), "{}", vm.text());
             }
@@ -590,7 +602,7 @@ impl Cx {
                 let mut vm = self.console(run);
                 // Replayed to where the shell waits at its prompt, then live:
                 // the shell answers what is typed (held until then).
-                vm.type_line("echo live-$((6 * 7)); exit 0");
+                vm.type_line("echo live-$((6 * 7)); poweroff");
                 vm.wait_for("live-42");
                 assert_eq!(vm.wait_end().code(), Some(0), "{}", vm.text());
             }

@@ -136,7 +136,7 @@ fn control(sock: &str, words: &[&str]) -> String {
 
 #[test]
 fn a_restored_guest_reads_the_hosts_date_from_its_rtc() {
-    const PROMPT: &str = "root@ftvm-guest:/# ";
+    const PROMPT: &str = "root@ftvm-guest:~# ";
     let s = Scratch::new("rtc", "restore");
     let disk = rootfs_copy(&s);
     let sock = common::path_str(&s.path("vm.sock"));
@@ -173,7 +173,7 @@ fn a_restored_guest_reads_the_hosts_date_from_its_rtc() {
     );
     assert_near("restored guest's RTC", rtc, before, after);
     assert_near("restored guest's date", date, before, after);
-    vm.type_line("exit 0");
+    vm.type_line("poweroff");
     let t0 = Instant::now();
     while vm.child.try_wait().unwrap().is_none() {
         assert!(t0.elapsed() < Duration::from_secs(60), "the restored VM did not stop");

@@ -21,16 +21,20 @@ const TOOLS: &[(&str, &str)] = &[
     ("xz", "xz-utils"),
     ("zstd", "zstd"),
     ("gzip", "gzip"),
+    ("e2image", "e2fsprogs"),
+    ("dpkg-deb", "dpkg"),
 ];
 
 /// The build's steps, as [`Progress::Step`] numbers them.
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 8] = [
     "fetching Debian packages",
     "preparing the kernel and firmware",
     "resolving kernel modules",
     "building the initramfs",
     "preparing the root filesystem",
     "creating rootfs.ext4",
+    "configuring the packages (dpkg and apt in the guest, on ftvm)",
+    "compacting rootfs.ext4",
 ];
 
 struct Ctx {
@@ -283,23 +287,106 @@ fn path_in_root(root: &Path, dest: &str) -> std::io::Result<PathBuf> {
     Ok(root.join(at))
 }
 
-/// Put the user's directory (its contents) or tarball (extracted) at its
-/// place in the root, owned by root (as the packages' files are).
-fn add_files(add: &crate::Added, root: &Path, log: &Path) -> Result<(), ImageError> {
-    let step = format!("adding {}", add.source.display());
-    let dest = path_in_root(root, &add.dest).map_err(|e| err(&step, e))?;
-    fs::create_dir_all(&dest).map_err(|e| err(&step, format!("{}: {e}", add.dest)))?;
-    if add.source.is_dir() {
-        let mut from = add.source.clone().into_os_string();
+/// Put the user's directory (its contents) or tarball (extracted) at
+/// `dest` in the root, owned by root (as the packages' files are).
+fn add_files(source: &Path, dest: &str, root: &Path, log: &Path) -> Result<(), ImageError> {
+    let step = format!("adding {}", source.display());
+    let dest = path_in_root(root, dest).map_err(|e| err(&step, e))?;
+    fs::create_dir_all(&dest).map_err(|e| err(&step, format!("{}: {e}", dest.display())))?;
+    if source.is_dir() {
+        let mut from = source.to_path_buf().into_os_string();
         from.push("/.");
         run(&step, Command::new("cp").args(["-a", "--no-preserve=ownership", "--"]).arg(from).arg(&dest), Some(log))
     } else {
         run(
             &step,
-            Command::new("tar").args(["-x", "--no-same-owner", "-f"]).arg(&add.source).arg("-C").arg(&dest),
+            Command::new("tar").args(["-x", "--no-same-owner", "-f"]).arg(source).arg("-C").arg(&dest),
             Some(log),
         )
     }
+}
+
+/// Writes `/var/lib/ftvm/essential` in the root: the files of the
+/// packages the guest installs first (see [`crate::essential`]).
+fn essential_list(archives: &Path, root: &Path) -> Result<(), ImageError> {
+    let step = "finding the essential packages";
+    let dpkg_deb = tool("dpkg-deb")?;
+    let mut debs: Vec<(String, crate::essential::Control)> = Vec::new();
+    for e in fs::read_dir(archives).map_err(|e| err(step, e))?.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        if !file.ends_with(".deb") {
+            continue;
+        }
+        let out = Command::new(&dpkg_deb)
+            .arg("-f")
+            .arg(e.path())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| err(step, format!("cannot start dpkg-deb: {e}")))?;
+        if !out.status.success() {
+            return Err(err(step, format!("dpkg-deb -f {file}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        debs.push((file, crate::essential::Control::parse(&String::from_utf8_lossy(&out.stdout))));
+    }
+    let set = crate::essential::closure(&debs.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>());
+    let mut files: Vec<&str> = debs.iter().filter(|(_, c)| set.contains(&c.name)).map(|(f, _)| f.as_str()).collect();
+    files.sort();
+    let dir = root.join("var/lib/ftvm");
+    fs::create_dir_all(&dir).map_err(|e| err(step, e))?;
+    fs::write(dir.join("essential"), files.iter().map(|f| format!("{f}\n")).collect::<String>())
+        .map_err(|e| err(step, e))
+}
+
+/// Where the user's files wait in the root until the packages are
+/// configured (`guest/lib/configure` puts each in its place, as `list`
+/// says, and removes the directory).
+const ADDS_DIR: &str = "/var/lib/ftvm/adds";
+
+/// Boots the root disk once under the guest's minimal init and runs the
+/// configuration script in it (see `guest/lib/configure`), telling its
+/// progress; its whole transcript goes to the build's log.
+fn configure(
+    ctx: &Ctx,
+    runner: &dyn crate::GuestRunner,
+    out: &Path,
+    rootfs: &Path,
+    log: &Path,
+) -> Result<(), ImageError> {
+    let step = "configuring the packages in the guest";
+    let (firmware, kernel, initrd) = (out.join("fw_dynamic.bin"), out.join("Image"), out.join("initrd.img"));
+    let cmdline = format!("console=ttyS0 ftvm.init={}", crate::MINIMAL_INIT);
+    let boot = crate::GuestBoot {
+        firmware: &firmware,
+        kernel: &kernel,
+        initrd: &initrd,
+        disk: rootfs,
+        cmdline: &cmdline,
+        command: crate::CONFIGURE_COMMAND,
+    };
+    let mut transcript = fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| err(step, e))?;
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut set_up = 0;
+    let status = runner.run(&boot, &mut |line: &str| {
+        let _ = writeln!(transcript, "{line}");
+        if let Some(note) = line.strip_prefix("ftvm-configure: ") {
+            ctx.say(note);
+        } else if let Some(pkg) = line.strip_prefix("Setting up ") {
+            set_up += 1;
+            ctx.say(&format!("set up {set_up}: {}", pkg.trim_end_matches(" ...")));
+        }
+        if !line.trim().is_empty() {
+            if tail.len() == 3 {
+                tail.pop_front();
+            }
+            tail.push_back(line.trim().to_string());
+        }
+    });
+    let status = status.map_err(|e| err(step, e))?;
+    if status != 0 {
+        let tail: Vec<String> = tail.into_iter().collect();
+        return Err(err(step, format!("the guest's configuration ended with status {status}: {}", tail.join(" | "))));
+    }
+    Ok(())
 }
 
 /// Pipe `input` through `prog args...` into `out`.
@@ -374,6 +461,12 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     }
 
     // ---- preflight
+    let runner = opts.runner.clone().ok_or_else(|| {
+        err(
+            "checking the build's means",
+            "configuring the packages needs a guest to run them in: build images with `ftvm image build`",
+        )
+    })?;
     for (t, _) in TOOLS {
         tool(t)?;
     }
@@ -403,7 +496,7 @@ pub(crate) fn build(opts: &BuildOptions, final_dir: &Path) -> Result<GuestImage,
     let work = images.join(format!(".build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| err("creating the build directory", format!("{}: {e}", work.display())))?;
-    let result = build_in(&ctx, &work, &mirror, spec);
+    let result = build_in(&ctx, &work, &mirror, spec, &*runner);
     let result = result.and_then(|mut stamp| {
         spec.stamp_fields(&mut stamp);
         install(&ctx, &work, final_dir, stamp)
@@ -437,7 +530,13 @@ fn install(ctx: &Ctx, work: &Path, final_dir: &Path, mut stamp: Stamp) -> Result
     Ok(img)
 }
 
-fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<Stamp, ImageError> {
+fn build_in(
+    ctx: &Ctx,
+    work: &Path,
+    mirror: &str,
+    spec: &ImageSpec,
+    runner: &dyn crate::GuestRunner,
+) -> Result<Stamp, ImageError> {
     let stage = work.join("stage");
     let out = work.join("image");
     fs::create_dir_all(&out).map_err(|e| err("creating the build directory", e))?;
@@ -476,6 +575,7 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
                 .arg("--variant=extract")
                 .arg(format!("--architectures={}", crate::ARCH))
                 .arg("--components=main")
+                .arg(format!("--include={}", crate::ESSENTIAL))
                 .arg(format!("--include={}", packages.join(",")))
                 .arg("--aptopt=Acquire::Languages \"none\"")
                 .arg("--aptopt=Acquire::Retries \"3\"")
@@ -518,6 +618,10 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
             ));
         }
     }
+    // The .debs stay in the root: the guest installs the packages from
+    // them (guest/lib/configure), and removes them. apt's lists go: apt
+    // resolves among the .debs it is given, and parsing the archive's
+    // index took the guest minutes.
     let _ = fs::remove_dir_all(stage.join("var/lib/apt/lists"));
     let archives = stage.join("var/cache/apt/archives");
     let mut packages: Vec<(String, String)> = fs::read_dir(&archives)
@@ -539,17 +643,20 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
     if let Some(r) = &ctx.progress {
         r(Progress::Bytes(deb_bytes));
     }
-    // keep exactly this build's .debs for the next one
+    // keep exactly this build's .debs for the next one (links: the build
+    // directory and the cache are one filesystem)
     let _ = fs::remove_dir_all(&deb_cache);
     let _ = fs::create_dir_all(&deb_cache);
     for e in fs::read_dir(&archives).into_iter().flatten().flatten() {
-        if e.path().extension().is_some_and(|x| x == "deb")
-            && fs::rename(e.path(), deb_cache.join(e.file_name())).is_err()
-        {
-            let _ = fs::remove_file(e.path());
+        if e.path().extension().is_some_and(|x| x == "deb") {
+            let kept = deb_cache.join(e.file_name());
+            if fs::hard_link(e.path(), &kept).is_err() {
+                let _ = fs::copy(e.path(), &kept);
+            }
         }
     }
     ctx.say(&format!("extracted {} packages ({} MiB)", packages.len(), deb_bytes >> 20));
+    essential_list(&archives, &stage)?;
 
     // merged /usr (trixie packages ship under /usr only)
     for (link, target) in [("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib")] {
@@ -727,10 +834,15 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
     // ---- 6. root filesystem
     ctx.step(5);
     let step = "preparing the root filesystem";
-    prepare_root(&stage, &applets).map_err(|e| err(step, e))?;
-    for add in &spec.adds {
-        ctx.say(&format!("adding {} at {}", add.source.display(), add.dest));
-        add_files(add, &stage, &log)?;
+    prepare_root(&stage, &applets, spec).map_err(|e| err(step, e))?;
+    for (n, add) in spec.adds.iter().enumerate() {
+        ctx.say(&format!("adding {} at {} (after the configuration)", add.source.display(), add.dest));
+        add_files(&add.source, &format!("{ADDS_DIR}/{n}"), &stage, &log)?;
+    }
+    if !spec.adds.is_empty() {
+        let list: String = spec.adds.iter().enumerate().map(|(n, a)| format!("{n} {}\n", a.dest)).collect();
+        fs::write(path_in_root(&stage, ADDS_DIR).map_err(|e| err(step, e))?.join("list"), list)
+            .map_err(|e| err(step, e))?;
     }
     ctx.step(6);
     let step = "creating the ext4 root image (mke2fs)";
@@ -762,6 +874,26 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
         Some(&log),
     )?;
 
+    // ---- 7. the packages configured, in the guest
+    ctx.step(7);
+    configure(ctx, runner, &out, &rootfs, &log)?;
+
+    // ---- 8. the root disk holds only what its filesystem uses
+    ctx.step(8);
+    let step = "compacting rootfs.ext4 (e2image)";
+    // The configuration wrote every package's files anew over the
+    // extracted ones and deleted the .debs: blocks the filesystem no longer
+    // uses still hold data in the host's file, which every run's copy of
+    // the disk would carry. e2image copies the used blocks only.
+    let compact = out.join("rootfs.compact");
+    run(step, Command::new(tool("e2image")?).arg("-ra").arg(&rootfs).arg(&compact), Some(&log))?;
+    let used = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(p).map(|m| m.blocks() * 512 >> 20).unwrap_or(0)
+    };
+    ctx.say(&format!("rootfs.ext4: {} MiB on the host's disk, from {} MiB", used(&compact), used(&rootfs)));
+    fs::rename(&compact, &rootfs).map_err(|e| err(step, e))?;
+
     Ok(Stamp {
         recipe: crate::recipe_fingerprint(),
         kernel_version: version,
@@ -774,23 +906,10 @@ fn build_in(ctx: &Ctx, work: &Path, mirror: &str, spec: &ImageSpec) -> Result<St
     })
 }
 
-/// Turn the extracted package tree into the guest's root filesystem.
-fn prepare_root(root: &Path, applets: &[String]) -> std::io::Result<()> {
-    let rm = |p: &str| {
-        let p = root.join(p);
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => fs::remove_dir_all(&p),
-            Ok(_) => fs::remove_file(&p),
-            Err(_) => Ok(()),
-        }
-    };
-    // the kernel is passed separately; apt state and the host's apt sources
-    // are of no use in the guest
-    rm("boot")?;
-    rm("etc/apt/sources.list")?;
-    rm("etc/apt/sources.list.d")?;
-    rm("var/lib/apt/lists")?;
-    rm("var/cache/apt")?;
+/// Turn the extracted package tree into the root the guest configures:
+/// ftvm's guest files, busybox's applets for what no package provides,
+/// root's ssh keys.
+fn prepare_root(root: &Path, applets: &[String], spec: &ImageSpec) -> std::io::Result<()> {
     for (dir, mode) in [
         ("proc", 0o555),
         ("sys", 0o555),
@@ -801,18 +920,11 @@ fn prepare_root(root: &Path, applets: &[String]) -> std::io::Result<()> {
         ("root", 0o700),
         ("mnt", 0o755),
         ("home", 0o755),
-        ("etc/redis", 0o755),
-        ("var/lib/redis", 0o750),
-        ("var/log/redis", 0o750),
         ("usr/local/bin", 0o755),
-        ("etc/profile.d", 0o755),
     ] {
         let p = root.join(dir);
         fs::create_dir_all(&p)?;
         fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
-    }
-    for dir in ["var/lib/redis", "var/log/redis"] {
-        std::os::unix::fs::chown(root.join(dir), Some(100), Some(101))?;
     }
     for (link, target) in [("var/run", "/run"), ("var/lock", "/run/lock")] {
         let p = root.join(link);
@@ -829,13 +941,33 @@ fn prepare_root(root: &Path, applets: &[String]) -> std::io::Result<()> {
     }
     for (path, mode, text) in crate::GUEST_ROOT_FILES {
         let p = root.join(path);
+        if let Some(dir) = p.parent() {
+            fs::create_dir_all(dir)?;
+        }
         let _ = fs::remove_file(&p);
         fs::write(&p, text)?;
         fs::set_permissions(&p, fs::Permissions::from_mode(*mode))?;
     }
-    let init = root.join("usr/sbin/ftvm-init");
-    fs::write(&init, crate::GUEST_ROOT_INIT)?;
-    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let wants = root.join("usr/lib/systemd/system/sysinit.target.wants");
+    fs::create_dir_all(&wants)?;
+    for unit in crate::GUEST_SYSINIT_UNITS {
+        let _ = fs::remove_file(wants.join(unit));
+        symlink(format!("../{unit}"), wants.join(unit))?;
+    }
+    let masked = root.join("etc/systemd/system");
+    fs::create_dir_all(&masked)?;
+    for unit in crate::GUEST_MASKED_UNITS {
+        let _ = fs::remove_file(masked.join(unit));
+        symlink("/dev/null", masked.join(unit))?;
+    }
+    if !spec.ssh_keys.is_empty() {
+        let ssh = root.join("root/.ssh");
+        fs::create_dir_all(&ssh)?;
+        fs::set_permissions(&ssh, fs::Permissions::from_mode(0o700))?;
+        let keys: String = spec.ssh_keys.iter().map(|k| format!("{k}\n")).collect();
+        fs::write(ssh.join("authorized_keys"), keys)?;
+        fs::set_permissions(ssh.join("authorized_keys"), fs::Permissions::from_mode(0o600))?;
+    }
     Ok(())
 }
 

@@ -17,9 +17,15 @@
 //!   busybox (`busybox-static`), the modules the root needs (virtio_mmio,
 //!   virtio_blk, virtio_net, ext4 and their hard/soft dependencies, from
 //!   `depmod`'s modules.dep), and `/init` (`guest/init`).
-//! * `rootfs.ext4` — a 1 GiB sparse ext4 root with busybox applets, redis
-//!   (server + tools), iperf3, their libraries, all kernel modules, and
-//!   `/sbin/ftvm-init` (`guest/ftvm-init`) as init.
+//! * `rootfs.ext4` — a 1 GiB sparse ext4 root: Debian's essential packages,
+//!   apt, systemd as init, redis (server + tools), iperf3, the kernel's
+//!   modules, busybox's applets for every command no package provides, and
+//!   ftvm's own guest files (`guest/`: the exec command's service, this
+//!   VM's settings at boot, the RTC follower). Every package is
+//!   *configured*, as `apt install` leaves it: the build boots the
+//!   extracted root once on ftvm itself and installs the packages there
+//!   with dpkg and apt (`guest/lib/configure`), through the [`GuestRunner`]
+//!   its front end gives it.
 //!
 //! The guest protocol (command line, markers, exit status) is in [`protocol`]
 //! and `guest/README.md`.
@@ -37,10 +43,12 @@ pub mod artifacts;
 pub mod base64;
 mod build;
 pub mod copy;
+pub mod essential;
 pub mod cpio;
 pub mod mirror;
 pub mod modules;
 pub mod protocol;
+pub mod seed;
 mod spec;
 
 use std::fmt;
@@ -60,30 +68,76 @@ pub const IMAGE_NAME: &str = "trixie-riscv64";
 /// Stamp file written last into a finished image directory.
 pub const STAMP_FILE: &str = "ftvm-image.stamp";
 /// Bump when the build recipe changes in a way the guest files don't show.
-pub const RECIPE_VERSION: u32 = 1;
-/// Debian packages extracted for the image (dependencies resolved by apt).
-pub const PACKAGES: &[&str] =
-    &["linux-image-riscv64", "opensbi", "busybox-static", "redis-server", "redis-tools", "iperf3"];
+pub const RECIPE_VERSION: u32 = 2;
+/// Debian packages of every image (dependencies resolved by apt), beside
+/// the Essential:yes ones ([`ESSENTIAL`]): the kernel and firmware the
+/// host boots, apt (which configures the rest), systemd as init with udev,
+/// iproute2 and netbase (the network), and the appliance's own (busybox's
+/// applets, redis, iperf3).
+pub const PACKAGES: &[&str] = &[
+    "linux-image-riscv64",
+    "opensbi",
+    "apt",
+    "systemd-sysv",
+    "udev",
+    "iproute2",
+    "netbase",
+    "busybox-static",
+    "redis-server",
+    "redis-tools",
+    "iperf3",
+];
+/// The apt pattern of Debian's Essential:yes packages, which every image
+/// has, as every Debian system does.
+pub const ESSENTIAL: &str = "?essential";
 /// Modules the initramfs loads (plus their dependencies) when not built in.
 pub const ROOT_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "ext4"];
 /// Size of the sparse ext4 root image.
 pub const ROOTFS_SIZE: u64 = 1 << 30;
 
 pub(crate) const GUEST_INIT: &str = include_str!("../../../guest/init");
-pub(crate) const GUEST_ROOT_INIT: &str = include_str!("../../../guest/ftvm-init");
-/// Files copied over the extracted root: (path, mode, contents).
+/// The guest's minimal init: what the configuration boot runs as PID 1.
+pub(crate) const MINIMAL_INIT: &str = "/usr/lib/ftvm/ftvm-init";
+/// The configuration script that boot runs (`guest/lib/configure`).
+pub(crate) const CONFIGURE_COMMAND: &str = "/usr/lib/ftvm/configure";
+/// ftvm's files in the root, put there before the packages are configured
+/// (a package's file of the same path wins, but none has one; an `/etc`
+/// file is a conffile dpkg keeps): (path, mode, contents).
 pub(crate) const GUEST_ROOT_FILES: &[(&str, u32, &str)] = &[
-    ("etc/passwd", 0o644, include_str!("../../../guest/rootfs/etc/passwd")),
-    ("etc/group", 0o644, include_str!("../../../guest/rootfs/etc/group")),
-    ("etc/shadow", 0o640, include_str!("../../../guest/rootfs/etc/shadow")),
+    ("usr/lib/ftvm/ftvm-init", 0o755, include_str!("../../../guest/ftvm-init")),
+    ("usr/lib/ftvm/configure", 0o755, include_str!("../../../guest/lib/configure")),
+    ("usr/lib/ftvm/exec", 0o755, include_str!("../../../guest/lib/exec")),
+    ("usr/lib/ftvm/exec-done", 0o755, include_str!("../../../guest/lib/exec-done")),
+    ("usr/lib/ftvm/setup", 0o755, include_str!("../../../guest/lib/setup")),
+    ("usr/lib/ftvm/rtc-follow", 0o755, include_str!("../../../guest/lib/rtc-follow")),
+    ("usr/lib/systemd/system/ftvm-exec.target", 0o644, include_str!("../../../guest/systemd/ftvm-exec.target")),
+    ("usr/lib/systemd/system/ftvm-exec.service", 0o644, include_str!("../../../guest/systemd/ftvm-exec.service")),
+    ("usr/lib/systemd/system/ftvm-setup.service", 0o644, include_str!("../../../guest/systemd/ftvm-setup.service")),
+    ("usr/lib/systemd/system/ftvm-rtc.service", 0o644, include_str!("../../../guest/systemd/ftvm-rtc.service")),
+    ("usr/lib/systemd/system-generators/ftvm-exec-generator", 0o755, include_str!("../../../guest/systemd/ftvm-exec-generator")),
+    ("usr/lib/systemd/system-shutdown/ftvm-exec-status", 0o755, include_str!("../../../guest/systemd/ftvm-exec-status")),
+    ("usr/lib/sysctl.d/90-ftvm.conf", 0o644, include_str!("../../../guest/systemd/90-ftvm.conf")),
+    (
+        "etc/systemd/system/serial-getty@.service.d/ftvm-autologin.conf",
+        0o644,
+        include_str!("../../../guest/systemd/ftvm-autologin.conf"),
+    ),
     ("etc/hostname", 0o644, include_str!("../../../guest/rootfs/etc/hostname")),
     ("etc/hosts", 0o644, include_str!("../../../guest/rootfs/etc/hosts")),
-    ("etc/nsswitch.conf", 0o644, include_str!("../../../guest/rootfs/etc/nsswitch.conf")),
-    ("etc/profile", 0o644, include_str!("../../../guest/rootfs/etc/profile")),
     ("etc/fstab", 0o644, include_str!("../../../guest/rootfs/etc/fstab")),
     ("etc/resolv.conf", 0o644, include_str!("../../../guest/rootfs/etc/resolv.conf")),
     ("etc/redis/redis.conf", 0o644, include_str!("../../../guest/rootfs/etc/redis/redis.conf")),
 ];
+/// ftvm's services that run on every boot, wanted by `sysinit.target`
+/// (links in the vendor directory, as systemd's own units are enabled).
+pub(crate) const GUEST_SYSINIT_UNITS: &[&str] = &["ftvm-setup.service", "ftvm-rtc.service"];
+/// systemd's units an ftvm guest never runs (masked: linked to /dev/null
+/// in /etc/systemd/system). systemd-firstboot asks on the console for a
+/// locale, a time zone and a root password on a VM's first boot (its
+/// machine-id is still to be made): nobody answers a VM's console then,
+/// and an --exec run would wait forever; a VM's own settings come from
+/// its seed (ftvm-setup.service).
+pub(crate) const GUEST_MASKED_UNITS: &[&str] = &["systemd-firstboot.service"];
 
 /// A built guest image: everything `ftvm run` (or QEMU) needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +166,43 @@ pub struct BuildOptions {
     /// Told each step, the bytes of packages at hand, and notes, as the
     /// build goes (the front end draws them; nothing is printed here).
     pub progress: Option<Reporter>,
+    /// Boots the root once to configure its packages (see [`GuestRunner`]);
+    /// a build without one fails before it fetches anything.
+    pub runner: Option<std::sync::Arc<dyn GuestRunner>>,
+}
+
+/// A boot of the image under construction, to run one command in it (the
+/// packages' configuration, `guest/lib/configure`): the image crate knows
+/// no emulator, so the front end driving the build gives one (ftvm's
+/// command line boots it on ftvm itself).
+#[derive(Debug, Clone, Copy)]
+pub struct GuestBoot<'a> {
+    /// OpenSBI `fw_dynamic.bin`.
+    pub firmware: &'a Path,
+    /// The kernel `Image`.
+    pub kernel: &'a Path,
+    /// The initramfs.
+    pub initrd: &'a Path,
+    /// The root disk, written by the guest.
+    pub disk: &'a Path,
+    /// The kernel command line (the console, the init to run).
+    pub cmdline: &'a str,
+    /// The command, run as root with `/bin/sh -c` in exec mode.
+    pub command: &'a str,
+}
+
+/// Runs a [`GuestBoot`] (see [`BuildOptions::runner`]).
+pub trait GuestRunner: Send + Sync {
+    /// Boots `boot`, runs its command, and returns the command's exit
+    /// status; `line` hears each line the command prints, as it comes.
+    /// An error is a boot that could not run at all, in one line.
+    fn run(&self, boot: &GuestBoot<'_>, line: &mut dyn FnMut(&str)) -> Result<i32, String>;
+}
+
+impl fmt::Debug for dyn GuestRunner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GuestRunner")
+    }
 }
 
 /// Hears a build's progress (see [`Progress`]).
@@ -211,6 +302,8 @@ pub struct Stamp {
     pub rootfs_size: u64,
     /// The user's files added to the root, as `SOURCE:/PATH DIGEST`.
     pub added: Vec<String>,
+    /// Digests of the public keys root may log in with over ssh.
+    pub ssh_keys: Vec<String>,
 }
 
 impl Stamp {
@@ -234,6 +327,9 @@ impl Stamp {
         }
         for a in &self.added {
             s.push_str(&format!("added={a}\n"));
+        }
+        for k in &self.ssh_keys {
+            s.push_str(&format!("ssh_key={k}\n"));
         }
         for (p, v) in &self.packages {
             s.push_str(&format!("package {p} {v}\n"));
@@ -277,6 +373,7 @@ impl Stamp {
                 }
                 "rootfs_size" => st.rootfs_size = v.parse().unwrap_or(0),
                 "added" => st.added.push(v.into()),
+                "ssh_key" => st.ssh_keys.push(v.into()),
                 _ => {}
             }
         }
@@ -294,7 +391,14 @@ pub fn recipe_fingerprint() -> String {
         h = fnv1a(b"\0", h);
     }
     h = fnv1a(GUEST_INIT.as_bytes(), h);
-    h = fnv1a(GUEST_ROOT_INIT.as_bytes(), h);
+    h = fnv1a(ESSENTIAL.as_bytes(), h);
+    for u in GUEST_SYSINIT_UNITS {
+        h = fnv1a(u.as_bytes(), h);
+    }
+    h = fnv1a(b"masked\0", h);
+    for u in GUEST_MASKED_UNITS {
+        h = fnv1a(u.as_bytes(), h);
+    }
     for (p, m, c) in GUEST_ROOT_FILES {
         h = fnv1a(p.as_bytes(), h);
         h = fnv1a(&m.to_le_bytes(), h);

@@ -90,13 +90,23 @@ pub struct ImageSpec {
     pub packages: Vec<String>,
     /// Size of the (sparse) root disk in bytes.
     pub size: u64,
-    /// The user's files, put into the root last.
+    /// The user's files, put into the root last (after the packages are
+    /// configured, so a file of theirs replaces a package's).
     pub adds: Vec<Added>,
+    /// Public keys root may log in with over ssh (lines of
+    /// `/root/.ssh/authorized_keys`).
+    pub ssh_keys: Vec<String>,
 }
 
 impl Default for ImageSpec {
     fn default() -> Self {
-        ImageSpec { name: IMAGE_NAME.into(), packages: Vec::new(), size: ROOTFS_SIZE, adds: Vec::new() }
+        ImageSpec {
+            name: IMAGE_NAME.into(),
+            packages: Vec::new(),
+            size: ROOTFS_SIZE,
+            adds: Vec::new(),
+            ssh_keys: Vec::new(),
+        }
     }
 }
 
@@ -143,7 +153,27 @@ impl ImageSpec {
                 ),
             ));
         }
-        Ok(ImageSpec { name, packages: wanted, size, adds })
+        Ok(ImageSpec { name, packages: wanted, size, adds, ssh_keys: Vec::new() })
+    }
+
+    /// This spec with the public keys in `files` (OpenSSH's
+    /// `authorized_keys` lines: a `.pub` file, or several keys a file) for
+    /// root. Only a named image takes keys: the default one is everyone's.
+    pub fn with_ssh_keys(mut self, files: &[PathBuf]) -> Result<Self, ImageError> {
+        self.ssh_keys.extend(crate::seed::read_public_keys(files)?);
+        if !self.ssh_keys.is_empty() && self.name == IMAGE_NAME {
+            return Err(ImageError::new(
+                "choosing the image",
+                format!("{IMAGE_NAME} is the default image, built from the default recipe: give one with keys another --name"),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// The stamp's record of the keys: a digest each.
+    fn key_digests(&self) -> Vec<String> {
+        use crate::artifacts::{fnv1a, FNV_OFFSET};
+        self.ssh_keys.iter().map(|k| format!("{:016x}", fnv1a(k.as_bytes(), FNV_OFFSET))).collect()
     }
 
     /// Whether an image built with `stamp` is this spec's: the same
@@ -152,6 +182,7 @@ impl ImageSpec {
         stamp.added == self.adds.iter().map(Added::render).collect::<Vec<_>>()
             && stamp.extra_packages == self.packages
             && stamp.rootfs_bytes() == self.size
+            && stamp.ssh_keys == self.key_digests()
     }
 
     /// The stamp's record of this spec.
@@ -159,6 +190,7 @@ impl ImageSpec {
         stamp.extra_packages = self.packages.clone();
         stamp.rootfs_size = if self.size == ROOTFS_SIZE && self.name == IMAGE_NAME { 0 } else { self.size };
         stamp.added = self.adds.iter().map(Added::render).collect();
+        stamp.ssh_keys = self.key_digests();
     }
 }
 

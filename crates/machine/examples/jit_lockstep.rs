@@ -58,6 +58,7 @@ fn main() {
         guest_ips: 100_000_000,
         rtc_base_ns: 0,
         extensions: ftvm_machine::Extensions::ALL,
+        seed: None,
     };
     let limit: u64 = args.get(4).map(|s| s.parse().unwrap()).unwrap_or(2_000_000_000);
     let mut a = machine(&cfg, "0");

@@ -33,6 +33,9 @@ pub struct FdtConfig {
     /// The optional extensions the harts implement, advertised to
     /// firmware and kernel.
     pub extensions: Extensions,
+    /// The VM's seed (`/chosen/ftvm,seed`): its own settings for the
+    /// guest's first-boot setup (lines `key=value`; see MachineConfig).
+    pub seed: Option<String>,
 }
 
 /// The ISA every hart implements, in both the legacy string form (OpenSBI
@@ -160,6 +163,9 @@ fn chosen(w: &mut FdtWriter, cfg: &FdtConfig) -> Result<(), vm_fdt::Error> {
     if let Some((start, end)) = cfg.initrd {
         w.property_u64("linux,initrd-start", start)?;
         w.property_u64("linux,initrd-end", end)?;
+    }
+    if let Some(seed) = &cfg.seed {
+        w.property_string("ftvm,seed", seed)?;
     }
     w.end_node(n)
 }
@@ -375,6 +381,7 @@ mod tests {
             timebase_freq: 10_000_000,
             virtio: (0..8).map(|i| (0x1000_1000 + 0x1000 * i as u64, 1 + i)).collect(),
             extensions: Extensions::ALL,
+            seed: None,
         }
     }
 
@@ -400,6 +407,15 @@ mod tests {
         assert!(!t["/cpus/cpu@0"].contains_key("riscv,cboz-block-size"));
     }
 
+    /// The seed is a string property of /chosen, as the guest's setup
+    /// reads it from /sys/firmware/devicetree/base/chosen/ftvm,seed.
+    #[test]
+    fn the_seed_is_in_chosen() {
+        let seed = "hostname=db1\nssh-key=ssh-ed25519 AAAA root@host\n";
+        let t = parse(&build_fdt(&FdtConfig { seed: Some(seed.into()), ..config() }).unwrap());
+        assert_eq!(prop(&t, "/chosen", "ftvm,seed"), format!("{seed}\0").as_bytes());
+    }
+
     #[test]
     fn tree_has_what_opensbi_and_linux_need() {
         let blob = build_fdt(&config()).unwrap();
@@ -410,6 +426,7 @@ mod tests {
         assert_eq!(prop(&t, "/chosen", "linux,initrd-start"), 0x9000_0000u64.to_be_bytes());
         assert_eq!(prop(&t, "/chosen", "linux,initrd-end"), 0x9100_0000u64.to_be_bytes());
         assert!(!t["/chosen"].contains_key("rng-seed"));
+        assert!(!t["/chosen"].contains_key("ftvm,seed"));
 
         assert_eq!(cells(prop(&t, "/memory@80000000", "reg")), [0, 0x8000_0000, 0, 0x2000_0000]);
         assert_eq!(cells(prop(&t, "/cpus", "timebase-frequency")), [10_000_000]);

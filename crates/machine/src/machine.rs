@@ -63,6 +63,12 @@ pub struct MachineConfig {
     /// advertises): [`Extensions::ALL`] for a new machine, what a log or
     /// snapshot names for one that replays or restores.
     pub extensions: Extensions,
+    /// The VM's own settings for its guest (host name, ssh keys, ...: lines
+    /// `key=value`, read by the guest's setup at boot), handed over in the
+    /// device tree's /chosen node, the way cloud-init's NoCloud hands a
+    /// seed over on a disk: part of the machine, so a replay and a backup
+    /// boot with the same one.
+    pub seed: Option<String>,
 }
 
 impl MachineConfig {
@@ -81,6 +87,7 @@ impl MachineConfig {
             guest_ips: DEFAULT_GUEST_IPS,
             rtc_base_ns: 0,
             extensions: Extensions::ALL,
+            seed: None,
         }
     }
 }
@@ -195,6 +202,7 @@ impl Machine {
             timebase_freq: TIMEBASE_HZ,
             virtio: board.virtio_windows(),
             extensions: cfg.extensions,
+            seed: cfg.seed.clone(),
         })
         .map_err(MachineError::DeviceTree)?;
         loader::load(&mut ram, &plan, cfg.firmware.as_deref(), &cfg.kernel, cfg.initrd.as_deref(), &fdt)?;

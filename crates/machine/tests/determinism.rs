@@ -77,6 +77,7 @@ fn boot(harts: usize, tag: &str) -> (Machine, TempDisk) {
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: 0,
         extensions: ftvm_machine::Extensions::ALL,
+        seed: None,
     };
     let mut m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
     // For the state digest at the end.

@@ -177,6 +177,7 @@ fn boot() -> Vm {
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: 0,
         extensions: ftvm_machine::Extensions::ALL,
+        seed: None,
     };
     let m = Machine::new(&cfg).unwrap_or_else(|e| panic!("building the machine: {e}"));
     let io = disk.open();

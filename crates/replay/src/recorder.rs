@@ -247,6 +247,9 @@ pub enum Start<'a> {
         kernel: (&'a Path, &'a [u8]),
         initrd: Option<(&'a Path, &'a [u8])>,
         cmdline: &'a str,
+        /// The machine's seed (`MachineConfig::seed`), kept in hex: it
+        /// has lines, a header's value is one.
+        seed: Option<&'a str>,
     },
     Snapshot {
         path: &'a Path,
@@ -280,12 +283,17 @@ pub fn header(m: &Machine, ram_size: u64, guest_ips: u64, backends: &str, start:
     h.set("devices", m.devices().iter().map(device_text).collect::<Vec<_>>().join(";"));
     h.set("backends", backends.trim_end().replace('\n', ";"));
     match start {
-        Start::Boot { firmware, kernel, initrd, cmdline } => {
+        Start::Boot { firmware, kernel, initrd, cmdline, seed } => {
             h.set("start", "boot");
             h.set("firmware", firmware.map_or("none".into(), |(p, b)| file_field(p, b)));
             h.set("kernel", file_field(kernel.0, kernel.1));
             h.set("initrd", initrd.map_or("none".into(), |(p, b)| file_field(p, b)));
             h.set("cmdline", cmdline);
+            // Only when there is one: a log without it reads in a build
+            // before the seed, as one with it does not.
+            if let Some(seed) = seed {
+                h.set("seed", hex(seed.as_bytes()));
+            }
         }
         Start::Snapshot { path, bytes } => {
             h.set("start", "snapshot");

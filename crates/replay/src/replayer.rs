@@ -113,6 +113,19 @@ pub enum HeaderError {
     Streamed,
 }
 
+/// The seed's text from its header value (hex, as `recorder::hex` writes it).
+fn unhex_text(value: &str) -> Result<String, HeaderError> {
+    let bad = || HeaderError::Unreadable("seed");
+    if value.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes = (0..value.len())
+        .step_by(2)
+        .map(|i| value.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()).ok_or_else(bad))
+        .collect::<Result<Vec<u8>, _>>()?;
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
 /// How a replay ended, short of a divergence.
 pub enum Outcome {
     /// The recording's end entry: the guest powered off with this status,
@@ -449,10 +462,57 @@ pub fn machine_from_header(h: &Header, files: &dyn FileFinder) -> Result<Machine
         kernel: checked_file(h, "kernel", files)?.ok_or(HeaderError::NoFile("kernel"))?,
         initrd: checked_file(h, "initrd", files)?,
         cmdline: field(h, "cmdline")?.to_string(),
+        seed: h.get("seed").map(unhex_text).transpose()?,
         devices,
         guest_ips: num("ips")?,
         rtc_base_ns: num("rtc_base_ns")?,
         extensions,
     };
     Ok(Machine::new(&cfg)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recorder::{header, hex, Start};
+
+    /// A bare-metal program: `j .` (it never runs; the machine's start
+    /// state is what is checked).
+    const PROGRAM: [u8; 4] = 0x0000_006fu32.to_le_bytes();
+
+    struct Kernel;
+    impl FileFinder for Kernel {
+        fn find(&self, _key: &'static str, _hash: &str, _recorded: &Path) -> Result<Vec<u8>, HeaderError> {
+            Ok(PROGRAM.to_vec())
+        }
+    }
+
+    fn seeded_header(seed: &str) -> Header {
+        let cfg = MachineConfig { seed: Some(seed.into()), ..MachineConfig::bare_metal(PROGRAM.to_vec(), 16 << 20) };
+        let m = Machine::new(&cfg).unwrap();
+        let start = Start::Boot {
+            firmware: None,
+            kernel: (Path::new("program"), &PROGRAM),
+            initrd: None,
+            cmdline: "",
+            seed: cfg.seed.as_deref(),
+        };
+        header(&m, cfg.ram_size, cfg.guest_ips, "", start)
+    }
+
+    /// The seed (lines, in the device tree the machine starts with) comes
+    /// back from the header: the replay's or the backup's machine starts
+    /// in the recorded state, which it would not without it.
+    #[test]
+    fn the_seed_travels_in_the_header() {
+        let seed = "hostname=db1\nssh-key=ssh-ed25519 AAAAC3Nz root@host\n";
+        let h = seeded_header(seed);
+        start_machine(&h, &Kernel).unwrap();
+
+        let mut lost = h.clone();
+        lost.set("seed", hex(b"hostname=other\n"));
+        assert!(matches!(start_machine(&lost, &Kernel), Err(HeaderError::NotInStartState)));
+        lost.set("seed", "4");
+        assert!(matches!(start_machine(&lost, &Kernel), Err(HeaderError::Unreadable("seed"))));
+    }
 }

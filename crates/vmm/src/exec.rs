@@ -41,6 +41,15 @@ const CHUNK: usize = 2048;
 /// of the line comes as a further frame's worth of stdout. Bounds memory.
 const MAX_FRAME: usize = 1 << 20;
 
+/// Whether a console line is the guest's ready line: the line itself, or
+/// the line after terminal control sequences. systemd resets the console
+/// as it boots (ESC [!p, ESC ]104 BEL, ESC [?7h) with no newline after,
+/// so the guest's first line may begin with them. Nothing else can: no
+/// command has started yet.
+fn is_ready_line(line: &[u8]) -> bool {
+    line.strip_suffix(READY_LINE).is_some_and(|before| before.is_empty() || before[0] == 0x1b)
+}
+
 /// Adds exec mode (and `quiet`, unless the boot is shown) to the kernel
 /// command line; the command itself goes over the console.
 pub fn add_to_cmdline(cmdline: &mut String, verbose: bool) {
@@ -186,7 +195,7 @@ impl ExecSession {
         }
         let line = std::mem::take(&mut self.line);
         let line = line.strip_suffix(b"\r").unwrap_or(&line);
-        if line == READY_LINE {
+        if is_ready_line(line) {
             tracing::debug!(
                 command_bytes = self.command.len(),
                 "exec: the guest is ready; sending the nonce and the command"
@@ -320,6 +329,18 @@ fn nonce() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ready line as systemd's console leaves it (seen on a Debian
+    /// guest under systemd 257, booted quiet): after its terminal reset.
+    #[test]
+    fn the_ready_line_after_a_terminal_reset() {
+        let mut s = ExecSession::new("true", false);
+        s.feed(b"Boot HART MEDELEG : 0xb109\r\n\x1b[!p\x1b]104\x07\x1b[?7hftvm-exec-ready\n");
+        assert!(s.take_to_guest().starts_with(&s.marker[1..17]), "the nonce is sent");
+        let mut s = ExecSession::new("true", false);
+        s.feed(b"not ftvm-exec-ready\n");
+        assert!(s.take_to_guest().is_empty(), "text before it is not a reset");
+    }
 
     /// A session past its handshake, and its frame marker.
     fn running(cmd: &str) -> (ExecSession, Vec<u8>) {

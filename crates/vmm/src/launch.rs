@@ -70,6 +70,15 @@ pub struct RunArgs {
     /// is created if it does not exist. May be repeated.
     #[arg(long = "net")]
     pub nets: Vec<String>,
+    /// The VM's host name, in its seed: the image's guest takes it at boot
+    /// (`/usr/lib/ftvm/setup`; a new name replaces the one it had).
+    #[arg(long, value_name = "NAME", conflicts_with = "restore")]
+    pub hostname: Option<String>,
+    /// A public key (an OpenSSH `.pub` file) root may log in with over
+    /// ssh, in the VM's seed: the guest adds it to root's authorized keys
+    /// at boot. May be repeated.
+    #[arg(long = "ssh-key", value_name = "FILE", conflicts_with = "restore")]
+    pub ssh_keys: Vec<PathBuf>,
     /// Leave out the virtio-rng device (host entropy for the guest).
     #[arg(long)]
     pub no_rng: bool,
@@ -340,6 +349,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         )));
     }
     tracing::debug!(%cmdline, "kernel command line");
+    let seed = ftvm_image::seed::Seed::new(args.hostname.as_deref(), &args.ssh_keys).map_err(|e| usage(e.to_string()))?;
     let cfg = MachineConfig {
         harts: args.cpus,
         ram_size,
@@ -351,6 +361,7 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: wall_clock_ns(),
         extensions: ftvm_machine::Extensions::ALL,
+        seed: seed.text(),
     };
     Ok((cfg, backends, Sources { firmware: firmware_path, kernel: kernel_path, initrd: initrd_path }, overlay))
 }
@@ -453,6 +464,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
                     kernel: (&src.kernel, &cfg.kernel),
                     initrd: src.initrd.as_deref().zip(cfg.initrd.as_deref()),
                     cmdline: &cfg.cmdline,
+                    seed: cfg.seed.as_deref(),
                 };
                 let mut h = recorder::header(&m, cfg.ram_size, cfg.guest_ips, &io.describe(), start);
                 start_log(&mut h)?;
@@ -645,6 +657,7 @@ mod tests {
             guest_ips: DEFAULT_GUEST_IPS,
             rtc_base_ns: 0,
             extensions: ftvm_machine::Extensions::ALL,
+            seed: None,
         };
         let small = Machine::new(&cfg).unwrap().snapshot().unwrap();
         // The same state up to its RAM, then 64 GiB of it: the whole page

@@ -29,6 +29,7 @@ fn main() {
         guest_ips: DEFAULT_GUEST_IPS,
         rtc_base_ns: 0,
         extensions: ftvm_machine::Extensions::ALL,
+        seed: None,
     };
     let mut m = Machine::new(&cfg).expect("a machine");
     m.run_until(5_000);

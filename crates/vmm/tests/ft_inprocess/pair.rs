@@ -432,7 +432,7 @@ impl PrimaryHost {
             RAM,
             ftvm_machine::DEFAULT_GUEST_IPS,
             &backends(),
-            Start::Boot { firmware: None, kernel: (&g.path, &g.bytes), initrd: None, cmdline: "" },
+            Start::Boot { firmware: None, kernel: (&g.path, &g.bytes), initrd: None, cmdline: "", seed: None },
         );
         let events = ftvm_protection::events::Events::with_file(&site.journal("primary")).unwrap();
         let primary = ftvm_vmm::ft::start_primary(&args, &mut header, tx, &events, fence.clone()).unwrap();
