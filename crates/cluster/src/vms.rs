@@ -4,7 +4,7 @@
 //! `disk.img` (a sparse copy of the default guest's root disk), the
 //! control socket `control.sock`, the journal `events.jsonl`, the output
 //! `console.log`. The agent speaks to each through its control socket
-//! (the typed API of `ftvm_vmm::api`), never by reading its output.
+//! (the typed API of `ftvm_api`), never by reading its output.
 //!
 //! Child processes, not threads of the agent: a VM outlives an agent that
 //! crashes or is killed to be upgraded, and one VM's fault stays its own.
@@ -15,8 +15,8 @@
 //! reach the log, each once.
 
 use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
-use ftvm_protection::events::EventRecord;
-use ftvm_vmm::api::{Reply, Request, Response};
+use ftvm_api::events::EventRecord;
+use ftvm_api::{Reply, Request, Response};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -155,7 +155,7 @@ fn follow(socket: PathBuf, vm: String, pid: u32, published: u64, events: tokio::
         std::thread::sleep(Duration::from_millis(200));
     }
     let mut dropped = 0u64;
-    let result = ftvm_vmm::control::follow_events(&socket, true, |line| {
+    let result = ftvm_api::client::follow_events(&socket, true, |line| {
         let Ok(record) = serde_json::from_str::<EventRecord>(line) else { return };
         if record.seq <= published || !crate::events::worth_keeping(&record.event) {
             return;
@@ -514,12 +514,7 @@ impl Vms {
         self.all()
             .await
             .into_iter()
-            .map(|v| HostVm {
-                name: v.name,
-                role: v.role,
-                protect: v.spec.protect.clone(),
-                memory_mib: v.spec.memory_mib,
-            })
+            .map(|v| HostVm { name: v.name, role: v.role, protect: v.spec.protect, memory_mib: v.spec.memory_mib })
             .collect()
     }
 
@@ -649,7 +644,7 @@ fn read_published(dir: &Path, pid: u32) -> u64 {
 
 /// Sends one request to a control socket on the blocking pool.
 pub async fn ask(socket: PathBuf, request: Request, wait: Duration) -> Result<Reply, ApiError> {
-    let answer = tokio::task::spawn_blocking(move || ftvm_vmm::control::send(&socket, &request, wait))
+    let answer = tokio::task::spawn_blocking(move || ftvm_api::client::send(&socket, &request, wait))
         .await
         .map_err(|e| internal("the request's thread failed", e))?;
     match answer {

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 mod cluster_cli;
 mod console_cli;
+mod pair_cli;
 mod progress;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
@@ -106,7 +107,7 @@ enum FtCommand {
     /// Run a VM protected by a backup on another host (run options apply).
     Primary(Box<FtPrimaryArgs>),
     /// Keep the replica of a primary's VM, ready to take over.
-    Backup(Box<ft::backup::BackupArgs>),
+    Backup(Box<pair_cli::BackupArgs>),
     /// Write a new random pair key to FILE (mode 0600), for --pair-key on
     /// both hosts; it never replaces an existing file.
     Keygen {
@@ -118,7 +119,7 @@ enum FtCommand {
 #[derive(Args)]
 pub struct FtPrimaryArgs {
     #[command(flatten)]
-    ft: ft::PrimaryArgs,
+    ft: pair_cli::PrimaryArgs,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -209,8 +210,8 @@ fn main() -> ExitCode {
     let result: Result<u32, Box<dyn std::error::Error>> = match cli.command {
         Command::Run(args) => launch::run(*args, Target::None).map_err(Into::into),
         Command::Record(r) => launch::run(r.run, Target::File(r.log)).map_err(Into::into),
-        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft)).map_err(Into::into),
-        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b).map_err(Into::into),
+        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft.into())).map_err(Into::into),
+        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&(*b).into()).map_err(Into::into),
         Command::Ft(FtCommand::Keygen { file }) => ftvm_replication::pair_key::PairKey::create(&file)
             .map(|key| {
                 println!("{} (key {})", file.display(), key.id());
@@ -264,7 +265,13 @@ fn control_command(
     json: bool,
     wait: std::time::Duration,
 ) -> Result<u32, Box<dyn std::error::Error>> {
-    let mut request = control::parse(words)?;
+    let mut request = match words.split_whitespace().collect::<Vec<_>>().as_slice() {
+        // `protect`'s options are `ftvm ft primary`'s: their help is clap's.
+        ["protect", rest @ ..] if rest.iter().any(|w| matches!(*w, "--help" | "-h")) => {
+            return Err(pair_cli::protect_help().into())
+        }
+        _ => control::parse(words)?,
+    };
     // The VM resolves nothing against our directory: it gets the path
     // the user meant.
     match &mut request {

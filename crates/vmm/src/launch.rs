@@ -7,6 +7,7 @@
 
 use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
 use crate::ft::protect::{MachineProtector, Protector};
+use crate::ft::{PairSetup, ProtectSetup};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::overlay::Overlay;
 use crate::{console, control, exec, ft, live, record};
@@ -377,7 +378,7 @@ pub enum Target {
     /// `ftvm record`
     File(PathBuf),
     /// `ftvm ft primary`
-    Backup(ft::PrimaryArgs),
+    Backup(ft::ProtectConfig),
 }
 
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
