@@ -7,7 +7,8 @@
 //!   line each way), and its status; [`status`]: a pair's part of it;
 //!   [`events`]: what happens to a side of a pair.
 //! - [`client`]: the client side of the control socket.
-//! - [`pair_config`]: the configuration of a pair's sides.
+//! - [`vm_config`]: a VM's configuration (what `ftvm run` takes, and the
+//!   file `ftvm run --config` reads); [`pair_config`]: a pair's sides'.
 //! - [`mode`]: the choices a pair is made with (its mode, where its disks
 //!   live), one type each everywhere; [`limits`]: the numbers a setting
 //!   may take.
@@ -21,9 +22,11 @@ pub mod mode;
 pub mod pair_config;
 pub mod request;
 pub mod status;
+pub mod vm_config;
 pub mod words;
 
 pub use mode::{DiskSharing, EpochProtocol, Mode};
 pub use pair_config::{BackupConfig, PairConfig, ProtectConfig};
 pub use request::*;
 pub use status::*;
+pub use vm_config::VmConfig;

@@ -74,12 +74,12 @@ macro_rules! named {
         }
 
         impl std::str::FromStr for $type {
-            type Err = UnknownName;
+            type Err = $crate::mode::UnknownName;
 
-            fn from_str(text: &str) -> Result<Self, UnknownName> {
+            fn from_str(text: &str) -> Result<Self, $crate::mode::UnknownName> {
                 match text {
                     $($name => Ok($type::$variant),)+
-                    _ => Err(UnknownName { what: $what, given: text.to_string(), allowed: $type::NAMES }),
+                    _ => Err($crate::mode::UnknownName { what: $what, given: text.to_string(), allowed: $type::NAMES }),
                 }
             }
         }
@@ -91,6 +91,8 @@ macro_rules! named {
         }
     };
 }
+
+pub(crate) use named;
 
 named!(Mode, "a mode", Lockstep => "lockstep", Epoch => "epoch", Checkpoint => "checkpoint");
 named!(DiskSharing, "a disk sharing", Shared => "shared", Separate => "separate");

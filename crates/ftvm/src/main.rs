@@ -5,9 +5,11 @@
 //! drive in-process as well.
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use ftvm_api::VmConfig;
 use ftvm_vmm::api::{Request, Response};
-use ftvm_vmm::launch::{RecordArgs, RunArgs, Target};
+use ftvm_vmm::launch::Target;
 use ftvm_vmm::{control, ft, launch, replay};
+use run_cli::{RecordArgs, ReplayArgs, RunArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -15,6 +17,7 @@ mod cluster_cli;
 mod console_cli;
 mod pair_cli;
 mod progress;
+mod run_cli;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM_GIT_COMMIT"), ")");
@@ -38,7 +41,7 @@ enum Command {
     /// Run a VM as `run` does and write every input it receives to a replay log.
     Record(Box<RecordArgs>),
     /// Re-execute a recorded VM from its log, with no host I/O.
-    Replay(replay::ReplayArgs),
+    Replay(ReplayArgs),
     /// Fault tolerance: a primary VM and its backup on another host (lockstep, epoch or checkpoint mode).
     #[command(subcommand)]
     Ft(FtCommand),
@@ -208,17 +211,20 @@ fn main() -> ExitCode {
     }
     // Each library's typed error, printed here as its one-line message.
     let result: Result<u32, Box<dyn std::error::Error>> = match cli.command {
-        Command::Run(args) => launch::run(*args, Target::None).map_err(Into::into),
-        Command::Record(r) => launch::run(r.run, Target::File(r.log)).map_err(Into::into),
-        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft.into())).map_err(Into::into),
-        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&(*b).into()).map_err(Into::into),
+        Command::Run(args) => run(*args, Target::None),
+        Command::Record(r) => run(r.run, Target::File(r.log)),
+        Command::Ft(FtCommand::Primary(p)) => run(p.run, Target::Backup(p.ft.into())),
+        Command::Ft(FtCommand::Backup(b)) => match ftvm_api::BackupConfig::try_from(*b) {
+            Ok(config) => ft::backup::run(&config).map_err(Into::into),
+            Err(e) => Err(e.into()),
+        },
         Command::Ft(FtCommand::Keygen { file }) => ftvm_replication::pair_key::PairKey::create(&file)
             .map(|key| {
                 println!("{} (key {})", file.display(), key.id());
                 0
             })
             .map_err(Into::into),
-        Command::Replay(r) => replay::replay(&r).map_err(Into::into),
+        Command::Replay(r) => replay::replay(&r.into()).map_err(Into::into),
         Command::Agent(a) => cluster_cli::agent(*a),
         Command::Cluster(c) => cluster_cli::cluster(*c),
         Command::Image(ImageCommand::Build(args)) => image_build(&args),
@@ -255,6 +261,13 @@ fn main() -> ExitCode {
             ExitCode::from(msg.downcast_ref::<ftvm_vmm::error::VmmError>().map_or(1, |e| e.exit_code()))
         }
     }
+}
+
+/// `ftvm run`, `record` and `ft primary`: the VM's options, turned into its
+/// configuration, run as `target` says.
+fn run(args: RunArgs, target: Target) -> Result<u32, Box<dyn std::error::Error>> {
+    let config = VmConfig::try_from(args)?;
+    launch::run(config, target).map_err(Into::into)
 }
 
 /// `ftvm control`: one request, its answer on stdout (readable, or the

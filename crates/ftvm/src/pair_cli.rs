@@ -3,6 +3,7 @@
 //! into the API's configurations (`ftvm_api::pair_config`) here, at the
 //! edge; the library never sees a command line.
 
+use crate::run_cli::{read_config, ConfigFileError};
 use clap::builder::TypedValueParser;
 use clap::Args;
 use ftvm_api::mode::{DiskSharing, EpochProtocol, Mode};
@@ -170,10 +171,16 @@ pub struct PrimaryArgs {
 /// `ftvm ft backup`'s options.
 #[derive(Args)]
 pub struct BackupArgs {
+    /// Read the backup's configuration from FILE (JSON,
+    /// `ftvm_api::BackupConfig`) instead of these options, as a program
+    /// that starts backups gives it.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    pub config: Option<PathBuf>,
     /// Where to accept the primary's logging channel: an IP address or a
     /// host name (its first IPv4 address), and a port.
-    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
-    pub listen: SocketAddr,
+    // An Option only so that `--config` can stand alone.
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port, required = true)]
+    pub listen: Option<SocketAddr>,
     /// The TAP for each of the VM's NICs once live, in order:
     /// tap=NAME[,bridge=BR] (the MAC stays the guest's). One is needed per
     /// NIC: the names the primary used are not taken from the wire.
@@ -256,10 +263,15 @@ impl From<PrimaryArgs> for ProtectConfig {
     }
 }
 
-impl From<BackupArgs> for BackupConfig {
-    fn from(a: BackupArgs) -> BackupConfig {
-        BackupConfig {
-            listen: a.listen,
+impl TryFrom<BackupArgs> for BackupConfig {
+    type Error = ConfigFileError;
+
+    fn try_from(a: BackupArgs) -> Result<BackupConfig, ConfigFileError> {
+        if let Some(path) = &a.config {
+            return read_config(path);
+        }
+        Ok(BackupConfig {
+            listen: a.listen.expect("clap requires --listen without --config"),
             nets: a.nets,
             control: a.control,
             show_console: a.show_console,
@@ -267,6 +279,6 @@ impl From<BackupArgs> for BackupConfig {
             start_files: a.start_files,
             ack_delay: a.ack_delay,
             pair: a.pair.into(),
-        }
+        })
     }
 }
