@@ -461,18 +461,18 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let no_port = |e: std::io::Error| ApiError::Internal(format!("no free port: {e}"));
     let port = free_port(agent.config.address).map_err(no_port)?;
     let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;
-    let listen = SocketAddr::new(agent.config.address, port).to_string();
+    let listen = SocketAddr::new(agent.config.address, port);
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
     agent.vms.create_backup(
         req.spec,
-        &listen,
+        listen,
         heartbeat_port,
         &agent.etcd_local_first().joined(),
         &agent.config.credentials.dir,
         &key,
     )?;
-    Ok((StatusCode::CREATED, Json(BackupStarted { listen, heartbeat_port })).into_response())
+    Ok((StatusCode::CREATED, Json(BackupStarted { listen: listen.to_string(), heartbeat_port })).into_response())
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {

@@ -282,3 +282,52 @@ impl TryFrom<BackupArgs> for BackupConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent started its backups with these options; it now writes
+    /// their configuration to a file: the same backup either way.
+    #[test]
+    fn the_agents_backup_configuration_is_the_one_its_old_options_made() {
+        use ftvm_cluster::vms::{backup_config, tap_name};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            backup: BackupArgs,
+        }
+        let spec = r#"{"name": "redis", "network": {"bridge": "br0", "ip": "10.0.0.5/24"}}"#;
+        let spec: ftvm_cluster::model::VmSpec = serde_json::from_str(spec).unwrap();
+        let dir = std::path::Path::new("/srv/ftvm/vms/redis");
+        let (etcd, credentials, key) = ("https://10.0.0.1:2379", "/srv/ftvm/credentials", "/srv/ftvm/keys/redis.key");
+        let net = format!("tap={},bridge=br0", tap_name("redis"));
+        let options = [
+            "backup",
+            "--listen",
+            "10.0.0.2:7700",
+            "--heartbeat-port",
+            "7788",
+            "--etcd",
+            etcd,
+            "--etcd-credentials",
+            credentials,
+            "--vm-name",
+            "redis",
+            "--pair-key",
+            key,
+            "--disk",
+            "/srv/ftvm/vms/redis/disk.img",
+            "--control",
+            "/srv/ftvm/vms/redis/control.sock",
+            "--events",
+            "/srv/ftvm/vms/redis/events.jsonl",
+            "--net",
+            &net,
+        ];
+        let from_options = BackupConfig::try_from(<Cli as clap::Parser>::parse_from(options).backup).unwrap();
+        let listen = "10.0.0.2:7700".parse().unwrap();
+        let written = backup_config(&spec, dir, listen, 7788, etcd, credentials.as_ref(), key.as_ref());
+        assert_eq!(from_options, written);
+    }
+}

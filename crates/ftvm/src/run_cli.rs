@@ -385,4 +385,40 @@ mod tests {
         assert!(parse_net("tap=averyveryverylongname").unwrap_err().to_string().contains("15 bytes"));
         assert!(parse_net("tap=t0,mac=zz").is_err());
     }
+
+    /// The agent started its VMs with these options; it now writes their
+    /// configuration to a file: the same VM either way.
+    #[test]
+    fn the_agents_configuration_is_the_vm_its_old_options_made() {
+        use ftvm_cluster::vms::{mac_of, tap_name, vm_config};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let spec = r#"{"name": "redis", "memory_mib": 512, "cpus": 2, "command": "redis-server",
+                       "network": {"bridge": "br0", "ip": "10.0.0.5/24"}}"#;
+        let spec: ftvm_cluster::model::VmSpec = serde_json::from_str(spec).unwrap();
+        let dir = Path::new("/srv/ftvm/vms/redis");
+        let net = format!("tap={},mac={},bridge=br0", tap_name("redis"), mac_of("redis"));
+        let options = [
+            "run",
+            "--mem",
+            "512M",
+            "--cpus",
+            "2",
+            "--disk",
+            "/srv/ftvm/vms/redis/disk.img",
+            "--control",
+            "/srv/ftvm/vms/redis/control.sock",
+            "--append",
+            "console=ttyS0 root=/dev/vda rw quiet ftvm.ip=10.0.0.5/24",
+            "--net",
+            &net,
+            "--exec",
+            "redis-server",
+        ];
+        let from_options = VmConfig::try_from(<Cli as clap::Parser>::parse_from(options).run).unwrap();
+        assert_eq!(from_options, vm_config(&spec, dir));
+    }
 }
