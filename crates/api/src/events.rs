@@ -4,6 +4,7 @@
 //! streams. The journal itself is the protection library's
 //! (`ftvm_protection::events::Events`).
 
+use crate::mode::Mode;
 use serde::{Deserialize, Serialize};
 
 /// Something that happened to a side of a pair.
@@ -30,7 +31,7 @@ pub enum PairEvent {
         /// The pair's generation at the arbiter.
         generation: u64,
         /// The mode's name: lockstep, epoch or checkpoint.
-        mode: String,
+        mode: Mode,
     },
     /// A backup refuses to follow its primary (and tells it why).
     RefusingToFollow {
@@ -71,7 +72,7 @@ pub enum PairEvent {
         /// The pair's generation at the arbiter.
         generation: u64,
         /// The mode the pair will run in.
-        mode: String,
+        mode: Mode,
     },
     /// A running VM's machine is with its backup: the pre-copy's rounds
     /// and the final pause that sent the rest.
@@ -102,7 +103,7 @@ pub enum PairEvent {
         /// The pair's generation at the arbiter.
         generation: u64,
         /// The mode's name: lockstep, epoch or checkpoint.
-        mode: String,
+        mode: Mode,
     },
     /// A primary hands its VM over to its backup on purpose (a
     /// switchover: `handover` on the control socket, or SIGTERM).

@@ -181,3 +181,41 @@ fn value(name: &str, kind: Kind, text: &str) -> Result<Value, String> {
         Kind::Flag | Kind::Text => Ok(Value::String(text.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `protect`'s words fill the configuration as `ftvm ft primary`'s
+    /// options would; what clap refused is refused here, in one line.
+    #[test]
+    fn protect_words_fill_the_configuration_and_refuse_in_one_line() {
+        let words = "--backup 10.0.0.2:7700 --shared /srv/ft --mode=epoch --epoch-length 4096 \
+                     --isolation-address 10.0.0.1 --isolation-address 10.0.0.254 --timeout 800 --backup-reads";
+        let c = parse_protect(words).unwrap();
+        assert_eq!((c.backup, c.mode, c.epoch_length), ("10.0.0.2:7700".parse().unwrap(), Mode::Epoch, Some(4096)));
+        assert_eq!(
+            c.pair.isolation_addresses,
+            ["10.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(), "10.0.0.254".parse().unwrap()]
+        );
+        assert_eq!((c.pair.timeout, c.backup_reads, c.pair.heartbeat_port), (800, true, 7701));
+        for (bad, says) in [
+            ("--shared /srv/ft", "--backup"),
+            ("--backup 10.0.0.2:7700", "--shared"),
+            ("--backup 10.0.0.2:0 --shared /s", "port 0"),
+            ("--backup 10.0.0.2:7700 --shared /s --mode remus", "is not a mode"),
+            ("--backup 10.0.0.2:7700 --shared /s --timeout 2s", "'--timeout'"),
+            ("--backup 10.0.0.2:7700 --shared /s --timeout 1 --timeout 2", "multiple times"),
+            ("--backup 10.0.0.2:7700 --shared /s --interval 5", "--interval is for --mode checkpoint"),
+            ("--backup 10.0.0.2:7700 --etcd http://e:2379", "requires '--vm-name'"),
+            ("--backup 10.0.0.2:7700 --shared /s --etcd http://e --vm-name v", "cannot be used with"),
+            ("--backup 10.0.0.2:7700 --shared /s --events", "a value is required"),
+            ("--backup 10.0.0.2:7700 --shared /s --backup-reads=yes", "takes none"),
+            ("--backup 10.0.0.2:7700 --shared /s extra", "unexpected argument 'extra'"),
+            ("--backup 10.0.0.2:7700 --shared /s --help", "unexpected argument '--help'"),
+        ] {
+            let e = parse_protect(bad).unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+}

@@ -326,7 +326,7 @@ mod tests {
     }
 
     fn protected() -> PairEvent {
-        PairEvent::Protected { backup: "10.0.0.2:7700".into(), generation: 1, mode: "checkpoint".into() }
+        PairEvent::Protected { backup: "10.0.0.2:7700".into(), generation: 1, mode: Mode::Checkpoint }
     }
 
     #[test]

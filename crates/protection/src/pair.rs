@@ -55,13 +55,18 @@ pub enum ModeSetting {
 }
 
 impl ModeSetting {
+    /// The mode, without its settings.
+    pub fn mode(&self) -> Mode {
+        match self {
+            ModeSetting::Lockstep => Mode::Lockstep,
+            ModeSetting::Epoch(_) => Mode::Epoch,
+            ModeSetting::Checkpoint { .. } => Mode::Checkpoint,
+        }
+    }
+
     /// The mode's name: lockstep, epoch or checkpoint.
     pub fn name(&self) -> &'static str {
-        match self {
-            ModeSetting::Lockstep => "lockstep",
-            ModeSetting::Epoch(_) => "epoch",
-            ModeSetting::Checkpoint { .. } => "checkpoint",
-        }
+        self.mode().name()
     }
 }
 

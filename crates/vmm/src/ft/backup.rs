@@ -256,7 +256,7 @@ pub fn follow(args: &BackupConfig) -> Result<Outcome, VmmError> {
     let doing =
         if matches!(pair.mode, ModeSetting::Checkpoint { .. }) { "committing checkpoints" } else { "replaying" };
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), {doing}");
-    events.emit(PairEvent::Following { primary: primary.to_string(), generation: gen, mode: pair.mode.name().into() });
+    events.emit(PairEvent::Following { primary: primary.to_string(), generation: gen, mode: pair.mode.mode() });
     let outcome = backup.follow(&mut |report| match report {
         Report::Executed(n) => receiver.set_executed(n),
         Report::ReadyToTakeOver => {

@@ -457,11 +457,11 @@ pub fn start_primary(
     // go live from now on.
     arbiter.mark_started()?;
     let protected =
-        |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
+        |mode: Mode| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
         send_disk_blocks(&mut channel, &digests, events)?;
-        let protected = protected("checkpoint".into());
+        let protected = protected(Mode::Checkpoint);
         let idle_checkpoints = !args.no_idle_checkpoints;
         let c =
             checkpoint::primary::Checkpointer::new(channel, interval, idle_checkpoints, arbiter, me, events.clone())?;
@@ -473,7 +473,7 @@ pub fn start_primary(
         events.emit(protected);
         return Ok(Box::new(c));
     }
-    let protected = protected(if epoch.is_some() { "epoch" } else { "lockstep" }.into());
+    let protected = protected(if epoch.is_some() { Mode::Epoch } else { Mode::Lockstep });
     let lag_threshold = Duration::from_millis(args.lag_threshold);
     let name = format!("the backup at {}", channel.peer());
     let written = channel.written();

@@ -112,12 +112,12 @@ pub fn connect(
             go_live_every: BUSY_GO_LIVE,
         },
     };
-    let mode = then.name();
+    let mode = then.mode();
     // The transfer goes as checkpoint 0; in checkpoint mode the same
     // sender goes on with the checkpoints after it.
     let interval = interval.unwrap_or(Duration::from_millis(25));
     let sender = Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me.clone(), events.clone())?;
     eprintln!("ftvm: protecting the running VM: its machine goes to the backup at {} ({mode})", args.backup);
-    events.emit(PairEvent::Protecting { backup: args.backup.to_string(), generation, mode: mode.into() });
+    events.emit(PairEvent::Protecting { backup: args.backup.to_string(), generation, mode });
     Ok(Box::new(Transfer::new(sender, then, copies, me, events.clone())))
 }
