@@ -31,8 +31,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use etcd_client::PutOptions;
+use ftvm_api::pair_config::DEFAULT_HEARTBEAT_PORT;
+use ftvm_api::{PairConfig, ProtectConfig, Reply, Request};
 use ftvm_etcd::{Endpoints, Etcd};
-use ftvm_vmm::api::{Reply, Request};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -419,25 +420,21 @@ async fn protect_vm(
     UrlPath(name): UrlPath<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Done> {
-    // Checked before any key or file is made from them, and the words
-    // below built from checked values only (each one word, none an
-    // option): the name, the backup's address as parsed, the mode.
+    // Checked before any key or file is made from them; the VM's request
+    // is typed, each field a value (issue 68: no field reaches a parser).
     crate::model::check_vm_name(&name)?;
     let req: ProtectRequest = parse_body(&body)?;
     let backup = req.check()?;
-    let mut words = format!(
-        "protect --backup {backup} --mode {} --etcd {} --etcd-credentials {} --vm-name {name} --pair-key {}",
-        req.mode,
-        agent.etcd_local_first().joined(),
-        agent.config.credentials.dir.display(),
-        agent.pair_key(&name).display()
-    );
-    if let Some(port) = req.heartbeat_port {
-        words.push_str(&format!(" --heartbeat-port {port}"));
-    }
-    // The control API's own parser checks the options, as on the command
-    // line (a wrong mode or address is its one-line refusal).
-    let request = ftvm_vmm::control::parse(&words).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let pair = PairConfig {
+        etcd: Some(agent.etcd_local_first().joined()),
+        etcd_credentials: Some(agent.config.credentials.dir.clone()),
+        vm_name: Some(name.clone()),
+        pair_key: Some(agent.pair_key(&name)),
+        heartbeat_port: req.heartbeat_port.unwrap_or(DEFAULT_HEARTBEAT_PORT),
+        ..PairConfig::default()
+    };
+    let config = ProtectConfig { mode: req.mode, ..ProtectConfig::new(backup, pair) };
+    let request = Request::Protect(Box::new(config));
     crate::keys::ensure(&agent.config.etcd, &name, &agent.pair_key(&name)).await.map_err(ApiError::Unavailable)?;
     let reply = agent.vms.ask(&name, request, LONG_REQUEST).await?;
     Ok(Json(Done { message: reply.to_string() }))
@@ -464,18 +461,18 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let no_port = |e: std::io::Error| ApiError::Internal(format!("no free port: {e}"));
     let port = free_port(agent.config.address).map_err(no_port)?;
     let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;
-    let listen = SocketAddr::new(agent.config.address, port).to_string();
+    let listen = SocketAddr::new(agent.config.address, port);
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
     agent.vms.create_backup(
         req.spec,
-        &listen,
+        listen,
         heartbeat_port,
         &agent.etcd_local_first().joined(),
         &agent.config.credentials.dir,
         &key,
     )?;
-    Ok((StatusCode::CREATED, Json(BackupStarted { listen, heartbeat_port })).into_response())
+    Ok((StatusCode::CREATED, Json(BackupStarted { listen: listen.to_string(), heartbeat_port })).into_response())
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {

@@ -33,6 +33,7 @@ use crate::model::{HostRecord, HostVm, Role};
 use crate::ops::Cluster;
 use crate::session::Leased;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use ftvm_api::Mode;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -71,7 +72,7 @@ pub enum Step {
     /// Give it a backup on this host.
     Protect {
         on: String,
-        mode: String,
+        mode: Mode,
     },
     /// Let its backup go (asked of its primary's host).
     Unprotect {
@@ -85,7 +86,7 @@ pub enum Step {
     MoveBackup {
         from: String,
         to: String,
-        mode: String,
+        mode: Mode,
     },
     /// Move it from a drained host to another.
     Move {
@@ -147,7 +148,7 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                 (Some(mode), Some(b)) if is_drained(b) && vm.role == Role::Primary => {
                     place(hosts, name, &[&host.id, b], drained, memory, avoid).map_or_else(
                         || Step::Unprotect { primary: host.id.clone() },
-                        |to| Step::MoveBackup { from: b.to_string(), to: to.id.clone(), mode: mode.clone() },
+                        |to| Step::MoveBackup { from: b.to_string(), to: to.id.clone(), mode: *mode },
                     )
                 }
                 (None, Some(b)) if is_drained(b) && vm.role == Role::Primary => {
@@ -156,7 +157,7 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                 (None, Some(_)) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
                 (Some(mode), None) if vm.role == Role::Unprotected => {
                     place(hosts, name, &[&host.id], drained, memory, avoid)
-                        .map_or_else(no_room, |to| Step::Protect { on: to.id.clone(), mode: mode.clone() })
+                        .map_or_else(no_room, |to| Step::Protect { on: to.id.clone(), mode: *mode })
                 }
                 _ => Step::Nothing,
             }
@@ -445,7 +446,7 @@ impl Reconciler {
             }
             Step::Protect { on, mode } => {
                 eprintln!("ftvm agent: controller: protecting {name} with a backup on {on}");
-                let done = self.cluster.protect_on(name, on, mode).map_err(failed(Some(on)))?;
+                let done = self.cluster.protect_on(name, on, *mode).map_err(failed(Some(on)))?;
                 Ok(Some(done.message))
             }
             Step::Unprotect { primary } => {
@@ -458,7 +459,7 @@ impl Reconciler {
             }
             Step::MoveBackup { from, to, mode } => {
                 eprintln!("ftvm agent: controller: moving {name}'s backup from the drained host {from} to {to}");
-                let done = self.cluster.move_backup(name, to, mode).map_err(failed(Some(to)))?;
+                let done = self.cluster.move_backup(name, to, *mode).map_err(failed(Some(to)))?;
                 Ok(Some(done.message))
             }
             Step::Move { from, to } => {
@@ -613,15 +614,8 @@ mod tests {
         }
     }
 
-    fn record(name: &str, protect: Option<&str>, phase: Phase) -> VmRecord {
-        let spec = VmSpec {
-            name: name.into(),
-            memory_mib: 512,
-            cpus: 1,
-            command: None,
-            network: None,
-            protect: protect.map(String::from),
-        };
+    fn record(name: &str, protect: Option<Mode>, phase: Phase) -> VmRecord {
+        let spec = VmSpec { name: name.into(), memory_mib: 512, cpus: 1, command: None, network: None, protect };
         VmRecord { spec, start_on: None, phase, held_until: None, problem: None }
     }
 
@@ -653,7 +647,7 @@ mod tests {
         let mut hosts = [host("a", 8000, &[("v", U), ("w", U)]), host("b", 700, &[]), host("c", 600, &[])];
         let mut placed = Vec::new();
         for name in ["v", "w"] {
-            let r = record(name, Some("checkpoint"), Phase::Running);
+            let r = record(name, Some(Mode::Checkpoint), Phase::Running);
             let step = decide(&hosts, &[], &r, 1000, None);
             promise(&mut hosts, &r, &step);
             placed.push(step);
@@ -665,7 +659,7 @@ mod tests {
         assert_eq!((on(&placed[0]), on(&placed[1])), ("b".into(), "c".into()));
         assert_eq!(hosts[1].free_memory_bytes, 188 << 20);
         // A third finds no room left, and waits.
-        let r = record("x", Some("checkpoint"), Phase::Running);
+        let r = record("x", Some(Mode::Checkpoint), Phase::Running);
         hosts[0].vms.push(HostVm { name: "x".into(), role: U, protect: None, memory_mib: 512 });
         assert!(matches!(decide(&hosts, &[], &r, 1000, None), Step::Wait(_)));
     }
@@ -693,8 +687,8 @@ mod tests {
         assert_eq!(decide(&running_on_b, &[], &placed, now, None), Step::Started);
         // Wants protection and runs alone: a backup, elsewhere.
         let alone = [host("a", 4000, &[]), host("b", 2000, &[("v", U)])];
-        let wants = record("v", Some("checkpoint"), Phase::Running);
-        assert_eq!(decide(&alone, &[], &wants, now, None), Step::Protect { on: "a".into(), mode: "checkpoint".into() });
+        let wants = record("v", Some(Mode::Checkpoint), Phase::Running);
+        assert_eq!(decide(&alone, &[], &wants, now, None), Step::Protect { on: "a".into(), mode: Mode::Checkpoint });
         assert!(matches!(decide(&[host("b", 2000, &[("v", U)])], &[], &wants, now, None), Step::Wait(_)));
         // Protected: nothing; wants no protection: the backup goes.
         let pair = [host("a", 4000, &[("v", Role::Backup)]), host("b", 2000, &[("v", Role::Primary)])];
@@ -711,7 +705,7 @@ mod tests {
     fn a_drained_host_is_emptied_and_never_chosen() {
         let now = 1000;
         let drained = ["b".to_string()];
-        let wants = record("v", Some("checkpoint"), Phase::Running);
+        let wants = record("v", Some(Mode::Checkpoint), Phase::Running);
         // Its primary hands over to the backup elsewhere.
         let pair =
             [host("a", 4000, &[("v", Role::Backup)]), host("b", 2000, &[("v", Role::Primary)]), host("c", 9000, &[])];
@@ -721,7 +715,7 @@ mod tests {
             [host("a", 4000, &[("v", Role::Primary)]), host("b", 2000, &[("v", Role::Backup)]), host("c", 9000, &[])];
         assert_eq!(
             decide(&pair, &drained, &wants, now, None),
-            Step::MoveBackup { from: "b".into(), to: "c".into(), mode: "checkpoint".into() }
+            Step::MoveBackup { from: "b".into(), to: "c".into(), mode: Mode::Checkpoint }
         );
         // With no third host, or no protection wanted, it is let go.
         assert_eq!(decide(&pair[..2], &drained, &wants, now, None), Step::Unprotect { primary: "a".into() });

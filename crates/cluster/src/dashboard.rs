@@ -484,12 +484,12 @@ impl Action {
         Ok(match self {
             Action::Protect { vm, host } => {
                 let mode = cluster.protection_mode(&vm)?;
-                cluster.protect(&vm, host.as_deref(), &mode)?.message
+                cluster.protect(&vm, host.as_deref(), mode)?.message
             }
             Action::Handover { vm } => cluster.handover(&vm)?.message,
             Action::MoveBackup { vm, host } => {
                 let mode = cluster.protection_mode(&vm)?;
-                cluster.move_backup(&vm, &host, &mode)?.message
+                cluster.move_backup(&vm, &host, mode)?.message
             }
             Action::Move { vm, host } => cluster.move_to(&vm, &host)?.message,
             Action::Drain { host } => {

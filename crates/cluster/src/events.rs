@@ -12,8 +12,9 @@
 //! Publishing never stops a VM or the controller: an event that cannot be
 //! written (etcd away) is dropped with a line on stderr.
 
+use ftvm_api::events::{EventRecord, PairEvent};
+use ftvm_api::Mode;
 use ftvm_etcd::{Etcd, EtcdError};
-use ftvm_protection::events::{EventRecord, PairEvent};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -67,7 +68,7 @@ pub enum ControllerAction {
     Start { on: String },
     /// Asked for a backup on a host (a first protection, or a
     /// re-protection after a failover).
-    Protect { on: String, mode: String },
+    Protect { on: String, mode: Mode },
     /// Asked for the backup to move off a drained host.
     MoveBackup { from: String, to: String },
     /// Asked the primary on a drained host to hand over.
@@ -325,7 +326,7 @@ mod tests {
     }
 
     fn protected() -> PairEvent {
-        PairEvent::Protected { backup: "10.0.0.2:7700".into(), generation: 1, mode: "checkpoint".into() }
+        PairEvent::Protected { backup: "10.0.0.2:7700".into(), generation: 1, mode: Mode::Checkpoint }
     }
 
     #[test]
@@ -351,9 +352,7 @@ mod tests {
         assert!(json.contains(r#""source":"pair""#) && json.contains(r#""event":"going_live""#), "{json}");
         assert_eq!(e.to_string(), "2026-11-26 18:57:32.566 backup redis going_live checkpoint=3 frames_given=1 instruction=7 segments_sent_again=2");
         let c = ClusterEvent {
-            what: What::Controller {
-                action: ControllerAction::Protect { on: "spare".into(), mode: "checkpoint".into() },
-            },
+            what: What::Controller { action: ControllerAction::Protect { on: "spare".into(), mode: Mode::Checkpoint } },
             ..e
         };
         assert!(c.to_string().ends_with("redis controller protect mode=checkpoint on=spare"), "{c}");

@@ -8,7 +8,7 @@
 
 use crate::events::History;
 use crate::model::{HostRecord, VmInfo};
-use ftvm_vmm::api::{BackupMode, PairStatus, PrimaryMode};
+use ftvm_api::{BackupMode, PairStatus, PrimaryMode};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

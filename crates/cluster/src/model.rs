@@ -4,7 +4,7 @@
 //! tests speak these; the JSON is their serde form (docs/api/openapi.json
 //! describes it).
 
-use ftvm_vmm::api::VmStatus;
+use ftvm_api::{Mode, VmStatus};
 use serde::{Deserialize, Serialize};
 
 /// A host, as its agent records it in etcd (under a lease: it disappears
@@ -36,7 +36,7 @@ pub struct HostVm {
     pub role: Role,
     /// The protection its spec wants (a mode), if any.
     #[serde(default)]
-    pub protect: Option<String>,
+    pub protect: Option<Mode>,
     /// Its memory, MiB.
     #[serde(default)]
     pub memory_mib: u64,
@@ -72,7 +72,7 @@ impl Role {
 
     /// The part a status says a process has.
     pub fn of(status: &VmStatus) -> Role {
-        use ftvm_vmm::api::{PairStatus, RunState};
+        use ftvm_api::{PairStatus, RunState};
         match (&status.state, &status.pair) {
             (RunState::Waiting { .. } | RunState::Replaying | RunState::Following | RunState::TakingOver, _) => {
                 Role::Backup
@@ -108,7 +108,7 @@ pub struct VmSpec {
     /// cluster's controller keeps the VM protected so, on another host,
     /// and protects it again after a failover. None: left unprotected.
     #[serde(default)]
-    pub protect: Option<String>,
+    pub protect: Option<Mode>,
 }
 
 impl VmSpec {
@@ -129,12 +129,6 @@ impl VmSpec {
         }
         if !(1..=8).contains(&self.cpus) {
             return bad(format!("cpus {} is out of range (1 to 8)", self.cpus));
-        }
-        // A cluster's VM is protected while it runs (and again after a
-        // failover), each host on a disk of its own, in any mode.
-        match self.protect.as_deref() {
-            None | Some("lockstep" | "epoch" | "checkpoint") => {}
-            Some(mode) => return bad(format!("protect {mode:?} is not a mode (lockstep, epoch or checkpoint)")),
         }
         if let Some(net) = &self.network {
             if !valid_interface_name(&net.bridge) {
@@ -218,7 +212,7 @@ pub struct ProtectRequest {
     pub backup: String,
     /// lockstep, epoch or checkpoint.
     #[serde(default = "ProtectRequest::default_mode")]
-    pub mode: String,
+    pub mode: Mode,
     /// The UDP port of the backup's heartbeats (from [`BackupStarted`]);
     /// none: ftvm's default, 7701.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -226,22 +220,26 @@ pub struct ProtectRequest {
 }
 
 impl ProtectRequest {
-    fn default_mode() -> String {
-        "lockstep".into()
+    fn default_mode() -> Mode {
+        Mode::Lockstep
     }
 
-    /// The backup's address, if the request is one to act on: the backup
-    /// a socket address and the mode one of the three, else 400 in one
-    /// line. The agent builds the VM's request from what this returns and
-    /// the checked mode, so no field reaches a parser as more than one
-    /// value (issue 68: a backup `"IP:PORT --events /tmp/x"` made the VM
-    /// write /tmp/x).
+    /// The backup's address, if the request is one to act on: a socket
+    /// address, else 400 in one line (the mode is one of the three, or
+    /// the body did not parse). The agent builds the VM's typed request
+    /// from what this returns, so no field reaches a parser (issue 68: a
+    /// backup `"IP:PORT --events /tmp/x"` made the VM write /tmp/x).
     pub fn check(&self) -> Result<std::net::SocketAddr, ApiError> {
         let bad = |m: String| ApiError::BadRequest(m);
-        if !matches!(self.mode.as_str(), "lockstep" | "epoch" | "checkpoint") {
-            return Err(bad(format!("mode {:?} is not a mode (lockstep, epoch or checkpoint)", self.mode)));
+        // Port 0 would connect to a port picked at random.
+        if self.heartbeat_port == Some(0) {
+            return Err(bad("heartbeat_port 0 is no port: give the port (1 to 65535)".into()));
         }
-        self.backup.parse().map_err(|_| bad(format!("backup {:?} is not an address (IP:PORT)", self.backup)))
+        self.backup
+            .parse()
+            .ok()
+            .filter(|a: &std::net::SocketAddr| a.port() != 0)
+            .ok_or_else(|| bad(format!("backup {:?} is not an address (IP:PORT, the port not 0)", self.backup)))
     }
 }
 
@@ -352,13 +350,16 @@ mod tests {
     /// Issue 68: a protect request's fields are values, never options.
     #[test]
     fn a_protect_request_takes_an_address_and_a_mode_only() {
-        let req = |backup: &str, mode: &str| ProtectRequest {
-            backup: backup.into(),
-            mode: mode.into(),
-            heartbeat_port: None,
+        // As the API reads a body: the mode is a `Mode`, so a mode with
+        // more in it is refused as the body is read.
+        let req = |backup: &str, mode: &str| {
+            let body = serde_json::json!({ "backup": backup, "mode": mode });
+            serde_json::from_value::<ProtectRequest>(body)
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.check().map_err(|e| e.to_string()))
         };
-        assert_eq!(req("10.0.0.1:9", "checkpoint").check().unwrap(), "10.0.0.1:9".parse().unwrap());
-        assert!(req("[fd00::1]:7700", "lockstep").check().is_ok());
+        assert_eq!(req("10.0.0.1:9", "checkpoint").unwrap(), "10.0.0.1:9".parse().unwrap());
+        assert!(req("[fd00::1]:7700", "lockstep").is_ok());
         for (backup, mode) in [
             ("10.0.0.1:9 --events /tmp/x", "lockstep"),
             ("10.0.0.1:9 --help", "lockstep"),
@@ -367,13 +368,32 @@ mod tests {
             ("10.0.0.1:9", "checkpoint --bogus"),
             ("10.0.0.1:9", "-x"),
         ] {
-            let e = req(backup, mode).check().unwrap_err().to_string();
+            let e = req(backup, mode).unwrap_err();
             assert!(!e.contains('\n'), "{e}");
         }
         assert!(check_vm_name("redis-1").is_ok() && check_vm_name("a.b_c").is_ok());
         for bad in ["-ci", "", "..", "a b", "<img src=x", "vm-\u{e9}", "a\0b"] {
             assert!(check_vm_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// The mode became a type (`ftvm_api::Mode`); what etcd and the API
+    /// hold from before reads the same: a spec's and a host record's
+    /// `"protect": "checkpoint"`, a protect request's `"mode"`.
+    #[test]
+    fn records_stored_with_the_mode_as_a_string_still_read() {
+        let spec: VmSpec = serde_json::from_str(r#"{"name": "redis", "protect": "checkpoint"}"#).unwrap();
+        assert_eq!(spec.protect, Some(Mode::Checkpoint));
+        assert!(serde_json::to_string(&spec).unwrap().contains(r#""protect":"checkpoint""#));
+        let vm: HostVm =
+            serde_json::from_str(r#"{"name": "redis", "role": "primary", "protect": "epoch", "memory_mib": 512}"#)
+                .unwrap();
+        assert_eq!(vm.protect, Some(Mode::Epoch));
+        let req: ProtectRequest = serde_json::from_str(r#"{"backup": "10.0.0.2:7700", "mode": "lockstep"}"#).unwrap();
+        assert_eq!(req.mode, Mode::Lockstep);
+        let req: ProtectRequest = serde_json::from_str(r#"{"backup": "10.0.0.2:7700"}"#).unwrap();
+        assert_eq!(req.mode, Mode::Lockstep);
+        assert!(serde_json::from_str::<VmSpec>(r#"{"name": "redis", "protect": "remus"}"#).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::client::{AgentClient, ClientError};
 use crate::credentials::Credentials;
 use crate::desired::{self, DesiredError, VmRecord};
 use crate::model::{ApiError, BackupRequest, Done, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
+use ftvm_api::Mode;
 use ftvm_etcd::{Endpoints, Etcd};
 use std::time::{Duration, Instant};
 
@@ -220,11 +221,11 @@ impl Cluster {
 
     /// Keeps VM `name` protected in `mode` from now on (its record), and,
     /// with `on`, gives it its backup on that host at once.
-    pub fn protect(&self, name: &str, on: Option<&str>, mode: &str) -> Result<Done, OpsError> {
+    pub fn protect(&self, name: &str, on: Option<&str>, mode: Mode) -> Result<Done, OpsError> {
         // A VM the cluster has no record of (started by hand on an agent)
         // is protected all the same; its protection is then nobody's to keep.
         let recorded = desired::update(&self.etcd, name, |r| {
-            r.spec.protect = Some(mode.into());
+            r.spec.protect = Some(mode);
             r.spec.check().map_err(OpsError::Spec)
         });
         match recorded {
@@ -242,15 +243,15 @@ impl Cluster {
     /// The mode VM `name` is kept protected in (its record's), or
     /// checkpoint mode for a VM with none: what a protection asked for
     /// without a mode (the dashboard's, a move's) uses.
-    pub fn protection_mode(&self, name: &str) -> Result<String, OpsError> {
+    pub fn protection_mode(&self, name: &str) -> Result<Mode, OpsError> {
         let record = desired::get(&self.etcd, name)?;
-        Ok(record.and_then(|r| r.spec.protect).unwrap_or_else(|| "checkpoint".into()))
+        Ok(record.and_then(|r| r.spec.protect).unwrap_or(Mode::Checkpoint))
     }
 
     /// Gives VM `name` a backup on host `on`: that host's agent starts one
     /// (waiting for its primary), then the VM's agent protects the VM toward
     /// it in `mode`. A backup that the protection did not take is stopped.
-    pub fn protect_on(&self, name: &str, on: &str, mode: &str) -> Result<Done, OpsError> {
+    pub fn protect_on(&self, name: &str, on: &str, mode: Mode) -> Result<Done, OpsError> {
         let hosts = self.hosts()?;
         let (running, backup) = self.find(&hosts, name)?;
         if let Some(b) = backup {
@@ -263,7 +264,7 @@ impl Cluster {
     /// then on): the pair in force goes on until the new backup holds the
     /// VM, and only then does the old one stop, so the VM is never
     /// unprotected on the way (the VMM's `protect` while protected).
-    pub fn move_backup(&self, name: &str, on: &str, mode: &str) -> Result<Done, OpsError> {
+    pub fn move_backup(&self, name: &str, on: &str, mode: Mode) -> Result<Done, OpsError> {
         let hosts = self.hosts()?;
         let (running, backup) = self.find(&hosts, name)?;
         match backup {
@@ -276,7 +277,7 @@ impl Cluster {
     /// A backup of `running`'s VM started on host `on`, then the VM
     /// protected toward it in `mode` (moving its backup if it had one). A
     /// backup that the protection did not take is stopped.
-    fn backup_onto(&self, hosts: &[HostRecord], running: &VmSide, on: &str, mode: &str) -> Result<Done, OpsError> {
+    fn backup_onto(&self, hosts: &[HostRecord], running: &VmSide, on: &str, mode: Mode) -> Result<Done, OpsError> {
         let name = running.info.name.as_str();
         if running.host.id == on {
             return Err(OpsError::SameHost { vm: name.into(), host: on.into() });
@@ -287,8 +288,7 @@ impl Cluster {
         }
         let backup_agent = self.agent(target);
         let started = backup_agent.start_backup(&BackupRequest { spec: running.info.spec.clone() })?;
-        let request =
-            ProtectRequest { backup: started.listen, mode: mode.into(), heartbeat_port: Some(started.heartbeat_port) };
+        let request = ProtectRequest { backup: started.listen, mode, heartbeat_port: Some(started.heartbeat_port) };
         match self.agent(&running.host).protect(name, &request) {
             Ok(done) => Ok(done),
             Err(e) => {
@@ -334,7 +334,7 @@ impl Cluster {
             }
             if backup.as_ref().map(|b| b.host.id.as_str()) != Some(to) {
                 let mode = self.protection_mode(name)?;
-                self.backup_onto(&hosts, &running, to, &mode)?;
+                self.backup_onto(&hosts, &running, to, mode)?;
             }
             let done = self.agent(&running.host).handover(name)?;
             Ok(Done { message: format!("VM {name} moved from {} to {to}: {}", running.host.id, done.message) })

@@ -1,10 +1,13 @@
 //! The VMs of one host, each an `ftvm` child process of the agent (a plain
 //! `ftvm run`, or an `ftvm ft backup` waiting for its primary), with its
 //! files in a directory of its own under the agent's state directory:
-//! `disk.img` (a sparse copy of the default guest's root disk), the
-//! control socket `control.sock`, the journal `events.jsonl`, the output
-//! `console.log`. The agent speaks to each through its control socket
-//! (the typed API of `ftvm_vmm::api`), never by reading its output.
+//! `config.json` (its configuration, `ftvm_api`'s `VmConfig` or
+//! `BackupConfig`, which its only option `--config` names: no field of a
+//! request reaches a command line), `disk.img` (a sparse copy of the
+//! default guest's root disk), the control socket `control.sock`, the
+//! journal `events.jsonl`, the output `console.log`. The agent speaks to
+//! each through its control socket (the typed API of `ftvm_api`), never
+//! by reading its output.
 //!
 //! Child processes, not threads of the agent: a VM outlives an agent that
 //! crashes or is killed to be upgraded, and one VM's fault stays its own.
@@ -15,10 +18,13 @@
 //! reach the log, each once.
 
 use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
-use ftvm_protection::events::EventRecord;
-use ftvm_vmm::api::{Reply, Request, Response};
+use ftvm_api::events::EventRecord;
+use ftvm_api::pair_config::BackupNic;
+use ftvm_api::vm_config::{DiskConfig, MacAddress, NetConfig};
+use ftvm_api::{BackupConfig, PairConfig, Reply, Request, Response, VmConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -155,7 +161,7 @@ fn follow(socket: PathBuf, vm: String, pid: u32, published: u64, events: tokio::
         std::thread::sleep(Duration::from_millis(200));
     }
     let mut dropped = 0u64;
-    let result = ftvm_vmm::control::follow_events(&socket, true, |line| {
+    let result = ftvm_api::client::follow_events(&socket, true, |line| {
         let Ok(record) = serde_json::from_str::<EventRecord>(line) else { return };
         if record.seq <= published || !crate::events::worth_keeping(&record.event) {
             return;
@@ -219,9 +225,73 @@ pub fn tap_name(vm: &str) -> String {
 /// A VM's MAC address: locally administered, unicast (02:...), the rest
 /// from its name, so the cluster's VMs on one bridge do not all have the
 /// one default MAC, and both sides of a pair have the same.
-pub fn mac_of(vm: &str) -> String {
+pub fn mac_of(vm: &str) -> MacAddress {
     let [a, b, c, d] = name_hash(vm).to_be_bytes();
-    format!("02:66:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+    MacAddress([0x02, 0x66, a, b, c, d])
+}
+
+/// The configuration of the process (`ftvm run --config`) that runs the
+/// VM of `spec` in its directory `dir`.
+pub fn vm_config(spec: &VmSpec, dir: &Path) -> VmConfig {
+    let mut append = "console=ttyS0 root=/dev/vda rw quiet".to_string();
+    if let Some(net) = &spec.network {
+        append.push_str(&format!(" ftvm.ip={}", net.ip));
+    }
+    VmConfig {
+        memory_bytes: spec.memory_mib << 20,
+        harts: spec.cpus as usize,
+        disks: vec![DiskConfig { path: dir.join("disk.img"), readonly: false, latency_us: 0 }],
+        control: Some(dir.join("control.sock")),
+        append: Some(append),
+        nets: nics(spec),
+        exec: spec.command.clone(),
+        ..VmConfig::default()
+    }
+}
+
+/// The configuration of the process (`ftvm ft backup --config`) of a
+/// backup of `spec`'s VM in `dir`, listening on `listen`, its arbiter the
+/// cluster's etcd (`etcd`'s URLs, spoken to with the credentials in
+/// `credentials`).
+pub fn backup_config(
+    spec: &VmSpec,
+    dir: &Path,
+    listen: SocketAddr,
+    heartbeat_port: u16,
+    etcd: &str,
+    credentials: &Path,
+    pair_key: &Path,
+) -> BackupConfig {
+    BackupConfig {
+        listen,
+        // A backup's NIC is the primary's, MAC and all, from the
+        // machine it is sent: only its TAP and bridge are this host's.
+        nets: nics(spec).into_iter().map(|n| BackupNic { tap: n.tap, bridge: n.bridge }).collect(),
+        control: Some(dir.join("control.sock")),
+        show_console: false,
+        disks: vec![dir.join("disk.img")],
+        start_files: Vec::new(),
+        ack_delay: 0,
+        pair: PairConfig {
+            etcd: Some(etcd.into()),
+            etcd_credentials: Some(credentials.to_path_buf()),
+            vm_name: Some(spec.name.clone()),
+            pair_key: Some(pair_key.to_path_buf()),
+            heartbeat_port,
+            events: Some(dir.join("events.jsonl")),
+            ..PairConfig::default()
+        },
+    }
+}
+
+/// The VM's NIC, if it has one: its TAP on the bridge, and its MAC.
+fn nics(spec: &VmSpec) -> Vec<NetConfig> {
+    let nic = |NetworkSpec { bridge, .. }: &NetworkSpec| NetConfig {
+        tap: tap_name(&spec.name),
+        mac: Some(mac_of(&spec.name)),
+        bridge: Some(bridge.clone()),
+    };
+    spec.network.iter().map(nic).collect()
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
@@ -285,19 +355,21 @@ impl Vms {
         Ok(dir)
     }
 
-    /// The options a process of the VM takes for its NIC: its TAP on the
-    /// bridge, and for the VM itself (`ftvm run`) its MAC; a backup's NIC
-    /// is the primary's, MAC and all, from the machine it is sent.
-    fn net_options(spec: &VmSpec, with_mac: bool) -> Vec<String> {
-        match &spec.network {
-            Some(NetworkSpec { bridge, .. }) if with_mac => {
-                vec!["--net".into(), format!("tap={},mac={},bridge={bridge}", tap_name(&spec.name), mac_of(&spec.name))]
-            }
-            Some(NetworkSpec { bridge, .. }) => {
-                vec!["--net".into(), format!("tap={},bridge={bridge}", tap_name(&spec.name))]
-            }
-            None => vec![],
-        }
+    /// Where a VM's process finds its configuration (`--config`).
+    fn config_path(dir: &Path) -> PathBuf {
+        dir.join("config.json")
+    }
+
+    /// Writes a process's configuration into the VM's directory (0600:
+    /// it names the pair's key and the cluster's credentials), as the
+    /// file its `--config` reads.
+    fn write_config(dir: &Path, config: &impl serde::Serialize) -> Result<PathBuf, ApiError> {
+        let path = Self::config_path(dir);
+        let json = serde_json::to_vec_pretty(config).expect("a configuration serializes");
+        private_file(&path)
+            .and_then(|mut f| f.write_all(&json))
+            .map_err(|e| internal("cannot write the VM's configuration", e))?;
+        Ok(path)
     }
 
     /// Starts a VM (`ftvm run`) from its spec.
@@ -306,28 +378,8 @@ impl Vms {
         let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         self.may_start(&spec, "runs")?;
         let dir = self.prepare(&spec)?;
-        let mut append = "console=ttyS0 root=/dev/vda rw quiet".to_string();
-        if let Some(net) = &spec.network {
-            append.push_str(&format!(" ftvm.ip={}", net.ip));
-        }
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "--mem".into(),
-            format!("{}M", spec.memory_mib),
-            "--cpus".into(),
-            spec.cpus.to_string(),
-            "--disk".into(),
-            dir.join("disk.img").display().to_string(),
-            "--control".into(),
-            dir.join("control.sock").display().to_string(),
-            "--append".into(),
-            append,
-        ];
-        args.extend(Self::net_options(&spec, true));
-        if let Some(cmd) = &spec.command {
-            args.extend(["--exec".into(), cmd.clone()]);
-        }
-        self.spawn(spec, dir, args, Role::Unprotected)
+        let path = Self::write_config(&dir, &vm_config(&spec, &dir))?;
+        self.spawn(spec, dir, vec!["run".into(), "--config".into(), path.into()], Role::Unprotected)
     }
 
     /// Starts a backup of a VM (`ftvm ft backup`) listening on `listen`,
@@ -336,7 +388,7 @@ impl Vms {
     pub fn create_backup(
         &self,
         spec: VmSpec,
-        listen: &str,
+        listen: SocketAddr,
         heartbeat_port: u16,
         etcd: &str,
         credentials: &Path,
@@ -346,33 +398,18 @@ impl Vms {
         let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         self.may_start(&spec, "has a process")?;
         let dir = self.prepare(&spec)?;
-        let mut args: Vec<String> = vec![
-            "ft".into(),
-            "backup".into(),
-            "--listen".into(),
-            listen.into(),
-            "--heartbeat-port".into(),
-            heartbeat_port.to_string(),
-            "--etcd".into(),
-            etcd.into(),
-            "--etcd-credentials".into(),
-            credentials.display().to_string(),
-            "--vm-name".into(),
-            spec.name.clone(),
-            "--pair-key".into(),
-            pair_key.display().to_string(),
-            "--disk".into(),
-            dir.join("disk.img").display().to_string(),
-            "--control".into(),
-            dir.join("control.sock").display().to_string(),
-            "--events".into(),
-            dir.join("events.jsonl").display().to_string(),
-        ];
-        args.extend(Self::net_options(&spec, false));
-        self.spawn(spec, dir, args, Role::Backup)
+        let config = backup_config(&spec, &dir, listen, heartbeat_port, etcd, credentials, pair_key);
+        let path = Self::write_config(&dir, &config)?;
+        self.spawn(spec, dir, vec!["ft".into(), "backup".into(), "--config".into(), path.into()], Role::Backup)
     }
 
-    fn spawn(&self, spec: VmSpec, dir: PathBuf, args: Vec<String>, started_as: Role) -> Result<(), ApiError> {
+    fn spawn(
+        &self,
+        spec: VmSpec,
+        dir: PathBuf,
+        args: Vec<std::ffi::OsString>,
+        started_as: Role,
+    ) -> Result<(), ApiError> {
         let console =
             private_file(&dir.join("console.log")).map_err(|e| internal("cannot write the console log", e))?;
         let messages = private_file(&dir.join("ftvm.log")).map_err(|e| internal("cannot write ftvm's log", e))?;
@@ -417,7 +454,9 @@ impl Vms {
                 continue;
             };
             let socket = dir.join("control.sock");
-            let process = match pidfd_of(pid, &socket) {
+            // A VM's process names its configuration file (or, started by
+            // an agent from before there was one, its control socket).
+            let process = match pidfd_of(pid, &[Self::config_path(&dir), socket.clone()]) {
                 Some(fd) => {
                     eprintln!("ftvm agent: VM {} (pid {pid}) runs on: adopted", spec.name);
                     let (vm, events, published) = (spec.name.clone(), self.events.clone(), read_published(&dir, pid));
@@ -514,12 +553,7 @@ impl Vms {
         self.all()
             .await
             .into_iter()
-            .map(|v| HostVm {
-                name: v.name,
-                role: v.role,
-                protect: v.spec.protect.clone(),
-                memory_mib: v.spec.memory_mib,
-            })
+            .map(|v| HostVm { name: v.name, role: v.role, protect: v.spec.protect, memory_mib: v.spec.memory_mib })
             .collect()
     }
 
@@ -618,10 +652,10 @@ fn forget(vms: &mut BTreeMap<String, Vm>, name: &str) {
     }
 }
 
-/// A pidfd for process `pid` if it is still the VM whose control socket is
-/// `socket` (its command line names it: a pid can have been reused by
-/// another process since the VM's agent went).
-fn pidfd_of(pid: u32, socket: &Path) -> Option<OwnedFd> {
+/// A pidfd for process `pid` if it is still the VM whose files are
+/// `names` (its command line names one of them: a pid can have been reused
+/// by another process since the VM's agent went).
+fn pidfd_of(pid: u32, names: &[PathBuf]) -> Option<OwnedFd> {
     // SAFETY: pidfd_open(2) with no flags; a non-negative result is a new
     // file descriptor that we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -633,8 +667,8 @@ fn pidfd_of(pid: u32, socket: &Path) -> Option<OwnedFd> {
     // Read after the pidfd is open: if the pid is the VM's now, the
     // pidfd names the VM, and nothing else, from now on.
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let wanted = socket.as_os_str().as_encoded_bytes();
-    cmdline.split(|b| *b == 0).any(|arg| arg == wanted).then_some(fd)
+    let named = |arg: &[u8]| names.iter().any(|n| n.as_os_str().as_encoded_bytes() == arg);
+    cmdline.split(|b| *b == 0).any(named).then_some(fd)
 }
 
 /// The number of the last event of process `pid` that is in the cluster's
@@ -649,7 +683,7 @@ fn read_published(dir: &Path, pid: u32) -> u64 {
 
 /// Sends one request to a control socket on the blocking pool.
 pub async fn ask(socket: PathBuf, request: Request, wait: Duration) -> Result<Reply, ApiError> {
-    let answer = tokio::task::spawn_blocking(move || ftvm_vmm::control::send(&socket, &request, wait))
+    let answer = tokio::task::spawn_blocking(move || ftvm_api::client::send(&socket, &request, wait))
         .await
         .map_err(|e| internal("the request's thread failed", e))?;
     match answer {
@@ -684,7 +718,7 @@ mod tests {
         assert_eq!(tap_name("redis").len(), 11);
         assert_ne!(mac_of("redis"), mac_of("redis-2"));
         assert_eq!(mac_of("redis"), mac_of("redis"));
-        let mac = mac_of("redis");
+        let mac = mac_of("redis").to_string();
         let bytes: Vec<u8> = mac.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
         assert_eq!(bytes.len(), 6, "{mac}");
         // Locally administered, unicast.

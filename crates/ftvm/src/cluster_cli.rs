@@ -2,6 +2,7 @@
 //! (`ftvm_cluster`). Parsing and printing only.
 
 use clap::{Args, Subcommand};
+use ftvm_api::Mode;
 use ftvm_cluster::agent::AgentConfig;
 use ftvm_cluster::credentials::{self, Credentials};
 use ftvm_cluster::desired::{self, VmRecord};
@@ -179,8 +180,8 @@ enum VmCommand {
         /// checkpoint; each host keeps its own copy of the disk):
         /// the controller gives it a backup on another host, and a new
         /// one after a failover.
-        #[arg(long, value_name = "MODE")]
-        protect: Option<String>,
+        #[arg(long, value_name = "MODE", value_parser = crate::pair_cli::choice::<Mode>(Mode::NAMES))]
+        protect: Option<Mode>,
         /// Seconds to wait for it to run (0: do not wait).
         #[arg(long, value_name = "SECS", default_value_t = 120)]
         wait: u64,
@@ -195,8 +196,8 @@ enum VmCommand {
         /// The mode: lockstep, epoch or checkpoint (each host keeps its
         /// own copy of the disk). Default: the one its record keeps it
         /// protected in, else checkpoint.
-        #[arg(long)]
-        mode: Option<String>,
+        #[arg(long, value_parser = crate::pair_cli::choice::<Mode>(Mode::NAMES))]
+        mode: Option<Mode>,
     },
     /// Stop protecting a VM (its backup stops; it runs on alone).
     Unprotect { name: String },
@@ -322,7 +323,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 print_json(&sides);
             } else {
                 if let Some(r) = &record {
-                    let protect = r.spec.protect.as_deref().unwrap_or("none");
+                    let protect = r.spec.protect.map_or("none", Mode::name);
                     println!("{name}: wanted protection {protect}; {:?}", r.phase);
                     if let Some(p) = &r.problem {
                         println!("  problem: {p}");
@@ -353,7 +354,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 Some(mode) => mode,
                 None => cluster.protection_mode(&name)?,
             };
-            print_done(&cluster.protect(&name, on.as_deref(), &mode)?);
+            print_done(&cluster.protect(&name, on.as_deref(), mode)?);
         }
         ClusterCommand::Vm(VmCommand::Unprotect { name }) => print_done(&cluster.unprotect(&name)?),
         ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),

@@ -5,16 +5,20 @@
 //! drive in-process as well.
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use ftvm_api::VmConfig;
 use ftvm_vmm::api::{Request, Response};
-use ftvm_vmm::launch::{RecordArgs, RunArgs, Target};
+use ftvm_vmm::launch::Target;
 use ftvm_vmm::{control, ft, launch, replay};
+use run_cli::{RecordArgs, ReplayArgs, RunArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod cluster_cli;
 mod console_cli;
 mod image_runner;
+mod pair_cli;
 mod progress;
+mod run_cli;
 
 /// `ftvm --version`: the version and the git commit built from (see build.rs).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FTVM_GIT_COMMIT"), ")");
@@ -38,7 +42,7 @@ enum Command {
     /// Run a VM as `run` does and write every input it receives to a replay log.
     Record(Box<RecordArgs>),
     /// Re-execute a recorded VM from its log, with no host I/O.
-    Replay(replay::ReplayArgs),
+    Replay(ReplayArgs),
     /// Fault tolerance: a primary VM and its backup on another host (lockstep, epoch or checkpoint mode).
     #[command(subcommand)]
     Ft(FtCommand),
@@ -107,7 +111,7 @@ enum FtCommand {
     /// Run a VM protected by a backup on another host (run options apply).
     Primary(Box<FtPrimaryArgs>),
     /// Keep the replica of a primary's VM, ready to take over.
-    Backup(Box<ft::backup::BackupArgs>),
+    Backup(Box<pair_cli::BackupArgs>),
     /// Write a new random pair key to FILE (mode 0600), for --pair-key on
     /// both hosts; it never replaces an existing file.
     Keygen {
@@ -119,7 +123,7 @@ enum FtCommand {
 #[derive(Args)]
 pub struct FtPrimaryArgs {
     #[command(flatten)]
-    ft: ft::PrimaryArgs,
+    ft: pair_cli::PrimaryArgs,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -212,17 +216,20 @@ fn main() -> ExitCode {
     }
     // Each library's typed error, printed here as its one-line message.
     let result: Result<u32, Box<dyn std::error::Error>> = match cli.command {
-        Command::Run(args) => launch::run(*args, Target::None).map_err(Into::into),
-        Command::Record(r) => launch::run(r.run, Target::File(r.log)).map_err(Into::into),
-        Command::Ft(FtCommand::Primary(p)) => launch::run(p.run, Target::Backup(p.ft)).map_err(Into::into),
-        Command::Ft(FtCommand::Backup(b)) => ft::backup::run(&b).map_err(Into::into),
+        Command::Run(args) => run(*args, Target::None),
+        Command::Record(r) => run(r.run, Target::File(r.log)),
+        Command::Ft(FtCommand::Primary(p)) => run(p.run, Target::Backup(p.ft.into())),
+        Command::Ft(FtCommand::Backup(b)) => match ftvm_api::BackupConfig::try_from(*b) {
+            Ok(config) => ft::backup::run(&config).map_err(Into::into),
+            Err(e) => Err(e.into()),
+        },
         Command::Ft(FtCommand::Keygen { file }) => ftvm_replication::pair_key::PairKey::create(&file)
             .map(|key| {
                 println!("{} (key {})", file.display(), key.id());
                 0
             })
             .map_err(Into::into),
-        Command::Replay(r) => replay::replay(&r).map_err(Into::into),
+        Command::Replay(r) => replay::replay(&r.into()).map_err(Into::into),
         Command::Agent(a) => cluster_cli::agent(*a),
         Command::Cluster(c) => cluster_cli::cluster(*c),
         Command::Image(ImageCommand::Build(args)) => image_build(&args),
@@ -261,6 +268,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// `ftvm run`, `record` and `ft primary`: the VM's options, turned into its
+/// configuration, run as `target` says.
+fn run(args: RunArgs, target: Target) -> Result<u32, Box<dyn std::error::Error>> {
+    let config = VmConfig::try_from(args)?;
+    launch::run(config, target).map_err(Into::into)
+}
+
 /// `ftvm control`: one request, its answer on stdout (readable, or the
 /// JSON line with `--json`); a refusal is also the exit status.
 fn control_command(
@@ -269,7 +283,13 @@ fn control_command(
     json: bool,
     wait: std::time::Duration,
 ) -> Result<u32, Box<dyn std::error::Error>> {
-    let mut request = control::parse(words)?;
+    let mut request = match words.split_whitespace().collect::<Vec<_>>().as_slice() {
+        // `protect`'s options are `ftvm ft primary`'s: their help is clap's.
+        ["protect", rest @ ..] if rest.iter().any(|w| matches!(*w, "--help" | "-h")) => {
+            return Err(pair_cli::protect_help().into())
+        }
+        _ => control::parse(words)?,
+    };
     // The VM resolves nothing against our directory: it gets the path
     // the user meant.
     match &mut request {

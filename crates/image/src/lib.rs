@@ -136,8 +136,12 @@ pub(crate) const GUEST_SYSINIT_UNITS: &[&str] = &["ftvm-setup.service", "ftvm-rt
 /// locale, a time zone and a root password on a VM's first boot (its
 /// machine-id is still to be made): nobody answers a VM's console then,
 /// and an --exec run would wait forever; a VM's own settings come from
-/// its seed (ftvm-setup.service).
-pub(crate) const GUEST_MASKED_UNITS: &[&str] = &["systemd-firstboot.service"];
+/// its seed (ftvm-setup.service). systemd-networkd-wait-online waits
+/// (2 minutes, then fails) for links systemd-networkd manages, and it
+/// manages none: eth0 is ftvm-setup's (network-online.target follows it),
+/// so every service that wants the network online (nginx) waited those
+/// minutes, and the system was `degraded`.
+pub(crate) const GUEST_MASKED_UNITS: &[&str] = &["systemd-firstboot.service", "systemd-networkd-wait-online.service"];
 
 /// A built guest image: everything `ftvm run` (or QEMU) needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

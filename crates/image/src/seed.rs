@@ -17,13 +17,20 @@ pub struct Seed {
 }
 
 impl Seed {
-    /// A seed of `hostname` (checked to be a host name) and the keys in
-    /// `key_files`.
-    pub fn new(hostname: Option<&str>, key_files: &[PathBuf]) -> Result<Seed, ImageError> {
-        if let Some(name) = hostname {
+    /// A seed of `hostname` and `ssh_keys`, each checked: a host name, and
+    /// public keys of one line each (a configuration file is outside input
+    /// as much as a command line: a newline in a key would be a line of
+    /// the seed of its own).
+    pub fn new(hostname: Option<String>, ssh_keys: Vec<String>) -> Result<Seed, ImageError> {
+        if let Some(name) = &hostname {
             check_hostname(name)?;
         }
-        Ok(Seed { hostname: hostname.map(str::to_string), ssh_keys: read_public_keys(key_files)? })
+        for key in &ssh_keys {
+            if !is_public_key(key) || key.contains(['\n', '\r', '\0']) {
+                return Err(ImageError::new("reading the ssh keys", format!("{key:?} is not one public key line")));
+            }
+        }
+        Ok(Seed { hostname, ssh_keys })
     }
 
     /// The seed's text, `None` when it says nothing (the device tree then
@@ -70,17 +77,22 @@ pub fn read_public_keys(files: &[PathBuf]) -> Result<Vec<String>, ImageError> {
             return Err(ImageError::new(step, format!("{} holds no key", f.display())));
         }
         for k in keys {
-            // `TYPE BASE64 [COMMENT]`, perhaps after options: a line
-            // without a key type is a private key or something else.
-            let known =
-                k.split_whitespace().any(|w| w.starts_with("ssh-") || w.starts_with("ecdsa-sha2-") || w.starts_with("sk-"));
-            if !known || k.contains("PRIVATE KEY") {
+            if !is_public_key(k) {
                 return Err(ImageError::new(step, format!("{} is not a public key (give the .pub file)", f.display())));
             }
             out.push(k.to_string());
         }
     }
     Ok(out)
+}
+
+/// Whether a line is an `authorized_keys` line: `TYPE BASE64 [COMMENT]`,
+/// perhaps after options; a line without a key type is a private key or
+/// something else.
+fn is_public_key(line: &str) -> bool {
+    let known =
+        line.split_whitespace().any(|w| w.starts_with("ssh-") || w.starts_with("ecdsa-sha2-") || w.starts_with("sk-"));
+    known && !line.contains("PRIVATE KEY")
 }
 
 #[cfg(test)]
@@ -94,16 +106,19 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("id.pub");
         std::fs::write(&key, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n\n# a comment\n").unwrap();
-        let seed = Seed::new(Some("db-1"), &[key.clone()]).unwrap();
+        let seed = Seed::new(Some("db-1".into()), read_public_keys(&[key.clone()]).unwrap()).unwrap();
         assert_eq!(seed.text().unwrap(), "hostname=db-1\nssh-key=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n");
 
         let private = dir.join("id");
         std::fs::write(&private, "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n").unwrap();
-        let err = Seed::new(None, &[private]).unwrap_err();
+        let err = read_public_keys(&[private]).unwrap_err();
         assert!(err.to_string().contains("not a public key"), "{err}");
         for bad in ["", "-db", "db-", "db.example", "db 1", "d\nhostname=x", &"a".repeat(64)] {
-            assert!(Seed::new(Some(bad), &[]).is_err(), "{bad:?} taken as a host name");
+            assert!(Seed::new(Some(bad.into()), Vec::new()).is_err(), "{bad:?} taken as a host name");
         }
+        let two_lines = "ssh-ed25519 AAAA a\nhostname=evil".to_string();
+        assert!(Seed::new(None, vec![two_lines]).is_err(), "a key of two lines");
+        assert!(Seed::new(None, vec!["not a key".into()]).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

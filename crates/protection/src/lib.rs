@@ -25,8 +25,9 @@
 //! The machine-agnostic policies these are made of (the logging channel,
 //! heartbeats, the arbiter, the Output Rule, lag control, the checkpoint
 //! stream) are `ftvm_replication`'s; the replay log and its engines are
-//! `ftvm_replay`'s. Nothing here parses a command line: with the `clap`
-//! feature the option enums derive `clap::ValueEnum` for the CLI.
+//! `ftvm_replay`'s. Nothing here parses a command line. The types a
+//! client reads (the modes, status, events, the limits of a setting) are
+//! `ftvm_api`'s, used here under their old paths.
 
 pub mod backup;
 pub mod checkpoint;
@@ -39,5 +40,8 @@ pub mod lockstep;
 pub mod pair;
 pub mod primary;
 pub mod resend;
-pub mod status;
+/// What each side reports of itself (`ftvm_api::status`).
+pub mod status {
+    pub use ftvm_api::status::*;
+}
 pub mod transfer;

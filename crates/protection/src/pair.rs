@@ -14,43 +14,7 @@ const FIELD: &str = "ft-pair";
 /// The version of [`PairHeader`] this build writes and reads.
 pub const PAIR_HEADER_VERSION: u32 = 3;
 
-/// How the backup is kept in step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// VMware FT: each input is logged at the instruction where it arrives.
-    Lockstep,
-    /// Bressoud & Schneider: inputs wait for the end of an epoch of
-    /// --epoch-length instructions.
-    Epoch,
-    /// Remus: the backup does not execute; whole-VM checkpoints every
-    /// --interval, outputs held until their checkpoint is acknowledged.
-    Checkpoint,
-}
-
-/// Where the VM's disks live (VMware FT §4.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
-pub enum DiskSharing {
-    /// One disk on the shared storage, written by the primary alone
-    /// under the Output Rule.
-    Shared,
-    /// Each host has its own copy, identical when protection starts; the
-    /// backup performs the writes on its own.
-    Separate,
-}
-
-impl DiskSharing {
-    /// The name the command line and status use: shared or separate.
-    pub fn name(self) -> &'static str {
-        match self {
-            DiskSharing::Shared => "shared",
-            DiskSharing::Separate => "separate",
-        }
-    }
-}
+pub use ftvm_api::mode::{DiskSharing, Mode};
 
 /// What the pair does about disks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,13 +55,18 @@ pub enum ModeSetting {
 }
 
 impl ModeSetting {
+    /// The mode, without its settings.
+    pub fn mode(&self) -> Mode {
+        match self {
+            ModeSetting::Lockstep => Mode::Lockstep,
+            ModeSetting::Epoch(_) => Mode::Epoch,
+            ModeSetting::Checkpoint { .. } => Mode::Checkpoint,
+        }
+    }
+
     /// The mode's name: lockstep, epoch or checkpoint.
     pub fn name(&self) -> &'static str {
-        match self {
-            ModeSetting::Lockstep => "lockstep",
-            ModeSetting::Epoch(_) => "epoch",
-            ModeSetting::Checkpoint { .. } => "checkpoint",
-        }
+        self.mode().name()
     }
 }
 

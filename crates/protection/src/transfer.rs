@@ -38,6 +38,7 @@ use crate::epoch::EpochMode;
 use crate::error::ProtectionError;
 use crate::events::{Events, PairEvent};
 use crate::lockstep::primary::Lockstep;
+use crate::pair::Mode;
 use crate::pair::{DiskPolicy, SlotDisks};
 use crate::primary::{Alone, Primary, Request, Transferred};
 use crate::status::{PairStatus, PrimaryMode, PrimaryStatus, TransferStatus};
@@ -90,12 +91,12 @@ pub struct DiskCopies {
 }
 
 impl Then {
-    /// The mode's name: lockstep, epoch or checkpoint.
-    pub fn name(&self) -> &'static str {
+    /// The mode the pair will run in.
+    pub fn mode(&self) -> Mode {
         match self {
-            Then::Log { epoch: Some(_), .. } => "epoch",
-            Then::Log { epoch: None, .. } => "lockstep",
-            Then::Checkpoints => "checkpoint",
+            Then::Log { epoch: Some(_), .. } => Mode::Epoch,
+            Then::Log { epoch: None, .. } => Mode::Lockstep,
+            Then::Checkpoints => Mode::Checkpoint,
         }
     }
 }
@@ -205,7 +206,7 @@ impl Transfer {
             self.sender.watch(),
             self.sender.generation(),
             PrimaryMode::Transfer(TransferStatus {
-                then: self.then.name().into(),
+                then: self.then.mode(),
                 round: self.round,
                 round_left: self.todo.len() as u64,
                 pages: self.pages,
@@ -310,7 +311,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         let generation = sender.generation();
         let fence = sender.fence();
         let backup = sender.watch().peer().to_string();
-        let mode = then.name().to_string();
+        let mode = then.mode();
         let (successor, bytes): (Box<dyn Primary<E>>, u64) = match then {
             Then::Checkpoints => {
                 if !sender.wait_checkpoint_acked(0, START_WAIT) {

@@ -12,9 +12,10 @@
 use crate::api::{ControlError, Reply, Request, Response};
 use crate::attach::ConsoleHub;
 use crate::host_io::HostEvent;
-use ftvm_protection::control::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
+pub use ftvm_api::client::{attach_console, follow_events, send, ControlSocketError};
+pub use ftvm_api::words::parse;
 use ftvm_protection::events::{EventRecord, Events};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
@@ -28,116 +29,11 @@ const MAX_CONNECTIONS: usize = 32;
 /// How long a connection may take to send its request, or to take what
 /// is written to it, before it is closed.
 const CONNECTION_WAIT: Duration = Duration::from_secs(10);
-/// How much of an unknown command an error quotes.
-const QUOTED: usize = 80;
 
 /// A request on its way to the live loop, with where its answer goes.
 pub struct ControlRequest {
     pub request: Request,
     pub reply: Sender<Response>,
-}
-
-/// Why the control socket could not be served or reached.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlSocketError {
-    #[error("control socket {} is in use by another VM", .0.display())]
-    InUse(PathBuf),
-    #[error("cannot create control socket {}: {source}", .path.display())]
-    Create {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot connect to control socket {}: {source}", .path.display())]
-    Connect {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("control socket {}: {source}", .path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("control socket {} closed without an answer", .0.display())]
-    NoAnswer(PathBuf),
-    /// The VM refused the request.
-    #[error("the VM answered: error {0}")]
-    Refused(ControlError),
-    #[error("control socket {}: unreadable answer ({source}): {reply}", .path.display())]
-    UnreadableAnswer {
-        path: PathBuf,
-        reply: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-/// A request as a person writes it on the command line: `status`,
-/// `pause`, `resume`, `snapshot FILE`, `quit`, `handover`, `protect
-/// OPTIONS` (`ftvm ft primary`'s), `unprotect`, `timeout MS`, `cpu-limit
-/// PERCENT`, `events`.
-pub fn parse(line: &str) -> Result<Request, ControlError> {
-    let bad = |m: String| ControlError::BadRequest(m);
-    let line = line.trim();
-    let quoted: String = line.chars().take(QUOTED).collect();
-    let quoted = if quoted.len() < line.len() { format!("{quoted}...") } else { quoted };
-    let (word, rest) = line.split_once(' ').map_or((line, ""), |(w, r)| (w, r.trim()));
-    match (word, rest) {
-        ("status", "") => Ok(Request::Status),
-        ("pause", "") => Ok(Request::Pause),
-        ("resume", "") => Ok(Request::Resume),
-        ("quit", "") => Ok(Request::Quit),
-        ("handover", "") => Ok(Request::Handover),
-        ("unprotect", "") => Ok(Request::Unprotect),
-        ("events", "") => Ok(Request::Events),
-        ("protect", rest) => parse_protect(rest),
-        ("timeout", ms) => TIMEOUT_MS.parse("timeout", ms).map(|ms| Request::Timeout { ms }).map_err(bad),
-        ("cpu-limit", percent) => {
-            CPU_LIMIT_PERCENT.parse("cpu-limit", percent).map(|percent| Request::CpuLimit { percent }).map_err(bad)
-        }
-        ("snapshot", "") | ("snapshot", "--overwrite") => Err(bad("snapshot needs a file name".into())),
-        ("snapshot", rest) => Ok(match rest.strip_prefix("--overwrite ") {
-            Some(path) => Request::Snapshot { path: PathBuf::from(path.trim()), overwrite: true },
-            None => Request::Snapshot { path: PathBuf::from(rest), overwrite: false },
-        }),
-        _ => Err(bad(format!(
-            "unknown command '{quoted}' (status, pause, resume, snapshot [--overwrite] FILE, quit, handover, \
-             unprotect, protect --backup HOST:PORT --shared DIR [...], timeout MS, cpu-limit PERCENT, events)"
-        ))),
-    }
-}
-
-/// `protect OPTIONS`: the options of `ftvm ft primary` (its pair's, not
-/// the VM's), read as the command line reads them.
-fn parse_protect(words: &str) -> Result<Request, ControlError> {
-    #[derive(clap::Parser)]
-    #[command(name = "protect", about = "Give the running VM a backup")]
-    struct Protect {
-        #[command(flatten)]
-        args: crate::ft::PrimaryArgs,
-    }
-    use clap::Parser;
-    let words = std::iter::once("protect").chain(words.split_whitespace());
-    match Protect::try_parse_from(words) {
-        Ok(p) => match p.args.check_mode_options() {
-            Ok(()) => Ok(Request::Protect(Box::new(p.args))),
-            Err(e) => Err(ControlError::BadRequest(format!("protect: {e}"))),
-        },
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(ControlError::BadRequest(e.to_string())),
-        Err(e) => {
-            // One line: clap's message without its usage and hints.
-            let text = e.to_string();
-            let message: Vec<&str> = text
-                .lines()
-                .map(str::trim)
-                .take_while(|l| !l.starts_with("Usage:"))
-                .filter(|l| !l.is_empty())
-                .collect();
-            Err(ControlError::BadRequest(format!("protect: {}", message.join(" ").trim_start_matches("error: "))))
-        }
-    }
 }
 
 /// Removes the socket file (and its registration for `ftvm list`) when
@@ -369,84 +265,10 @@ fn stream_console(reader: UnixStream, mut writer: UnixStream, console: &ConsoleH
     }
 }
 
-/// The client side of `ftvm console`: connects, asks to attach (to watch
-/// only if `read_only`), and returns the connection, which from then on
-/// carries the console's bytes both ways, and whether it types.
-pub fn attach_console(path: &Path, read_only: bool) -> Result<(UnixStream, bool), ControlSocketError> {
-    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
-    let mut s = connect(path)?;
-    let request = serde_json::to_string(&Request::Console { read_only }).expect("a request serializes");
-    writeln!(s, "{request}").map_err(e)?;
-    // The reply line, a byte at a time: the console's bytes follow it.
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    loop {
-        match s.read(&mut byte).map_err(e)? {
-            0 => return Err(ControlSocketError::NoAnswer(path.to_path_buf())),
-            _ if byte[0] == b'\n' => break,
-            _ => line.push(byte[0]),
-        }
-    }
-    let text = String::from_utf8_lossy(&line);
-    match serde_json::from_str::<Response>(&text) {
-        Ok(Response::Ok(Reply::Console { typing })) => Ok((s, typing)),
-        Ok(Response::Error(refusal)) => Err(ControlSocketError::Refused(refusal)),
-        Ok(other) => Err(ControlSocketError::Refused(ControlError::BadRequest(format!(
-            "an answer that is not the console's: {other}"
-        )))),
-        Err(source) => {
-            Err(ControlSocketError::UnreadableAnswer { path: path.to_path_buf(), reply: text.into_owned(), source })
-        }
-    }
-}
-
-/// The client side of `events`: calls `on_line` with each line that
-/// comes, until the VM closes the socket.
-pub fn follow_events(path: &Path, json: bool, mut on_line: impl FnMut(&str)) -> Result<(), ControlSocketError> {
-    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
-    let mut s = connect(path)?;
-    let request =
-        if json { serde_json::to_string(&Request::Events).expect("a request serializes") } else { "events".into() };
-    writeln!(s, "{request}").map_err(e)?;
-    for line in BufReader::new(s).lines() {
-        on_line(&line.map_err(e)?);
-    }
-    Ok(())
-}
-
-/// The client side (`ftvm control SOCKET COMMAND`): sends one request and
-/// returns the response, with the line it came in; gives up after `wait`
-/// (a VM that is stopped, or wedged, does not hang its client).
-pub fn send(path: &Path, request: &Request, wait: Duration) -> Result<(Response, String), ControlSocketError> {
-    let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
-    let mut s = connect(path)?;
-    s.set_read_timeout(Some(wait)).map_err(e)?;
-    s.set_write_timeout(Some(wait)).map_err(e)?;
-    let line = serde_json::to_string(request).expect("a request serializes");
-    // A VM that answers before it reads (a busy socket) may have closed
-    // its end by the time we write: its answer is still there to read.
-    let wrote = writeln!(s, "{line}");
-    let mut reply = String::new();
-    let read = BufReader::new(s).read_line(&mut reply);
-    if reply.is_empty() {
-        wrote.map_err(e)?;
-        read.map_err(e)?;
-        return Err(ControlSocketError::NoAnswer(path.to_path_buf()));
-    }
-    let reply = reply.trim_end().to_string();
-    match serde_json::from_str(&reply) {
-        Ok(response) => Ok((response, reply)),
-        Err(source) => Err(ControlSocketError::UnreadableAnswer { path: path.to_path_buf(), reply, source }),
-    }
-}
-
-fn connect(path: &Path) -> Result<UnixStream, ControlSocketError> {
-    UnixStream::connect(path).map_err(|source| ControlSocketError::Connect { path: path.to_path_buf(), source })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
 
     /// `protect` takes `ftvm ft primary`'s options, typed; a mistake is
     /// one line saying what is wrong.

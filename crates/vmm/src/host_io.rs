@@ -9,6 +9,7 @@
 
 use crate::console::Input;
 use crate::control::ControlRequest;
+use ftvm_api::vm_config::MAX_DISK_LATENCY;
 use ftvm_host::disk::{DiskError, DiskImage, DiskWorkers, DEFAULT_DISK_THREADS};
 use ftvm_host::tap::{Tap, TapError};
 use ftvm_machine::mac::{format_mac, parse_mac};
@@ -576,10 +577,6 @@ pub fn parse_description(text: &str) -> Result<Vec<Backend>, DeviceLineError> {
     }
     Ok(out)
 }
-
-/// The longest latency a disk may be given: a guest's I/O timeouts are 30 s
-/// and more, and a longer one would only model a broken disk.
-const MAX_DISK_LATENCY: Duration = Duration::from_secs(10);
 
 /// A disk latency: a whole number of `us`, `ms` or `s` (`26ms`).
 pub fn parse_latency(s: &str) -> Result<Duration, LatencyError> {

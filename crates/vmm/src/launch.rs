@@ -1,16 +1,20 @@
-//! Starting a VM from run options: the machine's configuration and the
-//! backends of its devices (the default guest image filling in what was
-//! not given), or a snapshot to restore, and where its log goes (nowhere,
-//! a file, or a backup). What `ftvm run`, `ftvm record` and
-//! `ftvm ft primary` share. An image's root disk is booted on a copy of
-//! its own (`overlay`) unless `--persist`.
+//! Starting a VM from its configuration (`ftvm_api::VmConfig`, typed: the
+//! command line turned its options into it, or a file held it): the
+//! machine's configuration and the backends of its devices (the default
+//! guest image filling in what was not given), or a snapshot to restore,
+//! and where its log goes (nowhere, a file, or a backup). What `ftvm run`,
+//! `ftvm record` and `ftvm ft primary` share. An image's root disk is
+//! booted on a copy of its own (`overlay`) unless `persist`.
 
 use crate::error::{file, usage, RebootRefused, SnapshotProblem, VmmError};
 use crate::ft::protect::{MachineProtector, Protector};
+use crate::ft::{PairSetup, ProtectSetup};
 use crate::host_io::{self, Backend, HostEvent, HostIo};
 use crate::overlay::Overlay;
 use crate::{console, control, exec, ft, live, record};
-use clap::Args;
+use ftvm_api::vm_config::{
+    check_tap_name, DiskConfig, Firmware, HartThreads, NetConfig, VmConfig, HARTS, MAX_DISK_LATENCY, MEMORY_BYTES,
+};
 use ftvm_machine::{snapshot_file, Machine, MachineConfig, DEFAULT_GUEST_IPS};
 use ftvm_protection::control::CPU_LIMIT_PERCENT;
 use ftvm_protection::events::Events;
@@ -21,215 +25,32 @@ use ftvm_replication::fence::Fence;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Args)]
-pub struct RecordArgs {
-    /// Where to write the log.
-    #[arg(long, value_name = "FILE")]
-    pub log: PathBuf,
-    #[command(flatten)]
-    pub run: RunArgs,
+/// The backend of a configured disk.
+fn disk_backend(disk: &DiskConfig) -> Result<Backend, VmmError> {
+    if disk.path.as_os_str().is_empty() {
+        return Err(usage("a disk needs a path"));
+    }
+    let latency = Duration::from_micros(disk.latency_us);
+    if latency > MAX_DISK_LATENCY {
+        return Err(usage(format!(
+            "disk {}: a latency of {} us is over the limit of {} s",
+            disk.path.display(),
+            disk.latency_us,
+            MAX_DISK_LATENCY.as_secs()
+        )));
+    }
+    Ok(Backend::Disk { path: disk.path.clone(), readonly: disk.readonly, latency })
 }
 
-#[derive(Args)]
-pub struct RunArgs {
-    /// Boot this image (`ftvm image list`; built with `ftvm image build
-    /// --name NAME`) instead of the default one: its firmware, kernel,
-    /// initrd and root disk fill in what is not given.
-    #[arg(long, value_name = "NAME", conflicts_with = "restore")]
-    pub image: Option<String>,
-    /// Let the guest write the image's root disk itself. Without it the
-    /// guest runs on a copy that goes when the run ends (kept if a snapshot
-    /// or a recording names it), and the image stays as built. A disk given
-    /// with --disk is always written.
-    #[arg(long, conflicts_with_all = ["disks", "restore"])]
-    pub persist: bool,
-    /// M-mode firmware (OpenSBI fw_dynamic.bin), or `none` to start the kernel itself in M-mode.
-    #[arg(long)]
-    pub bios: Option<String>,
-    /// Kernel Image (or a bare-metal ELF program with --bios none).
-    #[arg(long)]
-    pub kernel: Option<PathBuf>,
-    /// Initial ramdisk.
-    #[arg(long)]
-    pub initrd: Option<PathBuf>,
-    /// Kernel command line.
-    #[arg(long)]
-    pub append: Option<String>,
-    /// Guest memory, e.g. 512M or 2G (a plain number is MiB).
-    #[arg(long, default_value = "1G")]
-    pub mem: String,
-    /// Number of harts.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
-    pub cpus: usize,
-    /// A raw disk image: PATH[,readonly][,latency=26ms]. May be repeated;
-    /// the first is /dev/vda. A latency makes every request take at least
-    /// that long, to model a slower disk than the host's (for benchmarks).
-    #[arg(long = "disk")]
-    pub disks: Vec<String>,
-    /// A NIC on a TAP: tap=NAME[,mac=52:54:00:12:34:56][,bridge=BR]. The TAP
-    /// is created if it does not exist. May be repeated.
-    #[arg(long = "net")]
-    pub nets: Vec<String>,
-    /// The VM's host name, in its seed: the image's guest takes it at boot
-    /// (`/usr/lib/ftvm/setup`; a new name replaces the one it had).
-    #[arg(long, value_name = "NAME", conflicts_with = "restore")]
-    pub hostname: Option<String>,
-    /// A public key (an OpenSSH `.pub` file) root may log in with over
-    /// ssh, in the VM's seed: the guest adds it to root's authorized keys
-    /// at boot. May be repeated.
-    #[arg(long = "ssh-key", value_name = "FILE", conflicts_with = "restore")]
-    pub ssh_keys: Vec<PathBuf>,
-    /// Leave out the virtio-rng device (host entropy for the guest).
-    #[arg(long)]
-    pub no_rng: bool,
-    /// Continue the VM saved in this snapshot file instead of booting.
-    #[arg(long, value_name = "FILE")]
-    pub restore: Option<PathBuf>,
-    /// Listen for commands (pause, resume, snapshot, ...) on this Unix socket.
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
-    /// Start paused (needs --control): nothing runs until `resume`.
-    #[arg(long, requires = "control")]
-    pub paused: bool,
-    /// Boot, run CMD in the guest with /bin/sh -c, power off, exit with its status.
-    #[arg(long)]
-    pub exec: Option<String>,
-    /// With --exec, also show the boot messages before the command starts.
-    #[arg(long)]
-    pub verbose: bool,
-    /// With --exec: stop the guest and fail (exit status 124) if the command
-    /// has not finished SECONDS (wall time) after it started. Default: no limit.
-    #[arg(long, value_name = "SECONDS", requires = "exec", value_parser = clap::value_parser!(u64).range(1..))]
-    pub exec_timeout: Option<u64>,
-    /// With --exec: stop the guest and fail (exit status 124) if the command
-    /// has not started SECONDS (wall time) after the guest began to boot.
-    #[arg(long, value_name = "SECONDS", requires = "exec", default_value_t = DEFAULT_BOOT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..))]
-    pub boot_timeout: u64,
-    /// Let guest time run as fast as the host can go instead of following
-    /// the wall clock (idle periods are skipped at once).
-    #[arg(long)]
-    pub fast_time: bool,
-    /// On SIGTERM or SIGINT, how long the guest has to power off before
-    /// ftvm stops it. The guest is asked with a magic SysRq on its serial
-    /// console (break, then s: sync, u: remount read-only, o: power off);
-    /// a second signal stops it at once, as does one while paused or with
-    /// 0 here. Exit status: the guest's power-off status (0 for a clean
-    /// power off) if it powered off in time, 128 + the signal's number
-    /// (143 SIGTERM, 130 SIGINT) if ftvm stopped it, or if it powered off
-    /// before an --exec command finished. A protected primary
-    /// hands over to its backup instead, and a recording ends as `quit`.
-    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STOP_TIMEOUT_S)]
-    pub stop_timeout: u64,
-    /// Limit the VM to this percentage of one host core (5 to 100; the
-    /// control socket's `cpu-limit` changes it). A protected VM's backup
-    /// keeps it and runs under it once it goes live.
-    #[arg(long, value_name = "PERCENT", value_parser = |text: &str| CPU_LIMIT_PERCENT.parse("a CPU limit", text))]
-    pub cpu_limit: Option<u8>,
-    /// Record which guest pages are written (what checkpoints and live
-    /// migration need); off, stores cost nothing extra.
-    #[arg(long)]
-    pub dirty_tracking: bool,
-    /// Where the harts run: `multi`, each on a host thread of its own,
-    /// in parallel, whenever the run need not be repeatable (a plain VM,
-    /// a checkpointed primary; a recording, lockstep and epochs always
-    /// run them on one thread, as does a CPU limit); `single`, all on one
-    /// host thread in turns. QEMU's `-accel tcg,thread=multi|single`.
-    #[arg(long, value_enum, default_value_t = HartThreads::Multi)]
-    pub hart_threads: HartThreads,
-}
-
-/// `--hart-threads`: where a VM's harts run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum HartThreads {
-    /// All on one host thread, in a fixed round-robin.
-    Single,
-    /// Each on a host thread of its own when nothing needs the run exact.
-    Multi,
-}
-
-/// `--stop-timeout`'s default: a guest syncs and powers off in a few
-/// seconds; one that has not in 30 (as systemd's stop timeout, 90, is
-/// for a whole host) will not.
-pub const DEFAULT_STOP_TIMEOUT_S: u64 = 30;
-
-/// `--boot-timeout`'s default: the default guest starts a command in well
-/// under a minute on a busy 2-core host; ten times that is a hang.
-pub const DEFAULT_BOOT_TIMEOUT_S: u64 = 600;
-
-/// Guest memory limits (those `Machine::new` enforces), checked here first
-/// so the message can quote the option as the user wrote it.
-const MIN_MEM: u64 = 16 << 20;
-const MAX_MEM: u64 = 64 << 30;
-const MAX_CPUS: usize = 8;
-
-/// Parse and check `--mem`.
-fn guest_memory(s: &str) -> Result<u64, VmmError> {
-    let bytes = parse_mem(s)?;
-    if bytes < MIN_MEM {
-        return Err(usage(format!("--mem {s} is too small: the minimum is {}M", MIN_MEM >> 20)));
+/// The backend of a configured NIC; `index` picks the default MAC.
+fn net_backend(net: &NetConfig, index: usize) -> Result<Backend, VmmError> {
+    if net.tap.is_empty() {
+        return Err(usage("a NIC needs a TAP's name"));
     }
-    if bytes > MAX_MEM {
-        return Err(usage(format!("--mem {s} is too large: the maximum is {}G", MAX_MEM >> 30)));
-    }
-    Ok(bytes)
-}
-
-/// Parse a memory size: `512M`, `2G`, `1048576K`, or a plain number of MiB.
-fn parse_mem(s: &str) -> Result<u64, VmmError> {
-    let bad = || usage(format!("invalid memory size '{s}': use a number with K, M or G"));
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                _ => return Err(bad()),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1 << 20),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    n.checked_mul(mult).ok_or_else(|| usage(format!("memory size '{s}' is too large")))
-}
-
-fn parse_disk(s: &str) -> Result<Backend, VmmError> {
-    let mut parts = s.split(',');
-    let path = PathBuf::from(parts.next().unwrap_or_default());
-    if path.as_os_str().is_empty() {
-        return Err(usage("--disk needs a path"));
-    }
-    let mut readonly = false;
-    let mut latency = Duration::ZERO;
-    for opt in parts {
-        match opt.split_once('=') {
-            None if matches!(opt, "readonly" | "ro") => readonly = true,
-            Some(("latency", l)) => latency = host_io::parse_latency(l).map_err(|e| usage(e.to_string()))?,
-            _ => return Err(usage(format!("unknown disk option '{opt}' in --disk {s}"))),
-        }
-    }
-    Ok(Backend::Disk { path, readonly, latency })
-}
-
-/// `tap=NAME[,mac=..][,bridge=..]`; `index` picks the default MAC.
-fn parse_net(s: &str, index: usize) -> Result<Backend, VmmError> {
-    let (mut name, mut mac, mut bridge) = (None, None, None);
-    for opt in s.split(',') {
-        match opt.split_once('=') {
-            Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
-            Some(("mac", v)) => mac = Some(ftvm_machine::mac::parse_mac(v).map_err(|e| usage(e.to_string()))?),
-            Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
-            _ => return Err(usage(format!("invalid --net option '{opt}' (use tap=NAME[,mac=MAC][,bridge=BR])"))),
-        }
-    }
-    let name = name.ok_or_else(|| usage(format!("--net {s} names no TAP (use tap=NAME)")))?;
-    if name.len() > 15 {
-        return Err(usage(format!("TAP name '{name}' is longer than 15 bytes")));
-    }
+    check_tap_name(&net.tap).map_err(usage)?;
     // QEMU's default MAC, so guests and tools see familiar addresses.
-    let mac = mac.unwrap_or([0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(index as u8)]);
-    Ok(Backend::Tap { name, mac, bridge })
+    let mac = net.mac.map_or([0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(index as u8)], |m| m.0);
+    Ok(Backend::Tap { name: net.tap.clone(), mac, bridge: net.bridge.clone() })
 }
 
 fn read_file(doing: &'static str, path: &std::path::Path) -> Result<Vec<u8>, VmmError> {
@@ -237,15 +58,15 @@ fn read_file(doing: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Vmm
 }
 
 /// The backends of the virtio slots, in slot order: disks, NICs, rng.
-fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, VmmError> {
-    let mut out = args.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
+fn backends(args: &VmConfig, default_disk: Option<PathBuf>) -> Result<Vec<Backend>, VmmError> {
+    let mut out = args.disks.iter().map(disk_backend).collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         if let Some(path) = default_disk {
             out.push(Backend::Disk { path, readonly: false, latency: Duration::ZERO });
         }
     }
     for (i, n) in args.nets.iter().enumerate() {
-        out.push(parse_net(n, i)?);
+        out.push(net_backend(n, i)?);
     }
     if !args.no_rng {
         out.push(Backend::Rng);
@@ -261,7 +82,7 @@ fn backends(args: &RunArgs, default_disk: Option<PathBuf>) -> Result<Vec<Backend
 }
 
 /// The image `--image` names, or the default one.
-fn image(args: &RunArgs) -> Result<ftvm_image::GuestImage, VmmError> {
+fn image(args: &VmConfig) -> Result<ftvm_image::GuestImage, VmmError> {
     Ok(match &args.image {
         Some(name) => ftvm_image::locate_named(name)?,
         None => ftvm_image::locate()?,
@@ -273,16 +94,26 @@ fn image(args: &RunArgs) -> Result<ftvm_image::GuestImage, VmmError> {
 /// the default one) for whatever was not given. Its root disk is a copy of
 /// the image's for this run (returned: removed when it drops) unless
 /// `--persist`.
-fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Sources, Option<Overlay>), VmmError> {
+fn machine_config(args: &VmConfig) -> Result<(MachineConfig, Vec<Backend>, Sources, Option<Overlay>), VmmError> {
     // Options first: a typo should not be reported as a missing image, nor
     // wait for a kernel to be read.
-    if args.cpus == 0 || args.cpus > MAX_CPUS {
-        return Err(usage(format!("--cpus must be between 1 and {MAX_CPUS}, not {}", args.cpus)));
+    // (The command line checked its own options' values first, to quote
+    // them as written; a configuration file's are checked here.)
+    if !HARTS.contains(&args.harts) {
+        let (lo, hi) = (HARTS.start(), HARTS.end());
+        return Err(usage(format!("harts {} is out of range ({lo} to {hi})", args.harts)));
     }
-    let ram_size = guest_memory(&args.mem)?;
+    let ram_size = args.memory_bytes;
+    if !MEMORY_BYTES.contains(&ram_size) {
+        let (lo, hi) = (MEMORY_BYTES.start() >> 20, MEMORY_BYTES.end() >> 20);
+        return Err(usage(format!("memory of {ram_size} bytes is out of range ({lo} to {hi} MiB)")));
+    }
     if let Some(host) = ftvm_host::memory::capacity().filter(|&host| ram_size > host) {
-        let s = &args.mem;
-        return Err(usage(format!("--mem {s} is more than this host has ({} MiB of RAM and swap)", host >> 20)));
+        return Err(usage(format!(
+            "memory of {} MiB is more than this host has ({} MiB of RAM and swap)",
+            ram_size >> 20,
+            host >> 20
+        )));
     }
     // Checked before looking for the image, for the same reason.
     backends(args, None)?;
@@ -299,9 +130,9 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
     // The image supplies the firmware unless --bios is given, and kernel,
     // initrd and root disk unless --kernel is.
     let image = if args.bios.is_none() || args.kernel.is_none() { Some(image(args)?) } else { None };
-    let firmware_path = match args.bios.as_deref() {
-        Some("none") => None,
-        Some(p) => Some(PathBuf::from(p)),
+    let firmware_path = match &args.bios {
+        Some(Firmware::None) => None,
+        Some(Firmware::File(p)) => Some(p.clone()),
         None => Some(image.as_ref().unwrap().firmware.clone()),
     };
     let firmware = firmware_path.as_ref().map(|p| read_file("cannot read firmware", p)).transpose()?;
@@ -349,9 +180,9 @@ fn machine_config(args: &RunArgs) -> Result<(MachineConfig, Vec<Backend>, Source
         )));
     }
     tracing::debug!(%cmdline, "kernel command line");
-    let seed = ftvm_image::seed::Seed::new(args.hostname.as_deref(), &args.ssh_keys).map_err(|e| usage(e.to_string()))?;
+    let seed = ftvm_image::seed::Seed::new(args.hostname.clone(), args.ssh_keys.clone()).map_err(|e| usage(e.to_string()))?;
     let cfg = MachineConfig {
-        harts: args.cpus,
+        harts: args.harts,
         ram_size,
         firmware,
         kernel,
@@ -388,14 +219,20 @@ pub enum Target {
     /// `ftvm record`
     File(PathBuf),
     /// `ftvm ft primary`
-    Backup(ft::PrimaryArgs),
+    Backup(ft::ProtectConfig),
 }
 
 /// `ftvm run`, `ftvm record` and `ftvm ft primary`.
-pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
+pub fn run(mut args: VmConfig, target: Target) -> Result<u32, VmmError> {
     if let Target::Backup(ft) = &target {
         // Before anything is made: an option of another mode is refused.
         ft.check_mode_options()?;
+    }
+    if let Some(percent) = args.cpu_limit {
+        CPU_LIMIT_PERCENT.check("a CPU limit", percent).map_err(usage)?;
+    }
+    if args.paused && args.control.is_none() {
+        return Err(usage("a VM started paused needs a control socket: nothing else could resume it"));
     }
     let (events_tx, events) = std::sync::mpsc::channel();
     let journal = match &target {
@@ -430,7 +267,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         if args.disks.is_empty() && args.kernel.is_none() && args.restore.is_none() {
             let img = image(&args)?;
             let disk = ft::default_shared_disk(&ft.pair, &img.rootfs, &mut made)?;
-            args.disks.push(disk.display().to_string());
+            args.disks.push(DiskConfig { path: disk, readonly: false, latency_us: 0 });
         }
     }
     let mut primary: Option<Box<dyn Primary<Machine>>> = None;
@@ -535,10 +372,10 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
         paused: args.paused,
         ft_alone: false,
         limits: args.exec.is_some().then(|| live::ExecLimits {
-            boot: Duration::from_secs(args.boot_timeout),
-            command: args.exec_timeout.map(Duration::from_secs),
+            boot: Duration::from_secs(args.boot_timeout_s),
+            command: args.exec_timeout_s.map(Duration::from_secs),
         }),
-        stop_timeout: Duration::from_secs(args.stop_timeout),
+        stop_timeout: Duration::from_secs(args.stop_timeout_s),
         disk_keepers: overlay.iter().map(Overlay::keeper).collect(),
         cpu_limit: args.cpu_limit.filter(|&p| p < 100),
         parallel_harts: args.hart_threads == HartThreads::Multi,
@@ -559,7 +396,7 @@ pub fn run(mut args: RunArgs, target: Target) -> Result<u32, VmmError> {
 /// A machine from a snapshot file, with its devices attached to the
 /// backends the file names (or to those given with --disk/--net instead).
 fn restore(
-    args: &RunArgs,
+    args: &VmConfig,
     file: &std::path::Path,
     events: &std::sync::mpsc::Sender<HostEvent>,
     fence: Fence,
@@ -580,8 +417,8 @@ fn restore(
     let text = String::from_utf8(snap.host).map_err(|_| bad(SnapshotProblem::DeviceListText))?;
     let mut backends = host_io::parse_description(&text).map_err(|e| bad(e.into()))?;
     // --disk and --net given on the command line replace the snapshot's, in order.
-    let mut disks = args.disks.iter().map(|d| parse_disk(d));
-    let mut nets = args.nets.iter().enumerate().map(|(i, n)| parse_net(n, i));
+    let mut disks = args.disks.iter().map(disk_backend);
+    let mut nets = args.nets.iter().enumerate().map(|(i, n)| net_backend(n, i));
     for b in backends.iter_mut() {
         let given = match b {
             Backend::Disk { .. } => disks.next(),
@@ -653,11 +490,11 @@ mod tests {
             kernel: 0x0000_006fu32.to_le_bytes().to_vec(),
             initrd: None,
             cmdline: String::new(),
+            seed: None,
             devices: Vec::new(),
             guest_ips: DEFAULT_GUEST_IPS,
             rtc_base_ns: 0,
             extensions: ftvm_machine::Extensions::ALL,
-            seed: None,
         };
         let small = Machine::new(&cfg).unwrap().snapshot().unwrap();
         // The same state up to its RAM, then 64 GiB of it: the whole page
@@ -672,12 +509,7 @@ mod tests {
         huge.extend_from_slice(&0u64.to_le_bytes());
         let path = std::env::temp_dir().join(format!("ftvm-huge-{}.snap", std::process::id()));
         snapshot_file::write(&path, b"", &huge).unwrap();
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            run: RunArgs,
-        }
-        let args = <Cli as clap::Parser>::parse_from(["ftvm", "--restore", path.to_str().unwrap()]).run;
+        let args = VmConfig { restore: Some(path.clone()), ..VmConfig::default() };
         let (events, _) = std::sync::mpsc::channel();
         let refused = restore(&args, &path, &events, Fence::alone()).err().expect("refused");
         std::fs::remove_file(&path).unwrap();
@@ -688,45 +520,20 @@ mod tests {
         assert!(refused.to_string().contains("its machine has 65536 MiB of RAM, more than this host has"), "{refused}");
     }
 
+    /// What the command line's `--disk` and `--net` were checked for here
+    /// (a configuration file's values come as they are).
     #[test]
-    fn memory_sizes() {
-        assert_eq!(parse_mem("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_mem("2G").unwrap(), 2 << 30);
-        assert_eq!(parse_mem("256").unwrap(), 256 << 20);
-        assert!(parse_mem("lots").is_err());
-        assert!(parse_mem("12Q").is_err());
-        assert!(parse_mem("99999999999G").is_err());
-        assert_eq!(guest_memory("16M").unwrap(), 16 << 20);
-        assert_eq!(guest_memory("64G").unwrap(), 64 << 30);
-        assert!(guest_memory("1500K").unwrap_err().to_string().contains("--mem 1500K is too small"));
-        assert!(guest_memory("65G").unwrap_err().to_string().contains("too large"));
-    }
-
-    #[test]
-    fn disk_options() {
-        let d = parse_disk("/tmp/x.img,readonly").unwrap();
-        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true, latency: Duration::ZERO });
-        let d = parse_disk("/tmp/x.img,latency=26ms").unwrap();
-        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: false, latency: Duration::from_millis(26) });
-        assert_eq!(parse_disk("/x,latency=500us,ro").unwrap(), parse_disk("/x,ro,latency=500us").unwrap());
-        assert!(parse_disk("/tmp/x.img,latency=26").unwrap_err().to_string().contains("invalid disk latency '26'"));
-        assert!(parse_disk("/tmp/x.img,latency=1min").is_err());
-        assert!(parse_disk("/tmp/x.img,latency=11s").unwrap_err().to_string().contains("over the limit"));
-        assert!(parse_disk("/tmp/x.img,bogus").is_err());
-        assert!(parse_disk("").is_err());
-    }
-
-    #[test]
-    fn net_options() {
+    fn disks_and_nics_of_a_configuration() {
+        let disk = |latency_us| DiskConfig { path: "/tmp/x.img".into(), readonly: true, latency_us };
+        let d = disk_backend(&disk(26_000)).unwrap();
+        assert_eq!(d, Backend::Disk { path: "/tmp/x.img".into(), readonly: true, latency: Duration::from_millis(26) });
+        assert!(disk_backend(&disk(11_000_000)).unwrap_err().to_string().contains("over the limit"));
+        assert!(disk_backend(&DiskConfig { path: "".into(), readonly: false, latency_us: 0 }).is_err());
+        let net = |tap: &str| NetConfig { tap: tap.into(), mac: None, bridge: Some("br0".into()) };
         assert_eq!(
-            parse_net("tap=t0,bridge=br0", 1).unwrap(),
+            net_backend(&net("t0"), 1).unwrap(),
             Backend::Tap { name: "t0".into(), mac: [0x52, 0x54, 0, 0x12, 0x34, 0x57], bridge: Some("br0".into()) }
         );
-        let b = parse_net("mac=02:00:00:00:00:01,tap=x", 0).unwrap();
-        assert_eq!(b, Backend::Tap { name: "x".into(), mac: [2, 0, 0, 0, 0, 1], bridge: None });
-        assert!(parse_net("bridge=br0", 0).unwrap_err().to_string().contains("names no TAP"));
-        assert!(parse_net("tap=t0,speed=10G", 0).is_err());
-        assert!(parse_net("tap=averyveryverylongname", 0).unwrap_err().to_string().contains("15 bytes"));
-        assert!(parse_net("tap=t0,mac=zz", 0).is_err());
+        assert!(net_backend(&net("averyveryverylongname"), 0).unwrap_err().to_string().contains("15 bytes"));
     }
 }

@@ -1,9 +1,11 @@
 //! ftvm's host side as a library: everything that runs a VM on this host,
 //! for the command line (`crates/ftvm`) and any other front end to drive
-//! in-process.
+//! in-process. It takes typed configurations (`ftvm_api`'s `VmConfig`,
+//! `ProtectConfig`, `BackupConfig`) and knows no command line.
 //!
-//! `api` holds the typed control API (requests, replies, status, errors),
-//! `launch` turns run options into a machine and starts it, `live` owns
+//! `api` is the typed API (`ftvm_api`: requests, replies, status, errors,
+//! the configurations of a VM and a pair), re-exported under its old path;
+//! `launch` turns a VM's configuration into a machine and starts it, `live` owns
 //! the host loop of a running VM, `host_io` its backends (disks, TAPs,
 //! entropy), `control` its control socket, `console` the terminal, `exec`
 //! the `--exec` protocol with the guest, `watch` what the loop looks for
@@ -13,7 +15,7 @@
 //! guest run at a time, `overlay` a run's copy of an
 //! image's root disk, and `ft` the fault-tolerant pair.
 
-pub mod api;
+pub use ftvm_api as api;
 pub mod attach;
 pub mod console;
 pub mod control;

@@ -20,7 +20,7 @@
 //! machine stands, which requests may leave, and what to do between runs.
 //! The loop knows no replication mode by name.
 
-use crate::api::{ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
+use crate::api::{ControlError, Mode, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
 use crate::error::{RebootRefused, VmmError};
@@ -241,6 +241,8 @@ struct Live<E: Engine> {
     /// A `protect` under way, whose answer waits here until the pair
     /// starts or the attempt fails.
     protect_reply: Option<Sender<Response>>,
+    /// The mode the last `protect` asked for: the one its reply names.
+    protect_mode: Mode,
     /// A protected VM's transfer to a new backup (the backup moves): the
     /// pair in force goes on meanwhile, and ends in the final pause.
     moving: Option<Box<dyn Primary<E>>>,
@@ -304,6 +306,7 @@ pub fn run<E: Engine>(
         hand_over_asked: None,
         protector,
         protect_reply: None,
+        protect_mode: Mode::Lockstep,
         unprotect_asked: None,
         moving: None,
         parallel: false,
@@ -998,10 +1001,7 @@ impl<E: Engine> Live<E> {
                 self.opts.ft_alone = false;
                 self.cpu_limit_unsent = self.opts.cpu_limit.is_some();
                 let pause_ms = stopped.elapsed().as_millis() as u64;
-                let mode = self.primary.as_mut().and_then(|p| p.status()).map_or(String::new(), |s| match s {
-                    PairStatus::Primary(p) => p.mode.name().to_string(),
-                    _ => String::new(),
-                });
+                let mode = self.protect_mode;
                 eprintln!(
                     "ftvm: protected ({mode}, generation {}){}: the machine went across in {} rounds, {} pages \
                      ({:.1} MiB), the last {} in a final pause of {pause_ms} ms; {} ms in all",
@@ -1187,6 +1187,7 @@ impl<E: Engine> Live<E> {
             Request::Protect(_) if self.io.activating() => (Err(ControlError::Activating), Next::Continue),
             Request::Protect(args) => {
                 let protector = self.protector.as_mut().expect("checked above");
+                self.protect_mode = args.mode;
                 match protector.start(&self.m, &self.io, *args, self.io.events()) {
                     Ok(()) => {
                         // Answered once the pair has started (or not).

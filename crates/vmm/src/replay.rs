@@ -13,7 +13,6 @@ use crate::error::{usage, LogProblem, VmmError};
 use crate::ft::protect::MachineProtector;
 use crate::host_io::{self, HostEvent, HostIo};
 use crate::{console, control, live};
-use clap::Args;
 use ftvm_host::tap::Tap;
 use ftvm_machine::Machine;
 use ftvm_protection::checkpoint::backup::PendingActivation;
@@ -24,24 +23,20 @@ use ftvm_replay::{Header, LogReader};
 use ftvm_replication::fence::Fence;
 use std::path::PathBuf;
 
-#[derive(Args)]
-pub struct ReplayArgs {
+/// What `ftvm replay` does.
+pub struct ReplayConfig {
     /// The log written by `ftvm record`.
-    #[arg(long, value_name = "FILE")]
-    log: PathBuf,
+    pub log: PathBuf,
     /// Show the guest's console output as it is regenerated.
-    #[arg(long)]
-    show_console: bool,
+    pub show_console: bool,
     /// At the end of the log (or its last go-live point), go on running
     /// live with the recorded disks and TAPs.
-    #[arg(long)]
-    then_run: bool,
-    /// With --then-run: the control socket of the live VM.
-    #[arg(long, value_name = "PATH", requires = "then_run")]
-    control: Option<PathBuf>,
+    pub then_run: bool,
+    /// With `then_run`: the control socket of the live VM.
+    pub control: Option<PathBuf>,
 }
 
-pub fn replay(args: &ReplayArgs) -> Result<u32, VmmError> {
+pub fn replay(args: &ReplayConfig) -> Result<u32, VmmError> {
     let name = args.log.display().to_string();
     let bad = |problem: LogProblem| VmmError::Log { name: name.clone(), problem };
     let file = std::fs::File::open(&args.log).map_err(|e| bad(LogProblem::Open(e)))?;
@@ -128,7 +123,7 @@ pub struct LiveSetup {
 }
 
 impl LiveSetup {
-    fn from_args(args: &ReplayArgs) -> LiveSetup {
+    fn from_args(args: &ReplayConfig) -> LiveSetup {
         LiveSetup {
             control: args.control.clone(),
             nets: Vec::new(),
@@ -270,7 +265,7 @@ pub fn go_live(
         paused: false,
         ft_alone: setup.announce,
         limits: None,
-        stop_timeout: std::time::Duration::from_secs(crate::launch::DEFAULT_STOP_TIMEOUT_S),
+        stop_timeout: std::time::Duration::from_secs(ftvm_api::vm_config::DEFAULT_STOP_TIMEOUT_S),
         disk_keepers: Vec::new(),
         cpu_limit: setup.cpu_limit,
         // Gone live, it is a VM like any other, with the default.

@@ -6,7 +6,7 @@
 use super::view::{Health, Protection, View, VmRow, HISTORY_MS};
 use super::Job;
 use crate::events::{ClusterEvent, ControllerAction, Meaning, What};
-use ftvm_protection::events::PairEvent;
+use ftvm_api::events::PairEvent;
 use std::fmt::Write;
 
 /// `s` safe in HTML text and in a quoted attribute.

@@ -8,7 +8,7 @@
 use crate::desired::{self, VmRecord};
 use crate::model::{HostRecord, Role, VmInfo};
 use crate::ops::Cluster;
-use ftvm_vmm::api::{PairStatus, PrimaryMode};
+use ftvm_api::{PairStatus, PrimaryMode};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// How long the charts reach back, ms.

@@ -41,28 +41,7 @@ use crate::status::EpochSetting;
 use ftvm_machine::RunExit;
 use serde::{Deserialize, Serialize};
 
-/// Whether the primary waits for acknowledgements at every epoch end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
-pub enum EpochProtocol {
-    /// P2 as first published: wait at every epoch end; outputs then leave
-    /// at once.
-    Original,
-    /// §4.3: no wait at epoch ends; an output waits for the
-    /// acknowledgement of everything sent before it.
-    Revised,
-}
-
-impl EpochProtocol {
-    /// The name the command line and status use: original or revised.
-    pub fn name(self) -> &'static str {
-        match self {
-            EpochProtocol::Original => "original",
-            EpochProtocol::Revised => "revised",
-        }
-    }
-}
+pub use ftvm_api::mode::EpochProtocol;
 
 /// Shortest epoch accepted, in instructions: below it the loop's own
 /// cost dwarfs the guest's.

@@ -10,13 +10,12 @@
 //! failure to confirm, no isolation check) and goes live where the
 //! primary stopped.
 
-use super::{hostname, PairArgs};
+use super::{hostname, BackupConfig, PairSetup};
 use crate::api::{BackupMode, BackupStatus, ControlError, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::control;
-use crate::error::{usage, VmmError};
+use crate::error::VmmError;
 use crate::host_io::HostIo;
 use crate::replay::{self, LiveSetup};
-use clap::Args;
 use ftvm_host::tap::Tap;
 use ftvm_machine::Machine;
 use ftvm_protection::backup::{Backup, Followed, Progress, Report, TakeOver};
@@ -38,48 +37,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-#[derive(Args)]
-pub struct BackupArgs {
-    /// Where to accept the primary's logging channel: an IP address or a
-    /// host name (its first IPv4 address), and a port.
-    #[arg(long, value_name = "HOST:PORT", value_parser = super::host_port)]
-    pub listen: SocketAddr,
-    /// The TAP for each of the VM's NICs once live, in order:
-    /// tap=NAME[,bridge=BR] (the MAC stays the guest's). One is needed per
-    /// NIC: the names the primary used are not taken from the wire.
-    #[arg(long = "net")]
-    pub nets: Vec<String>,
-    /// The control socket: `status` while waiting for the primary and
-    /// while following it, every request once live.
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
-    /// Show the guest's console output as it is replayed (and once live).
-    #[arg(long)]
-    pub show_console: bool,
-    /// This host's path of each of the VM's disks, in order. With separate
-    /// disks each copy must be given; a shared disk not given is the file
-    /// of the primary's disk's name on the shared storage.
-    #[arg(long = "disk", value_name = "PATH")]
-    pub disks: Vec<PathBuf>,
-    /// A firmware, kernel, initrd or snapshot file the primary's VM may
-    /// start from, taken if its hash is the one the primary recorded
-    /// (besides the files of the images this host has built and those of
-    /// the same name on the shared storage).
-    #[arg(long = "start-file", value_name = "FILE")]
-    pub start_files: Vec<PathBuf>,
-    /// The old spelling of --start-file, refused with a hint: everywhere
-    /// else `--image` is a named image (`ftvm run --image NAME`), and a
-    /// backup already takes the files of every image this host has built.
-    #[arg(long = "image", value_name = "FILE", hide = true, value_parser = refuse_old_image)]
-    pub old_image: Vec<String>,
-    /// Hold each acknowledgement this many milliseconds after receipt: a
-    /// slow way back, to watch the Output Rule hold the primary's outputs.
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    pub ack_delay: u64,
-    #[command(flatten)]
-    pub pair: PairArgs,
-}
-
 /// What became of the primary, as the arbiter decided.
 enum Decision {
     GoLive(String),
@@ -87,17 +44,9 @@ enum Decision {
     Halt(Deposed),
 }
 
-/// `--image FILE`, refused while the command line is parsed (a usage
-/// error, exit status 2), with the option to use instead.
-fn refuse_old_image(_: &str) -> Result<String, String> {
-    Err("--image is a named image elsewhere and a backup takes every image this host has built; \
-         give a firmware, kernel, initrd or snapshot file with --start-file FILE"
-        .to_string())
-}
-
 /// `ftvm ft backup`: follows the primary ([`follow`]) and, if it goes
 /// live, runs the VM on this host's backends until it ends.
-pub fn run(args: &BackupArgs) -> Result<u32, VmmError> {
+pub fn run(args: &BackupConfig) -> Result<u32, VmmError> {
     match follow(args)? {
         Outcome::Ended(_) => Ok(0),
         Outcome::Live(live) => {
@@ -142,10 +91,10 @@ pub struct GoingLive {
 /// `ftvm ft backup` up to going live: accepts the primary, checks its
 /// header, follows its stream, and asks the arbiter when it is declared
 /// failed (or claims at once after a handover).
-pub fn follow(args: &BackupArgs) -> Result<Outcome, VmmError> {
+pub fn follow(args: &BackupConfig) -> Result<Outcome, VmmError> {
     let timing = args.pair.timing()?;
     let store = args.pair.arbiter_store()?;
-    let nets = args.nets.iter().map(|n| parse_tap(n)).collect::<Result<Vec<_>, _>>()?;
+    let nets: Vec<(String, Option<String>)> = args.nets.iter().map(|n| (n.tap.clone(), n.bridge.clone())).collect();
     let events = args.pair.journal()?;
     let key = args.pair.key()?;
     let listener = TcpListener::bind(args.listen).map_err(|source| VmmError::Listen { addr: args.listen, source })?;
@@ -307,7 +256,7 @@ pub fn follow(args: &BackupArgs) -> Result<Outcome, VmmError> {
     let doing =
         if matches!(pair.mode, ModeSetting::Checkpoint { .. }) { "committing checkpoints" } else { "replaying" };
     eprintln!("ftvm: backup of the VM at {primary} (generation {gen}), {doing}");
-    events.emit(PairEvent::Following { primary: primary.to_string(), generation: gen, mode: pair.mode.name().into() });
+    events.emit(PairEvent::Following { primary: primary.to_string(), generation: gen, mode: pair.mode.mode() });
     let outcome = backup.follow(&mut |report| match report {
         Report::Executed(n) => receiver.set_executed(n),
         Report::ReadyToTakeOver => {
@@ -504,17 +453,4 @@ fn default_image_files() -> Vec<PathBuf> {
 fn header_nics(h: &ftvm_replay::Header) -> Result<usize, ProtectionError> {
     let backends = ftvm_replay::replayer::field(h, "backends")?;
     Ok(backends.split(';').filter(|b| b.starts_with("tap ")).count())
-}
-
-/// `tap=NAME[,bridge=BR]`.
-fn parse_tap(s: &str) -> Result<(String, Option<String>), VmmError> {
-    let (mut name, mut bridge) = (None, None);
-    for opt in s.split(',') {
-        match opt.split_once('=') {
-            Some(("tap", v)) if !v.is_empty() => name = Some(v.to_string()),
-            Some(("bridge", v)) if !v.is_empty() => bridge = Some(v.to_string()),
-            _ => return Err(usage(format!("invalid --net option '{opt}' (use tap=NAME[,bridge=BR])"))),
-        }
-    }
-    Ok((name.ok_or_else(|| usage(format!("--net {s} names no TAP (use tap=NAME)")))?, bridge))
 }

@@ -8,16 +8,18 @@
 //! carries whole-VM checkpoints, and the backup goes live from the last
 //! one it committed.
 //!
-//! The modes themselves are the protection library's (`ftvm_protection`);
-//! this module owns the options and the setting up of a pair on this
-//! host: the primary's (`start_primary`) and the backup's run (`backup`).
+//! The modes themselves are the protection library's (`ftvm_protection`),
+//! and a pair's configuration the API's (`ftvm_api::pair_config`, taken
+//! here typed: no command line); this module owns what this host makes
+//! of that configuration ([`PairSetup`], [`ProtectSetup`]: a key, an
+//! arbiter, a journal) and the setting up of a pair on this host: the
+//! primary's (`start_primary`) and the backup's run (`backup`).
 
 pub mod backup;
 pub mod protect;
 
 use crate::error::{file, usage, NotReady, VmmError};
 use crate::host_io::HostEvent;
-use clap::Args;
 use ftvm_etcd::{Endpoints, Etcd, EtcdArbiter, EtcdTls};
 use ftvm_machine::Machine;
 use ftvm_protection::checkpoint;
@@ -35,145 +37,50 @@ use ftvm_replication::arbiter::{Arbiter, ArbiterStore, SharedDir};
 use ftvm_replication::channel::{self, Failure, LogSender, DEFAULT_BUFFER};
 use ftvm_replication::fence::Fence;
 use ftvm_replication::heartbeat::Heartbeat;
-use ftvm_replication::isolation::{self, Isolation, Outside, DEFAULT_DEFER};
+use ftvm_replication::isolation::{self, Isolation, Outside};
 use ftvm_replication::pair_key::PairKey;
-use ftvm_replication::{LiveTiming, Timing, DEFAULT_MIN_TIMEOUT};
-use serde::{Deserialize, Serialize};
-use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use ftvm_replication::{LiveTiming, Timing};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-// The defaults of the options that have one, for the command line and
-// for a typed `protect` request alike: a request that leaves an option out
-// gets what the command line would give, so a client written before an
-// option existed still works (serde leaves out only `Option`s by itself).
-const DEFAULT_TIMEOUT_MS: u64 = 500;
-const DEFAULT_HEARTBEAT_PORT: u16 = 7701;
-const DEFAULT_LAG_THRESHOLD_MS: u64 = 1000;
-const DEFAULT_CONNECT_WAIT_S: u64 = 60;
+pub use ftvm_api::pair_config::{
+    host_port, AddressError, BackupConfig, BackupNic, ModeOptionError, PairConfig, ProtectConfig, DEFAULT_EPOCH_LENGTH,
+    DEFAULT_INTERVAL_MS,
+};
 
-fn default_timeout() -> u64 {
-    DEFAULT_TIMEOUT_MS
-}
-
-fn default_min_timeout() -> u64 {
-    DEFAULT_MIN_TIMEOUT.as_millis() as u64
-}
-
-fn default_heartbeat_port() -> u16 {
-    DEFAULT_HEARTBEAT_PORT
-}
-
-fn default_isolation_defer() -> u64 {
-    DEFAULT_DEFER.as_millis() as u64
-}
-
-fn default_lag_threshold() -> u64 {
-    DEFAULT_LAG_THRESHOLD_MS
-}
-
-fn default_connect_wait() -> u64 {
-    DEFAULT_CONNECT_WAIT_S
-}
-
-fn default_mode() -> Mode {
-    Mode::Lockstep
-}
-
-/// Options both sides take (also the `protect` request's, as JSON, where
-/// each option left out takes its command-line default).
-#[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PairArgs {
-    /// The shared storage both hosts reach: holds the arbiter's records
-    /// and, unless --disk is given, the VM's disk (disk.img) and the
-    /// pair's key. One of --shared and --etcd.
-    #[arg(long, value_name = "DIR", required_unless_present = "etcd")]
-    pub shared: Option<PathBuf>,
-    /// The cluster's etcd as the arbiter instead of a shared directory
-    /// (endpoints, comma-separated: http://HOST:PORT,... or https://
-    /// with --etcd-credentials); the VM's records go under its --vm-name.
-    /// Each host then keeps its own disk (--disk) and the pair's key is
-    /// given (--pair-key).
-    #[arg(long, value_name = "URLS", conflicts_with = "shared", requires = "vm_name")]
-    pub etcd: Option<String>,
-    /// The credentials directory (`ftvm cluster issue`) whose ca.pem,
-    /// cert.pem and key.pem etcd is spoken to with, over TLS.
-    #[arg(long, value_name = "DIR", requires = "etcd")]
-    pub etcd_credentials: Option<PathBuf>,
-    /// The VM's name in the cluster: its pairs' generations are recorded
-    /// under it at the arbiter (with --etcd).
-    #[arg(long, value_name = "NAME", requires = "etcd")]
-    pub vm_name: Option<String>,
-    /// Silence, in milliseconds, after which the other side is declared
-    /// failed: the channel's, and the heartbeats' until a shorter timeout
-    /// is learned from their arrivals.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_TIMEOUT_MS)]
-    #[serde(default = "default_timeout")]
-    pub timeout: u64,
-    /// The shortest heartbeat silence, in milliseconds, declared a failure.
-    /// Each side learns its heartbeat timeout from the other's beats: four
-    /// times the longest gap between two of them in the last minute, at
-    /// least this, at most --timeout (which this may equal, to learn
-    /// nothing). Heartbeats go every sixth of it.
-    #[arg(long, value_name = "MS", default_value_t = default_min_timeout())]
-    #[serde(default = "default_min_timeout")]
-    pub min_timeout: u64,
-    /// UDP port of the heartbeats on the backup's logging-channel address
-    /// (the primary beats from a port of its own, which the backup
-    /// answers once it has heard it).
-    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_HEARTBEAT_PORT,
-          value_parser = clap::value_parser!(u16).range(1..))]
-    #[serde(default = "default_heartbeat_port")]
-    pub heartbeat_port: u16,
-    /// Append every event of this side's life (protected, failure
-    /// declared, arbiter won, going live, ...) to FILE, a JSON object a
-    /// line; the control socket's `events` streams them too.
-    #[arg(long, value_name = "FILE")]
-    pub events: Option<PathBuf>,
-    /// The pair's key (`ftvm ft keygen FILE` makes one), which both sides
-    /// must hold: it authenticates and encrypts the channel and the
-    /// heartbeats. Default: pair.key on the shared storage, made by the
-    /// side that comes first.
-    #[arg(long, value_name = "FILE")]
-    pub pair_key: Option<PathBuf>,
-    /// An address this host must reach to count itself on the network
-    /// (repeat for more; IPv4). After declaring the other side failed, a
-    /// side that reaches none of them may be the one cut off: it leaves
-    /// the arbiter to the other side for --isolation-defer ms, so the side
-    /// clients can reach wins. Default: this host's default gateway.
-    #[arg(long = "isolation-address", value_name = "IP")]
-    #[serde(default)]
-    pub isolation_addresses: Vec<Ipv4Addr>,
-    /// How long, in milliseconds, a side that reaches no isolation address
-    /// waits for the other side to claim the arbiter before it contends.
-    #[arg(long, value_name = "MS", default_value_t = default_isolation_defer())]
-    #[serde(default = "default_isolation_defer")]
-    pub isolation_defer: u64,
-    /// This host's identity, which the two sides of a pair compare (a
-    /// backup on its primary's own host is refused). Default: the
-    /// environment's FTVM_HOST_ID, else /etc/machine-id.
-    #[arg(long, value_name = "ID")]
-    pub host_id: Option<String>,
-    /// Contend at the arbiter without checking the isolation addresses.
-    #[arg(long, conflicts_with = "isolation_addresses")]
-    #[serde(default)]
-    pub no_isolation_check: bool,
-}
-
-impl PairArgs {
+/// What this host makes of a pair's configuration: its key, timing,
+/// isolation check, journal and arbiter.
+pub trait PairSetup {
     /// The pair's key: the file given, or the shared storage's (made if
     /// there is none yet).
-    pub fn key(&self) -> Result<PairKey, VmmError> {
+    fn key(&self) -> Result<PairKey, VmmError>;
+    /// The failure timeouts, checked.
+    fn timing(&self) -> Result<Timing, VmmError>;
+    /// The isolation check before contending at the arbiter: None when
+    /// turned off, or when there is nothing to probe (said once).
+    fn isolation(&self) -> Result<Option<Isolation>, VmmError>;
+    /// This side's journal of events (with its file, if asked for).
+    fn journal(&self) -> Result<Events, VmmError>;
+    /// The shared storage's directory, where `what` is looked for when
+    /// not given: an error without one (a pair on etcd).
+    fn shared_dir(&self, what: &str) -> Result<&Path, VmmError>;
+    /// Where the pair's arbiter records its generations: the shared
+    /// directory, or the VM's keys in etcd.
+    fn arbiter_store(&self) -> Result<Arc<dyn ArbiterStore>, VmmError>;
+}
+
+impl PairSetup for PairConfig {
+    fn key(&self) -> Result<PairKey, VmmError> {
         Ok(match &self.pair_key {
             Some(path) => PairKey::read(path)?,
             None => PairKey::read_or_create(&self.shared_dir("the pair's key (--pair-key)")?.join("pair.key"))?,
         })
     }
 
-    pub fn timing(&self) -> Result<Timing, VmmError> {
+    fn timing(&self) -> Result<Timing, VmmError> {
         TIMEOUT_MS.check("--timeout", self.timeout).map_err(usage)?;
         if self.min_timeout < *TIMEOUT_MS.range.start() || self.min_timeout > self.timeout {
             return Err(usage(format!(
@@ -186,9 +93,7 @@ impl PairArgs {
         Ok(Timing::new(Duration::from_millis(self.timeout), Duration::from_millis(self.min_timeout)))
     }
 
-    /// The isolation check before contending at the arbiter: None when
-    /// turned off, or when there is nothing to probe (said once).
-    pub fn isolation(&self) -> Result<Option<Isolation>, VmmError> {
+    fn isolation(&self) -> Result<Option<Isolation>, VmmError> {
         if !(100..=600_000).contains(&self.isolation_defer) {
             return Err(usage(format!(
                 "--isolation-defer {} is out of range (100 to 600000 ms)",
@@ -226,17 +131,14 @@ impl PairArgs {
         }
     }
 
-    /// This side's journal of events (with its file, if asked for).
-    pub fn journal(&self) -> Result<Events, VmmError> {
+    fn journal(&self) -> Result<Events, VmmError> {
         match &self.events {
             Some(path) => Ok(Events::with_file(path)?),
             None => Ok(Events::default()),
         }
     }
 
-    /// The shared storage's directory, where `what` is looked for when
-    /// not given: an error without one (a pair on etcd).
-    pub fn shared_dir(&self, what: &str) -> Result<&Path, VmmError> {
+    fn shared_dir(&self, what: &str) -> Result<&Path, VmmError> {
         let Some(dir) = &self.shared else {
             return Err(usage(format!("with --etcd there is no shared storage: give {what}")));
         };
@@ -246,9 +148,7 @@ impl PairArgs {
         Ok(dir)
     }
 
-    /// Where the pair's arbiter records its generations: the shared
-    /// directory, or the VM's keys in etcd.
-    pub fn arbiter_store(&self) -> Result<Arc<dyn ArbiterStore>, VmmError> {
+    fn arbiter_store(&self) -> Result<Arc<dyn ArbiterStore>, VmmError> {
         match (&self.etcd, &self.vm_name) {
             (Some(urls), Some(vm)) => {
                 let tls = self.etcd_credentials.as_deref().map(EtcdTls::from_dir).transpose()?;
@@ -273,106 +173,21 @@ pub fn header_disks(h: &Header) -> Result<SlotDisks, VmmError> {
         .collect())
 }
 
-/// What `ftvm ft primary` adds to the run options.
-#[derive(Args, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrimaryArgs {
-    /// The backup's logging-channel address (it must be listening): an
-    /// IP address or a host name (its first IPv4 address), and a port.
-    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
-    pub backup: SocketAddr,
-    /// Execution lag, in milliseconds, past which the primary is slowed
-    /// until the backup follows; below it, a lag that stays over 3/40 of it
-    /// (75 ms by default) for two seconds trims the primary's CPU share by at
-    /// most 10 %.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_LAG_THRESHOLD_MS)]
-    #[serde(default = "default_lag_threshold")]
-    pub lag_threshold: u64,
-    /// How long to wait, in seconds, for the backup to accept the channel
-    /// and to be ready to follow.
-    #[arg(long, value_name = "S", default_value_t = DEFAULT_CONNECT_WAIT_S)]
-    #[serde(default = "default_connect_wait")]
-    pub connect_wait: u64,
-    /// shared: one disk on the shared storage, written by the primary
-    /// alone under the Output Rule; separate: each host has its own copy
-    /// (identical when protection starts, or it is refused) and the backup
-    /// performs the writes on its copy (VMware FT §4.1). Default: shared (separate with --etcd, which has no shared storage);
-    /// checkpoint mode always uses separate disks (Remus §2.5).
-    #[arg(long, value_enum)]
-    pub disk_sharing: Option<DiskSharing>,
-    /// The backup performs the guest's disk reads itself instead of
-    /// receiving their data in the log: less log, a slower backup (§4.2).
-    #[arg(long)]
-    #[serde(default)]
-    pub backup_reads: bool,
-    /// lockstep: inputs delivered at the instruction they arrive (VMware
-    /// FT); epoch: inputs buffered and delivered at the end of each epoch
-    /// (Bressoud & Schneider); checkpoint: whole-VM checkpoints (Remus).
-    #[arg(long, value_enum, default_value_t = default_mode())]
-    #[serde(default = "default_mode")]
-    pub mode: Mode,
-    /// With --mode epoch: instructions per epoch [default: 65536].
-    // Options of one mode are Options, not defaults: given with another
-    // mode they are refused (`check_mode_options`), not silently ignored.
-    #[arg(long, value_name = "N")]
-    pub epoch_length: Option<u64>,
-    /// With --mode epoch: original waits for the backup's acknowledgement
-    /// at every epoch end (P2); revised only before an output leaves
-    /// (§4.3) [default: revised].
-    #[arg(long, value_enum)]
-    pub epoch_protocol: Option<EpochProtocol>,
-    /// With --mode checkpoint: time between checkpoints, in milliseconds
-    /// (Remus: 25, i.e. 40 per second) [default: 25].
-    #[arg(long, value_name = "MS")]
-    pub interval: Option<u64>,
-    /// With --mode checkpoint: take checkpoints only on the beat of
-    /// --interval, as Remus does. By default a checkpoint is also taken
-    /// as soon as the guest idles with frames waiting to leave (at most
-    /// one every 2 ms), so a reply does not wait out the interval.
-    #[arg(long)]
-    #[serde(default)]
-    pub no_idle_checkpoints: bool,
-    #[command(flatten)]
-    pub pair: PairArgs,
-}
-
-/// Instructions per epoch when `--epoch-length` is not given.
-pub const DEFAULT_EPOCH_LENGTH: u64 = 65536;
-/// Milliseconds between checkpoints when `--interval` is not given.
-pub const DEFAULT_INTERVAL_MS: u64 = 25;
-
-/// An option of one mode given with another, where it would do nothing.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{option} is for --mode {needs} (this pair's mode is {mode})")]
-pub struct ModeOptionError {
-    /// The option as written on the command line.
-    pub option: &'static str,
-    /// The mode it belongs to.
-    pub needs: &'static str,
-    /// The mode given (or the default).
-    pub mode: &'static str,
-}
-
-impl PrimaryArgs {
-    /// Refuses an epoch-only or checkpoint-only option given without its
-    /// mode: it would be ignored, and the pair run otherwise than asked.
-    pub fn check_mode_options(&self) -> Result<(), ModeOptionError> {
-        let given = [
-            ("--epoch-length", Mode::Epoch, self.epoch_length.is_some()),
-            ("--epoch-protocol", Mode::Epoch, self.epoch_protocol.is_some()),
-            ("--interval", Mode::Checkpoint, self.interval.is_some()),
-            ("--no-idle-checkpoints", Mode::Checkpoint, self.no_idle_checkpoints),
-        ];
-        match given.into_iter().find(|&(_, needs, present)| present && needs != self.mode) {
-            Some((option, needs, _)) => {
-                Err(ModeOptionError { option, needs: mode_name(needs), mode: mode_name(self.mode) })
-            }
-            None => Ok(()),
-        }
-    }
-
+/// What this host makes of a primary's configuration: its checks that
+/// need `VmmError`'s exit status, its epoch mode, disks and interval.
+pub trait ProtectSetup {
     /// Refuses port 0 in a `protect` request that came as JSON, past the
     /// command line's value parsers.
+    fn check_ports(&self) -> Result<(), VmmError>;
+    /// The epoch mode, in epoch mode.
+    fn epoch_mode(&self) -> Result<Option<EpochMode>, VmmError>;
+    /// Where the disks live: checkpoint mode keeps a copy on each host.
+    fn disk_sharing(&self) -> Result<DiskSharing, VmmError>;
+    /// The time between checkpoints, checked.
+    fn checkpoint_interval(&self) -> Result<Duration, VmmError>;
+}
+
+impl ProtectSetup for ProtectConfig {
     fn check_ports(&self) -> Result<(), VmmError> {
         if self.backup.port() == 0 {
             return Err(usage(format!("--backup {}: {}", self.backup, AddressError::PortZero)));
@@ -383,7 +198,7 @@ impl PrimaryArgs {
         Ok(())
     }
 
-    pub fn epoch_mode(&self) -> Result<Option<EpochMode>, VmmError> {
+    fn epoch_mode(&self) -> Result<Option<EpochMode>, VmmError> {
         match self.mode {
             Mode::Lockstep | Mode::Checkpoint => Ok(None),
             Mode::Epoch => EpochMode::new(
@@ -395,8 +210,7 @@ impl PrimaryArgs {
         }
     }
 
-    /// Where the disks live: checkpoint mode keeps a copy on each host.
-    pub fn disk_sharing(&self) -> Result<DiskSharing, VmmError> {
+    fn disk_sharing(&self) -> Result<DiskSharing, VmmError> {
         match (self.mode, self.disk_sharing) {
             (Mode::Checkpoint, Some(DiskSharing::Shared)) => Err(usage(
                 "checkpoint mode keeps a copy of each disk on each host: --disk-sharing shared does not apply",
@@ -418,69 +232,6 @@ impl PrimaryArgs {
         }
         Ok(Duration::from_millis(interval))
     }
-}
-
-/// A mode as `--mode` names it.
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Lockstep => "lockstep",
-        Mode::Epoch => "epoch",
-        Mode::Checkpoint => "checkpoint",
-    }
-}
-
-/// Why a HOST:PORT option's value is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum AddressError {
-    #[error("expected HOST:PORT (an IP address or a host name, and a port)")]
-    NoPort,
-    #[error("'{0}' is not a port number (1 to 65535)")]
-    BadPort(String),
-    /// Port 0 would listen on, or connect to, a port picked at random.
-    #[error("port 0 is no port to listen on or connect to: give the port (1 to 65535)")]
-    PortZero,
-    #[error("cannot resolve host '{host}': {source}")]
-    Resolve {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("host '{host}' has no IPv4 address (it resolves to {found})")]
-    NoIpv4 { host: String, found: String },
-}
-
-/// The value parser of every HOST:PORT option: an IP address and a port
-/// (`10.0.0.2:7700`, `[fe80::1]:7700`), or a host name and a port
-/// (`backup-host:7700`), taken as the first IPv4 address the name
-/// resolves to (the heartbeats and isolation checks are IPv4). Port 0 is
-/// refused.
-pub fn host_port(s: &str) -> Result<SocketAddr, AddressError> {
-    let addr = match s.parse::<SocketAddr>() {
-        Ok(addr) => addr,
-        Err(_) => {
-            let (host, port) = s.rsplit_once(':').ok_or(AddressError::NoPort)?;
-            if host.is_empty() {
-                return Err(AddressError::NoPort);
-            }
-            let port: u16 = port.parse().map_err(|_| AddressError::BadPort(port.to_string()))?;
-            if port == 0 {
-                return Err(AddressError::PortZero);
-            }
-            let found: Vec<SocketAddr> = (host, port)
-                .to_socket_addrs()
-                .map_err(|source| AddressError::Resolve { host: host.to_string(), source })?
-                .collect();
-            let first_v4 = found.iter().find(|a| a.is_ipv4()).copied();
-            first_v4.ok_or_else(|| {
-                let found: Vec<String> = found.iter().map(|a| a.ip().to_string()).collect();
-                AddressError::NoIpv4 { host: host.to_string(), found: found.join(", ") }
-            })?
-        }
-    };
-    if addr.port() == 0 {
-        return Err(AddressError::PortZero);
-    }
-    Ok(addr)
 }
 
 /// Files a run created on its way to starting a pair, removed when this
@@ -534,7 +285,7 @@ impl Drop for Leftovers {
 /// shared storage, made from the default guest's root image the first
 /// time (a sparse copy). A disk made here goes into `made`, to be
 /// removed if the primary does not start.
-pub fn default_shared_disk(pair: &PairArgs, rootfs: &Path, made: &mut Leftovers) -> Result<PathBuf, VmmError> {
+pub fn default_shared_disk(pair: &PairConfig, rootfs: &Path, made: &mut Leftovers) -> Result<PathBuf, VmmError> {
     let shared = pair.shared_dir("the VM's disk (--disk)")?;
     let disk = shared.join("disk.img");
     if !disk.exists() {
@@ -578,7 +329,7 @@ pub struct Connected {
 /// the arbiter, heartbeats, the logging channel with the header first,
 /// and the backup's acknowledgement that it can follow.
 pub fn connect_pair(
-    args: &PrimaryArgs,
+    args: &ProtectConfig,
     header: &mut Header,
     host_events: Sender<HostEvent>,
     events: &Events,
@@ -694,7 +445,7 @@ pub fn connect_pair(
 /// a VM about to start (`header` describes it): the protection the live
 /// loop applies from the first instruction.
 pub fn start_primary(
-    args: &PrimaryArgs,
+    args: &ProtectConfig,
     header: &mut Header,
     host_events: Sender<HostEvent>,
     events: &Events,
@@ -706,11 +457,11 @@ pub fn start_primary(
     // go live from now on.
     arbiter.mark_started()?;
     let protected =
-        |mode: String| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
+        |mode: Mode| PairEvent::Protected { backup: args.backup.to_string(), generation: arbiter.generation(), mode };
     if let Some(interval) = interval {
         // After the header, the channel carries checkpoints, not a log.
         send_disk_blocks(&mut channel, &digests, events)?;
-        let protected = protected("checkpoint".into());
+        let protected = protected(Mode::Checkpoint);
         let idle_checkpoints = !args.no_idle_checkpoints;
         let c =
             checkpoint::primary::Checkpointer::new(channel, interval, idle_checkpoints, arbiter, me, events.clone())?;
@@ -722,7 +473,7 @@ pub fn start_primary(
         events.emit(protected);
         return Ok(Box::new(c));
     }
-    let protected = protected(if epoch.is_some() { "epoch" } else { "lockstep" }.into());
+    let protected = protected(if epoch.is_some() { Mode::Epoch } else { Mode::Lockstep });
     let lag_threshold = Duration::from_millis(args.lag_threshold);
     let name = format!("the backup at {}", channel.peer());
     let written = channel.written();

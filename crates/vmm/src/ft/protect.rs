@@ -7,7 +7,7 @@
 //! sends the machine across while the guest runs and starts the pair
 //! after a final pause.
 
-use super::{connect_pair, Connected, PrimaryArgs};
+use super::{connect_pair, Connected, ProtectConfig, ProtectSetup};
 use crate::api::ControlError;
 use crate::error::VmmError;
 use crate::host_io::{HostEvent, HostIo};
@@ -38,7 +38,7 @@ pub trait Protector<E> {
         &mut self,
         m: &E,
         io: &HostIo,
-        args: PrimaryArgs,
+        args: ProtectConfig,
         host_events: Sender<HostEvent>,
     ) -> Result<(), ControlError>;
 
@@ -58,7 +58,7 @@ impl Protector<Machine> for MachineProtector {
         &mut self,
         m: &Machine,
         io: &HostIo,
-        args: PrimaryArgs,
+        args: ProtectConfig,
         host_events: Sender<HostEvent>,
     ) -> Result<(), ControlError> {
         let refuse = |e: VmmError| ControlError::ProtectFailed(e.to_string());
@@ -92,7 +92,7 @@ impl Protector<Machine> for MachineProtector {
 /// Public for a front end that serves the VM's I/O without a `HostIo`
 /// (the in-process tests, `tests/ft_inprocess.rs`).
 pub fn connect(
-    args: &PrimaryArgs,
+    args: &ProtectConfig,
     header: &mut ftvm_replay::Header,
     host_events: Sender<HostEvent>,
     events: &Events,
@@ -112,12 +112,12 @@ pub fn connect(
             go_live_every: BUSY_GO_LIVE,
         },
     };
-    let mode = then.name();
+    let mode = then.mode();
     // The transfer goes as checkpoint 0; in checkpoint mode the same
     // sender goes on with the checkpoints after it.
     let interval = interval.unwrap_or(Duration::from_millis(25));
     let sender = Checkpointer::new(channel, interval, !args.no_idle_checkpoints, arbiter, me.clone(), events.clone())?;
     eprintln!("ftvm: protecting the running VM: its machine goes to the backup at {} ({mode})", args.backup);
-    events.emit(PairEvent::Protecting { backup: args.backup.to_string(), generation, mode: mode.into() });
+    events.emit(PairEvent::Protecting { backup: args.backup.to_string(), generation, mode });
     Ok(Box::new(Transfer::new(sender, then, copies, me, events.clone())))
 }

@@ -21,8 +21,8 @@ use ftvm_replay::recorder::{self, Start};
 use ftvm_replication::arbiter::{Arbiter, SharedDir, Verdict};
 use ftvm_replication::channel::{Failure, PrimaryEvent};
 use ftvm_replication::fence::Fence;
-use ftvm_vmm::ft::backup::{BackupArgs, GoingLive, Outcome};
-use ftvm_vmm::ft::{PairArgs, PrimaryArgs};
+use ftvm_vmm::ft::backup::{GoingLive, Outcome};
+use ftvm_vmm::ft::{BackupConfig, BackupNic, PairConfig, PairSetup, ProtectConfig};
 use ftvm_vmm::host_io::{Backend, HostEvent};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -227,8 +227,8 @@ impl Site {
         self.dir.join("shared")
     }
 
-    fn pair_args(&self, side: &str) -> PairArgs {
-        PairArgs {
+    fn pair_args(&self, side: &str) -> PairConfig {
+        PairConfig {
             shared: Some(self.shared()),
             etcd: None,
             etcd_credentials: None,
@@ -258,8 +258,8 @@ impl Site {
             .collect()
     }
 
-    pub fn primary_args(&self, mode: Mode) -> PrimaryArgs {
-        PrimaryArgs {
+    pub fn primary_args(&self, mode: Mode) -> ProtectConfig {
+        ProtectConfig {
             backup: self.link.addr,
             lag_threshold: 1000,
             connect_wait: PATIENCE.as_secs(),
@@ -279,16 +279,15 @@ impl Site {
     pub fn start_backup(&self) -> JoinHandle<Result<Outcome, String>> {
         // The key first, so the two sides do not race to make it.
         self.pair_args("primary").key().unwrap();
-        let args = BackupArgs {
+        let args = BackupConfig {
             listen: self.listen,
             // One TAP name per NIC is required; it is opened only when
             // going live, which these tests do themselves.
-            nets: vec!["tap=ftvm-test0".into()],
+            nets: vec![BackupNic { tap: "ftvm-test0".into(), bridge: None }],
             control: None,
             show_console: false,
             disks: Vec::new(),
             start_files: vec![guest().path.clone()],
-            old_image: Vec::new(),
             ack_delay: 0,
             pair: self.pair_args("backup"),
         };

@@ -2,6 +2,7 @@
 //! status, as serde types with a readable form (`Display`: the
 //! `key=value` fields of the status line).
 
+use crate::mode::Mode;
 use ftvm_replication::channel::SenderWatch;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -89,7 +90,7 @@ impl PrimaryMode {
             PrimaryMode::Lockstep(_) => "lockstep",
             PrimaryMode::Epoch { .. } => "epoch",
             PrimaryMode::Checkpoint(_) => "checkpoint",
-            PrimaryMode::Transfer(t) => &t.then,
+            PrimaryMode::Transfer(t) => t.then.name(),
         }
     }
 }
@@ -98,7 +99,7 @@ impl PrimaryMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransferStatus {
     /// The mode the pair will run in.
-    pub then: String,
+    pub then: Mode,
     /// The pre-copy round in progress (1: all of RAM in use).
     pub round: u32,
     /// Pages of this round still to send.

@@ -5,10 +5,11 @@
 //! ftvm has always printed.
 //!
 //! Status has a part per replication mode: a primary's (lockstep, epoch,
-//! checkpoint) or a backup's, or none on a plain VM; those parts are the
-//! protection library's (`ftvm_protection::status`).
+//! checkpoint) or a backup's, or none on a plain VM; those parts are
+//! [`crate::status`]'s.
 
-pub use ftvm_protection::status::*;
+use crate::mode::Mode;
+use crate::status::{BackupMode, PairStatus};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ pub enum Request {
     /// starts after a short final pause. The options are `ftvm ft
     /// primary`'s; paths must be absolute. The reply comes once the pair
     /// has started (or the attempt failed).
-    Protect(Box<crate::ft::PrimaryArgs>),
+    Protect(Box<crate::ProtectConfig>),
     /// Stop protecting the VM on purpose, without a failover: the backup
     /// stops following, and the VM runs on unprotected.
     Unprotect,
@@ -77,7 +78,7 @@ impl Request {
     /// range), whichever way it came: the socket checks every request
     /// with this before the VM sees it.
     pub fn check(&self) -> Result<(), String> {
-        use ftvm_protection::control::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
+        use crate::limits::{CPU_LIMIT_PERCENT, TIMEOUT_MS};
         match *self {
             Request::Timeout { ms } => TIMEOUT_MS.check("a timeout", ms).map(drop),
             Request::CpuLimit { percent } => CPU_LIMIT_PERCENT.check("a CPU limit", percent).map(drop),
@@ -113,7 +114,7 @@ pub enum Reply {
     /// `rounds` of pre-copy and a final pause of `pause_ms`.
     Protected {
         generation: u64,
-        mode: String,
+        mode: Mode,
         rounds: u32,
         pages: u64,
         final_pages: u64,
