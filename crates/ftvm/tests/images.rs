@@ -51,8 +51,8 @@ fn a_named_image_with_more_packages_and_files_is_built_listed_booted_and_removed
     ok(&build, "ftvm image build");
     // Progress, as plain lines (stderr is not a terminal here): every
     // step, and the bytes of packages.
-    for n in 1..=6 {
-        assert!(build.stderr.contains(&format!("[{n}/6] ")), "no step {n} in the build's progress:\n{}", build.stderr);
+    for n in 1..=8 {
+        assert!(build.stderr.contains(&format!("[{n}/8] ")), "no step {n} in the build's progress:\n{}", build.stderr);
     }
     assert!(build.stderr.contains("of packages at hand"), "no bytes in the build's progress:\n{}", build.stderr);
     let dir = build.stdout.trim().to_string();
