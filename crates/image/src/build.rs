@@ -22,6 +22,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("zstd", "zstd"),
     ("gzip", "gzip"),
     ("e2image", "e2fsprogs"),
+    ("e2fsck", "e2fsprogs"),
+    ("resize2fs", "e2fsprogs"),
     ("dpkg-deb", "dpkg"),
 ];
 
@@ -84,7 +86,7 @@ fn child_path() -> std::ffi::OsString {
     std::env::join_paths(dirs).unwrap_or(path)
 }
 
-fn tool(name: &str) -> Result<PathBuf, ImageError> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf, ImageError> {
     let pkg = TOOLS.iter().find(|(t, _)| *t == name).map(|(_, p)| *p).unwrap_or(name);
     which(name).ok_or_else(|| {
         err(
@@ -102,7 +104,7 @@ fn effective_uid() -> Option<u32> {
 
 /// Run a command; on failure the error names the step and shows the tail of
 /// its output (also saved to `log` when given).
-fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageError> {
+pub(crate) fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageError> {
     let out = cmd
         .env("PATH", child_path())
         .stdin(Stdio::null())
@@ -889,7 +891,7 @@ fn build_in(
     run(step, Command::new(tool("e2image")?).arg("-ra").arg(&rootfs).arg(&compact), Some(&log))?;
     let used = |p: &Path| {
         use std::os::unix::fs::MetadataExt;
-        fs::metadata(p).map(|m| m.blocks() * 512 >> 20).unwrap_or(0)
+        fs::metadata(p).map(|m| (m.blocks() * 512) >> 20).unwrap_or(0)
     };
     ctx.say(&format!("rootfs.ext4: {} MiB on the host's disk, from {} MiB", used(&compact), used(&rootfs)));
     fs::rename(&compact, &rootfs).map_err(|e| err(step, e))?;

@@ -43,8 +43,9 @@ pub mod artifacts;
 pub mod base64;
 mod build;
 pub mod copy;
-pub mod essential;
 pub mod cpio;
+pub mod essential;
+mod grow;
 pub mod mirror;
 pub mod modules;
 pub mod protocol;
@@ -54,8 +55,11 @@ mod spec;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use grow::grow_disk;
 pub use protocol::{kernel_cmdline, EXEC_BEGIN_MARKER, EXEC_STATUS_PREFIX};
-pub use spec::{list, locate_named, parse_size, remove, Added, ImageInfo, ImageSpec};
+pub use spec::{
+    check_name, list, list_in, locate_named, locate_named_in, parse_size, remove, Added, ImageInfo, ImageSpec,
+};
 
 /// Debian suite the default image is built from.
 pub const SUITE: &str = "trixie";
@@ -114,8 +118,16 @@ pub(crate) const GUEST_ROOT_FILES: &[(&str, u32, &str)] = &[
     ("usr/lib/systemd/system/ftvm-exec.service", 0o644, include_str!("../../../guest/systemd/ftvm-exec.service")),
     ("usr/lib/systemd/system/ftvm-setup.service", 0o644, include_str!("../../../guest/systemd/ftvm-setup.service")),
     ("usr/lib/systemd/system/ftvm-rtc.service", 0o644, include_str!("../../../guest/systemd/ftvm-rtc.service")),
-    ("usr/lib/systemd/system-generators/ftvm-exec-generator", 0o755, include_str!("../../../guest/systemd/ftvm-exec-generator")),
-    ("usr/lib/systemd/system-shutdown/ftvm-exec-status", 0o755, include_str!("../../../guest/systemd/ftvm-exec-status")),
+    (
+        "usr/lib/systemd/system-generators/ftvm-exec-generator",
+        0o755,
+        include_str!("../../../guest/systemd/ftvm-exec-generator"),
+    ),
+    (
+        "usr/lib/systemd/system-shutdown/ftvm-exec-status",
+        0o755,
+        include_str!("../../../guest/systemd/ftvm-exec-status"),
+    ),
     ("usr/lib/sysctl.d/90-ftvm.conf", 0o644, include_str!("../../../guest/systemd/90-ftvm.conf")),
     (
         "etc/systemd/system/serial-getty@.service.d/ftvm-autologin.conf",

@@ -234,7 +234,7 @@ fn check_package(p: &str) -> Result<(), ImageError> {
 
 /// An image name: a directory of the cache, and a word in `--disk`-style
 /// option lists, so letters, digits, `.`, `_`, `+`, `-` only.
-fn check_name(name: &str) -> Result<(), ImageError> {
+pub fn check_name(name: &str) -> Result<(), ImageError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && !name.starts_with('.')
@@ -251,8 +251,14 @@ fn check_name(name: &str) -> Result<(), ImageError> {
 
 /// The built image called `name`.
 pub fn locate_named(name: &str) -> Result<GuestImage, ImageError> {
+    locate_named_in(&images_dir(), name)
+}
+
+/// The built image called `name` in the images directory `images` (a
+/// cluster agent's own, `ftvm agent --images`).
+pub fn locate_named_in(images: &Path, name: &str) -> Result<GuestImage, ImageError> {
     check_name(name)?;
-    let dir = images_dir().join(name);
+    let dir = images.join(name);
     if name != IMAGE_NAME && !dir.is_dir() {
         return Err(ImageError::new(
             "locating the guest image",
@@ -277,8 +283,13 @@ pub struct ImageInfo {
 
 /// The images in the cache, by name.
 pub fn list() -> Vec<ImageInfo> {
+    list_in(&images_dir())
+}
+
+/// The images in the images directory `images`, by name.
+pub fn list_in(images: &Path) -> Vec<ImageInfo> {
     use std::os::unix::fs::MetadataExt;
-    let mut out: Vec<ImageInfo> = std::fs::read_dir(images_dir())
+    let mut out: Vec<ImageInfo> = std::fs::read_dir(images)
         .into_iter()
         .flatten()
         .flatten()

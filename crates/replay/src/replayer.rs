@@ -116,7 +116,7 @@ pub enum HeaderError {
 /// The seed's text from its header value (hex, as `recorder::hex` writes it).
 fn unhex_text(value: &str) -> Result<String, HeaderError> {
     let bad = || HeaderError::Unreadable("seed");
-    if value.len() % 2 != 0 {
+    if !value.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes = (0..value.len())
