@@ -70,6 +70,9 @@ pub struct AgentConfig {
     pub credentials: Credentials,
     /// The ftvm binary the VMs run.
     pub ftvm: PathBuf,
+    /// The guest images this host boots VMs from (`ftvm image build`
+    /// makes them; default: the cache's, `ftvm image list`).
+    pub images: PathBuf,
     /// The memory this host's VMs may have in all, bytes; None: the
     /// host's memory.
     pub vm_memory: Option<u64>,
@@ -123,6 +126,7 @@ impl Agent {
             free_memory_bytes: memory.saturating_sub(self.vms.promised_memory()),
             vms: self.vms.summary().await,
             version: env!("CARGO_PKG_VERSION").into(),
+            images: self.vms.images(),
         }
     }
 
@@ -170,7 +174,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         .await
         .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, config.vm_memory_bytes(), events_tx);
+    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, &config.images, config.vm_memory_bytes(), events_tx);
     let adopted = vms.adopt();
     if !adopted.is_empty() {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));
@@ -388,7 +392,9 @@ async fn list_vms(State(agent): State<Arc<Agent>>) -> ApiResult<Vec<VmInfo>> {
 async fn create_vm(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let spec: VmSpec = parse_body(&body)?;
     let name = spec.name.clone();
-    agent.vms.create(spec)?;
+    // Seconds of file work (the image's disk copied, maybe grown): off the
+    // runtime's workers, which serve every other request meanwhile.
+    tokio::task::block_in_place(|| agent.vms.create(spec))?;
     Ok((StatusCode::CREATED, Json(agent.vms.info(&name).await?)).into_response())
 }
 
@@ -464,14 +470,17 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let listen = SocketAddr::new(agent.config.address, port);
     let key = agent.pair_key(&req.spec.name);
     crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
-    agent.vms.create_backup(
-        req.spec,
-        listen,
-        heartbeat_port,
-        &agent.etcd_local_first().joined(),
-        &agent.config.credentials.dir,
-        &key,
-    )?;
+    // The image's disk copied where this host has it (see create_vm).
+    tokio::task::block_in_place(|| {
+        agent.vms.create_backup(
+            req.spec,
+            listen,
+            heartbeat_port,
+            &agent.etcd_local_first().joined(),
+            &agent.config.credentials.dir,
+            &key,
+        )
+    })?;
     Ok((StatusCode::CREATED, Json(BackupStarted { listen: listen.to_string(), heartbeat_port })).into_response())
 }
 

@@ -102,6 +102,7 @@ pub enum Step {
 pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: u64, avoid: Option<&str>) -> Step {
     let name = record.spec.name.as_str();
     let memory = record.spec.memory_mib;
+    let image = record.spec.image_name();
     let sides: Vec<(&HostRecord, &HostVm)> =
         hosts.iter().flat_map(|h| h.vms.iter().filter(|v| v.name == name).map(move |v| (h, v))).collect();
     let running = sides.iter().find(|(_, v)| matches!(v.role, Role::Unprotected | Role::Primary | Role::Starting));
@@ -113,12 +114,17 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
         Phase::Pending => match &record.start_on {
             Some(h) if !hosts.iter().any(|x| &x.id == h) => Step::Wait(format!("waiting for host {h}")),
             Some(h) if is_drained(h) => Step::Wait(format!("host {h} is drained")),
+            Some(h) if hosts.iter().any(|x| &x.id == h && x.image(image).is_none()) => {
+                Step::Wait(format!("host {h} has no image {image}"))
+            }
             Some(h) if hosts.iter().any(|x| &x.id == h && x.free_memory_bytes < memory << 20) => {
                 Step::Wait(format!("waiting for host {h} to have {memory} MiB free"))
             }
             Some(h) => Step::Start { on: h.clone() },
-            None => place(hosts, name, &[], drained, memory, avoid)
-                .map_or_else(no_room, |h| Step::Start { on: h.id.clone() }),
+            None => place(hosts, name, Some(image), &[], drained, memory, avoid).map_or_else(
+                || Step::Wait(format!("waiting for a host with image {image} and {memory} MiB free")),
+                |h| Step::Start { on: h.id.clone() },
+            ),
         },
         Phase::Placed { .. } if running.is_some() => Step::Started,
         Phase::Placed { host, at } if now.saturating_sub(*at) > PLACED_WAIT => Step::Replace { host: host.clone() },
@@ -137,7 +143,7 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                     Some(_) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
                     // A backup that has not joined yet: wait for it.
                     Some(_) => Step::Nothing,
-                    None => place(hosts, name, &[&host.id], drained, memory, avoid)
+                    None => place(hosts, name, None, &[&host.id], drained, memory, avoid)
                         .map_or_else(no_room, |to| Step::Move { from: host.id.clone(), to: to.id.clone() }),
                 };
             }
@@ -146,7 +152,7 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                 // to go, or no protection wanted, it is let go (a drain
                 // empties its host either way).
                 (Some(mode), Some(b)) if is_drained(b) && vm.role == Role::Primary => {
-                    place(hosts, name, &[&host.id, b], drained, memory, avoid).map_or_else(
+                    place(hosts, name, None, &[&host.id, b], drained, memory, avoid).map_or_else(
                         || Step::Unprotect { primary: host.id.clone() },
                         |to| Step::MoveBackup { from: b.to_string(), to: to.id.clone(), mode: *mode },
                     )
@@ -156,7 +162,7 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                 }
                 (None, Some(_)) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
                 (Some(mode), None) if vm.role == Role::Unprotected => {
-                    place(hosts, name, &[&host.id], drained, memory, avoid)
+                    place(hosts, name, None, &[&host.id], drained, memory, avoid)
                         .map_or_else(no_room, |to| Step::Protect { on: to.id.clone(), mode: *mode })
                 }
                 _ => Step::Nothing,
@@ -165,14 +171,17 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
     }
 }
 
-/// The host for a process of VM `vm` needing `memory_mib`: not one of
-/// `exclude` (the VM's own host, for a backup), not a drained one, not one
-/// that has a process of the VM already, and not `avoid` (where the last
-/// attempt failed) unless it is the only one; the most memory free, then
-/// the fewest VMs. None: no host can take it.
+/// The host for a process of VM `vm` needing `memory_mib`: one that has
+/// the guest image `image` if one is needed (a VM that boots needs its
+/// image; a backup, a move's destination, none: protection sends them the
+/// disk), not one of `exclude` (the VM's own host, for a backup), not a
+/// drained one, not one that has a process of the VM already, and not
+/// `avoid` (where the last attempt failed) unless it is the only one; the
+/// most memory free, then the fewest VMs. None: no host can take it.
 pub fn place<'a>(
     hosts: &'a [HostRecord],
     vm: &str,
+    image: Option<&str>,
     exclude: &[&str],
     drained: &[String],
     memory_mib: u64,
@@ -182,6 +191,7 @@ pub fn place<'a>(
         !exclude.contains(&h.id.as_str())
             && !drained.contains(&h.id)
             && h.free_memory_bytes >= memory_mib << 20
+            && image.is_none_or(|i| h.image(i).is_some())
             && !h.vms.iter().any(|v| v.name == vm && v.role != Role::Ended)
     };
     let best = |skip: Option<&str>| {
@@ -596,7 +606,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::VmSpec;
+    use crate::model::{HostImage, VmSpec};
 
     fn host(id: &str, free_mib: u64, vms: &[(&str, Role)]) -> HostRecord {
         HostRecord {
@@ -611,11 +621,21 @@ mod tests {
                 .map(|(n, role)| HostVm { name: n.to_string(), role: *role, protect: None, memory_mib: 0 })
                 .collect(),
             version: String::new(),
+            images: vec![HostImage { name: ftvm_image::IMAGE_NAME.into(), disk_bytes: 1 << 30 }],
         }
     }
 
     fn record(name: &str, protect: Option<Mode>, phase: Phase) -> VmRecord {
-        let spec = VmSpec { name: name.into(), memory_mib: 512, cpus: 1, command: None, network: None, protect };
+        let spec = VmSpec {
+            name: name.into(),
+            memory_mib: 512,
+            cpus: 1,
+            command: None,
+            network: None,
+            protect,
+            image: None,
+            disk_mib: None,
+        };
         VmRecord { spec, start_on: None, phase, held_until: None, problem: None }
     }
 
@@ -630,14 +650,37 @@ mod tests {
             host("d", 2000, &[]),
         ];
         // The most free memory: the primary's own host, never.
-        assert_eq!(place(&hosts, "v", &["a"], &[], 512, None).unwrap().id, "d");
+        assert_eq!(place(&hosts, "v", None, &["a"], &[], 512, None).unwrap().id, "d");
         // Too little memory on every other host: nowhere.
-        assert!(place(&hosts, "v", &["a"], &[], 4000, None).is_none());
+        assert!(place(&hosts, "v", None, &["a"], &[], 4000, None).is_none());
         // Of equals, the one with fewer VMs; a host that failed last is
         // tried after the others; a drained host, never.
-        assert_eq!(place(&hosts, "v", &["a"], &[], 512, Some("d")).unwrap().id, "c");
-        assert_eq!(place(&hosts[..2], "v", &["a"], &[], 100, Some("b")).unwrap().id, "b");
-        assert_eq!(place(&hosts, "v", &["a"], &["d".into()], 512, None).unwrap().id, "c");
+        assert_eq!(place(&hosts, "v", None, &["a"], &[], 512, Some("d")).unwrap().id, "c");
+        assert_eq!(place(&hosts[..2], "v", None, &["a"], &[], 100, Some("b")).unwrap().id, "b");
+        assert_eq!(place(&hosts, "v", None, &["a"], &["d".into()], 512, None).unwrap().id, "c");
+    }
+
+    #[test]
+    fn a_vm_starts_only_where_its_image_is_and_its_backup_goes_anywhere() {
+        let mut hosts = [host("a", 8000, &[]), host("b", 2000, &[]), host("c", 1000, &[])];
+        hosts[1].images.push(HostImage { name: "web".into(), disk_bytes: 4 << 30 });
+        let mut web = record("db", Some(Mode::Checkpoint), Phase::Pending);
+        web.spec.image = Some("web".into());
+        // Only b has it, though a has more memory free.
+        assert_eq!(decide(&hosts, &[], &web, 1000, None), Step::Start { on: "b".into() });
+        // Asked for a host without it: it waits, and says why.
+        web.start_on = Some("a".into());
+        assert!(matches!(decide(&hosts, &[], &web, 1000, None), Step::Wait(w) if w.contains("no image web")));
+        // No host has it: it waits for one.
+        web.start_on = None;
+        web.spec.image = Some("nowhere".into());
+        assert!(matches!(decide(&hosts, &[], &web, 1000, None), Step::Wait(w) if w.contains("image nowhere")));
+        // Running on b, its backup goes to the roomiest other host, which
+        // has no such image: protection sends it the disk.
+        web.spec.image = Some("web".into());
+        web.phase = Phase::Running;
+        hosts[1].vms.push(HostVm { name: "db".into(), role: U, protect: None, memory_mib: 512 });
+        assert_eq!(decide(&hosts, &[], &web, 1000, None), Step::Protect { on: "a".into(), mode: Mode::Checkpoint });
     }
 
     #[test]

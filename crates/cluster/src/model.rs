@@ -27,6 +27,28 @@ pub struct HostRecord {
     pub vms: Vec<HostVm>,
     /// The agent's version.
     pub version: String,
+    /// The guest images it can boot a VM from (`ftvm agent --images`),
+    /// by name: a VM is started only on a host that has its image (a
+    /// backup needs none: protection copies the disk and finds the boot
+    /// files by hash).
+    #[serde(default)]
+    pub images: Vec<HostImage>,
+}
+
+/// A guest image a host has, as its record lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostImage {
+    /// Its name (`ftvm image list`).
+    pub name: String,
+    /// Its root disk's size, bytes: a VM's disk is at least that.
+    pub disk_bytes: u64,
+}
+
+impl HostRecord {
+    /// This host's image called `name`, if it has it.
+    pub fn image(&self, name: &str) -> Option<&HostImage> {
+        self.images.iter().find(|i| i.name == name)
+    }
 }
 
 /// A VM on a host, by name, with its part there.
@@ -109,9 +131,23 @@ pub struct VmSpec {
     /// and protects it again after a failover. None: left unprotected.
     #[serde(default)]
     pub protect: Option<Mode>,
+    /// The guest image it boots (`ftvm image list` on the hosts; the
+    /// hosts' records list theirs). None: the default image.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Its root disk's size, MiB, if larger than the image's: the copy of
+    /// the image's disk is grown, and its filesystem with it, before the
+    /// VM first boots. None: the image's size.
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
 }
 
 impl VmSpec {
+    /// The image it boots, by name.
+    pub fn image_name(&self) -> &str {
+        self.image.as_deref().unwrap_or(ftvm_image::IMAGE_NAME)
+    }
+
     fn default_memory() -> u64 {
         512
     }
@@ -130,6 +166,14 @@ impl VmSpec {
         if !(1..=8).contains(&self.cpus) {
             return bad(format!("cpus {} is out of range (1 to 8)", self.cpus));
         }
+        if let Some(image) = &self.image {
+            ftvm_image::check_name(image).map_err(|e| ApiError::BadRequest(format!("image: {}", e.cause)))?;
+        }
+        if let Some(mib) = self.disk_mib {
+            if !DISK_MIB.contains(&mib) {
+                return bad(format!("disk_mib {mib} is out of range ({} to {})", DISK_MIB.start(), DISK_MIB.end()));
+            }
+        }
         if let Some(net) = &self.network {
             if !valid_interface_name(&net.bridge) {
                 return bad(format!(
@@ -145,6 +189,10 @@ impl VmSpec {
         Ok(())
     }
 }
+
+/// The root disk sizes a spec may ask for, MiB: from the smallest a
+/// Debian system fits in to 16 TiB (ext4's limit with 4 KiB blocks).
+pub const DISK_MIB: std::ops::RangeInclusive<u64> = 256..=(16 << 20);
 
 /// A VM name from a request (a spec, a URL's path): 400 in one line if it
 /// is not one ([`ftvm_etcd::arbiter::valid_vm_name`], the one grammar).

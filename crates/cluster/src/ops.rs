@@ -15,7 +15,7 @@ use crate::agent::HOSTS_PREFIX;
 use crate::client::{AgentClient, ClientError};
 use crate::credentials::Credentials;
 use crate::desired::{self, DesiredError, VmRecord};
-use crate::model::{ApiError, BackupRequest, Done, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
+use crate::model::{ApiError, BackupRequest, Done, HostImage, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
 use ftvm_api::Mode;
 use ftvm_etcd::{Endpoints, Etcd};
 use std::time::{Duration, Instant};
@@ -49,6 +49,9 @@ pub enum OpsError {
     Drained(String),
     #[error("host {host} has {free_mib} MiB free for VMs: too little for VM {vm}'s {memory_mib} MiB")]
     NoRoom { host: String, vm: String, memory_mib: u64, free_mib: u64 },
+    /// The image a VM boots is on no host (or not on the one asked for).
+    #[error("{} image {image} (`ftvm image build --name {image}` on a host; `ftvm cluster host list` shows each host's)", .host.as_ref().map_or("no host of the cluster has".to_string(), |h| format!("host {h} has no")))]
+    NoImage { image: String, host: Option<String> },
     #[error("VM {vm} runs on {host} already")]
     AlreadyThere { vm: String, host: String },
     #[error("VM {vm}'s backup is on {host} already")]
@@ -132,6 +135,8 @@ impl Cluster {
     /// on the host with the most memory free.
     pub fn create(&self, spec: VmSpec, on: Option<&str>) -> Result<(), OpsError> {
         spec.check().map_err(OpsError::Spec)?;
+        let image = spec.image_name();
+        let no_image = |host: Option<&str>| OpsError::NoImage { image: image.into(), host: host.map(String::from) };
         if let Some(on) = on {
             let host = self.host(on)?;
             if host.free_memory_bytes < spec.memory_mib << 20 {
@@ -145,6 +150,20 @@ impl Cluster {
             if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
                 return Err(OpsError::Drained(on.into()));
             }
+        }
+        // The image as the hosts that have it list it (its root disk's
+        // size), for a disk asked smaller than it.
+        let hosts = self.hosts()?;
+        let listed: Vec<&HostImage> =
+            hosts.iter().filter(|h| on.is_none_or(|on| h.id == on)).filter_map(|h| h.image(image)).collect();
+        if listed.is_empty() {
+            return Err(no_image(on));
+        }
+        let image_mib = listed.iter().map(|i| i.disk_bytes.div_ceil(1 << 20)).max().unwrap_or(0);
+        if let Some(mib) = spec.disk_mib.filter(|&mib| mib < image_mib) {
+            return Err(OpsError::Spec(ApiError::BadRequest(format!(
+                "a disk of {mib} MiB is smaller than image {image}'s root disk ({image_mib} MiB)"
+            ))));
         }
         let record = VmRecord {
             spec,

@@ -3,8 +3,10 @@
 //! files in a directory of its own under the agent's state directory:
 //! `config.json` (its configuration, `ftvm_api`'s `VmConfig` or
 //! `BackupConfig`, which its only option `--config` names: no field of a
-//! request reaches a command line), `disk.img` (a sparse copy of the
-//! default guest's root disk), the control socket `control.sock`, the
+//! request reaches a command line), `disk.img` (a sparse copy of the root
+//! disk of the image its spec names, from this host's images, grown to the
+//! spec's size; a backup's is the primary's, sent block by block), the
+//! control socket `control.sock`, the
 //! journal `events.jsonl`, the output `console.log`. The agent speaks to
 //! each through its control socket (the typed API of `ftvm_api`), never
 //! by reading its output.
@@ -17,10 +19,12 @@
 //! is this host's again, and the events it had while no agent listened
 //! reach the log, each once.
 
-use crate::model::{ApiError, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
+use crate::model::{ApiError, HostImage, HostVm, NetworkSpec, Role, VmInfo, VmSpec};
 use ftvm_api::events::EventRecord;
 use ftvm_api::pair_config::BackupNic;
-use ftvm_api::vm_config::{DiskConfig, MacAddress, NetConfig};
+use ftvm_api::vm_config::{DiskConfig, Firmware, MacAddress, NetConfig};
+use ftvm_image::seed::Seed;
+use ftvm_image::GuestImage;
 use ftvm_api::{BackupConfig, PairConfig, Reply, Request, Response, VmConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -189,6 +193,8 @@ pub struct Vms {
     dir: PathBuf,
     /// The ftvm binary the VMs run.
     ftvm: PathBuf,
+    /// This host's guest images (`ftvm agent --images`).
+    images: PathBuf,
     vms: Mutex<BTreeMap<String, Vm>>,
     /// The memory this host offers its VMs, bytes: a VM that would take
     /// more than is left unpromised is refused.
@@ -231,13 +237,20 @@ pub fn mac_of(vm: &str) -> MacAddress {
 }
 
 /// The configuration of the process (`ftvm run --config`) that runs the
-/// VM of `spec` in its directory `dir`.
-pub fn vm_config(spec: &VmSpec, dir: &Path) -> VmConfig {
+/// VM of `spec` in its directory `dir`, booting `image`'s firmware, kernel
+/// and initrd (its root disk is the VM's copy, `disk.img`).
+pub fn vm_config(spec: &VmSpec, dir: &Path, image: &GuestImage) -> VmConfig {
     let mut append = "console=ttyS0 root=/dev/vda rw quiet".to_string();
     if let Some(net) = &spec.network {
         append.push_str(&format!(" ftvm.ip={}", net.ip));
     }
     VmConfig {
+        bios: Some(Firmware::File(image.firmware.clone())),
+        kernel: Some(image.kernel.clone()),
+        initrd: Some(image.initrd.clone()),
+        // The guest's host name is the VM's where it can be one (its
+        // seed); a name that cannot leaves the image's.
+        hostname: Seed::new(Some(spec.name.clone()), Vec::new()).is_ok().then(|| spec.name.clone()),
         memory_bytes: spec.memory_mib << 20,
         harts: spec.cpus as usize,
         disks: vec![DiskConfig { path: dir.join("disk.img"), readonly: false, latency_us: 0 }],
@@ -301,11 +314,19 @@ fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
 impl Vms {
     /// The VMs of host `host`, their directories under `dir`, run by the
     /// binary `ftvm`, with `memory` bytes to share.
-    pub fn new(host: &str, dir: &Path, ftvm: &Path, memory: u64, events: tokio::sync::mpsc::Sender<VmEvent>) -> Vms {
+    pub fn new(
+        host: &str,
+        dir: &Path,
+        ftvm: &Path,
+        images: &Path,
+        memory: u64,
+        events: tokio::sync::mpsc::Sender<VmEvent>,
+    ) -> Vms {
         Vms {
             host: host.into(),
             dir: dir.into(),
             ftvm: ftvm.into(),
+            images: images.into(),
             vms: Mutex::default(),
             memory,
             starting: Mutex::default(),
@@ -337,22 +358,59 @@ impl Vms {
         self.vms.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The VM's directory, made afresh, with its own copy of the default
-    /// guest's root disk.
-    fn prepare(&self, spec: &VmSpec) -> Result<PathBuf, ApiError> {
+    /// The images this host can boot a VM from, by name, for its record.
+    pub fn images(&self) -> Vec<HostImage> {
+        ftvm_image::list_in(&self.images)
+            .into_iter()
+            .filter_map(|i| Some(HostImage { name: i.name, disk_bytes: i.stamp.ok()?.rootfs_bytes() }))
+            .collect()
+    }
+
+    /// The image `spec` boots, from this host's images: 409 if this host
+    /// has none of that name (the controller places a VM only where its
+    /// image is; a host asked directly may lack it).
+    fn image(&self, spec: &VmSpec) -> Result<GuestImage, ApiError> {
+        ftvm_image::locate_named_in(&self.images, spec.image_name())
+            .map_err(|e| ApiError::Conflict(format!("host {}: {}", self.host, e.cause)))
+    }
+
+    /// The VM's directory, made afresh, with its root disk: a copy of
+    /// `image`'s, grown to the spec's size (none for a backup whose host
+    /// lacks the image: the primary's blocks make it).
+    fn prepare(&self, spec: &VmSpec, image: Option<&GuestImage>) -> Result<PathBuf, ApiError> {
         let dir = self.dir.join("vms").join(&spec.name);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| internal("cannot clear the VM's old directory", e))?;
         }
         private_dir(&dir).map_err(|e| internal("cannot make the VM's directory", e))?;
-        let image =
-            ftvm_image::locate().map_err(|e| ApiError::Internal(format!("no guest image on this host: {e}")))?;
+        let Some(image) = image else { return Ok(dir) };
+        let size = std::fs::metadata(&image.rootfs).map_err(|e| internal("cannot read the image", e))?.len();
+        if let Some(mib) = spec.disk_mib.filter(|mib| mib << 20 < size) {
+            return Err(ApiError::BadRequest(format!(
+                "disk_mib {mib} is smaller than image {}'s root disk ({} MiB)",
+                spec.image_name(),
+                size >> 20
+            )));
+        }
         let disk = dir.join("disk.img");
         ftvm_image::sparse_copy(&image.rootfs, &disk).map_err(|e| internal("cannot copy the guest's root disk", e))?;
         // The copy may take the image's mode: the guest's disk is its own.
         std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| internal("cannot make the guest's disk private", e))?;
+        if let Some(mib) = spec.disk_mib {
+            ftvm_image::grow_disk(&disk, mib << 20).map_err(|e| internal("cannot grow the guest's root disk", e))?;
+        }
         Ok(dir)
+    }
+
+    /// The files VMs boot from on this host (every image's firmware,
+    /// kernel and initrd), for a backup to find its primary's by hash.
+    fn boot_files(&self) -> Vec<PathBuf> {
+        ftvm_image::list_in(&self.images)
+            .into_iter()
+            .filter(|i| i.stamp.is_ok())
+            .flat_map(|i| ["fw_dynamic.bin", "Image", "initrd.img"].map(|f| i.dir.join(f)))
+            .collect()
     }
 
     /// Where a VM's process finds its configuration (`--config`).
@@ -377,8 +435,9 @@ impl Vms {
         spec.check()?;
         let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         self.may_start(&spec, "runs")?;
-        let dir = self.prepare(&spec)?;
-        let path = Self::write_config(&dir, &vm_config(&spec, &dir))?;
+        let image = self.image(&spec)?;
+        let dir = self.prepare(&spec, Some(&image))?;
+        let path = Self::write_config(&dir, &vm_config(&spec, &dir, &image))?;
         self.spawn(spec, dir, vec!["run".into(), "--config".into(), path.into()], Role::Unprotected)
     }
 
@@ -397,8 +456,16 @@ impl Vms {
         spec.check()?;
         let _one_at_a_time = self.starting.lock().unwrap_or_else(|e| e.into_inner());
         self.may_start(&spec, "has a process")?;
-        let dir = self.prepare(&spec)?;
-        let config = backup_config(&spec, &dir, listen, heartbeat_port, etcd, credentials, pair_key);
+        // The image's disk where this host has it: the primary then sends
+        // only the blocks that differ.
+        let dir = self.prepare(&spec, self.image(&spec).ok().as_ref())?;
+        let config = BackupConfig {
+            // The files the VM booted from, found by hash among this
+            // host's images' (any image built by the same recipe has the
+            // same firmware, kernel and initrd).
+            start_files: self.boot_files(),
+            ..backup_config(&spec, &dir, listen, heartbeat_port, etcd, credentials, pair_key)
+        };
         let path = Self::write_config(&dir, &config)?;
         self.spawn(spec, dir, vec!["ft".into(), "backup".into(), "--config".into(), path.into()], Role::Backup)
     }

@@ -40,7 +40,7 @@ fn a_start_is_not_undone_by_clearing_away_the_ended_process_before_it() {
     let process = scratch.join("vm-process");
     std::fs::write(&process, "#!/bin/sh\nexec sleep 1\n").unwrap();
     std::fs::set_permissions(&process, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let vms = Vms::new("host", &scratch, &process, 64 << 30, events);
+    let vms = Vms::new("host", &scratch, &process, &ftvm_image::images_dir(), 64 << 30, events);
     let spec: VmSpec = serde_json::from_str(r#"{"name": "redis", "memory_mib": 64}"#).unwrap();
 
     for round in 0..5 {

@@ -43,6 +43,16 @@ pub struct AgentArgs {
     /// host's own). Default: the host's memory.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
     vm_memory: Option<u64>,
+    /// The guest images this host's VMs boot from (`ftvm image build`
+    /// makes them). Default: the cache's (`ftvm image list`).
+    #[arg(long, value_name = "DIR")]
+    images: Option<PathBuf>,
+}
+
+/// `--disk-size`: a size as `ftvm image build --size` takes it (8G,
+/// 512M), in MiB, rounded up.
+fn disk_size_mib(s: &str) -> Result<u64, String> {
+    ftvm_image::parse_size(s).map(|bytes| bytes.div_ceil(1 << 20)).map_err(|e| e.cause)
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -63,6 +73,10 @@ pub fn agent(args: AgentArgs) -> CliResult {
         state_dir,
         credentials,
         ftvm: std::env::current_exe()?,
+        images: match args.images {
+            Some(dir) => std::path::absolute(dir)?,
+            None => ftvm_image::images_dir(),
+        },
         vm_memory: args.vm_memory.map(|m| m << 20),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -182,6 +196,15 @@ enum VmCommand {
         /// one after a failover.
         #[arg(long, value_name = "MODE", value_parser = crate::pair_cli::choice::<Mode>(Mode::NAMES))]
         protect: Option<Mode>,
+        /// The guest image it boots (`ftvm cluster host list` shows each
+        /// host's): it starts only on a host that has it. Default: the
+        /// default image.
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
+        /// Its root disk's size (e.g. 8G), if larger than the image's:
+        /// the disk and its filesystem are grown before it first boots.
+        #[arg(long, value_name = "SIZE", value_parser = disk_size_mib)]
+        disk_size: Option<u64>,
         /// Seconds to wait for it to run (0: do not wait).
         #[arg(long, value_name = "SECS", default_value_t = 120)]
         wait: u64,
@@ -255,19 +278,24 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             if json {
                 print_json(&hosts);
             } else {
-                println!("{:<16} {:<22} {:>5} {:>10} {:>10}  VMS", "HOST", "API", "CORES", "MEMORY", "FREE");
+                println!(
+                    "{:<16} {:<22} {:>5} {:>10} {:>10}  {:<24} VMS",
+                    "HOST", "API", "CORES", "MEMORY", "FREE", "IMAGES"
+                );
                 for h in &hosts {
                     let mut vms: Vec<String> = h.vms.iter().map(|v| format!("{}:{}", v.name, v.role.word())).collect();
                     if drained.contains(&h.id) {
                         vms.insert(0, "(drained)".into());
                     }
+                    let images: Vec<&str> = h.images.iter().map(|i| i.name.as_str()).collect();
                     println!(
-                        "{:<16} {:<22} {:>5} {:>9}M {:>9}M  {}",
+                        "{:<16} {:<22} {:>5} {:>9}M {:>9}M  {:<24} {}",
                         h.id,
                         h.api,
                         h.cores,
                         h.memory_bytes >> 20,
                         h.free_memory_bytes >> 20,
+                        if images.is_empty() { "-".to_string() } else { images.join(",") },
                         vms.join(" ")
                     );
                 }
@@ -334,9 +362,30 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 }
             }
         }
-        ClusterCommand::Vm(VmCommand::Create { name, on, memory, cpus, command, bridge, ip, protect, wait }) => {
+        ClusterCommand::Vm(VmCommand::Create {
+            name,
+            on,
+            memory,
+            cpus,
+            command,
+            bridge,
+            ip,
+            protect,
+            image,
+            disk_size,
+            wait,
+        }) => {
             let network = bridge.zip(ip).map(|(bridge, ip)| NetworkSpec { bridge, ip });
-            let spec = VmSpec { name: name.clone(), memory_mib: memory, cpus, command, network, protect };
+            let spec = VmSpec {
+                name: name.clone(),
+                memory_mib: memory,
+                cpus,
+                command,
+                network,
+                protect,
+                image,
+                disk_mib: disk_size,
+            };
             cluster.create(spec, on.as_deref())?;
             if wait == 0 {
                 print_done(&Done { message: format!("{name} added to the cluster: the controller starts it") });

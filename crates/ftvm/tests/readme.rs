@@ -170,6 +170,11 @@ const NOT_RUN: &[(&str, &str)] = &[
          --command 'redis-server /etc/redis/redis.conf --protected-mode no'",
         CLUSTER,
     ),
+    (
+        "ftvm cluster vm create db --image web --disk-size 8G --memory 1024 --bridge br0 --ip 10.0.0.101/24 \
+         --protect checkpoint",
+        CLUSTER,
+    ),
     ("ftvm cluster vm list", CLUSTER),
     ("ftvm cluster vm show redis-1", CLUSTER),
     ("ftvm cluster vm move redis-1 --to b", CLUSTER),

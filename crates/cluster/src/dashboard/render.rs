@@ -85,7 +85,7 @@ pub fn view(v: &View) -> String {
     }
     o.push_str(
         "</p><h2>Hosts</h2><table id=hosts><thead><tr><th>host</th><th>health</th><th>cores</th>\
-                <th>memory</th><th>free for VMs</th><th>VMs</th><th></th></tr></thead><tbody>",
+                <th>memory</th><th>free for VMs</th><th>images</th><th>VMs</th><th></th></tr></thead><tbody>",
     );
     for h in &v.hosts {
         let (class, health) = match &h.health {
@@ -103,11 +103,12 @@ pub fn view(v: &View) -> String {
         let _ = write!(
             o,
             "<tr data-host=\"{id}\"><td>{id}</td><td class=\"health {class}\">{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{action}</td></tr>",
+             <td>{}</td><td class=images>{}</td><td>{}</td><td>{action}</td></tr>",
             esc(&health),
             h.cores,
             mib(h.memory_bytes),
             mib(h.free_memory_bytes),
+            esc(&h.images.join(", ")),
             vms.join(", "),
             id = esc(&h.id)
         );
@@ -150,13 +151,14 @@ fn vm_card(o: &mut String, vm: &VmRow, up_hosts: &[&str]) {
         o,
         "<article class=vm data-vm=\"{name}\"><h3>{name} <span class=\"protection {class}\" data-state=\"{}\">{}</span>\
          </h3><dl><dt>primary</dt><dd class=primary>{}</dd><dt>backup</dt><dd class=backup>{}</dd><dt>mode</dt>\
-         <dd>{}</dd><dt>lag</dt><dd class=lag>{}</dd><dt>log bandwidth</dt><dd class=bandwidth>{}</dd>\
+         <dd>{}</dd><dt>image</dt><dd class=image>{}</dd><dt>lag</dt><dd class=lag>{}</dd><dt>log bandwidth</dt><dd class=bandwidth>{}</dd>\
          <dt>outputs held</dt><dd>{}</dd>",
         state_word(&vm.protection),
         esc(&state),
         esc(vm.primary.as_deref().unwrap_or("–")),
         esc(vm.backup.as_deref().unwrap_or("–")),
         esc(&vm.mode),
+        esc(&vm.image),
         num(f.lag_ms, "ms", 0),
         num(f.mbit_s, "Mbit/s", 2),
         f.outputs_held.map_or("–".into(), |h| h.to_string()),
@@ -364,6 +366,7 @@ mod tests {
             primary: Some("a".into()),
             backup: Some("b".into()),
             mode: "checkpoint".into(),
+            image: "trixie-riscv64".into(),
             protection: Protection::Protected,
             figures: Default::default(),
             history: Vec::new(),

@@ -83,6 +83,8 @@ pub struct HostRow {
     pub free_memory_bytes: u64,
     /// Its VMs: (name, role).
     pub vms: Vec<(String, Role)>,
+    /// The guest images it can boot VMs from.
+    pub images: Vec<String>,
 }
 
 /// A VM's protection as shown.
@@ -128,6 +130,8 @@ pub struct VmRow {
     pub primary: Option<String>,
     pub backup: Option<String>,
     pub mode: String,
+    /// The guest image it boots (its spec's, else that of a process).
+    pub image: String,
     pub protection: Protection,
     pub figures: Figures,
     /// Its lag and bandwidth over the last minutes: (unix ms, lag ms,
@@ -190,6 +194,7 @@ impl Watch {
                     memory_bytes: h.memory_bytes,
                     free_memory_bytes: h.free_memory_bytes,
                     vms,
+                    images: h.images.iter().map(|i| i.name.clone()).collect(),
                 }
             })
             .collect();
@@ -261,6 +266,11 @@ impl Watch {
                 primary: running.map(|v| v.host.clone()),
                 backup: backup.map(|v| v.host.clone()),
                 mode: running.map(|v| crate::metrics::mode_of(v)).unwrap_or_else(|| "none".into()),
+                image: record
+                    .map(|r| &r.spec)
+                    .or(running.map(|v| &v.spec))
+                    .map_or("–", |s| s.image_name())
+                    .to_string(),
                 protection,
                 figures,
                 history: series.iter().copied().collect(),
