@@ -58,8 +58,8 @@ SIGHUP.
 
 from .cleanup import cleanup, forget, on_cleanup, session, undo_now
 from .errors import ConnectionLost, SetupError, Terminated, TrialFailed
-from .host import (REPO, Binary, check_ftvm, check_host, default_ftvm, image_dir, private_ftvm, rootfs, sh,
-                   sparse_copy, work_dir)
+from .host import (REPO, WEB_IMAGE, Binary, check_ftvm, check_host, default_ftvm, image_dir, private_ftvm, rootfs, sh,
+                   sparse_copy, web_image, work_dir)
 from .observe import EVENTS, Event, control, event, journal, status, try_status
 from .proc import (APPEND, TEST_MIN_TIMEOUT_MS, TIMEOUT_MS, Proc, disk_options, guest_start, start_backup, start_plain,
                    start_primary, two_copies)

@@ -124,3 +124,55 @@ def sh(argv, check=True, timeout=60):
     if check and r.returncode != 0:
         raise TrialFailed(f"`{' '.join(argv)}` failed ({r.returncode}): {(r.stderr or r.stdout).strip()}")
     return r
+
+
+# The image of PostgreSQL, nginx and openssh-server that
+# crates/ftvm/tests/services.rs builds (issue 63), under the tests' own
+# name in the user's cache, its key pair and added files beside it.
+WEB_IMAGE = "ftvm-test-web"
+WEB_PACKAGES = "postgresql,nginx,openssh-server"
+# Its added PostgreSQL files, shared with services.rs (the same bytes,
+# or each rebuilds the other's image).
+_WEB_DATA = REPO / "crates" / "ftvm" / "tests" / "data" / "web-image"
+
+
+def _keep_file(path, data):
+    """Writes `data` at `path` unless it holds it already: the image's
+    spec digests its added files' times, so a file written again would
+    make the cached image out of date."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
+
+
+def web_image(ftvm, limit=3600):
+    """The web image's directory and root key: (image dir, private key).
+    Built as services.rs builds it (`ftvm image build --name ftvm-test-web
+    --packages postgresql,nginx,openssh-server --size 4G --ssh-key KEY
+    --add DIR:/etc/postgresql/17/main`, the same spec, so either finds
+    the other's build cached) when it is not built yet: minutes (some 180
+    packages configured in the guest)."""
+    # ftvm's cache (as crates/image's cache_dir()): the default image's
+    # directory is CACHE/images/trixie-riscv64.
+    cache = image_dir(ftvm).parent.parent
+    files = cache / f"{WEB_IMAGE}-files"
+    key = files / "id_ed25519"
+    if not key.exists():
+        files.mkdir(parents=True, exist_ok=True)
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "id_ed25519", "-f", str(key)])
+    pg = files / "postgresql"
+    _keep_file(pg / "pg_hba.conf", (_WEB_DATA / "pg_hba.conf").read_bytes())
+    _keep_file(pg / "conf.d" / "listen.conf", (_WEB_DATA / "listen.conf").read_bytes())
+    started = time.monotonic()
+    r = subprocess.run([ftvm, "image", "build", "--name", WEB_IMAGE, "--packages", WEB_PACKAGES, "--size", "4G",
+                        "--ssh-key", f"{key}.pub", "--add", f"{pg}:/etc/postgresql/17/main"],
+                       capture_output=True, text=True, timeout=limit)
+    if r.returncode != 0:
+        raise SetupError(f"ftvm image build --name {WEB_IMAGE} failed ({r.returncode}): {r.stderr.strip()}")
+    took = time.monotonic() - started
+    if took > 10:
+        print(f"ftvm image build --name {WEB_IMAGE}: {took:.0f} s")
+    d = Path(r.stdout.strip().splitlines()[-1])
+    if not (d / "rootfs.ext4").is_file():
+        raise SetupError(f"ftvm image build --name {WEB_IMAGE} said {d}, which holds no rootfs.ext4")
+    return d, key

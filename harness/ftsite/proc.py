@@ -235,27 +235,29 @@ def start_backup(site, ftvm, work, shared, timeout_ms=TIMEOUT_MS, core=None, ext
     return p
 
 
-def guest_start(exec_cmd, restore):
-    """How a VM starts: by booting to run `exec_cmd`, or, with `restore`
-    (snapshot, disk or None), where a snapshot left off, on `disk`."""
+def guest_start(exec_cmd, restore, append=APPEND):
+    """How a VM starts: by booting (with the kernel command line `append`)
+    to run `exec_cmd`, or its image's services under systemd if it is
+    None, or, with `restore` (snapshot, disk or None), where a snapshot
+    left off, on `disk`."""
     if restore is None:
-        return ["--append", APPEND, "--exec", exec_cmd]
+        return ["--append", append, *(["--exec", exec_cmd] if exec_cmd is not None else [])]
     snapshot, disk = restore
     return ["--restore", str(snapshot), *(["--disk", str(disk)] if disk is not None else [])]
 
 
 def start_primary(site, ftvm, work, shared, exec_cmd, timeout_ms=TIMEOUT_MS, core=None, extra=(), on_line=None,
-                  restore=None, net=True, min_timeout_ms=None):
+                  restore=None, net=True, min_timeout_ms=None, append=APPEND):
     """`ftvm ft primary` on the primary host's TAP (unless not `net`),
     its arbiter `shared` (see arbiter_options), its timeouts (see
     timing_options), running `exec_cmd` in the
-    guest (or restored: see guest_start); its stdout is the guest
-    console."""
+    guest (or restored, or booted with `append`: see guest_start); its
+    stdout is the guest console."""
     sock = str(Path(work) / "primary.sock")
     events = _fresh(Path(work) / "primary.events")
     argv = [ftvm, "ft", "primary", "--backup", f"{BACKUP_HOST_IP}:{CHANNEL_PORT}", *arbiter_options(shared),
             *timing_options(timeout_ms, min_timeout_ms), *(["--net", "tap=t0"] if net else []), "--control", sock,
-            "--events", events, *extra, *guest_start(exec_cmd, restore)]
+            "--events", events, *extra, *guest_start(exec_cmd, restore, append)]
     p = Proc("primary", site, "primary", argv, Path(work) / "primary.out", core=core, on_line=on_line)
     p.sock, p.events = sock, events
     return p

@@ -133,6 +133,11 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("redis-cli -h 10.0.0.2 set hello world", TAP),
     ("ftvm ft backup --listen 10.0.0.2:7700 --shared /mnt/shared --net tap=t0,bridge=br0", SECOND_HOST),
     ("ftvm ft primary --backup 10.0.0.2:7700 --shared /mnt/shared --net tap=t0,bridge=br0", SECOND_HOST),
+    (
+        "ftvm console /run/vm.sock",
+        "needs a second host: harness/tests/test_ft_services.py types on a pair's primary's console, then, after \
+         a failover, on the backup's by its own control socket",
+    ),
     ("ftvm control /run/vm.sock events", SECOND_HOST),
     ("ftvm control /run/vm.sock handover", SECOND_HOST),
     (

@@ -24,9 +24,11 @@ const IMAGE: &str = "ftvm-test-web";
 const BUILD_LIMIT: Duration = Duration::from_secs(3600);
 
 /// PostgreSQL's client authentication for the test: the host's network
-/// may log in as anyone (the package's own file allows only the guest).
-const PG_HBA: &str = "local all postgres peer\nlocal all all peer\nhost all all 10.200.0.0/24 trust\n";
-const PG_LISTEN: &str = "listen_addresses = '*'\n";
+/// (10.200.0.0/24) may log in as anyone (the package's own file allows
+/// only the guest). In files of their own: the FT tests build the same
+/// image (harness/ftsite/host.py's web_image) and must give the same spec.
+const PG_HBA: &str = include_str!("data/web-image/pg_hba.conf");
+const PG_LISTEN: &str = include_str!("data/web-image/listen.conf");
 
 /// An ed25519 key pair made with ssh-keygen at `dir/name` unless it is there.
 fn key_pair(dir: &Path, name: &str) -> PathBuf {
@@ -55,6 +57,8 @@ fn keep_file(path: &Path, text: &str) {
 
 /// `ftvm image build --name ftvm-test-web --packages postgresql,nginx,openssh-server --ssh-key KEY --add DIR:/etc/postgresql/17/main`
 /// as a user would type it; cached when built before from the same spec.
+/// harness/ftsite/host.py's web_image builds it with the same command
+/// (change both together, or each rebuilds the other's image).
 fn build_image(key: &Path, fixtures: &Path) {
     let pg = fixtures.join("postgresql");
     keep_file(&pg.join("pg_hba.conf"), PG_HBA);

@@ -77,7 +77,17 @@ pub struct TakeOver {
     /// may run meanwhile, but none of its outputs may leave the host
     /// before they are written (see [`PendingActivation`]).
     pub activation: Option<PendingActivation>,
+    /// What the guest showed on its console before it goes live, as far
+    /// as this side saw it run (the last [`CONSOLE_KEPT`] bytes): the
+    /// replay's, in lockstep and epoch mode; nothing in checkpoint mode,
+    /// whose backup does not run the guest. A console attached to the
+    /// live VM is shown it first, as the primary's console would have.
+    pub console: Vec<u8>,
 }
+
+/// How much of the console's output a replaying backup keeps for its
+/// live VM's console (as much as a running VM's console keeps).
+pub const CONSOLE_KEPT: usize = 64 << 10;
 
 /// The side that follows.
 pub trait Backup {

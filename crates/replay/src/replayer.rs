@@ -208,13 +208,14 @@ pub struct Replayed {
 /// `progress` hears the instruction count after each, and that of the last
 /// go-live point received (the machine never runs past it: a record is
 /// handed out only with its whole frame). `control` takes each control
-/// entry where it lies. A divergence from the recording is an error.
+/// entry where it lies; `console`, what the guest shows on its console as
+/// it goes. A divergence from the recording is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn replay_log<R: std::io::Read>(
     reader: &mut LogReader<R>,
     m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
-    show_console: bool,
+    console: &mut dyn FnMut(&[u8]),
     replayed: &mut Replayed,
     rule: &mut dyn FrameRule,
     control: &mut dyn FnMut(&[u8]) -> Result<(), HookError>,
@@ -232,14 +233,14 @@ pub fn replay_log<R: std::io::Read>(
             // Where the machine stops short (idle, powered off) the
             // record will say the same, or the run to it will find the
             // divergence.
-            run_toward(m, io, end, show_console, &mut |i| progress(i, reader.last_go_live()))?;
+            run_toward(m, io, end, console, &mut |i| progress(i, reader.last_go_live()))?;
             progress(m.icount(), reader.last_go_live());
         }
         let rec = match reader.next_record() {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Outcome::Ended(None)),
             Err(e) => {
-                show(m, show_console);
+                show(m, console);
                 return Ok(Outcome::Cut(e));
             }
         };
@@ -251,7 +252,7 @@ pub fn replay_log<R: std::io::Read>(
             }));
         }
         let end = reader.last_go_live();
-        let powered_off = run_to(m, io, rec.icount, show_console, &mut |i| progress(i, end))?;
+        let powered_off = run_to(m, io, rec.icount, console, &mut |i| progress(i, end))?;
         progress(m.icount(), end);
         match rec.entry {
             Entry::Event(mut ev) => {
@@ -276,7 +277,7 @@ pub fn replay_log<R: std::io::Read>(
             Entry::GoLive => {}
             Entry::Control(payload) => control(&payload).map_err(ReplayError::Control)?,
             Entry::HandOver => {
-                show(m, show_console);
+                show(m, console);
                 return Ok(Outcome::HandedOver);
             }
             Entry::End(status) => {
@@ -287,7 +288,7 @@ pub fn replay_log<R: std::io::Read>(
                         replayed: powered_off,
                     }));
                 }
-                show(m, show_console);
+                show(m, console);
                 return Ok(Outcome::Ended(status));
             }
         }
@@ -310,10 +311,10 @@ fn run_to(
     m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
     icount: u64,
-    show_console: bool,
+    console: &mut dyn FnMut(&[u8]),
     progress: &mut dyn FnMut(u64),
 ) -> Result<Option<u32>, ReplayError> {
-    match run_toward(m, io, icount, show_console, progress)? {
+    match run_toward(m, io, icount, console, progress)? {
         RunExit::Reached => Ok(None),
         RunExit::PowerOff(code) if m.icount() == icount => Ok(Some(code)),
         exit => Err(ReplayError::Diverged(Divergence::StoppedEarly { icount: m.icount(), exit, next: icount })),
@@ -327,13 +328,13 @@ fn run_toward(
     m: &mut dyn DeterministicEngine,
     io: &mut dyn ReplayIo,
     target: u64,
-    show_console: bool,
+    console: &mut dyn FnMut(&[u8]),
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunExit, ReplayError> {
     loop {
         let exit = m.run_until(target.min(m.icount().saturating_add(PROGRESS_EVERY)));
         io.requests(m.icount(), m.take_io_requests()).map_err(ReplayError::Io)?;
-        show(m, show_console);
+        show(m, console);
         match exit {
             RunExit::Io => continue,
             RunExit::Reached if m.icount() < target => progress(m.icount()),
@@ -342,12 +343,22 @@ fn run_toward(
     }
 }
 
-fn show(m: &mut dyn DeterministicEngine, on: bool) {
+fn show(m: &mut dyn DeterministicEngine, console: &mut dyn FnMut(&[u8])) {
     let out = m.take_console_output();
-    if on && !out.is_empty() {
-        let mut o = std::io::stdout().lock();
-        let _ = o.write_all(&out);
-        let _ = o.flush();
+    if !out.is_empty() {
+        console(&out);
+    }
+}
+
+/// A `console` for [`replay_log`] that writes what the guest shows to
+/// stdout if `on` (and drops it otherwise).
+pub fn to_stdout(on: bool) -> impl FnMut(&[u8]) {
+    move |out| {
+        if on {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(out);
+            let _ = o.flush();
+        }
     }
 }
 

@@ -49,7 +49,7 @@ pub fn replay(args: &ReplayConfig) -> Result<u32, VmmError> {
         &mut reader,
         &mut m,
         &mut Regenerate,
-        args.show_console,
+        &mut ftvm_replay::replayer::to_stdout(args.show_console),
         &mut replayed,
         &mut NoRule,
         // A log file's control entries were for the backup it went to.
@@ -115,6 +115,9 @@ pub struct LiveSetup {
     /// Frames received by the primary that its guest never had, as (NIC
     /// slot, frame): given to the guest first.
     pub undelivered: Vec<(usize, Vec<u8>)>,
+    /// What the VM's console showed before it goes live here (a backup's
+    /// replay of it): a console attached from now on is shown it first.
+    pub console_shown: Vec<u8>,
     pub console_input: bool,
     /// The VM's journal of events (a backup's, which goes on).
     pub events: Events,
@@ -131,6 +134,7 @@ impl LiveSetup {
             announce: false,
             resend: Vec::new(),
             undelivered: Vec::new(),
+            console_shown: Vec::new(),
             console_input: true,
             events: Events::default(),
             cpu_limit: None,
@@ -244,6 +248,7 @@ pub fn go_live(
     // The console as clients see it from here on (a backup's replay
     // showed nothing of it).
     let console_hub = crate::attach::ConsoleHub::default();
+    console_hub.publish(&setup.console_shown);
     console_hub.set_input(tx.clone());
     let _control = match &setup.control {
         Some(path) => {

@@ -655,6 +655,7 @@ impl<R: Read> Backup for CheckpointBackup<R> {
             resend,
             undelivered,
             activation: Some(activation),
+            console: Vec::new(),
         })
     }
 }

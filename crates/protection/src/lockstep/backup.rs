@@ -7,7 +7,7 @@
 //! in flight there is issued again when it does (§3.4).
 
 use super::backup_disks::BackupDisks;
-use crate::backup::{Backup, Followed, Progress, Report, TakeOver};
+use crate::backup::{Backup, Followed, Progress, Report, TakeOver, CONSOLE_KEPT};
 use crate::checkpoint::backup::{copies_to_sync, receive_machine, Disks};
 use crate::control::ControlEntry;
 use crate::epoch::backup::EpochCheck;
@@ -20,6 +20,7 @@ use crate::status::BackupMode;
 use ftvm_machine::Machine;
 use ftvm_replay::replayer::{self, FrameRule, NoRule, Outcome, Replayed};
 use ftvm_replay::{Header, LogReader};
+use std::collections::VecDeque;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,9 @@ pub struct ReplayBackup<R: Read> {
     /// The last segment of each TCP connection the replay made.
     segments: LastSegments,
     show_console: bool,
+    /// The end of what the replayed guest showed on its console (see
+    /// [`TakeOver::console`]).
+    shown: VecDeque<u8>,
     /// The last go-live point received, and the instruction replayed to.
     received_end: Arc<AtomicU64>,
     executed: Arc<AtomicU64>,
@@ -102,6 +106,7 @@ impl<R: Read> ReplayBackup<R> {
             replayed: Replayed::default(),
             segments: LastSegments::default(),
             show_console,
+            shown: VecDeque::new(),
             received_end: Arc::default(),
             executed: Arc::default(),
             epoch: mode.map(|e| e.setting()),
@@ -156,6 +161,13 @@ impl<R: Read> Backup for ReplayBackup<R> {
         };
         let io = &mut Keeping { inner: io, segments: &mut self.segments };
         let (end, executed) = (&self.received_end, &self.executed);
+        let (shown, mut stdout) = (&mut self.shown, replayer::to_stdout(self.show_console));
+        let mut console = |out: &[u8]| {
+            stdout(out);
+            shown.extend(out);
+            let over = shown.len().saturating_sub(CONSOLE_KEPT);
+            shown.drain(..over);
+        };
         // Control entries come in order with the log; the report of the
         // progress and of them both go to the run, so both closures hand
         // theirs through one cell.
@@ -164,7 +176,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             &mut self.reader,
             m,
             io,
-            self.show_console,
+            &mut console,
             &mut self.replayed,
             self.rule.as_mut(),
             &mut |bytes| {
@@ -216,6 +228,7 @@ impl<R: Read> Backup for ReplayBackup<R> {
             resend: self.segments.recent(),
             undelivered: self.reader.take_waiting(),
             activation: None,
+            console: self.shown.into(),
         })
     }
 }

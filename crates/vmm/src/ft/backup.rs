@@ -105,7 +105,9 @@ pub fn follow(args: &BackupConfig) -> Result<Outcome, VmmError> {
         Some(path) => {
             let answer = answer.clone();
             // No console while following: attaching is refused until the
-            // VM goes live here (then the live loop's socket has one).
+            // VM goes live here (then the live loop's socket has one,
+            // which shows first what the replay showed, in lockstep and
+            // epoch mode).
             let console = crate::attach::ConsoleHub::default();
             Some(control::serve(path, events.clone(), console, move |request| (answer.read().unwrap())(request))?)
         }
@@ -288,7 +290,7 @@ pub fn follow(args: &BackupConfig) -> Result<Outcome, VmmError> {
     // released last may not have reached anyone: sent again.
     let go_live = |backup: Box<dyn Backup>, taps: Vec<Tap>, why: &str, since: Duration, failed: bool| {
         let started = Instant::now();
-        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered, activation } =
+        let TakeOver { machine, disks, checkpoint, epoch_inputs, resend, undelivered, activation, console } =
             backup.take_over(why, since, gen, &me)?;
         tracing::debug!(take_over_us = started.elapsed().as_micros() as u64, "going live: the machine taken over");
         let resend = if failed { resend } else { Vec::new() };
@@ -310,6 +312,7 @@ pub fn follow(args: &BackupConfig) -> Result<Outcome, VmmError> {
             announce: true,
             resend,
             undelivered,
+            console_shown: console,
             console_input: false,
             events: events.clone(),
             cpu_limit: Some(cpu_limit.load(Ordering::Relaxed)).filter(|&p| p > 0),
