@@ -161,7 +161,12 @@ impl Dashboard {
             .map_err(|e| ApiError::Internal(e.to_string()))?
             .map_err(|e| ApiError::Unavailable(format!("cannot reach etcd: {e}")))?;
         // Two first uses at once: the loser's client is leaked too, once.
-        Ok(*self.cluster.get_or_init(|| Box::leak(Box::new(made))))
+        // Leaked before the race is decided: the loser's, dropped here (in
+        // the runtime), would drop its etcd client's own runtime, a panic
+        // that ended the page's looks (a run of test_dashboard_actions saw the
+        // page never update when the feed and the looks started at once).
+        let made: &'static Cluster = Box::leak(Box::new(made));
+        Ok(*self.cluster.get_or_init(|| made))
     }
 
     fn session(&self, headers: &HeaderMap) -> Option<Session> {
