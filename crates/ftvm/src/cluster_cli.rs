@@ -258,8 +258,15 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
     if let ClusterCommand::Vm(VmCommand::Console { name, read_only }) = &args.command {
         // The live side's host, as the hosts' records say, and its agent's
         // WebSocket as a socket this terminal's loop reads and writes.
-        let (conn, attached) =
-            ftvm_cluster::console::open_blocking(cluster.hosts()?, credentials, name.clone(), *read_only)?;
+        let opened = ftvm_cluster::console::open_blocking(cluster.hosts()?, credentials, name.clone(), *read_only);
+        // No host runs it: its record says whether the cluster has it.
+        if let Err(ftvm_cluster::console::ConsoleError::NoVm(_)) = &opened {
+            if let Some(record) = desired::get(&cluster.etcd, name)? {
+                let why = record.problem.unwrap_or_else(|| "not started yet".into());
+                return Err(format!("VM {name} runs on no host now ({why}): it has no console").into());
+            }
+        }
+        let (conn, attached) = opened?;
         let what = format!("the console of VM {} on {}", attached.vm, attached.host);
         return crate::console_cli::session(conn, attached.typing, &what);
     }
