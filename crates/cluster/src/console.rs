@@ -378,12 +378,13 @@ pub fn open_blocking(
 async fn bridge(mut upstream: Upstream, local: tokio::net::UnixStream) {
     let (mut from_user, mut to_user) = local.into_split();
     let mut buf = vec![0u8; 16 << 10];
-    let mut detaching = false;
+    // Set once detaching: until when the agent's answer is awaited.
+    let mut let_go: Option<Instant> = None;
     loop {
         tokio::select! {
-            read = from_user.read(&mut buf), if !detaching => match read {
+            read = from_user.read(&mut buf), if let_go.is_none() => match read {
                 Ok(0) | Err(_) => {
-                    detaching = true;
+                    let_go = Some(Instant::now() + LET_GO_WITHIN);
                     if upstream.close(None).await.is_err() {
                         break;
                     }
@@ -404,7 +405,7 @@ async fn bridge(mut upstream: Upstream, local: tokio::net::UnixStream) {
                 Some(Ok(tungstenite::Message::Close(_))) | Some(Err(_)) | None => break,
                 Some(Ok(_)) => {}
             },
-            _ = tokio::time::sleep(LET_GO_WITHIN), if detaching => break,
+            _ = tokio::time::sleep_until(let_go.unwrap_or_else(Instant::now)), if let_go.is_some() => break,
         }
     }
     let _ = tokio::time::timeout(LET_GO_WITHIN, upstream.flush()).await;
@@ -416,7 +417,8 @@ async fn bridge(mut upstream: Upstream, local: tokio::net::UnixStream) {
 /// passed to the other (the browser's is a detach, waited for as in
 /// [`bridge`]).
 pub async fn relay(mut browser: WebSocket, mut upstream: Upstream) {
-    let mut detaching = false;
+    // Set once the browser detached: until when the agent's answer is awaited.
+    let mut let_go: Option<Instant> = None;
     loop {
         tokio::select! {
             message = upstream.next() => match message {
@@ -431,7 +433,7 @@ pub async fn relay(mut browser: WebSocket, mut upstream: Upstream) {
                     }
                 }
                 Some(Ok(tungstenite::Message::Close(frame))) => {
-                    if !detaching {
+                    if let_go.is_none() {
                         let reason = frame.map_or_else(|| VM_CLOSED.to_string(), |f| f.reason.as_str().to_string());
                         let close = ws::CloseFrame { code: ws::close_code::NORMAL, reason: reason.into() };
                         let _ = send(&mut browser, ws::Message::Close(Some(close))).await;
@@ -445,13 +447,13 @@ pub async fn relay(mut browser: WebSocket, mut upstream: Upstream) {
                     break;
                 }
             },
-            message = browser.recv(), if !detaching => {
+            message = browser.recv(), if let_go.is_none() => {
                 let keys = match message {
                     Some(Ok(ws::Message::Binary(b))) => b,
                     Some(Ok(ws::Message::Text(t))) => axum::body::Bytes::copy_from_slice(t.as_str().as_bytes()),
                     Some(Ok(ws::Message::Ping(_) | ws::Message::Pong(_))) => continue,
                     Some(Ok(ws::Message::Close(_))) | Some(Err(_)) | None => {
-                        detaching = true;
+                        let_go = Some(Instant::now() + LET_GO_WITHIN);
                         if upstream.close(None).await.is_err() {
                             break;
                         }
@@ -463,7 +465,7 @@ pub async fn relay(mut browser: WebSocket, mut upstream: Upstream) {
                     break;
                 }
             },
-            _ = tokio::time::sleep(LET_GO_WITHIN), if detaching => break,
+            _ = tokio::time::sleep_until(let_go.unwrap_or_else(Instant::now)), if let_go.is_some() => break,
         }
     }
     let _ = tokio::time::timeout(LET_GO_WITHIN, browser.flush()).await;
