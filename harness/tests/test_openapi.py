@@ -302,13 +302,15 @@ def test_a_running_agent_answers_as_the_document_says(ftvm, scratch):
                                          ("POST", "/v1/vms/oa-vm/handover", "/v1/vms/{name}/handover", None),
                                          ("POST", "/v1/backups", None, {"spec": {"name": "x"}}),
                                          ("GET", "/v1/events?follow=false", "/v1/events", None),
+                                         ("GET", "/v1/vms/oa-vm/console", "/v1/vms/{name}/console", None),
                                          ("GET", "/metrics", None, None)]:
         refused(method, path, template, 401, "unauthorized", body=body, token=None)
         refused(method, path, template, 401, "unauthorized", body=body, token="0123456789abcdef0123456789abcdef")
     for method, path, template in [("GET", "/v1/vms/nosuch", "/v1/vms/{name}"),
                                    ("DELETE", "/v1/vms/nosuch", "/v1/vms/{name}"),
                                    ("POST", "/v1/vms/nosuch/unprotect", "/v1/vms/{name}/unprotect"),
-                                   ("POST", "/v1/vms/nosuch/handover", "/v1/vms/{name}/handover")]:
+                                   ("POST", "/v1/vms/nosuch/handover", "/v1/vms/{name}/handover"),
+                                   ("GET", "/v1/vms/nosuch/console", "/v1/vms/{name}/console")]:
         refused(method, path, template, 404, "not_found")
     refused("POST", "/v1/vms/nosuch/protect", "/v1/vms/{name}/protect", 404, "not_found",
             body={"backup": "10.201.0.2:7700", "mode": "checkpoint"})
@@ -317,6 +319,8 @@ def test_a_running_agent_answers_as_the_document_says(ftvm, scratch):
     refused("POST", "/v1/vms", None, 400, "bad_request", body={"name": "x", "colour": "red"})
     refused("POST", "/v1/vms", None, 400, "bad_request", raw=json.dumps({"name": "x" * 70_000}).encode())
     refused("POST", "/v1/backups", None, 400, "bad_request", body={})
+    # The console is a WebSocket (test_cluster_console speaks it).
+    refused("GET", "/v1/vms/oa-vm/console", "/v1/vms/{name}/console", 400, "bad_request")
     refused("POST", "/v1/vms/oa-vm/protect", "/v1/vms/{name}/protect", 400, "bad_request",
             body={"backup": "10.201.0.2:7700", "mode": "mirror"})
     refused("POST", "/v1/vms", None, 409, "conflict", body=spec)

@@ -51,8 +51,21 @@ pub enum ControlSocketError {
 /// only if `read_only`), and returns the connection, which from then on
 /// carries the console's bytes both ways, and whether it types.
 pub fn attach_console(path: &Path, read_only: bool) -> Result<(UnixStream, bool), ControlSocketError> {
+    attach_console_within(path, read_only, None)
+}
+
+/// The same, the VM's answer awaited at most `wait` (a daemon that
+/// attaches for a remote client must not hang on a wedged VM); the
+/// connection it returns has no deadline.
+pub fn attach_console_within(
+    path: &Path,
+    read_only: bool,
+    wait: Option<Duration>,
+) -> Result<(UnixStream, bool), ControlSocketError> {
     let e = |source| ControlSocketError::Io { path: path.to_path_buf(), source };
     let mut s = connect(path)?;
+    s.set_read_timeout(wait).map_err(e)?;
+    s.set_write_timeout(wait).map_err(e)?;
     let request = serde_json::to_string(&Request::Console { read_only }).expect("a request serializes");
     writeln!(s, "{request}").map_err(e)?;
     // The reply line, a byte at a time: the console's bytes follow it.
@@ -67,7 +80,11 @@ pub fn attach_console(path: &Path, read_only: bool) -> Result<(UnixStream, bool)
     }
     let text = String::from_utf8_lossy(&line);
     match serde_json::from_str::<Response>(&text) {
-        Ok(Response::Ok(Reply::Console { typing })) => Ok((s, typing)),
+        Ok(Response::Ok(Reply::Console { typing })) => {
+            s.set_read_timeout(None).map_err(e)?;
+            s.set_write_timeout(None).map_err(e)?;
+            Ok((s, typing))
+        }
         Ok(Response::Error(refusal)) => Err(ControlSocketError::Refused(refusal)),
         Ok(other) => Err(ControlSocketError::Refused(ControlError::BadRequest(format!(
             "an answer that is not the console's: {other}"

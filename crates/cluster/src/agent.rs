@@ -9,7 +9,8 @@
 //!   host vanishes from the cluster a lease's time after its agent does;
 //! - serves the HTTP/JSON API (docs/api/openapi.json) and the Prometheus
 //!   metrics, every request but `/healthz` authenticated by the
-//!   cluster's bearer token, and the dashboard at `/ui`
+//!   cluster's bearer token (a VM's console too: [`crate::console`]), and
+//!   the dashboard at `/ui`
 //!   ([`crate::dashboard`], logged into with the same token);
 //! - runs the cluster's controller when elected ([`crate::controller`]);
 //! - on SIGTERM or SIGINT stops taking requests, asks every VM to stop
@@ -108,6 +109,8 @@ struct Agent {
     /// the blocking pool), made once and never dropped, since dropping its
     /// runtime inside the agent's would panic.
     etcd: &'static Etcd,
+    /// The consoles that may still be opened ([`crate::console::SESSIONS`]).
+    consoles: Arc<tokio::sync::Semaphore>,
 }
 
 /// How many VM events may wait for etcd before new ones are dropped.
@@ -181,7 +184,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     }
     let own_first = Agent::local_first(&config);
     let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(own_first)?));
-    let agent = Arc::new(Agent { config, vms, etcd });
+    let consoles = Arc::new(tokio::sync::Semaphore::new(crate::console::SESSIONS));
+    let agent = Arc::new(Agent { config, vms, etcd, consoles });
     tokio::spawn(publish_events(agent.clone(), events_rx));
     let listener = crate::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
         .map_err(|source| AgentError::Listen { addr: agent.config.listen, source })?;
@@ -349,6 +353,7 @@ fn router(agent: Arc<Agent>, dashboard: Arc<crate::dashboard::Dashboard>) -> Rou
         .route("/v1/vms/{name}/protect", post(protect_vm))
         .route("/v1/vms/{name}/unprotect", post(unprotect_vm))
         .route("/v1/vms/{name}/handover", post(handover_vm))
+        .route("/v1/vms/{name}/console", get(console_vm))
         .route("/v1/backups", post(create_backup))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
@@ -457,6 +462,33 @@ async fn handover_vm(State(agent): State<Arc<Agent>>, UrlPath(name): UrlPath<Str
         return Err(ApiError::Internal(format!("unexpected answer to handover: {reply}")));
     }
     Ok(Json(Done { message: reply.to_string() }))
+}
+
+/// The VM's console, if its live side runs here: a WebSocket
+/// ([`crate::console`]). Refused before the upgrade, in the API's JSON:
+/// a VM this host does not run (404), one whose process here is no live
+/// side or whose typist's place is taken (409), a request that is no
+/// WebSocket's (400).
+async fn console_vm(
+    State(agent): State<Arc<Agent>>,
+    UrlPath(name): UrlPath<String>,
+    query: Result<axum::extract::Query<crate::console::ConsoleQuery>, axum::extract::rejection::QueryRejection>,
+    upgrade: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    crate::model::check_vm_name(&name)?;
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let socket = agent.vms.console_socket(&name)?;
+    let upgrade = upgrade
+        .map_err(|e| ApiError::BadRequest(format!("the console is a WebSocket: {}", e.body_text().to_lowercase())))?;
+    let seat = agent.consoles.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!("{} consoles are open on this host: try again later", crate::console::SESSIONS))
+    })?;
+    let (conn, typing) = crate::console::attach_local(socket, q.read_only == Some(true)).await?;
+    let attached = crate::console::Attached { vm: name, host: agent.config.id.clone(), typing };
+    Ok(crate::console::limits(upgrade).on_upgrade(move |ws| async move {
+        crate::console::serve(ws, conn, attached).await;
+        drop(seat);
+    }))
 }
 
 async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Result<Response, ApiError> {

@@ -70,6 +70,8 @@ pub struct Credentials {
     pub token: String,
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
+    /// The authority's certificate: the one root a client trusts.
+    ca: CertificateDer<'static>,
     /// The same, as the agents' client takes them.
     agent_tls: ureq::tls::TlsConfig,
     /// The same, as etcd's client takes them.
@@ -134,7 +136,7 @@ impl Credentials {
             )))
             .build();
         let etcd_tls = ftvm_etcd::EtcdTls::new(ca_pem, cert_pem, key_pem);
-        Ok(Credentials { dir, token, chain, key: Arc::new(key), agent_tls, etcd_tls })
+        Ok(Credentials { dir, token, chain, key: Arc::new(key), ca: ca.into_owned(), agent_tls, etcd_tls })
     }
 
     /// The same credentials with another token (a client that holds the
@@ -164,6 +166,21 @@ impl Credentials {
     /// A client of the agents' HTTPS.
     pub fn agent_tls(&self) -> ureq::tls::TlsConfig {
         self.agent_tls.clone()
+    }
+
+    /// The same for an async client (the console's WebSocket, which ureq
+    /// does not speak): only the cluster's authority trusted, HTTP/1.1
+    /// (a WebSocket is an upgraded HTTP/1.1 request).
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, CredentialsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.clone())?;
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
     }
 }
 

@@ -19,6 +19,13 @@
 //! The actions run the same [`crate::ops`] functions as `ftvm cluster`,
 //! on the blocking pool; each is a job whose progress and result the page
 //! shows live, with the event log telling what the cluster did.
+//!
+//! A VM's console in the page ([`console`]): a WebSocket to this agent
+//! (`/ui/console/{name}`, the session's cookie on it), relayed to the
+//! console route of the agent that runs the VM's live side, with the
+//! cluster's token ([`crate::console`]). A WebSocket carries no header a
+//! script sets, so its first message must be the session's CSRF value,
+//! and its Origin must be this agent's.
 
 pub mod render;
 pub mod view;
@@ -57,6 +64,10 @@ const LOOK_EVERY: Duration = Duration::from_secs(2);
 const IDLE_AFTER: Duration = Duration::from_secs(60);
 /// How long a drain's job waits for the host to empty.
 const DRAIN_WITHIN: Duration = Duration::from_secs(600);
+/// How many consoles the pages may have open on this agent at once.
+const CONSOLES: usize = 16;
+/// How long a console's page has to send its CSRF value.
+const CSRF_WITHIN: Duration = Duration::from_secs(10);
 
 /// The page's script, style sheet: compiled in.
 const APP_JS: &str = include_str!("dashboard/app.js");
@@ -115,6 +126,8 @@ pub struct Dashboard {
     watch: Mutex<view::Watch>,
     looking: AtomicBool,
     last_page: Mutex<Instant>,
+    /// The consoles that may still be opened ([`CONSOLES`]).
+    consoles: Arc<tokio::sync::Semaphore>,
 }
 
 impl Dashboard {
@@ -134,6 +147,7 @@ impl Dashboard {
             watch: Mutex::new(view::Watch::default()),
             looking: AtomicBool::new(false),
             last_page: Mutex::new(Instant::now()),
+            consoles: Arc::new(tokio::sync::Semaphore::new(CONSOLES)),
         })
     }
 
@@ -147,7 +161,12 @@ impl Dashboard {
             .map_err(|e| ApiError::Internal(e.to_string()))?
             .map_err(|e| ApiError::Unavailable(format!("cannot reach etcd: {e}")))?;
         // Two first uses at once: the loser's client is leaked too, once.
-        Ok(*self.cluster.get_or_init(|| Box::leak(Box::new(made))))
+        // Leaked before the race is decided: the loser's, dropped here (in
+        // the runtime), would drop its etcd client's own runtime, a panic
+        // that ended the page's looks (a run of test_dashboard_actions saw the
+        // page never update when the feed and the looks started at once).
+        let made: &'static Cluster = Box::leak(Box::new(made));
+        Ok(*self.cluster.get_or_init(|| made))
     }
 
     fn session(&self, headers: &HeaderMap) -> Option<Session> {
@@ -235,6 +254,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(d: Arc<Dashboard>) -> Router<S> 
         .route("/ui/stream", get(stream))
         .route("/ui/actions", post(act))
         .route("/ui/logout", post(logout))
+        .route("/ui/console/{name}", get(console))
         .route_layer(middleware::from_fn_with_state(d.clone(), require_session));
     Router::new()
         .route("/ui", get(index))
@@ -418,6 +438,77 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
 
 fn timeline_event(e: &ClusterEvent, meaning: Option<crate::events::Meaning>) -> Event {
     Event::default().event("event").id(e.id.to_string()).data(render::event_row(e, meaning))
+}
+
+/// A VM's console in the page: a WebSocket, relayed to the console of
+/// the VM's live side (see the module's doc). Refused before the upgrade
+/// (no login: 401; another site's page: 403; not a WebSocket: 400); after
+/// it, a failure to attach is the page's first message,
+/// `{"error": "..."}`, and the socket closes.
+async fn console(
+    State(d): State<Arc<Dashboard>>,
+    Extension(session): Extension<Session>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+    upgrade: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    crate::model::check_vm_name(&name)?;
+    // A browser says which page opens a WebSocket, and no page of another
+    // site can say this agent's.
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if host.is_empty() || origin != format!("https://{host}") {
+        let e = ApiError::Unauthorized("a console is opened only by this agent's own page".into());
+        return Ok((StatusCode::FORBIDDEN, Json(e)).into_response());
+    }
+    let upgrade = upgrade
+        .map_err(|e| ApiError::BadRequest(format!("the console is a WebSocket: {}", e.body_text().to_lowercase())))?;
+    let seat =
+        d.consoles.clone().try_acquire_owned().map_err(|_| {
+            ApiError::Unavailable(format!("{CONSOLES} consoles are open on this agent's pages: close one"))
+        })?;
+    Ok(crate::console::limits(upgrade).on_upgrade(move |ws| async move {
+        page_console(d, session.csrf, name, ws).await;
+        drop(seat);
+    }))
+}
+
+/// A page's console once upgraded: its CSRF value, then the VM's console
+/// found and relayed. The page types if nobody else does, else watches.
+async fn page_console(d: Arc<Dashboard>, csrf: String, name: String, mut ws: axum::extract::ws::WebSocket) {
+    use axum::extract::ws::{close_code, CloseFrame, Message};
+    let first = tokio::time::timeout(CSRF_WITHIN, ws.recv()).await;
+    if !matches!(&first, Ok(Some(Ok(Message::Text(t)))) if crate::token::matches(t.as_str(), &csrf)) {
+        let close = CloseFrame { code: close_code::POLICY, reason: "the page's CSRF value did not come first".into() };
+        let _ = ws.send(Message::Close(Some(close))).await;
+        return;
+    }
+    let opened = async {
+        let cluster = d.cluster().await.map_err(|e| e.to_string())?;
+        let hosts = tokio::task::spawn_blocking(move || cluster.hosts())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let open = |read_only| crate::console::open(&hosts, &d.credentials, &name, read_only);
+        match open(false).await {
+            Err(crate::console::ConsoleError::Api(ApiError::Conflict(_))) => open(true).await,
+            other => other,
+        }
+        .map_err(|e| e.to_string())
+    };
+    match opened.await {
+        Ok((upstream, attached)) => {
+            let said = serde_json::to_string(&attached).expect("an attachment serializes");
+            if ws.send(Message::Text(said.into())).await.is_ok() {
+                crate::console::relay(ws, upstream).await;
+            }
+        }
+        Err(e) => {
+            let said = serde_json::json!({ "error": e }).to_string();
+            let _ = ws.send(Message::Text(said.into())).await;
+            let _ = ws.send(Message::Close(None)).await;
+        }
+    }
 }
 
 /// An action the page asks for.

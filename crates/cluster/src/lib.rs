@@ -23,11 +23,14 @@
 //! - [`https`]: the agent's HTTPS listener.
 //! - [`refusal`]: every refusal of the API as the model's JSON error.
 //! - [`client`]: `ftvm cluster`'s client of an agent's API.
+//! - [`console`]: a VM's serial console over the API (a WebSocket), the
+//!   agent's side and the client's.
 //! - [`ops`]: operations across agents (create, protect a VM on another
 //!   host, move, drain).
 
 pub mod agent;
 pub mod client;
+pub mod console;
 pub mod controller;
 pub mod credentials;
 pub mod dashboard;

@@ -570,6 +570,16 @@ impl Vms {
         Ok((vm.socket(), vm.spec.clone(), vm.pid, vm.ended.clone(), vm.started_as))
     }
 
+    /// The control socket of a VM whose process runs here, for its
+    /// console: not found, or a conflict once its process has ended.
+    pub fn console_socket(&self, name: &str) -> Result<PathBuf, ApiError> {
+        let (socket, _, _, ended, _) = self.handle(name)?;
+        match ended {
+            Some(how) => Err(ApiError::Conflict(format!("VM {name}'s process on this host {how}: it has no console"))),
+            None => Ok(socket),
+        }
+    }
+
     /// Asks a VM's process, on a thread of the blocking pool.
     pub async fn ask(&self, name: &str, request: Request, wait: Duration) -> Result<Reply, ApiError> {
         let (socket, ..) = self.handle(name)?;

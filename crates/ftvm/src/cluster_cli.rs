@@ -234,6 +234,17 @@ enum VmCommand {
         #[arg(long, value_name = "HOST")]
         to: String,
     },
+    /// Attach this terminal to a VM's serial console on its live side
+    /// (its primary, or the VM itself if unprotected), through that host's
+    /// agent: its recent output first, then what it shows; what you type
+    /// goes to the VM (one client types at a time, any number watch).
+    /// Ctrl-] detaches. Piped input is typed, and its end detaches.
+    Console {
+        name: String,
+        /// Watch only: nothing typed here reaches the VM.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Remove a VM from the cluster: it stops on every host (a protected
     /// primary hands over first; its backup's side is stopped too).
     Delete { name: String },
@@ -267,11 +278,27 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
     let etcd = need(&args.etcd, "--etcd URLS (or FTVM_ETCD)")?;
     let credentials = Credentials::read(need(&args.credentials, "--credentials DIR (or FTVM_CREDENTIALS)")?)?;
     let cluster = Cluster::new(credentials.etcd(etcd)?, &credentials)?;
+    if let ClusterCommand::Vm(VmCommand::Console { name, read_only }) = &args.command {
+        // The live side's host, as the hosts' records say, and its agent's
+        // WebSocket as a socket this terminal's loop reads and writes.
+        let opened = ftvm_cluster::console::open_blocking(cluster.hosts()?, credentials, name.clone(), *read_only);
+        // No host runs it: its record says whether the cluster has it.
+        if let Err(ftvm_cluster::console::ConsoleError::NoVm(_)) = &opened {
+            if let Some(record) = desired::get(&cluster.etcd, name)? {
+                let why = record.problem.unwrap_or_else(|| "not started yet".into());
+                return Err(format!("VM {name} runs on no host now ({why}): it has no console").into());
+            }
+        }
+        let (conn, attached) = opened?;
+        let what = format!("the console of VM {} on {}", attached.vm, attached.host);
+        return crate::console_cli::session(conn, attached.typing, &what);
+    }
     let json = args.json;
     let print_json = |v: &dyn erased::Json| println!("{}", v.json());
     let print_done = |done: &Done| if json { print_json(done) } else { println!("{}", done.message) };
     match args.command {
         ClusterCommand::Init { .. } | ClusterCommand::Issue { .. } => unreachable!("answered above"),
+        ClusterCommand::Vm(VmCommand::Console { .. }) => unreachable!("answered above"),
         ClusterCommand::Host(HostCommand::List) => {
             let hosts = cluster.hosts()?;
             let drained = desired::drained(&cluster.etcd)?;

@@ -1,12 +1,14 @@
 //! `ftvm console SOCK`: this terminal on a running VM's serial console,
-//! through its control socket (`vmm::control::attach_console`). The
-//! terminal is raw while attached (restored on every way out); Ctrl-]
-//! detaches, as telnet's and virsh's consoles do (the VM runs on); the
-//! VM's end of the console closing (it stopped, or handed over) ends the
-//! session too.
+//! through its control socket (`vmm::control::attach_console`); and the
+//! same terminal for `ftvm cluster vm console NAME`, whose console comes
+//! through an agent's API (`ftvm_cluster::console`). The terminal is raw
+//! while attached (restored on every way out); Ctrl-] detaches, as
+//! telnet's and virsh's consoles do (the VM runs on); the VM's end of the
+//! console closing (it stopped, or handed over) ends the session too.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use ftvm_vmm::console::RawTerminal;
@@ -18,8 +20,16 @@ const DETACH: u8 = 0x1d;
 /// returns the exit status (0 either way: detaching is not a failure).
 pub fn console(socket: &Path, read_only: bool) -> Result<u32, Box<dyn std::error::Error>> {
     let (conn, typing) = ftvm_vmm::control::attach_console(socket, read_only)?;
+    session(conn, typing, &format!("the console of {}", socket.display()))
+}
+
+/// This terminal on an attached console `conn` (`what`: the console, in
+/// words) until detached or the VM goes: its bytes both ways; shutting
+/// down `conn`'s writing side detaches, and the other end closing it
+/// (once it has let go of this client) ends the session.
+pub fn session(conn: UnixStream, typing: bool, what: &str) -> Result<u32, Box<dyn std::error::Error>> {
     let how = if typing { "attached to" } else { "watching" };
-    eprintln!("ftvm: {how} the console of {} (Ctrl-] detaches)\r", socket.display());
+    eprintln!("ftvm: {how} {what} (Ctrl-] detaches)\r");
     let terminal = RawTerminal::enter();
     let mut from_vm = conn.try_clone()?;
     let shown = std::thread::spawn(move || {

@@ -184,6 +184,8 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("ftvm cluster vm show redis-1", CLUSTER),
     ("ftvm cluster vm move redis-1 --to b", CLUSTER),
     ("ftvm cluster vm handover redis-1", CLUSTER),
+    ("ftvm cluster vm create shell --memory 512 --protect checkpoint", CLUSTER),
+    ("ftvm cluster vm console shell", CLUSTER),
     ("ftvm cluster host drain a", CLUSTER),
     ("ftvm cluster host undrain a", CLUSTER),
     ("ftvm cluster events --follow", CLUSTER),

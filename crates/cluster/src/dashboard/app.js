@@ -94,10 +94,83 @@ function refused(message) {
   $("jobs").prepend(li);
 }
 
+// A VM's console: a WebSocket to this agent (/ui/console/NAME), which
+// relays it to the VM's live side. Its first message is the page's CSRF
+// value; the agent's first answer says whether this page types. What the
+// VM shows is put in the <pre> as text (never as HTML), its terminal
+// control sequences left out; the last KEEP_CONSOLE characters are kept.
+const KEEP_CONSOLE = 64 * 1024;
+let consoleSocket = null;
+
+function consoleState(text) {
+  $("console-state").textContent = text;
+}
+
+function showConsole(text) {
+  const plain = text
+    .replace(/\x1b\[[0-9;?]*[ -\/]*[@-~]/g, "") // CSI: colours, cursor moves, modes
+    .replace(/\x1b\][^\x07\x1b]*(\x07|\x1b\\)?/g, "") // OSC: a terminal's title
+    .replace(/\x1b./g, "")
+    .replace(/\r/g, "");
+  const out = $("console-out");
+  out.textContent = (out.textContent + plain).slice(-KEEP_CONSOLE);
+  out.scrollTop = out.scrollHeight;
+}
+
+function openConsole(vm) {
+  closeConsole();
+  $("console").hidden = false;
+  $("console-vm").textContent = vm;
+  $("console-out").textContent = "";
+  $("console-in").disabled = true;
+  consoleState("connecting…");
+  const socket = new WebSocket(`wss://${location.host}/ui/console/${encodeURIComponent(vm)}`);
+  socket.binaryType = "arraybuffer";
+  const decoder = new TextDecoder();
+  socket.onopen = () => socket.send(csrf);
+  socket.onmessage = (m) => {
+    if (typeof m.data !== "string") {
+      showConsole(decoder.decode(m.data, { stream: true }));
+      return;
+    }
+    const said = JSON.parse(m.data);
+    if (said.error) {
+      consoleState("refused: " + said.error);
+    } else {
+      consoleState(`on ${said.host}, ` + (said.typing ? "typing" : "watching (another client types)"));
+      $("console-in").disabled = !said.typing;
+      if (said.typing) $("console-in").focus();
+    }
+  };
+  socket.onclose = (e) => {
+    if (consoleSocket !== socket) return;
+    $("console-in").disabled = true;
+    if (!$("console-state").textContent.startsWith("refused")) consoleState("closed" + (e.reason ? ": " + e.reason : ""));
+  };
+  consoleSocket = socket;
+}
+
+function closeConsole() {
+  if (consoleSocket) consoleSocket.close();
+  consoleSocket = null;
+  $("console").hidden = true;
+}
+
+$("console-in").addEventListener("keydown", (ev) => {
+  if (ev.key !== "Enter" || !consoleSocket || consoleSocket.readyState !== WebSocket.OPEN) return;
+  ev.preventDefault();
+  consoleSocket.send(new TextEncoder().encode(ev.target.value + "\r"));
+  ev.target.value = "";
+});
+
 document.addEventListener("click", (ev) => {
   const b = ev.target.closest("button");
   if (!b) return;
-  if (b.classList.contains("action")) {
+  if (b.classList.contains("console-open")) {
+    openConsole(b.dataset.vm);
+  } else if (b.id === "console-close") {
+    closeConsole();
+  } else if (b.classList.contains("action")) {
     ask(b);
   } else if (b.id === "confirm-yes" && pending) {
     const a = pending;

@@ -57,7 +57,10 @@ pub fn page(host: &str, csrf: &str, view: &str, jobs: &str) -> String {
          <form method=post action=\"/ui/logout\" id=logout-form><button type=button id=logout>Log out</button></form>\
          </header><div id=confirm hidden><span id=confirm-text></span> <select id=confirm-host hidden></select> \
          <button id=confirm-yes>Confirm</button> <button id=confirm-no>Cancel</button></div>\
-         <section id=jobs>{jobs}</section><main id=view>{view}</main><section><h2>Timeline</h2>\
+         <section id=jobs>{jobs}</section><section id=console hidden><h2>Console of <span id=console-vm></span> \
+         <span id=console-state></span> <button id=console-close>close</button></h2><pre id=console-out></pre>\
+         <label>Type <input id=console-in autocomplete=off spellcheck=false disabled></label> (Enter sends the line)\
+         </section><main id=view>{view}</main><section><h2>Timeline</h2>\
          <table id=timeline><thead><tr><th>time (UTC)</th><th>host</th><th>VM</th><th>what</th></tr></thead>\
          <tbody id=events></tbody></table></section></body></html>",
         head("ftvm cluster"),
@@ -196,6 +199,10 @@ fn vm_card(o: &mut String, vm: &VmRow, up_hosts: &[&str]) {
     }
     if running && !others.is_empty() {
         o.push_str(&action_button("move", &vm.name, &others.join(","), "move VM…"));
+    }
+    // The console opens in the page (the script's), not as an action.
+    if running {
+        let _ = write!(o, "<button class=console-open data-vm=\"{}\">console</button>", esc(&vm.name));
     }
     o.push_str("</p></article>");
 }
@@ -384,6 +391,7 @@ mod tests {
         vm_card(&mut o, &VmRow { backup: None, ..vm }, &["a"]);
         assert!(!o.contains("data-action=\"move\""), "{o}");
         assert!(o.contains("data-action=\"protect\""), "{o}");
+        assert!(o.contains("<button class=console-open data-vm=\"redis\">"), "{o}");
     }
 
     #[test]
