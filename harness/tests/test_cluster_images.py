@@ -27,7 +27,7 @@ PROTECTED_WITHIN = 600
 REPROTECTED_WITHIN = 300
 PGBENCH_SECONDS = 60
 SSH = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-       "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
+       "-o", "ConnectTimeout=30", "-o", "LogLevel=ERROR"]
 
 
 def images_of(scratch, host, dirs):
@@ -39,10 +39,16 @@ def images_of(scratch, host, dirs):
     return d
 
 
-def in_guest(cl, key, command, timeout=60):
-    """`command` run in the guest as root over ssh, from the client."""
-    r = subprocess.run(cl.site.argv("client", *SSH, "-i", str(key), f"root@{ftsite.GUEST_IP}", command),
-                       capture_output=True, text=True, timeout=timeout)
+def in_guest(cl, key, command, timeout=120):
+    """`command` run in the guest as root over ssh, from the client. A
+    connection that fails (ssh's status 255: on a loaded host sshd may not
+    finish its banner in time) is tried again, twice."""
+    for attempt in range(3):
+        r = subprocess.run(cl.site.argv("client", *SSH, "-i", str(key), f"root@{ftsite.GUEST_IP}", command),
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 255:
+            break
+        time.sleep(2)
     if r.returncode != 0:
         raise TrialFailed(f"ssh {command!r}: {r.stderr.strip()}")
     return r.stdout.strip()

@@ -489,6 +489,7 @@ mod tests {
                 .map(|(n, r)| HostVm { name: (*n).into(), role: *r, protect: None, memory_mib: 512 })
                 .collect(),
             version: "0".into(),
+            images: Vec::new(),
         }
     }
 

@@ -415,8 +415,23 @@ mod tests {
         let spec: ftvm_cluster::model::VmSpec = serde_json::from_str(spec).unwrap();
         let dir = Path::new("/srv/ftvm/vms/redis");
         let net = format!("tap={},mac={},bridge=br0", tap_name("redis"), mac_of("redis"));
+        let image = ftvm_image::GuestImage {
+            kernel: "/img/Image".into(),
+            initrd: "/img/initrd.img".into(),
+            rootfs: "/img/rootfs.ext4".into(),
+            firmware: "/img/fw_dynamic.bin".into(),
+            kernel_version: String::new(),
+        };
         let options = [
             "run",
+            "--bios",
+            "/img/fw_dynamic.bin",
+            "--kernel",
+            "/img/Image",
+            "--initrd",
+            "/img/initrd.img",
+            "--hostname",
+            "redis",
             "--mem",
             "512M",
             "--cpus",
@@ -433,6 +448,6 @@ mod tests {
             "redis-server",
         ];
         let from_options = VmConfig::try_from(<Cli as clap::Parser>::parse_from(options).run).unwrap();
-        assert_eq!(from_options, vm_config(&spec, dir));
+        assert_eq!(from_options, vm_config(&spec, dir, &image));
     }
 }

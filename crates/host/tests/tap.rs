@@ -349,7 +349,7 @@ fn tcp_to_host(to_mac: [u8; 6], sport: u16, dport: u16, seq: u32, ack: u32, flag
     tcp.extend_from_slice(&dport.to_be_bytes());
     tcp.extend_from_slice(&seq.to_be_bytes());
     tcp.extend_from_slice(&ack.to_be_bytes());
-    tcp.push(((20 + opts.len()) / 4 << 4) as u8);
+    tcp.push((((20 + opts.len()) / 4) << 4) as u8);
     tcp.push(flags);
     tcp.extend_from_slice(&65535u16.to_be_bytes()); // window
     tcp.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent pointer

@@ -42,8 +42,7 @@ pub fn grow_disk(disk: &Path, bytes: u64) -> Result<(), ImageError> {
         let said = String::from_utf8_lossy(&check.stdout)
             .lines()
             .chain(String::from_utf8_lossy(&check.stderr).lines())
-            .filter(|l| !l.trim().is_empty())
-            .last()
+            .rfind(|l| !l.trim().is_empty())
             .map(String::from)
             .unwrap_or_default();
         return Err(ImageError::new(

@@ -106,7 +106,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("id.pub");
         std::fs::write(&key, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n\n# a comment\n").unwrap();
-        let seed = Seed::new(Some("db-1".into()), read_public_keys(&[key.clone()]).unwrap()).unwrap();
+        let seed = Seed::new(Some("db-1".into()), read_public_keys(std::slice::from_ref(&key)).unwrap()).unwrap();
         assert_eq!(seed.text().unwrap(), "hostname=db-1\nssh-key=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@host\n");
 
         let private = dir.join("id");
