@@ -110,6 +110,16 @@ pub fn try_read(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<Option<us
     }
 }
 
+/// How many bytes have come on `stream` and wait to be read (0 on error).
+pub fn unread(stream: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int, which we own, for the call.
+    if unsafe { libc::ioctl(stream.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
+        return 0;
+    }
+    n.max(0) as usize
+}
+
 /// Sleeps until `stream` has something to read (or its end, or an error),
 /// or for `timeout`.
 pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> std::io::Result<()> {

@@ -186,8 +186,19 @@ impl LogReceiver {
         }
         {
             let shared = self.shared.clone();
+            let waiting = clone()?;
             spawn_watcher("ft-detect", move || {
-                let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                // Bytes the primary sent wait in our socket unread: the
+                // silence is ours (the replay behind, the pipe full, a
+                // thread of ours kept off the CPU), not the primary's,
+                // whose writes may be blocked on our full window (issue
+                // 65). Its beats still judge it meanwhile.
+                let silence = || {
+                    if poll::unread(&waiting) > 0 {
+                        shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    }
+                    shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed))
+                };
                 let timing = || shared.timing.get();
                 let beat_timeout = |hb: &Heartbeat, t| shared.beat_timeout(hb, t);
                 detect(timing, &shared.heartbeat, beat_timeout, &shared.stop, &shared.failed, silence, |f| fail(f))
@@ -555,11 +566,32 @@ impl Receipt {
                 // room, which only the receiving thread may do. The VM's
                 // thread is the pipe's reader, so it waiting here would
                 // wait for itself: it never passes `room` (`must_fit`).
-                if !shared.pipe.put(&self.plain, false) {
-                    return Err(Stop::Closed);
-                }
-                shared.received.fetch_add(self.plain.len() as u64, Ordering::Relaxed);
-                Ok(n)
+                // The receiving thread waits an interval at a time, and
+                // between, as for a full pipe, the channel's silence says
+                // nothing and the primary hears from us: a slow backup is
+                // not a dead one, nor its primary (issue 65: a replay
+                // 1.3 s behind left this wait with neither for 500 ms).
+                let plain = std::mem::take(&mut self.plain);
+                let mut rest = &plain[..];
+                let waited = loop {
+                    let Some(put) = shared.pipe.put_for(rest, shared.timing.get().interval) else {
+                        break Err(Stop::Closed);
+                    };
+                    shared.received.fetch_add(put as u64, Ordering::Relaxed);
+                    rest = &rest[put..];
+                    if rest.is_empty() {
+                        break Ok(n);
+                    }
+                    if shared.stop.load(Ordering::Relaxed) {
+                        break Err(Stop::Closed);
+                    }
+                    shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    if let Err(f) = self.acknowledge(shared) {
+                        break Err(Stop::Failed(f));
+                    }
+                };
+                self.plain = plain;
+                waited
             }
             Err(e) => Err(Stop::Failed(Failure::Closed(e.to_string()))),
         }
