@@ -8,7 +8,7 @@ use super::pipe::Pipe;
 use super::secure::{self, HandshakeError, Opener, Sealer, Session};
 use super::sender::HANDSHAKE_WAIT;
 use super::wire::{self, MAX_REQUEST};
-use super::{spawn, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
+use super::{spawn, spawn_mover, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
 use crate::adaptive::Promises;
 use crate::heartbeat::Heartbeat;
 use crate::pair_key::PairKey;
@@ -181,7 +181,7 @@ impl LogReceiver {
         });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            let thread = spawn_watcher("ft-log-receive", move || receive(&shared, &readable, &*fail))?;
+            let thread = spawn_mover("ft-log-receive", move || receive(&shared, &readable, &*fail))?;
             self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
