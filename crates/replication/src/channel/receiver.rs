@@ -63,6 +63,9 @@ struct BackupShared {
     timing: LiveTiming,
     /// The heartbeat timeouts told the primary, which bind the detector.
     promises: Promises,
+    /// The socket, to look at without taking the [`Receipt`] (set by
+    /// [`LogReceiver::start`]).
+    socket: std::sync::OnceLock<TcpStream>,
 }
 
 impl BackupShared {
@@ -134,6 +137,7 @@ impl LogReceiver {
             short_waits: AtomicBool::new(false),
             timing: LiveTiming::new(Timing::DEFAULT),
             promises: Promises::default(),
+            socket: std::sync::OnceLock::new(),
         });
         Ok(LogReceiver { shared, peer, stream, session: Mutex::new(Some(session)) })
     }
@@ -164,6 +168,7 @@ impl LogReceiver {
         };
         let clone = || self.stream.try_clone().map_err(ChannelError::Socket);
         let readable = clone()?;
+        let _ = self.shared.socket.set(clone()?);
         let (sealer, opener) = self.session.lock().unwrap().take().expect("a receiver starts once").split();
         *self.shared.receipt.lock().unwrap() = Some(Receipt {
             input: clone()?,
@@ -674,6 +679,16 @@ impl BackupShared {
     fn read_while_waiting(&self) -> bool {
         if !self.ready.load(Ordering::Acquire) || self.ack_delay_ms.load(Ordering::Relaxed) != 0 {
             return false;
+        }
+        // Nothing came: the receipt is not taken for a look. The VM's
+        // thread, unlike the receiving one, may be kept off the CPU at
+        // any moment on a loaded host; holding the receipt meanwhile, it
+        // would keep the receiving thread from reading and acknowledging
+        // (issue 65), so it holds it only to take what came.
+        if let Some(socket) = self.socket.get() {
+            if !poll::readable_within(socket, Duration::ZERO).unwrap_or(true) {
+                return true;
+            }
         }
         // Held by the receiving thread: it is taking the bytes for us.
         let Ok(mut guard) = self.receipt.try_lock() else { return true };
