@@ -21,6 +21,11 @@ use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+/// How long a waiter may hold a [`WaiterTurn`] before the thread takes
+/// the socket back: many times the waits it is for (a round trip, spun
+/// on for [`crate::channel`]'s 200 µs), far below any failure timeout.
+pub const OVERDUE: Duration = Duration::from_millis(5);
+
 /// Whose turn it is to read a socket that a channel's thread reads
 /// otherwise: a caller waiting on a round trip reads it itself, and the
 /// thread keeps off meanwhile, and for a grace after (the next wait of a
@@ -33,13 +38,20 @@ pub struct WaiterTurn {
     /// Until when (µs since `start`) a waiter holds the socket:
     /// `u64::MAX` while one waits.
     until_us: AtomicU64,
+    /// When (µs since `start`) the waiter holding it began.
+    begun_us: AtomicU64,
     /// The thread to wake when a waiter gives the socket back at once.
     thread: OnceLock<Thread>,
 }
 
 impl Default for WaiterTurn {
     fn default() -> Self {
-        WaiterTurn { start: Instant::now(), until_us: AtomicU64::new(0), thread: OnceLock::new() }
+        WaiterTurn {
+            start: Instant::now(),
+            until_us: AtomicU64::new(0),
+            begun_us: AtomicU64::new(0),
+            thread: OnceLock::new(),
+        }
     }
 }
 
@@ -52,6 +64,7 @@ impl WaiterTurn {
 
     /// A caller begins to wait: it reads the socket itself from now on.
     pub fn begin(&self) {
+        self.begun_us.store(self.start.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.until_us.store(u64::MAX, Ordering::Relaxed);
     }
 
@@ -70,11 +83,19 @@ impl WaiterTurn {
     }
 
     /// For the thread: while a waiter holds the socket, sleeps a while
-    /// (at most 1 ms) and says so; the thread then looks again.
+    /// (at most 1 ms) and says so; the thread then looks again. A waiter
+    /// that has held it for [`OVERDUE`] was kept off the CPU in its short
+    /// wait (a VM's thread on a loaded host): the thread reads again, as
+    /// the socket's reads are shared under its owner's lock anyway (issue
+    /// 65: a replay preempted in its wait left the log unread and the
+    /// acknowledgements unsent for as long as it was off the CPU).
     pub fn thread_keeps_off(&self) -> bool {
         let now = self.start.elapsed().as_micros() as u64;
         let until = self.until_us.load(Ordering::Relaxed);
         if now >= until {
+            return false;
+        }
+        if until == u64::MAX && now.saturating_sub(self.begun_us.load(Ordering::Relaxed)) >= OVERDUE.as_micros() as u64 {
             return false;
         }
         std::thread::park_timeout(Duration::from_micros((until - now).min(1000)));
@@ -108,6 +129,16 @@ pub fn try_read(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<Option<us
             _ => return Err(e),
         }
     }
+}
+
+/// How many bytes have come on `stream` and wait to be read (0 on error).
+pub fn unread(stream: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int, which we own, for the call.
+    if unsafe { libc::ioctl(stream.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
+        return 0;
+    }
+    n.max(0) as usize
 }
 
 /// Sleeps until `stream` has something to read (or its end, or an error),
@@ -155,6 +186,25 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::TcpListener;
+
+    /// A waiter that began and never ended (kept off the CPU) holds the
+    /// socket for [`OVERDUE`] at most; one that ended with a grace holds
+    /// it for the grace.
+    #[test]
+    fn a_waiter_kept_off_the_cpu_gives_the_socket_back_when_overdue() {
+        let turn = WaiterTurn::default();
+        turn.begin();
+        assert!(turn.thread_keeps_off(), "a waiter just began");
+        let t0 = Instant::now();
+        while turn.thread_keeps_off() {
+            assert!(t0.elapsed() < OVERDUE * 20, "the waiter kept the socket");
+        }
+        assert!(t0.elapsed() >= OVERDUE / 2);
+        turn.end(Duration::from_millis(50));
+        assert!(turn.thread_keeps_off(), "the grace holds");
+        turn.end(Duration::ZERO);
+        assert!(!turn.thread_keeps_off());
+    }
 
     #[test]
     fn try_read_says_when_nothing_has_come() {

@@ -85,12 +85,22 @@ fn spawn(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<Join
 }
 
 /// Starts one of the threads whose silence the peer would take for this
-/// side's failure (the log's sender and receiver, the acknowledgements'
-/// reader, the detector), at a priority the VM's threads cannot starve
+/// side's failure (the acknowledgements' reader, the detector), at a
+/// priority the VM's threads, and the log's movers, cannot starve
 /// ([`crate::priority`]).
 fn spawn_watcher(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ChannelError> {
     spawn(thread, move || {
         crate::priority::raise_watcher();
+        f()
+    })
+}
+
+/// Starts the log's sender or receiver: above the VM's threads, below the
+/// watchers, whom its bulk work (sealing or opening a large checkpoint)
+/// must not keep waiting ([`crate::priority`]).
+fn spawn_mover(thread: &'static str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ChannelError> {
+    spawn(thread, move || {
+        crate::priority::raise_mover();
         f()
     })
 }

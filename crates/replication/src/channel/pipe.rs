@@ -76,6 +76,35 @@ impl Pipe {
         true
     }
 
+    /// Appends as much of `data` as fits within `wait`: how many bytes
+    /// (all unless the pipe stayed full), None if closed.
+    pub(super) fn put_for(&self, mut data: &[u8], wait: Duration) -> Option<usize> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut put = 0;
+        let mut s = self.state.lock().unwrap();
+        while !data.is_empty() {
+            if s.closed {
+                return None;
+            }
+            let room = self.capacity.saturating_sub(s.bytes.len());
+            if room == 0 {
+                s.announced = true;
+                self.readable.notify_all();
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                s = self.writable.wait_timeout(s, left).unwrap().0;
+                continue;
+            }
+            let n = room.min(data.len());
+            s.bytes.extend(&data[..n]);
+            data = &data[n..];
+            put += n;
+        }
+        Some(put)
+    }
+
     /// Wakes the reader for what is there.
     pub(super) fn wake_reader(&self) {
         let mut s = self.state.lock().unwrap();

@@ -8,7 +8,7 @@ use super::pipe::Pipe;
 use super::secure::{self, HandshakeError, Opener, Sealer, Session};
 use super::sender::HANDSHAKE_WAIT;
 use super::wire::{self, MAX_REQUEST};
-use super::{spawn, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
+use super::{spawn, spawn_mover, spawn_watcher, ChannelError, Clock, RequestTooLarge, SPIN_FOR, WAITER_GRACE};
 use crate::adaptive::Promises;
 use crate::heartbeat::Heartbeat;
 use crate::pair_key::PairKey;
@@ -63,6 +63,9 @@ struct BackupShared {
     timing: LiveTiming,
     /// The heartbeat timeouts told the primary, which bind the detector.
     promises: Promises,
+    /// The socket, to look at without taking the [`Receipt`] (set by
+    /// [`LogReceiver::start`]).
+    socket: std::sync::OnceLock<TcpStream>,
 }
 
 impl BackupShared {
@@ -134,6 +137,7 @@ impl LogReceiver {
             short_waits: AtomicBool::new(false),
             timing: LiveTiming::new(Timing::DEFAULT),
             promises: Promises::default(),
+            socket: std::sync::OnceLock::new(),
         });
         Ok(LogReceiver { shared, peer, stream, session: Mutex::new(Some(session)) })
     }
@@ -164,6 +168,7 @@ impl LogReceiver {
         };
         let clone = || self.stream.try_clone().map_err(ChannelError::Socket);
         let readable = clone()?;
+        let _ = self.shared.socket.set(clone()?);
         let (sealer, opener) = self.session.lock().unwrap().take().expect("a receiver starts once").split();
         *self.shared.receipt.lock().unwrap() = Some(Receipt {
             input: clone()?,
@@ -181,13 +186,24 @@ impl LogReceiver {
         });
         {
             let (shared, fail) = (self.shared.clone(), fail.clone());
-            let thread = spawn_watcher("ft-log-receive", move || receive(&shared, &readable, &*fail))?;
+            let thread = spawn_mover("ft-log-receive", move || receive(&shared, &readable, &*fail))?;
             self.shared.log_turn.set_thread(thread.thread().clone());
         }
         {
             let shared = self.shared.clone();
+            let waiting = clone()?;
             spawn_watcher("ft-detect", move || {
-                let silence = || shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed));
+                // Bytes the primary sent wait in our socket unread: the
+                // silence is ours (the replay behind, the pipe full, a
+                // thread of ours kept off the CPU), not the primary's,
+                // whose writes may be blocked on our full window (issue
+                // 65). Its beats still judge it meanwhile.
+                let silence = || {
+                    if poll::unread(&waiting) > 0 {
+                        shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    }
+                    shared.clock.since(shared.last_heard_us.load(Ordering::Relaxed))
+                };
                 let timing = || shared.timing.get();
                 let beat_timeout = |hb: &Heartbeat, t| shared.beat_timeout(hb, t);
                 detect(timing, &shared.heartbeat, beat_timeout, &shared.stop, &shared.failed, silence, |f| fail(f))
@@ -555,11 +571,32 @@ impl Receipt {
                 // room, which only the receiving thread may do. The VM's
                 // thread is the pipe's reader, so it waiting here would
                 // wait for itself: it never passes `room` (`must_fit`).
-                if !shared.pipe.put(&self.plain, false) {
-                    return Err(Stop::Closed);
-                }
-                shared.received.fetch_add(self.plain.len() as u64, Ordering::Relaxed);
-                Ok(n)
+                // The receiving thread waits an interval at a time, and
+                // between, as for a full pipe, the channel's silence says
+                // nothing and the primary hears from us: a slow backup is
+                // not a dead one, nor its primary (issue 65: a replay
+                // 1.3 s behind left this wait with neither for 500 ms).
+                let plain = std::mem::take(&mut self.plain);
+                let mut rest = &plain[..];
+                let waited = loop {
+                    let Some(put) = shared.pipe.put_for(rest, shared.timing.get().interval) else {
+                        break Err(Stop::Closed);
+                    };
+                    shared.received.fetch_add(put as u64, Ordering::Relaxed);
+                    rest = &rest[put..];
+                    if rest.is_empty() {
+                        break Ok(n);
+                    }
+                    if shared.stop.load(Ordering::Relaxed) {
+                        break Err(Stop::Closed);
+                    }
+                    shared.last_heard_us.store(shared.clock.now_us(), Ordering::Relaxed);
+                    if let Err(f) = self.acknowledge(shared) {
+                        break Err(Stop::Failed(f));
+                    }
+                };
+                self.plain = plain;
+                waited
             }
             Err(e) => Err(Stop::Failed(Failure::Closed(e.to_string()))),
         }
@@ -642,6 +679,16 @@ impl BackupShared {
     fn read_while_waiting(&self) -> bool {
         if !self.ready.load(Ordering::Acquire) || self.ack_delay_ms.load(Ordering::Relaxed) != 0 {
             return false;
+        }
+        // Nothing came: the receipt is not taken for a look. The VM's
+        // thread, unlike the receiving one, may be kept off the CPU at
+        // any moment on a loaded host; holding the receipt meanwhile, it
+        // would keep the receiving thread from reading and acknowledging
+        // (issue 65), so it holds it only to take what came.
+        if let Some(socket) = self.socket.get() {
+            if !poll::readable_within(socket, Duration::ZERO).unwrap_or(true) {
+                return true;
+            }
         }
         // Held by the receiving thread: it is taking the bytes for us.
         let Ok(mut guard) = self.receipt.try_lock() else { return true };

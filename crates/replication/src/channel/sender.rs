@@ -7,7 +7,7 @@ use super::failure::{declare, detect, Failure};
 use super::pipe::Pipe;
 use super::secure::{self, Opener, Sealer, Session};
 use super::wire::{self, Message};
-use super::{spawn_watcher, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
+use super::{spawn_mover, spawn_watcher, ChannelError, Clock, SPIN_FOR, WAITER_GRACE};
 use crate::fence::{self, Fence};
 use crate::heartbeat::{Heartbeat, HeartbeatLog};
 use crate::pair_key::PairKey;
@@ -370,7 +370,7 @@ impl LogSender {
         let fail = Arc::new(fail);
         {
             let (shared, fail, events) = (shared.clone(), fail.clone(), events.clone());
-            spawn_watcher("ft-log-send", move || {
+            spawn_mover("ft-log-send", move || {
                 while let Some(readable) = shared.pipe.wait_readable_for(shared.timing.get().interval / 2) {
                     // A waiting caller may have written them meanwhile.
                     let written = if readable { shared.write_pending(1 << 20).map(drop) } else { shared.keep_alive() };

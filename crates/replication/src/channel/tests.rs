@@ -304,6 +304,52 @@ fn a_primary_with_no_log_to_send_keeps_its_channel_alive() {
     assert_eq!(&got, b"before after");
 }
 
+/// Issue 65: a backup whose replay is far behind (a loaded host at boot)
+/// takes no log for several timeouts while its primary writes on. The
+/// channel is stalled by the backup, not silent by the primary: neither
+/// side declares the other failed, and the log goes on, whole and in
+/// order, once the replay reads again. The old receiving thread waited in
+/// the full pipe with a frame that did not fit, and the backup took the
+/// stall for its primary's silence.
+#[test]
+fn a_backup_far_behind_does_not_take_its_own_stall_for_the_primarys_silence() {
+    let timing = Timing {
+        timeout: Duration::from_millis(200),
+        min_timeout: Duration::from_millis(200),
+        interval: Duration::from_millis(20),
+    };
+    let (mut s, prx, r, brx) = pair(64 << 10, timing);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Odd sizes, so frames straddle the pipe's last room.
+                let chunk: Vec<u8> = (0..3001u64).map(|i| ((n * 3001 + i) % 251) as u8).collect();
+                s.write_all(&chunk).unwrap();
+                n += 1;
+            }
+            s
+        })
+    };
+    std::thread::sleep(timing.timeout * 6);
+    assert!(brx.try_recv().is_err(), "the backup declared a primary it was not reading failed");
+    if let Some(e) = prx.try_iter().find(|e| matches!(e, PrimaryEvent::BackupLost(_))) {
+        panic!("the primary declared its slow backup failed: {e:?}");
+    }
+    // The replay reads again: the log is whole and in order.
+    let mut pipe = r.pipe();
+    let mut got = vec![0u8; 1 << 20];
+    pipe.read_exact(&mut got).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(*b, (i % 251) as u8, "byte {i}");
+    }
+    assert!(brx.try_recv().is_err());
+    drop(writer);
+}
+
 #[test]
 fn a_silent_backup_is_a_failure_for_the_primary() {
     let timing = Timing {
