@@ -165,7 +165,7 @@ def main():
         figures.append(results.figure(f"boot-to-{s}", f"boot to {s} answering", f, "s",
                                       peer=results.peer("QEMU", q, "s"), ratio=ratio, target=f"≤ {TARGET}",
                                       met=met if ratio is not None else None))
-    path = results.write("boot-services", sys.argv, figures, details=res, path=args.json,
+    path = results.write("boot-services", ["bench/boot-services"] + sys.argv[1:], figures, details=res, path=args.json,
                          ftvm=None if args.qemu_only else args.ftvm)
     print(f"boot-services: figures in {path}")
     sys.exit(0 if met_all else 1)
