@@ -177,7 +177,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         .await
         .map_err(|source| AgentError::Listen { addr: config.listen, source })?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let vms = Vms::new(&config.id, &config.state_dir, &config.ftvm, &config.images, config.vm_memory_bytes(), events_tx);
+    let vms =
+        Vms::new(&config.id, &config.state_dir, &config.ftvm, &config.images, config.vm_memory_bytes(), events_tx);
     let adopted = vms.adopt();
     if !adopted.is_empty() {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));

@@ -137,8 +137,10 @@ impl Cluster {
         spec.check().map_err(OpsError::Spec)?;
         let image = spec.image_name();
         let no_image = |host: Option<&str>| OpsError::NoImage { image: image.into(), host: host.map(String::from) };
+        // One read of the hosts' records serves the checks below.
+        let hosts = self.hosts()?;
         if let Some(on) = on {
-            let host = self.host(on)?;
+            let host = hosts.iter().find(|h| h.id == on).ok_or_else(|| OpsError::NoHost(on.into()))?;
             if host.free_memory_bytes < spec.memory_mib << 20 {
                 return Err(OpsError::NoRoom {
                     host: on.into(),
@@ -153,7 +155,6 @@ impl Cluster {
         }
         // The image as the hosts that have it list it (its root disk's
         // size), for a disk asked smaller than it.
-        let hosts = self.hosts()?;
         let listed: Vec<&HostImage> =
             hosts.iter().filter(|h| on.is_none_or(|on| h.id == on)).filter_map(|h| h.image(image)).collect();
         if listed.is_empty() {

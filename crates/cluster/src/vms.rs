@@ -23,9 +23,9 @@ use crate::model::{ApiError, HostImage, HostVm, NetworkSpec, Role, VmInfo, VmSpe
 use ftvm_api::events::EventRecord;
 use ftvm_api::pair_config::BackupNic;
 use ftvm_api::vm_config::{DiskConfig, Firmware, MacAddress, NetConfig};
-use ftvm_image::seed::Seed;
-use ftvm_image::GuestImage;
 use ftvm_api::{BackupConfig, PairConfig, Reply, Request, Response, VmConfig};
+use ftvm_image::seed::check_hostname;
+use ftvm_image::GuestImage;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -250,7 +250,7 @@ pub fn vm_config(spec: &VmSpec, dir: &Path, image: &GuestImage) -> VmConfig {
         initrd: Some(image.initrd.clone()),
         // The guest's host name is the VM's where it can be one (its
         // seed); a name that cannot leaves the image's.
-        hostname: Seed::new(Some(spec.name.clone()), Vec::new()).is_ok().then(|| spec.name.clone()),
+        hostname: check_hostname(&spec.name).is_ok().then(|| spec.name.clone()),
         memory_bytes: spec.memory_mib << 20,
         harts: spec.cpus as usize,
         disks: vec![DiskConfig { path: dir.join("disk.img"), readonly: false, latency_us: 0 }],
@@ -408,8 +408,8 @@ impl Vms {
     fn boot_files(&self) -> Vec<PathBuf> {
         ftvm_image::list_in(&self.images)
             .into_iter()
-            .filter(|i| i.stamp.is_ok())
-            .flat_map(|i| ["fw_dynamic.bin", "Image", "initrd.img"].map(|f| i.dir.join(f)))
+            .filter_map(|i| ftvm_image::locate_named_in(&self.images, &i.name).ok())
+            .flat_map(|image| [image.firmware, image.kernel, image.initrd])
             .collect()
     }
 

@@ -105,6 +105,17 @@ fn effective_uid() -> Option<u32> {
 /// Run a command; on failure the error names the step and shows the tail of
 /// its output (also saved to `log` when given).
 pub(crate) fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(), ImageError> {
+    run_accepting(step, cmd, log, |status| status.success())
+}
+
+/// [`run`], with `accepted` saying which exit statuses are success (e2fsck
+/// says it changed something with 1).
+pub(crate) fn run_accepting(
+    step: &str,
+    cmd: &mut Command,
+    log: Option<&Path>,
+    accepted: impl Fn(std::process::ExitStatus) -> bool,
+) -> Result<(), ImageError> {
     let out = cmd
         .env("PATH", child_path())
         .stdin(Stdio::null())
@@ -116,7 +127,7 @@ pub(crate) fn run(step: &str, cmd: &mut Command, log: Option<&Path>) -> Result<(
         let _ =
             fs::OpenOptions::new().create(true).append(true).open(log).and_then(|mut f| f.write_all(text.as_bytes()));
     }
-    if out.status.success() {
+    if accepted(out.status) {
         return Ok(());
     }
     Err(failure(step, cmd, out.status, &text))

@@ -8,7 +8,7 @@
 //! a backup, which receives the primary's disk block by block, needs no
 //! step of its own.
 
-use crate::build::{run, tool};
+use crate::build::{run, run_accepting, tool};
 use crate::ImageError;
 use std::path::Path;
 use std::process::Command;
@@ -33,23 +33,8 @@ pub fn grow_disk(disk: &Path, bytes: u64) -> Result<(), ImageError> {
     // clean; e2fsck may still shorten an extent tree (e2image's compaction
     // leaves some longer than need be): its exit status 1 says it changed
     // something and the filesystem is sound, 4 and up that it is not.
-    let check = Command::new(tool("e2fsck")?)
-        .args(["-f", "-y"])
-        .arg(disk)
-        .output()
-        .map_err(|e| ImageError::new(step, format!("cannot start e2fsck: {e}")))?;
-    if !matches!(check.status.code(), Some(0 | 1)) {
-        let said = String::from_utf8_lossy(&check.stdout)
-            .lines()
-            .chain(String::from_utf8_lossy(&check.stderr).lines())
-            .rfind(|l| !l.trim().is_empty())
-            .map(String::from)
-            .unwrap_or_default();
-        return Err(ImageError::new(
-            step,
-            format!("e2fsck found {} unsound ({}): {said}", disk.display(), check.status),
-        ));
-    }
+    let changed_or_clean = |status: std::process::ExitStatus| matches!(status.code(), Some(0 | 1));
+    run_accepting(step, Command::new(tool("e2fsck")?).args(["-f", "-y"]).arg(disk), None, changed_or_clean)?;
     run(step, Command::new(tool("resize2fs")?).arg(disk), None)
 }
 

@@ -50,7 +50,7 @@ impl Seed {
 /// A host name as the guest takes it: 1 to 63 letters, digits and `-`
 /// (RFC 1123's label), not starting or ending with `-`. One label only:
 /// the guest's /etc/hosts maps it, a domain belongs to DNS.
-fn check_hostname(name: &str) -> Result<(), ImageError> {
+pub fn check_hostname(name: &str) -> Result<(), ImageError> {
     let ok = (1..=63).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         && !name.starts_with('-')

@@ -266,11 +266,7 @@ impl Watch {
                 primary: running.map(|v| v.host.clone()),
                 backup: backup.map(|v| v.host.clone()),
                 mode: running.map(|v| crate::metrics::mode_of(v)).unwrap_or_else(|| "none".into()),
-                image: record
-                    .map(|r| &r.spec)
-                    .or(running.map(|v| &v.spec))
-                    .map_or("–", |s| s.image_name())
-                    .to_string(),
+                image: record.map(|r| &r.spec).or(running.map(|v| &v.spec)).map_or("–", |s| s.image_name()).to_string(),
                 protection,
                 figures,
                 history: series.iter().copied().collect(),
