@@ -284,8 +284,11 @@ fn a_reboot_boots_the_same_guest_again() {
     let o = exec(cmd, &disk, &["--exec-timeout", "300"]);
     assert_eq!(o.status.code(), Some(0), "reboot: exit status (stderr {:?}, stdout {:?})", o.stderr, o.stdout);
     // The command's stderr is ftvm's: Debian's `reboot` (systemctl's)
-    // says "Rebooting." there; ftvm itself says nothing.
-    assert_eq!(o.stderr, "Rebooting.\n", "reboot: stderr");
+    // says "Rebooting." there, but `-f` reboots at once, often before the
+    // guest's stderr framer has read the line from its pipe (the guest
+    // loses it, as a Debian host's terminal would on a serial console);
+    // ftvm itself says nothing.
+    assert!(o.stderr.is_empty() || o.stderr == "Rebooting.\n", "reboot: stderr {:?}", o.stderr);
     let first = o.stdout.find("first boot\n").unwrap_or_else(|| panic!("no first boot in {:?}", o.stdout));
     let second = o.stdout.find("second boot\n").unwrap_or_else(|| panic!("no second boot in {:?}", o.stdout));
     assert!(first < second && !o.stdout.contains("no reboot"), "reboot: output {:?}", o.stdout);
