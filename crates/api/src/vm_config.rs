@@ -73,6 +73,9 @@ pub struct VmConfig {
     /// lines), in its seed.
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+    /// Accounts the guest makes, in its seed.
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
     /// Leave out the virtio-rng device (host entropy for the guest).
     #[serde(default)]
     pub no_rng: bool,
@@ -150,6 +153,7 @@ impl Default for VmConfig {
             nets: Vec::new(),
             hostname: None,
             ssh_keys: Vec::new(),
+            users: Vec::new(),
             no_rng: false,
             restore: None,
             control: None,
@@ -210,6 +214,22 @@ pub struct DiskConfig {
     /// of a slower disk than the host's, for benchmarks).
     #[serde(default)]
     pub latency_us: u64,
+}
+
+/// An account the guest makes at boot (its seed's `user=`): a home, a
+/// group of its own, no password (keys only). The names are checked where
+/// the seed is made (`ftvm_image::seed`), as every other seed field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// The login name.
+    pub name: String,
+    /// Supplementary groups; one the image lacks is skipped by the guest.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Public keys (`authorized_keys` lines) it may log in with.
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
 }
 
 /// A NIC on a TAP (made if it does not exist).

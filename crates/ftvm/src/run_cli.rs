@@ -8,8 +8,8 @@ use crate::pair_cli::choice;
 use clap::Args;
 use ftvm_api::limits::CPU_LIMIT_PERCENT;
 use ftvm_api::vm_config::{
-    check_tap_name, DiskConfig, Firmware, HartThreads, MacAddress, NetConfig, VmConfig, DEFAULT_BOOT_TIMEOUT_S,
-    DEFAULT_STOP_TIMEOUT_S, HARTS, MEMORY_BYTES,
+    check_tap_name, DiskConfig, Firmware, HartThreads, MacAddress, NetConfig, UserConfig, VmConfig,
+    DEFAULT_BOOT_TIMEOUT_S, DEFAULT_STOP_TIMEOUT_S, HARTS, MEMORY_BYTES,
 };
 use ftvm_vmm::replay::ReplayConfig;
 use std::path::{Path, PathBuf};
@@ -81,6 +81,12 @@ pub struct RunArgs {
     /// at boot. May be repeated.
     #[arg(long = "ssh-key", value_name = "FILE", conflicts_with = "restore")]
     pub ssh_keys: Vec<PathBuf>,
+    /// An account the guest makes at boot, in the VM's seed: NAME, the
+    /// public keys in KEYFILE it may log in with over ssh, and the groups
+    /// it joins (those the image has), e.g. `alice:alice.pub:sudo,adm`.
+    /// No password (keys only). May be repeated.
+    #[arg(long = "user", value_name = "NAME[:KEYFILE[:GROUP,...]]", conflicts_with = "restore")]
+    pub users: Vec<String>,
     /// Leave out the virtio-rng device (host entropy for the guest).
     #[arg(long)]
     pub no_rng: bool,
@@ -141,7 +147,7 @@ pub struct RunArgs {
 }
 
 /// Every option of [`RunArgs`] but `--config`, which replaces them all.
-const RUN_OPTIONS: [&str; 25] = [
+const RUN_OPTIONS: [&str; 26] = [
     "image",
     "persist",
     "bios",
@@ -154,6 +160,7 @@ const RUN_OPTIONS: [&str; 25] = [
     "nets",
     "hostname",
     "ssh_keys",
+    "users",
     "no_rng",
     "restore",
     "control",
@@ -255,6 +262,14 @@ impl TryFrom<RunArgs> for VmConfig {
         let disks = a.disks.iter().map(|d| parse_disk(d)).collect::<Result<Vec<_>, _>>()?;
         let nets = a.nets.iter().map(|n| parse_net(n)).collect::<Result<Vec<_>, _>>()?;
         let ssh_keys = ftvm_image::seed::read_public_keys(&a.ssh_keys).map_err(|e| usage(e.to_string()))?;
+        let users = a
+            .users
+            .iter()
+            .map(|spec| {
+                let u = ftvm_image::seed::parse_user(spec).map_err(|e| usage(e.to_string()))?;
+                Ok(UserConfig { name: u.name, groups: u.groups, ssh_keys: u.ssh_keys })
+            })
+            .collect::<Result<Vec<_>, RunOptionsError>>()?;
         Ok(VmConfig {
             image: a.image,
             persist: a.persist,
@@ -268,6 +283,7 @@ impl TryFrom<RunArgs> for VmConfig {
             nets,
             hostname: a.hostname,
             ssh_keys,
+            users,
             no_rng: a.no_rng,
             restore: a.restore,
             control: a.control,

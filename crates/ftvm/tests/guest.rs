@@ -134,7 +134,7 @@ fn commands_run_and_files_persist_across_boots() {
 /// every boot; a key file that holds no public key and a name that is no
 /// host name are refused in one line before anything runs.
 #[test]
-fn the_seed_names_the_vm_and_gives_root_its_key() {
+fn the_seed_names_the_vm_gives_root_its_key_and_makes_its_users() {
     let img = image();
     let disk = TempDisk::copy_of(&img.rootfs, "seed");
     let dir = std::env::temp_dir().join(format!("ftvm-guest-seed-{}", std::process::id()));
@@ -144,18 +144,35 @@ fn the_seed_names_the_vm_and_gives_root_its_key() {
     std::fs::write(&key, format!("{line}\n")).unwrap();
     let key_arg = key.to_str().unwrap();
 
-    let cmd = "hostname; grep 127.0.1.1 /etc/hosts; cat /root/.ssh/authorized_keys; stat -c %a /root/.ssh/authorized_keys";
-    let o = exec(cmd, &disk, &["--hostname", "db7", "--ssh-key", key_arg]);
-    assert_outcome(&o, "seeded boot", 0, &format!("db7\n127.0.1.1\tdb7\n{line}\n600\n"));
+    let cmd =
+        "hostname; grep 127.0.1.1 /etc/hosts; cat /root/.ssh/authorized_keys; stat -c %a /root/.ssh/authorized_keys; \
+               id -nG alice; getent passwd alice | cut -d: -f6,7; cat ~alice/.ssh/authorized_keys; \
+               stat -c '%U %a' ~alice/.ssh ~alice/.ssh/authorized_keys; id -nG bob";
+    let alice = format!("alice:{key_arg}:adm,nosuchgroup");
+    let seeded = ["--hostname", "db7", "--ssh-key", key_arg, "--user", &alice, "--user", "bob"];
+    let o = exec(cmd, &disk, &seeded);
+    assert_outcome(
+        &o,
+        "seeded boot",
+        0,
+        &format!(
+            "db7\n127.0.1.1\tdb7\n{line}\n600\nalice adm\n/home/alice:/bin/bash\n{line}\nalice 700\nalice 600\nbob\n"
+        ),
+    );
     // A second boot with the same seed adds nothing twice.
-    let o = exec("cat /root/.ssh/authorized_keys", &disk, &["--hostname", "db7", "--ssh-key", key_arg]);
-    assert_outcome(&o, "second seeded boot", 0, &format!("{line}\n"));
+    let again = "cat /root/.ssh/authorized_keys ~alice/.ssh/authorized_keys; grep -c '^alice:' /etc/passwd";
+    let o = exec(again, &disk, &seeded);
+    assert_outcome(&o, "second seeded boot", 0, &format!("{line}\n{line}\n1\n"));
 
     std::fs::write(dir.join("id"), "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n").unwrap();
     let o = exec("true", &disk, &["--ssh-key", dir.join("id").to_str().unwrap()]);
     assert_failure(&o, "a private key", 1, "reading --ssh-key: ");
     let o = exec("true", &disk, &["--hostname", "db.example"]);
     assert_failure(&o, "a domain name", 1, "reading --hostname: ");
+    let o = exec("true", &disk, &["--user", "Alice"]);
+    assert_failure(&o, "a user name with a capital", 1, "reading --user: ");
+    let o = exec("true", &disk, &["--user", "root"]);
+    assert_failure(&o, "root as a seed user", 1, "reading --user: ");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -83,8 +83,12 @@ fn in_ns(ns: &Netns, program: &str, args: &[&str]) -> (bool, String) {
 }
 
 fn ssh(ns: &Netns, key: &Path, command: &str) -> (bool, String) {
+    ssh_as(ns, "root", key, command)
+}
+
+fn ssh_as(ns: &Netns, user: &str, key: &Path, command: &str) -> (bool, String) {
     let key = key.to_str().unwrap();
-    let target = format!("root@{GUEST_IP}");
+    let target = format!("{user}@{GUEST_IP}");
     in_ns(
         ns,
         "ssh",
@@ -151,6 +155,8 @@ fn postgresql_nginx_and_ssh_answer_from_an_image_with_no_step_in_the_guest() {
             "db1",
             "--ssh-key",
             run_pub.to_str().unwrap(),
+            "--user",
+            &format!("alice:{}:adm,wheel", run_pub.display()),
         ],
         scratch.path("vm.log"),
     );
@@ -165,12 +171,19 @@ fn postgresql_nginx_and_ssh_answer_from_an_image_with_no_step_in_the_guest() {
     });
     assert!(page.contains("Welcome to nginx"), "nginx's page: {page}");
 
-    let arch = wait_until(&mut vm, "ssh with the image's key", Duration::from_secs(120), || {
-        ssh(&ns, &image_key, "uname -m")
-    });
+    let arch =
+        wait_until(&mut vm, "ssh with the image's key", Duration::from_secs(120), || ssh(&ns, &image_key, "uname -m"));
     assert_eq!(arch.trim(), "riscv64");
     let (ok, name) = ssh(&ns, &run_key, "hostname");
     assert!(ok && name.trim() == "db1", "ssh with the run's key, the seed's host name: {name}");
+    // The seed's account: made at boot, in the group the image has (adm;
+    // Debian has no wheel), its key its own, no password.
+    let (ok, alice) =
+        ssh_as(&ns, "alice", &run_key, "id -un; id -nG; echo $HOME; stat -c '%U %a' .ssh/authorized_keys");
+    assert!(ok, "ssh as the seed's user: {alice}");
+    assert_eq!(alice, "alice\nalice adm\n/home/alice\nalice 600\n", "the seed's user");
+    let (ok, shadow) = ssh(&ns, &image_key, "getent shadow alice | cut -d: -f2");
+    assert!(ok && shadow.trim() == "*", "alice's password field: {shadow}");
 
     // What systemd says: the services the packages enable run, nothing
     // failed, and the host keys are this VM's own (made at its first boot).
@@ -178,6 +191,7 @@ fn postgresql_nginx_and_ssh_answer_from_an_image_with_no_step_in_the_guest() {
     assert!(state.starts_with("running"), "systemctl is-system-running: {state}");
     let (ok, active) = ssh(&ns, &image_key, "systemctl is-active postgresql@17-main nginx ssh redis-server");
     assert!(ok, "services: {active}");
-    let (ok, users) = ssh(&ns, &image_key, "id -u postgres && id -u www-data && ls /etc/ssl/private/ssl-cert-snakeoil.key");
+    let (ok, users) =
+        ssh(&ns, &image_key, "id -u postgres && id -u www-data && ls /etc/ssl/private/ssl-cert-snakeoil.key");
     assert!(ok, "what the maintainer scripts made: {users}");
 }
