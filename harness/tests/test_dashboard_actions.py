@@ -1,7 +1,9 @@
 """The dashboard's other actions (issue 30) in a real browser, each done
 only through the page (its button, the confirmation with the host the
 page offers, "Confirm") on a three-host cluster running a redis VM, a
-client writing keys to it throughout:
+client writing keys to it throughout. The VM itself is made from the
+page's "New VM…" form (issue 63): the default image and the first host
+picked among those offered, redis as its command on the hosts' bridge.
 
 0. "protect…" of the VM running alone, with its backup on the host
    picked in the confirmation: the job running, then done; the card
@@ -175,17 +177,38 @@ def job_result(b, first_id, within, expect_running=True):
     return text, running
 
 
+def select_options(b, selector):
+    return b.do(lambda d: [o.get_attribute("value")
+                           for o in Select(d.find_element(By.CSS_SELECTOR, selector)).options])
+
+
+def create_from_the_form(b, name, image, host, command, bridge, ip):
+    """"New VM…", the form filled as a person would (the image and host
+    picked among those offered: each host's images, the hosts up), then
+    "Create": the job runs until the VM's process does. Returns the job's
+    text when done."""
+    before = last_job(b)
+    b.click("#create-open")
+    wait_for("the new VM's form", 10, lambda: b.attr("#create", "hidden") is None, every=0.2)
+    images = select_options(b, "#create-image")
+    assert image in images, f"the form offers images {images}, not {image}"
+    hosts = select_options(b, "#create-host")
+    assert hosts == ["", *sorted(HOSTS)], f"the form offers hosts {hosts}"
+    b.type("#create-form input[name=name]", name)
+    b.type("#create-form input[name=command]", command)
+    b.type("#create-form input[name=bridge]", bridge)
+    b.type("#create-form input[name=ip]", ip)
+    for select, value in (("#create-image", image), ("#create-host", host)):
+        b.do(lambda d: Select(d.find_element(By.CSS_SELECTOR, select)).select_by_value(value))
+    b.click("#create-yes")
+    done, _ = job_result(b, before + 1, ftsite.BOOT_TIMEOUT, expect_running=False)
+    return done
+
+
 def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
     cl = Cluster(ftvm, scratch, "da")
     cl.wait_hosts()
-    # Created unprotected: it is protected from the page.
-    cl.cli("vm", "create", "redis", "--on", "primary", "--memory", "512", "--command", REDIS_FT,
-           "--bridge", "br0", "--ip", f"{ftsite.GUEST_IP}/24")
-    conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
     a, b_host, c = "primary", "backup", "spare"
-    assert cl.sides("redis") == {a: "unprotected"}, cl.sides("redis")
-    writer = KeyWriter(conn)
-    writer.start()
     # Draining does not stop a host's agent: the page may be on any; the
     # one of the VM's first host, which is drained never.
     api = cl.records()[a]["api"]
@@ -198,6 +221,15 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         b.type("#token", token)
         b.click("#login")
         wait_for("the page", 30, lambda: b.css("#view"), every=0.2)
+        # Created from the page's form, unprotected: it is protected from
+        # the page next.
+        done = create_from_the_form(b, "redis", ftsite.image_dir(ftvm).name, a, REDIS_FT, "br0", f"{ftsite.GUEST_IP}/24")
+        assert f"create redis on {a} — done: redis created on {a}" in done, done
+        print(f"the page created the VM: {done!r}")
+        conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
+        assert cl.sides("redis") == {a: "unprotected"}, cl.sides("redis")
+        writer = KeyWriter(conn)
+        writer.start()
         shown = wait_for("the VM running alone on the page", SHOWN_WITHIN,
                          lambda: (s := card_state(b))[:2] == ("unprotected", a) and s, every=0.5)
         print(f"the page shows redis {shown}")

@@ -64,6 +64,9 @@ const LOOK_EVERY: Duration = Duration::from_secs(2);
 const IDLE_AFTER: Duration = Duration::from_secs(60);
 /// How long a drain's job waits for the host to empty.
 const DRAIN_WITHIN: Duration = Duration::from_secs(600);
+/// How long a create's job waits for the VM's process to run (as `ftvm
+/// cluster vm create`'s default --wait: a controller's pass, a disk copy).
+const CREATED_WITHIN: Duration = Duration::from_secs(120);
 /// How many consoles the pages may have open on this agent at once.
 const CONSOLES: usize = 16;
 /// How long a console's page has to send its CSRF value.
@@ -515,6 +518,12 @@ async fn page_console(d: Arc<Dashboard>, csrf: String, name: String, mut ws: axu
 #[derive(Debug, serde::Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 enum Action {
+    /// A new VM, as `ftvm cluster vm create` makes one; with a host, there.
+    Create {
+        spec: crate::model::VmSpec,
+        #[serde(default)]
+        host: Option<String>,
+    },
     /// Keep the VM protected; with a host, its backup there now.
     Protect {
         vm: String,
@@ -542,6 +551,8 @@ enum Action {
 impl Action {
     fn words(&self) -> String {
         match self {
+            Action::Create { spec, host: Some(h) } => format!("create {} on {h}", spec.name),
+            Action::Create { spec, host: None } => format!("create {}", spec.name),
             Action::Protect { vm, host: Some(h) } => format!("protect {vm} with a backup on {h}"),
             Action::Protect { vm, host: None } => format!("protect {vm}"),
             Action::Handover { vm } => format!("hand {vm} over to its backup"),
@@ -556,6 +567,10 @@ impl Action {
     /// runs: the page is outside input).
     fn check(&self) -> Result<(), ApiError> {
         let (vm, host) = match self {
+            Action::Create { spec, host } => {
+                spec.check()?;
+                (Some(&spec.name), host.as_ref())
+            }
             Action::Protect { vm, host } => (Some(vm), host.as_ref()),
             Action::Handover { vm } => (Some(vm), None),
             Action::MoveBackup { vm, host } | Action::Move { vm, host } => (Some(vm), Some(host)),
@@ -573,6 +588,12 @@ impl Action {
     /// Does it, through the operations `ftvm cluster` uses. Blocking.
     fn run(self, cluster: &Cluster) -> Result<String, OpsError> {
         Ok(match self {
+            Action::Create { spec, host } => {
+                let name = spec.name.clone();
+                cluster.create(spec, host.as_deref())?;
+                let side = cluster.wait_running(&name, CREATED_WITHIN)?;
+                format!("{name} created on {}", side.host.id)
+            }
             Action::Protect { vm, host } => {
                 let mode = cluster.protection_mode(&vm)?;
                 cluster.protect(&vm, host.as_deref(), mode)?.message
@@ -607,7 +628,7 @@ async fn act(State(d): State<Arc<Dashboard>>, body: axum::body::Bytes) -> Result
     let mut action: Action =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("the request's body: {e}")))?;
     // The page's host choice "" is "the controller chooses".
-    if let Action::Protect { host, .. } = &mut action {
+    if let Action::Protect { host, .. } | Action::Create { host, .. } = &mut action {
         if host.as_deref() == Some("") {
             *host = None;
         }
@@ -673,6 +694,14 @@ mod tests {
         let bad: Action = serde_json::from_str(r#"{"action": "handover", "vm": "../x"}"#).unwrap();
         assert!(matches!(bad.check(), Err(ApiError::BadRequest(_))));
         assert!(serde_json::from_str::<Action>(r#"{"action": "format_disks"}"#).is_err());
+        let create = r#"{"action": "create", "host": "h2", "spec": {"name": "db", "image": "web", "memory_mib": 1024,
+            "protect": "checkpoint", "network": {"bridge": "br0", "ip": "10.0.0.5/24"}}}"#;
+        let a: Action = serde_json::from_str(create).unwrap();
+        assert_eq!(a.words(), "create db on h2");
+        assert!(a.check().is_ok());
+        let bad = r#"{"action": "create", "spec": {"name": "db", "network": {"bridge": "b;id", "ip": "10.0.0.5/24"}}}"#;
+        let a: Action = serde_json::from_str(bad).unwrap();
+        assert!(matches!(a.check(), Err(ApiError::BadRequest(m)) if m.contains("bridge")));
     }
 
     #[test]

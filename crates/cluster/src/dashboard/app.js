@@ -71,6 +71,11 @@ async function send(a) {
   } else if (a.host) {
     body.host = a.host;
   }
+  post(body);
+}
+
+// An action to the agent; a refusal shown above the jobs.
+async function post(body) {
   try {
     const r = await fetch("/ui/actions", {
       method: "POST",
@@ -163,6 +168,43 @@ $("console-in").addEventListener("keydown", (ev) => {
   ev.target.value = "";
 });
 
+// The new VM's form: its image and host choices are what the hosts' rows
+// say now (each host's images; the hosts up and not drained), the
+// controller's choice of host first.
+function openCreate() {
+  const images = new Set();
+  const hosts = [];
+  for (const row of document.querySelectorAll("#hosts tr[data-host]")) {
+    for (const i of row.dataset.images.split(",")) if (i) images.add(i);
+    if (row.dataset.up === "true") hosts.push(row.dataset.host);
+  }
+  const image = $("create-image");
+  image.replaceChildren();
+  for (const i of [...images].sort()) image.add(new Option(i, i));
+  const host = $("create-host");
+  host.replaceChildren(new Option("(the controller chooses)", ""));
+  for (const h of hosts) host.add(new Option(h, h));
+  $("create").hidden = false;
+  $("create-form").elements.name.focus();
+}
+
+$("create-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const f = ev.target.elements;
+  const spec = {
+    name: f.name.value,
+    memory_mib: Number(f.memory_mib.value),
+    cpus: Number(f.cpus.value),
+  };
+  if (f.image.value) spec.image = f.image.value;
+  if (f.disk_mib.value) spec.disk_mib = Number(f.disk_mib.value);
+  if (f.protect.value) spec.protect = f.protect.value;
+  if (f.bridge.value || f.ip.value) spec.network = { bridge: f.bridge.value, ip: f.ip.value };
+  if (f.command.value) spec.command = f.command.value;
+  $("create").hidden = true;
+  post({ action: "create", spec, host: f.host.value });
+});
+
 document.addEventListener("click", (ev) => {
   const b = ev.target.closest("button");
   if (!b) return;
@@ -180,6 +222,10 @@ document.addEventListener("click", (ev) => {
   } else if (b.id === "confirm-no") {
     pending = null;
     $("confirm").hidden = true;
+  } else if (b.id === "create-open") {
+    openCreate();
+  } else if (b.id === "create-no") {
+    $("create").hidden = true;
   } else if (b.id === "logout") {
     fetch("/ui/logout", { method: "POST", headers: { "X-Ftvm-Csrf": csrf } }).finally(() => location.reload());
   }

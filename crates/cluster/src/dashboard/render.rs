@@ -48,14 +48,34 @@ pub fn login(host: &str, refusal: Option<&str>) -> String {
     )
 }
 
+/// The form of a new VM (`ftvm cluster vm create`'s options), outside the
+/// view so that the feed's updates leave what is typed alone; the script
+/// fills the image and host choices from the view's host rows when it
+/// opens, and sends it as a `create` action.
+const CREATE_FORM: &str = "<section id=create hidden><h2>New VM</h2><form id=create-form>\
+    <label>Name <input name=name required maxlength=64></label> \
+    <label>Image <select name=image id=create-image></select></label> \
+    <label>Memory (MiB) <input name=memory_mib type=number min=16 max=65536 value=512></label> \
+    <label>Harts <input name=cpus type=number min=1 max=8 value=1></label> \
+    <label>Root disk (MiB; empty: the image's) <input name=disk_mib type=number min=256></label><br>\
+    <label>Protection <select name=protect><option value=\"\">none</option><option value=checkpoint>checkpoint</option>\
+    <option value=lockstep>lockstep</option><option value=epoch>epoch</option></select></label> \
+    <label>Bridge <input name=bridge maxlength=15></label> \
+    <label>Address <input name=ip placeholder=\"10.0.0.5/24\"></label> \
+    <label>Host <select name=host id=create-host></select></label><br>\
+    <label>Command (empty: the image's services) <input name=command size=60></label> \
+    <button type=submit id=create-yes>Create</button> <button type=button id=create-no>Cancel</button>\
+    </form></section>";
+
 /// The page: its frame around the view as it stands, the CSRF value the
 /// script sends with each action.
 pub fn page(host: &str, csrf: &str, view: &str, jobs: &str) -> String {
     format!(
         "{}<meta name=ftvm-csrf content=\"{}\"><script src=\"/ui/app.js\" defer></script></head><body>\
          <header><h1>ftvm cluster</h1><span>served by <b>{}</b></span><span id=live class=stale>connecting…</span>\
+         <button type=button id=create-open>New VM…</button>\
          <form method=post action=\"/ui/logout\" id=logout-form><button type=button id=logout>Log out</button></form>\
-         </header><div id=confirm hidden><span id=confirm-text></span> <select id=confirm-host hidden></select> \
+         </header>{CREATE_FORM}<div id=confirm hidden><span id=confirm-text></span> <select id=confirm-host hidden></select> \
          <button id=confirm-yes>Confirm</button> <button id=confirm-no>Cancel</button></div>\
          <section id=jobs>{jobs}</section><section id=console hidden><h2>Console of <span id=console-vm></span> \
          <span id=console-state></span> <button id=console-close>close</button></h2><pre id=console-out></pre>\
@@ -105,8 +125,10 @@ pub fn view(v: &View) -> String {
         };
         let _ = write!(
             o,
-            "<tr data-host=\"{id}\"><td>{id}</td><td class=\"health {class}\">{}</td><td>{}</td><td>{}</td>\
+            "<tr data-host=\"{id}\" data-images=\"{}\" data-up=\"{}\"><td>{id}</td><td class=\"health {class}\">{}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td class=images>{}</td><td>{}</td><td>{action}</td></tr>",
+            esc(&h.images.join(",")),
+            h.health == Health::Up && !h.drained,
             esc(&health),
             h.cores,
             mib(h.memory_bytes),
