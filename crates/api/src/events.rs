@@ -77,18 +77,9 @@ pub enum PairEvent {
     /// A running VM's machine is with its backup: the pre-copy's rounds
     /// and the final pause that sent the rest.
     MachineSent {
-        /// Pre-copy rounds (the first is all of RAM in use).
-        rounds: u32,
-        /// Pages sent while the guest ran, and in the final pause.
-        pages: u64,
-        /// Pages sent in the final pause.
-        final_pages: u64,
-        /// Bytes of stream the transfer took.
-        bytes: u64,
-        /// The final pause: the guest stopped, in milliseconds.
-        pause_ms: u64,
-        /// From the start of the pre-copy to the pair's start, in ms.
-        total_ms: u64,
+        /// What the transfer took.
+        #[serde(flatten)]
+        transfer: TransferFigures,
     },
     /// A running VM's protection did not start (the reason); it runs on
     /// as it did.
@@ -248,4 +239,24 @@ impl std::fmt::Display for EventRecord {
         let v = serde_json::to_value(&self.event).expect("an event serializes");
         write!(f, "{v}")
     }
+}
+
+/// What a running VM's transfer to its new backup took (the pre-copy's
+/// rounds and the final pause that sent the rest): in the pair's
+/// `machine_sent` event and in the reply to its `protect`, flattened into
+/// both (their JSON says the figures as fields of their own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferFigures {
+    /// Pre-copy rounds (the first is all of RAM in use).
+    pub rounds: u32,
+    /// Pages sent while the guest ran, and in the final pause.
+    pub pages: u64,
+    /// Pages sent in the final pause.
+    pub final_pages: u64,
+    /// Bytes of stream the transfer took.
+    pub bytes: u64,
+    /// The final pause: the guest stopped, in milliseconds.
+    pub pause_ms: u64,
+    /// From the start of the pre-copy to the pair's start, in ms.
+    pub total_ms: u64,
 }

@@ -8,6 +8,7 @@
 //! checkpoint) or a backup's, or none on a plain VM; those parts are
 //! [`crate::status`]'s.
 
+use crate::events::TransferFigures;
 use crate::mode::Mode;
 use crate::status::{BackupMode, PairStatus};
 use serde::{Deserialize, Serialize};
@@ -115,12 +116,9 @@ pub enum Reply {
     Protected {
         generation: u64,
         mode: Mode,
-        rounds: u32,
-        pages: u64,
-        final_pages: u64,
-        bytes: u64,
-        pause_ms: u64,
-        total_ms: u64,
+        /// What the transfer took.
+        #[serde(flatten)]
+        transfer: TransferFigures,
     },
     /// Protection stopped: the backup stopped following, and the outputs
     /// that waited for it (`released`) went.
@@ -285,11 +283,16 @@ impl fmt::Display for Reply {
                 write!(f, "snapshot {} at icount {icount} in {millis} ms", path.display())
             }
             Reply::Quitting => write!(f, "quitting"),
-            Reply::Protected { generation, mode, rounds, pages, final_pages, bytes, pause_ms, total_ms } => write!(
+            Reply::Protected { generation, mode, transfer: t } => write!(
                 f,
-                "protected ({mode}, generation {generation}): {pages} pages ({:.1} MiB of stream) in {rounds} rounds \
-                 and a final pause of {pause_ms} ms ({final_pages} pages), {total_ms} ms in all",
-                *bytes as f64 / (1 << 20) as f64
+                "protected ({mode}, generation {generation}): {} pages ({:.1} MiB of stream) in {} rounds \
+                 and a final pause of {} ms ({} pages), {} ms in all",
+                t.pages,
+                t.bytes as f64 / (1 << 20) as f64,
+                t.rounds,
+                t.pause_ms,
+                t.final_pages,
+                t.total_ms
             ),
             Reply::Unprotected { released } => {
                 write!(f, "unprotected: the backup stopped following ({released} held outputs released)")
@@ -342,5 +345,36 @@ impl fmt::Display for VmStatus {
             Some(PairStatus::Primary(p)) => write!(f, " {p}"),
             Some(PairStatus::Backup(b)) => write!(f, " {b}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::PairEvent as Event;
+
+    /// The transfer's figures are one struct, flattened: the JSON a client
+    /// reads keeps them as fields of the reply and of the event.
+    #[test]
+    fn the_transfer_figures_are_fields_of_the_reply_and_the_event() {
+        let transfer =
+            TransferFigures { rounds: 3, pages: 70, final_pages: 5, bytes: 4096, pause_ms: 12, total_ms: 900 };
+        let reply = Reply::Protected { generation: 2, mode: Mode::Checkpoint, transfer };
+        let json = serde_json::to_value(&reply).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"reply": "protected", "generation": 2, "mode": "checkpoint", "rounds": 3, "pages": 70,
+                               "final_pages": 5, "bytes": 4096, "pause_ms": 12, "total_ms": 900})
+        );
+        assert_eq!(serde_json::from_value::<Reply>(json).unwrap(), reply);
+        let event = Event::MachineSent { transfer };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"event": "machine_sent", "rounds": 3, "pages": 70, "final_pages": 5, "bytes": 4096,
+                               "pause_ms": 12, "total_ms": 900})
+        );
+        assert_eq!(serde_json::from_value::<Event>(json).unwrap(), event);
+        assert!(reply.to_string().contains("70 pages (0.0 MiB of stream) in 3 rounds and a final pause of 12 ms"));
     }
 }

@@ -82,6 +82,20 @@ pub struct Transferred {
     pub total: Duration,
 }
 
+impl Transferred {
+    /// The figures the pair's event and the protect's reply say.
+    pub fn figures(&self) -> ftvm_api::events::TransferFigures {
+        ftvm_api::events::TransferFigures {
+            rounds: self.rounds,
+            pages: self.pages,
+            final_pages: self.final_pages,
+            bytes: self.bytes,
+            pause_ms: self.pause.as_millis() as u64,
+            total_ms: self.total.as_millis() as u64,
+        }
+    }
+}
+
 /// How long a handover waits for the backup at each of its steps: to
 /// acknowledge the log that produced the held outputs, and to claim the
 /// VM once it has the handover (it replays its lag first, at most about

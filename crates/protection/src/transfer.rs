@@ -359,14 +359,7 @@ impl<E: DeterministicEngine> Primary<E> for Transfer {
         let total = started.map_or(pause, |s| s.elapsed());
         let done =
             Transferred { generation, rounds: round, pages: pages + final_pages, final_pages, bytes, pause, total };
-        events.emit(PairEvent::MachineSent {
-            rounds: round,
-            pages: done.pages,
-            final_pages,
-            bytes,
-            pause_ms: pause.as_millis() as u64,
-            total_ms: total.as_millis() as u64,
-        });
+        events.emit(PairEvent::MachineSent { transfer: done.figures() });
         events.emit(PairEvent::Protected { backup, generation, mode });
         Ok((successor, done))
     }

@@ -20,6 +20,7 @@
 //! machine stands, which requests may leave, and what to do between runs.
 //! The loop knows no replication mode by name.
 
+use crate::api::events::TransferFigures;
 use crate::api::{ControlError, Mode, PairStatus, Reply, Request, Response, RunState, VmStatus};
 use crate::console::{Input, RawTerminal};
 use crate::control::ControlRequest;
@@ -1019,16 +1020,9 @@ impl<E: Engine> Live<E> {
                         self.inject(ev);
                     }
                 }
-                answer(Ok(Reply::Protected {
-                    generation: done.generation,
-                    mode,
-                    rounds: done.rounds,
-                    pages: done.pages,
-                    final_pages: done.final_pages,
-                    bytes: done.bytes,
-                    pause_ms,
-                    total_ms: done.total.as_millis() as u64,
-                }));
+                // The pause as the guest felt it: the loop's part too.
+                let transfer = TransferFigures { pause_ms, ..done.figures() };
+                answer(Ok(Reply::Protected { generation: done.generation, mode, transfer }));
             }
             Err(e) => {
                 match (released, old) {
