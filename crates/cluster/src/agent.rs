@@ -23,7 +23,8 @@
 use crate::credentials::Credentials;
 use crate::events::{ClusterEvent, Cursor, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
-use crate::session::Leased;
+use crate::store::session::Leased;
+use crate::store::{self, EtcdStore, Store};
 use crate::vms::{VmEvent, Vms};
 use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
@@ -31,18 +32,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use etcd_client::PutOptions;
 use ftvm_api::pair_config::DEFAULT_HEARTBEAT_PORT;
 use ftvm_api::{PairConfig, ProtectConfig, Reply, Request};
-use ftvm_etcd::{Endpoints, Etcd};
+use ftvm_etcd::Endpoints;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Where hosts record themselves.
-pub const HOSTS_PREFIX: &str = "/ftvm/hosts/";
 /// The lease of a host's record: it disappears this long after its agent
 /// stops renewing it.
 pub const HOST_LEASE: Duration = Duration::from_secs(10);
@@ -94,7 +92,7 @@ pub enum AgentError {
     #[error("cannot make the state directory {}: {source}", .dir.display())]
     StateDir { dir: PathBuf, source: std::io::Error },
     #[error("{0}")]
-    Etcd(#[from] ftvm_etcd::EtcdError),
+    Store(#[from] store::StoreError),
     #[error("{0}")]
     Credentials(#[from] crate::credentials::CredentialsError),
     #[error("the API server failed: {0}")]
@@ -105,10 +103,10 @@ pub enum AgentError {
 struct Agent {
     config: AgentConfig,
     vms: Vms,
-    /// The event log's connection: a blocking client (its calls go to
-    /// the blocking pool), made once and never dropped, since dropping its
+    /// The event log's store: a blocking client (its calls go to the
+    /// blocking pool), made once and never dropped, since dropping its
     /// runtime inside the agent's would panic.
-    etcd: &'static Etcd,
+    store: &'static EtcdStore,
     /// The consoles that may still be opened ([`crate::console::SESSIONS`]).
     consoles: Arc<tokio::sync::Semaphore>,
 }
@@ -184,9 +182,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));
     }
     let own_first = Agent::local_first(&config);
-    let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(own_first)?));
+    let store: &'static EtcdStore = Box::leak(Box::new(EtcdStore::new(own_first)?));
     let consoles = Arc::new(tokio::sync::Semaphore::new(crate::console::SESSIONS));
-    let agent = Arc::new(Agent { config, vms, etcd, consoles });
+    let agent = Arc::new(Agent { config, vms, store, consoles });
     tokio::spawn(publish_events(agent.clone(), events_rx));
     let listener = crate::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
         .map_err(|source| AgentError::Listen { addr: agent.config.listen, source })?;
@@ -245,7 +243,7 @@ async fn wait_for_signal() {
 /// outage and retried: the VMs run on regardless.
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let endpoints = agent.etcd_local_first();
-    let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
+    let key = store::host_key(&agent.config.id);
     let mut session: Option<Leased> = None;
     // The record as last written under the session's lease: it is written
     // again only when it changed (etcd keeps every revision until its
@@ -269,10 +267,10 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
             s.renew().await?;
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
             if written.as_ref() != Some(&record) {
-                s.client.put(key.clone(), record.clone(), Some(PutOptions::new().with_lease(s.lease))).await?;
+                s.put(&key, &record).await?;
                 written = Some(record);
             }
-            Ok::<_, etcd_client::Error>(())
+            Ok::<_, crate::store::session::SessionError>(())
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
             Ok(Ok(())) => {
@@ -286,14 +284,14 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
                     eprintln!("ftvm agent: cannot keep the host's record in etcd ({e}); trying again, VMs run on");
                     down_since_logged = true;
                 }
-                crate::session::after_failure(&mut session).await;
+                crate::store::session::after_failure(&mut session).await;
             }
             Err(_) => {
                 if !down_since_logged {
                     eprintln!("ftvm agent: etcd does not answer; trying again, VMs run on");
                     down_since_logged = true;
                 }
-                crate::session::after_failure(&mut session).await;
+                crate::store::session::after_failure(&mut session).await;
             }
         }
         tokio::select! {
@@ -321,8 +319,8 @@ async fn publish_events(agent: Arc<Agent>, mut events: tokio::sync::mpsc::Receiv
             vm: Some(vm.clone()),
             what: What::Pair { event: record.event },
         };
-        let etcd = agent.etcd;
-        let written = tokio::task::spawn_blocking(move || crate::events::publish(etcd, &key, &event)).await;
+        let store = agent.store;
+        let written = tokio::task::spawn_blocking(move || crate::events::publish(store, &key, &event)).await;
         match written {
             Ok(Ok(())) => {
                 failing = false;
@@ -520,17 +518,17 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let history = read_events(agent.etcd, Cursor::default()).await.1.ok().map(|log| crate::events::histories(&log));
+    let history = read_events(agent.store, Cursor::default()).await.1.ok().map(|log| crate::events::histories(&log));
     let body = crate::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
 /// The events after `cursor`, read on the blocking pool; the cursor
 /// comes back moved.
-async fn read_events(etcd: &'static Etcd, mut cursor: Cursor) -> (Cursor, Result<Vec<ClusterEvent>, ApiError>) {
+async fn read_events(store: &'static dyn Store, mut cursor: Cursor) -> (Cursor, Result<Vec<ClusterEvent>, ApiError>) {
     let before = cursor.clone();
     match tokio::task::spawn_blocking(move || {
-        let read = cursor.next(etcd);
+        let read = cursor.next(store);
         (cursor, read)
     })
     .await
@@ -565,12 +563,12 @@ async fn events(
     let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let resumed = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok());
     let cursor = Cursor { after: resumed.or(q.after).unwrap_or(0), vm: q.vm };
-    let (cursor, first) = read_events(agent.etcd, cursor).await;
+    let (cursor, first) = read_events(agent.store, cursor).await;
     let first = first?;
     if q.follow == Some(false) {
         return Ok(Json(first).into_response());
     }
-    let etcd = agent.etcd;
+    let store = agent.store;
     // Ends when the client goes (the stream is dropped with its response).
     let stream =
         futures_util::stream::unfold((VecDeque::from(first), cursor), move |(mut pending, mut cursor)| async move {
@@ -582,7 +580,7 @@ async fn events(
                 }
                 tokio::time::sleep(crate::events::POLL).await;
                 // etcd away: the stream waits for it, kept alive meanwhile.
-                let (moved, new) = read_events(etcd, cursor).await;
+                let (moved, new) = read_events(store, cursor).await;
                 cursor = moved;
                 pending.extend(new.unwrap_or_default());
             }

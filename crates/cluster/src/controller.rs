@@ -31,17 +31,15 @@ use crate::desired::{self, Phase, VmRecord};
 use crate::events::{self, ClusterEvent, ControllerAction, What};
 use crate::model::{HostRecord, HostVm, Role};
 use crate::ops::Cluster;
-use crate::session::Leased;
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use crate::store::session::Leased;
+use crate::store::{self, Store};
 use ftvm_api::Mode;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The controller's key.
-pub const CONTROLLER_KEY: &str = "/ftvm/controller";
-/// Its lease.
+/// The lease of the controller's key ([`store::CONTROLLER`]).
 const LEASE: Duration = Duration::from_secs(10);
 /// Time between passes, and between renewals of the lease.
 const PASS: Duration = Duration::from_secs(2);
@@ -280,7 +278,7 @@ impl Reconciler {
         self.published += 1;
         let unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let key = events::controller_key(&self.host, unix_ms, self.published);
+        let key = store::controller_event_key(&self.host, unix_ms, self.published);
         let event = ClusterEvent {
             id: 0,
             unix_ms,
@@ -288,7 +286,7 @@ impl Reconciler {
             vm: Some(vm.into()),
             what: What::Controller { action },
         };
-        if let Err(e) = events::publish(&self.cluster.etcd, &key, &event) {
+        if let Err(e) = events::publish(self.cluster.store(), &key, &event) {
             eprintln!("ftvm agent: controller: cannot add to the event log: {e}");
         }
     }
@@ -303,8 +301,8 @@ impl Reconciler {
         let seen = self.cluster.hosts()?;
         // What the pass's steps will make of the hosts, for its choices.
         let mut hosts = seen.clone();
-        let records = desired::all(&self.cluster.etcd)?;
-        let drained = desired::drained(&self.cluster.etcd)?;
+        let records = desired::all(self.cluster.store())?;
+        let drained = desired::drained(self.cluster.store())?;
         let mut steps: Vec<(&VmRecord, Step)> = Vec::new();
         for record in &records {
             let name = record.spec.name.as_str();
@@ -349,7 +347,7 @@ impl Reconciler {
         self.since_trim += 1;
         if self.since_trim >= TRIM_EVERY {
             self.since_trim = 0;
-            if let Err(e) = events::trim(&self.cluster.etcd) {
+            if let Err(e) = events::trim(self.cluster.store()) {
                 eprintln!("ftvm agent: controller: cannot trim the event log: {e}");
             }
         }
@@ -395,7 +393,7 @@ impl Reconciler {
     /// Keeps (or clears) the reason a VM is not as its record wants, for
     /// `vm show`.
     fn note_problem(&self, vm: &str, problem: Option<String>) {
-        let _ = desired::update(&self.cluster.etcd, vm, |r| {
+        let _ = desired::update(self.cluster.store(), vm, |r| {
             r.problem = problem.clone();
             Ok::<_, desired::DesiredError>(())
         });
@@ -405,12 +403,12 @@ impl Reconciler {
     /// why.
     fn take(&self, hosts: &[HostRecord], record: &VmRecord, step: &Step) -> StepResult {
         let name = record.spec.name.as_str();
-        let etcd = &self.cluster.etcd;
+        let store: &dyn Store = self.cluster.store();
         fn failed(on: Option<&str>) -> impl Fn(crate::ops::OpsError) -> (Option<String>, String) + '_ {
             move |e| (on.map(String::from), e.to_string())
         }
         let set_phase = |phase: Phase| {
-            desired::update(etcd, name, |r| {
+            desired::update(store, name, |r| {
                 r.phase = phase.clone();
                 r.problem = None;
                 Ok::<_, desired::DesiredError>(())
@@ -534,14 +532,8 @@ pub async fn run(
             }
             let s = session.as_mut().expect("made above");
             s.renew().await?;
-            let (client, lease) = (&mut s.client, &s.lease);
             // Take the key if nobody holds it; then see who does.
-            let txn = Txn::new()
-                .when([Compare::create_revision(CONTROLLER_KEY, CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(CONTROLLER_KEY, id.clone(), Some(PutOptions::new().with_lease(*lease)))]);
-            client.txn(txn).await?;
-            let holder = client.get(CONTROLLER_KEY, None).await?;
-            Ok::<_, etcd_client::Error>(holder.kvs().first().is_some_and(|kv| kv.lease() == *lease))
+            s.claim(store::CONTROLLER, &id).await
         };
         // Unsure (a failed request) is not leading: no step is taken. It
         // is said only once it lasts (a member's death fails a request or
@@ -553,7 +545,7 @@ pub async fn run(
             }
             _ => {
                 failures += 1;
-                crate::session::after_failure(&mut session).await;
+                crate::store::session::after_failure(&mut session).await;
                 if failures >= 3 || session.is_none() {
                     Some(false)
                 } else {

@@ -415,7 +415,7 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
                     f.first_read = false;
                     let mut cursor = f.cursor.clone();
                     let read = tokio::task::spawn_blocking(move || {
-                        let r = cursor.next(&cluster.etcd);
+                        let r = cursor.next(cluster.store());
                         (cursor, r)
                     })
                     .await;

@@ -16,7 +16,8 @@
 //!   cluster, its pairs and their history, and the operator's actions.
 //! - [`metrics`]: the Prometheus metrics of a host and its VMs.
 //! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
-//! - [`session`]: connections to etcd, and leases held by a loop.
+//! - [`store`]: every key the cluster keeps in etcd, and every read and
+//!   transaction on them, behind a trait with an in-memory twin.
 //! - [`token`]: the API's bearer token.
 //! - [`credentials`]: the cluster's authority, each host's and operator's
 //!   credentials, and the TLS made of them.
@@ -42,6 +43,6 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod refusal;
-pub mod session;
+pub mod store;
 pub mod token;
 pub mod vms;

@@ -37,8 +37,8 @@ pub struct Look {
 pub fn look(cluster: &Cluster) -> Look {
     let unix_ms = now_ms();
     let hosts = cluster.hosts().ok();
-    let records = desired::all(&cluster.etcd).unwrap_or_default();
-    let drained = desired::drained(&cluster.etcd).unwrap_or_default();
+    let records = desired::all(cluster.store()).unwrap_or_default();
+    let drained = desired::drained(cluster.store()).unwrap_or_default();
     let processes = std::thread::scope(|s| {
         let asks: Vec<_> = hosts
             .iter()
