@@ -37,6 +37,8 @@ pub mod credentials;
 pub mod dashboard;
 pub mod desired;
 pub mod events;
+#[cfg(test)]
+mod fake_hosts;
 pub mod https;
 pub mod keys;
 pub mod metrics;
