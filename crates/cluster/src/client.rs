@@ -2,7 +2,7 @@
 //! blocking call per request, typed both ways ([`crate::model`]), with a
 //! deadline, and the agent's refusal returned as its typed error.
 
-use crate::credentials::Credentials;
+use crate::authority::credentials::Credentials;
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use serde::de::DeserializeOwned;
 use std::time::Duration;

@@ -4,10 +4,10 @@
 use clap::{Args, Subcommand};
 use ftvm_api::Mode;
 use ftvm_cluster::agent::AgentConfig;
-use ftvm_cluster::credentials::{self, Credentials};
-use ftvm_cluster::desired::{self, VmRecord};
+use ftvm_cluster::authority::credentials::{self, Credentials};
+use ftvm_cluster::control::desired::{self, VmRecord};
+use ftvm_cluster::control::ops::{self, Cluster};
 use ftvm_cluster::model::{Done, NetworkSpec, VmInfo, VmSpec};
-use ftvm_cluster::ops::{self, Cluster};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -358,7 +358,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             } else {
                 println!("{:<20} {:<16} {:<12} {:<10} STATE", "VM", "HOST", "ROLE", "MODE");
                 for v in &rows {
-                    let mode = ftvm_cluster::metrics::mode_of(v);
+                    let mode = v.mode();
                     println!("{:<20} {:<16} {:<12} {:<10} {}", v.name, v.host, v.role.word(), mode, state_of(v));
                 }
                 for r in nowhere {
@@ -436,7 +436,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),
         ClusterCommand::Vm(VmCommand::Move { name, to }) => print_done(&cluster.move_to(&name, &to)?),
         ClusterCommand::Events { vm, follow } => {
-            let mut cursor = ftvm_cluster::events::Cursor { after: 0, vm };
+            let mut cursor = ftvm_cluster::control::events::Cursor { after: 0, vm };
             loop {
                 for e in cursor.next(cluster.store())? {
                     if json {
@@ -448,7 +448,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 if !follow {
                     break;
                 }
-                std::thread::sleep(ftvm_cluster::events::POLL);
+                std::thread::sleep(ftvm_cluster::control::events::POLL);
             }
         }
         ClusterCommand::Vm(VmCommand::Delete { name }) => {

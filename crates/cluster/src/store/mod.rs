@@ -9,9 +9,9 @@
 //! |---|---|---|---|
 //! | `/ftvm/hosts/<host>` | the host's [`HostRecord`](crate::model::HostRecord), JSON | its agent, rewritten when it changed | the agent's, 10 s: the host leaves the cluster when its agent does |
 //! | `/ftvm/controller` | the controlling agent's host id | the agent that takes it, only if nobody holds it | that agent's, 10 s |
-//! | `/ftvm/vms/<vm>` | the VM's [`VmRecord`](crate::desired::VmRecord), JSON: its spec, wanted protection and phase | clients (the spec), the controller (the phase), each against the record's revision | none |
+//! | `/ftvm/vms/<vm>` | the VM's [`VmRecord`](crate::control::desired::VmRecord), JSON: its spec, wanted protection and phase | clients (the spec), the controller (the phase), each against the record's revision | none |
 //! | `/ftvm/drain/<host>` | the Unix time the drain began | clients (`host drain`, `undrain`) | none |
-//! | `/ftvm/events/<host>/<vm>/<pid>/<seq>` | a VM process's pair event ([`ClusterEvent`](crate::events::ClusterEvent)), JSON | the VM's agent, only if absent (a re-read event writes nothing) | none: the events of a host's death outlive it |
+//! | `/ftvm/events/<host>/<vm>/<pid>/<seq>` | a VM process's pair event ([`ClusterEvent`](crate::control::events::ClusterEvent)), JSON | the VM's agent, only if absent (a re-read event writes nothing) | none: the events of a host's death outlive it |
 //! | `/ftvm/events/<host>/controller/<unix ms>-<n>` | an action of the controller, JSON | the controller | none |
 //! | `/ftvm/keys/<vm>` | the VM's pair key (its file's line) | the first agent that needs it, only if absent | none |
 //! | `/ftvm/arbiter/<vm>/...` | the pair's generations | the VM's processes (`ftvm_etcd::arbiter`, not this store) | none |

@@ -8,7 +8,7 @@
 //!
 //! Whoever can read etcd can read these keys: the cluster's etcd takes
 //! clients by a certificate of the cluster's authority only, over TLS
-//! (etcd's `--client-cert-auth`; [`crate::credentials`]).
+//! (etcd's `--client-cert-auth`; [`crate::authority::credentials`]).
 
 use crate::store::session::{self, CreateOrReadError};
 use ftvm_replication::pair_key::PairKey;
@@ -30,7 +30,7 @@ pub async fn ensure(endpoints: &ftvm_etcd::Endpoints, vm: &str, path: &Path) -> 
         },
     )?;
     let _ = std::fs::remove_file(path);
-    crate::credentials::create(path, &value, 0o600).map_err(|e| e.to_string())?;
+    crate::authority::files::create(path, &value, 0o600).map_err(|e| e.to_string())?;
     // What etcd held must be a key.
     PairKey::read(path).map(|_| ()).map_err(|e| e.to_string())
 }

@@ -3,7 +3,7 @@
 //! that stops renewing loses it a lease's time later and another takes
 //! over). Every agent runs this loop; only the holder acts.
 //!
-//! It makes the cluster what its records say ([`crate::desired`]), one
+//! It makes the cluster what its records say ([`crate::control::desired`]), one
 //! step per VM and pass, the step chosen by [`decide`] from the hosts'
 //! records alone:
 //! - a new VM is started on the host asked for, or the one with the most
@@ -27,10 +27,10 @@
 //! `vm show`. A VM that ran and now runs nowhere (its hosts died, with
 //! their disks) is reported lost, never started afresh under its name.
 
-use crate::desired::{self, Phase, VmRecord};
-use crate::events::{self, ClusterEvent, ControllerAction, What};
+use crate::control::desired::{self, Phase, VmRecord};
+use crate::control::events::{self, ClusterEvent, ControllerAction, What};
+use crate::control::ops::Cluster;
 use crate::model::{HostRecord, HostVm, Role};
-use crate::ops::Cluster;
 use crate::store::session::Leased;
 use crate::store::{self, Store};
 use ftvm_api::Mode;
@@ -297,7 +297,7 @@ impl Reconciler {
     /// something are taken side by side, [`PARALLEL_STEPS`] at a time
     /// (after a host's death, every VM it held needs a backup, and one
     /// pre-copy need not wait for another).
-    fn pass(&mut self) -> Result<(), crate::ops::OpsError> {
+    fn pass(&mut self) -> Result<(), crate::control::ops::OpsError> {
         let seen = self.cluster.hosts()?;
         // What the pass's steps will make of the hosts, for its choices.
         let mut hosts = seen.clone();
@@ -404,7 +404,7 @@ impl Reconciler {
     fn take(&self, hosts: &[HostRecord], record: &VmRecord, step: &Step) -> StepResult {
         let name = record.spec.name.as_str();
         let store: &dyn Store = self.cluster.store();
-        fn failed(on: Option<&str>) -> impl Fn(crate::ops::OpsError) -> (Option<String>, String) + '_ {
+        fn failed(on: Option<&str>) -> impl Fn(crate::control::ops::OpsError) -> (Option<String>, String) + '_ {
             move |e| (on.map(String::from), e.to_string())
         }
         let set_phase = |phase: Phase| {
@@ -502,7 +502,7 @@ impl Reconciler {
 pub async fn run(
     id: String,
     endpoints: ftvm_etcd::Endpoints,
-    credentials: crate::credentials::Credentials,
+    credentials: crate::authority::credentials::Credentials,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let leading = Arc::new(AtomicBool::new(false));
@@ -598,7 +598,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_hosts::FakeHosts;
+    use crate::control::fake_hosts::FakeHosts;
     use crate::model::{HostImage, VmSpec};
     use crate::store::MemoryStore;
 

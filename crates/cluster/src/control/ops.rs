@@ -4,16 +4,16 @@
 //! host, unprotect, hand over, move, drain a host). Each is blocking and
 //! ends when the change has happened or failed.
 //!
-//! A VM's wanted state is its record ([`crate::desired`]): an operation
+//! A VM's wanted state is its record ([`crate::control::desired`]): an operation
 //! changes the record first, so the controller carries on toward it if the
 //! client dies, then does what it can at once. An operation that takes
 //! the VM through states the controller would "repair" (a move gives a
 //! VM whose record wants no protection a backup on the way) holds the
 //! record for its duration.
 
+use crate::authority::credentials::Credentials;
 use crate::client::{AgentApi, Agents, ClientError, HttpAgents};
-use crate::credentials::Credentials;
-use crate::desired::{self, DesiredError, VmRecord};
+use crate::control::desired::{self, DesiredError, VmRecord};
 use crate::model::{ApiError, BackupRequest, Done, HostImage, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
 use crate::store::{self, EtcdStore, Store, StoreError};
 use ftvm_api::Mode;
