@@ -8,7 +8,7 @@
   License 2.0), with Debian's python3-jsonschema; every $ref resolves and
   every path parameter is declared (what that schema cannot say); and it
   names exactly the routes and methods the agent's router serves
-  (crates/cluster/src/agent.rs).
+  (crates/cluster/src/agent/mod.rs).
 - One etcd member and one `ftvm agent` on the site's primary host, asked
   from the client's: every GET path, a VM and a backup created and
   deleted, and refusals (401 without or with a wrong token on every path,

@@ -2,7 +2,7 @@
 //! blocking call per request, typed both ways ([`crate::model`]), with a
 //! deadline, and the agent's refusal returned as its typed error.
 
-use crate::credentials::Credentials;
+use crate::authority::credentials::Credentials;
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -85,43 +85,6 @@ impl AgentClient {
         self.call("GET", "/v1/host", None)
     }
 
-    pub fn vms(&self) -> Result<Vec<VmInfo>, ClientError> {
-        self.call("GET", "/v1/vms", None)
-    }
-
-    pub fn vm(&self, name: &str) -> Result<VmInfo, ClientError> {
-        self.call("GET", &format!("/v1/vms/{name}"), None)
-    }
-
-    pub fn create(&self, spec: &VmSpec) -> Result<VmInfo, ClientError> {
-        self.call("POST", "/v1/vms", Some(serde_json::to_value(spec).expect("a spec serializes")))
-    }
-
-    pub fn delete(&self, name: &str) -> Result<Done, ClientError> {
-        self.call("DELETE", &format!("/v1/vms/{name}"), None)
-    }
-
-    /// Forgets the VM's process on that host only if it has ended.
-    pub fn delete_ended(&self, name: &str) -> Result<Done, ClientError> {
-        self.call("DELETE", &format!("/v1/vms/{name}?ended_only=true"), None)
-    }
-
-    pub fn protect(&self, name: &str, req: &ProtectRequest) -> Result<Done, ClientError> {
-        self.call("POST", &format!("/v1/vms/{name}/protect"), Some(serde_json::to_value(req).expect("serializes")))
-    }
-
-    pub fn unprotect(&self, name: &str) -> Result<Done, ClientError> {
-        self.call("POST", &format!("/v1/vms/{name}/unprotect"), None)
-    }
-
-    pub fn handover(&self, name: &str) -> Result<Done, ClientError> {
-        self.call("POST", &format!("/v1/vms/{name}/handover"), None)
-    }
-
-    pub fn start_backup(&self, req: &BackupRequest) -> Result<BackupStarted, ClientError> {
-        self.call("POST", "/v1/backups", Some(serde_json::to_value(req).expect("serializes")))
-    }
-
     /// The metrics, in Prometheus' text format.
     pub fn metrics(&self) -> Result<String, ClientError> {
         let url = format!("{}/metrics", self.base);
@@ -145,5 +108,77 @@ impl AgentClient {
             return Err(ClientError::Api(e));
         }
         Ok(text)
+    }
+}
+
+/// What the control plane asks of a host's agent: the calls of its API
+/// that read and change the host's VMs. [`AgentClient`] makes them over
+/// HTTPS; the controller's tests make them of hosts in memory.
+pub trait AgentApi {
+    fn vms(&self) -> Result<Vec<VmInfo>, ClientError>;
+    fn vm(&self, name: &str) -> Result<VmInfo, ClientError>;
+    fn create(&self, spec: &VmSpec) -> Result<VmInfo, ClientError>;
+    fn delete(&self, name: &str) -> Result<Done, ClientError>;
+    /// Forgets the VM's process on that host only if it has ended.
+    fn delete_ended(&self, name: &str) -> Result<Done, ClientError>;
+    fn protect(&self, name: &str, req: &ProtectRequest) -> Result<Done, ClientError>;
+    fn unprotect(&self, name: &str) -> Result<Done, ClientError>;
+    fn handover(&self, name: &str) -> Result<Done, ClientError>;
+    fn start_backup(&self, req: &BackupRequest) -> Result<BackupStarted, ClientError>;
+}
+
+/// How the control plane reaches each host's agent.
+pub trait Agents: Send + Sync {
+    /// A client of `host`'s agent whose requests give up after `deadline`
+    /// (None: after the longest a protect or handover takes).
+    fn agent(&self, host: &HostRecord, deadline: Option<Duration>) -> Box<dyn AgentApi>;
+}
+
+/// The agents over HTTPS, spoken to with the cluster's credentials.
+pub struct HttpAgents {
+    pub credentials: Credentials,
+}
+
+impl Agents for HttpAgents {
+    fn agent(&self, host: &HostRecord, deadline: Option<Duration>) -> Box<dyn AgentApi> {
+        Box::new(AgentClient::with_deadline(&host.api, &self.credentials, deadline.unwrap_or(DEADLINE)))
+    }
+}
+
+impl AgentApi for AgentClient {
+    fn vms(&self) -> Result<Vec<VmInfo>, ClientError> {
+        self.call("GET", "/v1/vms", None)
+    }
+
+    fn vm(&self, name: &str) -> Result<VmInfo, ClientError> {
+        self.call("GET", &format!("/v1/vms/{name}"), None)
+    }
+
+    fn create(&self, spec: &VmSpec) -> Result<VmInfo, ClientError> {
+        self.call("POST", "/v1/vms", Some(serde_json::to_value(spec).expect("a spec serializes")))
+    }
+
+    fn delete(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/vms/{name}"), None)
+    }
+
+    fn delete_ended(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/vms/{name}?ended_only=true"), None)
+    }
+
+    fn protect(&self, name: &str, req: &ProtectRequest) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/protect"), Some(serde_json::to_value(req).expect("serializes")))
+    }
+
+    fn unprotect(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/unprotect"), None)
+    }
+
+    fn handover(&self, name: &str) -> Result<Done, ClientError> {
+        self.call("POST", &format!("/v1/vms/{name}/handover"), None)
+    }
+
+    fn start_backup(&self, req: &BackupRequest) -> Result<BackupStarted, ClientError> {
+        self.call("POST", "/v1/backups", Some(serde_json::to_value(req).expect("serializes")))
     }
 }

@@ -28,7 +28,7 @@
 //! console` finds the VM's live side in the hosts' records and connects
 //! there; the dashboard relays a browser to it ([`relay`]).
 
-use crate::credentials::Credentials;
+use crate::authority::credentials::Credentials;
 use crate::model::{ApiError, HostRecord, Role};
 use axum::extract::ws::{self, WebSocket, WebSocketUpgrade};
 use futures_util::{SinkExt, StreamExt};
@@ -95,7 +95,7 @@ pub enum ConsoleError {
     #[error("the agent at {url} did not answer as a console: {problem}")]
     Protocol { url: String, problem: String },
     #[error("{0}")]
-    Credentials(#[from] crate::credentials::CredentialsError),
+    Credentials(#[from] crate::authority::credentials::CredentialsError),
 }
 
 /// The WebSocket upgrade with this module's limits.

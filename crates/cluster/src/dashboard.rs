@@ -16,7 +16,7 @@
 //! also needs the session's CSRF value in the `X-Ftvm-Csrf` header, which
 //! only the page's own script can send.
 //!
-//! The actions run the same [`crate::ops`] functions as `ftvm cluster`,
+//! The actions run the same [`crate::control::ops`] functions as `ftvm cluster`,
 //! on the blocking pool; each is a job whose progress and result the page
 //! shows live, with the event log telling what the cluster did.
 //!
@@ -30,10 +30,10 @@
 pub mod render;
 pub mod view;
 
-use crate::credentials::Credentials;
-use crate::events::{ClusterEvent, Cursor, Story};
+use crate::authority::credentials::Credentials;
+use crate::control::events::{ClusterEvent, Cursor, Story};
+use crate::control::ops::{Cluster, OpsError};
 use crate::model::ApiError;
-use crate::ops::{Cluster, OpsError};
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -179,7 +179,7 @@ impl Dashboard {
         sessions.retain(|s| s.expires > now);
         // Each compared in constant time: the answer's timing says nothing
         // of how close a guess came.
-        sessions.iter().find(|s| crate::token::matches(given, &s.secret)).cloned()
+        sessions.iter().find(|s| crate::authority::token::matches(given, &s.secret)).cloned()
     }
 
     fn open_session(&self) -> Result<Session, ApiError> {
@@ -295,7 +295,7 @@ async fn require_session(State(d): State<Arc<Dashboard>>, mut request: HttpReque
     };
     if request.method() == axum::http::Method::POST {
         let given = request.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if !crate::token::matches(given, &session.csrf) {
+        if !crate::authority::token::matches(given, &session.csrf) {
             let e = ApiError::Unauthorized(format!("the request lacks the page's {CSRF_HEADER} header"));
             return (StatusCode::FORBIDDEN, Json(e)).into_response();
         }
@@ -327,7 +327,7 @@ async fn login(
     let Ok(axum::Form(form)) = form else {
         return refuse(StatusCode::BAD_REQUEST, "the form was not sent whole: try again");
     };
-    if !crate::token::matches(form.token.trim(), &d.credentials.token) {
+    if !crate::authority::token::matches(form.token.trim(), &d.credentials.token) {
         return refuse(StatusCode::UNAUTHORIZED, "wrong token: it is not this cluster's API token");
     }
     let session = match d.open_session() {
@@ -397,7 +397,7 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
                 return Some((Ok::<_, std::convert::Infallible>(e), f));
             }
             // The log is read at once the first time, then every POLL.
-            let wait = if f.first_read { Duration::ZERO } else { crate::events::POLL };
+            let wait = if f.first_read { Duration::ZERO } else { crate::control::events::POLL };
             tokio::select! {
                 changed = f.views.changed() => {
                     if changed.is_err() {
@@ -418,7 +418,7 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
                     f.first_read = false;
                     let mut cursor = f.cursor.clone();
                     let read = tokio::task::spawn_blocking(move || {
-                        let r = cursor.next(&cluster.etcd);
+                        let r = cursor.next(cluster.store());
                         (cursor, r)
                     })
                     .await;
@@ -439,7 +439,7 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 
-fn timeline_event(e: &ClusterEvent, meaning: Option<crate::events::Meaning>) -> Event {
+fn timeline_event(e: &ClusterEvent, meaning: Option<crate::control::events::Meaning>) -> Event {
     Event::default().event("event").id(e.id.to_string()).data(render::event_row(e, meaning))
 }
 
@@ -481,7 +481,7 @@ async fn console(
 async fn page_console(d: Arc<Dashboard>, csrf: String, name: String, mut ws: axum::extract::ws::WebSocket) {
     use axum::extract::ws::{close_code, CloseFrame, Message};
     let first = tokio::time::timeout(CSRF_WITHIN, ws.recv()).await;
-    if !matches!(&first, Ok(Some(Ok(Message::Text(t)))) if crate::token::matches(t.as_str(), &csrf)) {
+    if !matches!(&first, Ok(Some(Ok(Message::Text(t)))) if crate::authority::token::matches(t.as_str(), &csrf)) {
         let close = CloseFrame { code: close_code::POLICY, reason: "the page's CSRF value did not come first".into() };
         let _ = ws.send(Message::Close(Some(close))).await;
         return;
@@ -706,7 +706,7 @@ mod tests {
 
     #[test]
     fn sessions_are_bounded_and_found_by_their_secret() {
-        let credentials = crate::credentials::scratch("sessions");
+        let credentials = crate::authority::credentials::scratch("sessions");
         let d = Dashboard::new("h", credentials.etcd("https://127.0.0.1:2379").unwrap(), credentials);
         let mut first = None;
         for _ in 0..MAX_SESSIONS + 3 {

@@ -1,47 +1,32 @@
-//! `ftvm-cluster`: ftvm's hosts as one cluster on etcd.
+//! `ftvm-cluster`: ftvm's hosts as one cluster on etcd, in modules by
+//! job, none importing one that imports it back:
 //!
 //! - [`model`]: the typed records, specs, requests, replies and errors of
 //!   the agents' HTTP API (and of the host records in etcd).
-//! - [`agent`]: `ftvm agent`, the daemon of one host: its VMs, its record
-//!   in etcd, its API and metrics.
-//! - [`desired`]: the cluster's desired state in etcd: each VM's record
-//!   (its spec and wanted protection), the drained hosts.
-//! - [`controller`]: one agent at a time makes the cluster match it:
-//!   places VMs, keeps them protected, empties drained hosts.
-//! - [`vms`]: a host's VMs as child processes, spoken to through their
-//!   control sockets.
-//! - [`events`]: the cluster's event log in etcd (the pairs' events and
-//!   the controller's actions), read by the API's event stream.
+//! - [`store`]: every key the cluster keeps in etcd and every read and
+//!   transaction on them, behind a trait with an in-memory twin.
+//! - [`authority`]: the cluster's certificate authority, each host's and
+//!   operator's credentials, the API's token.
+//! - [`client`]: the client of an agent's API (`ftvm cluster`'s, and the
+//!   control plane's, behind a trait).
+//! - [`control`]: the control plane: the desired state, the controller
+//!   that makes it real, the operations across agents, the event log.
+//! - [`agent`]: `ftvm agent`, the daemon of one host: its API, its VMs as
+//!   child processes, its TLS listener, its metrics, its VMs' pair keys.
 //! - [`dashboard`]: the web page every agent serves at `/ui`: the
 //!   cluster, its pairs and their history, and the operator's actions.
-//! - [`metrics`]: the Prometheus metrics of a host and its VMs.
-//! - [`keys`]: each VM's pair key, shared by its hosts through etcd.
-//! - [`session`]: connections to etcd, and leases held by a loop.
-//! - [`token`]: the API's bearer token.
-//! - [`credentials`]: the cluster's authority, each host's and operator's
-//!   credentials, and the TLS made of them.
-//! - [`https`]: the agent's HTTPS listener.
-//! - [`refusal`]: every refusal of the API as the model's JSON error.
-//! - [`client`]: `ftvm cluster`'s client of an agent's API.
 //! - [`console`]: a VM's serial console over the API (a WebSocket), the
 //!   agent's side and the client's.
-//! - [`ops`]: operations across agents (create, protect a VM on another
-//!   host, move, drain).
+//!
+//! Who uses whom: `agent` → `dashboard` → `control` → `client`, `store`,
+//! `authority`, `model`; `console` is used by the agent, the dashboard
+//! and the command line.
 
 pub mod agent;
+pub mod authority;
 pub mod client;
 pub mod console;
-pub mod controller;
-pub mod credentials;
+pub mod control;
 pub mod dashboard;
-pub mod desired;
-pub mod events;
-pub mod https;
-pub mod keys;
-pub mod metrics;
 pub mod model;
-pub mod ops;
-pub mod refusal;
-pub mod session;
-pub mod token;
-pub mod vms;
+pub mod store;

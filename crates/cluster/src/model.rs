@@ -4,7 +4,7 @@
 //! tests speak these; the JSON is their serde form (docs/api/openapi.json
 //! describes it).
 
-use ftvm_api::{Mode, VmStatus};
+use ftvm_api::{BackupMode, Mode, PairStatus, VmStatus};
 use serde::{Deserialize, Serialize};
 
 /// A host, as its agent records it in etcd (under a lease: it disappears
@@ -248,6 +248,22 @@ pub struct VmInfo {
     pub status: Option<VmStatus>,
     /// How its process ended, once it has.
     pub ended: Option<String>,
+}
+
+impl VmInfo {
+    /// Its pair's mode as its status says ("none": not in a pair).
+    pub fn mode(&self) -> String {
+        match self.status.as_ref().and_then(|s| s.pair.as_ref()) {
+            Some(PairStatus::Primary(p)) => p.mode.name().to_string(),
+            Some(PairStatus::Backup(b)) => match b.mode {
+                BackupMode::Lockstep { .. } => "lockstep",
+                BackupMode::Epoch { .. } => "epoch",
+                BackupMode::Checkpoint { .. } => "checkpoint",
+            }
+            .to_string(),
+            _ => "none".into(),
+        }
+    }
 }
 
 /// Give a VM of this host a backup: `ftvm ft primary`'s pair on the

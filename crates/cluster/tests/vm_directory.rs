@@ -6,8 +6,8 @@
 //! test: "move redis to backup: cannot write the console log". Uses the
 //! built image (`make image`): a start copies its root disk.
 
+use ftvm_cluster::agent::vms::Vms;
 use ftvm_cluster::model::{ApiError, VmSpec};
-use ftvm_cluster::vms::Vms;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 

@@ -4,10 +4,10 @@
 use clap::{Args, Subcommand};
 use ftvm_api::Mode;
 use ftvm_cluster::agent::AgentConfig;
-use ftvm_cluster::credentials::{self, Credentials};
-use ftvm_cluster::desired::{self, VmRecord};
+use ftvm_cluster::authority::credentials::{self, Credentials};
+use ftvm_cluster::control::desired::{self, VmRecord};
+use ftvm_cluster::control::ops::{self, Cluster};
 use ftvm_cluster::model::{Done, NetworkSpec, VmInfo, VmSpec};
-use ftvm_cluster::ops::{self, Cluster};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -284,7 +284,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         let opened = ftvm_cluster::console::open_blocking(cluster.hosts()?, credentials, name.clone(), *read_only);
         // No host runs it: its record says whether the cluster has it.
         if let Err(ftvm_cluster::console::ConsoleError::NoVm(_)) = &opened {
-            if let Some(record) = desired::get(&cluster.etcd, name)? {
+            if let Some(record) = desired::get(cluster.store(), name)? {
                 let why = record.problem.unwrap_or_else(|| "not started yet".into());
                 return Err(format!("VM {name} runs on no host now ({why}): it has no console").into());
             }
@@ -301,7 +301,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         ClusterCommand::Vm(VmCommand::Console { .. }) => unreachable!("answered above"),
         ClusterCommand::Host(HostCommand::List) => {
             let hosts = cluster.hosts()?;
-            let drained = desired::drained(&cluster.etcd)?;
+            let drained = desired::drained(cluster.store())?;
             if json {
                 print_json(&hosts);
             } else {
@@ -350,7 +350,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                     Err(e) => eprintln!("ftvm: host {}: {e}", host.id),
                 }
             }
-            let records = desired::all(&cluster.etcd)?;
+            let records = desired::all(cluster.store())?;
             let nowhere: Vec<&VmRecord> =
                 records.iter().filter(|r| !rows.iter().any(|v| v.name == r.spec.name)).collect();
             if json {
@@ -358,7 +358,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             } else {
                 println!("{:<20} {:<16} {:<12} {:<10} STATE", "VM", "HOST", "ROLE", "MODE");
                 for v in &rows {
-                    let mode = ftvm_cluster::metrics::mode_of(v);
+                    let mode = v.mode();
                     println!("{:<20} {:<16} {:<12} {:<10} {}", v.name, v.host, v.role.word(), mode, state_of(v));
                 }
                 for r in nowhere {
@@ -368,7 +368,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             }
         }
         ClusterCommand::Vm(VmCommand::Show { name }) => {
-            let record = desired::get(&cluster.etcd, &name)?;
+            let record = desired::get(cluster.store(), &name)?;
             let sides: Vec<VmInfo> = match cluster.find(&cluster.hosts()?, &name) {
                 Ok((running, backup)) => std::iter::once(running.info).chain(backup.map(|b| b.info)).collect(),
                 Err(ops::OpsError::NoVm(_)) if record.is_some() => Vec::new(),
@@ -436,9 +436,9 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
         ClusterCommand::Vm(VmCommand::Handover { name }) => print_done(&cluster.handover(&name)?),
         ClusterCommand::Vm(VmCommand::Move { name, to }) => print_done(&cluster.move_to(&name, &to)?),
         ClusterCommand::Events { vm, follow } => {
-            let mut cursor = ftvm_cluster::events::Cursor { after: 0, vm };
+            let mut cursor = ftvm_cluster::control::events::Cursor { after: 0, vm };
             loop {
-                for e in cursor.next(&cluster.etcd)? {
+                for e in cursor.next(cluster.store())? {
                     if json {
                         println!("{}", serde_json::to_string(&e).expect("an event serializes"));
                     } else {
@@ -448,7 +448,7 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 if !follow {
                     break;
                 }
-                std::thread::sleep(ftvm_cluster::events::POLL);
+                std::thread::sleep(ftvm_cluster::control::events::POLL);
             }
         }
         ClusterCommand::Vm(VmCommand::Delete { name }) => {

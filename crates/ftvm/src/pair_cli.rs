@@ -291,7 +291,7 @@ mod tests {
     /// their configuration to a file: the same backup either way.
     #[test]
     fn the_agents_backup_configuration_is_the_one_its_old_options_made() {
-        use ftvm_cluster::vms::{backup_config, tap_name};
+        use ftvm_cluster::agent::vms::{backup_config, tap_name};
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]

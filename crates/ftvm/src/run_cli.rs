@@ -420,7 +420,7 @@ mod tests {
     /// configuration to a file: the same VM either way.
     #[test]
     fn the_agents_configuration_is_the_vm_its_old_options_made() {
-        use ftvm_cluster::vms::{mac_of, tap_name, vm_config};
+        use ftvm_cluster::agent::vms::{mac_of, tap_name, vm_config};
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]

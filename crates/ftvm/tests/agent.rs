@@ -12,8 +12,8 @@
 mod common;
 
 use common::{run_with_timeout, Scratch};
-use ftvm_cluster::client::{AgentClient, ClientError};
-use ftvm_cluster::credentials::Credentials;
+use ftvm_cluster::authority::credentials::Credentials;
+use ftvm_cluster::client::{AgentApi, AgentClient, ClientError};
 use ftvm_cluster::model::{ApiError, Role, VmInfo};
 use ftvm_etcd::local::LocalEtcd;
 use std::process::{Child, Command, Stdio};

@@ -5,7 +5,7 @@
 
 use super::view::{Health, Protection, View, VmRow, HISTORY_MS};
 use super::Job;
-use crate::events::{ClusterEvent, ControllerAction, Meaning, What};
+use crate::control::events::{ClusterEvent, ControllerAction, Meaning, What};
 use ftvm_api::events::PairEvent;
 use std::fmt::Write;
 

@@ -5,9 +5,9 @@
 //! history to chart and a host that vanished is still shown, as lost.
 //! Blocking: called on the blocking pool.
 
-use crate::desired::{self, VmRecord};
+use crate::control::desired::{self, VmRecord};
+use crate::control::ops::Cluster;
 use crate::model::{HostRecord, Role, VmInfo};
-use crate::ops::Cluster;
 use ftvm_api::{PairStatus, PrimaryMode};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -37,8 +37,8 @@ pub struct Look {
 pub fn look(cluster: &Cluster) -> Look {
     let unix_ms = now_ms();
     let hosts = cluster.hosts().ok();
-    let records = desired::all(&cluster.etcd).unwrap_or_default();
-    let drained = desired::drained(&cluster.etcd).unwrap_or_default();
+    let records = desired::all(cluster.store()).unwrap_or_default();
+    let drained = desired::drained(cluster.store()).unwrap_or_default();
     let processes = std::thread::scope(|s| {
         let asks: Vec<_> = hosts
             .iter()
@@ -265,7 +265,7 @@ impl Watch {
                 name: name.clone(),
                 primary: running.map(|v| v.host.clone()),
                 backup: backup.map(|v| v.host.clone()),
-                mode: running.map(|v| crate::metrics::mode_of(v)).unwrap_or_else(|| "none".into()),
+                mode: running.map(|v| v.mode()).unwrap_or_else(|| "none".into()),
                 image: record.map(|r| &r.spec).or(running.map(|v| &v.spec)).map_or("–", |s| s.image_name()).to_string(),
                 protection,
                 figures,

@@ -1,4 +1,5 @@
-//! The cluster's desired state in etcd, which the controller makes real:
+//! The cluster's desired state in etcd ([`crate::store`]), which the
+//! controller makes real:
 //! - `/ftvm/vms/<name>`: a [`VmRecord`] per VM: its spec (what it is and
 //!   the protection it wants), the host asked for at its creation, and
 //!   how far the cluster got with it ([`Phase`]);
@@ -11,14 +12,8 @@
 //! each other: the loser reads again and retries ([`update`]).
 
 use crate::model::{ApiError, VmSpec};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use ftvm_etcd::{Etcd, EtcdError};
+use crate::store::{self, Store, StoreError};
 use serde::{Deserialize, Serialize};
-
-/// Where the VMs' records live.
-pub const VMS_PREFIX: &str = "/ftvm/vms/";
-/// Where drained hosts are marked.
-pub const DRAIN_PREFIX: &str = "/ftvm/drain/";
 
 /// A VM the cluster is to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +62,7 @@ impl VmRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum DesiredError {
     #[error("{0}")]
-    Etcd(#[from] EtcdError),
+    Store(#[from] StoreError),
     #[error("VM {0} exists already in the cluster")]
     Exists(String),
     #[error("no VM {0} in the cluster")]
@@ -79,7 +74,7 @@ pub enum DesiredError {
 impl From<DesiredError> for ApiError {
     fn from(e: DesiredError) -> ApiError {
         match e {
-            DesiredError::Etcd(_) => ApiError::Unavailable(e.to_string()),
+            DesiredError::Store(_) => ApiError::Unavailable(e.to_string()),
             DesiredError::Exists(_) => ApiError::Conflict(e.to_string()),
             DesiredError::NoVm(_) => ApiError::NotFound(e.to_string()),
             DesiredError::Unreadable { .. } => ApiError::Internal(e.to_string()),
@@ -92,10 +87,6 @@ pub fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn key(vm: &str) -> String {
-    format!("{VMS_PREFIX}{vm}")
-}
-
 fn encode(record: &VmRecord) -> String {
     serde_json::to_string(record).expect("a record serializes")
 }
@@ -105,16 +96,11 @@ fn decode(vm: &str, bytes: &[u8]) -> Result<VmRecord, DesiredError> {
 }
 
 /// Adds a VM's record, unless one by its name exists.
-pub fn create(etcd: &Etcd, record: &VmRecord) -> Result<(), DesiredError> {
-    let k = key(&record.spec.name);
-    let txn = Txn::new().when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
-        k,
-        encode(record),
-        None,
-    )]);
+pub fn create(store: &dyn Store, record: &VmRecord) -> Result<(), DesiredError> {
+    let written = store.create(&store::vm_key(&record.spec.name), encode(record).as_bytes())?;
     // A retried request whose first try wrote finds its own record: the
     // same bytes count as created.
-    if etcd.txn(txn)?.succeeded() || get(etcd, &record.spec.name)?.as_ref() == Some(record) {
+    if written || get(store, &record.spec.name)?.as_ref() == Some(record) {
         Ok(())
     } else {
         Err(DesiredError::Exists(record.spec.name.clone()))
@@ -122,34 +108,30 @@ pub fn create(etcd: &Etcd, record: &VmRecord) -> Result<(), DesiredError> {
 }
 
 /// A VM's record, if the cluster has one.
-pub fn get(etcd: &Etcd, vm: &str) -> Result<Option<VmRecord>, DesiredError> {
-    etcd.get(&key(vm))?.map(|v| decode(vm, &v)).transpose()
+pub fn get(store: &dyn Store, vm: &str) -> Result<Option<VmRecord>, DesiredError> {
+    store.get(&store::vm_key(vm))?.map(|e| decode(vm, &e.value)).transpose()
 }
 
 /// Every VM's record, by name (an unreadable one is left out: it is no
 /// VM anyone can run).
-pub fn all(etcd: &Etcd) -> Result<Vec<VmRecord>, DesiredError> {
-    Ok(etcd.get_prefix(VMS_PREFIX, 0)?.into_iter().filter_map(|(_, v)| serde_json::from_slice(&v).ok()).collect())
+pub fn all(store: &dyn Store) -> Result<Vec<VmRecord>, DesiredError> {
+    Ok(store.range(store::VMS)?.into_iter().filter_map(|e| serde_json::from_slice(&e.value).ok()).collect())
 }
 
 /// Changes a VM's record by `change` (given the record as it stands, it
 /// may refuse), written only if nobody changed it since it was read;
 /// else read and changed again. Returns the record written.
 pub fn update<E: From<DesiredError>>(
-    etcd: &Etcd,
+    store: &dyn Store,
     vm: &str,
     mut change: impl FnMut(&mut VmRecord) -> Result<(), E>,
 ) -> Result<VmRecord, E> {
-    let k = key(vm);
+    let k = store::vm_key(vm);
     loop {
-        let (bytes, revision) =
-            etcd.get_versioned(&k).map_err(DesiredError::from)?.ok_or_else(|| DesiredError::NoVm(vm.into()))?;
-        let mut record = decode(vm, &bytes)?;
+        let read = store.get(&k).map_err(DesiredError::from)?.ok_or_else(|| DesiredError::NoVm(vm.into()))?;
+        let mut record = decode(vm, &read.value)?;
         change(&mut record)?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(k.clone(), CompareOp::Equal, revision)])
-            .and_then([TxnOp::put(k.clone(), encode(&record), None)]);
-        if etcd.txn(txn).map_err(DesiredError::from)?.succeeded() {
+        if store.replace(&k, encode(&record).as_bytes(), read.revision).map_err(DesiredError::from)? {
             return Ok(record);
         }
     }
@@ -157,26 +139,25 @@ pub fn update<E: From<DesiredError>>(
 
 /// Removes a VM's record: the cluster no longer runs it. False: it had
 /// none.
-pub fn remove(etcd: &Etcd, vm: &str) -> Result<bool, DesiredError> {
-    let k = key(vm);
-    let txn = Txn::new()
-        .when([Compare::create_revision(k.clone(), CompareOp::Greater, 0)])
-        .and_then([TxnOp::delete(k, None)]);
-    Ok(etcd.txn(txn)?.succeeded())
+pub fn remove(store: &dyn Store, vm: &str) -> Result<bool, DesiredError> {
+    Ok(store.remove(&store::vm_key(vm))?)
 }
 
 /// Marks a host as drained (or not): its VMs are moved away, nothing new
 /// goes there.
-pub fn set_drain(etcd: &Etcd, host: &str, drain: bool) -> Result<(), DesiredError> {
-    let k = format!("{DRAIN_PREFIX}{host}");
-    let op = if drain { TxnOp::put(k, now().to_string(), None) } else { TxnOp::delete(k, None) };
-    etcd.txn(Txn::new().and_then([op]))?;
+pub fn set_drain(store: &dyn Store, host: &str, drain: bool) -> Result<(), DesiredError> {
+    let k = store::drain_key(host);
+    if drain {
+        store.put(&k, now().to_string().as_bytes())?;
+    } else {
+        store.remove(&k)?;
+    }
     Ok(())
 }
 
 /// The hosts marked as drained.
-pub fn drained(etcd: &Etcd) -> Result<Vec<String>, DesiredError> {
-    Ok(etcd.get_prefix(DRAIN_PREFIX, 0)?.into_iter().map(|(k, _)| k[DRAIN_PREFIX.len()..].to_string()).collect())
+pub fn drained(store: &dyn Store) -> Result<Vec<String>, DesiredError> {
+    Ok(store.range(store::DRAIN)?.into_iter().map(|e| e.key[store::DRAIN.len()..].to_string()).collect())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! events: protected, a side declared failed, the arbiter's verdict, gone
 //! live, handed over) and what its controller did about it (started a VM,
 //! asked for a backup, moved one), each with its time, host and VM. Kept
-//! in etcd under [`EVENTS_PREFIX`], not under an agent's lease: the
+//! in etcd under `/ftvm/events/` ([`crate::store`]), not under an agent's lease: the
 //! events of a host's death must outlive the host. An event's id is the
 //! etcd revision that wrote it, so the log has one order across hosts,
 //! and a reader (the API's `GET /v1/events`, the CLI, the metrics) asks
@@ -12,14 +12,12 @@
 //! Publishing never stops a VM or the controller: an event that cannot be
 //! written (etcd away) is dropped with a line on stderr.
 
+use crate::store::{self, Store, StoreError};
 use ftvm_api::events::{EventRecord, PairEvent};
 use ftvm_api::Mode;
-use ftvm_etcd::{Etcd, EtcdError};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// Where the events are kept.
-pub const EVENTS_PREFIX: &str = "/ftvm/events/";
 /// The most events kept: far more than the VMs' failovers and
 /// re-protections of a day, and a bound on etcd's space.
 pub const KEPT: usize = 1000;
@@ -99,31 +97,24 @@ pub fn worth_keeping(event: &PairEvent) -> bool {
 /// The key of a VM process's event: the same for the same event read
 /// twice (a follower that starts again), so writing it is idempotent.
 pub fn pair_key(host: &str, vm: &str, pid: u32, record: &EventRecord) -> String {
-    format!("{EVENTS_PREFIX}{host}/{vm}/{pid}/{:010}", record.seq)
-}
-
-/// The key of a controller's event.
-pub fn controller_key(host: &str, unix_ms: u64, n: u64) -> String {
-    format!("{EVENTS_PREFIX}{host}/controller/{unix_ms:013}-{n}")
+    store::pair_event_key(host, vm, pid, record.seq)
 }
 
 /// Writes `event` at `key` unless something is there already.
-pub fn publish(etcd: &Etcd, key: &str, event: &ClusterEvent) -> Result<(), EtcdError> {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+pub fn publish(store: &dyn Store, key: &str, event: &ClusterEvent) -> Result<(), StoreError> {
     let value = serde_json::to_string(event).expect("an event serializes");
-    let txn = Txn::new().when([Compare::version(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]);
-    etcd.txn(txn).map(|_| ())
+    store.create(key, value.as_bytes()).map(|_| ())
 }
 
 /// The events written after id `after`, oldest first (an unreadable one
 /// is skipped).
-pub fn since(etcd: &Etcd, after: i64) -> Result<Vec<ClusterEvent>, EtcdError> {
-    Ok(etcd
-        .get_prefix_since(EVENTS_PREFIX, after)?
+pub fn since(store: &dyn Store, after: i64) -> Result<Vec<ClusterEvent>, StoreError> {
+    Ok(store
+        .range_since(store::EVENTS, after)?
         .into_iter()
-        .filter_map(|(_, v, revision)| {
-            let mut e: ClusterEvent = serde_json::from_slice(&v).ok()?;
-            e.id = revision;
+        .filter_map(|entry| {
+            let mut e: ClusterEvent = serde_json::from_slice(&entry.value).ok()?;
+            e.id = entry.revision;
             Some(e)
         })
         .collect())
@@ -143,8 +134,8 @@ pub struct Cursor {
 impl Cursor {
     /// The wanted events written since the last call, oldest first; the
     /// cursor moves past every event read, wanted or not.
-    pub fn next(&mut self, etcd: &Etcd) -> Result<Vec<ClusterEvent>, EtcdError> {
-        let new = since(etcd, self.after)?;
+    pub fn next(&mut self, store: &dyn Store) -> Result<Vec<ClusterEvent>, StoreError> {
+        let new = since(store, self.after)?;
         self.after = new.iter().map(|e| e.id).max().unwrap_or(self.after);
         Ok(new.into_iter().filter(|e| self.vm.is_none() || e.vm == self.vm).collect())
     }
@@ -162,14 +153,12 @@ pub fn to_trim(mut keys: Vec<(String, i64)>, kept: usize) -> Vec<String> {
 }
 
 /// Deletes the oldest events beyond [`KEPT`].
-pub fn trim(etcd: &Etcd) -> Result<(), EtcdError> {
-    use etcd_client::{DeleteOptions, Txn, TxnOp};
-    let doomed = to_trim(etcd.keys_prefix(EVENTS_PREFIX)?, KEPT);
+pub fn trim(store: &dyn Store) -> Result<(), StoreError> {
+    let doomed = to_trim(store.keys(store::EVENTS)?, KEPT);
     if doomed.is_empty() {
         return Ok(());
     }
-    let ops: Vec<TxnOp> = doomed.into_iter().map(|k| TxnOp::delete(k, None::<DeleteOptions>)).collect();
-    etcd.txn(Txn::new().and_then(ops)).map(|_| ())
+    store.remove_all(&doomed)
 }
 
 /// A VM's failovers, handovers and re-protections, as the log tells them.

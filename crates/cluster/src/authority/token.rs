@@ -1,5 +1,5 @@
 //! The cluster's API token: a secret every agent and client holds (the
-//! `token` file of its credentials directory, [`crate::credentials`]),
+//! `token` file of its credentials directory, [`crate::authority::credentials`]),
 //! sent as `Authorization: Bearer TOKEN`. Compared in
 //! constant time, so how long a refusal takes says nothing of how much of
 //! a guess was right.
@@ -19,7 +19,7 @@ pub fn matches(given: &str, expected: &str) -> bool {
 /// The token in `path`: its first line, which must hold at least 16
 /// characters; the file may be read only by its owner.
 pub fn read(path: &Path) -> Result<String, String> {
-    crate::credentials::private(path).map_err(|e| format!("the token file: {e}"))?;
+    crate::authority::files::private(path).map_err(|e| format!("the token file: {e}"))?;
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
     if meta.len() > 4096 {
         return Err(format!("the token file {} is too large to be a token", path.display()));
@@ -39,7 +39,7 @@ pub fn create(path: &Path) -> Result<String, String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a token: {e}"))?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    crate::credentials::create(path, format!("{token}\n").as_bytes(), 0o600).map_err(|e| e.to_string())?;
+    crate::authority::files::create(path, format!("{token}\n").as_bytes(), 0o600).map_err(|e| e.to_string())?;
     Ok(token)
 }
 

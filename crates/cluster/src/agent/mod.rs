@@ -1,6 +1,6 @@
 //! `ftvm agent`: the daemon of one host of the cluster. In the
 //! foreground, logging to stderr (systemd-friendly), it
-//! - runs its host's VMs as child processes ([`crate::vms`]), and at its
+//! - runs its host's VMs as child processes ([`vms`]), and at its
 //!   start adopts those an agent before it left running (one killed, or
 //!   crashed: only SIGTERM stops the VMs);
 //! - records its host in etcd under a lease it keeps alive
@@ -12,37 +12,48 @@
 //!   cluster's bearer token (a VM's console too: [`crate::console`]), and
 //!   the dashboard at `/ui`
 //!   ([`crate::dashboard`], logged into with the same token);
-//! - runs the cluster's controller when elected ([`crate::controller`]);
+//! - runs the cluster's controller when elected ([`crate::control::controller`]);
 //! - on SIGTERM or SIGINT stops taking requests, asks every VM to stop
 //!   (a protected primary hands over to its backup, a plain VM's guest
 //!   powers off), waits for them, and withdraws its record.
 //!
 //! etcd being unreachable never stops a VM: the record is written again
 //! once etcd answers.
+//!
+//! Its parts: the API's handlers here; [`vms`], the VM supervisor (its
+//! VMs as child processes, spoken to through their control sockets);
+//! [`https`], the TLS listener; [`refusal`], every refusal of the API as
+//! the model's JSON error; [`metrics`], the Prometheus metrics of the host
+//! and its VMs; [`keys`], each VM's pair key, shared by its hosts through
+//! the store.
 
-use crate::credentials::Credentials;
-use crate::events::{ClusterEvent, Cursor, What};
+pub mod https;
+pub mod keys;
+pub mod metrics;
+pub mod refusal;
+pub mod vms;
+
+use crate::agent::vms::{VmEvent, Vms};
+use crate::authority::credentials::Credentials;
+use crate::control::events::{ClusterEvent, Cursor, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
-use crate::session::Leased;
-use crate::vms::{VmEvent, Vms};
+use crate::store::session::Leased;
+use crate::store::{self, EtcdStore, Store};
 use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use etcd_client::PutOptions;
 use ftvm_api::pair_config::DEFAULT_HEARTBEAT_PORT;
 use ftvm_api::{PairConfig, ProtectConfig, Reply, Request};
-use ftvm_etcd::{Endpoints, Etcd};
+use ftvm_etcd::Endpoints;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Where hosts record themselves.
-pub const HOSTS_PREFIX: &str = "/ftvm/hosts/";
 /// The lease of a host's record: it disappears this long after its agent
 /// stops renewing it.
 pub const HOST_LEASE: Duration = Duration::from_secs(10);
@@ -94,9 +105,9 @@ pub enum AgentError {
     #[error("cannot make the state directory {}: {source}", .dir.display())]
     StateDir { dir: PathBuf, source: std::io::Error },
     #[error("{0}")]
-    Etcd(#[from] ftvm_etcd::EtcdError),
+    Store(#[from] store::StoreError),
     #[error("{0}")]
-    Credentials(#[from] crate::credentials::CredentialsError),
+    Credentials(#[from] crate::authority::credentials::CredentialsError),
     #[error("the API server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -105,10 +116,10 @@ pub enum AgentError {
 struct Agent {
     config: AgentConfig,
     vms: Vms,
-    /// The event log's connection: a blocking client (its calls go to
-    /// the blocking pool), made once and never dropped, since dropping its
+    /// The event log's store: a blocking client (its calls go to the
+    /// blocking pool), made once and never dropped, since dropping its
     /// runtime inside the agent's would panic.
-    etcd: &'static Etcd,
+    store: &'static EtcdStore,
     /// The consoles that may still be opened ([`crate::console::SESSIONS`]).
     consoles: Arc<tokio::sync::Semaphore>,
 }
@@ -153,7 +164,7 @@ impl Agent {
     }
 
     /// Where this host keeps a VM's pair key (the cluster's, from etcd:
-    /// [`crate::keys`]).
+    /// [`crate::agent::keys`]).
     fn pair_key(&self, vm: &str) -> PathBuf {
         self.config.state_dir.join("keys").join(format!("{vm}.key"))
     }
@@ -171,7 +182,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     // SAFETY: umask only swaps the process's file mode mask.
     unsafe { libc::umask(0o077) };
     for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
-        crate::vms::private_dir(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
+        crate::agent::vms::private_dir(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -184,17 +195,17 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         eprintln!("ftvm agent: {} VM(s) of an agent before this one: {}", adopted.len(), adopted.join(", "));
     }
     let own_first = Agent::local_first(&config);
-    let etcd: &'static Etcd = Box::leak(Box::new(Etcd::new(own_first)?));
+    let store: &'static EtcdStore = Box::leak(Box::new(EtcdStore::new(own_first)?));
     let consoles = Arc::new(tokio::sync::Semaphore::new(crate::console::SESSIONS));
-    let agent = Arc::new(Agent { config, vms, etcd, consoles });
+    let agent = Arc::new(Agent { config, vms, store, consoles });
     tokio::spawn(publish_events(agent.clone(), events_rx));
-    let listener = crate::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
+    let listener = crate::agent::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
         .map_err(|source| AgentError::Listen { addr: agent.config.listen, source })?;
     eprintln!("ftvm agent: host {} serving on https://{}", agent.config.id, agent.config.listen);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let registration = tokio::spawn(register(agent.clone(), stop_rx.clone()));
-    let controller = tokio::spawn(crate::controller::run(
+    let controller = tokio::spawn(crate::control::controller::run(
         agent.config.id.clone(),
         agent.etcd_local_first(),
         agent.config.credentials.clone(),
@@ -245,7 +256,7 @@ async fn wait_for_signal() {
 /// outage and retried: the VMs run on regardless.
 async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let endpoints = agent.etcd_local_first();
-    let key = format!("{HOSTS_PREFIX}{}", agent.config.id);
+    let key = store::host_key(&agent.config.id);
     let mut session: Option<Leased> = None;
     // The record as last written under the session's lease: it is written
     // again only when it changed (etcd keeps every revision until its
@@ -269,10 +280,10 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
             s.renew().await?;
             let record = serde_json::to_string(&agent.record().await).expect("a record serializes");
             if written.as_ref() != Some(&record) {
-                s.client.put(key.clone(), record.clone(), Some(PutOptions::new().with_lease(s.lease))).await?;
+                s.put(&key, &record).await?;
                 written = Some(record);
             }
-            Ok::<_, etcd_client::Error>(())
+            Ok::<_, crate::store::session::SessionError>(())
         };
         match tokio::time::timeout(REFRESH * 2, attempt).await {
             Ok(Ok(())) => {
@@ -286,14 +297,14 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
                     eprintln!("ftvm agent: cannot keep the host's record in etcd ({e}); trying again, VMs run on");
                     down_since_logged = true;
                 }
-                crate::session::after_failure(&mut session).await;
+                crate::store::session::after_failure(&mut session).await;
             }
             Err(_) => {
                 if !down_since_logged {
                     eprintln!("ftvm agent: etcd does not answer; trying again, VMs run on");
                     down_since_logged = true;
                 }
-                crate::session::after_failure(&mut session).await;
+                crate::store::session::after_failure(&mut session).await;
             }
         }
         tokio::select! {
@@ -312,7 +323,7 @@ async fn register(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool
 async fn publish_events(agent: Arc<Agent>, mut events: tokio::sync::mpsc::Receiver<VmEvent>) {
     let mut failing = false;
     while let Some(VmEvent { vm, pid, record }) = events.recv().await {
-        let key = crate::events::pair_key(&agent.config.id, &vm, pid, &record);
+        let key = crate::control::events::pair_key(&agent.config.id, &vm, pid, &record);
         let seq = record.seq;
         let event = ClusterEvent {
             id: 0,
@@ -321,8 +332,8 @@ async fn publish_events(agent: Arc<Agent>, mut events: tokio::sync::mpsc::Receiv
             vm: Some(vm.clone()),
             what: What::Pair { event: record.event },
         };
-        let etcd = agent.etcd;
-        let written = tokio::task::spawn_blocking(move || crate::events::publish(etcd, &key, &event)).await;
+        let store = agent.store;
+        let written = tokio::task::spawn_blocking(move || crate::control::events::publish(store, &key, &event)).await;
         match written {
             Ok(Ok(())) => {
                 failing = false;
@@ -366,7 +377,7 @@ fn router(agent: Arc<Agent>, dashboard: Arc<crate::dashboard::Dashboard>) -> Rou
         .route("/healthz", get(|| async { "ok\n" }))
         // A request body of more than 64 KiB is no spec.
         .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
-        .layer(middleware::map_response(crate::refusal::as_json))
+        .layer(middleware::map_response(crate::agent::refusal::as_json))
         .with_state(agent)
 }
 
@@ -378,7 +389,7 @@ async fn authenticate(State(agent): State<Arc<Agent>>, request: HttpRequest, nex
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if !crate::token::matches(given, &agent.config.credentials.token) {
+    if !crate::authority::token::matches(given, &agent.config.credentials.token) {
         let e = ApiError::Unauthorized("missing or wrong bearer token".into());
         let mut r = e.into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
@@ -447,7 +458,9 @@ async fn protect_vm(
     };
     let config = ProtectConfig { mode: req.mode, ..ProtectConfig::new(backup, pair) };
     let request = Request::Protect(Box::new(config));
-    crate::keys::ensure(&agent.config.etcd, &name, &agent.pair_key(&name)).await.map_err(ApiError::Unavailable)?;
+    crate::agent::keys::ensure(&agent.config.etcd, &name, &agent.pair_key(&name))
+        .await
+        .map_err(ApiError::Unavailable)?;
     let reply = agent.vms.ask(&name, request, LONG_REQUEST).await?;
     Ok(Json(Done { message: reply.to_string() }))
 }
@@ -502,7 +515,7 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
     let heartbeat_port = free_udp_port(agent.config.address).map_err(no_port)?;
     let listen = SocketAddr::new(agent.config.address, port);
     let key = agent.pair_key(&req.spec.name);
-    crate::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
+    crate::agent::keys::ensure(&agent.config.etcd, &req.spec.name, &key).await.map_err(ApiError::Unavailable)?;
     // The image's disk copied where this host has it (see create_vm).
     tokio::task::block_in_place(|| {
         agent.vms.create_backup(
@@ -520,17 +533,18 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let history = read_events(agent.etcd, Cursor::default()).await.1.ok().map(|log| crate::events::histories(&log));
-    let body = crate::metrics::render(&host, &vms, history.as_ref());
+    let history =
+        read_events(agent.store, Cursor::default()).await.1.ok().map(|log| crate::control::events::histories(&log));
+    let body = crate::agent::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
 /// The events after `cursor`, read on the blocking pool; the cursor
 /// comes back moved.
-async fn read_events(etcd: &'static Etcd, mut cursor: Cursor) -> (Cursor, Result<Vec<ClusterEvent>, ApiError>) {
+async fn read_events(store: &'static dyn Store, mut cursor: Cursor) -> (Cursor, Result<Vec<ClusterEvent>, ApiError>) {
     let before = cursor.clone();
     match tokio::task::spawn_blocking(move || {
-        let read = cursor.next(etcd);
+        let read = cursor.next(store);
         (cursor, read)
     })
     .await
@@ -565,12 +579,12 @@ async fn events(
     let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let resumed = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok());
     let cursor = Cursor { after: resumed.or(q.after).unwrap_or(0), vm: q.vm };
-    let (cursor, first) = read_events(agent.etcd, cursor).await;
+    let (cursor, first) = read_events(agent.store, cursor).await;
     let first = first?;
     if q.follow == Some(false) {
         return Ok(Json(first).into_response());
     }
-    let etcd = agent.etcd;
+    let store = agent.store;
     // Ends when the client goes (the stream is dropped with its response).
     let stream =
         futures_util::stream::unfold((VecDeque::from(first), cursor), move |(mut pending, mut cursor)| async move {
@@ -580,9 +594,9 @@ async fn events(
                     let sse = Event::default().id(e.id.to_string()).data(data);
                     return Some((Ok::<_, std::convert::Infallible>(sse), (pending, cursor)));
                 }
-                tokio::time::sleep(crate::events::POLL).await;
+                tokio::time::sleep(crate::control::events::POLL).await;
                 // etcd away: the stream waits for it, kept alive meanwhile.
-                let (moved, new) = read_events(etcd, cursor).await;
+                let (moved, new) = read_events(store, cursor).await;
                 cursor = moved;
                 pending.extend(new.unwrap_or_default());
             }

@@ -1,7 +1,9 @@
-//! The agent's connections to etcd: every request with a deadline, and a
-//! member without a leader answering at once rather than after it; and a
-//! connection with a lease of its own, renewed by its owner's loop (the
-//! host's record and the controller's key are each held under one).
+//! The agent's async connections to etcd: every request with a deadline,
+//! and a member without a leader answering at once rather than after it;
+//! a connection with a lease of its own, renewed by its owner's loop (the
+//! host's record and the controller's key are each held under one); and
+//! the one write of a shared value an agent's request needs at once (a
+//! VM's pair key, [`create_or_read`]).
 //!
 //! A connection goes to one member; after a failed request its owner
 //! reconnects to the next one ([`Leased::reconnect`], [`next_member`]).
@@ -12,10 +14,13 @@
 //! a reconnected session renews the same lease, and only a lease that
 //! expired while etcd was away makes its owner open a new session.
 
-use etcd_client::{Client, Error};
+use etcd_client::{Client, Compare, CompareOp, Error, PutOptions, Txn, TxnOp};
 use ftvm_etcd::Endpoints;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// What a request of a session can fail with: etcd's client's error.
+pub type SessionError = Error;
 
 /// The member this process connects to next (an index into the
 /// endpoints; moved on by a failure).
@@ -80,6 +85,26 @@ impl Leased {
         }
     }
 
+    /// Writes `value` at `key` under the lease: it goes when the lease
+    /// does.
+    pub async fn put(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        self.client.put(key, value, Some(PutOptions::new().with_lease(self.lease))).await?;
+        Ok(())
+    }
+
+    /// Takes `key` (writing `value` there under the lease) if nobody holds
+    /// it; then whether this lease holds it.
+    pub async fn claim(&mut self, key: &str, value: &str) -> Result<bool, Error> {
+        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(self.lease)),
+        )]);
+        self.client.txn(txn).await?;
+        let holder = self.client.get(key, None).await?;
+        Ok(holder.kvs().first().is_some_and(|kv| kv.lease() == self.lease))
+    }
+
     /// After a failed request: the same lease, through the next member.
     pub async fn reconnect(&mut self) -> Result<(), Error> {
         next_member();
@@ -107,4 +132,41 @@ pub async fn after_failure(session: &mut Option<Leased>) {
             *session = None;
         }
     }
+}
+
+/// The value at `key`, written first as `value` if there was none (so
+/// two agents racing agree on one). Each member in turn until one
+/// answers (a dead one fails its try).
+pub async fn create_or_read(endpoints: &Endpoints, key: &str, value: &[u8]) -> Result<Vec<u8>, CreateOrReadError> {
+    let mut result = Err(CreateOrReadError::NoMember);
+    for _ in 0..endpoints.urls().len() {
+        // A member that cannot be connected to ends it; one that fails
+        // the request passes it to the next.
+        let mut client = connect(endpoints).await?;
+        result = async {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key, value, None)]);
+            client.txn(txn).await?;
+            let got = client.get(key, None).await?;
+            got.kvs().first().map(|kv| kv.value().to_vec()).ok_or(CreateOrReadError::Vanished)
+        }
+        .await;
+        if result.is_ok() {
+            break;
+        }
+        next_member();
+    }
+    result
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateOrReadError {
+    #[error("{0}")]
+    Etcd(#[from] Error),
+    #[error("no etcd member")]
+    NoMember,
+    /// Deleted between its write and its read.
+    #[error("it vanished from etcd")]
+    Vanished,
 }

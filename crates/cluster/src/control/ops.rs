@@ -4,20 +4,21 @@
 //! host, unprotect, hand over, move, drain a host). Each is blocking and
 //! ends when the change has happened or failed.
 //!
-//! A VM's wanted state is its record ([`crate::desired`]): an operation
+//! A VM's wanted state is its record ([`crate::control::desired`]): an operation
 //! changes the record first, so the controller carries on toward it if the
 //! client dies, then does what it can at once. An operation that takes
 //! the VM through states the controller would "repair" (a move gives a
 //! VM whose record wants no protection a backup on the way) holds the
 //! record for its duration.
 
-use crate::agent::HOSTS_PREFIX;
-use crate::client::{AgentClient, ClientError};
-use crate::credentials::Credentials;
-use crate::desired::{self, DesiredError, VmRecord};
+use crate::authority::credentials::Credentials;
+use crate::client::{AgentApi, Agents, ClientError, HttpAgents};
+use crate::control::desired::{self, DesiredError, VmRecord};
 use crate::model::{ApiError, BackupRequest, Done, HostImage, HostRecord, ProtectRequest, Role, VmInfo, VmSpec};
+use crate::store::{self, EtcdStore, Store, StoreError};
 use ftvm_api::Mode;
-use ftvm_etcd::{Endpoints, Etcd};
+use ftvm_etcd::Endpoints;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long an operation holds its VM at most (the longest protect the
@@ -28,7 +29,7 @@ const HOLD: Duration = Duration::from_secs(600);
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     #[error("{0}")]
-    Etcd(#[from] ftvm_etcd::EtcdError),
+    Store(#[from] StoreError),
     #[error("{0}")]
     Desired(#[from] DesiredError),
     #[error("{0}")]
@@ -69,32 +70,44 @@ pub struct VmSide {
     pub info: VmInfo,
 }
 
-/// The cluster, as a client sees it: its etcd, and the credentials its
-/// agents are spoken to with.
+/// The cluster, as a client sees it: its store, and its agents.
 pub struct Cluster {
-    pub etcd: Etcd,
-    credentials: Credentials,
+    store: Arc<dyn Store>,
+    agents: Arc<dyn Agents>,
 }
 
 impl Cluster {
+    /// The cluster whose etcd is at `etcd`, its agents spoken to with
+    /// `credentials`.
     pub fn new(etcd: Endpoints, credentials: &Credentials) -> Result<Cluster, OpsError> {
-        Ok(Cluster { etcd: Etcd::new(etcd)?, credentials: credentials.clone() })
+        let store = Arc::new(EtcdStore::new(etcd)?);
+        Ok(Cluster::with(store, Arc::new(HttpAgents { credentials: credentials.clone() })))
+    }
+
+    /// The cluster in `store`, its agents reached through `agents`.
+    pub fn with(store: Arc<dyn Store>, agents: Arc<dyn Agents>) -> Cluster {
+        Cluster { store, agents }
+    }
+
+    /// Its store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.store
     }
 
     /// A client of a host's agent.
-    pub fn agent(&self, host: &HostRecord) -> AgentClient {
-        AgentClient::new(&host.api, &self.credentials)
+    pub fn agent(&self, host: &HostRecord) -> Box<dyn AgentApi> {
+        self.agents.agent(host, None)
     }
 
     /// A client of a host's agent whose requests give up after `deadline`.
-    pub fn agent_within(&self, host: &HostRecord, deadline: Duration) -> AgentClient {
-        AgentClient::with_deadline(&host.api, &self.credentials, deadline)
+    pub fn agent_within(&self, host: &HostRecord, deadline: Duration) -> Box<dyn AgentApi> {
+        self.agents.agent(host, Some(deadline))
     }
 
     /// The hosts whose agents are alive (their records in etcd), by id.
     pub fn hosts(&self) -> Result<Vec<HostRecord>, OpsError> {
-        let records = self.etcd.get_prefix(HOSTS_PREFIX, 0)?;
-        Ok(records.into_iter().filter_map(|(_, v)| serde_json::from_slice(&v).ok()).collect())
+        let records = self.store.range(store::HOSTS)?;
+        Ok(records.into_iter().filter_map(|e| serde_json::from_slice(&e.value).ok()).collect())
     }
 
     fn host(&self, id: &str) -> Result<HostRecord, OpsError> {
@@ -149,7 +162,7 @@ impl Cluster {
                     free_mib: host.free_memory_bytes >> 20,
                 });
             }
-            if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
+            if desired::drained(self.store())?.iter().any(|h| h == on) {
                 return Err(OpsError::Drained(on.into()));
             }
         }
@@ -173,7 +186,7 @@ impl Cluster {
             held_until: None,
             problem: None,
         };
-        Ok(desired::create(&self.etcd, &record)?)
+        Ok(desired::create(self.store(), &record)?)
     }
 
     /// Waits until VM `name` runs on a host (the controller started it).
@@ -185,7 +198,7 @@ impl Cluster {
                     return Ok(running);
                 }
             }
-            let record = desired::get(&self.etcd, name)?.ok_or_else(|| OpsError::NoVm(name.into()))?;
+            let record = desired::get(self.store(), name)?.ok_or_else(|| OpsError::NoVm(name.into()))?;
             if t0.elapsed() > within {
                 return Err(OpsError::Timeout { what: format!("VM {name}'s start"), within, problem: record.problem });
             }
@@ -197,7 +210,7 @@ impl Cluster {
     /// on every host (a protected primary hands over first, then its
     /// backup is stopped too).
     pub fn delete(&self, name: &str) -> Result<Vec<Done>, OpsError> {
-        let had_record = desired::remove(&self.etcd, name)?;
+        let had_record = desired::remove(self.store(), name)?;
         let mut deleted = Vec::new();
         for h in self.hosts()?.iter().filter(|h| h.vms.iter().any(|v| v.name == name)) {
             match self.agent(h).delete(name) {
@@ -215,16 +228,16 @@ impl Cluster {
     /// Holds VM `name`'s record (if it has one) while `op` runs: the
     /// controller leaves the VM alone meanwhile.
     fn holding<T>(&self, name: &str, op: impl FnOnce() -> Result<T, OpsError>) -> Result<T, OpsError> {
-        let has_record = desired::get(&self.etcd, name)?.is_some();
+        let has_record = desired::get(self.store(), name)?.is_some();
         if has_record {
-            desired::update(&self.etcd, name, |r| {
+            desired::update(self.store(), name, |r| {
                 r.held_until = Some(desired::now() + HOLD.as_secs());
                 Ok::<_, DesiredError>(())
             })?;
         }
         let result = op();
         if has_record {
-            let released = desired::update(&self.etcd, name, |r| {
+            let released = desired::update(self.store(), name, |r| {
                 r.held_until = None;
                 Ok::<_, DesiredError>(())
             });
@@ -244,7 +257,7 @@ impl Cluster {
     pub fn protect(&self, name: &str, on: Option<&str>, mode: Mode) -> Result<Done, OpsError> {
         // A VM the cluster has no record of (started by hand on an agent)
         // is protected all the same; its protection is then nobody's to keep.
-        let recorded = desired::update(&self.etcd, name, |r| {
+        let recorded = desired::update(self.store(), name, |r| {
             r.spec.protect = Some(mode);
             r.spec.check().map_err(OpsError::Spec)
         });
@@ -264,7 +277,7 @@ impl Cluster {
     /// checkpoint mode for a VM with none: what a protection asked for
     /// without a mode (the dashboard's, a move's) uses.
     pub fn protection_mode(&self, name: &str) -> Result<Mode, OpsError> {
-        let record = desired::get(&self.etcd, name)?;
+        let record = desired::get(self.store(), name)?;
         Ok(record.and_then(|r| r.spec.protect).unwrap_or(Mode::Checkpoint))
     }
 
@@ -303,7 +316,7 @@ impl Cluster {
             return Err(OpsError::SameHost { vm: name.into(), host: on.into() });
         }
         let target = hosts.iter().find(|h| h.id == on).ok_or_else(|| OpsError::NoHost(on.into()))?;
-        if desired::drained(&self.etcd)?.iter().any(|h| h == on) {
+        if desired::drained(self.store())?.iter().any(|h| h == on) {
             return Err(OpsError::Drained(on.into()));
         }
         let backup_agent = self.agent(target);
@@ -321,7 +334,7 @@ impl Cluster {
     /// Stops protecting VM `name` (its record wants no protection any
     /// more, and its backup stops).
     pub fn unprotect(&self, name: &str) -> Result<Done, OpsError> {
-        match desired::update(&self.etcd, name, |r| {
+        match desired::update(self.store(), name, |r| {
             r.spec.protect = None;
             Ok::<_, DesiredError>(())
         }) {
@@ -367,7 +380,7 @@ impl Cluster {
         if drain {
             self.host(id)?;
         }
-        Ok(desired::set_drain(&self.etcd, id, drain)?)
+        Ok(desired::set_drain(self.store(), id, drain)?)
     }
 
     /// Waits until host `id` runs no VM (none that runs or follows).

@@ -167,7 +167,7 @@ fn follow(socket: PathBuf, vm: String, pid: u32, published: u64, events: tokio::
     let mut dropped = 0u64;
     let result = ftvm_api::client::follow_events(&socket, true, |line| {
         let Ok(record) = serde_json::from_str::<EventRecord>(line) else { return };
-        if record.seq <= published || !crate::events::worth_keeping(&record.event) {
+        if record.seq <= published || !crate::control::events::worth_keeping(&record.event) {
             return;
         }
         // Never wait for the publisher (etcd may be away): the VM's

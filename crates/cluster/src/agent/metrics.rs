@@ -6,9 +6,9 @@
 //! Prometheus project's own), so no figure is ever stale by more than the
 //! scrape.
 
-use crate::events::History;
+use crate::control::events::History;
 use crate::model::{HostRecord, VmInfo};
-use ftvm_api::{BackupMode, PairStatus, PrimaryMode};
+use ftvm_api::{PairStatus, PrimaryMode};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -21,20 +21,6 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn vm_label(vm: &str) -> Labels {
     vec![("vm".into(), vm.into())]
-}
-
-/// A VM's replication mode as its status says ("none": not in a pair).
-pub fn mode_of(vm: &VmInfo) -> String {
-    match vm.status.as_ref().and_then(|s| s.pair.as_ref()) {
-        Some(PairStatus::Primary(p)) => p.mode.name().to_string(),
-        Some(PairStatus::Backup(b)) => match b.mode {
-            BackupMode::Lockstep { .. } => "lockstep",
-            BackupMode::Epoch { .. } => "epoch",
-            BackupMode::Checkpoint { .. } => "checkpoint",
-        }
-        .to_string(),
-        _ => "none".into(),
-    }
 }
 
 /// The metrics of a host and its VMs, in the text format. `history`:
@@ -64,7 +50,7 @@ pub fn render(host: &HostRecord, vms: &[VmInfo], history: Option<&HashMap<String
     let ckpt_total = Family::<Labels, Gauge>::default();
     let pause = Family::<Labels, FloatGauge>::default();
     for vm in vms {
-        let mode = mode_of(vm);
+        let mode = vm.mode();
         let mut l = vm_label(&vm.name);
         l.push(("role".into(), vm.role.word().into()));
         l.push(("mode".into(), mode));

@@ -15,15 +15,15 @@
 //! The certificates are made with rcgen (ECDSA P-256), rather than by
 //! asking an operator to run openssl: a cluster is one command away.
 
+use crate::authority::files::{create, private, FileError};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use std::io::Write;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,10 +42,6 @@ const CERT_YEARS: i64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
-    #[error("cannot read {}: {source}", .path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("cannot write {}: {source}", .path.display())]
-    Write { path: PathBuf, source: std::io::Error },
     #[error("{} {why}", .path.display())]
     Invalid { path: PathBuf, why: String },
     #[error("cannot make a certificate: {0}")]
@@ -58,6 +54,8 @@ pub enum CredentialsError {
     Name(String),
     #[error("{0}")]
     Etcd(#[from] ftvm_etcd::EtcdError),
+    #[error("{0}")]
+    File(#[from] FileError),
 }
 
 /// A credentials directory's contents.
@@ -86,28 +84,18 @@ impl std::fmt::Debug for Credentials {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, CredentialsError> {
-    std::fs::read(path).map_err(|source| CredentialsError::Read { path: path.into(), source })
+    std::fs::read(path).map_err(|source| FileError::Read { path: path.into(), source }.into())
 }
 
 fn invalid(path: &Path, why: impl Into<String>) -> CredentialsError {
     CredentialsError::Invalid { path: path.into(), why: why.into() }
 }
 
-/// Refuses a secret file that others may read.
-pub(crate) fn private(path: &Path) -> Result<(), CredentialsError> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path).map_err(|source| CredentialsError::Read { path: path.into(), source })?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(invalid(path, "may be read by others: chmod 600 it"));
-    }
-    Ok(())
-}
-
 impl Credentials {
     /// The credentials in `dir`.
     pub fn read(dir: &Path) -> Result<Credentials, CredentialsError> {
-        let dir = std::path::absolute(dir).map_err(|source| CredentialsError::Read { path: dir.into(), source })?;
-        let token = crate::token::read(&dir.join(TOKEN)).map_err(CredentialsError::Token)?;
+        let dir = std::path::absolute(dir).map_err(|source| FileError::Read { path: dir.into(), source })?;
+        let token = crate::authority::token::read(&dir.join(TOKEN)).map_err(CredentialsError::Token)?;
         let ca_path = dir.join(CA_CERT);
         let ca_pem = read(&ca_path)?;
         let ca = CertificateDer::from_pem_slice(&ca_pem)
@@ -184,24 +172,13 @@ impl Credentials {
     }
 }
 
-/// Writes `contents` to a new file `path` (never over one), with `mode`,
-/// and syncs it.
-pub(crate) fn create(path: &Path, contents: &[u8], mode: u32) -> Result<(), CredentialsError> {
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(path)?;
-        f.write_all(contents)?;
-        f.sync_all()
-    };
-    write().map_err(|source| CredentialsError::Write { path: path.into(), source })
-}
-
 /// Makes `dir` (mode 0700) if it is not there.
 fn make_dir(dir: &Path) -> Result<(), CredentialsError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| CredentialsError::Write { path: dir.into(), source })
+        .map_err(|source| FileError::Write { path: dir.into(), source }.into())
 }
 
 /// From a day ago (a host's clock a little behind) to `years` from now.
@@ -231,7 +208,7 @@ pub fn init(dir: &Path) -> Result<(), CredentialsError> {
     let cert = params.self_signed(&key)?;
     create(&dir.join(CA_KEY), key.serialize_pem().as_bytes(), 0o600)?;
     create(&dir.join(CA_CERT), cert.pem().as_bytes(), 0o644)?;
-    crate::token::create(&dir.join(TOKEN)).map_err(CredentialsError::Token)?;
+    crate::authority::token::create(&dir.join(TOKEN)).map_err(CredentialsError::Token)?;
     Ok(())
 }
 
@@ -258,7 +235,7 @@ pub fn issue(ca_dir: &Path, out: &Path, subject: &Subject) -> Result<(), Credent
     let ca_pem = read(&ca_cert_path)?;
     let issuer = Issuer::from_ca_cert_pem(&String::from_utf8_lossy(&ca_pem), ca_key)
         .map_err(|e| invalid(&ca_cert_path, format!("holds no authority's certificate: {e}")))?;
-    let token = crate::token::read(&ca_dir.join(TOKEN)).map_err(CredentialsError::Token)?;
+    let token = crate::authority::token::read(&ca_dir.join(TOKEN)).map_err(CredentialsError::Token)?;
 
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
@@ -313,7 +290,7 @@ mod tests {
         issue(&ca, &host, &subject).unwrap();
         assert!(issue(&ca, &host, &subject).is_err(), "issued over existing credentials");
         let creds = Credentials::read(&host).unwrap();
-        assert_eq!(creds.token, crate::token::read(&ca.join(TOKEN)).unwrap());
+        assert_eq!(creds.token, crate::authority::token::read(&ca.join(TOKEN)).unwrap());
         creds.server_config().unwrap();
         let _ = creds.agent_tls();
         ftvm_etcd::EtcdTls::from_dir(&host).unwrap();
