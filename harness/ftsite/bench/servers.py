@@ -41,7 +41,7 @@ setup, 3 a run failed.
 
   bench/servers                              3 rounds, 1 and 2 harts
   bench/servers --runs 1 --cpus 1 --only forkexec
-  bench/servers --runs 1 --cpus 1 --only pgbench,nginx
+  bench/servers --runs 1 --cpus 1 --only pgbench,nginx   about 10 min
   bench/servers --ftvm path/to/other/ftvm    another build
 """
 
