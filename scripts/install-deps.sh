@@ -33,6 +33,7 @@ PACKAGES=(
     postgresql-client     # psql, pgbench: the PostgreSQL guest's clients (crates/ftvm/tests/services.rs)
     openssh-client        # ssh, ssh-keygen: logging in to a guest with its key (services.rs)
     curl                  # a web server in the guest (services.rs)
+    apache2-utils         # ab: nginx's requests/s in the guest (bench/servers)
     linux-perf            # perf: bench/encryption-price samples where ftvm's CPU time goes
     iputils-ping          # ping: an echo request nothing resends (test_ft.py, a failover's received frames)
     iproute2

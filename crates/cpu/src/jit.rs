@@ -727,8 +727,16 @@ impl Host {
 }
 
 /// Bytes of executable memory a hart's translations may take before
-/// everything is thrown away and translation starts over.
-const ARENA_BYTES: usize = 8 << 20;
+/// everything is thrown away and translation starts over. Mapped whole,
+/// but the host gives a page only when a translation is written into it.
+/// 8 MiB did not hold PostgreSQL's and the kernel's code under pgbench's
+/// TPC-B-like load: the arena filled and started over about once a second,
+/// 18,000 translations a second, every block interpreted again until hot
+/// (uprobes on `BlockCache::translate`, 10 s at 4 clients); with 64 MiB
+/// it never started over and made 380 translations a second, and TPC-B's
+/// tps rose 1.7-2.3 times (docs/PERFORMANCE.md, 2026-12-08). QEMU's
+/// translation buffer is 1 GiB.
+const ARENA_BYTES: usize = 64 << 20;
 
 /// The executable memory of one hart's translations, filled in order,
 /// never freed piece by piece: a translation lives until the whole arena

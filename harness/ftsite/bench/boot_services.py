@@ -45,23 +45,26 @@ def die(msg, code=2):
     sys.exit(code)
 
 
-def cmdline(emu):
+def cmdline(n):
     # The same for both: Debian's systemd as init (no ftvm.exec), the
     # guest's address from the image's setup.
-    return f"console=ttyS0 root=/dev/vda rw quiet ftvm.ip={NETS[emu]['guest']}/24"
+    return f"console=ttyS0 root=/dev/vda rw quiet ftvm.ip={n['guest']}/24"
 
 
-def ftvm_argv(args, img, disk):
-    n = NETS["ftvm"]
+def ftvm_argv(args, img, disk, nets=NETS):
+    """`ftvm run` of the image on `nets`' TAP for ftvm (args: ftvm, mem,
+    cpus); the same machine as qemu_argv's."""
+    n = nets["ftvm"]
     return [str(args.ftvm), "run", "--bios", img["bios"], "--kernel", img["kernel"], "--initrd", img["initrd"],
             "--disk", disk, "--mem", args.mem, "--cpus", str(args.cpus),
-            "--net", f"tap={n['tap']},mac={n['mac']}", "--append", cmdline("ftvm")]
+            "--net", f"tap={n['tap']},mac={n['mac']}", "--append", cmdline(n)]
 
 
-def qemu_argv(args, img, disk):
-    n = NETS["qemu"]
+def qemu_argv(args, img, disk, nets=NETS):
+    """QEMU's machine of ftvm_argv (args: qemu_path, mem, cpus)."""
+    n = nets["qemu"]
     return [args.qemu_path, "-M", "virt", "-m", args.mem, "-smp", str(args.cpus), "-nographic",
-            "-bios", img["bios"], "-kernel", img["kernel"], "-initrd", img["initrd"], "-append", cmdline("qemu"),
+            "-bios", img["bios"], "-kernel", img["kernel"], "-initrd", img["initrd"], "-append", cmdline(n),
             "-drive", f"file={disk},format=raw,if=none,id=d0", "-device", "virtio-blk-device,drive=d0",
             "-netdev", f"tap,id=n0,ifname={n['tap']},script=no,downscript=no",
             "-device", f"virtio-net-device,netdev=n0,mac={n['mac']}",
@@ -69,9 +72,9 @@ def qemu_argv(args, img, disk):
             "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng0"]
 
 
-def ready(ns, emu, service):
+def ready(ns, emu, service, nets=NETS):
     """Whether `service` answers in `emu`'s guest now."""
-    guest = NETS[emu]["guest"]
+    guest = nets[emu]["guest"]
     if service == "postgres":
         argv = ns.argv("pg_isready", "-q", "-h", guest, "-t", "1")
         return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0

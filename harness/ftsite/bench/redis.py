@@ -84,9 +84,10 @@ def sh(argv, check=True, timeout=60):
 
 
 class Netns:
-    """A network namespace with one TAP per emulator; deleted on close()."""
+    """A network namespace with one TAP per emulator (its addresses from
+    `nets`, by emulator: NETS unless given); deleted on close()."""
 
-    def __init__(self, name, emus):
+    def __init__(self, name, emus, nets=NETS):
         self.name = name
         self.created = False
         if name in sh(["ip", "netns", "list"]).stdout.split():
@@ -95,7 +96,7 @@ class Netns:
         self.created = True
         sh(["ip", "-n", name, "link", "set", "lo", "up"])
         for emu in emus:
-            n = NETS[emu]
+            n = nets[emu]
             sh(["ip", "-n", name, "tuntap", "add", n["tap"], "mode", "tap"])
             sh(["ip", "-n", name, "addr", "add", f"{n['host']}/24", "dev", n["tap"]])
             sh(["ip", "-n", name, "link", "set", n["tap"], "up"])
