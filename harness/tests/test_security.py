@@ -392,3 +392,39 @@ def test_request_fields_are_values_never_options_nor_paths(ftvm, scratch):
     assert not left, f"refused names left files: {left}"
     assert sorted(p.name for p in (state / "vms").iterdir()) == ["inj"], list((state / "vms").iterdir())
     assert sorted(p.name for p in (state / "keys").iterdir()) == [], list((state / "keys").iterdir())
+
+
+def test_a_host_record_pointing_elsewhere_is_sent_nothing(ftvm, scratch):
+    """Issue 68 (4): anyone who can write etcd (any cluster certificate)
+    can put a host record whose agent is `http://ATTACKER:PORT`. A fake
+    agent there, in the client namespace, records every connection: while
+    the controller makes its passes and an operator lists the VMs, nothing
+    connects to it (before: `GET /v1/vms` with the cluster's bearer token
+    in clear), and the listing names the host it refused."""
+    cl = Cluster(ftvm, scratch, "f")
+    cl.wait_hosts()
+    port = 7899
+    listener = in_netns(cl.site.ns["client"], lambda: socket.create_server((ftsite.CLIENT_IP, port)))
+    listener.settimeout(0.2)
+    forged = dict(cl.records()["spare"], id="evil", api=f"http://{ftsite.CLIENT_IP}:{port}")
+    cl.site.run("primary", cl.etcd.etcdctl("put", "/ftvm/hosts/evil", json.dumps(forged)))
+    assert "evil" in cl.records(), "the forged record is not in etcd"
+    listed = subprocess.run(cl.site.argv("client", "env", *cl.env, cl.ftvm, "cluster", "vm", "list"),
+                            capture_output=True, text=True, timeout=120)
+    print(f"vm list: {listed.returncode} {listed.stdout.strip()!r} {listed.stderr.strip()!r}")
+    assert "not https://" in listed.stdout + listed.stderr, "the listing does not say the record was refused"
+    got = []
+    deadline = time.monotonic() + 20  # several passes of the controller
+    while time.monotonic() < deadline:
+        try:
+            conn, peer = listener.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(2)
+        try:
+            got.append((peer, conn.recv(4096)))
+        except OSError:
+            got.append((peer, b""))
+        conn.close()
+    listener.close()
+    assert not got, f"the fake agent was called: {got}"

@@ -18,6 +18,11 @@ pub enum ClientError {
     /// The agent could not be reached, or broke off.
     #[error("cannot reach the agent at {url}: {problem}")]
     Transport { url: String, problem: String },
+    /// The agent's address is not `https://`: the cluster's token is
+    /// never sent in clear (a host record in etcd is written by anyone
+    /// who holds a cluster certificate; issue 68).
+    #[error("refused to call the agent at {url}: not https://, and the cluster's token is never sent in clear")]
+    NotHttps { url: String },
     /// The agent answered something that is not the API's.
     #[error("the agent at {url} answered {status} with a body that is not the API's: {problem}")]
     Unreadable { url: String, status: u16, problem: String },
@@ -58,7 +63,7 @@ impl AgentClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.url(path)?;
         let auth = format!("Bearer {}", self.token);
         let sent = match (method, body) {
             ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
@@ -81,13 +86,24 @@ impl AgentClient {
         }
     }
 
+    /// The URL of `path` on the agent, if it is spoken to over HTTPS: the
+    /// TLS under the cluster's authority (the only root trusted) is what
+    /// checks the peer holds a certificate for the address.
+    fn url(&self, path: &str) -> Result<String, ClientError> {
+        let url = format!("{}{path}", self.base);
+        if !self.base.starts_with("https://") {
+            return Err(ClientError::NotHttps { url });
+        }
+        Ok(url)
+    }
+
     pub fn host(&self) -> Result<HostRecord, ClientError> {
         self.call("GET", "/v1/host", None)
     }
 
     /// The metrics, in Prometheus' text format.
     pub fn metrics(&self) -> Result<String, ClientError> {
-        let url = format!("{}/metrics", self.base);
+        let url = self.url("/metrics")?;
         let mut r = self
             .http
             .get(&url)
@@ -180,5 +196,25 @@ impl AgentApi for AgentClient {
 
     fn start_backup(&self, req: &BackupRequest) -> Result<BackupStarted, ClientError> {
         self.call("POST", "/v1/backups", Some(serde_json::to_value(req).expect("serializes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 68: a host record pointing at `http://` gets no request, so
+    /// no token in clear; nothing is connected to.
+    #[test]
+    fn an_agent_at_an_address_that_is_not_https_is_not_called() {
+        let credentials = crate::authority::credentials::scratch("not-https");
+        // A listener that would see the request, were one sent.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let client = AgentClient::with_deadline(&base, &credentials, Duration::from_secs(2));
+        assert!(matches!(client.vms(), Err(ClientError::NotHttps { .. })));
+        assert!(matches!(client.metrics(), Err(ClientError::NotHttps { .. })));
+        assert!(listener.accept().is_err(), "something connected to the http:// agent");
     }
 }
