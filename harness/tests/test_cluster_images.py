@@ -7,7 +7,8 @@ postgresql, nginx, openssh-server; ftsite.web_image) runs as `db` with a grown r
 checkpoint protection; the host's pgbench runs while the primary's host
 dies; pgbench finishes with no error, `pgbench_history` holds every
 transaction it counted, and the VM is protected again on the third host,
-which has no such image either."""
+which has no such image either. The VM's seed makes an account with its
+key (`--user`), and a seed naming root is refused."""
 
 import os
 import re
@@ -39,12 +40,12 @@ def images_of(scratch, host, dirs):
     return d
 
 
-def in_guest(cl, key, command, timeout=120):
-    """`command` run in the guest as root over ssh, from the client. A
+def in_guest(cl, key, command, timeout=120, user="root"):
+    """`command` run in the guest as `user` over ssh, from the client. A
     connection that fails (ssh's status 255: on a loaded host sshd may not
     finish its banner in time) is tried again, twice."""
     for attempt in range(3):
-        r = subprocess.run(cl.site.argv("client", *SSH, "-i", str(key), f"root@{ftsite.GUEST_IP}", command),
+        r = subprocess.run(cl.site.argv("client", *SSH, "-i", str(key), f"{user}@{ftsite.GUEST_IP}", command),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 255:
             break
@@ -86,15 +87,24 @@ def test_a_vm_boots_its_image_where_it_is_and_a_failover_loses_no_committed_tran
     with pytest.raises(TrialFailed, match="smaller than image " + WEB):
         cl.cli("vm", "create", "lost", "--image", WEB, "--disk-size", "1G")
 
+    # A seed's account: refused before anything is made when it is root.
+    alice_key = scratch / "alice"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(alice_key)], check=True)
+    with pytest.raises(TrialFailed, match="root is there already"):
+        cl.cli("vm", "create", "lost", "--user", f"root:{alice_key}.pub")
+
     # No --on: the one host with the image, though the others have as much room.
     t0 = time.monotonic()
     cl.cli("vm", "create", "db", "--image", WEB, "--disk-size", "6G", "--memory", "1024", "--bridge", "br0",
-           "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint", "--wait", "300")
+           "--ip", f"{ftsite.GUEST_IP}/24", "--protect", "checkpoint", "--user", f"alice:{alice_key}.pub:sudo",
+           "--wait", "300")
     # The guest as its seed and disk make it: its name, a 6 GiB root
-    # filesystem (the image has 4), and the image's key for root.
+    # filesystem (the image has 4), the image's key for root, and alice
+    # with her key, in the group asked for.
     hostname = wait_for("ssh into the guest", ftsite.BOOT_TIMEOUT, lambda: _try(lambda: in_guest(cl, key, "hostname")),
                         every=2)
     assert hostname == "db"
+    assert in_guest(cl, alice_key, "id -un; id -Gn", user="alice").split() == ["alice", "alice", "sudo"]
     size = int(in_guest(cl, key, "df --output=size -B1M / | tail -1"))
     assert 5600 < size <= 6144, f"the root filesystem has {size} MiB, not the 6 GiB asked for"
     # The image lets in the cargo tests' network only: the client's too.

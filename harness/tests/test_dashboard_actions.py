@@ -32,6 +32,7 @@ this (`data-` attributes: a VM's `data-state`, a job's `data-done`, a
 timeline row's `data-kind`, a button's offered hosts in `data-host`), and
 from the texts a person reads on the cards and host rows."""
 
+import json
 import os
 import time
 from pathlib import Path
@@ -182,11 +183,11 @@ def select_options(b, selector):
                            for o in Select(d.find_element(By.CSS_SELECTOR, selector)).options])
 
 
-def create_from_the_form(b, name, image, host, command, bridge, ip):
+def create_from_the_form(b, name, image, host, command, bridge, ip, ssh_key):
     """"New VM…", the form filled as a person would (the image and host
-    picked among those offered: each host's images, the hosts up), then
-    "Create": the job runs until the VM's process does. Returns the job's
-    text when done."""
+    picked among those offered: each host's images, the hosts up; a key
+    for root), then "Create": the job runs until the VM's process does.
+    Returns the job's text when done."""
     before = last_job(b)
     b.click("#create-open")
     wait_for("the new VM's form", 10, lambda: b.attr("#create", "hidden") is None, every=0.2)
@@ -198,6 +199,7 @@ def create_from_the_form(b, name, image, host, command, bridge, ip):
     b.type("#create-form input[name=command]", command)
     b.type("#create-form input[name=bridge]", bridge)
     b.type("#create-form input[name=ip]", ip)
+    b.type("#create-form textarea[name=ssh_keys]", ssh_key + "\n")
     for select, value in (("#create-image", image), ("#create-host", host)):
         b.do(lambda d: Select(d.find_element(By.CSS_SELECTOR, select)).select_by_value(value))
     b.click("#create-yes")
@@ -223,8 +225,13 @@ def test_the_dashboard_moves_a_backup_and_a_vm_and_drains_a_host(ftvm, scratch):
         wait_for("the page", 30, lambda: b.css("#view"), every=0.2)
         # Created from the page's form, unprotected: it is protected from
         # the page next.
-        done = create_from_the_form(b, "redis", ftsite.image_dir(ftvm).name, a, REDIS_FT, "br0", f"{ftsite.GUEST_IP}/24")
+        key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKo5Zm9yLXRoZS1kYXNoYm9hcmQ operator@dashboard"
+        done = create_from_the_form(b, "redis", ftsite.image_dir(ftvm).name, a, REDIS_FT, "br0",
+                                    f"{ftsite.GUEST_IP}/24", key)
         assert f"create redis on {a} — done: redis created on {a}" in done, done
+        # The key typed is the VM's seed's, as the cluster keeps its spec.
+        kept = cl.site.run(a, cl.etcd.etcdctl("get", "/ftvm/vms/redis", "--print-value-only")).stdout
+        assert json.loads(kept)["spec"]["ssh_keys"] == [key], kept
         print(f"the page created the VM: {done!r}")
         conn = wait_for_redis(cl.site, list(cl.agents.values()), ftsite.BOOT_TIMEOUT)
         assert cl.sides("redis") == {a: "unprotected"}, cl.sides("redis")

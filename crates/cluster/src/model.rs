@@ -4,6 +4,7 @@
 //! tests speak these; the JSON is their serde form (docs/api/openapi.json
 //! describes it).
 
+use ftvm_api::vm_config::UserConfig;
 use ftvm_api::{BackupMode, Mode, PairStatus, VmStatus};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 pub struct HostRecord {
     /// The host's identity in the cluster (unique; `--host-id`).
     pub id: String,
-    /// Its agent's API, `http://IP:PORT`.
+    /// Its agent's API, `https://IP:PORT` (nothing else is called).
     pub api: String,
     /// Its address on the cluster's network: backups on it listen there.
     pub address: String,
@@ -140,6 +141,13 @@ pub struct VmSpec {
     /// VM first boots. None: the image's size.
     #[serde(default)]
     pub disk_mib: Option<u64>,
+    /// Public keys root may log in with over ssh (`authorized_keys`
+    /// lines), in the VM's seed.
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+    /// Accounts the guest makes at its first boot, in its seed.
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
 }
 
 impl VmSpec {
@@ -174,6 +182,7 @@ impl VmSpec {
                 return bad(format!("disk_mib {mib} is out of range ({} to {})", DISK_MIB.start(), DISK_MIB.end()));
             }
         }
+        self.check_seed()?;
         if let Some(net) = &self.network {
             if !valid_interface_name(&net.bridge) {
                 return bad(format!(
@@ -188,7 +197,39 @@ impl VmSpec {
         }
         Ok(())
     }
+
+    /// The seed's part of the spec (root's keys, the accounts) checked as
+    /// `ftvm run`'s are ([`ftvm_image::seed::Seed::new`]: a key of one
+    /// line, adduser's names, root and a name twice refused), and bounded:
+    /// a spec is kept in etcd and sent to the guest in its device tree.
+    fn check_seed(&self) -> Result<(), ApiError> {
+        let keys = self.ssh_keys.len() + self.users.iter().map(|u| u.ssh_keys.len()).sum::<usize>();
+        let longest = self.ssh_keys.iter().chain(self.users.iter().flat_map(|u| &u.ssh_keys)).map(String::len).max();
+        if keys > SEED_KEYS || self.users.len() > SEED_USERS || longest.unwrap_or(0) > SEED_KEY_BYTES {
+            return Err(ApiError::BadRequest(format!(
+                "the seed may hold {SEED_USERS} users and {SEED_KEYS} keys of {SEED_KEY_BYTES} bytes at most"
+            )));
+        }
+        let users = self
+            .users
+            .iter()
+            .map(|u| ftvm_image::seed::SeedUser {
+                name: u.name.clone(),
+                groups: u.groups.clone(),
+                ssh_keys: u.ssh_keys.clone(),
+            })
+            .collect();
+        ftvm_image::seed::Seed::new(None, self.ssh_keys.clone(), users)
+            .map(drop)
+            .map_err(|e| ApiError::BadRequest(format!("seed: {}", e.cause)))
+    }
 }
+
+/// At most so many accounts, public keys (root's and the accounts'
+/// together) and bytes a key in a spec's seed.
+pub const SEED_USERS: usize = 32;
+pub const SEED_KEYS: usize = 64;
+pub const SEED_KEY_BYTES: usize = 16 << 10;
 
 /// The root disk sizes a spec may ask for, MiB: from the smallest a
 /// Debian system fits in to 16 TiB (ext4's limit with 4 KiB blocks).
@@ -407,6 +448,37 @@ mod tests {
             r#"{"name": "x", "network": {"bridge": "bridge-name-too-long", "ip": "10.0.0.3/24"}}"#,
         ] {
             let e = spec(bad).unwrap_err();
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    /// A spec's seed is checked as `ftvm run --user/--ssh-key`'s, and
+    /// bounded: nothing that could be a line of the seed of its own, an
+    /// option of `useradd` or root.
+    #[test]
+    fn a_specs_seed_takes_accounts_and_keys_and_refuses_what_the_guest_must_not_see() {
+        let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE1 alice@host";
+        let s = spec(&format!(
+            r#"{{"name": "db", "ssh_keys": ["{key}"], "users": [{{"name": "alice", "groups": ["sudo"], "ssh_keys": ["{key}"]}}]}}"#
+        ))
+        .unwrap();
+        assert_eq!(s.users[0].groups, ["sudo"]);
+        assert_eq!(s.ssh_keys, [key]);
+        let long = format!("ssh-ed25519 {}", "A".repeat(SEED_KEY_BYTES));
+        let many: Vec<String> = (0..=SEED_USERS).map(|i| format!(r#"{{"name": "u{i}"}}"#)).collect();
+        for bad in [
+            r#"{"name": "x", "users": [{"name": "root"}]}"#.to_string(),
+            r#"{"name": "x", "users": [{"name": "Alice"}]}"#.into(),
+            r#"{"name": "x", "users": [{"name": "-o"}]}"#.into(),
+            r#"{"name": "x", "users": [{"name": "a"}, {"name": "a"}]}"#.into(),
+            r#"{"name": "x", "users": [{"name": "a", "groups": ["wheel;id"]}]}"#.into(),
+            r#"{"name": "x", "users": [{"name": "a", "shell": "/bin/sh"}]}"#.into(),
+            r#"{"name": "x", "ssh_keys": ["not a key"]}"#.into(),
+            format!(r#"{{"name": "x", "ssh_keys": ["{key}\nuser=mallory"]}}"#),
+            format!(r#"{{"name": "x", "ssh_keys": ["{long}"]}}"#),
+            format!(r#"{{"name": "x", "users": [{}]}}"#, many.join(",")),
+        ] {
+            let e = spec(&bad).unwrap_err();
             assert!(!e.contains('\n'), "{e}");
         }
     }

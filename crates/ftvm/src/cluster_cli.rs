@@ -2,6 +2,7 @@
 //! (`ftvm_cluster`). Parsing and printing only.
 
 use clap::{Args, Subcommand};
+use ftvm_api::vm_config::UserConfig;
 use ftvm_api::Mode;
 use ftvm_cluster::agent::AgentConfig;
 use ftvm_cluster::authority::credentials::{self, Credentials};
@@ -53,6 +54,12 @@ pub struct AgentArgs {
 /// 512M), in MiB, rounded up.
 fn disk_size_mib(s: &str) -> Result<u64, String> {
     ftvm_image::parse_size(s).map(|bytes| bytes.div_ceil(1 << 20)).map_err(|e| e.cause)
+}
+
+/// `--user NAME[:KEYFILE[:GROUP,...]]`, its key file read (as `ftvm run`'s).
+fn seed_user(s: &str) -> Result<UserConfig, String> {
+    let u = ftvm_image::seed::parse_user(s).map_err(|e| e.cause)?;
+    Ok(UserConfig { name: u.name, groups: u.groups, ssh_keys: u.ssh_keys })
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -205,6 +212,15 @@ enum VmCommand {
         /// the disk and its filesystem are grown before it first boots.
         #[arg(long, value_name = "SIZE", value_parser = disk_size_mib)]
         disk_size: Option<u64>,
+        /// A public key (an OpenSSH `.pub` file, read here) root may log in
+        /// with over ssh, in the VM's seed. May be repeated.
+        #[arg(long = "ssh-key", value_name = "FILE")]
+        ssh_keys: Vec<PathBuf>,
+        /// An account the guest makes at its first boot, in the VM's seed:
+        /// NAME, the public keys in KEYFILE (read here) it may log in with,
+        /// the groups it joins, e.g. `alice:alice.pub:sudo`. May be repeated.
+        #[arg(long = "user", value_name = "NAME[:KEYFILE[:GROUP,...]]", value_parser = seed_user)]
+        users: Vec<UserConfig>,
         /// Seconds to wait for it to run (0: do not wait).
         #[arg(long, value_name = "SECS", default_value_t = 120)]
         wait: u64,
@@ -400,6 +416,8 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
             protect,
             image,
             disk_size,
+            ssh_keys,
+            users,
             wait,
         }) => {
             let network = bridge.zip(ip).map(|(bridge, ip)| NetworkSpec { bridge, ip });
@@ -412,6 +430,8 @@ pub fn cluster(args: ClusterArgs) -> CliResult {
                 protect,
                 image,
                 disk_mib: disk_size,
+                ssh_keys: ftvm_image::seed::read_public_keys(&ssh_keys)?,
+                users,
             };
             cluster.create(spec, on.as_deref())?;
             if wait == 0 {

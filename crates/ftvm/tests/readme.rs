@@ -120,7 +120,8 @@ const NOT_RUN: &[(&str, &str)] = &[
         SERVICES,
     ),
     (
-        "ftvm run --image web --net tap=tap0 --append 'console=ttyS0 root=/dev/vda rw ftvm.ip=10.0.0.2/24' --hostname db1",
+        "ftvm run --image web --net tap=tap0 --append 'console=ttyS0 root=/dev/vda rw ftvm.ip=10.0.0.2/24' --hostname db1 \
+         --user alice:alice.pub:sudo",
         SERVICES,
     ),
     ("ssh root@10.0.0.2 systemctl status postgresql", SERVICES),
@@ -177,7 +178,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "ftvm cluster vm create db --image web --disk-size 8G --memory 1024 --bridge br0 --ip 10.0.0.101/24 \
-         --protect checkpoint",
+         --protect checkpoint --user alice:alice.pub:sudo",
         CLUSTER,
     ),
     ("ftvm cluster vm list", CLUSTER),

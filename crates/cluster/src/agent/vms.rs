@@ -251,6 +251,8 @@ pub fn vm_config(spec: &VmSpec, dir: &Path, image: &GuestImage) -> VmConfig {
         // The guest's host name is the VM's where it can be one (its
         // seed); a name that cannot leaves the image's.
         hostname: check_hostname(&spec.name).is_ok().then(|| spec.name.clone()),
+        ssh_keys: spec.ssh_keys.clone(),
+        users: spec.users.clone(),
         memory_bytes: spec.memory_mib << 20,
         harts: spec.cpus as usize,
         disks: vec![DiskConfig { path: dir.join("disk.img"), readonly: false, latency_us: 0 }],

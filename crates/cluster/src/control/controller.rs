@@ -629,6 +629,8 @@ mod tests {
             protect,
             image: None,
             disk_mib: None,
+            ssh_keys: Vec::new(),
+            users: Vec::new(),
         };
         VmRecord { spec, start_on: None, phase, held_until: None, problem: None }
     }

@@ -201,6 +201,8 @@ $("create-form").addEventListener("submit", (ev) => {
   if (f.protect.value) spec.protect = f.protect.value;
   if (f.bridge.value || f.ip.value) spec.network = { bridge: f.bridge.value, ip: f.ip.value };
   if (f.command.value) spec.command = f.command.value;
+  const keys = f.ssh_keys.value.split("\n").map((l) => l.trim()).filter((l) => l);
+  if (keys.length) spec.ssh_keys = keys;
   $("create").hidden = true;
   post({ action: "create", spec, host: f.host.value });
 });

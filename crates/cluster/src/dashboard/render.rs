@@ -63,7 +63,8 @@ const CREATE_FORM: &str = "<section id=create hidden><h2>New VM</h2><form id=cre
     <label>Bridge <input name=bridge maxlength=15></label> \
     <label>Address <input name=ip placeholder=\"10.0.0.5/24\"></label> \
     <label>Host <select name=host id=create-host></select></label><br>\
-    <label>Command (empty: the image's services) <input name=command size=60></label> \
+    <label>Command (empty: the image's services) <input name=command size=60></label><br>\
+    <label>Root's ssh keys (one .pub line each) <textarea name=ssh_keys rows=2 cols=60></textarea></label><br>\
     <button type=submit id=create-yes>Create</button> <button type=button id=create-no>Cancel</button>\
     </form></section>";
 
