@@ -112,9 +112,9 @@ def json_schema(doc, schema, strict, seen=()):
 
 
 def router_routes():
-    """{path: {method}} as the agent's router (agent.rs, and the
+    """{path: {method}} as the agent's router (agent/mod.rs, and the
     dashboard's routes it merges: dashboard.rs) serves them."""
-    src = "".join((REPO / "crates" / "cluster" / "src" / f).read_text() for f in ("agent.rs", "dashboard.rs"))
+    src = "".join((REPO / "crates" / "cluster" / "src" / f).read_text() for f in ("agent/mod.rs", "dashboard.rs"))
     routes = {}
     for path, handlers in re.findall(r'\.route\(\s*"([^"]+)",\s*(.*?)\)\s*\n', src):
         methods = set(re.findall(r"\b(get|post|put|delete|patch)\(", handlers))
@@ -148,7 +148,7 @@ def test_the_document_is_an_openapi_3_document_of_the_agents_routes():
     documented = {path: {m for m in METHODS if m in item} for path, item in doc["paths"].items()}
     served = router_routes()
     served["/healthz"] = {"get"}
-    assert served, "found no routes in agent.rs: this test's reading of it is out of date"
+    assert served, "found no routes in agent/mod.rs: this test's reading of it is out of date"
     assert documented == served, f"the document's paths and methods {documented} are not the router's {served}"
 
 
