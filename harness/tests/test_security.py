@@ -12,10 +12,12 @@ import json
 import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import time
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import ftsite
@@ -428,3 +430,100 @@ def test_a_host_record_pointing_elsewhere_is_sent_nothing(ftvm, scratch):
         conn.close()
     listener.close()
     assert not got, f"the fake agent was called: {got}"
+
+
+def test_a_crowd_of_slow_and_streaming_clients_leaves_the_api_answering(ftvm, scratch):
+    """Issue 68 (5): from the client's address, 1,000 connections that
+    finish TLS and then send a request's head a byte at a time
+    (slowloris), then 1,000 event-stream subscribers holding the token;
+    meanwhile an operator on another address (the spare host) gets
+    `/v1/host` and `/metrics` each within 2 s. The server keeps at most its
+    share of connections from one address open (the rest are closed at
+    once), closes a connection whose head has not come in 10 s, and keeps
+    at most 8 event streams a client (the rest refused with 503). Before:
+    no header deadline, no count by address, the descriptor limit at
+    1024, /metrics reading the event log from etcd at each scrape."""
+    cl = Cluster(ftvm, scratch, "l")
+    cl.wait_hosts()
+    api = cl.records()["primary"]["api"]
+    ip, port = api.removeprefix("https://").rsplit(":", 1)
+    ctx = cl.pki.ssl_context()
+    token = cl.pki.token
+
+    def operator(path):
+        """(seconds, status) of a GET from the spare host's address."""
+        req = urllib.request.Request(api + path, headers={"Authorization": f"Bearer {token}"})
+        t0 = time.monotonic()
+        status = in_netns(cl.site.ns["spare"], lambda: urllib.request.urlopen(req, timeout=30, context=ctx).status)
+        return time.monotonic() - t0, status
+
+    def dial(first_bytes):
+        """A TLS connection from the client's address that sends
+        `first_bytes`; None if the server closed or refused it."""
+        try:
+            raw = socket.create_connection((ip, int(port)), timeout=5)
+            s = ctx.wrap_socket(raw, server_hostname=ip)
+            s.sendall(first_bytes)
+            return s
+        except (OSError, ssl.SSLError):
+            return None
+
+    def crowd(first_bytes, n=1000):
+        return in_netns(cl.site.ns["client"], lambda: [dial(first_bytes) for _ in range(n)])
+
+    # 1,000 slow heads.
+    t0 = time.monotonic()
+    slow = [s for s in crowd(b"G") if s is not None]
+    print(f"slowloris: {len(slow)} of 1000 connections kept open, {time.monotonic() - t0:.1f} s to try them")
+    for path in ("/v1/host", "/metrics"):
+        took, status = operator(path)
+        print(f"{path} from another address: {status} in {took:.2f} s")
+        assert status == 200 and took <= 2.0, f"{path}: {status} in {took:.2f} s beside the slow heads"
+    # A byte every 2 s: the head never completes, and the server closes
+    # each connection at its deadline.
+    closed_within = None
+    for tick in range(12):
+        for s in slow:
+            try:
+                s.sendall(b"E")
+            except OSError:
+                pass
+        time.sleep(2)
+        alive = 0
+        for s in slow:
+            s.setblocking(False)
+            try:
+                alive += s.recv(1) != b""  # an answer before the end would be a 408 or more
+            except ssl.SSLWantReadError:
+                alive += 1
+            except (OSError, ssl.SSLError):
+                pass
+        if alive == 0:
+            closed_within = time.monotonic() - t0
+            break
+    for s in slow:
+        s.close()
+    assert closed_within is not None, f"slow heads still open after {time.monotonic() - t0:.0f} s"
+    print(f"every slow head closed by the server within {closed_within:.0f} s")
+
+    # 1,000 event-stream subscribers with the token.
+    head = (f"GET /v1/events HTTP/1.1\r\nHost: {ip}\r\nAuthorization: Bearer {token}\r\n"
+            "Accept: text/event-stream\r\n\r\n").encode()
+    streams = [s for s in crowd(head) if s is not None]
+    statuses = {}
+    for s in streams:
+        s.settimeout(5)
+        try:
+            line = s.recv(64).split(b"\r\n", 1)[0].decode()
+        except (OSError, ssl.SSLError):
+            line = "closed"
+        statuses[line] = statuses.get(line, 0) + 1
+    print(f"event streams: {statuses}")
+    assert statuses.get("HTTP/1.1 200 OK", 0) <= 8, statuses
+    assert statuses.get("HTTP/1.1 503 Service Unavailable", 0) > 0, statuses
+    for path in ("/v1/host", "/metrics"):
+        took, status = operator(path)
+        print(f"{path} from another address: {status} in {took:.2f} s")
+        assert status == 200 and took <= 2.0, f"{path}: {status} in {took:.2f} s beside the streams"
+    for s in streams:
+        s.close()

@@ -131,7 +131,14 @@ pub struct Dashboard {
     last_page: Mutex<Instant>,
     /// The consoles that may still be opened ([`CONSOLES`]).
     consoles: Arc<tokio::sync::Semaphore>,
+    /// The pages' live feeds open ([`FEEDS`], per client address too).
+    feeds: crate::agent::https::PerSource,
 }
+
+/// Live feeds open at once, in all and from one address: each reads the
+/// event log every [`crate::control::events::POLL`].
+pub const FEEDS: usize = 64;
+pub const FEEDS_PER_SOURCE: usize = 8;
 
 impl Dashboard {
     /// The dashboard of the agent of host `host`; `etcd`: the cluster's
@@ -151,6 +158,7 @@ impl Dashboard {
             looking: AtomicBool::new(false),
             last_page: Mutex::new(Instant::now()),
             consoles: Arc::new(tokio::sync::Semaphore::new(CONSOLES)),
+            feeds: crate::agent::https::PerSource::new(FEEDS, FEEDS_PER_SOURCE),
         })
     }
 
@@ -362,7 +370,16 @@ async fn logout(State(d): State<Arc<Dashboard>>, Extension(session): Extension<S
 /// at each look), `jobs` (the actions' panel, when one starts or ends and
 /// at each look), `event` (a timeline row per event of the log, its id the
 /// event's, so a reconnecting page resumes after the last it got).
-async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn stream(
+    State(d): State<Arc<Dashboard>>,
+    axum::extract::ConnectInfo(client): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let held = d.feeds.take(client.ip()).ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "too many pages open ({FEEDS} in all, {FEEDS_PER_SOURCE} from one address): try again later"
+        ))
+    })?;
     let cluster = d.cluster().await?;
     d.watch_cluster();
     let resumed: i64 =
@@ -379,6 +396,8 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
         pending: VecDeque<Event>,
         d: Arc<Dashboard>,
         first_read: bool,
+        /// Its place among the feeds, given back when the page goes.
+        _held: crate::agent::https::Held,
     }
     jobs.mark_unchanged();
     let feed = Feed {
@@ -390,6 +409,7 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Result<R
         pending: VecDeque::new(),
         d,
         first_read: true,
+        _held: held,
     };
     let stream = futures_util::stream::unfold(feed, move |mut f| async move {
         loop {

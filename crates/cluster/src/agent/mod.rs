@@ -33,9 +33,10 @@ pub mod metrics;
 pub mod refusal;
 pub mod vms;
 
+use crate::agent::https::PerSource;
 use crate::agent::vms::{VmEvent, Vms};
 use crate::authority::credentials::Credentials;
-use crate::control::events::{ClusterEvent, Cursor, What};
+use crate::control::events::{ClusterEvent, Cursor, Histories, History, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use crate::store::session::Leased;
 use crate::store::{self, EtcdStore, Store};
@@ -48,7 +49,7 @@ use axum::{Json, Router};
 use ftvm_api::pair_config::DEFAULT_HEARTBEAT_PORT;
 use ftvm_api::{PairConfig, ProtectConfig, Reply, Request};
 use ftvm_etcd::Endpoints;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -109,7 +110,7 @@ pub enum AgentError {
     #[error("{0}")]
     Credentials(#[from] crate::authority::credentials::CredentialsError),
     #[error("the API server failed: {0}")]
-    Serve(std::io::Error),
+    Serve(String),
 }
 
 /// The agent's state, shared by its tasks and API handlers.
@@ -122,10 +123,23 @@ struct Agent {
     store: &'static EtcdStore,
     /// The consoles that may still be opened ([`crate::console::SESSIONS`]).
     consoles: Arc<tokio::sync::Semaphore>,
+    /// The event streams open ([`EVENT_STREAMS`], per client address too).
+    streams: PerSource,
+    /// Each VM's history as the event log tells it, kept up to date by
+    /// [`follow_histories`] (None until the log was first read): what
+    /// `/metrics` serves, from memory.
+    histories: std::sync::Mutex<Option<HashMap<String, History>>>,
 }
 
 /// How many VM events may wait for etcd before new ones are dropped.
 const EVENT_QUEUE: usize = 1024;
+/// Event streams (`GET /v1/events`) open at once, in all and per client
+/// address; one beyond is refused (503): each reads etcd every
+/// [`crate::control::events::POLL`].
+pub const EVENT_STREAMS: usize = 64;
+pub const EVENT_STREAMS_PER_SOURCE: usize = 8;
+/// How often the histories `/metrics` serves are brought up to date.
+const HISTORIES_EVERY: Duration = Duration::from_secs(2);
 
 impl Agent {
     /// The host's record as it stands.
@@ -181,6 +195,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     // agent left open.
     // SAFETY: umask only swaps the process's file mode mask.
     unsafe { libc::umask(0o077) };
+    // Connections, VMs' sockets and files: the soft limit (often 1024)
+    // would be reached before the server's own limits (issue 68: 1,000
+    // slow connections left no descriptor for a legitimate request).
+    if let Err(e) = crate::agent::https::raise_descriptor_limit() {
+        eprintln!("ftvm agent: cannot raise the limit of open files ({e}); connections may be refused early");
+    }
     for dir in [config.state_dir.clone(), config.state_dir.join("vms"), config.state_dir.join("keys")] {
         crate::agent::vms::private_dir(&dir).map_err(|source| AgentError::StateDir { dir, source })?;
     }
@@ -197,10 +217,10 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let own_first = Agent::local_first(&config);
     let store: &'static EtcdStore = Box::leak(Box::new(EtcdStore::new(own_first)?));
     let consoles = Arc::new(tokio::sync::Semaphore::new(crate::console::SESSIONS));
-    let agent = Arc::new(Agent { config, vms, store, consoles });
+    let streams = PerSource::new(EVENT_STREAMS, EVENT_STREAMS_PER_SOURCE);
+    let agent = Arc::new(Agent { config, vms, store, consoles, streams, histories: Default::default() });
     tokio::spawn(publish_events(agent.clone(), events_rx));
-    let listener = crate::agent::https::TlsListener::new(listener, agent.config.credentials.server_config()?)
-        .map_err(|source| AgentError::Listen { addr: agent.config.listen, source })?;
+    let tls = agent.config.credentials.server_config()?;
     eprintln!("ftvm agent: host {} serving on https://{}", agent.config.id, agent.config.listen);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -213,15 +233,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     ));
     let dashboard =
         crate::dashboard::Dashboard::new(&agent.config.id, agent.etcd_local_first(), agent.config.credentials.clone());
+    tokio::spawn(follow_histories(agent.clone(), stop_rx.clone()));
     let app = router(agent.clone(), dashboard);
-    let mut server_stop = stop_rx.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let server = tokio::spawn(crate::agent::https::serve(listener, tls, app, stop_rx.clone()));
 
     wait_for_signal().await;
     eprintln!("ftvm agent: stopping: each VM is asked to stop (a protected primary hands over)");
@@ -229,10 +243,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let _ = stop_tx.send(true);
     let _ = registration.await;
     let _ = controller.await;
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(AgentError::Serve(e)),
-        Err(e) => return Err(AgentError::Serve(std::io::Error::other(e.to_string()))),
+    if let Err(e) = server.await {
+        return Err(AgentError::Serve(e.to_string()));
     }
     eprintln!("ftvm agent: stopped");
     Ok(())
@@ -533,10 +545,33 @@ async fn create_backup(State(agent): State<Arc<Agent>>, body: axum::body::Bytes)
 async fn metrics(State(agent): State<Arc<Agent>>) -> Response {
     let vms = agent.vms.all().await;
     let host = agent.record().await;
-    let history =
-        read_events(agent.store, Cursor::default()).await.1.ok().map(|log| crate::control::events::histories(&log));
+    let history = agent.histories.lock().expect("the histories' lock").clone();
     let body = crate::agent::metrics::render(&host, &vms, history.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// Folds the cluster's event log into each VM's history as it grows, for
+/// `/metrics` to serve from memory (issue 68: each scrape read the whole
+/// log from etcd, and with a thousand clients connected it timed out).
+async fn follow_histories(agent: Arc<Agent>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut cursor = Cursor::default();
+    let mut folded = Histories::default();
+    loop {
+        let (moved, read) = read_events(agent.store, cursor).await;
+        cursor = moved;
+        // etcd away: the histories as last read, and a try again later.
+        if let Ok(events) = read {
+            let mut kept = agent.histories.lock().expect("the histories' lock");
+            if !events.is_empty() || kept.is_none() {
+                events.iter().for_each(|e| folded.read(e));
+                *kept = Some(folded.by_vm().clone());
+            }
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(HISTORIES_EVERY) => {}
+        }
+    }
 }
 
 /// The events after `cursor`, read on the blocking pool; the cursor
@@ -572,6 +607,7 @@ struct EventsQuery {
 /// each as it is written; with `follow=false`, the events so far as JSON.
 async fn events(
     State(agent): State<Arc<Agent>>,
+    axum::extract::ConnectInfo(client): axum::extract::ConnectInfo<SocketAddr>,
     query: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -584,15 +620,23 @@ async fn events(
     if q.follow == Some(false) {
         return Ok(Json(first).into_response());
     }
+    let held = agent.streams.take(client.ip()).ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "too many event streams open ({EVENT_STREAMS} in all, {EVENT_STREAMS_PER_SOURCE} from one address): \
+             try again later"
+        ))
+    })?;
     let store = agent.store;
-    // Ends when the client goes (the stream is dropped with its response).
-    let stream =
-        futures_util::stream::unfold((VecDeque::from(first), cursor), move |(mut pending, mut cursor)| async move {
+    // Ends when the client goes (the stream is dropped with its response,
+    // and its place among the streams with it).
+    let stream = futures_util::stream::unfold(
+        (VecDeque::from(first), cursor, held),
+        move |(mut pending, mut cursor, held)| async move {
             loop {
                 if let Some(e) = pending.pop_front() {
                     let data = serde_json::to_string(&e).expect("an event serializes");
                     let sse = Event::default().id(e.id.to_string()).data(data);
-                    return Some((Ok::<_, std::convert::Infallible>(sse), (pending, cursor)));
+                    return Some((Ok::<_, std::convert::Infallible>(sse), (pending, cursor, held)));
                 }
                 tokio::time::sleep(crate::control::events::POLL).await;
                 // etcd away: the stream waits for it, kept alive meanwhile.
@@ -600,7 +644,8 @@ async fn events(
                 cursor = moved;
                 pending.extend(new.unwrap_or_default());
             }
-        });
+        },
+    );
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 

@@ -239,18 +239,38 @@ impl Story {
 /// Each VM's [`History`] in `events` (oldest first), as [`Story`] reads
 /// them.
 pub fn histories(events: &[ClusterEvent]) -> HashMap<String, History> {
-    let mut story = Story::default();
-    let mut out: HashMap<String, History> = HashMap::new();
+    let mut folded = Histories::default();
     for e in events {
-        let Some(meaning) = story.read(e) else { continue };
-        let h = out.entry(e.vm.clone().unwrap_or_default()).or_default();
+        folded.read(e);
+    }
+    folded.by_vm
+}
+
+/// Each VM's [`History`], folded from the log one event at a time as it is
+/// read (oldest first): the agent's metrics keep one, so a scrape reads
+/// memory, not the log.
+#[derive(Debug, Default)]
+pub struct Histories {
+    story: Story,
+    by_vm: HashMap<String, History>,
+}
+
+impl Histories {
+    /// Takes the log's next event into the histories.
+    pub fn read(&mut self, e: &ClusterEvent) {
+        let Some(meaning) = self.story.read(e) else { return };
+        let h = self.by_vm.entry(e.vm.clone().unwrap_or_default()).or_default();
         match meaning {
             Meaning::Failover => h.failovers += 1,
             Meaning::Handover => h.handovers += 1,
             Meaning::Reprotection => h.reprotections += 1,
         }
     }
-    out
+
+    /// Each VM's history so far.
+    pub fn by_vm(&self) -> &HashMap<String, History> {
+        &self.by_vm
+    }
 }
 
 impl std::fmt::Display for ClusterEvent {
