@@ -76,6 +76,17 @@ pub enum Step {
     Unprotect {
         primary: String,
     },
+    /// Its backup on this host follows no primary: the VM runs
+    /// unprotected beside it (a protect cut short after the backup was
+    /// started). Taken as [`Step::StopOrphan`] once it has been so for
+    /// [`ORPHAN_GRACE`], else nothing.
+    Orphaned {
+        backup: String,
+    },
+    /// Stop the backup on this host that no primary follows into.
+    StopOrphan {
+        on: String,
+    },
     /// Hand it over from its primary's host to its backup.
     Handover {
         from: String,
@@ -159,6 +170,11 @@ pub fn decide(hosts: &[HostRecord], drained: &[String], record: &VmRecord, now: 
                     Step::Unprotect { primary: host.id.clone() }
                 }
                 (None, Some(_)) if vm.role == Role::Primary => Step::Unprotect { primary: host.id.clone() },
+                // A backup beside a VM that runs alone: no primary will
+                // connect to it (the record is not held, so no operation
+                // is between its two halves; the controller's own protect
+                // ends within its pass).
+                (_, Some(b)) if vm.role == Role::Unprotected => Step::Orphaned { backup: b.to_string() },
                 (Some(mode), None) if vm.role == Role::Unprotected => {
                     place(hosts, name, None, &[&host.id], drained, memory, avoid)
                         .map_or_else(no_room, |to| Step::Protect { on: to.id.clone(), mode: *mode })
@@ -222,7 +238,18 @@ struct Reconciler {
     published: u64,
     /// Passes since the event log was last trimmed.
     since_trim: u32,
+    /// Since when each VM's backup has been seen following no primary
+    /// ([`Step::Orphaned`]).
+    orphans: HashMap<String, Instant>,
+    /// [`ORPHAN_GRACE`] (the tests' controller: none).
+    orphan_grace: Duration,
 }
+
+/// How long a VM must be seen running alone beside its backup before the
+/// backup is stopped: a pair's roles are read from two hosts' records at
+/// two moments, and a protection that has just begun or ended may show so
+/// for a pass.
+const ORPHAN_GRACE: Duration = Duration::from_secs(5);
 
 /// Passes between trims of the event log (a trim reads the whole log).
 const TRIM_EVERY: u32 = 30;
@@ -267,7 +294,8 @@ fn action_of(step: &Step) -> Option<ControllerAction> {
         Step::Handover { from } => ControllerAction::Handover { from },
         Step::Move { from, to } => ControllerAction::Move { from, to },
         Step::Unprotect { primary } => ControllerAction::Unprotect { primary },
-        Step::Nothing | Step::Started | Step::Replace { .. } | Step::Wait(_) => return None,
+        Step::StopOrphan { on } => ControllerAction::StopOrphan { on },
+        Step::Nothing | Step::Started | Step::Replace { .. } | Step::Wait(_) | Step::Orphaned { .. } => return None,
     })
 }
 
@@ -314,7 +342,21 @@ impl Reconciler {
                 continue;
             }
             let avoid = self.retries.get(name).and_then(|r| r.failed_on.clone());
-            let step = decide(&hosts, &drained, record, now, avoid.as_deref());
+            let step = match decide(&hosts, &drained, record, now, avoid.as_deref()) {
+                Step::Orphaned { backup } => {
+                    let since = *self.orphans.entry(name.to_string()).or_insert_with(Instant::now);
+                    if since.elapsed() >= self.orphan_grace {
+                        self.orphans.remove(name);
+                        Step::StopOrphan { on: backup }
+                    } else {
+                        Step::Nothing
+                    }
+                }
+                step => {
+                    self.orphans.remove(name);
+                    step
+                }
+            };
             promise(&mut hosts, record, &step);
             if let Some(action) = action_of(&step) {
                 self.publish(name, action);
@@ -461,6 +503,11 @@ impl Reconciler {
                 let done = self.cluster.agent(host_of(primary)?).unprotect(name).map_err(|e| (None, e.to_string()))?;
                 Ok(Some(format!("its backup let go: {}", done.message)))
             }
+            Step::StopOrphan { on } => {
+                self.cluster.agent(host_of(on)?).delete(name).map_err(|e| (Some(on.clone()), e.to_string()))?;
+                Ok(Some(format!("stopped its backup on {on}, which no primary followed into: it is protected anew")))
+            }
+            Step::Orphaned { .. } => Ok(None),
             Step::Handover { from } => {
                 let done = self.cluster.agent(host_of(from)?).handover(name).map_err(|e| (None, e.to_string()))?;
                 Ok(Some(format!("handed over from the drained host {from}: {}", done.message)))
@@ -515,6 +562,8 @@ pub async fn run(
             host: id.clone(),
             published: 0,
             since_trim: 0,
+            orphans: HashMap::new(),
+            orphan_grace: ORPHAN_GRACE,
         }),
         Err(e) => {
             eprintln!("ftvm agent: controller: {e}");
@@ -755,6 +804,8 @@ mod tests {
             host: "ctl".into(),
             published: 0,
             since_trim: 0,
+            orphans: HashMap::new(),
+            orphan_grace: Duration::ZERO,
         };
         (store, fake, reconciler)
     }
@@ -855,13 +906,45 @@ mod tests {
     }
 
     #[test]
-    fn a_protect_left_half_done_is_left_as_it_is() {
+    fn a_protect_left_half_done_has_its_waiting_backup_stopped_and_is_protected_anew() {
         // A protect's backup was started on c, and the controller died
-        // before it asked v's primary to protect toward it. Today's
-        // controller sees a backup and takes no step: v stays
-        // unprotected beside a backup that waits (issue 66 repairs this).
+        // before it asked v's primary to protect toward it (issue 66:
+        // the VM stayed unprotected beside a backup that waited for good).
         let (store, hosts, mut r) = cluster(&[("a", 2048), ("b", 2048), ("c", 4096)]);
         let v = running(&store, "v", Some(Mode::Checkpoint));
+        hosts.run("a", &v.spec, U, None);
+        hosts.run("c", &v.spec, Role::Backup, None);
+        // Seen so for less than the grace: left, a protection may be
+        // beginning or ending as the records were read.
+        r.orphan_grace = Duration::from_secs(3600);
+        passes(&mut r, 2);
+        assert_eq!(hosts.sides("v"), [("a".to_string(), U), ("c".to_string(), Role::Backup)]);
+        assert!(controller_actions(&store, "v").is_empty());
+        // Past it: the backup stops in that pass, and the next protects v.
+        r.orphan_grace = Duration::ZERO;
+        passes(&mut r, 1);
+        assert_eq!(controller_actions(&store, "v"), [ControllerAction::StopOrphan { on: "c".into() }]);
+        assert_eq!(hosts.sides("v"), [("a".to_string(), U)]);
+        r.retries.clear(); // the settling time after a step
+        passes(&mut r, 1);
+        assert_eq!(
+            controller_actions(&store, "v"),
+            [
+                ControllerAction::StopOrphan { on: "c".into() },
+                ControllerAction::Protect { on: "c".into(), mode: Mode::Checkpoint }
+            ]
+        );
+        assert_eq!(hosts.sides("v"), [("a".to_string(), Role::Primary), ("c".to_string(), Role::Backup)]);
+    }
+
+    #[test]
+    fn a_backup_beside_a_vm_held_by_an_operation_is_left() {
+        // `vm protect --on c` holds v between starting the backup and
+        // asking the primary: its backup is no orphan.
+        let (store, hosts, mut r) = cluster(&[("a", 2048), ("c", 4096)]);
+        let mut v = record("v", Some(Mode::Checkpoint), Phase::Running);
+        v.held_until = Some(desired::now() + 600);
+        recorded(&store, &v);
         hosts.run("a", &v.spec, U, None);
         hosts.run("c", &v.spec, Role::Backup, None);
         passes(&mut r, 3);

@@ -75,6 +75,10 @@ pub enum ControllerAction {
     Move { from: String, to: String },
     /// Let the VM's backup go.
     Unprotect { primary: String },
+    /// Stopped a backup no primary follows into (a protect cut short: a
+    /// controller or an operator's client that died between starting the
+    /// backup and asking the primary), so the VM can be protected again.
+    StopOrphan { on: String },
     /// A step failed; it is tried again later.
     Failed { problem: String },
 }

@@ -321,6 +321,7 @@ fn words(e: &ClusterEvent, meaning: Option<Meaning>) -> (String, &'static str) {
                 ControllerAction::Handover { from } => format!("controller: handover from {from}"),
                 ControllerAction::Move { from, to } => format!("controller: move {from} → {to}"),
                 ControllerAction::Unprotect { primary } => format!("controller: unprotect on {primary}"),
+                ControllerAction::StopOrphan { on } => format!("controller: stop the backup left waiting on {on}"),
                 ControllerAction::Failed { problem } => format!("controller: failed: {problem}"),
             },
             "ctl",
