@@ -232,6 +232,18 @@ pub struct UserConfig {
     pub ssh_keys: Vec<String>,
 }
 
+impl From<&UserConfig> for ftvm_image::seed::SeedUser {
+    fn from(u: &UserConfig) -> Self {
+        ftvm_image::seed::SeedUser { name: u.name.clone(), groups: u.groups.clone(), ssh_keys: u.ssh_keys.clone() }
+    }
+}
+
+impl From<ftvm_image::seed::SeedUser> for UserConfig {
+    fn from(u: ftvm_image::seed::SeedUser) -> Self {
+        UserConfig { name: u.name, groups: u.groups, ssh_keys: u.ssh_keys }
+    }
+}
+
 /// A NIC on a TAP (made if it does not exist).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

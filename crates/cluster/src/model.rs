@@ -210,15 +210,7 @@ impl VmSpec {
                 "the seed may hold {SEED_USERS} users and {SEED_KEYS} keys of {SEED_KEY_BYTES} bytes at most"
             )));
         }
-        let users = self
-            .users
-            .iter()
-            .map(|u| ftvm_image::seed::SeedUser {
-                name: u.name.clone(),
-                groups: u.groups.clone(),
-                ssh_keys: u.ssh_keys.clone(),
-            })
-            .collect();
+        let users = self.users.iter().map(Into::into).collect();
         ftvm_image::seed::Seed::new(None, self.ssh_keys.clone(), users)
             .map(drop)
             .map_err(|e| ApiError::BadRequest(format!("seed: {}", e.cause)))

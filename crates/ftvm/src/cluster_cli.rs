@@ -58,8 +58,7 @@ fn disk_size_mib(s: &str) -> Result<u64, String> {
 
 /// `--user NAME[:KEYFILE[:GROUP,...]]`, its key file read (as `ftvm run`'s).
 fn seed_user(s: &str) -> Result<UserConfig, String> {
-    let u = ftvm_image::seed::parse_user(s).map_err(|e| e.cause)?;
-    Ok(UserConfig { name: u.name, groups: u.groups, ssh_keys: u.ssh_keys })
+    ftvm_image::seed::parse_user(s).map(UserConfig::from).map_err(|e| e.cause)
 }
 
 /// Runs the agent until SIGTERM or SIGINT.

@@ -265,10 +265,7 @@ impl TryFrom<RunArgs> for VmConfig {
         let users = a
             .users
             .iter()
-            .map(|spec| {
-                let u = ftvm_image::seed::parse_user(spec).map_err(|e| usage(e.to_string()))?;
-                Ok(UserConfig { name: u.name, groups: u.groups, ssh_keys: u.ssh_keys })
-            })
+            .map(|spec| ftvm_image::seed::parse_user(spec).map(UserConfig::from).map_err(|e| usage(e.to_string())))
             .collect::<Result<Vec<_>, RunOptionsError>>()?;
         Ok(VmConfig {
             image: a.image,

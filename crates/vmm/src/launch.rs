@@ -180,15 +180,7 @@ fn machine_config(args: &VmConfig) -> Result<(MachineConfig, Vec<Backend>, Sourc
         )));
     }
     tracing::debug!(%cmdline, "kernel command line");
-    let users = args
-        .users
-        .iter()
-        .map(|u| ftvm_image::seed::SeedUser {
-            name: u.name.clone(),
-            groups: u.groups.clone(),
-            ssh_keys: u.ssh_keys.clone(),
-        })
-        .collect();
+    let users = args.users.iter().map(Into::into).collect();
     let seed = ftvm_image::seed::Seed::new(args.hostname.clone(), args.ssh_keys.clone(), users)
         .map_err(|e| usage(e.to_string()))?;
     let cfg = MachineConfig {
