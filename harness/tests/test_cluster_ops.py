@@ -171,3 +171,35 @@ def test_placement_drain_move_unprotect_and_delete_follow_the_clusters_records(f
     assert "redis" not in cl.cli("vm", "list")
     assert wait_for("the VM gone from every host", 60,
                     lambda: all(r["vms"] == [] for r in cl.records().values()))
+
+
+def test_a_backup_left_waiting_is_stopped_and_the_vm_protected_anew(ftvm, scratch):
+    """Issue 66 (3): a protect cut short between its two halves (a
+    controller, or an operator's client, that died after the backup
+    started and before the primary was asked) left the VM unprotected for
+    good beside a backup waiting for a primary. Made here as the cut
+    leaves it: a VM running alone, a backup of it started on another host
+    through the API (`POST /v1/backups`, the protect's first half), then
+    protection wanted (`vm protect` without --on: the controller's). The
+    controller stops the waiting backup and protects the VM within 60 s."""
+    cl = Cluster(ftvm, scratch, "o")
+    cl.wait_hosts()
+    cl.cli("vm", "create", "orphan", "--on", "primary", "--memory", "256", "--command", "sleep 100000")
+    wait_for("the VM", 120, lambda: cl.sides("orphan") == {"primary": "unprotected"})
+    spec = cl.views("orphan")[0]["spec"]
+    api = cl.records()["backup"]["api"]
+    r = cl.https(f"{api}/v1/backups", method="POST", data=json.dumps({"spec": spec}).encode(),
+                 headers={"Content-Type": "application/json"}, timeout=120)
+    listen = json.loads(r.read().decode())["listen"]
+    print(f"a backup of the VM waits on backup at {listen}, its primary never asked")
+    wait_for("the waiting backup shown", 60, lambda: cl.sides("orphan") == {"primary": "unprotected",
+                                                                            "backup": "backup"})
+    t0 = time.monotonic()
+    cl.cli("vm", "protect", "orphan")
+    sides = wait_for("protected anew", 120, lambda: cl.protected("orphan"))
+    took = time.monotonic() - t0
+    kinds = [k for k, _, _ in cl.events("orphan")]
+    print(f"protected anew on {sides} {took:.1f} s after protection was wanted; the controller's steps: "
+          f"{[k for k in kinds if k.startswith('controller')]}")
+    assert "controller stop_orphan" in kinds, kinds
+    assert took <= 60, f"{took:.0f} s to protect a VM beside a backup left waiting"
