@@ -27,18 +27,24 @@ image: build
 demo: image
 	@scripts/ft-demo --ftvm $(FTVM)
 
+# The images the tests boot (the default one and the web image) are built
+# together, beside the tests' compilation: each build configures its
+# packages in a guest of one hart, so the two builds and the compiler share
+# the 2 cores instead of waiting on one another (ftsite.prebuild; from a
+# clean machine the images take some 15 minutes of a core each). Then
 # cargo's tests, then the FT integration tests (harness/tests), two at a
 # time; either failing fails make. A test that hangs fails within its
 # limit, naming itself (cargo says which test runs long; pytest-timeout
 # prints the stacks), instead of using up CI's time: cargo's tests take
-# ~16 min (the README's examples ~6 of them) and ~8 more when their images
-# are not built yet (the README's `py` image is built every run: its
-# packages configured in the guest, ~6 min; services.rs's web image once
-# per recipe, ~10 min), the longest FT test ~7 min, on a loaded 2-core host.
-test: image
-	$(CARGO) test --release --workspace --no-run
+# ~16 min (the README's examples ~5 of them, with their `py` image, built
+# every run: its packages configured in the guest), the longest FT test
+# ~7 min, on a loaded 2-core host.
+test: build
+	FTVM=$(abspath $(FTVM)) harness/run ftsite.prebuild & images=$$!; \
+	$(CARGO) test --release --workspace --no-run; compiled=$$?; \
+	wait $$images && [ $$compiled -eq 0 ]
 	timeout --kill-after=30s 35m $(CARGO) test --release --workspace
-	FTVM=$(abspath $(FTVM)) harness/run pytest -n 2 --timeout 1200 harness/tests
+	FTVM=$(abspath $(FTVM)) harness/run pytest -n 2 --timeout 1200 --durations=15 harness/tests
 
 bench: image
 	bench/vs-qemu

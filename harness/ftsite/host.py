@@ -145,6 +145,17 @@ def _keep_file(path, data):
         path.write_bytes(data)
 
 
+def cache_dir():
+    """ftvm's cache, as crates/image's cache_dir() finds it: the web image
+    is built there without waiting for the default one (ftsite.prebuild
+    builds both at once)."""
+    for var, sub in (("FTVM_CACHE_DIR", ""), ("XDG_CACHE_HOME", "ftvm"), ("HOME", ".cache/ftvm")):
+        v = os.environ.get(var)
+        if v and (var != "XDG_CACHE_HOME" or os.path.isabs(v)):
+            return Path(v) / sub
+    return Path(tempfile.gettempdir()) / "ftvm-cache"
+
+
 def web_image(ftvm, limit=3600):
     """The web image's directory and root key: (image dir, private key).
     Built as services.rs builds it (`ftvm image build --name ftvm-test-web
@@ -152,9 +163,7 @@ def web_image(ftvm, limit=3600):
     --add DIR:/etc/postgresql/17/main`, the same spec, so either finds
     the other's build cached) when it is not built yet: minutes (some 180
     packages configured in the guest)."""
-    # ftvm's cache (as crates/image's cache_dir()): the default image's
-    # directory is CACHE/images/trixie-riscv64.
-    cache = image_dir(ftvm).parent.parent
+    cache = cache_dir()
     files = cache / f"{WEB_IMAGE}-files"
     key = files / "id_ed25519"
     if not key.exists():
