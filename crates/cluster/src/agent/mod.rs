@@ -39,7 +39,7 @@ use crate::authority::credentials::Credentials;
 use crate::control::events::{ClusterEvent, Cursor, Histories, History, What};
 use crate::model::{ApiError, BackupRequest, BackupStarted, Done, HostRecord, ProtectRequest, VmInfo, VmSpec};
 use crate::store::session::Leased;
-use crate::store::{self, EtcdStore, Store};
+use crate::store::{self, EtcdStore, Store, HOST_LEASE};
 use axum::extract::{Path as UrlPath, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -55,9 +55,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The lease of a host's record: it disappears this long after its agent
-/// stops renewing it.
-pub const HOST_LEASE: Duration = Duration::from_secs(10);
 /// How often the record is renewed and rewritten.
 const REFRESH: Duration = Duration::from_secs(2);
 /// How long a protect or handover may take before the API gives up

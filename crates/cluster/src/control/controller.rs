@@ -246,10 +246,13 @@ struct Reconciler {
 }
 
 /// How long a VM must be seen running alone beside its backup before the
-/// backup is stopped: a pair's roles are read from two hosts' records at
-/// two moments, and a protection that has just begun or ended may show so
-/// for a pass.
-const ORPHAN_GRACE: Duration = Duration::from_secs(5);
+/// backup is stopped: longer than a host's record outlives its agent (a
+/// backup whose host died is still listed until its lease runs out, and
+/// its primary already runs alone: nothing to stop, and no host to ask,
+/// each try costing a pass the connection's timeout), and than a pass (a
+/// pair's roles are read from two hosts' records at two moments, and a
+/// protection that has just begun or ended may show so for one).
+const ORPHAN_GRACE: Duration = Duration::from_secs(crate::store::HOST_LEASE.as_secs() + 2 * PASS.as_secs());
 
 /// Passes between trims of the event log (a trim reads the whole log).
 const TRIM_EVERY: u32 = 30;

@@ -38,6 +38,10 @@ pub use memory::MemoryStore;
 
 /// Where hosts record themselves: `/ftvm/hosts/<host>`.
 pub const HOSTS: &str = "/ftvm/hosts/";
+/// The lease of a host's record: it disappears this long after its agent
+/// stops renewing it (the controller waits it out before it takes a
+/// backup listed by a record for one no primary follows into).
+pub const HOST_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 /// The controller's key.
 pub const CONTROLLER: &str = "/ftvm/controller";
 /// Where the VMs' records live: `/ftvm/vms/<vm>`.
