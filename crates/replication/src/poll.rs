@@ -95,7 +95,8 @@ impl WaiterTurn {
         if now >= until {
             return false;
         }
-        if until == u64::MAX && now.saturating_sub(self.begun_us.load(Ordering::Relaxed)) >= OVERDUE.as_micros() as u64 {
+        if until == u64::MAX && now.saturating_sub(self.begun_us.load(Ordering::Relaxed)) >= OVERDUE.as_micros() as u64
+        {
             return false;
         }
         std::thread::park_timeout(Duration::from_micros((until - now).min(1000)));
@@ -189,19 +190,22 @@ mod tests {
 
     /// A waiter that began and never ended (kept off the CPU) holds the
     /// socket for [`OVERDUE`] at most; one that ended with a grace holds
-    /// it for the grace.
+    /// it for the grace. Each look is judged by the time before the step
+    /// it follows, so the test itself kept off the CPU between the two
+    /// (a loaded host: CI saw it) proves nothing wrong.
     #[test]
     fn a_waiter_kept_off_the_cpu_gives_the_socket_back_when_overdue() {
         let turn = WaiterTurn::default();
-        turn.begin();
-        assert!(turn.thread_keeps_off(), "a waiter just began");
         let t0 = Instant::now();
+        turn.begin();
+        assert!(turn.thread_keeps_off() || t0.elapsed() >= OVERDUE, "a waiter just began");
         while turn.thread_keeps_off() {
             assert!(t0.elapsed() < OVERDUE * 20, "the waiter kept the socket");
         }
-        assert!(t0.elapsed() >= OVERDUE / 2);
+        assert!(t0.elapsed() >= OVERDUE / 2, "the socket given back {:?} after the waiter began", t0.elapsed());
+        let t1 = Instant::now();
         turn.end(Duration::from_millis(50));
-        assert!(turn.thread_keeps_off(), "the grace holds");
+        assert!(turn.thread_keeps_off() || t1.elapsed() >= Duration::from_millis(50), "the grace holds");
         turn.end(Duration::ZERO);
         assert!(!turn.thread_keeps_off());
     }
