@@ -27,22 +27,20 @@ image: build
 demo: image
 	@scripts/ft-demo --ftvm $(FTVM)
 
-# The images the tests boot (the default one and the web image) are built
-# together, beside the tests' compilation: each build configures its
-# packages in a guest of one hart, so the two builds and the compiler share
-# the 2 cores instead of waiting on one another (ftsite.prebuild; from a
-# clean machine the images take some 15 minutes of a core each). Then
-# cargo's tests, then the FT integration tests (harness/tests), two at a
-# time; either failing fails make. A test that hangs fails within its
-# limit, naming itself (cargo says which test runs long; pytest-timeout
-# prints the stacks), instead of using up CI's time: cargo's tests take
-# ~16 min (the README's examples ~5 of them, with their `py` image, built
-# every run: its packages configured in the guest), the longest FT test
-# ~7 min, on a loaded 2-core host.
+# The tests' compilation, then the images they boot (the default one and
+# the web image) built side by side (ftsite.prebuild: each build configures
+# its packages in a guest of one hart, so two builds fill the 2 cores;
+# minutes each from a clean machine; beside the compiler too, the three
+# finished no sooner in a clean rehearsal), then cargo's tests, then the FT integration tests
+# (harness/tests), two at a time; either failing fails make. A test that
+# hangs fails within its limit, naming itself (cargo says which test runs
+# long; pytest-timeout prints the stacks), instead of using up CI's time:
+# cargo's tests take ~18 min (the README's examples ~5 of them, with their
+# `py` image, built every run: its packages configured in the guest), the
+# FT tests ~18 min, the longest ~7 min, on a loaded 2-core host.
 test: build
-	FTVM=$(abspath $(FTVM)) harness/run ftsite.prebuild & images=$$!; \
-	$(CARGO) test --release --workspace --no-run; compiled=$$?; \
-	wait $$images && [ $$compiled -eq 0 ]
+	$(CARGO) test --release --workspace --no-run
+	FTVM=$(abspath $(FTVM)) harness/run ftsite.prebuild
 	timeout --kill-after=30s 35m $(CARGO) test --release --workspace
 	FTVM=$(abspath $(FTVM)) harness/run pytest -n 2 --timeout 1200 --durations=15 harness/tests
 

@@ -1,10 +1,10 @@
-"""The guest images the tests boot, built at once before they run
-(`make test` runs this beside the tests' compilation): the default image
-and the web image (ftsite.web_image: services.rs's and the cluster tests'
+"""The guest images the tests boot, built side by side before they run
+(`make test`, after the tests' compilation): the default image and the
+web image (ftsite.web_image: services.rs's and the cluster tests'
 PostgreSQL image). Each build configures its packages in a guest of one
-hart, so on a 2-core host the two builds and the compiler share the
-cores instead of waiting on each other (from a clean machine: some 10
-minutes of CI saved). An image already built is only checked.
+hart, so on a 2-core host the two builds fill the cores instead of one
+waiting for the other (the web image was built inside services.rs, alone,
+after the default one). An image already built is only checked.
 
     FTVM=target/release/ftvm harness/run ftsite.prebuild
 """
