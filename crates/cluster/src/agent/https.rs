@@ -92,7 +92,7 @@ impl Drop for Held {
 
 /// Raises this process's soft limit of open descriptors to its hard
 /// limit: the connections above, each VM's sockets and files.
-pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+pub fn raise_descriptor_limit() -> std::io::Result<()> {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit and setrlimit only read and write `limit`.
     unsafe {
@@ -104,7 +104,7 @@ pub fn raise_descriptor_limit() -> std::io::Result<u64> {
             return Err(std::io::Error::last_os_error());
         }
     }
-    Ok(limit.rlim_cur)
+    Ok(())
 }
 
 /// Serves `app` over TLS (`config`) on `listener` until `stop` turns

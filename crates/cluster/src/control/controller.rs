@@ -371,18 +371,18 @@ impl Reconciler {
             let name = record.spec.name.clone();
             match result {
                 Ok(None) => {}
-                // Nothing to settle after an orphan is stopped: the VM
-                // waits unprotected, and the next pass protects it (a host
-                // record not rewritten yet shows the backup again, which
-                // only starts its grace again).
-                Ok(Some(done)) if matches!(step, Step::StopOrphan { .. }) => {
-                    eprintln!("ftvm agent: controller: {name}: {done}");
-                    self.retries.remove(&name);
-                }
                 Ok(Some(done)) => {
                     eprintln!("ftvm agent: controller: {name}: {done}");
-                    self.retries
-                        .insert(name, Retry { at: Instant::now() + SETTLE, wait: Duration::ZERO, failed_on: None });
+                    // Nothing to settle after an orphan is stopped: the VM
+                    // waits unprotected, and the next pass protects it (a
+                    // host record not rewritten yet shows the backup again,
+                    // which only starts its grace again).
+                    if matches!(step, Step::StopOrphan { .. }) {
+                        self.retries.remove(&name);
+                    } else {
+                        let settled = Retry { at: Instant::now() + SETTLE, wait: Duration::ZERO, failed_on: None };
+                        self.retries.insert(name, settled);
+                    }
                 }
                 Err((failed_on, problem)) => {
                     let wait = self
