@@ -341,7 +341,13 @@ impl Reconciler {
                 break;
             }
             let now = desired::now();
-            if record.held(now) || self.retries.get(name).is_some_and(|r| r.at > Instant::now()) {
+            if record.held(now) {
+                // What an operation holds is no orphan: its grace starts
+                // when the hold ends.
+                self.orphans.remove(name);
+                continue;
+            }
+            if self.retries.get(name).is_some_and(|r| r.at > Instant::now()) {
                 continue;
             }
             let avoid = self.retries.get(name).and_then(|r| r.failed_on.clone());
@@ -366,6 +372,8 @@ impl Reconciler {
             }
             steps.push((record, step));
         }
+        // A VM deleted while seen orphaned leaves no entry behind.
+        self.orphans.retain(|vm, _| records.iter().any(|r| &r.spec.name == vm));
         let results = self.take_all(&seen, &steps);
         for ((record, step), result) in steps.iter().zip(results) {
             let name = record.spec.name.clone();
